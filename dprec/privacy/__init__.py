@@ -1,0 +1,1 @@
+"""Privacy accounting, noise calibration, DP top-k selection and the persistent ledger."""

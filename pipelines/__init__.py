@@ -1,0 +1,1 @@
+"""Apache Beam pipelines for dprec."""
