@@ -1,0 +1,64 @@
+"""The `dprec` dispatcher: every registered command has --help; errors are one clear line."""
+import sys
+import types
+
+import pytest
+
+from dprec import cli
+from dprec.errors import InputError
+
+
+def _all_command_paths(parser):
+  """Yields argv prefixes for every (sub)command reachable from `parser`."""
+  for action in parser._actions:  # pylint: disable=protected-access
+    if action.__class__.__name__ == "_SubParsersAction":
+      for name, subparser in action.choices.items():
+        yield [name]
+        for rest in _all_command_paths(subparser):
+          yield [name] + rest
+
+
+def test_every_command_has_help(capsys):
+  paths = list(_all_command_paths(cli.build_parser()))
+  assert paths, "no commands registered"
+  for path in paths:
+    with pytest.raises(SystemExit) as exit_info:
+      cli.main(path + ["--help"])
+    assert exit_info.value.code == 0
+    assert "usage: dprec" in capsys.readouterr().out
+
+
+def _fake_command_module(error):
+  def register(subparsers):
+    parser = subparsers.add_parser("boom", help="always fails")
+    parser.set_defaults(func=lambda args: (_ for _ in ()).throw(error))
+  return types.SimpleNamespace(register=register)
+
+
+@pytest.mark.parametrize("error, code", [
+    (InputError("day_0", 7, "C3", "not a hex id"), 2),
+    (RuntimeError("internal"), 1),
+])
+def test_errors_are_one_line_without_traceback(monkeypatch, capsys, error, code):
+  monkeypatch.setitem(sys.modules, "fake_boom", _fake_command_module(error))
+  monkeypatch.setattr(cli, "COMMANDS", (("boom", "fake_boom"),))
+  assert cli.main(["boom"]) == code
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "Traceback" not in err
+  assert str(error) in err
+
+
+def test_debug_shows_the_traceback(monkeypatch):
+  monkeypatch.setitem(sys.modules, "fake_boom", _fake_command_module(InputError("f", 1, "x", "y")))
+  monkeypatch.setattr(cli, "COMMANDS", (("boom", "fake_boom"),))
+  with pytest.raises(InputError):
+    cli.main(["--debug", "boom"])
+
+
+def test_dict_results_print_as_json(monkeypatch, capsys):
+  def register(subparsers):
+    subparsers.add_parser("ok").set_defaults(func=lambda args: {"epsilon": 1.5})
+  monkeypatch.setitem(sys.modules, "fake_ok", types.SimpleNamespace(register=register))
+  monkeypatch.setattr(cli, "COMMANDS", (("ok", "fake_ok"),))
+  assert cli.main(["ok"]) == 0
+  assert '"epsilon": 1.5' in capsys.readouterr().out
