@@ -1,5 +1,5 @@
 # The README's two commands: `make demo` and `make test`. Both set up .venv themselves.
-PYTHON ?= python3.11
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
