@@ -1,0 +1,123 @@
+"""Batches for DP training: Poisson sampling (exact accounting) or fixed-size shuffled batches.
+
+The privacy accountant (note 001 §3.1, App. C Lemma C.4) analyses Poisson subsampling: every
+example joins every step's batch independently with probability q, so batch sizes vary. We draw
+the batch size from Binomial(N, q) and then a uniform subset of that size without replacement,
+which is the same distribution as N independent Bernoulli(q) coin flips but costs O(batch) per
+step instead of O(N). Fixed-size shuffled batches (what most code does, and what seed 001's
+experiments did) are available as an option; the ledger must then say "accounted as if Poisson".
+"""
+import dataclasses
+from typing import Dict, Iterator, Mapping, Optional
+
+import numpy as np
+import tensorflow as tf
+
+
+@dataclasses.dataclass(frozen=True)
+class BatchSampling:
+  """How to draw training batches from N in-memory examples.
+
+  Attributes:
+    batch_size: expected batch size B (Poisson) or exact batch size (fixed batches).
+    poisson: True draws Poisson batches at rate q = B/N; False draws shuffled fixed-size batches
+      (epoch by epoch, the last incomplete batch of an epoch is dropped).
+    seed: seed of the numpy generator that picks batches.
+  """
+  batch_size: int
+  poisson: bool = True
+  seed: int = 0
+
+  def __post_init__(self):
+    if self.batch_size < 1:
+      raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+
+  def sampling_rate(self, num_examples: int) -> float:
+    """q = B/N, the rate the accountant uses for either kind of batch."""
+    if self.batch_size > num_examples:
+      raise ValueError(f"batch_size {self.batch_size} exceeds the {num_examples} training examples")
+    return self.batch_size / num_examples
+
+
+def poisson_batch_indices(num_examples: int, sampling_rate: float, steps: int,
+                          rng: np.random.Generator) -> Iterator[np.ndarray]:
+  """Yields `steps` sorted index arrays; each index is present with probability q, independently.
+
+  A batch may be empty; the DP step still runs on it (noise only), as the analysis assumes.
+  """
+  if not 0.0 < sampling_rate <= 1.0:
+    raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate}")
+  for _ in range(steps):
+    size = rng.binomial(num_examples, sampling_rate)
+    yield np.sort(rng.choice(num_examples, size=size, replace=False, shuffle=False))
+
+
+def fixed_batch_indices(num_examples: int, batch_size: int, steps: int,
+                        rng: np.random.Generator) -> Iterator[np.ndarray]:
+  """Yields `steps` index arrays of exactly `batch_size`, shuffling again at every epoch."""
+  per_epoch = num_examples // batch_size
+  if per_epoch == 0:
+    raise ValueError(f"batch_size {batch_size} exceeds the {num_examples} training examples")
+  produced = 0
+  while produced < steps:
+    order = rng.permutation(num_examples)
+    for start in range(0, min(per_epoch, steps - produced) * batch_size, batch_size):
+      yield order[start:start + batch_size]
+    produced += min(per_epoch, steps - produced)
+
+
+def batch_indices(num_examples: int, sampling: BatchSampling, steps: int) -> Iterator[np.ndarray]:
+  """Index arrays for `steps` batches drawn as `sampling` says."""
+  rng = np.random.default_rng(sampling.seed)
+  if sampling.poisson:
+    return poisson_batch_indices(num_examples, sampling.sampling_rate(num_examples), steps, rng)
+  return fixed_batch_indices(num_examples, sampling.batch_size, steps, rng)
+
+
+def _num_examples(arrays: Mapping[str, np.ndarray]) -> int:
+  sizes = {name: len(array) for name, array in arrays.items()}
+  if not sizes or len(set(sizes.values())) != 1:
+    raise ValueError(f"arrays must be non-empty and of equal length, got sizes {sizes}")
+  return next(iter(sizes.values()))
+
+
+def sampled_dataset(features: Mapping[str, np.ndarray], labels: Optional[np.ndarray],
+                    sampling: BatchSampling, steps: int) -> tf.data.Dataset:
+  """A `tf.data.Dataset` of `steps` batches `(features_dict, labels)` for `model.fit`.
+
+  The batch dimension is `None` in the element spec, so a `tf.function` train step traces once
+  however the Poisson batch size varies. Pass `labels=None` for feature-only batches.
+  """
+  arrays: Dict[str, np.ndarray] = {name: np.asarray(value) for name, value in features.items()}
+  if labels is not None:
+    arrays["__label__"] = np.asarray(labels)
+  num_examples = _num_examples(arrays)
+
+  def spec(array):
+    return tf.TensorSpec((None,) + array.shape[1:], tf.as_dtype(array.dtype))
+
+  feature_spec = {name: spec(arrays[name]) for name in features}
+
+  def generate():
+    for indices in batch_indices(num_examples, sampling, steps):
+      batch = {name: arrays[name][indices] for name in features}
+      yield (batch, arrays["__label__"][indices]) if labels is not None else batch
+
+  signature = (feature_spec, spec(arrays["__label__"])) if labels is not None else feature_spec
+  return tf.data.Dataset.from_generator(generate, output_signature=signature).prefetch(2)
+
+
+def dataset_to_arrays(dataset: tf.data.Dataset) -> Dict[str, np.ndarray]:
+  """Loads a finite, batched dataset of feature dicts into memory for `sampled_dataset`.
+
+  Exact Poisson sampling needs random access to all N examples, which a stream does not give.
+  """
+  parts: Dict[str, list] = {}
+  for element in dataset.as_numpy_iterator():
+    if not isinstance(element, dict):
+      raise ValueError("dataset elements must be dicts of feature name -> array")
+    for name, value in element.items():
+      parts.setdefault(name, []).append(value)
+  if not parts:
+    raise ValueError("dataset is empty")
+  return {name: np.concatenate(values) for name, values in parts.items()}
