@@ -1,0 +1,119 @@
+"""Keras callbacks for DP training: pay the privacy ledger before steps run, stop at the budget.
+
+Each DP step releases a noisy gradient, so its privacy cost must be recorded before it runs.
+`PrivacyBudgetCallback` therefore charges the ledger in chunks of `charge_every` steps ahead of
+time (one PLD evaluation per chunk instead of one per step). When the next chunk does not fit in
+the budget it charges only the steps that do; when not even one more step fits it stops training
+before that step. If training ends early for another reason, up to `charge_every - 1` prepaid
+steps stay charged: the ledger only ever over-states what was spent, never under-states it.
+"""
+from typing import Optional
+
+import tensorflow as tf
+
+from dprec.errors import BudgetExceededError
+
+
+class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
+  """Charges a `dprec.privacy.PrivacyLedger` as `model.fit` proceeds and stops at the budget.
+
+  Adds `epsilon` (ε charged in the ledger so far, prepaid steps included) to the batch and epoch
+  logs, so History and TensorBoard record it. With `log_dir`, also writes TensorBoard scalars for
+  ε and for every log entry whose name contains "gradient" (the DP step's gradient-size metrics).
+
+  Args:
+    ledger: the run's privacy ledger (already holding any earlier charges, e.g. DP top-k).
+    noise_multiplier: σ of one step; for DP-AdaFEST the composed (σ1⁻² + σ2⁻²)^(−1/2).
+    sampling_rate: q = expected batch size / N.
+    poisson: False if batches are fixed-size shuffled (the ledger flags the charge).
+    charge_every: steps paid per ledger charge.
+    label: recorded with each charge.
+    log_dir: optional TensorBoard directory.
+  """
+
+  def __init__(self, ledger, noise_multiplier: float, sampling_rate: float, poisson: bool = True,
+               charge_every: int = 100, label: str = "", log_dir: Optional[str] = None):
+    super().__init__()
+    if charge_every < 1:
+      raise ValueError(f"charge_every must be >= 1, got {charge_every}")
+    self.ledger = ledger
+    self.noise_multiplier = noise_multiplier
+    self.sampling_rate = sampling_rate
+    self.poisson = poisson
+    self.charge_every = charge_every
+    self.label = label
+    self.steps_taken = 0
+    self.steps_charged = 0
+    self.stopped_at_budget = False
+    self._planned_steps = None
+    self._writer = tf.summary.create_file_writer(log_dir) if log_dir else None
+
+  def _charge_kwargs(self, steps):
+    return dict(noise_multiplier=self.noise_multiplier, sampling_rate=self.sampling_rate,
+                steps=steps, poisson=self.poisson)
+
+  def _affordable_steps(self, wanted):
+    """The largest n ≤ wanted whose charge fits the remaining budget (ε is monotone in n)."""
+    budget = self.ledger.epsilon_spent() + self.ledger.remaining()
+    low, high = 0, wanted
+    while low < high:
+      middle = (low + high + 1) // 2
+      try:
+        fits = self.ledger.epsilon_if_charged(**self._charge_kwargs(middle)) <= budget
+      except BudgetExceededError:
+        fits = False
+      if fits:
+        low = middle
+      else:
+        high = middle - 1
+    return low
+
+  def _prepay(self):
+    """Charges the next chunk of steps; returns how many were paid for (0 at the budget)."""
+    wanted = self.charge_every
+    if self._planned_steps is not None:
+      wanted = min(wanted, self._planned_steps - self.steps_charged)
+    if wanted <= 0:
+      return 0
+    try:
+      self.ledger.charge_gaussian(label=self.label, **self._charge_kwargs(wanted))
+      paid = wanted
+    except BudgetExceededError:
+      paid = self._affordable_steps(wanted - 1)
+      if paid:
+        self.ledger.charge_gaussian(label=self.label, **self._charge_kwargs(paid))
+    self.steps_charged += paid
+    return paid
+
+  def on_train_begin(self, logs=None):
+    steps, epochs = self.params.get("steps"), self.params.get("epochs")
+    self._planned_steps = steps * epochs + self.steps_charged if steps and epochs else None
+    if self.steps_taken == self.steps_charged and not self._prepay():
+      raise BudgetExceededError(
+          f"the privacy budget cannot pay for a single step (spent "
+          f"{self.ledger.epsilon_spent():.4g}, remaining {self.ledger.remaining():.4g})")
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.steps_taken += 1
+    if self.steps_taken == self.steps_charged:
+      more_planned = self._planned_steps is None or self.steps_charged < self._planned_steps
+      if more_planned and not self._prepay():
+        self.stopped_at_budget = True
+        self.model.stop_training = True
+    epsilon = self.ledger.epsilon_spent()
+    if logs is not None:
+      logs["epsilon"] = epsilon
+    if self._writer is not None:
+      with self._writer.as_default(step=self.steps_taken):
+        tf.summary.scalar("privacy/epsilon", epsilon)
+        for name, value in (logs or {}).items():
+          if "gradient" in name:
+            tf.summary.scalar(f"gradient_size/{name}", value)
+
+  def on_epoch_end(self, epoch, logs=None):
+    if logs is not None:
+      logs["epsilon"] = self.ledger.epsilon_spent()
+
+  def on_train_end(self, logs=None):
+    if self._writer is not None:
+      self._writer.flush()
