@@ -1,0 +1,37 @@
+"""Item embedding used both as the input lookup and as the output softmax layer (paper §3).
+
+Tying (r = E·h over all items) is DPFormer's inductive bias; `tied=False` adds a separate output
+table (the paper's "W/O PS" baseline). Row 0 is padding: it is never looked up by a real position
+(the model masks padded positions) and is not a candidate in the scores, so the M scores are for
+items 1..M and score column m is item m + 1.
+"""
+import tensorflow as tf
+
+
+class TiedItemEmbedding(tf.keras.layers.Layer):
+  """E ∈ R^{(M+1)×d}; `call(ids)` looks rows up, `scores(h)` returns h·E[1:]ᵀ (or h·E_outᵀ)."""
+
+  def __init__(self, num_items, dim, tied=True, **kwargs):
+    super().__init__(**kwargs)
+    self.num_items, self.dim, self.tied = num_items, dim, tied
+
+  def build(self, input_shape):
+    init = tf.keras.initializers.TruncatedNormal(stddev=0.02)
+    self.embeddings = self.add_weight("embeddings", shape=(self.num_items + 1, self.dim),
+                                      initializer=init)
+    if not self.tied:
+      self.output_embeddings = self.add_weight("output_embeddings",
+                                               shape=(self.num_items, self.dim), initializer=init)
+    super().build(input_shape)
+
+  def call(self, ids):
+    return tf.gather(self.embeddings, ids)
+
+  @property
+  def output_table(self):
+    """The M×d candidate matrix e_c (note 000 Eq. 12 corrected: r = e_c·h)."""
+    return self.embeddings[1:] if self.tied else self.output_embeddings
+
+  def scores(self, hidden):
+    """Logits over all M items for every hidden vector: [..., d] → [..., M]."""
+    return tf.einsum("...d,md->...m", hidden, self.output_table)

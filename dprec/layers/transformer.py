@@ -1,0 +1,79 @@
+"""Pre-LayerNorm causal transformer encoder block carrying Re-Attention's error variances.
+
+x ← x + Dropout(ReAttention(LN(x))), x ← x + Dropout(W2·act(W1·LN(x))) (Vaswani et al. with
+pre-LN, note 000 §5 leaves placement open). Alongside the activations it propagates one error
+variance per token (note 000 §3.8): LayerNorm scales it by γ²/Var_feat, Dense layers follow Eq. 7,
+the activation the corrected Eq. 8, residual connections add variances. Dropout is treated as the
+identity for variances (its inference behaviour).
+"""
+import tensorflow as tf
+
+from dprec.layers import variance as variance_lib
+from dprec.layers.reattention import ReAttention, ReAttentionConfig
+from dprec.layers.recording import call_layer
+
+_ACTIVATIONS = {"relu": tf.nn.relu, "gelu": tf.nn.gelu}
+
+
+class TransformerBlock(tf.keras.layers.Layer):
+  """One encoder block; `call` returns (outputs [B, L, d], variances [B, L] or None)."""
+
+  def __init__(self, num_heads, ffn_dim, dropout=0.0, activation="relu",
+               reattention=ReAttentionConfig(), **kwargs):
+    super().__init__(**kwargs)
+    if activation not in _ACTIVATIONS:
+      raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
+    self.num_heads, self.ffn_dim, self.dropout_rate = num_heads, ffn_dim, dropout
+    self.activation, self.reattention = activation, reattention
+
+  def build(self, input_shape):
+    dim = input_shape[-1]
+    if dim % self.num_heads:
+      raise ValueError(f"model dim {dim} is not divisible by {self.num_heads} heads")
+    self.attention_norm = tf.keras.layers.LayerNormalization(epsilon=1e-6, name="attention_norm")
+    self.attention = ReAttention(self.num_heads, dim // self.num_heads, self.dropout_rate,
+                                 self.reattention, name="attention")
+    self.ffn_norm = tf.keras.layers.LayerNormalization(epsilon=1e-6, name="ffn_norm")
+    self.ffn_in = tf.keras.layers.Dense(self.ffn_dim, name="ffn_in")
+    self.ffn_out = tf.keras.layers.Dense(dim, name="ffn_out")
+    self.dropout = tf.keras.layers.Dropout(self.dropout_rate)
+    super().build(input_shape)
+
+  def call(self, x, valid, variance=None, weight_variance=0.0, training=False, recorder=None,
+           return_weights=False):
+    h = call_layer(recorder, self.attention_norm, x)
+    attended = self.attention(
+        h, valid, self._norm_variance(self.attention_norm, x, variance), weight_variance,
+        training=training, recorder=recorder, return_weights=return_weights)
+    x = x + self.dropout(attended[0], training=training)
+    if variance is not None and attended[1] is not None:
+      variance = variance + attended[1]
+    h = call_layer(recorder, self.ffn_norm, x)
+    pre = call_layer(recorder, self.ffn_in, h)
+    act = _ACTIVATIONS[self.activation](pre)
+    out = call_layer(recorder, self.ffn_out, self.dropout(act, training=training))
+    if variance is not None and attended[1] is not None:
+      variance = variance + self._ffn_variance(h, pre, act, variance, x, weight_variance)
+    x = x + self.dropout(out, training=training)
+    outputs = (x, variance)
+    return outputs + (attended[2],) if return_weights else outputs
+
+  def _norm_variance(self, norm, x, variance):
+    """Per-token variance after LayerNorm, averaged over features (scalar per token)."""
+    if variance is None or not self.reattention.enabled:
+      return None
+    per_feature = variance_lib.layer_norm_variance(
+        tf.stop_gradient(x), tf.stop_gradient(variance)[..., None],
+        tf.stop_gradient(norm.gamma), norm.epsilon)
+    return tf.reduce_mean(per_feature, axis=-1)
+
+  def _ffn_variance(self, h, pre, act, variance, x, weight_variance):
+    """Eq. 7 → corrected Eq. 8 → Eq. 7 through the feed-forward network; [B, L]."""
+    h, pre, act = tf.stop_gradient(h), tf.stop_gradient(pre), tf.stop_gradient(act)
+    var_h = self._norm_variance(self.ffn_norm, x, variance)[..., None]
+    var_pre = variance_lib.linear_output_variance(
+        h, var_h, tf.stop_gradient(self.ffn_in.kernel), weight_variance, weight_variance)
+    var_act = variance_lib.activation_variance(pre, var_pre, self.activation)
+    var_out = variance_lib.linear_output_variance(
+        act, var_act, tf.stop_gradient(self.ffn_out.kernel), weight_variance, weight_variance)
+    return tf.reduce_mean(var_out, axis=-1)
