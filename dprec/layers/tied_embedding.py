@@ -16,12 +16,13 @@ class TiedItemEmbedding(tf.keras.layers.Layer):
     self.num_items, self.dim, self.tied = num_items, dim, tied
 
   def build(self, input_shape):
-    init = tf.keras.initializers.TruncatedNormal(stddev=0.02)
-    self.embeddings = self.add_weight("embeddings", shape=(self.num_items + 1, self.dim),
-                                      initializer=init)
+    self.embeddings = self.add_weight(
+        "embeddings", shape=(self.num_items + 1, self.dim),
+        initializer=tf.keras.initializers.TruncatedNormal(stddev=0.02))
     if not self.tied:
-      self.output_embeddings = self.add_weight("output_embeddings",
-                                               shape=(self.num_items, self.dim), initializer=init)
+      self.output_embeddings = self.add_weight(
+          "output_embeddings", shape=(self.num_items, self.dim),
+          initializer=tf.keras.initializers.TruncatedNormal(stddev=0.02))
     super().build(input_shape)
 
   def call(self, ids):
