@@ -1,0 +1,85 @@
+"""Smallest noise multiplier σ meeting a target (ε, δ): inverse accounting (note 001 App. C.5)."""
+import dataclasses
+from typing import Sequence, Tuple
+
+import dp_accounting
+
+from dprec.errors import DprecError
+from dprec.privacy import accounting
+
+# Below this σ a relative tolerance can no longer be promised (and the guarantee is meaningless).
+MIN_NOISE_MULTIPLIER = 1e-2
+
+
+def _calibrate(make_event, target_epsilon, delta, accountant, rtol):
+  """Bracketing root search (dp_accounting's Brent search) for ε(σ) = target, ε(σ) <= target."""
+  accounting.check_accountant(accountant)
+  accounting.check_delta(delta)
+  if not target_epsilon > 0:
+    raise DprecError(f"target epsilon must be > 0, got {target_epsilon}")
+  if not 0 < rtol < 1:
+    raise DprecError(f"rtol must be in (0, 1), got {rtol}")
+  sigma = dp_accounting.calibrate_dp_mechanism(
+      lambda: accounting.make_accountant(accountant), make_event, target_epsilon, delta,
+      bracket_interval=dp_accounting.LowerEndpointAndGuess(0.0, 1.0),
+      tol=rtol * MIN_NOISE_MULTIPLIER)
+  if sigma < MIN_NOISE_MULTIPLIER:
+    raise DprecError(
+        f"target epsilon {target_epsilon} needs noise multiplier {sigma:.3g} < "
+        f"{MIN_NOISE_MULTIPLIER}: that is not meaningful privacy; lower the target")
+  return float(sigma)
+
+
+def calibrate_noise_multiplier(target_epsilon, delta, sampling_rate, steps, accountant="pld",
+                               rtol=1e-3):
+  """σ such that T sampled-Gaussian steps at rate q give ε <= target, within rtol of the optimum."""
+  accounting.check_gaussian_parameters(1.0, sampling_rate, steps)
+  if steps == 0:
+    raise DprecError("steps must be > 0 to calibrate a noise multiplier")
+  return _calibrate(
+      lambda sigma: accounting.dp_sgd_event(sigma, sampling_rate, steps),
+      target_epsilon, delta, accountant, rtol)
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingPlan:
+  """One σ for every planned period so that training plus pure-ε selection fit the budget."""
+  noise_multiplier: float
+  epsilon: float
+  training_epsilon: float
+  selection_epsilon: float
+  delta: float
+  accountant: str
+  periods: Tuple[accounting.TrainingPeriod, ...]
+  note: str = ""
+
+  def to_dict(self):
+    return dataclasses.asdict(self)
+
+
+def plan_training(target_epsilon, delta, periods: Sequence[Tuple[float, int]],
+                  selection_epsilon=0.0, accountant="pld", poisson=True, rtol=1e-3):
+  """Calibrate one σ for periods [(q_i, T_i)] after deducting pure-ε selection (note 001 C.3).
+
+  Basic composition: ε_total = ε_train(δ) + ε_select, so training gets target − ε_select.
+  """
+  if not periods:
+    raise DprecError("plan_training needs at least one (sampling_rate, steps) period")
+  if selection_epsilon < 0 or selection_epsilon >= target_epsilon:
+    raise DprecError(
+        f"selection epsilon {selection_epsilon} leaves nothing of the target {target_epsilon} "
+        "for training")
+  for q, steps in periods:
+    accounting.check_gaussian_parameters(1.0, q, steps)
+
+  def make_event(sigma):
+    return dp_accounting.ComposedDpEvent(
+        [accounting.dp_sgd_event(sigma, q, steps) for q, steps in periods])
+
+  sigma = _calibrate(make_event, target_epsilon - selection_epsilon, delta, accountant, rtol)
+  planned = tuple(accounting.TrainingPeriod(sigma, q, int(steps), poisson) for q, steps in periods)
+  training_epsilon = accounting.gaussian_epsilon(planned, delta, accountant)
+  return TrainingPlan(
+      noise_multiplier=sigma, epsilon=training_epsilon + selection_epsilon,
+      training_epsilon=training_epsilon, selection_epsilon=selection_epsilon, delta=delta,
+      accountant=accountant, periods=planned, note=accounting.poisson_note(poisson))

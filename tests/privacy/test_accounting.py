@@ -1,0 +1,118 @@
+"""ε and σ from dprec.privacy against dp_accounting and tensorflow_privacy called directly."""
+import math
+import re
+
+import dp_accounting
+import pytest
+
+from dprec import privacy
+from dprec.errors import DprecError
+
+CRITEO_N = 45_840_617
+
+
+def _pld_direct(sigma, q, steps, delta):
+  accountant = dp_accounting.pld.PLDAccountant(
+      dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+  event = dp_accounting.SelfComposedDpEvent(
+      dp_accounting.PoissonSampledDpEvent(q, dp_accounting.GaussianDpEvent(sigma)), steps)
+  return accountant.compose(event).get_epsilon(delta)
+
+
+@pytest.mark.parametrize("sigma,q,steps,delta", [
+    (1.1, 256 / 60000, 704, 1e-5),
+    (0.8, 0.01, 300, 1e-6),
+    (3.0, 1.0, 5, 1e-5),
+])
+def test_pld_epsilon_equals_dp_accounting(sigma, q, steps, delta):
+  result = privacy.compute_epsilon(sigma, q, steps, delta)
+  assert result.accountant == "pld" and result.poisson and result.note == ""
+  assert result.epsilon == pytest.approx(_pld_direct(sigma, q, steps, delta), rel=1e-9)
+
+
+def test_rdp_epsilon_equals_dp_accounting_and_tensorflow_privacy():
+  from tensorflow_privacy.privacy.analysis import compute_dp_sgd_privacy_lib as tfp_lib
+  n, batch, epochs, sigma, delta = 60000, 256, 3, 1.1, 1e-5
+  q, steps = privacy.dataset_sampling(n, batch, epochs)
+  ours = privacy.compute_epsilon(sigma, q, steps, delta, accountant="rdp").epsilon
+  direct = dp_accounting.rdp.RdpAccountant().compose(
+      privacy.dp_sgd_event(sigma, q, steps)).get_epsilon(delta)
+  assert ours == pytest.approx(direct, rel=1e-12)
+  # The statement uses dp_accounting's default orders, as we do: equal to its printed digits.
+  statement = tfp_lib.compute_dp_sgd_privacy_statement(
+      n, batch, epochs, sigma, delta, used_microbatching=False)
+  printed = float(re.search(r"Poisson sampling \(\*\):\s+([0-9.]+)", statement).group(1))
+  assert ours == pytest.approx(printed, abs=5e-4)
+  # The deprecated helper uses a coarser order grid: same ε up to the grid.
+  legacy, _ = tfp_lib.compute_dp_sgd_privacy(n, batch, sigma, epochs, delta)
+  assert ours == pytest.approx(legacy, rel=1e-2)
+
+
+def test_rdp_is_looser_than_pld():
+  q, steps, delta = 0.01, 500, 1e-6
+  pld = privacy.compute_epsilon(1.0, q, steps, delta).epsilon
+  rdp = privacy.compute_epsilon(1.0, q, steps, delta, accountant="rdp").epsilon
+  assert pld < rdp
+
+
+def test_fixed_batches_are_flagged_and_accounted_as_poisson():
+  poisson = privacy.compute_epsilon(1.0, 0.01, 100, 1e-5)
+  fixed = privacy.compute_epsilon(1.0, 0.01, 100, 1e-5, poisson=False)
+  assert fixed.epsilon == poisson.epsilon
+  assert not fixed.poisson and fixed.note == privacy.NOT_POISSON_NOTE
+
+
+def test_criteo_known_value_sigma():
+  """Note 001 §3.3: N=45,840,617, B=2048, one epoch, δ=1/N, ε=1 → σ ≈ 0.5765 (PLD)."""
+  q, steps = privacy.dataset_sampling(CRITEO_N, 2048, 1)
+  assert steps == 22384
+  sigma = privacy.calibrate_noise_multiplier(1.0, 1 / CRITEO_N, q, steps)
+  assert sigma == pytest.approx(0.5765, abs=1e-4)
+  epsilon = _pld_direct(sigma, q, steps, 1 / CRITEO_N)
+  assert epsilon <= 1.0
+  # Within 1e-3 relative of the optimum: 0.1% less noise already overspends.
+  assert _pld_direct(sigma * (1 - 1e-3), q, steps, 1 / CRITEO_N) > 1.0
+
+
+@pytest.mark.parametrize("accountant", ["pld", "rdp"])
+def test_calibrated_sigma_reproduces_target(accountant):
+  q, steps, delta, target = 1024 / 67349, 66, 1 / 67349, 3.0
+  sigma = privacy.calibrate_noise_multiplier(target, delta, q, steps, accountant=accountant)
+  epsilon = privacy.compute_epsilon(sigma, q, steps, delta, accountant=accountant).epsilon
+  assert epsilon <= target
+  assert epsilon == pytest.approx(target, rel=5e-3)
+  if accountant == "pld":
+    assert sigma == pytest.approx(0.6775, abs=2e-4)  # note 001 §3.3, SST-2 row
+
+
+def test_adafest_split_composes_back():
+  for sigma, ratio in [(0.5765, 5.0), (1.0, 0.1), (2.0, 10.0)]:
+    sigma1, sigma2 = privacy.adafest_noise_multipliers(sigma, ratio)
+    assert sigma1 == pytest.approx(ratio * sigma2)
+    assert privacy.composed_noise_multiplier(sigma1, sigma2) == pytest.approx(sigma)
+  # note 001 §2.2: r=5 → σ2 = 1.0198σ, σ1 = 5.099σ.
+  assert privacy.adafest_noise_multipliers(1.0, 5.0) == pytest.approx((5.099, 1.0198), abs=1e-4)
+
+
+def test_composed_multiplier_equals_two_gaussians_in_pld():
+  """One step with σ1 and σ2 on the same sample costs exactly one Gaussian with composed σ."""
+  from dp_accounting.pld import privacy_loss_distribution as pld_lib
+  sigma1, sigma2 = 2.0, 1.5
+  two = pld_lib.from_gaussian_mechanism(sigma1).compose(pld_lib.from_gaussian_mechanism(sigma2))
+  one = pld_lib.from_gaussian_mechanism(privacy.composed_noise_multiplier(sigma1, sigma2))
+  for delta in (1e-3, 1e-6):
+    assert two.get_epsilon_for_delta(delta) == pytest.approx(one.get_epsilon_for_delta(delta),
+                                                             rel=2e-3)
+
+
+def test_edge_cases_and_bad_input():
+  assert privacy.compute_epsilon(1.0, 0.01, 0, 1e-5).epsilon == 0.0
+  assert math.isinf(privacy.compute_epsilon(0.0, 0.01, 10, 1e-5).epsilon)
+  for kwargs in ({"delta": 0.0}, {"sampling_rate": 1.5}, {"steps": -1}, {"accountant": "gdp"}):
+    args = {"noise_multiplier": 1.0, "sampling_rate": 0.1, "steps": 10, "delta": 1e-5, **kwargs}
+    with pytest.raises(DprecError):
+      privacy.compute_epsilon(**args)
+  with pytest.raises(DprecError):
+    privacy.calibrate_noise_multiplier(-1.0, 1e-5, 0.1, 10)
+  with pytest.raises(DprecError):
+    privacy.dataset_sampling(100, 200, 1)
