@@ -1,0 +1,109 @@
+"""Atomic checkpoints of a streaming run: model, optimizer slots, data position and ledger.
+
+A checkpoint is a directory `ckpt-<n>` written under a temporary name, flushed to disk, and
+renamed into place; a `LATEST` pointer (itself replaced atomically) names the newest one. A
+`kill -9` at any moment therefore leaves either the previous checkpoint or the new one, never a
+mix: the rename is the single commit point for the model, the optimizer slots, the trainer state
+(period, step, metrics so far) and the privacy ledger, which are restored together. A `LATEST`
+file names the newest checkpoint for people and tools; the trainer itself trusts the directories.
+"""
+import json
+import os
+import re
+import shutil
+import uuid
+
+_NAME = re.compile(r"^ckpt-(\d+)$")
+LATEST = "LATEST"
+STATE = "state.json"
+MODEL_PREFIX = "model"
+
+
+def _fsync_dir(path):
+  fd = os.open(path, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def atomic_write_text(path, text):
+  """Writes `text` to `path` so readers see the old or the new content, never a torn file."""
+  directory = os.path.dirname(os.path.abspath(path))
+  tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
+  with open(tmp, "w", encoding="utf-8") as f:
+    f.write(text)
+    f.flush()
+    os.fsync(f.fileno())
+  os.replace(tmp, path)
+  _fsync_dir(directory)
+
+
+def atomic_copy(src, dst):
+  """Copies a small file atomically (used to publish and restore the ledger)."""
+  with open(src, encoding="utf-8") as f:
+    atomic_write_text(dst, f.read())
+
+
+class CheckpointManager:
+  """Commits and finds checkpoints in `directory`, keeping the newest `keep` of them."""
+
+  def __init__(self, directory, keep=2):
+    self.directory = directory
+    self.keep = keep
+    os.makedirs(directory, exist_ok=True)
+    for name in os.listdir(directory):  # half-written checkpoints of a killed process
+      if name.startswith(".tmp-"):
+        shutil.rmtree(os.path.join(directory, name), ignore_errors=True)
+
+  def _committed(self):
+    numbers = []
+    for name in os.listdir(self.directory):
+      match = _NAME.match(name)
+      if match and os.path.exists(os.path.join(self.directory, name, STATE)):
+        numbers.append(int(match.group(1)))
+    return sorted(numbers)
+
+  def latest(self):
+    """Path of the newest committed checkpoint, or None on a fresh run.
+
+    The directory rename is the commit point, so the highest-numbered `ckpt-<n>` is complete even
+    if the process died before it updated the human-facing `LATEST` pointer.
+    """
+    committed = self._committed()
+    return os.path.join(self.directory, f"ckpt-{committed[-1]:06d}") if committed else None
+
+  @staticmethod
+  def read_state(path):
+    with open(os.path.join(path, STATE), encoding="utf-8") as f:
+      return json.load(f)
+
+  def commit(self, state, write_model, files=None):
+    """Writes a new checkpoint atomically and returns its path.
+
+    Args:
+      state: JSON-serialisable trainer state (data position, metrics, vocabulary sizes, ...).
+      write_model: callable(prefix) writing the TensorFlow checkpoint (model + optimizer slots +
+        random generator states) under the given file prefix.
+      files: {name in checkpoint: source path} of small files to copy in (the ledger).
+    """
+    committed = self._committed()
+    number = committed[-1] + 1 if committed else 0
+    tmp = os.path.join(self.directory, f".tmp-{uuid.uuid4().hex}")
+    os.makedirs(tmp)
+    write_model(os.path.join(tmp, MODEL_PREFIX))
+    for name, src in (files or {}).items():
+      shutil.copyfile(src, os.path.join(tmp, name))
+    with open(os.path.join(tmp, STATE), "w", encoding="utf-8") as f:
+      json.dump(state, f, indent=1, sort_keys=True)
+    for name in os.listdir(tmp):
+      with open(os.path.join(tmp, name), "rb") as f:
+        os.fsync(f.fileno())
+    _fsync_dir(tmp)
+    name = f"ckpt-{number:06d}"
+    os.rename(tmp, os.path.join(self.directory, name))
+    _fsync_dir(self.directory)
+    atomic_write_text(os.path.join(self.directory, LATEST), name)
+    for old in committed[:max(0, len(committed) + 1 - self.keep)]:
+      shutil.rmtree(os.path.join(self.directory, f"ckpt-{old:06d}"), ignore_errors=True)
+    return os.path.join(self.directory, name)

@@ -1,0 +1,89 @@
+"""Per-period metrics of a streaming run: TensorBoard scalars, a CSV, a PNG plot, the summary.
+
+Rows come from the trainer's committed state, so after a crash and restart the CSV is rewritten
+from the checkpoint (never a duplicated or half-written line) and TensorBoard gets the committed
+periods again (same step, same value: TensorBoard shows one point).
+"""
+import csv
+import io
+import json
+import math
+import os
+
+import tensorflow as tf
+
+from dprec.training.checkpoint import atomic_write_text
+
+CSV_NAME = "metrics.csv"
+PLOT_NAME = "auc_epsilon.png"
+SUMMARY_NAME = "summary.json"
+COLUMNS = ("period", "eval_period", "auc", "eval_loss", "train_loss", "epsilon_so_far",
+           "gradient_size_reduction", "steps", "examples", "mean_batch_size", "new_ids",
+           "vocab_size", "noise_multiplier", "sampling_rate", "train_seconds")
+SCALARS = ("auc", "eval_loss", "train_loss", "epsilon_so_far", "gradient_size_reduction")
+
+
+def _json_number(value):
+  return None if isinstance(value, float) and not math.isfinite(value) else value
+
+
+class MetricsWriter:
+  """Writes the committed rows of a run under `run_dir`."""
+
+  def __init__(self, run_dir):
+    self.run_dir = run_dir
+    self._writer = tf.summary.create_file_writer(os.path.join(run_dir, "tensorboard"))
+    self._emitted = set()
+
+  def write(self, rows):
+    """Rewrites the CSV and emits TensorBoard scalars of rows not yet emitted by this process."""
+    buffer = io.StringIO()
+    writer = csv.DictWriter(buffer, fieldnames=COLUMNS, extrasaction="ignore")
+    writer.writeheader()
+    for row in rows:
+      writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in COLUMNS})
+    atomic_write_text(os.path.join(self.run_dir, CSV_NAME), buffer.getvalue())
+    with self._writer.as_default():
+      for row in rows:
+        key = (row["period"], row.get("auc") is not None)
+        if key in self._emitted:
+          continue
+        self._emitted.add(key)
+        for name in SCALARS:
+          value = row.get(name)
+          if value is not None and math.isfinite(value):
+            tf.summary.scalar(f"stream/{name}", value, step=row["period"])
+    self._writer.flush()
+
+  def finish(self, rows, summary):
+    """Final CSV, TensorBoard flush, the AUC/ε plot and summary.json."""
+    self.write(rows)
+    if rows:
+      plot_auc_epsilon(rows, os.path.join(self.run_dir, PLOT_NAME))
+    clean = json.loads(json.dumps(summary, default=float), parse_constant=lambda c: None)
+    atomic_write_text(os.path.join(self.run_dir, SUMMARY_NAME),
+                      json.dumps(clean, indent=2, sort_keys=True, default=_json_number))
+
+
+def plot_auc_epsilon(rows, path):
+  """AUC on the next period (left axis) and ε spent so far (right axis) against the period."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
+  periods = [row["period"] for row in rows]
+  figure, auc_axis = pyplot.subplots(figsize=(6, 3.5))
+  auc = [row["auc"] if row.get("auc") is not None else float("nan") for row in rows]
+  auc_axis.plot(periods, auc, "o-", color="tab:blue", label="AUC on next period")
+  auc_axis.set_xlabel("training period")
+  auc_axis.set_ylabel("AUC (next period)", color="tab:blue")
+  epsilon = [row.get("epsilon_so_far") for row in rows]
+  if all(e is not None and math.isfinite(e) for e in epsilon):
+    eps_axis = auc_axis.twinx()
+    eps_axis.step(periods, epsilon, where="post", color="tab:red", label="ε so far")
+    eps_axis.set_ylabel("ε spent so far", color="tab:red")
+  auc_axis.set_title("streaming run: utility and privacy per period")
+  figure.tight_layout()
+  tmp = path + ".tmp.png"
+  figure.savefig(tmp, dpi=100)
+  pyplot.close(figure)
+  os.replace(tmp, path)

@@ -1,0 +1,393 @@
+"""Streaming online training: train period by period as days arrive, one ledger for the run.
+
+The third way in (DESIGN §1.4; seed 001 §4.3 and Table 5). `StreamingTrainer` tails a
+`PeriodSource` (the streaming Beam job's output), and for every complete period p:
+  1. evaluates the model trained on periods < p on period p (train on day t, evaluate on t+1);
+  2. grows the embedding tables for ids first seen in p (learned rows stay where they are) and,
+     for DP-FEST / DP-AdaFEST+, refreshes the top-k rows from the running counts (DP top-k when
+     the selection must be private), rows that stay selected keeping what they learned;
+  3. pays the privacy ledger for the whole period *before* training on it, and stops cleanly
+     instead when that would exceed the budget fixed up front (`plan.StreamPlan`);
+  4. trains `steps_per_period` Poisson-sampled steps, checkpointing atomically every
+     `checkpoint_every` steps and at the end of the period.
+
+Crash safety: the batch of step (p, s) and every random draw depend only on (seed, p, s) and on
+state inside the checkpoint (model, optimizer slots, random generators), so a `kill -9` and a
+restart replay the uncommitted steps exactly: no period is trained twice or skipped, the final
+model and ledger equal an uninterrupted run's, and the budget paid before the crash is never
+paid again nor forgotten (the ledger file is never rolled back; a period counts as paid once its
+charge is in it). A journal (`steps.jsonl`) lists the committed (period, step) pairs.
+"""
+import abc
+import dataclasses
+import json
+import math
+import os
+import time
+from typing import Dict, List, Mapping, Optional
+
+import numpy as np
+import tensorflow as tf
+
+from dprec.errors import BudgetExceededError
+from dprec.training import checkpoint as ckpt_lib
+from dprec.training import stream_metrics
+from dprec.training.period_source import Period, PeriodSource
+from dprec.training.plan import StreamPlan
+from dprec.training.poisson import poisson_batch_indices
+
+JOURNAL = "steps.jsonl"
+
+
+class PeriodModel(abc.ABC):
+  """What the streaming trainer needs from a model and its (DP) training step.
+
+  `dprec.training.stream_models.CTRPeriodModel` implements it with the pCTR model and `DPModel`;
+  anything with the same five methods can be streamed.
+  """
+
+  @abc.abstractmethod
+  def build(self, vocab_sizes: Mapping[str, int]):
+    """Creates the model, or grows its tables to `vocab_sizes` keeping every learned row and
+    optimizer slot (ids are stable across periods, so row i is the same bucket before and after)."""
+
+  @abc.abstractmethod
+  def trackables(self) -> Dict[str, tf.Module]:
+    """Objects saved in checkpoints: model, optimizer (slots), random generators."""
+
+  @abc.abstractmethod
+  def set_selected_rows(self, selected_rows: Optional[Mapping[str, np.ndarray]]):
+    """Sets the DP-FEST / DP-AdaFEST+ row set (None: the algorithm has no fixed set)."""
+
+  @abc.abstractmethod
+  def train_step(self, batch: Mapping[str, np.ndarray], labels: np.ndarray) -> Dict[str, float]:
+    """One (DP) step on a Poisson batch; returns logs with `loss`, `gradient_size_reduction`."""
+
+  @abc.abstractmethod
+  def evaluate(self, features: Mapping[str, np.ndarray], labels: np.ndarray) -> Dict[str, float]:
+    """Metrics on held-out data: at least `auc` and `loss`."""
+
+
+@dataclasses.dataclass(frozen=True)
+class StreamConfig:
+  """How a streaming run proceeds (the privacy side is the `StreamPlan`).
+
+  Attributes:
+    run_dir: checkpoints, ledger, journal, metrics CSV, TensorBoard logs and the plot.
+    seed: every batch and random draw derives from (seed, period, step).
+    checkpoint_every: steps between mid-period checkpoints (one is always written at period end).
+    train_periods: periods to train (later complete periods are the final hold-out); None: all.
+    idle_timeout: seconds to wait for the next period before finishing (0: stop when caught up).
+    poll_interval: seconds between looks at the source while waiting.
+    top_k: {table: k} rows refreshed per period for DP-FEST / DP-AdaFEST+ (None: no fixed set).
+    ledger_path: the privacy ledger (default run_dir/ledger.json); may hold earlier charges.
+  """
+  run_dir: str
+  seed: int = 0
+  checkpoint_every: int = 100
+  train_periods: Optional[int] = None
+  idle_timeout: float = 0.0
+  poll_interval: float = 1.0
+  top_k: Optional[Mapping[str, int]] = None
+  ledger_path: Optional[str] = None
+
+  def __post_init__(self):
+    if self.checkpoint_every < 1:
+      raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+
+
+def _fresh_state():
+  return {"period": 0, "step": 0, "evaluated": False, "vocab_sizes": None,
+          "selected_rows": None, "journal_lines": 0, "rows": [], "running": None,
+          "stopped": None, "holdout": None}
+
+
+class StreamingTrainer:
+  """Trains a `PeriodModel` on the periods of a `PeriodSource` under one `StreamPlan`."""
+
+  def __init__(self, model: PeriodModel, source: PeriodSource, plan: StreamPlan,
+               config: StreamConfig, ledger_factory=None, selector=None, progress=None):
+    """Args:
+      model, source, plan, config: see the classes.
+      ledger_factory: callable(path, epsilon_budget, delta, accountant) -> ledger
+        (default `dprec.privacy.PrivacyLedger`).
+      selector: callable(counts, k, epsilon, rng) -> row ids for top-k refreshes
+        (default: `dprec.privacy.gumbel_top_k` when the plan reserves selection ε, else exact).
+      progress: optional callable(period, step, logs) called after every step (progress bars).
+    """
+    self.model, self.source, self.plan, self.config = model, source, plan, config
+    self.progress = progress
+    os.makedirs(config.run_dir, exist_ok=True)
+    self.checkpoints = ckpt_lib.CheckpointManager(os.path.join(config.run_dir, "checkpoints"))
+    self.journal_path = os.path.join(config.run_dir, JOURNAL)
+    self.ledger_path = config.ledger_path or os.path.join(config.run_dir, "ledger.json")
+    self.ledger = None
+    if plan.private:
+      if ledger_factory is None:
+        from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
+        ledger_factory = PrivacyLedger
+      self.ledger = ledger_factory(self.ledger_path, plan.epsilon_total, plan.delta,
+                                   accountant=plan.accountant)
+    self.selector = selector or _default_selector(plan)
+    self.metrics = stream_metrics.MetricsWriter(config.run_dir)
+    self.state = _fresh_state()
+    self._tf_checkpoint = None
+
+  # ---- state and checkpoints ----------------------------------------------------------------
+
+  def _build(self, vocab_sizes):
+    self.model.build(vocab_sizes)
+    self._tf_checkpoint = tf.train.Checkpoint(**self.model.trackables())
+    self.state["vocab_sizes"] = dict(vocab_sizes)
+
+  def _restore(self):
+    path = self.checkpoints.latest()
+    if path is None:
+      return False
+    self.state = self.checkpoints.read_state(path)
+    if self.state["vocab_sizes"] is not None:
+      self._build(self.state["vocab_sizes"])
+      self._tf_checkpoint.read(os.path.join(path, ckpt_lib.MODEL_PREFIX)).assert_consumed()
+      self.model.set_selected_rows(_rows_from_json(self.state["selected_rows"]))
+    _truncate_journal(self.journal_path, self.state["journal_lines"])
+    return True
+
+  def _commit(self):
+    files = {}
+    if self.ledger is not None and os.path.exists(self.ledger_path):
+      files["ledger.json"] = self.ledger_path  # an audit copy; the live ledger is never rolled back
+    write = (self._tf_checkpoint.write if self._tf_checkpoint is not None
+             else lambda prefix: None)
+    self.checkpoints.commit(self.state, write, files)
+
+  def _journal(self, period, step, batch_size):
+    with open(self.journal_path, "a", encoding="utf-8") as f:
+      f.write(json.dumps({"period": period, "step": step, "batch_size": batch_size}) + "\n")
+    self.state["journal_lines"] += 1
+
+  # ---- privacy ---------------------------------------------------------------------------
+
+  def _label(self, period):
+    return f"stream period {period}"
+
+  def epsilon_spent(self):
+    return self.ledger.epsilon_spent() if self.ledger is not None else math.inf
+
+  def _pay_for_period(self, period):
+    """Charges the ledger for period p (selection, then training) unless already charged.
+
+    Returns False, charging nothing, if the period would exceed the budget.
+    """
+    if self.ledger is None:
+      return True
+    labels = {entry.get("label") for entry in _ledger_entries(self.ledger)}
+    plan = self.plan
+    pure_label, gauss_label = self._label(period) + " selection", self._label(period)
+    need_pure = plan.selection_epsilon_per_period > 0 and pure_label not in labels
+    need_gauss = gauss_label not in labels
+    if not need_gauss:
+      return True
+    projected = self.ledger.epsilon_if_charged(
+        plan.noise_multiplier, plan.sampling_rate, plan.steps_per_period)
+    if need_pure:
+      projected += plan.selection_epsilon_per_period
+    if projected > plan.epsilon_total:
+      return False
+    try:
+      if need_pure:
+        self.ledger.charge_pure(plan.selection_epsilon_per_period, label=pure_label)
+      self.ledger.charge_gaussian(plan.noise_multiplier, plan.sampling_rate,
+                                  plan.steps_per_period, label=gauss_label)
+    except BudgetExceededError:
+      return False
+    return True
+
+  # ---- the loop ---------------------------------------------------------------------------
+
+  def _next_period(self, index):
+    """Waits (up to idle_timeout) for complete period `index`; None when the stream is idle."""
+    deadline = time.monotonic() + self.config.idle_timeout
+    while True:
+      period = self.source.period(index)
+      if period is not None:
+        return period
+      if time.monotonic() >= deadline:
+        return None
+      time.sleep(min(self.config.poll_interval, max(0.0, deadline - time.monotonic())))
+
+  def _evaluate_row(self, period: Period):
+    """Evaluates the model trained through period p-1 on period p and finishes p-1's row."""
+    features, labels = period.load()
+    metrics = self.model.evaluate(features, labels)
+    row = self.state["rows"][-1]
+    row.update(eval_period=period.index, auc=float(metrics["auc"]),
+               eval_loss=float(metrics["loss"]))
+
+  def _refresh(self, period: Period):
+    """Grows tables for new ids and refreshes the top-k set (seed 001 §4.3 streaming counts)."""
+    old = self.state["vocab_sizes"]
+    sizes = {name: max(int(size), (old or {}).get(name, 0))
+             for name, size in period.vocab_sizes.items()}
+    if sizes != old:
+      self._build(sizes)
+    selected = None
+    if self.config.top_k:
+      counts = period.counts()
+      rng = np.random.default_rng([self.config.seed, period.index, 1])
+      per_table = self.plan.selection_epsilon_per_period / len(self.config.top_k)
+      selected = {name: np.sort(np.asarray(self.selector(counts[name], k, per_table, rng)))
+                  for name, k in self.config.top_k.items()}
+    self.model.set_selected_rows(selected)
+    self.state["selected_rows"] = _rows_to_json(selected)
+    new_ids = sum(sizes[n] - (old or {}).get(n, 0) for n in sizes) if old else 0
+    return new_ids
+
+  def _train_period(self, period: Period):
+    features, labels = period.load()
+    n = len(labels)
+    running = self.state["running"] or {"loss": 0.0, "reduction": 0.0, "batch": 0, "steps": 0}
+    plan = self.plan
+    for step in range(self.state["step"], plan.steps_per_period):
+      rng = np.random.default_rng([self.config.seed, period.index, step, 0])
+      indices = next(poisson_batch_indices(n, plan.sampling_rate, 1, rng))
+      logs = self.model.train_step({k: v[indices] for k, v in features.items()}, labels[indices])
+      running["loss"] += float(logs.get("loss", 0.0))
+      running["reduction"] += float(logs.get("gradient_size_reduction", 1.0))
+      running["batch"] += len(indices)
+      running["steps"] += 1
+      self._journal(period.index, step, len(indices))
+      self.state["step"] = step + 1
+      self.state["running"] = running
+      if self.progress is not None:
+        self.progress(period.index, step, logs)
+      if self.state["step"] % self.config.checkpoint_every == 0 and step + 1 < plan.steps_per_period:
+        self._commit()
+    return running, n
+
+  def run(self):
+    """Runs until the stream is idle, the training periods are done or the budget is spent.
+
+    Returns the JSON summary (see `summary`).
+    """
+    resumed = self._restore()
+    self.metrics.write(self.state["rows"])
+    train_periods = self.config.train_periods
+    while self.state["stopped"] is None:
+      index = self.state["period"]
+      period = self._next_period(index)
+      if period is None:
+        self.state["stopped"] = (f"no complete period {index} appeared within "
+                                 f"{self.config.idle_timeout:g} s; the stream is idle")
+        break
+      if index > 0 and not self.state["evaluated"]:
+        self._evaluate_row(period)
+        self.state["evaluated"] = True
+        self._commit()
+        self.metrics.write(self.state["rows"])
+      if train_periods is not None and index >= train_periods:
+        self.state["stopped"] = f"trained the {train_periods} training periods"
+        break
+      if self.state["step"] == 0 and self.state["running"] is None:
+        if not self._pay_for_period(index):
+          self.state["stopped"] = (
+              f"privacy budget: training period {index} would spend ε = "
+              f"{self._projected(index):.4g} > --epsilon-total {self.plan.epsilon_total:g} "
+              f"(spent {self.epsilon_spent():.4g} on periods 0..{index - 1}); stopped before it")
+          break
+        new_ids = self._refresh(period)
+        self.state["running"] = {"loss": 0.0, "reduction": 0.0, "batch": 0, "steps": 0,
+                                 "new_ids": new_ids}
+        self._commit()
+      started = time.monotonic()
+      running, n = self._train_period(period)
+      steps = max(1, running["steps"])
+      self.state["rows"].append({
+          "period": index, "days": list(period.days), "examples": n,
+          "steps": running["steps"], "train_loss": running["loss"] / steps,
+          "mean_batch_size": running["batch"] / steps,
+          "gradient_size_reduction": running["reduction"] / steps,
+          "epsilon_so_far": self.epsilon_spent(), "new_ids": running.get("new_ids", 0),
+          "vocab_size": int(sum(self.state["vocab_sizes"].values())),
+          "noise_multiplier": self.plan.noise_multiplier,
+          "sampling_rate": self.plan.sampling_rate,
+          "train_seconds": time.monotonic() - started,
+          "auc": None, "eval_loss": None, "eval_period": None})
+      self.state.update(period=index + 1, step=0, evaluated=False, running=None)
+      self._commit()
+      self.metrics.write(self.state["rows"])
+    if train_periods is not None and self.state.get("holdout") is None:
+      self.state["holdout"] = self._evaluate_holdout(train_periods)
+    self._commit()
+    summary = self.summary(resumed)
+    self.metrics.finish(self.state["rows"], summary)
+    return summary
+
+  def _projected(self, index):
+    del index
+    plan = self.plan
+    return (self.ledger.epsilon_if_charged(plan.noise_multiplier, plan.sampling_rate,
+                                           plan.steps_per_period)
+            + plan.selection_epsilon_per_period)
+
+  def _evaluate_holdout(self, first):
+    """Pooled metrics of the final model on the complete hold-out periods (seed 001: days 19–24)."""
+    periods, index = [], first
+    while (period := self.source.period(index)) is not None:
+      periods.append(period)
+      index += 1
+    if not periods:
+      return None
+    loaded = [p.load() for p in periods]
+    features = {k: np.concatenate([f[k] for f, _ in loaded]) for k in loaded[0][0]}
+    metrics = self.model.evaluate(features, np.concatenate([y for _, y in loaded]))
+    return {"days": [d for p in periods for d in p.days], "auc": float(metrics["auc"]),
+            "loss": float(metrics["loss"])}
+
+  def summary(self, resumed=False):
+    rows = self.state["rows"]
+    return {
+        "periods": rows,
+        "periods_trained": len(rows),
+        "epsilon": self.epsilon_spent() if self.plan.private else math.inf,
+        "epsilon_total": self.plan.epsilon_total,
+        "delta": self.plan.delta,
+        "plan": self.plan.to_dict(),
+        "holdout": self.state.get("holdout"),
+        "stopped": self.state["stopped"],
+        "resumed": resumed,
+        "run_dir": self.config.run_dir,
+    }
+
+
+def _default_selector(plan):
+  def exact_top_k(counts, k, epsilon, rng):
+    del epsilon, rng
+    counts = np.asarray(counts)
+    k = min(k, counts.size)
+    return np.argpartition(-counts, k - 1)[:k]
+
+  if plan.selection_epsilon_per_period > 0:
+    from dprec.privacy import gumbel_top_k  # pylint: disable=import-outside-toplevel
+    return gumbel_top_k
+  return exact_top_k
+
+
+def _rows_to_json(rows):
+  return None if rows is None else {k: np.asarray(v).tolist() for k, v in rows.items()}
+
+
+def _rows_from_json(rows):
+  return None if rows is None else {k: np.asarray(v, dtype=np.int64) for k, v in rows.items()}
+
+
+def _ledger_entries(ledger):
+  return getattr(ledger, "entries", None) or []
+
+
+def _truncate_journal(path, lines):
+  """Drops journal lines of steps that were trained after the last checkpoint (to be replayed)."""
+  if not os.path.exists(path):
+    return
+  with open(path, encoding="utf-8") as f:
+    kept = f.readlines()[:lines]
+  ckpt_lib.atomic_write_text(path, "".join(kept))
