@@ -1,0 +1,469 @@
+"""Criteo click-log TSV: vectorised parsing, validation, vocabularies and readers.
+
+A line is `label`, 13 integer columns and 26 categorical columns of 8-hex-digit ids, tab separated,
+with empty fields for missing values (the Criteo Kaggle / 1TB release format; note 001 §5.1).
+Parsing runs on whole chunks with pyarrow's C++ CSV reader and numpy, never line by line, so Beam
+batches of millions of rows parse at the speed of `pandas.read_csv`. Every malformed line is either
+an `InputError(path, line, field, reason)` (strict) or returned as a `BadRow` (permissive).
+"""
+import dataclasses
+import gzip
+import io
+import os
+import re
+import warnings
+import zlib
+from typing import Iterable, Iterator, List, Mapping, NamedTuple, Optional, Sequence, Tuple, Union
+
+import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.csv as pa_csv
+
+from dprec.errors import DprecError, InputError
+
+INTEGER_FEATURES = [f"I{i}" for i in range(1, 14)]
+CATEGORICAL_FEATURES = [f"C{i}" for i in range(1, 27)]
+COLUMNS = ["label"] + INTEGER_FEATURES + CATEGORICAL_FEATURES
+
+# Note 001 Table 3: the paper's categorical-feature-14 … -39 are C1 … C26 (sum 338,782).
+TABLE3_VOCAB_SIZES = (
+    1472, 577, 82741, 18940, 305, 23, 1172, 633, 3, 9090, 5918, 64300, 3207,
+    27, 1550, 44262, 10, 5485, 2161, 3, 56473, 17, 15, 27360, 104, 12934)
+
+DEFAULT_CHUNK_ROWS = 1 << 18
+_INTEGER_PATTERN = r"^-?[0-9]{1,18}$"
+_DAY_FILE = re.compile(r"^day_(\d+)(\.gz)?$")
+
+_HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
+# Byte value → hex digit value, 255 for a byte that is not a hex digit.
+_HEX_LUT = np.full(256, 255, dtype=np.uint8)
+for _offset, _chars in ((0, b"0123456789"), (10, b"abcdef"), (10, b"ABCDEF")):
+  _HEX_LUT[np.frombuffer(_chars, dtype=np.uint8)] = np.arange(len(_chars)) + _offset
+
+
+class BadRow(NamedTuple):
+  """A malformed line skipped in permissive mode (`reason` starts with the field's name)."""
+  path: str
+  line_no: int
+  reason: str
+  raw: str
+
+
+@dataclasses.dataclass
+class ParsedChunk:
+  """Raw columns of consecutive lines of one file; missing fields are flagged, not dropped."""
+  path: str
+  line_numbers: np.ndarray  # int64[n], 1-based line of each good row in its file
+  label: np.ndarray  # int32[n], 0 or 1
+  int_values: np.ndarray  # int64[n, 13], 0 where missing
+  int_missing: np.ndarray  # bool[n, 13]
+  cat_values: np.ndarray  # int64[n, 26], the hex id as an integer, -1 where missing
+  bad_rows: List[BadRow]
+
+  def __len__(self):
+    return len(self.label)
+
+  @classmethod
+  def concatenate(cls, chunks: Sequence["ParsedChunk"]) -> "ParsedChunk":
+    """Joins chunks (of one or several files) in order; `path` is the first chunk's."""
+    if not chunks:
+      return _empty_chunk("")
+    joined = {field.name: np.concatenate([getattr(c, field.name) for c in chunks])
+              for field in dataclasses.fields(cls) if field.name not in ("path", "bad_rows")}
+    return cls(path=chunks[0].path, bad_rows=[r for c in chunks for r in c.bad_rows], **joined)
+
+
+def format_hex(values: np.ndarray) -> np.ndarray:
+  """uint8[n, 8]: the lower-case 8-hex-digit text of each id in [0, 2^32) (for writers)."""
+  nibbles = (np.asarray(values, np.int64)[:, None] >> (4 * np.arange(7, -1, -1))) & 15
+  return _HEX_DIGITS[nibbles]
+
+
+def parse_hex_ids(strings: Union[pa.Array, Sequence[str]]) -> Tuple[np.ndarray, np.ndarray]:
+  """Validates and decodes 8-hex-digit ids: (ok bool[n], int64[n] ids, -1 where empty).
+
+  Works on the string array's buffers: valid values are all 8 bytes long, so the present ones lie
+  back to back in the data buffer and decode as one [k, 8] byte matrix.
+  """
+  array = strings if isinstance(strings, pa.Array) else pa.array(strings, type=pa.string())
+  offsets = np.frombuffer(array.buffers()[1], dtype=np.int32, count=len(array) + 1,
+                          offset=array.offset * 4)
+  buffer = array.buffers()[2]
+  data = np.zeros(0, np.uint8) if buffer is None else np.frombuffer(buffer, np.uint8)
+  data = _HEX_LUT[data[offsets[0]:offsets[-1]]]
+  lengths = np.diff(offsets)
+  present = lengths == 8
+  ok = present | (lengths == 0)
+  bad_bytes = np.flatnonzero(data > 15)
+  if len(bad_bytes):
+    ok[np.searchsorted(offsets, bad_bytes + offsets[0], side="right") - 1] = False
+  values = np.full(len(array), -1, dtype=np.int64)
+  if ok.all():
+    digits = data.reshape(-1, 8)
+    packed = np.ascontiguousarray((digits[:, 0::2] << 4) | digits[:, 1::2])
+    values[present] = packed.view(">u4").ravel()
+  return ok, values
+
+
+def parse_lines(lines: Iterable[Union[str, bytes]], path: str, first_line_no: int = 1,
+                strict: bool = True) -> ParsedChunk:
+  """Parses consecutive lines (without their newlines) that start at `first_line_no` of `path`."""
+  lines = [line.encode() if isinstance(line, str) else line for line in lines]
+  return parse_bytes(b"\n".join(lines) + b"\n" if lines else b"", path, first_line_no, strict)
+
+
+def parse_bytes(data: bytes, path: str, first_line_no: int = 1, strict: bool = True) -> ParsedChunk:
+  """Parses a block of whole lines; the first one is line `first_line_no` of `path`.
+
+  Strict mode raises `InputError` for the first malformed line; permissive mode returns malformed
+  lines in `bad_rows` and the rest parsed.
+  """
+  if not data:
+    return _empty_chunk(path)
+  table, skipped = _read_table(data, use_threads=True)
+  if skipped:  # Row numbers of ragged lines are only known to the single-threaded reader.
+    table, skipped = _read_table(data, use_threads=False)
+  if skipped:
+    keep = np.ones(table.num_rows + len(skipped), dtype=bool)
+    keep[[number - 1 for number, _, _ in skipped]] = False
+    line_numbers = np.flatnonzero(keep) + first_line_no
+  else:
+    line_numbers = np.arange(table.num_rows, dtype=np.int64) + first_line_no
+  bad = [(number + first_line_no - 1, field, reason, raw) for number, (field, reason), raw in
+         ((n, _ragged_reason(text, columns), text) for n, text, columns in skipped)]
+
+  columns = [table.column(name).combine_chunks() for name in COLUMNS]
+  label_ok = np.asarray(pc.or_(pc.equal(columns[0], "0"), pc.equal(columns[0], "1")))
+  int_missing = np.stack([np.asarray(pc.equal(c, "")) for c in columns[1:14]], axis=1)
+  int_ok = np.stack([np.asarray(pc.match_substring_regex(c, _INTEGER_PATTERN)) for c in
+                     columns[1:14]], axis=1) | int_missing
+  cat_ok, cat_values = (np.stack(a, axis=1) for a in zip(*map(parse_hex_ids, columns[14:])))
+  row_ok = label_ok & int_ok.all(axis=1) & cat_ok.all(axis=1)
+  for row in np.flatnonzero(~row_ok):
+    fields = [c[row].as_py() for c in columns]
+    bad.append((int(line_numbers[row]),) + _field_reason(fields, label_ok[row], int_ok[row],
+                                                         cat_ok[row]) + ("\t".join(fields).strip("\t"),))
+  if bad:
+    bad.sort()
+    if strict:
+      line_no, field, reason, _ = bad[0]
+      raise InputError(path, line_no, field, reason)
+    good = pa.array(row_ok)
+    columns = [c.filter(good) for c in columns]
+    line_numbers = line_numbers[row_ok]
+    int_missing = int_missing[row_ok]
+    cat_values = np.stack([parse_hex_ids(c)[1] for c in columns[14:]], axis=1)
+
+  int_values = np.stack([
+      np.asarray(pc.cast(pc.if_else(pc.equal(c, ""), "0", c), pa.int64())) for c in columns[1:14]],
+                        axis=1) if len(line_numbers) else np.zeros((0, 13), np.int64)
+  return ParsedChunk(
+      path=path, line_numbers=line_numbers.astype(np.int64),
+      label=np.asarray(pc.cast(columns[0], pa.int32())).astype(np.int32, copy=False),
+      int_values=int_values, int_missing=int_missing, cat_values=cat_values,
+      bad_rows=[BadRow(path, line_no, f"field {field}: {reason}", raw)
+                for line_no, field, reason, raw in bad])
+
+
+def _read_table(data: bytes, use_threads: bool) -> Tuple[pa.Table, List[Tuple[int, str, int]]]:
+  """All 40 columns as strings (no quoting); ragged lines are skipped and listed."""
+  skipped = []
+
+  def on_invalid_row(row):
+    skipped.append((row.number, row.text, row.actual_columns))
+    return "skip"
+
+  table = pa_csv.read_csv(
+      io.BytesIO(data),
+      read_options=pa_csv.ReadOptions(column_names=COLUMNS, use_threads=use_threads,
+                                      block_size=1 << 26),
+      parse_options=pa_csv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False,
+                                        ignore_empty_lines=False,
+                                        invalid_row_handler=on_invalid_row),
+      convert_options=pa_csv.ConvertOptions(column_types={name: pa.string() for name in COLUMNS},
+                                            strings_can_be_null=False,
+                                            quoted_strings_can_be_null=False))
+  return table, skipped
+
+
+def _ragged_reason(text: str, columns: int) -> Tuple[str, str]:
+  return "line", f"expected {len(COLUMNS)} tab-separated fields, found {columns}"
+
+
+def _field_reason(fields, label_ok, int_ok, cat_ok) -> Tuple[str, str]:
+  """The first bad field of a row with the right number of columns, and why it is bad."""
+  if not any(fields):
+    return "line", "empty line"
+  if not label_ok:
+    return "label", f"must be 0 or 1, got {fields[0]!r}"
+  for name, ok, value in zip(INTEGER_FEATURES, int_ok, fields[1:14]):
+    if not ok:
+      return name, f"not an integer: {value!r}"
+  for name, ok, value in zip(CATEGORICAL_FEATURES, cat_ok, fields[14:]):
+    if not ok:
+      return name, f"not an 8-hex-digit id: {value!r}"
+  raise AssertionError("row flagged bad without a bad field")
+
+
+def _empty_chunk(path: str) -> ParsedChunk:
+  return ParsedChunk(path, np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros((0, 13), np.int64),
+                     np.zeros((0, 13), bool), np.zeros((0, 26), np.int64), [])
+
+
+@dataclasses.dataclass(frozen=True)
+class CriteoVocabulary:
+  """Per categorical feature: hex id → index. Index 0 is OOV/missing, known ids are 1..V.
+
+  Ids are ordered by decreasing count (index 1 = most frequent bucket), so a top-k prefix of the
+  index space is the top-k buckets. Counting raw data is not private: build the vocabulary from
+  public data, or select buckets with `dprec.privacy.gumbel_top_k` and charge the ledger.
+  """
+  ids: Tuple[np.ndarray, ...]  # per feature, int64 ids in index order (index = position + 1)
+  counts: Tuple[np.ndarray, ...]  # per feature, int64 count of each id (same order)
+
+  def __post_init__(self):
+    if len(self.ids) != len(CATEGORICAL_FEATURES) or len(self.counts) != len(self.ids):
+      raise DprecError(f"a Criteo vocabulary needs {len(CATEGORICAL_FEATURES)} features, "
+                       f"got {len(self.ids)}")
+    orders = tuple(np.argsort(ids, kind="stable") for ids in self.ids)
+    object.__setattr__(self, "_orders", orders)
+    object.__setattr__(self, "_sorted", tuple(ids[o] for ids, o in zip(self.ids, orders)))
+
+  @property
+  def sizes(self) -> Tuple[int, ...]:
+    """Embedding table sizes, OOV index 0 included (V + 1)."""
+    return tuple(len(ids) + 1 for ids in self.ids)
+
+  def lookup(self, cat_values: np.ndarray) -> np.ndarray:
+    """int64[n, 26] hex ids (-1 missing) → int32[n, 26] indices (0 for OOV and missing)."""
+    out = np.zeros(cat_values.shape, dtype=np.int32)
+    for j, (sorted_ids, order) in enumerate(zip(self._sorted, self._orders)):
+      if not len(sorted_ids):
+        continue
+      column = cat_values[:, j]
+      position = np.minimum(np.searchsorted(sorted_ids, column), len(sorted_ids) - 1)
+      found = sorted_ids[position] == column
+      out[:, j] = np.where(found, order[position] + 1, 0)
+    return out
+
+  @classmethod
+  def from_counts(cls, counts: Union[Mapping[str, Mapping[Union[str, int], int]],
+                                     Sequence[Tuple[np.ndarray, np.ndarray]]],
+                  min_count: int = 1,
+                  top_k: Union[None, int, Sequence[int]] = None) -> "CriteoVocabulary":
+    """Keeps ids seen at least `min_count` times, then the `top_k` most frequent per feature.
+
+    `counts` maps each feature name to {hex string or int id: count}, or is a sequence of 26
+    `(ids, counts)` array pairs in C1..C26 order (as from `count_categories`). `top_k` is one
+    int for all features or one per feature (e.g. `TABLE3_VOCAB_SIZES`).
+    """
+    if isinstance(counts, Mapping):
+      unknown = set(counts) - set(CATEGORICAL_FEATURES)
+      if unknown:
+        raise DprecError(f"unknown categorical features in counts: {sorted(unknown)}")
+      pairs = [_count_arrays(counts.get(name, {})) for name in CATEGORICAL_FEATURES]
+    else:
+      pairs = [(np.asarray(i, np.int64), np.asarray(c, np.int64)) for i, c in counts]
+    limits = [top_k] * len(pairs) if top_k is None or np.isscalar(top_k) else list(top_k)
+    if len(limits) != len(CATEGORICAL_FEATURES):
+      raise DprecError(f"top_k needs one value per categorical feature, got {len(limits)}")
+    kept_ids, kept_counts = [], []
+    for (ids, cnt), limit in zip(pairs, limits):
+      keep = cnt >= min_count
+      ids, cnt = ids[keep], cnt[keep]
+      order = np.lexsort((ids, -cnt))[:limit]
+      kept_ids.append(ids[order])
+      kept_counts.append(cnt[order])
+    return cls(tuple(kept_ids), tuple(kept_counts))
+
+  @classmethod
+  def build(cls, paths, min_count: int = 1, top_k: Union[None, int, Sequence[int]] = None,
+            strict: bool = True) -> "CriteoVocabulary":
+    """Counts the categorical ids of Criteo TSV files and keeps them as in `from_counts`."""
+    return cls.from_counts(count_categories(read_criteo_tsv(paths, strict=strict)),
+                           min_count=min_count, top_k=top_k)
+
+  def save(self, directory: str) -> None:
+    """Writes `C1.tsv` … `C26.tsv`: line k is `hex_id<TAB>count` of index k."""
+    os.makedirs(directory, exist_ok=True)
+    for name, ids, cnt in zip(CATEGORICAL_FEATURES, self.ids, self.counts):
+      table = pa.table({"id": pa.array(format_hex(ids).view("S8").ravel()).cast(pa.string()),
+                        "count": cnt})
+      pa_csv.write_csv(table, os.path.join(directory, f"{name}.tsv"),
+                       pa_csv.WriteOptions(include_header=False, delimiter="\t",
+                                           quoting_style="none"))
+
+  @classmethod
+  def load(cls, directory: str) -> "CriteoVocabulary":
+    """Reads a vocabulary written by `save` (or by the Beam preprocessing job)."""
+    ids, counts = [], []
+    for name in CATEGORICAL_FEATURES:
+      path = os.path.join(directory, f"{name}.tsv")
+      if not os.path.exists(path):
+        raise DprecError(f"{path}: vocabulary file missing")
+      table = pa_csv.read_csv(
+          path, read_options=pa_csv.ReadOptions(column_names=["id", "count"]),
+          parse_options=pa_csv.ParseOptions(delimiter="\t", quote_char=False),
+          convert_options=pa_csv.ConvertOptions(column_types={"id": pa.string(),
+                                                              "count": pa.int64()}))
+      column = table.column("id").combine_chunks()
+      ok, values = parse_hex_ids(column)
+      bad = np.flatnonzero(~ok | (values < 0))
+      if len(bad):
+        raise InputError(path, int(bad[0]) + 1, "id",
+                         f"not an 8-hex-digit id: {column[int(bad[0])].as_py()!r}")
+      ids.append(values)
+      counts.append(np.asarray(table.column("count")).astype(np.int64))
+    return cls(tuple(ids), tuple(counts))
+
+
+def _count_arrays(mapping: Mapping[Union[str, int], int]) -> Tuple[np.ndarray, np.ndarray]:
+  keys = [int(k, 16) if isinstance(k, str) else int(k) for k in mapping]
+  return np.asarray(keys, np.int64), np.asarray(list(mapping.values()), np.int64)
+
+
+def count_categories(chunks: Iterable[ParsedChunk]) -> List[Tuple[np.ndarray, np.ndarray]]:
+  """Per categorical feature, the distinct ids seen in `chunks` and their counts (missing skipped)."""
+  partial = [[] for _ in CATEGORICAL_FEATURES]
+  for chunk in chunks:
+    for j, column in enumerate(chunk.cat_values.T):
+      partial[j].append(np.unique(column[column >= 0], return_counts=True))
+  result = []
+  for pieces in partial:
+    ids = np.concatenate([p[0] for p in pieces]) if pieces else np.zeros(0, np.int64)
+    cnt = np.concatenate([p[1] for p in pieces]) if pieces else np.zeros(0, np.int64)
+    unique, inverse = np.unique(ids, return_inverse=True)
+    result.append((unique, np.bincount(inverse, weights=cnt, minlength=len(unique))
+                   .astype(np.int64)))
+  return result
+
+
+def transform(parsed: ParsedChunk, vocab: CriteoVocabulary) -> dict:
+  """Model inputs: label, log(1 + max(x, 0)) integers (missing → 0), vocabulary indices."""
+  return {
+      "label": parsed.label.astype(np.int32),
+      "int_features": np.log1p(np.maximum(parsed.int_values, 0)).astype(np.float32),
+      "cat_features": vocab.lookup(parsed.cat_values),
+  }
+
+
+def criteo_day_files(directory: str) -> List[str]:
+  """The `day_N` (or `day_N.gz`) files of a directory, ordered by N."""
+  if not os.path.isdir(directory):
+    raise DprecError(f"{directory}: not a directory")
+  found = sorted((int(m.group(1)), name) for name in os.listdir(directory)
+                 for m in [_DAY_FILE.match(name)] if m)
+  if not found:
+    raise DprecError(f"{directory}: no day_N files")
+  return [os.path.join(directory, name) for _, name in found]
+
+
+def _as_paths(paths) -> List[str]:
+  paths = [paths] if isinstance(paths, (str, os.PathLike)) else list(paths)
+  return [os.fspath(p) for p in paths]
+
+
+def _open(path: str):
+  """A binary stream of the file's text; gzip is recognised by its magic bytes."""
+  if not os.path.exists(path):
+    raise DprecError(f"{path}: no such file")
+  with open(path, "rb") as probe:
+    magic = probe.read(2)
+  if magic == b"\x1f\x8b":
+    return gzip.open(path, "rb")
+  if path.endswith(".gz"):
+    raise DprecError(f"{path}: named .gz but is not gzip data")
+  return open(path, "rb")
+
+
+def read_criteo_tsv(paths, strict: bool = True,
+                    chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Iterator[ParsedChunk]:
+  """Streams `ParsedChunk`s of at most `chunk_rows` lines from plain or gzipped TSV files."""
+  if chunk_rows < 1:
+    raise DprecError(f"chunk_rows must be positive, got {chunk_rows}")
+  for path in _as_paths(paths):
+    for first_line_no, block in _line_blocks(path, chunk_rows):
+      yield parse_bytes(block, path, first_line_no, strict)
+
+
+def _line_blocks(path: str, chunk_rows: int) -> Iterator[Tuple[int, bytes]]:
+  """Blocks of `chunk_rows` whole lines (the last may be shorter) with their first line number."""
+  read_size = max(1 << 16, chunk_rows * 256)
+  line_no, pending = 1, b""
+  with _open(path) as stream:
+    while True:
+      try:
+        data = stream.read(read_size)
+      except (OSError, EOFError, zlib.error) as error:
+        raise DprecError(f"{path}: corrupt gzip data after line {line_no - 1} ({error})") from error
+      pending += data
+      newlines = np.flatnonzero(np.frombuffer(pending, dtype=np.uint8) == 10)
+      start = 0
+      for end in newlines[chunk_rows - 1::chunk_rows]:
+        yield line_no, pending[start:end + 1]
+        line_no, start = line_no + chunk_rows, end + 1
+      pending = pending[start:]
+      if not data:
+        break
+  if pending:
+    yield line_no, pending
+
+
+def load_criteo(paths, vocab: CriteoVocabulary, strict: bool = True,
+                bad_rows: Optional[list] = None) -> dict:
+  """Whole files as one dict of numpy arrays (see `transform`).
+
+  In permissive mode malformed lines are appended to `bad_rows` if given, otherwise counted in a
+  warning; they are never dropped silently.
+  """
+  parts, skipped = [], []
+  for chunk in read_criteo_tsv(paths, strict=strict):
+    parts.append(transform(chunk, vocab))
+    skipped.extend(chunk.bad_rows)
+  _report_bad_rows(skipped, bad_rows)
+  if not parts:
+    return transform(_empty_chunk(""), vocab)
+  return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
+
+
+def _report_bad_rows(skipped: List[BadRow], sink: Optional[list]) -> None:
+  if sink is not None:
+    sink.extend(skipped)
+  elif skipped:
+    first = skipped[0]
+    warnings.warn(f"skipped {len(skipped)} malformed Criteo lines; first: "
+                  f"{first.path}:{first.line_no}: {first.reason}")
+
+
+def criteo_dataset(paths, vocab: CriteoVocabulary, batch_size: int, strict: bool = True,
+                   drop_remainder: bool = False, bad_rows: Optional[list] = None):
+  """A `tf.data.Dataset` of `({"int_features", "cat_features"}, label)` batches in file order.
+
+  Files stream chunk by chunk (bounded memory); rows are re-batched across chunk and file edges.
+  """
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  if batch_size < 1:
+    raise DprecError(f"batch_size must be positive, got {batch_size}")
+  paths = _as_paths(paths)
+
+  def batches():
+    pending, skipped = [], []
+    for chunk in read_criteo_tsv(paths, strict=strict):
+      skipped.extend(chunk.bad_rows)
+      pending.append(transform(chunk, vocab))
+      merged = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
+      full = len(merged["label"]) // batch_size * batch_size
+      for start in range(0, full, batch_size):
+        yield {k: v[start:start + batch_size] for k, v in merged.items()}
+      pending = [{k: v[full:] for k, v in merged.items()}]
+    _report_bad_rows(skipped, bad_rows)
+    if pending and len(pending[0]["label"]) and not drop_remainder:
+      yield pending[0]
+
+  signature = {"label": tf.TensorSpec([None], tf.int32),
+               "int_features": tf.TensorSpec([None, len(INTEGER_FEATURES)], tf.float32),
+               "cat_features": tf.TensorSpec([None, len(CATEGORICAL_FEATURES)], tf.int32)}
+  dataset = tf.data.Dataset.from_generator(batches, output_signature=signature)
+  return dataset.map(lambda b: ({"int_features": b["int_features"],
+                                 "cat_features": b["cat_features"]}, b["label"]))
