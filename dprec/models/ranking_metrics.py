@@ -1,0 +1,95 @@
+"""Full-ranking evaluation for next-item recommendation (note 000 §6; Krichene & Rendle 2020).
+
+Every user's held-out item is ranked against all M items (no sampled negatives). With one
+relevant item, HIT@k = 1[rank ≤ k] and NDCG@k = 1[rank ≤ k]/log2(rank + 1) (Eqs. 32–34). Ties
+count against the target (rank = 1 + #items scoring ≥ it, itself excluded), so a constant model
+scores 0. Metrics are also reported per popularity bucket of the target item: items sorted by
+training frequency and split into head / torso / tail so that each bucket holds a third of all
+training occurrences (the head is the few items that make up the first third).
+"""
+import numpy as np
+import tensorflow as tf
+
+BUCKETS = ("head", "torso", "tail")
+
+
+def target_ranks(scores, targets, exclude=None):
+  """1-based rank of each target among all items; scores [B, M], targets [B] in 0..M−1.
+
+  `exclude` (optional bool [B, M]) removes items from the ranking, e.g. the user's history.
+  """
+  scores = tf.convert_to_tensor(scores)
+  target_scores = tf.gather(scores, targets, axis=1, batch_dims=1)[:, None]
+  beats = scores >= target_scores
+  if exclude is not None:
+    beats = tf.logical_and(beats, tf.logical_not(exclude))
+  beats = tf.logical_and(beats, tf.logical_not(tf.one_hot(targets, tf.shape(scores)[1]) > 0))
+  return 1 + tf.reduce_sum(tf.cast(beats, tf.int64), axis=1)
+
+
+def ndcg_and_hit(ranks, k=10):
+  """Per-user NDCG@k and HIT@k from 1-based ranks."""
+  ranks = np.asarray(ranks, np.float64)
+  hit = (ranks <= k).astype(np.float64)
+  return hit / np.log2(ranks + 1.0), hit
+
+
+def popularity_buckets(counts):
+  """Bucket index (0 head, 1 torso, 2 tail) per item from training counts [M + 1] (index 0 pad).
+
+  Items are sorted by count (descending, ties by id); an item's bucket is the third of the total
+  count its cumulative share falls into before it is added. Unseen items are tail.
+  """
+  counts = np.asarray(counts, np.float64).copy()
+  counts[0] = 0.0
+  order = np.argsort(-counts, kind="stable")
+  before = np.concatenate([[0.0], np.cumsum(counts[order])[:-1]]) / max(counts.sum(), 1e-12)
+  buckets = np.empty(len(counts), np.int64)
+  buckets[order] = np.minimum((before * 3).astype(np.int64), 2)
+  buckets[counts == 0] = 2
+  return buckets
+
+
+def summarize(ranks, target_items, buckets, k=10):
+  """{'ndcg_at_10', 'hit_at_10', 'users', 'by_popularity': {bucket: {...}}}, metrics in [0, 1]."""
+  ndcg, hit = ndcg_and_hit(ranks, k)
+  target_buckets = np.asarray(buckets)[np.asarray(target_items)]
+  summary = {f"ndcg_at_{k}": float(ndcg.mean()) if len(ndcg) else 0.0,
+             f"hit_at_{k}": float(hit.mean()) if len(hit) else 0.0,
+             "users": int(len(ndcg)), "by_popularity": {}}
+  for index, name in enumerate(BUCKETS):
+    chosen = target_buckets == index
+    summary["by_popularity"][name] = {
+        f"ndcg_at_{k}": float(ndcg[chosen].mean()) if chosen.any() else 0.0,
+        f"hit_at_{k}": float(hit[chosen].mean()) if chosen.any() else 0.0,
+        "users": int(chosen.sum())}
+  return summary
+
+
+def evaluate_full_ranking(score_fn, histories, targets, buckets, k=10, batch_size=512,
+                          exclude_history=False, progress=None):
+  """Ranks each target item among all M items; returns `summarize(...)`.
+
+  `score_fn(histories_batch)` returns scores [b, M] for items 1..M; `histories` int [U, L]
+  (0 = padding), `targets` item ids [U] in 1..M, `buckets` from `popularity_buckets`.
+  `exclude_history` drops items already in the history from the ranking (the paper does not say;
+  off by default). `progress` wraps the batch iterator (e.g. tqdm).
+  """
+  histories, targets = np.asarray(histories), np.asarray(targets)
+  starts = range(0, len(targets), batch_size)
+  ranks = []
+  for start in (progress(starts) if progress else starts):
+    history = histories[start:start + batch_size]
+    scores = score_fn(history)
+    exclude = _seen_items(history, int(scores.shape[1])) if exclude_history else None
+    ranks.append(target_ranks(scores, targets[start:start + batch_size] - 1, exclude).numpy())
+  ranks = np.concatenate(ranks) if ranks else np.zeros([0], np.int64)
+  return summarize(ranks, targets, buckets, k)
+
+
+def _seen_items(histories, num_items):
+  """bool [b, M]: item m + 1 occurs in the history (padding ignored)."""
+  seen = np.zeros((len(histories), num_items), bool)
+  rows, cols = np.nonzero(histories > 0)
+  seen[rows, histories[rows, cols] - 1] = True
+  return seen
