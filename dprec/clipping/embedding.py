@@ -1,0 +1,49 @@
+"""Per-example gradient norms of a DP embedding table, restricted to kept rows.
+
+For example i the gradient of table W is a sparse matrix whose row j is Σ_k g_{i,k} over the
+lookup positions k of example i with id j (note 004 §3.2 footnote 4: (a_i a_iᵀ)_{k1,k2} =
+1[x_{i,k1} = x_{i,k2}]). Aggregating per distinct (example, row) pair before squaring makes the
+norm exact for repeated ids and multi-valued features; rows dropped by the selection are zeroed
+before the norm (seed 001 Algorithm 1 line 8). Cost O(lookups × d), never O(vocabulary).
+"""
+import collections
+
+import tensorflow as tf
+
+# The distinct (example, row) pairs of one table in one batch: `example` [P], `row` [P] (local
+# row ids), and `position_pair` [Q] mapping each valid lookup position (in the order of
+# `valid_positions`) to its pair.
+Pairs = collections.namedtuple("Pairs", ["example", "row", "position_pair"])
+
+
+def valid_positions(lookups):
+  """Flattened (example index, row id) of every non-pad lookup position over all calls."""
+  examples, rows = [], []
+  for lookup in lookups:
+    shape = tf.shape(lookup.ids, out_type=tf.int64)
+    example = tf.broadcast_to(tf.range(shape[0])[:, tf.newaxis], shape)
+    examples.append(tf.boolean_mask(example, lookup.valid))
+    rows.append(tf.boolean_mask(lookup.ids, lookup.valid))
+  return tf.concat(examples, axis=0), tf.concat(rows, axis=0)
+
+
+def distinct_pairs(lookups, vocab_size):
+  """The distinct (example, row) pairs of a table's lookups (from the input ids alone)."""
+  example, row = valid_positions(lookups)
+  key = example * vocab_size + row
+  unique_keys, position_pair = tf.unique(key, out_idx=tf.int64)
+  return Pairs(unique_keys // vocab_size, unique_keys % vocab_size, position_pair)
+
+
+def pair_gradients(pairs, lookups, row_grads):
+  """Per-(example, row) gradient [P, d]: the summed-loss gradients of the gathered rows
+  (`row_grads`, one [n, L, d] tensor per lookup) added up over the pair's positions."""
+  flat = [tf.boolean_mask(grad, lookup.valid) for lookup, grad in zip(lookups, row_grads)]
+  return tf.math.unsorted_segment_sum(tf.concat(flat, axis=0), pairs.position_pair,
+                                      tf.shape(pairs.example, out_type=tf.int64)[0])
+
+
+def squared_norms(pairs, pair_grads, kept, batch_size):
+  """‖g_i‖² of the table for each example, counting only pairs whose row is `kept` [P]."""
+  per_pair = tf.reduce_sum(tf.square(pair_grads), axis=1) * tf.cast(kept, pair_grads.dtype)
+  return tf.math.unsorted_segment_sum(per_pair, pairs.example, batch_size)

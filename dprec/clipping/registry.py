@@ -1,0 +1,84 @@
+"""Per-example gradient norms of ordinary layers through tensorflow_privacy's layer registry.
+
+`tensorflow_privacy.privacy.fast_gradient_clipping` maps a layer class to a function that runs
+the layer, watches an intermediate tensor Z and returns `F(dL/dZ)` = the per-example squared
+gradient norms of the layer's weights (Goodfellow's trick / ghost norms, note 004 §3.1–3.2).
+tensorflow_privacy drives those functions by re-walking a functional model's graph; here every
+call of a registered layer is routed through its registry function during the one forward pass
+of the DP step, so the same functions also serve layers nested inside subclassed layers and
+models (the DPFormer encoder blocks).
+"""
+import tensorflow as tf
+from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry as tfp_registry
+from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import einsum_dense
+from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import \
+    layer_normalization
+from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import \
+    multi_head_attention
+
+from dprec.errors import DprecError
+
+
+def make_layer_registry():
+  """tensorflow_privacy's default registry (Dense, Embedding) plus its LayerNormalization,
+  EinsumDense and MultiHeadAttention functions."""
+  registry = tfp_registry.make_default_layer_registry()
+  registry.insert(tf.keras.layers.LayerNormalization,
+                  layer_normalization.layer_normalization_computation)
+  registry.insert(tf.keras.layers.EinsumDense, einsum_dense.einsum_layer_computation)
+  registry.insert(tf.keras.layers.MultiHeadAttention,
+                  multi_head_attention.multi_head_attention_layer_computation)
+  return registry
+
+
+class RegistryRecorder:
+  """While active, each call of a registered layer runs its registry function on `tape`.
+
+  `records` collects `(layer, watched_tensors, squared_norm_fn)` per call. Only the outermost
+  registered layer of a nesting is routed (a MultiHeadAttention's inner EinsumDense layers are
+  covered by its own function). A layer called twice in one step shares its weights between
+  uses, where per-use norms do not add up; that raises an error pointing to the model hook.
+  """
+
+  def __init__(self, layers, registry, tape):
+    self._layers = [layer for layer in layers
+                    if layer.trainable_weights and registry.is_elem(layer)]
+    self._registry = registry
+    self._tape = tape
+    self._depth = 0
+    self.records = []
+
+  @property
+  def layers(self):
+    return self._layers
+
+  def __enter__(self):
+    for layer in self._layers:
+      object.__setattr__(layer, "call", self._routed_call(layer))
+    return self
+
+  def __exit__(self, *exc_info):
+    for layer in self._layers:
+      object.__delattr__(layer, "call")
+
+  def _routed_call(self, layer):
+    original_call = type(layer).call.__get__(layer)
+    registry_fn = self._registry.lookup(layer)
+
+    @tf.autograph.experimental.do_not_convert
+    def call(*args, **kwargs):
+      if self._depth:
+        return original_call(*args, **kwargs)
+      if any(record[0] is layer for record in self.records):
+        raise DprecError(
+            f"layer {layer.name!r} is called more than once per step: its per-example norm is "
+            "not the sum of per-call norms; compute it in DPModel.extra_squared_norms")
+      self._depth += 1
+      try:
+        watched, outputs, squared_norm_fn = registry_fn(layer, args, kwargs, self._tape, None)
+      finally:
+        self._depth -= 1
+      self.records.append((layer, watched, squared_norm_fn))
+      return outputs
+
+    return call

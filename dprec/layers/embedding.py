@@ -1,0 +1,129 @@
+"""DP-aware embedding tables for single- and multi-valued categorical features.
+
+A `DPEmbedding` is an ordinary row lookup (gather) whose forward pass also reports, to the DP
+training step, which rows each example touched and the gathered rows themselves. From those the
+step builds the DP-AdaFEST contribution maps (seed 001 Algorithm 1 line 5), the per-example
+gradient norm restricted to kept rows (line 8, ghost norm of note 004 §3.2 aggregated per
+(example, row)) and the clipped embedding gradient as `tf.IndexedSlices` over kept rows only.
+Outside a DP step the layer is a plain embedding.
+"""
+import collections
+
+import tensorflow as tf
+
+# One call of a DPEmbedding inside a DP step: local row ids [n, L] (pads replaced by row 0),
+# `valid` [n, L] (False at pads) and the gathered rows [n, L, d] whose gradients the step reads.
+Lookup = collections.namedtuple("Lookup", ["ids", "valid", "rows"])
+
+COMBINERS = (None, "sum", "mean")
+
+
+@tf.keras.utils.register_keras_serializable(package="dprec")
+class DPEmbedding(tf.keras.layers.Layer):
+  """An embedding table of `vocab_size` rows × `output_dim` trained with sparse DP updates.
+
+  Inputs: int ids of shape [n] or [n, 1] (single-valued, output [n, d]); [n, L] padded with
+  `pad_id`, or a `tf.RaggedTensor` [n, None] (multi-valued: output [n, d] combined by `combiner`
+  "sum" or "mean", or [n, L, d] with `combiner=None`, pads giving zero vectors).
+
+  `table_name` (default: the layer name) identifies the table in DP-FEST row sets and in the
+  global row-id space the DP step lays out over all tables of a model.
+  """
+
+  def __init__(self, vocab_size, output_dim, combiner="sum", pad_id=-1,
+               embeddings_initializer="uniform", table_name=None, **kwargs):
+    super().__init__(**kwargs)
+    if int(vocab_size) < 1 or int(output_dim) < 1:
+      raise ValueError(f"vocab_size and output_dim must be >= 1, got {vocab_size}, {output_dim}")
+    if combiner not in COMBINERS:
+      raise ValueError(f"combiner must be one of {COMBINERS}, got {combiner!r}")
+    self.vocab_size = int(vocab_size)
+    self.output_dim = int(output_dim)
+    self.combiner = combiner
+    self.pad_id = int(pad_id)
+    self.embeddings_initializer = tf.keras.initializers.get(embeddings_initializer)
+    self.table_name = table_name or self.name
+    # A list while a DP step records this layer's lookups; set without Keras attribute tracking.
+    object.__setattr__(self, "_recording", None)
+
+  def build(self, input_shape):
+    self.embeddings = self.add_weight(
+        name="embeddings", shape=(self.vocab_size, self.output_dim),
+        initializer=self.embeddings_initializer, trainable=True)
+    super().build(input_shape)
+
+  def start_recording(self):
+    object.__setattr__(self, "_recording", [])
+
+  def stop_recording(self):
+    lookups = self._recording or []
+    object.__setattr__(self, "_recording", None)
+    return lookups
+
+  def call(self, inputs):
+    if isinstance(inputs, tf.RaggedTensor):
+      inputs = inputs.to_tensor(default_value=self.pad_id)
+    ids = tf.cast(inputs, tf.int64)
+    single = ids.shape.rank == 1
+    if single:
+      ids = ids[:, tf.newaxis]
+    valid = tf.not_equal(ids, self.pad_id)
+    safe_ids = tf.where(valid, ids, tf.zeros_like(ids))
+    rows = tf.gather(self.embeddings, safe_ids)  # [n, L, d]
+    if self._recording is not None:
+      self._recording.append(Lookup(safe_ids, valid, rows))
+    mask = tf.cast(valid, rows.dtype)[..., tf.newaxis]
+    if single:
+      return rows[:, 0, :]
+    if self.combiner is None:
+      return rows * mask
+    total = tf.reduce_sum(rows * mask, axis=1)
+    if self.combiner == "mean":
+      total /= tf.maximum(tf.reduce_sum(mask, axis=1), 1.0)
+    return total
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(vocab_size=self.vocab_size, output_dim=self.output_dim, combiner=self.combiner,
+                  pad_id=self.pad_id, table_name=self.table_name,
+                  embeddings_initializer=tf.keras.initializers.serialize(
+                      self.embeddings_initializer))
+    return config
+
+
+@tf.keras.utils.register_keras_serializable(package="dprec")
+class DPMultiEmbedding(tf.keras.layers.Layer):
+  """One single-valued `DPEmbedding` per column of an int [n, F] input, outputs concatenated.
+
+  The pCTR model of seed 001 App. D.1.1 uses one table per categorical feature; the DP step
+  lays the F tables out in one global row-id space so a single contribution map is clipped
+  jointly across all of them (Algorithm 1, Fig. 2).
+  """
+
+  def __init__(self, vocab_sizes, output_dims, table_names=None,
+               embeddings_initializer="uniform", **kwargs):
+    super().__init__(**kwargs)
+    if len(vocab_sizes) != len(output_dims):
+      raise ValueError("vocab_sizes and output_dims must have the same length")
+    table_names = list(table_names or [f"{self.name}_{i}" for i in range(len(vocab_sizes))])
+    if len(table_names) != len(vocab_sizes) or len(set(table_names)) != len(table_names):
+      raise ValueError("table_names must be unique, one per table")
+    self.vocab_sizes = [int(v) for v in vocab_sizes]
+    self.output_dims = [int(d) for d in output_dims]
+    self.table_names = table_names
+    self.embeddings_initializer = embeddings_initializer
+    self.tables = [
+        DPEmbedding(v, d, embeddings_initializer=embeddings_initializer, table_name=t,
+                    name=f"{self.name}_{t}")
+        for v, d, t in zip(self.vocab_sizes, self.output_dims, table_names)]
+
+  def call(self, inputs):
+    columns = tf.unstack(inputs, num=len(self.tables), axis=1)
+    return tf.concat([table(column) for table, column in zip(self.tables, columns)], axis=1)
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(vocab_sizes=self.vocab_sizes, output_dims=self.output_dims,
+                  table_names=self.table_names,
+                  embeddings_initializer=self.embeddings_initializer)
+    return config

@@ -1,0 +1,246 @@
+"""`DPModel`: a Keras model whose `train_step` is the sparse DP step of DESIGN §4.
+
+    model = DPModel(inputs, outputs)            # functional, or subclass DPModel
+    model.compile(optimizer=DPOptimizer(DPAdaFEST(...), inner=SparseAdagrad(0.05),
+                                        expected_batch_size=q * N),
+                  loss=tf.keras.losses.BinaryCrossentropy(from_logits=True), metrics=[...])
+    model.fit(dataset)                          # batches may vary in size (Poisson sampling)
+
+One step, with one forward pass:
+1. `DPEmbedding` layers record their lookups; every layer in the tensorflow_privacy registry runs
+   through its registry function (`dprec.clipping.registry`).
+2. Kept rows (`dprec.sparse.kept_rows`): all (DP-SGD), the DP-FEST set, or the rows a DP-AdaFEST
+   contribution map selects, false positives included.
+3. Per-example squared norms from one backward pass to the recorded tensors: registry layers,
+   embeddings restricted to kept rows, and the `extra_squared_norms` hook; clip factor
+   c_i = min(1, C2/‖g_i‖) over all of them jointly.
+4. Clipped sum: dense variables by a second backward pass of Σ c_i·L_i; embedding rows
+   book-kept from the first (c_i times the per-(example, row) gradients of kept rows).
+5. Noise σ2·C2 on dense variables and kept rows only (`dprec.sparse.noise`), divided by the
+   expected batch size; the inner optimizer applies IndexedSlices row-sparsely.
+The non-private configuration is the ordinary Keras step (sparse embedding gradients).
+Logs gain `gradient_size` (nonzero embedding-gradient coordinates after noise, mean over the
+epoch) and `gradient_size_reduction` (Σ V·d of the DP tables divided by it; seed 001 §5.4).
+"""
+import collections
+from typing import Any, Callable, Sequence
+
+import tensorflow as tf
+
+from dprec.clipping import embedding as embedding_norms
+from dprec.clipping import registry as registry_lib
+from dprec.errors import DprecError
+from dprec.layers.embedding import DPEmbedding
+from dprec.optimizers import config as config_lib
+from dprec.optimizers.dp_optimizer import DPOptimizer
+from dprec.sparse import kept_rows as kept_rows_lib
+from dprec.sparse import noise as noise_lib
+
+
+class ExtraNorms(collections.namedtuple("ExtraNorms",
+                                        ["variables", "watched", "squared_norm_fn"])):
+  """What `DPModel.extra_squared_norms` returns for variables it handles itself.
+
+  variables: the `tf.Variable`s covered (excluded from the registry and DP-embedding paths;
+    they get dense noise and their clipped gradient from the backward pass of Σ c_i·L_i).
+  watched: (nested) tensors computed in this step's forward pass, e.g. a tied embedding's
+    lookup output and the input of its output projection.
+  squared_norm_fn: maps the summed-loss gradients of `watched` (same structure) to the
+    per-example squared gradient norms [batch] of all of `variables` together.
+  """
+  variables: Sequence[tf.Variable]
+  watched: Any
+  squared_norm_fn: Callable[[Any], tf.Tensor]
+
+
+def _unique(items):
+  seen, result = set(), []
+  for item in items:
+    if id(item) not in seen:
+      seen.add(id(item))
+      result.append(item)
+  return result
+
+
+def _gradient_size(gradient):
+  """Nonzero coordinates of a (possibly IndexedSlices, possibly duplicated) gradient."""
+  if isinstance(gradient, tf.IndexedSlices):
+    rows, slot = tf.unique(gradient.indices)
+    gradient = tf.math.unsorted_segment_sum(gradient.values, slot, tf.size(rows))
+  return tf.math.count_nonzero(gradient, dtype=tf.int64)
+
+
+class DPModel(tf.keras.Model):
+  """A `tf.keras.Model` trained by the DP step of the `DPOptimizer` given to `compile`."""
+
+  def compile(self, optimizer="rmsprop", loss=None, metrics=None, **kwargs):
+    """As `tf.keras.Model.compile`; `optimizer` may be a `DPOptimizer` (a plain optimizer means
+    `NonPrivate`). XLA is off: the step's shapes vary from batch to batch."""
+    if not isinstance(optimizer, DPOptimizer):
+      optimizer = DPOptimizer(config_lib.NonPrivate(), optimizer)
+    kwargs["jit_compile"] = False
+    super().compile(optimizer=optimizer.inner, loss=loss, metrics=metrics, **kwargs)
+    generator = (tf.random.Generator.from_non_deterministic_state() if optimizer.seed is None
+                 else tf.random.Generator.from_seed(optimizer.seed))
+    # Plain attributes, not tracked weights: get_weights()/save_weights() are unchanged.
+    object.__setattr__(self, "dp_optimizer", optimizer)
+    object.__setattr__(self, "_dp_generator", generator)
+    self.gradient_size_tracker = tf.keras.metrics.Mean(name="gradient_size")
+
+  # ---------------------------------------------------------------- hooks for subclasses
+  layer_registry = None  # a tensorflow_privacy LayerRegistry; None: registry.make_layer_registry()
+
+  def per_example_loss(self, y, y_pred, sample_weight=None):
+    """Per-example losses [batch] (weighted); the compiled loss without reduction by default.
+    Trailing axes are averaged, as Keras' reduction does."""
+    loss = tf.keras.losses.get(self.loss)
+    if isinstance(loss, tf.keras.losses.Loss):
+      config = loss.get_config()
+      config["reduction"] = tf.keras.losses.Reduction.NONE
+      losses = type(loss).from_config(config)(y, y_pred, sample_weight)
+    else:
+      losses = loss(y, y_pred)
+      if sample_weight is not None:
+        losses *= tf.reshape(tf.cast(sample_weight, losses.dtype), tf.shape(losses))
+    if losses.shape.rank > 1:
+      losses = tf.reduce_mean(losses, axis=list(range(1, losses.shape.rank)))
+    return losses
+
+  def extra_squared_norms(self):
+    """Hook: per-example squared norms of variables neither the layer registry nor
+    `DPEmbedding` handles (e.g. a tied embedding used twice, whose norm is not a sum of
+    per-use norms). Called after the forward pass, inside the step's tape; return a list of
+    `ExtraNorms`. Default: none."""
+    return []
+
+  # ---------------------------------------------------------------- the step
+  @property
+  def dp_tables(self):
+    """The model's `DPEmbedding` layers, in a fixed order."""
+    return _unique(m for m in self.submodules if isinstance(m, DPEmbedding))
+
+  @property
+  def dense_embedding_size(self):
+    """Σ V·d over the DP tables: the size of DP-SGD's dense embedding gradient."""
+    return sum(t.vocab_size * t.output_dim for t in self.dp_tables)
+
+  def train_step(self, data):
+    x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
+    config = self.dp_optimizer.config
+    if config_lib.is_private(config):
+      grads_and_vars, y_pred = self._dp_gradients(config, x, y, sample_weight)
+      self.compute_loss(x, y, y_pred, sample_weight)  # reported loss: the unclipped mean
+    else:
+      with tf.GradientTape() as tape:
+        y_pred = self(x, training=True)
+        loss = self.compute_loss(x, y, y_pred, sample_weight)
+      grads_and_vars = list(zip(tape.gradient(loss, self.trainable_variables),
+                                self.trainable_variables))
+    table_vars = {id(t.embeddings) for t in self.dp_tables}
+    sizes = [_gradient_size(g) for g, v in grads_and_vars if id(v) in table_vars]
+    self.gradient_size_tracker.update_state(tf.cast(tf.add_n(sizes) if sizes else 0, tf.float32))
+    self.optimizer.apply_gradients(grads_and_vars)
+    logs = self.compute_metrics(x, y, y_pred, sample_weight)
+    logs["gradient_size_reduction"] = (
+        self.dense_embedding_size / tf.maximum(self.gradient_size_tracker.result(), 1.0))
+    return logs
+
+  def _dp_gradients(self, config, x, y, sample_weight):
+    """Noisy, normalised gradients of one DP step (module docstring, steps 1–5)."""
+    generator = self._dp_generator
+    tables = self.dp_tables
+    layout = kept_rows_lib.TableLayout([t.table_name for t in tables],
+                                       [t.vocab_size for t in tables])
+    layers = [m for m in self.submodules
+              if isinstance(m, tf.keras.layers.Layer) and not isinstance(m, DPEmbedding)]
+    with tf.GradientTape(persistent=True) as tape:
+      for table in tables:
+        table.start_recording()
+      try:
+        with registry_lib.RegistryRecorder(
+            layers, self.layer_registry or registry_lib.make_layer_registry(), tape) as recorder:
+          y_pred = self(x, training=True)
+      finally:
+        lookups = [table.stop_recording() for table in tables]
+      losses = self.per_example_loss(y, y_pred, sample_weight)
+      extras = list(self.extra_squared_norms())
+    self._check_coverage(tables, recorder.records, extras)
+    batch_size = tf.shape(losses, out_type=tf.int64)[0]
+
+    # Step 3: one backward pass to every recorded tensor.
+    record_grads, row_grads, extra_grads = tape.gradient(
+        tf.reduce_sum(losses),
+        ([r[1] for r in recorder.records], [[l.rows for l in ls] for ls in lookups],
+         [e.watched for e in extras]),
+        unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    squared = tf.zeros([batch_size], losses.dtype)
+    for (_, _, squared_norm_fn), grads in zip(recorder.records, record_grads):
+      squared += squared_norm_fn(grads)
+    for extra, grads in zip(extras, extra_grads):
+      squared += extra.squared_norm_fn(grads)
+    used = [f for f, ls in enumerate(lookups) if ls]
+    pairs = {f: embedding_norms.distinct_pairs(lookups[f], tables[f].vocab_size) for f in used}
+    pair_grads = {f: embedding_norms.pair_gradients(pairs[f], lookups[f], row_grads[f])
+                  for f in used}
+    kept = self._kept_rows(config, layout, tables, pairs, batch_size)
+    for f in used:
+      squared += embedding_norms.squared_norms(pairs[f], pair_grads[f], kept[f].pair_kept,
+                                               batch_size)
+    if config.l2_norm_clip == float("inf"):
+      clip_factors = tf.ones_like(squared)
+    else:
+      clip_factors = config.l2_norm_clip / tf.maximum(config.l2_norm_clip, tf.sqrt(squared))
+
+    # Step 4: the clipped sum.
+    clip_factors = tf.stop_gradient(clip_factors)
+    with tape:
+      weighted_loss = tf.reduce_sum(clip_factors * losses)
+    table_vars = {id(t.embeddings) for t in tables}
+    dense_vars = [v for v in self.trainable_variables if id(v) not in table_vars]
+    dense_grads = tape.gradient(weighted_loss, dense_vars,
+                                unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    del tape
+
+    # Step 5: noise, normalisation.
+    std = config_lib.noise_std(config.l2_norm_clip, config.noise_multiplier)
+    normaliser = (self.dp_optimizer.expected_batch_size
+                  or tf.cast(batch_size, losses.dtype))
+    grads_and_vars = [(noise_lib.noisy_dense(g, std, generator) / normaliser, v)
+                      for g, v in zip(dense_grads, dense_vars)]
+    for f, table in enumerate(tables):
+      shape = (table.vocab_size, table.output_dim)
+      if f in pairs:
+        row, values = pairs[f].row, pair_grads[f] * tf.gather(
+            clip_factors, pairs[f].example)[:, tf.newaxis]
+        values *= tf.cast(kept[f].pair_kept, values.dtype)[:, tf.newaxis]
+      else:
+        row, values = tf.zeros([0], tf.int64), tf.zeros([0, table.output_dim], losses.dtype)
+      if kept[f].rows is None:
+        grad = noise_lib.noisy_dense_rows(row, values, std, generator, shape) / normaliser
+      else:
+        grad = noise_lib.noisy_sparse_rows(kept[f].rows, row, values, std, generator, shape)
+        grad = tf.IndexedSlices(grad.values / normaliser, grad.indices, grad.dense_shape)
+      grads_and_vars.append((grad, table.embeddings))
+    return grads_and_vars, y_pred
+
+  def _kept_rows(self, config, layout, tables, pairs, batch_size):
+    """Per-table kept rows; unused tables get empty pair sets."""
+    empty = embedding_norms.Pairs(tf.zeros([0], tf.int64), tf.zeros([0], tf.int64),
+                                  tf.zeros([0], tf.int64))
+    return kept_rows_lib.kept_rows(config, layout,
+                                   [pairs.get(f, empty) for f in range(len(tables))],
+                                   batch_size, self._dp_generator)
+
+  def _check_coverage(self, tables, records, extras):
+    """Every trainable variable needs a per-example norm; refuse silently unclipped ones."""
+    covered = {id(t.embeddings) for t in tables}
+    for layer, _, _ in records:
+      covered.update(id(w) for w in layer.trainable_weights)
+    for extra in extras:
+      covered.update(id(v) for v in extra.variables)
+    missing = [v.name for v in self.trainable_variables if id(v) not in covered]
+    if missing:
+      raise DprecError(
+          f"no per-example gradient norm for variables {missing}: use layers from the "
+          "tensorflow_privacy registry or DPEmbedding, register the layer class in "
+          "DPModel.layer_registry, or cover them in DPModel.extra_squared_norms")

@@ -1,0 +1,157 @@
+"""One configuration object per training algorithm (seed 001; DESIGN §4).
+
+Each object says how the DP step treats a batch: how per-example gradients are clipped (C2), how
+much Gaussian noise is added (σ2·C2) and which embedding rows receive an update at all (every row,
+a fixed DP-FEST set, or the rows a DP-AdaFEST contribution map selects this step). `DPModel`
+reads the object from the `DPOptimizer` passed to `compile`.
+"""
+import dataclasses
+import math
+from typing import Mapping, Optional, Sequence
+
+import numpy as np
+
+
+def _check_positive(name, value, allow_inf=False):
+  if not isinstance(value, (int, float)) or isinstance(value, bool) or math.isnan(value):
+    raise ValueError(f"{name} must be a number, got {value!r}")
+  if value <= 0 or (math.isinf(value) and not allow_inf):
+    limit = "a positive number (inf allowed)" if allow_inf else "a positive finite number"
+    raise ValueError(f"{name} must be {limit}, got {value!r}")
+
+
+def _check_non_negative(name, value):
+  if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+    raise ValueError(f"{name} must be a finite number, got {value!r}")
+  if value < 0:
+    raise ValueError(f"{name} must be >= 0, got {value!r}")
+
+
+def _check_finite_noise(clip_name, clip, noise_multiplier):
+  # An infinite clip only makes sense without noise (σ·C would be infinite).
+  if math.isinf(clip) and noise_multiplier > 0:
+    raise ValueError(f"{clip_name} = inf needs a noise multiplier of 0, got {noise_multiplier}")
+
+
+def _freeze_rows(selected_rows):
+  """Validates {table name: row ids} and returns sorted unique int64 arrays."""
+  if not isinstance(selected_rows, Mapping) or not selected_rows:
+    raise ValueError("selected_rows must be a non-empty mapping {table name: row ids}")
+  frozen = {}
+  for table, rows in selected_rows.items():
+    rows = np.unique(np.asarray(rows, dtype=np.int64).reshape(-1))
+    if rows.size and rows[0] < 0:
+      raise ValueError(f"selected_rows[{table!r}] contains a negative row id {rows[0]}")
+    frozen[str(table)] = rows
+  return frozen
+
+
+@dataclasses.dataclass(frozen=True)
+class NonPrivate:
+  """Plain training: no clipping, no noise; embedding updates on the rows the batch touched."""
+  name = "non_private"
+
+  @property
+  def accounting_noise_multiplier(self):
+    return None
+
+
+@dataclasses.dataclass(frozen=True)
+class DPSGD:
+  """DP-SGD (seed 001 eq. 1): clip each example's full gradient to `l2_norm_clip` (C2), add
+  N(0, (σ·C2)²) to every coordinate of every variable, embedding tables included (dense)."""
+  l2_norm_clip: float
+  noise_multiplier: float
+  name = "dp_sgd"
+
+  def __post_init__(self):
+    _check_positive("l2_norm_clip", self.l2_norm_clip, allow_inf=True)
+    _check_non_negative("noise_multiplier", self.noise_multiplier)
+    _check_finite_noise("l2_norm_clip", self.l2_norm_clip, self.noise_multiplier)
+
+  @property
+  def accounting_noise_multiplier(self):
+    """σ of the single Gaussian mechanism each step is accounted as."""
+    return self.noise_multiplier
+
+
+@dataclasses.dataclass(frozen=True)
+class DPFEST(DPSGD):
+  """DP-FEST (seed 001 §3.1): DP-SGD restricted to a fixed set of rows per embedding table.
+
+  `selected_rows` maps a table name (see `dprec.layers.DPEmbedding.table_name`) to the local row
+  ids to train, chosen from public counts or by DP top-k (`dprec.sparse.fest`; its ε is charged
+  separately). Rows outside the set are zeroed before clipping, get no noise and are never
+  updated: lookups of them keep returning their initial values. Tables not listed get no update.
+  """
+  selected_rows: Mapping[str, Sequence[int]]
+  name = "dp_fest"
+
+  def __post_init__(self):
+    super().__post_init__()
+    object.__setattr__(self, "selected_rows", _freeze_rows(self.selected_rows))
+
+
+@dataclasses.dataclass(frozen=True)
+class DPAdaFEST(DPSGD):
+  """DP-AdaFEST (seed 001 Algorithm 1): per step, each example's 0/1 row-contribution map
+  (jointly over all tables) is clipped to `contribution_clip` (C1), summed, perturbed with
+  N(0, (σ1·C1)²) and thresholded at `threshold` (τ); DP-SGD with clip C2 = `l2_norm_clip` and
+  noise σ2 = `noise_multiplier` then updates only the surviving rows (and all dense variables).
+
+  Accounting: one step is a Gaussian mechanism with σ = (σ1⁻² + σ2⁻²)^(−1/2).
+  """
+  contribution_clip: float
+  contribution_noise_multiplier: float
+  threshold: float
+  name = "dp_adafest"
+
+  def __post_init__(self):
+    super().__post_init__()
+    _check_positive("contribution_clip", self.contribution_clip, allow_inf=True)
+    _check_non_negative("contribution_noise_multiplier", self.contribution_noise_multiplier)
+    _check_finite_noise("contribution_clip", self.contribution_clip,
+                        self.contribution_noise_multiplier)
+    # τ <= 0 would make Ψ(τ/(σ1·C1)) >= 1/2: most of the vocabulary would be selected.
+    _check_positive("threshold", self.threshold)
+
+  @property
+  def accounting_noise_multiplier(self):
+    from dprec.privacy import composed_noise_multiplier  # pylint: disable=import-outside-toplevel
+    sigma1, sigma2 = self.contribution_noise_multiplier, self.noise_multiplier
+    if sigma1 == 0 or sigma2 == 0:
+      return 0.0
+    return composed_noise_multiplier(sigma1, sigma2)
+
+
+@dataclasses.dataclass(frozen=True)
+class DPAdaFESTPlus(DPAdaFEST):
+  """DP-AdaFEST+ (seed 001 §4.2): DP-FEST pre-selection (`selected_rows`, as in `DPFEST`), then
+  DP-AdaFEST restricted to that set: contribution maps and false positives range over it only."""
+  selected_rows: Mapping[str, Sequence[int]]
+  name = "dp_adafest_plus"
+
+  def __post_init__(self):
+    super().__post_init__()
+    object.__setattr__(self, "selected_rows", _freeze_rows(self.selected_rows))
+
+
+ALGORITHMS = {cls.name: cls for cls in (NonPrivate, DPSGD, DPFEST, DPAdaFEST, DPAdaFESTPlus)}
+
+
+def is_private(config) -> bool:
+  return not isinstance(config, NonPrivate)
+
+
+def uses_contribution_map(config) -> bool:
+  return isinstance(config, DPAdaFEST)
+
+
+def noise_std(clip, noise_multiplier):
+  """σ·C, with 0 for σ = 0 even when C = inf (the non-private limit)."""
+  return 0.0 if noise_multiplier == 0 else float(noise_multiplier) * float(clip)
+
+
+def fixed_rows(config) -> Optional[Mapping[str, np.ndarray]]:
+  """The DP-FEST set of `config`, or None when every row may be updated."""
+  return getattr(config, "selected_rows", None)

@@ -1,0 +1,29 @@
+"""The DP optimizer object passed to `DPModel.compile` (in the spirit of tensorflow_privacy's
+`DPKeras*Optimizer`): an algorithm configuration plus the optimizer that applies the update."""
+import dataclasses
+from typing import Any, Optional
+
+import tensorflow as tf
+
+from dprec.optimizers import config as config_lib
+
+
+@dataclasses.dataclass
+class DPOptimizer:
+  """`config`: one of `dprec.optimizers.config`'s algorithms. `inner`: the Keras optimizer that
+  applies the noisy gradient (use `SparseSGD`, `SparseAdagrad` or `LazyAdam` so sparse updates
+  stay sparse). `expected_batch_size`: the normaliser of the noisy sum (q·N for Poisson
+  sampling; None divides by the actual batch size, right for fixed-size batches only).
+  `seed`: seeds the noise and selection generator (None: non-deterministic)."""
+  config: Any
+  inner: tf.keras.optimizers.Optimizer
+  expected_batch_size: Optional[float] = None
+  seed: Optional[int] = None
+
+  def __post_init__(self):
+    if not isinstance(self.config, tuple(config_lib.ALGORITHMS.values())):
+      raise TypeError(f"config must be one of {sorted(config_lib.ALGORITHMS)}'s configuration "
+                      f"classes, got {type(self.config).__name__}")
+    self.inner = tf.keras.optimizers.get(self.inner)
+    if self.expected_batch_size is not None and not self.expected_batch_size > 0:
+      raise ValueError(f"expected_batch_size must be positive, got {self.expected_batch_size}")

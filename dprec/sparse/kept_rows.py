@@ -1,0 +1,95 @@
+"""Which embedding rows a DP step may update (DESIGN §4 steps 1–2), per algorithm.
+
+All tables of a model share one global row-id space (table f's local row r is global row
+offset_f + r), so the DP-AdaFEST contribution map of an example is clipped jointly across tables
+(seed 001 Fig. 2). The result, per table, is the mask of the batch's (example, row) pairs whose
+row is kept (the others are zeroed before clipping, Algorithm 1 line 8) and the sorted local ids
+of all kept rows, false positives included (None: every row, DP-SGD's dense update).
+"""
+import collections
+
+import numpy as np
+import tensorflow as tf
+
+from dprec.optimizers import config as config_lib
+from dprec.sparse import contribution as contribution_lib
+from dprec.sparse import selection
+
+KeptRows = collections.namedtuple("KeptRows", ["pair_kept", "rows"])
+
+
+class TableLayout:
+  """Global row ids of named tables laid out one after another."""
+
+  def __init__(self, names, vocab_sizes):
+    if len(set(names)) != len(names):
+      raise ValueError(f"embedding table names must be unique, got {list(names)}")
+    self.names = list(names)
+    self.vocab_sizes = [int(v) for v in vocab_sizes]
+    self.offsets = np.concatenate([[0], np.cumsum(self.vocab_sizes)[:-1]]).astype(np.int64)
+    self.total_rows = int(sum(self.vocab_sizes))
+
+  def local_sets(self, selected_rows):
+    """DP-FEST sets as sorted local ids per table (empty for tables not listed), validated."""
+    unknown = sorted(set(selected_rows) - set(self.names))
+    if unknown:
+      raise ValueError(f"selected_rows names unknown embedding tables {unknown}; "
+                       f"the model's tables are {self.names}")
+    sets = []
+    for name, size in zip(self.names, self.vocab_sizes):
+      rows = np.asarray(selected_rows.get(name, np.zeros([0], np.int64)), dtype=np.int64)
+      if rows.size and rows[-1] >= size:
+        raise ValueError(f"selected_rows[{name!r}] has row {rows[-1]} >= vocabulary {size}")
+      sets.append(rows)
+    return sets
+
+  def global_set(self, local_sets):
+    return np.concatenate([rows + offset for rows, offset in zip(local_sets, self.offsets)])
+
+  def split_sorted(self, global_rows):
+    """Splits sorted global ids into sorted local ids per table."""
+    bounds = tf.searchsorted(global_rows, tf.constant(
+        np.append(self.offsets, self.total_rows), tf.int64), side="left")
+    return [global_rows[bounds[f]:bounds[f + 1]] - offset
+            for f, offset in enumerate(self.offsets)]
+
+
+def _member(sorted_rows, rows):
+  padded = tf.concat([tf.constant(sorted_rows, tf.int64), tf.constant([-1], tf.int64)], axis=0)
+  slot = tf.searchsorted(padded[:-1], rows, side="left")
+  return tf.equal(tf.gather(padded, slot), rows)
+
+
+def kept_rows(config, layout, pairs, batch_size, generator):
+  """`pairs[f]`: distinct (example, row) pairs of table f (`dprec.clipping.embedding.Pairs`).
+  Returns one `KeptRows` per table."""
+  if not config_lib.is_private(config) or type(config) is config_lib.DPSGD:  # pylint: disable=unidiomatic-typecheck
+    return [KeptRows(tf.ones_like(p.row, dtype=tf.bool), None) for p in pairs]
+  fest = config_lib.fixed_rows(config)
+  local_sets = layout.local_sets(fest) if fest is not None else None
+  if not config_lib.uses_contribution_map(config):  # DP-FEST: the fixed set every step
+    return [KeptRows(_member(rows, p.row), tf.constant(rows, tf.int64))
+            for p, rows in zip(pairs, local_sets)]
+
+  if local_sets is None:
+    universe = selection.RowUniverse(size=layout.total_rows)
+  else:
+    universe = selection.RowUniverse(rows=layout.global_set(local_sets))
+  example = tf.concat([p.example for p in pairs], axis=0)
+  position, inside = universe.positions(
+      tf.concat([p.row + offset for p, offset in zip(pairs, layout.offsets)], axis=0))
+  inside_index = tf.where(inside)
+  cmap = contribution_lib.contribution_map(
+      tf.boolean_mask(example, inside), tf.boolean_mask(position, inside), batch_size,
+      config.contribution_clip)
+  keep, false_positives = selection.select_rows(
+      cmap.rows, cmap.values, universe, config.threshold,
+      config_lib.noise_std(config.contribution_clip, config.contribution_noise_multiplier),
+      generator)
+  pair_kept = tf.scatter_nd(inside_index, tf.cast(tf.gather(keep, cmap.pair_slot), tf.int8),
+                            tf.shape(inside, out_type=tf.int64)) > 0
+  kept_global = tf.sort(tf.concat([universe.rows(tf.boolean_mask(cmap.rows, keep)),
+                                   universe.rows(false_positives)], axis=0))
+  pair_kept = tf.split(pair_kept, [tf.size(p.row) for p in pairs])
+  return [KeptRows(mask, rows)
+          for mask, rows in zip(pair_kept, layout.split_sorted(kept_global))]

@@ -1,0 +1,46 @@
+"""Clipped sums plus Gaussian noise, sparse where the algorithm allows it (seed 001 Algorithm 1
+line 9; DESIGN §4 step 5).
+
+DP-FEST / DP-AdaFEST: an embedding table's noisy gradient is a `tf.IndexedSlices` over the kept
+rows only — N(0, (σ2·C2)²) on every coordinate of every kept row (false positives get pure
+noise), exactly zero elsewhere. DP-SGD: the same clipped sum with noise on all V×d coordinates.
+Dense variables always get dense noise.
+"""
+import tensorflow as tf
+
+
+def _maybe_add_noise(values, noise_std, generator):
+  if noise_std == 0:
+    return values
+  return values + noise_std * generator.normal(tf.shape(values), dtype=values.dtype)
+
+
+def noisy_dense(gradient, noise_std, generator):
+  """A dense variable's clipped-sum gradient plus N(0, noise_std²) per coordinate."""
+  if isinstance(gradient, tf.IndexedSlices):
+    gradient = tf.convert_to_tensor(gradient)
+  return _maybe_add_noise(gradient, noise_std, generator)
+
+
+def noisy_sparse_rows(kept_rows, pair_row, pair_values, noise_std, generator, table_shape):
+  """IndexedSlices over sorted unique `kept_rows` [K]: the per-pair clipped values [P, d] summed
+  into their rows (pairs whose row is not kept must carry zero values or rows outside
+  `kept_rows`; they are dropped), plus noise on all K rows."""
+  kept_count = tf.size(kept_rows, out_type=tf.int64)
+  slot = tf.searchsorted(kept_rows, pair_row, side="left", out_type=tf.int64)
+  padded = tf.concat([kept_rows, tf.constant([-1], tf.int64)], axis=0)
+  in_set = tf.equal(tf.gather(padded, slot), pair_row)
+  slot = tf.where(in_set, slot, kept_count)  # pairs outside the kept rows: an extra slot, dropped
+  values = tf.math.unsorted_segment_sum(pair_values, slot, kept_count + 1)[:-1]
+  values = _maybe_add_noise(values, noise_std, generator)
+  return tf.IndexedSlices(values, kept_rows, tf.constant(table_shape, tf.int64))
+
+
+def noisy_dense_rows(pair_row, pair_values, noise_std, generator, table_shape):
+  """DP-SGD's embedding gradient: per-pair clipped values scattered into a dense [V, d]
+  tensor plus noise on every coordinate (the O(V·d) baseline)."""
+  if noise_std == 0:
+    dense = tf.zeros(table_shape, pair_values.dtype)
+  else:
+    dense = noise_std * generator.normal(table_shape, dtype=pair_values.dtype)
+  return tf.tensor_scatter_nd_add(dense, pair_row[:, tf.newaxis], pair_values)

@@ -1,0 +1,100 @@
+"""DP-AdaFEST row selection without a vocabulary-sized tensor (seed 001 Algorithm 1 lines 5–6,
+App. B.2 with note 001 §2.3's correction).
+
+Rows live in a *universe*: all global rows [0, V) (DP-AdaFEST) or a sorted set of rows
+(the DP-FEST set inside DP-AdaFEST+). A row is selected when its noisy contribution
+V̂[j] + N(0, (σ1·C1)²) reaches τ. Touched rows (V̂[j] > 0, at most the batch's lookups) get their
+noise drawn explicitly; each of the c' untouched rows is selected independently with
+p = Ψ(τ/(σ1·C1)) (std σ1·C1, not the paper's σ1²C1²), sampled as the positions of the ones of
+a Bernoulli(p) sequence whose gaps are Geom(p), in time linear in the number selected.
+"""
+import math
+
+import tensorflow as tf
+
+
+def gaussian_survival(x):
+  """Ψ(x) = Pr[Z >= x] for Z ~ N(0, 1)."""
+  return 0.5 * math.erfc(x / math.sqrt(2.0))
+
+
+def false_positive_rate(threshold, noise_std):
+  """Pr[an untouched row is selected] = Ψ(τ / (σ1·C1)); 0 without noise (τ > 0)."""
+  if noise_std == 0:
+    return 0.0
+  return gaussian_survival(threshold / noise_std)
+
+
+class RowUniverse:
+  """The rows a selection ranges over: [0, size) or the sorted global ids `rows` (int64)."""
+
+  def __init__(self, size=None, rows=None):
+    if (size is None) == (rows is None):
+      raise ValueError("give exactly one of size and rows")
+    self._rows = None if rows is None else tf.constant(rows, dtype=tf.int64)
+    self.size = int(size) if rows is None else int(rows.shape[0])
+
+  def positions(self, global_rows):
+    """(position in the universe, inside mask) of int64 `global_rows`."""
+    if self._rows is None:
+      return global_rows, tf.ones_like(global_rows, dtype=tf.bool)
+    if self.size == 0:
+      return tf.zeros_like(global_rows), tf.zeros_like(global_rows, dtype=tf.bool)
+    position = tf.searchsorted(self._rows, global_rows, side="left")
+    clamped = tf.minimum(position, self.size - 1)
+    return clamped, tf.equal(tf.gather(self._rows, clamped), global_rows)
+
+  def rows(self, positions):
+    """Global row ids of universe `positions`."""
+    return positions if self._rows is None else tf.gather(self._rows, positions)
+
+
+def sample_untouched(touched, universe_size, rate, generator):
+  """Positions in [0, universe_size) outside sorted `touched`, each included independently
+  with probability `rate`, drawn by geometric gaps (App. B.2) in sorted order."""
+  touched = tf.cast(touched, tf.int64)
+  untouched_count = tf.cast(universe_size, tf.int64) - tf.size(touched, out_type=tf.int64)
+  if rate <= 0.0:
+    return tf.zeros([0], tf.int64)
+  if rate >= 1.0:
+    picked = tf.range(untouched_count)
+  else:
+    picked = _bernoulli_positions(untouched_count, rate, generator)
+  # The k-th untouched row is k plus the number of touched rows at or before it: with
+  # s_m = touched[m] − m (untouched rows before touched[m]), that count is #{m : s_m <= k}.
+  before = touched - tf.range(tf.size(touched, out_type=tf.int64))
+  return picked + tf.searchsorted(before, picked, side="right", out_type=tf.int64)
+
+
+def _bernoulli_positions(length, rate, generator):
+  """Sorted positions of the ones in `length` i.i.d. Bernoulli(rate) bits, from Geom(rate)
+  gaps drawn in chunks until they pass the end."""
+  log_keep = math.log1p(-rate)
+  mean = tf.cast(length, tf.float64) * rate
+  chunk = tf.cast(tf.math.ceil(mean + 6.0 * tf.sqrt(mean) + 16.0), tf.int64)
+  limit = tf.cast(length, tf.float64) + 1.0
+
+  def body(last, found):
+    uniform = generator.uniform([chunk], minval=0.0, maxval=1.0, dtype=tf.float64)
+    uniform = tf.maximum(uniform, 1e-300)  # log(0) guard; Pr ≈ 0
+    gaps = tf.minimum(tf.math.floor(tf.math.log(uniform) / log_keep), limit)
+    positions = last + tf.math.cumsum(tf.cast(gaps, tf.int64) + 1)
+    return positions[-1], found.write(found.size(), positions[positions < length])
+
+  found = tf.TensorArray(tf.int64, size=0, dynamic_size=True, infer_shape=False,
+                         element_shape=tf.TensorShape([None]))
+  _, found = tf.while_loop(lambda last, _: last < length - 1, body,
+                           (tf.constant(-1, tf.int64), found))
+  return tf.cond(found.size() > 0, found.concat, lambda: tf.zeros([0], tf.int64))
+
+
+def select_rows(touched, contributions, universe, threshold, noise_std, generator):
+  """Algorithm 1 line 6 + B.2: returns (keep [T] bool for the sorted touched universe
+  positions `touched`, false-positive universe positions [F] sorted)."""
+  noisy = contributions
+  if noise_std > 0:
+    noisy += noise_std * generator.normal(tf.shape(contributions), dtype=contributions.dtype)
+  keep = noisy >= threshold
+  false_positives = sample_untouched(
+      touched, universe.size, false_positive_rate(threshold, noise_std), generator)
+  return keep, false_positives
