@@ -53,6 +53,10 @@ class ExtraNorms(collections.namedtuple("ExtraNorms",
   squared_norm_fn: Callable[[Any], tf.Tensor]
 
 
+_Forward = collections.namedtuple(
+    "_Forward", ["tape", "y_pred", "losses", "squared", "tables", "pairs", "pair_grads", "kept"])
+
+
 def _unique(items):
   seen, result = set(), []
   for item in items:
@@ -145,15 +149,25 @@ class DPModel(tf.keras.Model):
         self.dense_embedding_size / tf.maximum(self.gradient_size_tracker.result(), 1.0))
     return logs
 
-  def _dp_gradients(self, config, x, y, sample_weight):
-    """Noisy, normalised gradients of one DP step (module docstring, steps 1–5)."""
-    generator = self._dp_generator
+  def per_example_squared_norms(self, x, y, sample_weight=None):
+    """‖g_i‖² per example as the compiled DP configuration clips it (kept rows only)."""
+    forward = self._dp_forward(self.dp_optimizer.config, x, y, sample_weight)
+    del forward.tape
+    return forward.squared
+
+  def dp_gradients(self, x, y, sample_weight=None):
+    """The (gradient, variable) pairs one DP step applies: clipped, noised, normalised."""
+    return self._dp_gradients(self.dp_optimizer.config, x, y, sample_weight)[0]
+
+  def _dp_forward(self, config, x, y, sample_weight):
+    """Steps 1–3: forward pass, kept rows, per-example squared norms."""
     tables = self.dp_tables
     layout = kept_rows_lib.TableLayout([t.table_name for t in tables],
                                        [t.vocab_size for t in tables])
     layers = [m for m in self.submodules
               if isinstance(m, tf.keras.layers.Layer) and not isinstance(m, DPEmbedding)]
-    with tf.GradientTape(persistent=True) as tape:
+    tape = tf.GradientTape(persistent=True)
+    with tape:
       for table in tables:
         table.start_recording()
       try:
@@ -167,7 +181,7 @@ class DPModel(tf.keras.Model):
     self._check_coverage(tables, recorder.records, extras)
     batch_size = tf.shape(losses, out_type=tf.int64)[0]
 
-    # Step 3: one backward pass to every recorded tensor.
+    # One backward pass to every recorded tensor.
     record_grads, row_grads, extra_grads = tape.gradient(
         tf.reduce_sum(losses),
         ([r[1] for r in recorder.records], [[l.rows for l in ls] for ls in lookups],
@@ -186,10 +200,19 @@ class DPModel(tf.keras.Model):
     for f in used:
       squared += embedding_norms.squared_norms(pairs[f], pair_grads[f], kept[f].pair_kept,
                                                batch_size)
+    return _Forward(tape, y_pred, losses, squared, tables, pairs, pair_grads, kept)
+
+  def _dp_gradients(self, config, x, y, sample_weight):
+    """Noisy, normalised gradients of one DP step (module docstring, steps 1–5)."""
+    generator = self._dp_generator
+    forward = self._dp_forward(config, x, y, sample_weight)
+    tape, y_pred, losses, tables = forward.tape, forward.y_pred, forward.losses, forward.tables
+    pairs, pair_grads, kept = forward.pairs, forward.pair_grads, forward.kept
     if config.l2_norm_clip == float("inf"):
-      clip_factors = tf.ones_like(squared)
+      clip_factors = tf.ones_like(forward.squared)
     else:
-      clip_factors = config.l2_norm_clip / tf.maximum(config.l2_norm_clip, tf.sqrt(squared))
+      clip_factors = config.l2_norm_clip / tf.maximum(config.l2_norm_clip,
+                                                      tf.sqrt(forward.squared))
 
     # Step 4: the clipped sum.
     clip_factors = tf.stop_gradient(clip_factors)
@@ -199,20 +222,20 @@ class DPModel(tf.keras.Model):
     dense_vars = [v for v in self.trainable_variables if id(v) not in table_vars]
     dense_grads = tape.gradient(weighted_loss, dense_vars,
                                 unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    del tape
+    del tape, forward
 
     # Step 5: noise, normalisation.
     std = config_lib.noise_std(config.l2_norm_clip, config.noise_multiplier)
     normaliser = (self.dp_optimizer.expected_batch_size
-                  or tf.cast(batch_size, losses.dtype))
+                  or tf.cast(tf.shape(losses)[0], losses.dtype))
     grads_and_vars = [(noise_lib.noisy_dense(g, std, generator) / normaliser, v)
                       for g, v in zip(dense_grads, dense_vars)]
     for f, table in enumerate(tables):
       shape = (table.vocab_size, table.output_dim)
       if f in pairs:
-        row, values = pairs[f].row, pair_grads[f] * tf.gather(
-            clip_factors, pairs[f].example)[:, tf.newaxis]
-        values *= tf.cast(kept[f].pair_kept, values.dtype)[:, tf.newaxis]
+        row = pairs[f].row
+        values = pair_grads[f] * (tf.gather(clip_factors, pairs[f].example)
+                                  * tf.cast(kept[f].pair_kept, losses.dtype))[:, tf.newaxis]
       else:
         row, values = tf.zeros([0], tf.int64), tf.zeros([0, table.output_dim], losses.dtype)
       if kept[f].rows is None:
@@ -227,7 +250,7 @@ class DPModel(tf.keras.Model):
     """Per-table kept rows; unused tables get empty pair sets."""
     empty = embedding_norms.Pairs(tf.zeros([0], tf.int64), tf.zeros([0], tf.int64),
                                   tf.zeros([0], tf.int64))
-    return kept_rows_lib.kept_rows(config, layout,
+    return kept_rows_lib.select_kept_rows(config, layout,
                                    [pairs.get(f, empty) for f in range(len(tables))],
                                    batch_size, self._dp_generator)
 

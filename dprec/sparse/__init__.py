@@ -1,7 +1,7 @@
 """Contribution maps, private row selection and sparse noise (seed 001 Algorithm 1, App. B.2)."""
 from dprec.sparse.contribution import contribution_map
 from dprec.sparse.kept_rows import TableLayout
-from dprec.sparse.kept_rows import kept_rows
+from dprec.sparse.kept_rows import select_kept_rows
 from dprec.sparse.selection import RowUniverse
 from dprec.sparse.selection import false_positive_rate
 from dprec.sparse.selection import sample_untouched

@@ -60,7 +60,7 @@ def _member(sorted_rows, rows):
   return tf.equal(tf.gather(padded, slot), rows)
 
 
-def kept_rows(config, layout, pairs, batch_size, generator):
+def select_kept_rows(config, layout, pairs, batch_size, generator):
   """`pairs[f]`: distinct (example, row) pairs of table f (`dprec.clipping.embedding.Pairs`).
   Returns one `KeptRows` per table."""
   if not config_lib.is_private(config) or type(config) is config_lib.DPSGD:  # pylint: disable=unidiomatic-typecheck
