@@ -142,8 +142,9 @@ def parse_bytes(data: bytes, path: str, first_line_no: int = 1, strict: bool = T
   row_ok = label_ok & int_ok.all(axis=1) & cat_ok.all(axis=1)
   for row in np.flatnonzero(~row_ok):
     fields = [c[row].as_py() for c in columns]
+    raw = "\t".join(fields) if any(fields) else ""  # pyarrow reads an empty line as 40 ''.
     bad.append((int(line_numbers[row]),) + _field_reason(fields, label_ok[row], int_ok[row],
-                                                         cat_ok[row]) + ("\t".join(fields).strip("\t"),))
+                                                         cat_ok[row]) + (raw,))
   if bad:
     bad.sort()
     if strict:

@@ -1,0 +1,294 @@
+"""Synthetic data in the real formats: Criteo-like TSV day files and SASRec-style sequences.
+
+No public data set is reachable from the machines dprec is built on, so tests, demos and
+benchmarks use generated files that exercise the same readers and pipelines as the real releases
+(DESIGN §5). Both generators are vectorised, stream fixed-size blocks to disk (bounded memory for
+any row count) and are deterministic: the same arguments give identical bytes.
+"""
+import dataclasses
+import os
+import re
+import time
+from typing import Dict, Iterator, List, Sequence, Tuple
+
+import numpy as np
+from scipy import special
+from tqdm import tqdm
+
+from dprec.data.criteo import CATEGORICAL_FEATURES, TABLE3_VOCAB_SIZES, format_hex
+from dprec.errors import DprecError
+
+BLOCK_ROWS = 1 << 16  # generation block; part of the random stream, so fixed
+_MAX_INT = 10**10 - 1
+_POW10 = 10.0 ** np.arange(10, -1, -1)  # 1e10 … 1
+_TAB, _NEWLINE, _SPACE, _MINUS = 9, 10, 32, 45
+
+# Missing-value rates roughly like the Criteo Kaggle release (I1..I13, C1..C26).
+INT_MISSING_RATES = (0.45, 0.0, 0.21, 0.22, 0.03, 0.22, 0.04, 0.0, 0.04, 0.45, 0.04, 0.77, 0.22)
+CAT_MISSING_RATES = (0.0, 0.0, 0.03, 0.03, 0.0, 0.12, 0.0, 0.0, 0.0, 0.0, 0.0, 0.03, 0.0,
+                     0.0, 0.0, 0.03, 0.0, 0.0, 0.44, 0.44, 0.03, 0.76, 0.0, 0.03, 0.44, 0.44)
+
+
+def vocab_sizes(spec: str) -> Tuple[int, ...]:
+  """`table3` (note 001 Table 3) or `scaled:M` (Table 3 scaled to M rows in all; `M` may end in
+  k or M, e.g. `scaled:1.7M`)."""
+  if spec == "table3":
+    return TABLE3_VOCAB_SIZES
+  match = re.fullmatch(r"scaled:(\d+(?:\.\d+)?)([kKmM]?)", spec)
+  if not match:
+    raise DprecError(f"vocab must be 'table3' or 'scaled:M' (e.g. scaled:1.7M), got {spec!r}")
+  total = float(match.group(1)) * {"": 1, "k": 1e3, "m": 1e6}[match.group(2).lower()]
+  scale = total / sum(TABLE3_VOCAB_SIZES)
+  return tuple(max(2, int(round(v * scale))) for v in TABLE3_VOCAB_SIZES)
+
+
+@dataclasses.dataclass(frozen=True)
+class CriteoSynthConfig:
+  """The generated world. Fields not given are drawn from `seed` (see `generate_criteo`)."""
+  vocab: str = "table3"
+  ctr: float = 0.25  # mean click rate on day 0
+  zipf_range: Tuple[float, float] = (1.05, 1.35)  # per-feature exponents of bucket frequency
+  weight_scale_range: Tuple[float, float] = (0.05, 0.45)  # per-feature click weight scales
+  latent_weight: float = 0.6  # click weight of the latent propensity the integers reveal
+  interaction_weight: float = 0.3  # weight of the C1 x C2 product (learnable by an MLP, not LR)
+  drift_swap: float = 0.05  # share of ranks swapped with a nearby rank each day
+  drift_new: float = 0.02  # share of ranks taken over by never-seen ids each day
+  ctr_drift: float = 0.05  # std of the day-to-day change of the click logit's intercept
+
+
+class _CriteoWorld:
+  """Per-feature parameters, the day's rank → bucket-id maps, and the click model."""
+
+  def __init__(self, config: CriteoSynthConfig, seed: int):
+    self.config, self.seed = config, seed
+    self.sizes = np.asarray(vocab_sizes(config.vocab), np.int64)
+    rng = np.random.default_rng([seed, 0])
+    features = len(CATEGORICAL_FEATURES)
+    self.zipf = rng.uniform(*config.zipf_range, features)
+    self.weight_scale = rng.uniform(*config.weight_scale_range, features)
+    self.int_mu = rng.uniform(0.5, 4.0, len(INT_MISSING_RATES))
+    self.int_sigma = rng.uniform(0.8, 1.6, len(INT_MISSING_RATES))
+    self.int_latent = rng.uniform(0.2, 0.8, len(INT_MISSING_RATES))
+    self.rank_maps = [np.arange(v, dtype=np.int64) for v in self.sizes]
+    self.next_id = self.sizes.copy()
+    self.day, self.intercept = 0, 0.0
+    self.intercept = self._calibrate_intercept(config.ctr)
+
+  def advance_day(self):
+    """Day-to-day drift: some buckets move a little in popularity, some ranks go to new ids."""
+    self.day += 1
+    rng = np.random.default_rng([self.seed, 1, self.day])
+    for j, ranks in enumerate(self.rank_maps):
+      size = len(ranks)
+      jitter = rng.normal(0.0, 0.5, size) * (rng.random(size) < self.config.drift_swap)
+      ranks[:] = ranks[np.argsort(np.log1p(np.arange(size)) + jitter, kind="stable")]
+      fresh = np.flatnonzero(rng.random(size) < self.config.drift_new)
+      ranks[fresh] = self.next_id[j] + np.arange(len(fresh))
+      self.next_id[j] += len(fresh)
+    self.intercept += rng.normal(0.0, self.config.ctr_drift)
+
+  def sample(self, rng: np.random.Generator, rows: int) -> Dict[str, np.ndarray]:
+    """One block: latent propensity, integers, bucket ids (-1 missing) and clicks."""
+    latent = rng.standard_normal(rows)
+    noise = rng.standard_normal((rows, len(INT_MISSING_RATES)))
+    log_scale = self.int_mu + self.int_sigma * (
+        self.int_latent * latent[:, None] + np.sqrt(1 - self.int_latent**2) * noise)
+    ints = np.floor(np.expm1(np.minimum(log_scale, 22.0))).clip(0, _MAX_INT).astype(np.int64)
+    ints[:, 1] -= 3  # like Criteo's I2, which has a few negative values
+    int_missing = rng.random(ints.shape) < np.asarray(INT_MISSING_RATES)
+    uniform = rng.random((rows, len(self.sizes)))
+    cat_missing = rng.random(uniform.shape) < np.asarray(CAT_MISSING_RATES)
+    ranks = _bounded_zipf(uniform, self.sizes, self.zipf)
+    ids = np.stack([self.rank_maps[j][ranks[:, j]] for j in range(len(self.sizes))], axis=1)
+    ids[cat_missing] = -1
+    logit = self._logits(ids, latent)
+    return {"label": (rng.random(rows) < special.expit(logit)).astype(np.int64), "logit": logit,
+            "ints": ints, "int_missing": int_missing, "ids": ids}
+
+  def hex_ids(self, ids: np.ndarray) -> np.ndarray:
+    """Stable 32-bit id of each (feature, bucket): a bijection per feature, so no collisions."""
+    keys = _mix32(np.arange(len(self.sizes), dtype=np.uint32) + np.uint32(0x9E3779B9))
+    return _mix32(ids.astype(np.uint32) ^ keys).astype(np.int64)
+
+  def _logits(self, ids: np.ndarray, latent: np.ndarray) -> np.ndarray:
+    weights = self._bucket_weights(ids)
+    return (self.intercept + weights.sum(axis=1) + self.config.latent_weight * latent
+            + self.config.interaction_weight * weights[:, 0] * weights[:, 1]
+            / (self.weight_scale[0] * self.weight_scale[1]))
+
+  def _bucket_weights(self, ids: np.ndarray) -> np.ndarray:
+    """Logistic-distributed click weight per (feature, bucket) from a hash; 0 when missing."""
+    key = (ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
+           + np.arange(ids.shape[1], dtype=np.uint64) * np.uint64(0xBF58476D1CE4E5B9)
+           + np.uint64(self.seed % 2**32))
+    uniform = ((_mix64(key) >> np.uint64(11)).astype(np.float64) + 0.5) / 2.0**53
+    weights = self.weight_scale * special.logit(uniform) / (np.pi / np.sqrt(3))
+    return np.where(ids >= 0, weights, 0.0)
+
+  def _calibrate_intercept(self, ctr: float) -> float:
+    """Intercept whose day-0 mean click probability is `ctr` (bisection on a pilot sample)."""
+    logits = self.sample(np.random.default_rng([self.seed, 2]), 20000)["logit"] - self.intercept
+    low, high = -20.0, 20.0
+    for _ in range(60):
+      middle = (low + high) / 2
+      low, high = (middle, high) if special.expit(logits + middle).mean() < ctr else (low, middle)
+    return (low + high) / 2
+
+
+def _bounded_zipf(uniform: np.ndarray, sizes: np.ndarray, exponent: np.ndarray) -> np.ndarray:
+  """Ranks in [0, size) with P(rank) ∝ (rank + 1)^-exponent (continuous inverse CDF)."""
+  power = 1.0 - exponent
+  top = (sizes + 1.0) ** power
+  ranks = np.floor((1.0 + uniform * (top - 1.0)) ** (1.0 / power)).astype(np.int64) - 1
+  return np.clip(ranks, 0, sizes - 1)
+
+
+def _mix32(x: np.ndarray) -> np.ndarray:
+  """lowbias32: a bijection of uint32 with good avalanche."""
+  x = x.astype(np.uint32)
+  x ^= x >> np.uint32(16)
+  x *= np.uint32(0x7FEB352D)
+  x ^= x >> np.uint32(15)
+  x *= np.uint32(0x846CA68B)
+  x ^= x >> np.uint32(16)
+  return x
+
+
+def _mix64(x: np.ndarray) -> np.ndarray:
+  """splitmix64's finaliser on uint64."""
+  x = x.astype(np.uint64)
+  x ^= x >> np.uint64(30)
+  x *= np.uint64(0xBF58476D1CE4E5B9)
+  x ^= x >> np.uint64(27)
+  x *= np.uint64(0x94D049BB133111EB)
+  x ^= x >> np.uint64(31)
+  return x
+
+
+def _int_text(values: np.ndarray, missing: np.ndarray = None) -> Tuple[np.ndarray, np.ndarray]:
+  """Decimal text of int64 values [n, f] in fixed slots [n, f, 1 + D] (sign, D digits, where D is
+  the block's widest number), and which bytes to keep."""
+  values = np.asarray(values, np.int64)
+  magnitude = np.minimum(np.abs(values), _MAX_INT).astype(np.float64)
+  width = max(1, int(np.searchsorted(_POW10[::-1], magnitude.max(initial=0), side="right")))
+  powers = _POW10[-(width + 1):]
+  # Float division is exact here: quotients of integers below 1e10 never round across an integer.
+  quotients = np.floor(magnitude[..., None] / powers)
+  chars = np.empty(values.shape + (width + 1,), np.uint8)
+  chars[..., 0] = _MINUS
+  chars[..., 1:] = quotients[..., 1:] - 10 * quotients[..., :-1] + 48
+  keep = np.empty(chars.shape, bool)
+  keep[..., 0] = values < 0
+  keep[..., 1:] = quotients[..., 1:] > 0
+  keep[..., -1] = True  # the units digit, also of 0
+  if missing is not None:
+    keep &= ~missing[..., None]
+  return chars, keep
+
+
+def _hex_text(ids: np.ndarray, present: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
+  """8-hex-digit slots [n, f, 8] of 32-bit ids, kept where present."""
+  chars = format_hex(ids.ravel()).reshape(ids.shape + (8,))
+  return chars, np.broadcast_to(present[..., None], chars.shape)
+
+
+def _join_fields(blocks: Sequence[Tuple[np.ndarray, np.ndarray]], separator: int) -> bytes:
+  """Lines of the kept bytes of each row's fields ([n, f, w] slots), `separator` between fields."""
+  rows = blocks[0][0].shape[0]
+  parts, masks = [], []
+  for chars, keep in blocks:
+    fields, width = chars.shape[1:]
+    text = np.empty((rows, fields, width + 1), np.uint8)
+    text[..., :width], text[..., width] = chars, separator
+    kept = np.empty(text.shape, bool)
+    kept[..., :width], kept[..., width] = keep, True
+    parts.append(text.reshape(rows, -1))
+    masks.append(kept.reshape(rows, -1))
+  text, kept = np.concatenate(parts, axis=1), np.concatenate(masks, axis=1)
+  text[:, -1] = _NEWLINE
+  return text[kept].tobytes()
+
+
+def _criteo_text(block: Dict[str, np.ndarray]) -> bytes:
+  return _join_fields([_int_text(block["label"][:, None]),
+                       _int_text(block["ints"], block["int_missing"]),
+                       _hex_text(block["hex_ids"], block["ids"] >= 0)], _TAB)
+
+
+def _top_share(counts: Sequence[np.ndarray], fraction: float = 0.01) -> Tuple[float, List[float]]:
+  """Share of occurrences covered by the top `fraction` of each feature's observed buckets."""
+  covered, total, shares = 0, 0, []
+  for c in counts:
+    c = np.sort(c[c > 0])[::-1]
+    top = c[:max(1, int(np.ceil(fraction * len(c))))].sum() if len(c) else 0
+    covered, total = covered + top, total + c.sum()
+    shares.append(float(top / max(1, c.sum())))
+  return float(covered / max(1, total)), shares
+
+
+def criteo_blocks(rows: int, days: int = 1, seed: int = 0, config: CriteoSynthConfig = None
+                  ) -> Iterator[Tuple[int, Dict[str, np.ndarray]]]:
+  """The generator's stream: `(day, block)` with `label`, `logit` (the true click logit), `ints`,
+  `int_missing`, `ids` (bucket ids, -1 missing) and `hex_ids` (as written), `rows` in all.
+
+  Buckets follow per-feature Zipf laws over `vocab_sizes(config.vocab)` ranks; each day some
+  ranks change buckets and some buckets are new (drift). Clicks are Bernoulli(σ(logit)) with a
+  logit summing hashed per-bucket weights, a latent propensity that the heavy-tailed integers
+  reveal, and one feature interaction.
+  """
+  if days < 1 or rows < days:
+    raise DprecError(f"need days >= 1 and rows >= days, got rows={rows}, days={days}")
+  world = _CriteoWorld(config or CriteoSynthConfig(), seed)
+  for day in range(days):
+    if day:
+      world.advance_day()
+    day_rows = rows // days + (day < rows % days)
+    for block, first in enumerate(range(0, day_rows, BLOCK_ROWS)):
+      sample = world.sample(np.random.default_rng([seed, 4, day, block]),
+                            min(BLOCK_ROWS, day_rows - first))
+      sample["hex_ids"] = world.hex_ids(sample["ids"])
+      yield day, sample
+
+
+def generate_criteo(out_dir: str, rows: int, days: int = 1, seed: int = 0,
+                    vocab: str = "table3", config: CriteoSynthConfig = None,
+                    progress: bool = True) -> dict:
+  """Writes `out_dir/day_0 … day_{days-1}`, `rows` Criteo TSV lines in all (see
+  `criteo_blocks`); returns a summary with the top-1% bucket share and missing-value rates."""
+  config = dataclasses.replace(config or CriteoSynthConfig(), vocab=vocab)
+  sizes = vocab_sizes(vocab)
+  os.makedirs(out_dir, exist_ok=True)
+  counts = [np.zeros(v, np.int64) for v in sizes]
+  clicks = int_missing = cat_missing = 0
+  files, out, start = [], None, time.perf_counter()
+  with tqdm(total=rows, unit="row", unit_scale=True, disable=not progress,
+            desc="synth criteo") as bar:
+    for day, sample in criteo_blocks(rows, days, seed, config):
+      if len(files) == day:
+        if out:
+          out.close()
+        files.append(os.path.join(out_dir, f"day_{day}"))
+        out = open(files[-1], "wb")  # pylint: disable=consider-using-with
+      out.write(_criteo_text(sample))
+      for j, column in enumerate(sample["ids"].T):
+        seen = np.bincount(column[column >= 0], minlength=len(counts[j]))
+        seen[:len(counts[j])] += counts[j]
+        counts[j] = seen
+      clicks += int(sample["label"].sum())
+      int_missing += int(sample["int_missing"].sum())
+      cat_missing += int((sample["ids"] < 0).sum())
+      bar.update(len(sample["label"]))
+    out.close()
+  seconds = time.perf_counter() - start
+  share, by_feature = _top_share(counts)
+  return {
+      "rows": rows, "days": days, "seed": seed, "vocab": vocab, "files": files,
+      "vocab_sizes": dict(zip(CATEGORICAL_FEATURES, sizes)),
+      "distinct_buckets": dict(zip(CATEGORICAL_FEATURES, (int((c > 0).sum()) for c in counts))),
+      "ctr": clicks / rows,
+      "int_missing_share": int_missing / (rows * len(INT_MISSING_RATES)),
+      "cat_missing_share": cat_missing / (rows * len(CATEGORICAL_FEATURES)),
+      "top1pct_bucket_share": share,
+      "top1pct_bucket_share_by_feature": dict(zip(CATEGORICAL_FEATURES, by_feature)),
+      "seconds": seconds, "rows_per_second": rows / max(seconds, 1e-9),
+  }
