@@ -35,16 +35,13 @@ def phantom_squared_norms(ids, grad_lookup, hidden, grad_logits, tied=True):
   return input_side + output_side + 2.0 * cross
 
 
-def record_tied_embedding(recorder, layer, ids, lookup, hidden, logits):
-  """Adds the tied embedding's Phantom norm function to a `NormRecorder`.
-
-  `lookup` is the raw E[ids] (watched here: ∇e_s is the gradient w.r.t. it, including any later
-  scaling), `hidden` the vectors scored and `logits` = layer.scores(hidden); the norm function
-  receives tape gradients of the summed loss w.r.t. [lookup, logits].
-  """
-  def sqr_norm_fn(grads):
+def tied_embedding_norm_fn(ids, hidden, tied=True):
+  """Norm function for `DPModel.extra_squared_norms`: maps the summed-loss gradients of
+  [lookup, logits] (the raw E[ids] and the scores of `hidden`, from the step's forward pass) to
+  per-example squared norms. ∇e_s is taken w.r.t. the raw lookup, so later masking or scaling of
+  the lookup is included."""
+  def squared_norm_fn(grads):
     grad_lookup, grad_logits = grads
-    return phantom_squared_norms(ids, grad_lookup, hidden, grad_logits, tied=layer.tied)
+    return phantom_squared_norms(ids, grad_lookup, hidden, grad_logits, tied=tied)
 
-  recorder.watch(lookup)
-  recorder.add([lookup, logits], sqr_norm_fn, layer.trainable_weights)
+  return squared_norm_fn

@@ -21,7 +21,6 @@ import dataclasses
 import tensorflow as tf
 
 from dprec.layers import variance as variance_lib
-from dprec.layers.recording import call_layer
 
 
 @dataclasses.dataclass(frozen=True)
@@ -77,15 +76,15 @@ class ReAttention(tf.keras.layers.Layer):
     batch, length = tf.shape(x)[0], tf.shape(x)[2]
     return tf.reshape(tf.transpose(x, [0, 2, 1, 3]), [batch, length, self.num_heads * self.key_dim])
 
-  def call(self, x, valid, variance=None, weight_variance=0.0, training=False, recorder=None,
+  def call(self, x, valid, variance=None, weight_variance=0.0, training=False,
            return_weights=False):
     """x [B, L, d]; valid [B, L] bool; variance [B, L] per-token error variance or None.
 
     Returns (output [B, L, d], output variance [B, L] or None[, attention weights [B, H, L, L]]).
     """
-    q = self._split(call_layer(recorder, self.query, x))
-    k = self._split(call_layer(recorder, self.key, x))
-    v = self._split(call_layer(recorder, self.value, x))
+    q = self._split(self.query(x))
+    k = self._split(self.key(x))
+    v = self._split(self.value(x))
     logits = tf.einsum("bhid,bhjd->bhij", q, k) / tf.sqrt(float(self.key_dim))
     correct = (self.config.enabled and variance is not None
                and (training or self.config.at_eval))
@@ -102,7 +101,7 @@ class ReAttention(tf.keras.layers.Layer):
     logits = tf.where(causal_mask(valid), logits, tf.cast(-1e9, logits.dtype))
     weights = tf.nn.softmax(logits, axis=-1)
     heads = tf.einsum("bhij,bhjd->bhid", self.dropout(weights, training=training), v)
-    output = call_layer(recorder, self.output_dense, self._merge(heads))
+    output = self.output_dense(self._merge(heads))
     out_var = None
     if self.config.enabled and variance is not None:
       value_var = self._projected_variance(x, variance, self.value.kernel, weight_variance)

@@ -10,7 +10,6 @@ import tensorflow as tf
 
 from dprec.layers import variance as variance_lib
 from dprec.layers.reattention import ReAttention, ReAttentionConfig
-from dprec.layers.recording import call_layer
 
 _ACTIVATIONS = {"relu": tf.nn.relu, "gelu": tf.nn.gelu}
 
@@ -39,19 +38,19 @@ class TransformerBlock(tf.keras.layers.Layer):
     self.dropout = tf.keras.layers.Dropout(self.dropout_rate)
     super().build(input_shape)
 
-  def call(self, x, valid, variance=None, weight_variance=0.0, training=False, recorder=None,
+  def call(self, x, valid, variance=None, weight_variance=0.0, training=False,
            return_weights=False):
-    h = call_layer(recorder, self.attention_norm, x)
+    h = self.attention_norm(x)
     attended = self.attention(
         h, valid, self._norm_variance(self.attention_norm, x, variance), weight_variance,
-        training=training, recorder=recorder, return_weights=return_weights)
+        training=training, return_weights=return_weights)
     x = x + self.dropout(attended[0], training=training)
     if variance is not None and attended[1] is not None:
       variance = variance + attended[1]
-    h = call_layer(recorder, self.ffn_norm, x)
-    pre = call_layer(recorder, self.ffn_in, h)
+    h = self.ffn_norm(x)
+    pre = self.ffn_in(h)
     act = _ACTIVATIONS[self.activation](pre)
-    out = call_layer(recorder, self.ffn_out, self.dropout(act, training=training))
+    out = self.ffn_out(self.dropout(act, training=training))
     if variance is not None and attended[1] is not None:
       variance = variance + self._ffn_variance(h, pre, act, variance, x, weight_variance)
     x = x + self.dropout(out, training=training)

@@ -7,27 +7,25 @@ its loss sums the next-item losses at every position (`loss_positions="all"`, SA
 takes the last one only (`"last"`, the paper's Eq. 12 formalism). Both are options because note 000
 §11 leaves the choice open.
 
-`per_example_squared_norms` computes every example's squared gradient norm without per-example
-gradients: tensorflow_privacy registry functions for the Dense/LayerNorm sublayers, dprec's
-positional rule, and Phantom Clipping for the tied embedding, all from one forward and one
-backward pass (note 000 §2.7).
+Training is `DPModel`'s step (shared with the CTR models): per-example squared norms without
+per-example gradients come from tensorflow_privacy registry functions for the Dense/LayerNorm
+sublayers, dprec's positional rule (`seqrec_layer_registry`) and, through the
+`extra_squared_norms` hook, Phantom Clipping for the tied embedding (note 000 §2.7).
 """
 import dataclasses
 import math
 
 import numpy as np
 import tensorflow as tf
-from tensorflow_privacy.privacy.fast_gradient_clipping import clip_grads
-from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry as tfp_registry
-from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import layer_normalization
 
-from dprec.clipping.phantom import record_tied_embedding
+from dprec.clipping import registry as registry_lib
+from dprec.clipping.phantom import tied_embedding_norm_fn
 from dprec.layers import variance as variance_lib
 from dprec.layers.positional import PositionalEmbedding, positional_embedding_computation
 from dprec.layers.reattention import ReAttentionConfig
-from dprec.layers.recording import NormRecorder
 from dprec.layers.tied_embedding import TiedItemEmbedding
 from dprec.layers.transformer import TransformerBlock
+from dprec.models.dp_model import DPModel, ExtraNorms
 
 
 @dataclasses.dataclass(frozen=True)
@@ -54,19 +52,32 @@ class SeqRecConfig:
 
 
 def seqrec_layer_registry():
-  """tensorflow_privacy's default registry plus LayerNormalization and positional embeddings."""
-  registry = tfp_registry.make_default_layer_registry()
-  registry.insert(tf.keras.layers.LayerNormalization,
-                  layer_normalization.layer_normalization_computation)
+  """dprec's layer registry plus the learned positional embedding."""
+  registry = registry_lib.make_layer_registry()
   registry.insert(PositionalEmbedding, positional_embedding_computation)
   return registry
 
 
-class SeqRecModel(tf.keras.Model):
-  """Inputs `{"items": int [B, L]}`; outputs logits over the M items, [B, L, M] or [B, 1, M].
+class NextItemLoss(tf.keras.losses.Loss):
+  """Per-example Σ over positions with a target (label > 0) of the softmax cross-entropy over
+  all M items (Eq. 13). Labels [B, L] are aligned with the last T positions of logits [B, T, M]."""
 
-  Labels are item ids [B, L] (the next item at every position, 0 = none); with
-  `loss_positions="last"` only labels[:, -1] is used.
+  def __init__(self, name="next_item_loss", **kwargs):
+    super().__init__(name=name, **kwargs)
+
+  def call(self, y_true, y_pred):
+    labels = tf.cast(y_true, tf.int32)[:, -tf.shape(y_pred)[1]:]
+    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
+        labels=tf.maximum(labels - 1, 0), logits=y_pred)
+    return tf.reduce_sum(tf.where(labels > 0, losses, 0.0), axis=-1)
+
+
+class SeqRecModel(DPModel):
+  """Inputs `{"items": int [B, L]}` (left-padded, 0 = padding); outputs logits over the M items,
+  [B, L, M] (`loss_positions="all"`) or [B, 1, M] (`"last"`). Labels: next items [B, L].
+
+  Trained by `DPModel`'s step: the Dense/LayerNorm/positional norms come from the layer registry,
+  the tied embedding's Phantom norm from `extra_squared_norms`.
   """
 
   def __init__(self, config, **kwargs):
@@ -83,7 +94,12 @@ class SeqRecModel(tf.keras.Model):
     self.item_variance = tf.Variable(tf.zeros([config.num_items + 1]), trainable=False,
                                      name="item_variance")
     self.weight_variance = tf.Variable(0.0, trainable=False, name="weight_variance")
-    self.registry = seqrec_layer_registry()
+    object.__setattr__(self, "layer_registry", seqrec_layer_registry())
+    object.__setattr__(self, "_last_forward", {})
+
+  def compile(self, optimizer="adam", loss=None, metrics=None, **kwargs):
+    """As `DPModel.compile`, with `NextItemLoss` as the default loss."""
+    super().compile(optimizer=optimizer, loss=loss or NextItemLoss(), metrics=metrics, **kwargs)
 
   def set_error_model(self, frequencies, noise_multiplier, l2_norm_clip, batch_size,
                       num_examples, scale=1.0):
@@ -98,93 +114,46 @@ class SeqRecModel(tf.keras.Model):
     self.weight_variance.assign(
         scale * variance_lib.effective_error(noise_multiplier, l2_norm_clip, batch_size) ** 2)
 
-  def forward(self, items, training=False, recorder=None, return_weights=False):
-    """Returns (logits, hidden, lookup[, attention weights per block])."""
+  def forward(self, items, training=False, last_only=False, return_weights=False):
+    """Returns (logits, hidden, lookup[, attention weights per block]); `last_only` scores the
+    last position only (evaluation), as does `loss_positions="last"`."""
     items = tf.convert_to_tensor(items)
     valid = items > 0
     mask = tf.cast(valid, tf.float32)[..., None]
     lookup = self.item_embedding(items)
-    if recorder is None:
-      positions = self.positions(lookup)
-    else:
-      positions = recorder(self.positions, lookup)
-    x = self.input_dropout((lookup + positions) * mask, training=training)
+    x = self.input_dropout((lookup + self.positions(lookup)) * mask, training=training)
     variance = None
     if self.config.reattention.enabled:
-      # Item rows and the (σ_dp/B, every sequence uses every position) positional rows add up.
+      # Item rows and the positional rows (σ_dp/B: every sequence uses every position) add up.
       variance = (tf.gather(self.item_variance, items) + self.weight_variance) * mask[..., 0]
     weights = []
     for block in self.blocks:
       outputs = block(x, valid, variance, self.weight_variance, training=training,
-                      recorder=recorder, return_weights=return_weights)
+                      return_weights=return_weights)
       x, variance = outputs[0] * mask, outputs[1]
       weights.extend(outputs[2:])
-    if recorder is None:
-      hidden = self.final_norm(x)
-    else:
-      hidden = recorder(self.final_norm, x)
-    if self.config.loss_positions == "last":
+    hidden = self.final_norm(x)
+    if last_only or self.config.loss_positions == "last":
       hidden = hidden[:, -1:]
     logits = self.item_embedding.scores(hidden)
     outputs = (logits, hidden, lookup)
     return outputs + (weights,) if return_weights else outputs
 
   def call(self, inputs, training=False):
-    return self.forward(inputs["items"], training=training)[0]
+    items = inputs["items"]
+    logits, hidden, lookup = self.forward(items, training=training)
+    self._last_forward.update(items=items, hidden=hidden, lookup=lookup, logits=logits)
+    return logits
 
-  def targets(self, labels):
-    """Labels aligned with the logits: [B, L] or [B, 1]."""
-    labels = tf.convert_to_tensor(labels)
-    return labels[:, -1:] if self.config.loss_positions == "last" else labels
+  def extra_squared_norms(self):
+    """Phantom norms of the tied (or untied) item embedding from the step's forward pass."""
+    last = self._last_forward
+    return [ExtraNorms(self.item_embedding.trainable_weights, [last["lookup"], last["logits"]],
+                       tied_embedding_norm_fn(last["items"], last["hidden"], self.config.tied))]
 
-  def per_example_losses(self, labels, logits):
-    """Σ over positions with a target of the softmax cross-entropy over all M items; [B]."""
-    labels = self.targets(labels)
-    has_target = labels > 0
-    losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=tf.maximum(labels - 1, 0), logits=logits)
-    return tf.reduce_sum(tf.where(has_target, losses, 0.0), axis=-1)
-
-  def per_example_squared_norms(self, inputs, labels, training=True):
-    """Per-example squared gradient norms [B] of the per-example losses, with losses and logits.
-
-    One forward pass recording norm functions (tensorflow_privacy registry + Phantom) and one
-    backward pass to the recorded intermediates; no per-example gradient is formed.
-    """
-    tape, recorder, losses, logits = self._recorded_forward(inputs, labels, training)
-    return self._squared_norms(tape, recorder, losses), losses, logits
-
-  def clipped_gradient_sum(self, inputs, labels, clip_weights_fn, training=True):
-    """Σ_i c_i·∇L_i over the trainable variables, c = clip_weights_fn(squared norms) [B].
-
-    Norms and the weighted gradient come from the *same* forward pass, so dropout masks agree
-    and each example's contribution is bounded exactly as its computed norm says.
-    Returns (gradients, squared norms, losses).
-    """
-    tape, recorder, losses, _ = self._recorded_forward(inputs, labels, training)
-    squared_norms = self._squared_norms(tape, recorder, losses)
-    weights = tf.stop_gradient(clip_weights_fn(squared_norms))
-    grads = tape.gradient(losses, self.trainable_variables, output_gradients=weights,
-                          unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    del tape
-    return grads, squared_norms, losses
-
-  def _recorded_forward(self, inputs, labels, training):
-    tape = tf.GradientTape(persistent=True, watch_accessed_variables=False)
-    with tape:
-      tape.watch(self.trainable_variables)
-      recorder = NormRecorder(tape, clip_grads.get_registry_generator_fn(tape, self.registry))
-      items = inputs["items"]
-      logits, hidden, lookup = self.forward(items, training=training, recorder=recorder)
-      record_tied_embedding(recorder, self.item_embedding, items, lookup, hidden, logits)
-      losses = self.per_example_losses(labels, logits)
-    return tape, recorder, losses, logits
-
-  @staticmethod
-  def _squared_norms(tape, recorder, losses):
-    base_vars = [record[0] for record in recorder.records]
-    grads = tape.gradient(losses, base_vars, unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    return tf.add_n([record[1](grad) for record, grad in zip(recorder.records, grads)])
+  def score_items(self, items):
+    """Scores [B, M] of items 1..M as the next item after each (left-padded) history."""
+    return self.forward(items, last_only=True)[0][:, 0]
 
 
 def left_pad(sequence, length):
