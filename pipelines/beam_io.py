@@ -1,0 +1,236 @@
+"""Pieces shared by the dprec Beam jobs: options, line-block reading, dead letters, atomic writes.
+
+Input files are cut into byte-range splits at line boundaries (gzip files are one split each), so
+a runner spreads a large file over its workers while every line keeps its 1-based line number for
+dead letters. A split is read in blocks of whole lines that are parsed in one vectorised call.
+"""
+import dataclasses
+import gzip
+import json
+import os
+import re
+import sys
+import uuid
+import zlib
+from typing import Iterator, List, NamedTuple, Optional, Sequence
+
+import apache_beam as beam
+from apache_beam.io.filesystem import CompressionTypes
+from apache_beam.io.filesystems import FileSystems
+from apache_beam.options.pipeline_options import DirectOptions
+from apache_beam.options.pipeline_options import PipelineOptions
+from apache_beam.options.pipeline_options import StandardOptions
+
+from dprec.errors import DprecError
+
+# The embedded runner: the portable FnApiRunner with two worker processes. Naming it explicitly
+# keeps Beam's DirectRunner from first trying to download the Prism runner binary.
+EMBEDDED_RUNNER = "FnApiRunner"
+EMBEDDED_WORKERS = 2
+SPLIT_BYTES = 32 << 20
+_READ_BYTES = 8 << 20
+_GZIP_READ_BYTES = 1 << 16
+_DAY_NAME = re.compile(r"(?:^|[^0-9a-zA-Z])day_(\d+)(?:\.[a-z]+)*$")
+_GZIP_MAGIC = b"\x1f\x8b"
+
+
+def pipeline_options(beam_args: Sequence[str], streaming: bool = False) -> PipelineOptions:
+  """All Beam options pass through; without `--runner`, the multi-process embedded runner."""
+  options = PipelineOptions(list(beam_args))
+  standard = options.view_as(StandardOptions)
+  if streaming:
+    standard.streaming = True
+  if standard.runner is None:
+    standard.runner = EMBEDDED_RUNNER
+    direct = options.view_as(DirectOptions)
+    if "--direct_num_workers" not in " ".join(beam_args):
+      direct.direct_num_workers = EMBEDDED_WORKERS
+    if "--direct_running_mode" not in " ".join(beam_args):
+      direct.direct_running_mode = "multi_processing"
+  return options
+
+
+class DeadLetter(NamedTuple):
+  """A line that could not be used, with where it was and why (DESIGN §6)."""
+  path: str
+  line: int
+  reason: str
+  raw: str
+
+  def to_json(self) -> str:
+    return json.dumps(self._asdict(), sort_keys=True)
+
+
+def reason_kind(reason: str) -> str:
+  """A short, countable category of a dead-letter reason ("field I3: not an integer: 'x'" → "I3")."""
+  head = reason.split(":", 1)[0]
+  return head[len("field "):] if head.startswith("field ") else head
+
+
+@dataclasses.dataclass(frozen=True)
+class Split:
+  """Lines `first_line`.. of `path` in bytes [start, end); end = -1 reads to the end (gzip)."""
+  path: str
+  start: int
+  end: int
+  first_line: int
+  day: int
+  index: int
+
+
+@dataclasses.dataclass
+class LineBlock:
+  """Consecutive whole lines of one file, the first being `first_line` (1-based)."""
+  path: str
+  day: int
+  first_line: int
+  data: bytes
+
+
+def day_of(path: str, default: int = 0) -> int:
+  """The N of a `day_N` (or `day_N.gz`) file name, `default` for other names."""
+  match = _DAY_NAME.search(os.path.basename(path))
+  return int(match.group(1)) if match else default
+
+
+def match_inputs(pattern_or_paths) -> List[str]:
+  """Files of a glob, a directory (its `day_N` files, else all files) or a list; sorted by day."""
+  patterns = [pattern_or_paths] if isinstance(pattern_or_paths, str) else list(pattern_or_paths)
+  paths = []
+  for pattern in patterns:
+    if os.path.isdir(pattern):
+      names = sorted(os.listdir(pattern))
+      days = [n for n in names if _DAY_NAME.search(n)]
+      paths += [os.path.join(pattern, n) for n in (days or names)
+                if not os.path.isdir(os.path.join(pattern, n))]
+      continue
+    found = [m.path for r in FileSystems.match([pattern]) for m in r.metadata_list]
+    if not found:
+      raise DprecError(f"{pattern}: no input files match")
+    paths += sorted(found)
+  return sorted(paths, key=lambda p: (day_of(p), p))
+
+
+def is_gzip(path: str) -> bool:
+  with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as probe:
+    return probe.read(2) == _GZIP_MAGIC
+
+
+def plan_splits(paths: Sequence[str], split_bytes: int = SPLIT_BYTES) -> List[Split]:
+  """Byte-range splits at line boundaries, with the line number each one starts at.
+
+  Counting newlines is one sequential pass at memory speed, far cheaper than parsing; gzip files
+  are not splittable and become one split each.
+  """
+  splits = []
+  for path in paths:
+    day = day_of(path)
+    if is_gzip(path):
+      splits.append(Split(path, 0, -1, 1, day, len(splits)))
+      continue
+    with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as stream:
+      points, size = _line_starts(stream, split_bytes)
+    for (start, line), (end, _) in zip(points, points[1:] + [(size, 0)]):
+      if end > start or size == 0:
+        splits.append(Split(path, start, end, line, day, len(splits)))
+  return splits
+
+
+def _line_starts(stream, every: int):
+  """[(offset, line number)] of the first line and of a line start about every `every` bytes."""
+  points, offset, line, next_cut = [(0, 1)], 0, 1, every
+  while True:
+    piece = stream.read(_READ_BYTES)
+    if not piece:
+      return points, offset
+    search = max(next_cut - offset, 0)
+    while search < len(piece):
+      cut = piece.find(b"\n", search)
+      if cut < 0:
+        break
+      points.append((offset + cut + 1, line + piece.count(b"\n", 0, cut + 1)))
+      next_cut = offset + cut + 1 + every
+      search = next_cut - offset
+    line += piece.count(b"\n")
+    offset += len(piece)
+
+
+def read_split(split: Split) -> Iterator[object]:
+  """`LineBlock`s of whole lines (about 8 MB each) of a split; an unreadable gzip tail becomes a
+  `DeadLetter` at the first line that could not be read."""
+  raw = FileSystems.open(split.path, compression_type=CompressionTypes.UNCOMPRESSED)
+  stream = gzip.GzipFile(fileobj=raw, mode="rb") if split.end < 0 else raw
+  remaining = None if split.end < 0 else split.end - split.start
+  line, pending = split.first_line, b""
+  try:
+    raw.seek(split.start)
+    while True:
+      # Gzip is read in small pieces so that the lines before a corrupt member are kept.
+      size = _GZIP_READ_BYTES if remaining is None else min(_READ_BYTES, remaining)
+      try:
+        data = stream.read(size) if size else b""
+      except (OSError, EOFError, zlib.error) as error:
+        cut = pending.rfind(b"\n") + 1
+        if cut:
+          yield LineBlock(split.path, split.day, line, pending[:cut])
+          line += pending.count(b"\n", 0, cut)
+        # What is left is at most the start of line `line`, cut by the corruption.
+        yield DeadLetter(split.path, line, f"gzip: bad gzip member, rest of file unreadable "
+                         f"({error})", pending[cut:].decode(errors="replace"))
+        return
+      if remaining is not None:
+        remaining -= len(data)
+      pending += data
+      cut = len(pending) if not data else pending.rfind(b"\n") + 1
+      if cut and (not data or len(pending) >= _READ_BYTES):
+        block, pending = pending[:cut], pending[cut:]
+        yield LineBlock(split.path, split.day, line, block)
+        line += block.count(b"\n") + (not block.endswith(b"\n"))
+      if not data:
+        return
+  finally:
+    stream.close()
+    raw.close()
+
+
+def atomic_write(path: str, data: bytes) -> None:
+  """Writes `data` to a temporary name beside `path`, then renames it into place."""
+  temporary = f"{path}.tmp-{uuid.uuid4().hex}"
+  with FileSystems.create(temporary) as stream:
+    stream.write(data)
+  if FileSystems.exists(path):
+    FileSystems.delete([path])
+  FileSystems.rename([temporary], [path])
+
+
+def write_json(path: str, value) -> None:
+  atomic_write(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode())
+
+
+def read_json(path: str):
+  with FileSystems.open(path) as stream:
+    return json.loads(stream.read().decode())
+
+
+def makedirs(path: str) -> None:
+  if not FileSystems.exists(path):
+    FileSystems.mkdirs(path)
+
+
+def write_dead_letters(path: str, letters: Sequence[DeadLetter]) -> Optional[str]:
+  """Writes dead letters as JSON lines (atomically); returns the path, None if there are none."""
+  if not letters:
+    return None
+  atomic_write(path, "".join(letter.to_json() + "\n" for letter in letters).encode())
+  return path
+
+
+def run_main(job) -> int:
+  """Runs `job()` for a `python -m pipelines.X` entry point: JSON summary, one-line errors."""
+  try:
+    summary = job()
+  except DprecError as error:
+    print(f"error: {error}", file=sys.stderr)
+    return 2
+  print(json.dumps(summary, indent=2, sort_keys=True))
+  return 0

@@ -1,0 +1,417 @@
+"""Criteo batch preprocessing: TSV → validated rows → vocabularies → sharded TFRecords + manifest.
+
+    python -m pipelines.criteo --input 'data/day_*' --output out/ [--vocab-mode ...] [Beam options]
+
+One pipeline, two reads of the input (the second after the vocabulary exists), so nothing but
+bucket counts is ever held in memory: (1) per-split parse → per-feature bucket counts
+(CombinePerKey) → one vocabulary (min count, top-k, or DP top-k with Gumbel noise, note 001 §2.1);
+(2) per-split parse → `transform` → `tf.train.Example`s, one TFRecord file per split under
+`day_N/`, dead letters `(file, line, reason, raw)` to `dead_letters/`, per-split statistics →
+`stats.json` and `manifest.json`. Parsing and the transform are `dprec.data.criteo`'s (the
+in-process reader's) on whole blocks of lines; nothing runs per row in Python.
+"""
+import argparse
+import collections
+import dataclasses
+import os
+import shutil
+import sys
+import uuid
+from typing import Dict, List, Optional, Sequence, Tuple, Union
+
+import apache_beam as beam
+import numpy as np
+from apache_beam.metrics import Metrics
+
+from dprec.data import criteo_tfrecord
+from dprec.data.criteo import CATEGORICAL_FEATURES
+from dprec.data.criteo import CriteoVocabulary
+from dprec.data.criteo import INTEGER_FEATURES
+from dprec.data.criteo import TABLE3_VOCAB_SIZES
+from dprec.data.criteo import count_categories
+from dprec.data.criteo import parse_bytes
+from dprec.data.criteo import transform
+from dprec.errors import DprecError
+from pipelines import beam_io
+
+VOCAB_MODES = ("min_count", "top_k", "dp_top_k")
+DEAD_LETTERS = "dead_letters"
+METRICS_NAMESPACE = "dprec.criteo"
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabConfig:
+  """How buckets become vocabulary ids (index 0 stays OOV/missing).
+
+  `top_k` is one k for every feature or 26 values (C1..C26). For `dp_top_k`, `epsilon` is the
+  total pure-DP cost of the selection over all 26 features: each feature gets ε/26 for its k
+  exponential-mechanism draws (the honest cost of one-shot Gumbel top-k, note 001 §2.1). Each
+  example adds one to one bucket per feature, so every feature's counts have sensitivity 1.
+  """
+  mode: str = "min_count"
+  min_count: int = 1
+  top_k: Union[None, int, Tuple[int, ...]] = None
+  epsilon: Optional[float] = None
+  seed: Optional[int] = None
+
+  def __post_init__(self):
+    if self.mode not in VOCAB_MODES:
+      raise DprecError(f"--vocab-mode must be one of {', '.join(VOCAB_MODES)}, got {self.mode!r}")
+    if self.min_count < 1:
+      raise DprecError(f"--min-count must be at least 1, got {self.min_count}")
+    if self.mode != "min_count" and self.top_k is None:
+      raise DprecError(f"--vocab-mode {self.mode} needs --top-k")
+    if self.mode == "dp_top_k" and not (self.epsilon and self.epsilon > 0):
+      raise DprecError("--vocab-mode dp_top_k needs a positive --epsilon")
+
+  def per_feature_k(self) -> List[Optional[int]]:
+    if self.top_k is None or np.isscalar(self.top_k):
+      return [self.top_k] * len(CATEGORICAL_FEATURES)
+    if len(self.top_k) != len(CATEGORICAL_FEATURES):
+      raise DprecError(f"--top-k needs 1 or {len(CATEGORICAL_FEATURES)} values, "
+                       f"got {len(self.top_k)}")
+    return list(self.top_k)
+
+
+@dataclasses.dataclass(frozen=True)
+class CriteoJob:
+  """One batch run: inputs, output directory, vocabulary, tolerance for bad rows, ledger."""
+  inputs: Tuple[str, ...]
+  output: str
+  vocab: VocabConfig = VocabConfig()
+  max_bad_fraction: float = 0.01
+  split_bytes: int = beam_io.SPLIT_BYTES
+  ledger: Optional[str] = None
+  epsilon_budget: Optional[float] = None
+  delta: float = 1e-6
+
+
+def parse_top_k(text: Optional[str]):
+  """`--top-k` value: one int, 26 comma-separated ints, or `table3` (note 001 Table 3 sizes)."""
+  if text is None:
+    return None
+  if text == "table3":
+    return tuple(TABLE3_VOCAB_SIZES)
+  try:
+    values = tuple(int(v) for v in text.split(","))
+  except ValueError:
+    raise DprecError(f"--top-k: expected an int, 26 comma-separated ints or 'table3', "
+                     f"got {text!r}") from None
+  if any(v < 1 for v in values):
+    raise DprecError(f"--top-k values must be positive, got {text!r}")
+  return values[0] if len(values) == 1 else values
+
+
+def merge_counts(pairs: Sequence[Tuple[np.ndarray, np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:
+  """Sums `(ids, counts)` pairs into one pair with unique, sorted ids."""
+  if not pairs:
+    return np.zeros(0, np.int64), np.zeros(0, np.int64)
+  ids = np.concatenate([p[0] for p in pairs])
+  counts = np.concatenate([p[1] for p in pairs])
+  unique, inverse = np.unique(ids, return_inverse=True)
+  return unique, np.bincount(inverse, weights=counts, minlength=len(unique)).astype(np.int64)
+
+
+class MergeCountsFn(beam.CombineFn):
+  """Bucket counts of one feature, merged with numpy (never one Python object per bucket)."""
+
+  def create_accumulator(self):
+    return []
+
+  def add_input(self, accumulator, pair):
+    accumulator.append(pair)
+    return [merge_counts(accumulator)] if len(accumulator) >= 16 else accumulator
+
+  def merge_accumulators(self, accumulators):
+    return [merge_counts([p for a in accumulators for p in a])]
+
+  def extract_output(self, accumulator):
+    return merge_counts(accumulator)
+
+
+def build_vocabulary(counts: Sequence[Tuple[np.ndarray, np.ndarray]],
+                     config: VocabConfig) -> CriteoVocabulary:
+  """The vocabulary of `config.mode` from per-feature `(ids, counts)` in C1..C26 order.
+
+  DP top-k keeps the selected ids in their noisy rank order and releases no counts (zeros): the
+  exact counts are not private.
+  """
+  if config.mode == "min_count":
+    return CriteoVocabulary.from_counts(counts, min_count=config.min_count)
+  if config.mode == "top_k":
+    return CriteoVocabulary.from_counts(counts, min_count=config.min_count,
+                                        top_k=config.per_feature_k())
+  from dprec.privacy import gumbel_top_k  # pylint: disable=import-outside-toplevel
+  rng = np.random.default_rng(config.seed)
+  epsilon = config.epsilon / len(CATEGORICAL_FEATURES)
+  ids = []
+  for (feature_ids, feature_counts), k in zip(counts, config.per_feature_k()):
+    chosen = np.asarray(gumbel_top_k(feature_counts, min(k, len(feature_ids)), epsilon, rng),
+                        np.int64)
+    ids.append(feature_ids[chosen])
+  return CriteoVocabulary(tuple(ids), tuple(np.zeros(len(i), np.int64) for i in ids))
+
+
+def parse_block(item, metrics: bool = False):
+  """A `LineBlock` → (parsed chunk, dead letters); a `DeadLetter` from reading → (None, [it])."""
+  if isinstance(item, beam_io.DeadLetter):
+    letters, chunk = [item], None
+  else:
+    chunk = parse_bytes(item.data, item.path, item.first_line, strict=False)
+    letters = [beam_io.DeadLetter(*bad) for bad in chunk.bad_rows]
+  if metrics:
+    rows = 0 if chunk is None else len(chunk)
+    Metrics.counter(METRICS_NAMESPACE, "rows_in").inc(rows + len(letters))
+    Metrics.counter(METRICS_NAMESPACE, "rows_out").inc(rows)
+    for letter in letters:
+      Metrics.counter(METRICS_NAMESPACE, f"dead_letters.{beam_io.reason_kind(letter.reason)}").inc()
+  return chunk, letters
+
+
+def count_split(split: beam_io.Split):
+  """(feature index, (ids, counts)) of every categorical feature of one split."""
+  chunks = [chunk for chunk, _ in map(parse_block, beam_io.read_split(split)) if chunk is not None]
+  yield from enumerate(count_categories(chunks))
+
+
+@dataclasses.dataclass
+class ShardStats:
+  """What one written shard (or a merge of several) contributes to `stats.json`."""
+  rows_in: int = 0
+  rows_out: int = 0
+  bad_rows: Dict[str, int] = dataclasses.field(default_factory=dict)
+  present: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(26, np.int64))
+  known: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(26, np.int64))
+  files: Dict[int, List[Tuple[str, int]]] = dataclasses.field(default_factory=dict)
+
+  def add(self, other: "ShardStats") -> "ShardStats":
+    self.rows_in += other.rows_in
+    self.rows_out += other.rows_out
+    self.bad_rows = dict(collections.Counter(self.bad_rows) + collections.Counter(other.bad_rows))
+    self.present = self.present + other.present
+    self.known = self.known + other.known
+    for day, files in other.files.items():
+      self.files.setdefault(day, []).extend(files)
+    return self
+
+  def summary(self, vocab: CriteoVocabulary) -> dict:
+    dead = sum(self.bad_rows.values())
+    return {
+        "rows_in": self.rows_in, "rows_out": self.rows_out, "dead_letters": dead,
+        "bad_fraction": dead / self.rows_in if self.rows_in else 0.0,
+        "bad_rows_by_reason": dict(sorted(self.bad_rows.items())),
+        "vocab_sizes": dict(zip(CATEGORICAL_FEATURES, vocab.sizes)),
+        "coverage": {name: (float(k / p) if p else None) for name, k, p in
+                     zip(CATEGORICAL_FEATURES, self.known, self.present)},
+    }
+
+
+def write_shard(output: str, day: int, name: str, items, vocab: CriteoVocabulary,
+                metrics: bool = True) -> Tuple[ShardStats, List[beam_io.DeadLetter]]:
+  """Parses, transforms and writes blocks of one day to `output/day_<day>/<name>` atomically."""
+  stats, letters = ShardStats(), []
+  day_dir = os.path.join(output, f"day_{day}")
+  beam_io.makedirs(day_dir)
+
+  def records():
+    for item in items:
+      chunk, bad = parse_block(item, metrics)
+      letters.extend(bad)
+      if chunk is None or not len(chunk):
+        continue
+      batch = transform(chunk, vocab)
+      present = chunk.cat_values >= 0
+      stats.present += present.sum(axis=0)
+      stats.known += (batch["cat_features"] > 0).sum(axis=0)
+      stats.rows_out += len(chunk)
+      yield from criteo_tfrecord.encode_examples(batch)
+
+  criteo_tfrecord.write_tfrecord(os.path.join(day_dir, name), records())
+  stats.rows_in = stats.rows_out + len(letters)
+  stats.bad_rows = dict(collections.Counter(beam_io.reason_kind(l.reason) for l in letters))
+  stats.files = {day: [(name, stats.rows_out)]}
+  return stats, letters
+
+
+class WriteSplit(beam.DoFn):
+  """Second read of a split: transform with the vocabulary, write its shard, emit dead letters."""
+
+  def __init__(self, output: str):
+    self._output = output
+
+  def process(self, split: beam_io.Split, vocab: CriteoVocabulary):
+    stats, letters = write_shard(self._output, split.day, f"part-{split.index:05d}.tfrecord",
+                                 beam_io.read_split(split), vocab)
+    yield stats
+    for letter in letters:
+      yield beam.pvalue.TaggedOutput(DEAD_LETTERS, letter)
+
+
+class MergeStatsFn(beam.CombineFn):
+
+  def create_accumulator(self):
+    return ShardStats()
+
+  def add_input(self, accumulator, stats):
+    return accumulator.add(stats)
+
+  def merge_accumulators(self, accumulators):
+    total = ShardStats()
+    for accumulator in accumulators:
+      total.add(accumulator)
+    return total
+
+  def extract_output(self, accumulator):
+    return accumulator
+
+
+def manifest(stats: ShardStats, vocab: CriteoVocabulary, vocab_dir: str = "vocab",
+             extra_entries: Optional[Dict[int, dict]] = None) -> dict:
+  """The `dprec-criteo-v1` manifest the trainer reads (see `dprec.data.criteo_tfrecord`)."""
+  days = []
+  for day in sorted(stats.files):
+    files = sorted(stats.files[day])
+    entry = {"day": day, "dir": f"day_{day}", "files": [f for f, _ in files],
+             "rows": sum(rows for _, rows in files)}
+    entry.update((extra_entries or {}).get(day, {}))
+    days.append(entry)
+  return {"format": criteo_tfrecord.FORMAT, "integer_features": INTEGER_FEATURES,
+          "categorical_features": CATEGORICAL_FEATURES,
+          "vocab_sizes": dict(zip(CATEGORICAL_FEATURES, vocab.sizes)), "days": days,
+          "vocab_dir": vocab_dir}
+
+
+def save_vocabulary(vocab: CriteoVocabulary, directory: str) -> None:
+  """`CriteoVocabulary.save` into a temporary directory renamed into place (replacing any old)."""
+  temporary = f"{directory}.tmp-{uuid.uuid4().hex}"
+  vocab.save(temporary)
+  if os.path.exists(directory):
+    shutil.rmtree(directory)
+  os.rename(temporary, directory)
+
+
+class Finish(beam.DoFn):
+  """Writes the vocabulary, `stats.json` and, unless there were too many bad rows, the manifest."""
+
+  def __init__(self, job: CriteoJob):
+    self._job = job
+
+  def process(self, stats: ShardStats, vocab: CriteoVocabulary):
+    save_vocabulary(vocab, os.path.join(self._job.output, "vocab"))
+    summary = stats.summary(vocab)
+    summary["vocab_mode"] = dataclasses.asdict(self._job.vocab)
+    summary["vocab_mode"].pop("seed")
+    summary["dead_letter_files"] = os.path.join(self._job.output, DEAD_LETTERS, "*.jsonl")
+    beam_io.write_json(os.path.join(self._job.output, criteo_tfrecord.STATS), summary)
+    if summary["bad_fraction"] <= self._job.max_bad_fraction:
+      beam_io.write_json(os.path.join(self._job.output, criteo_tfrecord.MANIFEST),
+                         manifest(stats, vocab))
+    yield summary
+
+
+def build_pipeline(pipeline: beam.Pipeline, job: CriteoJob, splits: Sequence[beam_io.Split]):
+  """Adds the batch job to `pipeline`; returns the PCollection of the final summary."""
+  split_pc = pipeline | "Splits" >> beam.Create(list(splits))
+  counts = (split_pc
+            | "CountBuckets" >> beam.FlatMap(count_split)
+            | "MergeCounts" >> beam.CombinePerKey(MergeCountsFn()))
+  vocab = (counts
+           | "AllFeatures" >> beam.combiners.ToList()
+           | "BuildVocabulary" >> beam.Map(
+               lambda pairs, config: build_vocabulary([p for _, p in sorted(
+                   pairs, key=lambda kv: kv[0])], config), job.vocab))
+  written = split_pc | "Write" >> beam.ParDo(
+      WriteSplit(job.output), beam.pvalue.AsSingleton(vocab)).with_outputs(
+          DEAD_LETTERS, main="stats")
+  (written[DEAD_LETTERS]
+   | "DeadLetterJson" >> beam.Map(beam_io.DeadLetter.to_json)
+   | "WriteDeadLetters" >> beam.io.WriteToText(
+       os.path.join(job.output, DEAD_LETTERS, "dead_letters"), file_name_suffix=".jsonl"))
+  return (written.stats
+          | "MergeStats" >> beam.CombineGlobally(MergeStatsFn())
+          | "Finish" >> beam.ParDo(Finish(job), beam.pvalue.AsSingleton(vocab)))
+
+
+def charge_selection(job: CriteoJob) -> Optional[dict]:
+  """Charges DP top-k to the ledger before anything runs (refused if over budget)."""
+  if job.vocab.mode != "dp_top_k":
+    return None
+  if not job.ledger:
+    raise DprecError("--vocab-mode dp_top_k needs --ledger PATH (the privacy ledger to charge)")
+  from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
+  ledger = PrivacyLedger(job.ledger, job.epsilon_budget, job.delta)
+  spent = ledger.charge_pure(job.vocab.epsilon, label="criteo vocabulary dp_top_k")
+  return {"ledger": job.ledger, "epsilon_charged": job.vocab.epsilon,
+          "epsilon_per_feature": job.vocab.epsilon / len(CATEGORICAL_FEATURES),
+          "epsilon_spent": spent}
+
+
+def run(job: CriteoJob, beam_args: Sequence[str] = ()) -> dict:
+  """Runs the batch job; returns `stats.json`'s content. Fails above `max_bad_fraction`."""
+  paths = beam_io.match_inputs(job.inputs)
+  splits = beam_io.plan_splits(paths, job.split_bytes)
+  beam_io.makedirs(job.output)
+  stale = os.path.join(job.output, criteo_tfrecord.MANIFEST)
+  if os.path.exists(stale):
+    os.remove(stale)
+  privacy = charge_selection(job)
+  with beam.Pipeline(options=beam_io.pipeline_options(beam_args)) as pipeline:
+    build_pipeline(pipeline, job, splits)
+  summary = beam_io.read_json(os.path.join(job.output, criteo_tfrecord.STATS))
+  if privacy:
+    summary["privacy"] = privacy
+    beam_io.write_json(os.path.join(job.output, criteo_tfrecord.STATS), summary)
+  if summary["bad_fraction"] > job.max_bad_fraction:
+    raise DprecError(
+        f"{summary['dead_letters']} of {summary['rows_in']} rows are malformed "
+        f"({summary['bad_fraction']:.2%} > --max-bad-fraction {job.max_bad_fraction:.2%}); "
+        f"no manifest written; see {summary['dead_letter_files']}")
+  summary["output"] = job.output
+  return summary
+
+
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+  """Arguments of `dprec preprocess criteo` (Beam options are passed through untouched)."""
+  parser.add_argument("--input", required=True, nargs="+",
+                      help="TSV files, globs or a directory of day_N files (plain or .gz)")
+  parser.add_argument("--output", required=True, help="output directory")
+  parser.add_argument("--vocab-mode", default="min_count", choices=VOCAB_MODES,
+                      help="how buckets become ids (default min_count)")
+  parser.add_argument("--min-count", type=int, default=1,
+                      help="keep buckets seen at least this often (default 1)")
+  parser.add_argument("--top-k", default=None,
+                      help="top_k/dp_top_k: k for every feature, 26 comma-separated values, or "
+                      "'table3' for note 001's Table 3 sizes")
+  parser.add_argument("--epsilon", type=float, default=None,
+                      help="dp_top_k: total pure-DP epsilon of the selection (split over the 26 "
+                      "features, each paying for its k draws)")
+  parser.add_argument("--seed", type=int, default=None,
+                      help="dp_top_k noise seed (default: fresh randomness)")
+  parser.add_argument("--ledger", default=None, help="dp_top_k: privacy ledger JSON to charge")
+  parser.add_argument("--epsilon-budget", type=float, default=None,
+                      help="budget of a new ledger (an existing ledger keeps its own)")
+  parser.add_argument("--delta", type=float, default=1e-6, help="delta of a new ledger")
+  parser.add_argument("--max-bad-fraction", type=float, default=0.01,
+                      help="fail if more than this fraction of lines is malformed (default 0.01)")
+
+
+def job_from_args(args) -> CriteoJob:
+  vocab = VocabConfig(mode=args.vocab_mode, min_count=args.min_count,
+                      top_k=parse_top_k(args.top_k), epsilon=args.epsilon, seed=args.seed)
+  return CriteoJob(inputs=tuple(args.input), output=args.output, vocab=vocab,
+                   max_bad_fraction=args.max_bad_fraction, ledger=args.ledger,
+                   epsilon_budget=args.epsilon_budget, delta=args.delta)
+
+
+def main(argv=None) -> int:
+  parser = argparse.ArgumentParser(prog="python -m pipelines.criteo", description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  add_arguments(parser)
+  args, beam_args = parser.parse_known_args(argv)
+  return beam_io.run_main(lambda: run(job_from_args(args), beam_args))
+
+
+if __name__ == "__main__":
+  # Run through the importable module so Beam workers can unpickle this module's classes.
+  from pipelines import criteo  # pylint: disable=import-self
+  sys.exit(criteo.main())
