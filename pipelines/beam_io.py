@@ -30,7 +30,7 @@ EMBEDDED_WORKERS = 2
 SPLIT_BYTES = 32 << 20
 _READ_BYTES = 8 << 20
 _GZIP_READ_BYTES = 1 << 16
-_DAY_NAME = re.compile(r"(?:^|[^0-9a-zA-Z])day_(\d+)(?:\.[a-z]+)*$")
+_DAY_NAME = re.compile(r"(?:^|[^0-9a-zA-Z])day_(\d+)(?:\.gz)?$")
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
@@ -234,3 +234,8 @@ def run_main(job) -> int:
     return 2
   print(json.dumps(summary, indent=2, sort_keys=True))
   return 0
+
+
+def is_day_file(path: str) -> bool:
+  """Whether the file is named `day_N` or `day_N.gz` (not e.g. a temporary `day_N.tmp`)."""
+  return bool(_DAY_NAME.search(os.path.basename(path)))

@@ -206,31 +206,28 @@ class ShardStats:
     }
 
 
-def write_shard(output: str, day: int, name: str, items, vocab: CriteoVocabulary,
-                metrics: bool = True) -> Tuple[ShardStats, List[beam_io.DeadLetter]]:
-  """Parses, transforms and writes blocks of one day to `output/day_<day>/<name>` atomically."""
-  stats, letters = ShardStats(), []
-  day_dir = os.path.join(output, f"day_{day}")
-  beam_io.makedirs(day_dir)
+def write_shard(path: str, chunks, vocab: CriteoVocabulary) -> ShardStats:
+  """Transforms parsed chunks and writes them as one TFRecord file at `path`, atomically."""
+  stats = ShardStats()
 
   def records():
-    for item in items:
-      chunk, bad = parse_block(item, metrics)
-      letters.extend(bad)
-      if chunk is None or not len(chunk):
-        continue
+    for chunk in chunks:
       batch = transform(chunk, vocab)
-      present = chunk.cat_values >= 0
-      stats.present += present.sum(axis=0)
+      stats.present += (chunk.cat_values >= 0).sum(axis=0)
       stats.known += (batch["cat_features"] > 0).sum(axis=0)
       stats.rows_out += len(chunk)
       yield from criteo_tfrecord.encode_examples(batch)
 
-  criteo_tfrecord.write_tfrecord(os.path.join(day_dir, name), records())
+  beam_io.makedirs(os.path.dirname(path))
+  criteo_tfrecord.write_tfrecord(path, records())
+  return stats
+
+
+def count_dead_letters(stats: ShardStats, letters: Sequence[beam_io.DeadLetter]) -> ShardStats:
+  """Completes a shard's statistics with its dead letters: rows in = rows out + dead letters."""
   stats.rows_in = stats.rows_out + len(letters)
   stats.bad_rows = dict(collections.Counter(beam_io.reason_kind(l.reason) for l in letters))
-  stats.files = {day: [(name, stats.rows_out)]}
-  return stats, letters
+  return stats
 
 
 class WriteSplit(beam.DoFn):
@@ -240,9 +237,19 @@ class WriteSplit(beam.DoFn):
     self._output = output
 
   def process(self, split: beam_io.Split, vocab: CriteoVocabulary):
-    stats, letters = write_shard(self._output, split.day, f"part-{split.index:05d}.tfrecord",
-                                 beam_io.read_split(split), vocab)
-    yield stats
+    letters = []
+
+    def chunks():
+      for item in beam_io.read_split(split):
+        chunk, bad = parse_block(item, metrics=True)
+        letters.extend(bad)
+        if chunk is not None:
+          yield chunk
+
+    name = f"part-{split.index:05d}.tfrecord"
+    stats = write_shard(os.path.join(self._output, f"day_{split.day}", name), chunks(), vocab)
+    stats.files = {split.day: [(name, stats.rows_out)]}
+    yield count_dead_letters(stats, letters)
     for letter in letters:
       yield beam.pvalue.TaggedOutput(DEAD_LETTERS, letter)
 
