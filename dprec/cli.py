@@ -16,6 +16,7 @@ from dprec.errors import DprecError
 # gets a sub-parser group that each of them extends.
 COMMANDS = (
     ("demo", "dprec.demo"),
+    ("synth", "dprec.data.cli"),
 )
 GROUPS = {
     "train": "Train a model (CTR or sequential recommender) non-privately or with DP.",

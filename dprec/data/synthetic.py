@@ -55,6 +55,10 @@ class CriteoSynthConfig:
   drift_new: float = 0.02  # share of ranks taken over by never-seen ids each day
   ctr_drift: float = 0.05  # std of the day-to-day change of the click logit's intercept
 
+  def __post_init__(self):
+    if not 0 < self.ctr < 1:
+      raise DprecError(f"ctr must be in (0, 1), got {self.ctr}")
+
 
 class _CriteoWorld:
   """Per-feature parameters, the day's rank → bucket-id maps, and the click model."""
@@ -292,3 +296,71 @@ def generate_criteo(out_dir: str, rows: int, days: int = 1, seed: int = 0,
       "top1pct_bucket_share_by_feature": dict(zip(CATEGORICAL_FEATURES, by_feature)),
       "seconds": seconds, "rows_per_second": rows / max(seconds, 1e-9),
   }
+
+
+@dataclasses.dataclass(frozen=True)
+class SequenceSynthConfig:
+  """Users walk item chains inside a favourite cluster, so the next item is learnable."""
+  mean_length: float = 12.0  # mean actions per user (at least 3: train, valid and test item)
+  max_length: int = 200
+  cluster_size: int = 40  # items per cluster
+  follow_chain: float = 0.55  # P(next item = the chain successor of the current one)
+  stay_in_cluster: float = 0.30  # P(a popular item of the user's cluster); else a global one
+  zipf: float = 1.1  # popularity exponent of clusters, of items in a cluster and of all items
+
+
+def generate_sequences(out_file: str, users: int, items: int, seed: int = 0,
+                       config: SequenceSynthConfig = None, progress: bool = True) -> dict:
+  """Writes SASRec-style `user item` lines (1-based ids, each user's lines consecutive and in
+  time order) with long-tailed item popularity; returns a summary."""
+  config = config or SequenceSynthConfig()
+  if users < 1 or items < 2:
+    raise DprecError(f"need users >= 1 and items >= 2, got users={users}, items={items}")
+  if config.mean_length < 3:
+    raise DprecError(f"mean_length must be at least 3, got {config.mean_length}")
+  rng = np.random.default_rng([seed, 10])
+  by_popularity = rng.permutation(items) + 1  # item id of each global popularity rank
+  clusters = max(1, items // config.cluster_size)
+  cluster = rng.integers(0, clusters, items)  # by popularity rank
+  members = np.lexsort((np.arange(items), cluster))  # ranks grouped by cluster, popular first
+  sizes = np.bincount(cluster, minlength=clusters)
+  offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
+  chain = np.lexsort((rng.random(items), cluster))  # a random cycle through each cluster
+  successor = np.empty(items + 1, np.int64)
+  following = np.where(np.arange(items) + 1 < offsets[cluster[chain]] + sizes[cluster[chain]],
+                       np.roll(chain, -1), chain[offsets[cluster[chain]]])
+  successor[by_popularity[chain]] = by_popularity[following]
+  exponent = np.asarray([config.zipf])
+  counts = np.zeros(items + 1, np.int64)
+  start = time.perf_counter()
+  with open(out_file, "wb") as out, tqdm(total=users, unit="user", unit_scale=True,
+                                        disable=not progress, desc="synth sequences") as bar:
+    for block, first in enumerate(range(0, users, BLOCK_ROWS)):
+      size = min(BLOCK_ROWS, users - first)
+      block_rng = np.random.default_rng([seed, 11, block])
+      lengths = np.minimum(config.max_length, 3 + np.floor(block_rng.exponential(
+          config.mean_length - 3, size)).astype(np.int64))
+      favourite = _bounded_zipf(block_rng.random(size), np.asarray([clusters]), exponent)
+      sequence = np.zeros((size, lengths.max()), np.int64)
+      for step in range(sequence.shape[1]):
+        in_cluster = _bounded_zipf(block_rng.random(size), sizes[favourite], exponent)
+        choice = by_popularity[members[offsets[favourite] + in_cluster]]
+        anywhere = by_popularity[_bounded_zipf(block_rng.random(size), np.asarray([items]),
+                                               exponent)]
+        move = block_rng.random(size)
+        if step:
+          choice = np.where(move < config.follow_chain, successor[sequence[:, step - 1]], choice)
+        sequence[:, step] = np.where(move >= config.follow_chain + config.stay_in_cluster,
+                                     anywhere, choice)
+      present = np.arange(sequence.shape[1]) < lengths[:, None]
+      user_ids = np.broadcast_to(np.arange(first + 1, first + size + 1)[:, None], sequence.shape)
+      pairs = np.stack([user_ids[present], sequence[present]], axis=1)
+      out.write(_join_fields([_int_text(pairs)], _SPACE))
+      counts += np.bincount(sequence[present], minlength=items + 1)
+      bar.update(size)
+  seconds = time.perf_counter() - start
+  share, _ = _top_share([counts[1:]])
+  return {"file": out_file, "users": users, "items": items, "seed": seed,
+          "actions": int(counts.sum()), "mean_length": float(counts.sum() / users),
+          "distinct_items": int((counts[1:] > 0).sum()), "top1pct_item_share": share,
+          "seconds": seconds}

@@ -1,0 +1,65 @@
+"""`dprec synth criteo|sequences`: write synthetic data sets in the real formats (DESIGN §5)."""
+import argparse
+
+from dprec.data import synthetic
+
+
+def register(subparsers):
+  parser = subparsers.add_parser(
+      "synth", help="generate synthetic Criteo TSV day files or user-item sequences",
+      description="Generate synthetic data in the real formats; prints a JSON summary.")
+  commands = parser.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
+
+  criteo = commands.add_parser(
+      "criteo", help="Criteo-like click logs: DIR/day_0 … DIR/day_{K-1} in Criteo TSV",
+      description="Criteo TSV day files (label, I1-I13, C1-C26 hex ids; empty = missing) with "
+      "Zipf-like bucket frequencies, heavy-tailed integers, day-to-day drift and a learnable "
+      "click model. Same seed, same bytes.")
+  criteo.add_argument("--rows", type=_positive, required=True, help="rows in all days together")
+  criteo.add_argument("--days", type=_positive, default=1, help="number of day_N files")
+  criteo.add_argument("--seed", type=int, default=0, help="random seed")
+  criteo.add_argument("--out", required=True, help="output directory")
+  criteo.add_argument("--vocab", default="table3",
+                      help="'table3' (note 001 Table 3 vocabularies) or 'scaled:M' (Table 3 "
+                      "scaled to about M buckets in all, e.g. scaled:10M)")
+  criteo.add_argument("--ctr", type=float, default=synthetic.CriteoSynthConfig.ctr,
+                      help="mean click rate of day 0")
+  criteo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+  criteo.set_defaults(func=_criteo)
+
+  sequences = commands.add_parser(
+      "sequences", help="long-tailed user-item sequences as SASRec-style 'user item' lines",
+      description="'user item' lines (1-based ids, each user's lines consecutive and in time "
+      "order); users follow item chains inside favourite clusters, so next-item prediction is "
+      "learnable. Same seed, same bytes.")
+  sequences.add_argument("--users", type=_positive, required=True, help="number of users")
+  sequences.add_argument("--items", type=_positive, required=True, help="number of items")
+  sequences.add_argument("--seed", type=int, default=0, help="random seed")
+  sequences.add_argument("--out", required=True, help="output file")
+  sequences.add_argument("--mean-length", type=float,
+                         default=synthetic.SequenceSynthConfig.mean_length,
+                         help="mean actions per user (at least 3)")
+  sequences.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+  sequences.set_defaults(func=_sequences)
+
+
+def _positive(text):
+  try:
+    value = int(text)
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"must be a positive integer, got {text!r}") from None
+  if value < 1:
+    raise argparse.ArgumentTypeError(f"must be a positive integer, got {text}")
+  return value
+
+
+def _criteo(args):
+  return synthetic.generate_criteo(
+      args.out, args.rows, args.days, args.seed, args.vocab,
+      synthetic.CriteoSynthConfig(ctr=args.ctr), progress=not args.no_progress)
+
+
+def _sequences(args):
+  return synthetic.generate_sequences(
+      args.out, args.users, args.items, args.seed,
+      synthetic.SequenceSynthConfig(mean_length=args.mean_length), progress=not args.no_progress)
