@@ -17,6 +17,7 @@ from dprec.errors import DprecError
 COMMANDS = (
     ("demo", "dprec.demo"),
     ("synth", "dprec.data.cli"),
+    ("preprocess", "pipelines.cli"),
 )
 GROUPS = {
     "train": "Train a model (CTR or sequential recommender) non-privately or with DP.",
