@@ -1,0 +1,134 @@
+"""The smallest `PeriodModel` for fast streaming tests, and a script that streams with it.
+
+A logistic model with one scalar embedding per categorical feature, trained by DP-SGD (per-example
+clip, Gaussian noise from a checkpointed `tf.random.Generator` on touched rows and the bias) with
+an Adagrad accumulator, so checkpoints must carry weights, optimizer slots and generator state.
+Run as a script (the SIGKILL test's subprocess):
+  python standin.py RUN_DIR EPSILON_TOTAL [TRAIN_PERIODS]
+"""
+import math
+import sys
+
+import numpy as np
+import tensorflow as tf
+
+from dprec.training.period_source import ArrayPeriodSource
+from dprec.training.plan import plan_stream
+from dprec.training.streaming import PeriodModel, StreamConfig, StreamingTrainer
+
+FEATURES = 3
+
+
+def make_days(days=4, rows=400, seed=0, new_ids_per_day=2):
+  """Per-day arrays whose id universe grows by `new_ids_per_day` every day (new buckets)."""
+  rng = np.random.default_rng(seed)
+  out = []
+  for day in range(days):
+    vocab = 4 + new_ids_per_day * day
+    ids = rng.integers(0, vocab, size=(rows, FEATURES)).astype(np.int32)
+    ints = rng.normal(size=(rows, 2)).astype(np.float32)
+    logit = (ids % 2).sum(axis=1) - 1.5 + ints[:, 0]
+    labels = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(np.int32)
+    out.append(({"cat_features": ids, "int_features": ints}, labels))
+  return out
+
+
+class StandInModel(PeriodModel):
+  """See the module docstring."""
+
+  def __init__(self, noise_multiplier=0.5, clip=1.0, learning_rate=0.2, seed=0):
+    self.noise_multiplier, self.clip, self.learning_rate = noise_multiplier, clip, learning_rate
+    self.generator = tf.random.Generator.from_seed(seed)
+    self.tables, self.slots = {}, {}
+    self.dense = tf.Variable(tf.zeros([3]))  # two int weights and the bias
+    self.dense_slot = tf.Variable(tf.fill([3], 0.1))
+    self.selected = None
+
+  def build(self, vocab_sizes):
+    for name, size in vocab_sizes.items():
+      old = self.tables.get(name)
+      fresh = np.zeros(size, np.float32)
+      slot = np.full(size, 0.1, np.float32)
+      if old is not None:  # grow: keep learned rows and their accumulators
+        fresh[:old.shape[0]] = old.numpy()
+        slot[:old.shape[0]] = self.slots[name].numpy()
+      self.tables[name] = tf.Variable(fresh)
+      self.slots[name] = tf.Variable(slot)
+
+  def trackables(self):
+    out = {"generator": self.generator, "dense": self.dense, "dense_slot": self.dense_slot}
+    for name in self.tables:
+      out[f"table_{name}"] = self.tables[name]
+      out[f"slot_{name}"] = self.slots[name]
+    return out
+
+  def set_selected_rows(self, selected_rows):
+    self.selected = selected_rows
+
+  def _logits(self, features):
+    ids = features["cat_features"]
+    total = tf.add_n([tf.gather(self.tables[f"C{j + 1}"], ids[:, j]) for j in range(FEATURES)])
+    return total + tf.linalg.matvec(features["int_features"], self.dense[:2]) + self.dense[2]
+
+  def train_step(self, batch, labels):
+    features = {k: tf.constant(v) for k, v in batch.items()}
+    logits = self._logits(features)
+    residual = tf.sigmoid(logits) - tf.cast(labels, tf.float32)  # dL/dlogit per example
+    ints = features["int_features"]
+    norm = tf.abs(residual) * tf.sqrt(FEATURES + tf.reduce_sum(ints ** 2, axis=1) + 1.0)
+    scale = residual * tf.minimum(1.0, self.clip / tf.maximum(norm, 1e-12))
+    std = self.noise_multiplier * self.clip
+    expected = max(1.0, float(len(labels)))
+    touched_rows = 0
+    for j in range(FEATURES):
+      name = f"C{j + 1}"
+      ids = batch["cat_features"][:, j]
+      rows = np.unique(ids)
+      if self.selected is not None:
+        rows = np.intersect1d(rows, self.selected[name])
+      grad = tf.math.unsorted_segment_sum(scale, ids, self.tables[name].shape[0])
+      grad = tf.gather(grad, rows) + self.generator.normal([len(rows)]) * std
+      self._apply(self.tables[name], self.slots[name], rows, grad / expected)
+      touched_rows += len(rows)
+    dense_grad = tf.concat([tf.linalg.matvec(ints, scale, transpose_a=True),
+                            [tf.reduce_sum(scale)]], 0) + self.generator.normal([3]) * std
+    self._apply(self.dense, self.dense_slot, np.arange(3), dense_grad / expected)
+    vocab = sum(t.shape[0] for t in self.tables.values())
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+        tf.cast(labels, tf.float32), logits))
+    return {"loss": float(loss), "gradient_size_reduction": vocab / max(1, touched_rows)}
+
+  def _apply(self, variable, slot, rows, grad):
+    accumulator = tf.gather(slot, rows) + grad ** 2
+    slot.scatter_nd_update(rows[:, None], accumulator)
+    variable.scatter_nd_sub(rows[:, None], self.learning_rate * grad / tf.sqrt(accumulator))
+
+  def evaluate(self, features, labels):
+    logits = self._logits({k: tf.constant(v) for k, v in features.items()})
+    auc = tf.keras.metrics.AUC()
+    auc.update_state(labels, tf.sigmoid(logits))
+    loss = tf.reduce_mean(tf.nn.sigmoid_cross_entropy_with_logits(
+        tf.cast(labels, tf.float32), logits))
+    return {"auc": float(auc.result()), "loss": float(loss)}
+
+
+def make_trainer(run_dir, epsilon_total, train_periods=None, days=4, checkpoint_every=7,
+                 expected_periods=3, top_k=None, noise_multiplier=None, selector=None):
+  data = make_days(days)
+  source = ArrayPeriodSource(data, period_days=1, train_days=train_periods)
+  plan = plan_stream(epsilon_total, 1e-5, expected_periods=expected_periods,
+                     examples_per_period=len(data[0][1]), batch_size=40,
+                     noise_multiplier=noise_multiplier)
+  model = StandInModel(noise_multiplier=plan.noise_multiplier)
+  config = StreamConfig(run_dir=run_dir, seed=3, checkpoint_every=checkpoint_every,
+                        train_periods=train_periods, top_k=top_k)
+  return StreamingTrainer(model, source, plan, config, selector=selector)
+
+
+if __name__ == "__main__":
+  tf.config.threading.set_inter_op_parallelism_threads(1)
+  tf.config.threading.set_intra_op_parallelism_threads(1)
+  run_dir, epsilon = sys.argv[1], float(sys.argv[2])
+  periods = int(sys.argv[3]) if len(sys.argv) > 3 else None
+  summary = make_trainer(run_dir, epsilon if epsilon > 0 else math.inf, periods).run()
+  print(summary["stopped"], file=sys.stderr)
