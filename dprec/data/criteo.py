@@ -310,7 +310,7 @@ class CriteoVocabulary:
                                                               "count": pa.int64()}))
       column = table.column("id").combine_chunks()
       ok, values = parse_hex_ids(column)
-      bad = np.flatnonzero(~ok | (values < 0))
+      bad = np.flatnonzero(~ok if not ok.all() else values < 0)  # values are -1 unless all ok
       if len(bad):
         raise InputError(path, int(bad[0]) + 1, "id",
                          f"not an 8-hex-digit id: {column[int(bad[0])].as_py()!r}")
@@ -438,7 +438,8 @@ def _report_bad_rows(skipped: List[BadRow], sink: Optional[list]) -> None:
 
 
 def criteo_dataset(paths, vocab: CriteoVocabulary, batch_size: int, strict: bool = True,
-                   drop_remainder: bool = False, bad_rows: Optional[list] = None):
+                   drop_remainder: bool = False, bad_rows: Optional[list] = None,
+                   chunk_rows: int = DEFAULT_CHUNK_ROWS):
   """A `tf.data.Dataset` of `({"int_features", "cat_features"}, label)` batches in file order.
 
   Files stream chunk by chunk (bounded memory); rows are re-batched across chunk and file edges.
@@ -450,7 +451,7 @@ def criteo_dataset(paths, vocab: CriteoVocabulary, batch_size: int, strict: bool
 
   def batches():
     pending, skipped = [], []
-    for chunk in read_criteo_tsv(paths, strict=strict):
+    for chunk in read_criteo_tsv(paths, strict=strict, chunk_rows=chunk_rows):
       skipped.extend(chunk.bad_rows)
       pending.append(transform(chunk, vocab))
       merged = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}

@@ -48,8 +48,8 @@ class CriteoSynthConfig:
   vocab: str = "table3"
   ctr: float = 0.25  # mean click rate on day 0
   zipf_range: Tuple[float, float] = (1.05, 1.35)  # per-feature exponents of bucket frequency
-  weight_scale_range: Tuple[float, float] = (0.05, 0.45)  # per-feature click weight scales
-  latent_weight: float = 0.6  # click weight of the latent propensity the integers reveal
+  weight_scale_range: Tuple[float, float] = (0.04, 0.40)  # per-feature click weight scales
+  latent_weight: float = 0.5  # click weight of the latent propensity the integers reveal
   interaction_weight: float = 0.3  # weight of the C1 x C2 product (learnable by an MLP, not LR)
   drift_swap: float = 0.05  # share of ranks swapped with a nearby rank each day
   drift_new: float = 0.02  # share of ranks taken over by never-seen ids each day

@@ -1,0 +1,173 @@
+"""Criteo TSV parsing: golden malformed lines (file, line, field), gzip, and agreement with a
+plain per-line reference parser."""
+import gzip
+import os
+
+import numpy as np
+import pytest
+
+from dprec.data import criteo
+from dprec.errors import DprecError, InputError
+
+INTS = ["1", "", "-3", "0", "12", "99999", "7", "", "4", "5", "6", "", "8"]
+CATS = ["0a1b2c3d", "", "FFFFFFFF", "00000000"] + ["deadbeef"] * 22
+GOOD = "\t".join(["1"] + INTS + CATS)
+
+
+def _replace(field_index, value):
+  fields = GOOD.split("\t")
+  fields[field_index] = value
+  return "\t".join(fields)
+
+
+# (malformed line, field, reason); the line is line 3 of the file.
+MALFORMED = [
+    ("", "line", "empty line"),
+    (GOOD + "\tdeadbeef", "line", "expected 40 tab-separated fields, found 41"),
+    (GOOD.rsplit("\t", 1)[0], "line", "expected 40 tab-separated fields, found 39"),
+    ("1 2 3", "line", "expected 40 tab-separated fields, found 1"),
+    (_replace(0, "2"), "label", "must be 0 or 1, got '2'"),
+    (_replace(0, ""), "label", "must be 0 or 1, got ''"),
+    (_replace(5, "1.5"), "I5", "not an integer: '1.5'"),
+    (_replace(13, "12a"), "I13", "not an integer: '12a'"),
+    (_replace(14 + 6, "0a1b2c3g"), "C7", "not an 8-hex-digit id: '0a1b2c3g'"),
+    (_replace(14 + 25, "abc"), "C26", "not an 8-hex-digit id: 'abc'"),
+    (_replace(14, "0a1b2c3d0"), "C1", "not an 8-hex-digit id: '0a1b2c3d0'"),
+]
+
+
+def _write(path, lines, compress=False):
+  data = ("\n".join(lines) + "\n").encode()
+  with (gzip.open if compress else open)(path, "wb") as out:
+    out.write(data)
+  return str(path)
+
+
+@pytest.mark.parametrize("line, field, reason", MALFORMED)
+def test_strict_mode_names_file_line_and_field(tmp_path, line, field, reason):
+  path = _write(tmp_path / "day_0", [GOOD, GOOD, line, GOOD])
+  with pytest.raises(InputError) as error:
+    list(criteo.read_criteo_tsv(path, chunk_rows=2))
+  assert (error.value.path, error.value.line, error.value.field, error.value.reason) == (
+      path, 3, field, reason)
+
+
+@pytest.mark.parametrize("line, field, reason", MALFORMED)
+def test_permissive_mode_skips_and_reports(tmp_path, line, field, reason):
+  path = _write(tmp_path / "day_0", [GOOD, GOOD, line, GOOD])
+  chunk = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(path, strict=False)))
+  assert chunk.line_numbers.tolist() == [1, 2, 4]
+  assert chunk.bad_rows == [criteo.BadRow(path, 3, f"field {field}: {reason}", line)]
+
+
+def test_first_bad_line_wins_and_all_are_reported(tmp_path):
+  lines = [GOOD, MALFORMED[4][0], GOOD, MALFORMED[1][0], MALFORMED[0][0], GOOD]
+  with pytest.raises(InputError) as error:
+    criteo.parse_lines(lines, "f.tsv", first_line_no=100)
+  assert (error.value.line, error.value.field) == (101, "label")
+  chunk = criteo.parse_lines(lines, "f.tsv", first_line_no=100, strict=False)
+  assert [(r.line_no, r.reason.split(":")[0]) for r in chunk.bad_rows] == [
+      (101, "field label"), (103, "field line"), (104, "field line")]
+  assert chunk.line_numbers.tolist() == [100, 102, 105]
+
+
+def test_parsed_values(tmp_path):
+  chunk = criteo.parse_lines([GOOD, _replace(0, "0")], "f.tsv")
+  assert chunk.label.tolist() == [1, 0]
+  expected_ints = [int(v) if v else 0 for v in INTS]
+  np.testing.assert_array_equal(chunk.int_values, [expected_ints] * 2)
+  np.testing.assert_array_equal(chunk.int_missing, [[v == "" for v in INTS]] * 2)
+  expected_cats = [int(v, 16) if v else -1 for v in CATS]
+  np.testing.assert_array_equal(chunk.cat_values, [expected_cats] * 2)
+
+
+def _reference_parse(line):
+  """The obvious per-line parser, to check the vectorised one against."""
+  fields = line.split("\t")
+  return (int(fields[0]), [int(v) if v else 0 for v in fields[1:14]],
+          [int(v, 16) if v else -1 for v in fields[14:]])
+
+
+def test_vectorised_parser_matches_reference_on_random_lines():
+  rng = np.random.default_rng(7)
+  lines = []
+  for _ in range(300):
+    ints = ["" if rng.random() < 0.2 else str(rng.integers(-5, 10**int(rng.integers(1, 12))))
+            for _ in range(13)]
+    cats = ["" if rng.random() < 0.2 else "%08x" % rng.integers(0, 2**32) for _ in range(26)]
+    lines.append("\t".join([str(rng.integers(0, 2))] + ints + cats))
+  chunk = criteo.parse_lines(lines, "random.tsv")
+  reference = [_reference_parse(line) for line in lines]
+  assert chunk.label.tolist() == [r[0] for r in reference]
+  assert chunk.int_values.tolist() == [r[1] for r in reference]
+  assert chunk.cat_values.tolist() == [r[2] for r in reference]
+
+
+def test_chunks_keep_line_numbers_and_gzip_matches_plain(tmp_path):
+  lines = [_replace(5, str(i)) for i in range(10)]
+  plain = _write(tmp_path / "day_0", lines)
+  packed = _write(tmp_path / "day_1.gz", lines, compress=True)
+  for path in (plain, packed):
+    chunks = list(criteo.read_criteo_tsv(path, chunk_rows=3))
+    assert [len(c) for c in chunks] == [3, 3, 3, 1]
+    joined = criteo.ParsedChunk.concatenate(chunks)
+    assert joined.line_numbers.tolist() == list(range(1, 11))
+    assert joined.int_values[:, 4].tolist() == list(range(10))
+  bad = _write(tmp_path / "day_2.gz", lines[:7] + [MALFORMED[6][0]] + lines[8:], compress=True)
+  with pytest.raises(InputError) as error:
+    list(criteo.read_criteo_tsv(bad, chunk_rows=3))
+  assert (error.value.path, error.value.line, error.value.field) == (bad, 8, "I5")
+
+
+def test_missing_final_newline(tmp_path):
+  path = tmp_path / "day_0"
+  path.write_text(GOOD + "\n" + GOOD)
+  assert len(criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(str(path))))) == 2
+
+
+def test_corrupt_gzip_is_a_clear_error(tmp_path):
+  lines = [GOOD] * 2000
+  good = _write(tmp_path / "day_0.gz", lines, compress=True)
+  data = open(good, "rb").read()
+  truncated = tmp_path / "truncated.gz"
+  truncated.write_bytes(data[:len(data) // 2])
+  flipped = bytearray(data)
+  flipped[len(data) // 2] ^= 0xFF
+  corrupt = tmp_path / "corrupt.gz"
+  corrupt.write_bytes(bytes(flipped))
+  trailing = tmp_path / "trailing.gz"
+  trailing.write_bytes(data + b"not gzip")
+  for path in (truncated, trailing):
+    with pytest.raises(DprecError, match=f"{path}: corrupt gzip data"):
+      list(criteo.read_criteo_tsv(str(path), chunk_rows=500))
+  # A damaged deflate block may decode to garbage lines before the CRC check fails: either way
+  # the file is refused, also in permissive mode.
+  for strict in (True, False):
+    with pytest.raises(DprecError, match=str(corrupt)):
+      list(criteo.read_criteo_tsv(str(corrupt), strict=strict, chunk_rows=500))
+  fake = tmp_path / "fake.gz"
+  fake.write_text(GOOD + "\n")
+  with pytest.raises(DprecError, match="not gzip data"):
+    list(criteo.read_criteo_tsv(str(fake)))
+  with pytest.raises(DprecError, match="no such file"):
+    list(criteo.read_criteo_tsv(str(tmp_path / "absent")))
+
+
+def test_day_files_are_ordered_numerically(tmp_path):
+  for name in ("day_10", "day_2.gz", "day_0", "notes.txt"):
+    (tmp_path / name).write_text("")
+  assert [os.path.basename(p) for p in criteo.criteo_day_files(str(tmp_path))] == [
+      "day_0", "day_2.gz", "day_10"]
+  (tmp_path / "empty").mkdir()
+  with pytest.raises(DprecError, match="no day_N files"):
+    criteo.criteo_day_files(str(tmp_path / "empty"))
+  with pytest.raises(DprecError, match="not a directory"):
+    criteo.criteo_day_files(str(tmp_path / "absent"))
+
+
+def test_format_hex_round_trips():
+  ids = np.array([0, 1, 0xDEADBEEF, 2**32 - 1])
+  text = criteo.format_hex(ids).view("S8").ravel()
+  assert text.tolist() == [b"00000000", b"00000001", b"deadbeef", b"ffffffff"]
+  ok, parsed = criteo.parse_hex_ids([t.decode() for t in text] + [""])
+  assert ok.all() and parsed.tolist() == ids.tolist() + [-1]
