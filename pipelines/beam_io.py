@@ -42,10 +42,10 @@ def pipeline_options(beam_args: Sequence[str], streaming: bool = False) -> Pipel
     standard.streaming = True
   if standard.runner is None:
     standard.runner = EMBEDDED_RUNNER
-    direct = options.view_as(DirectOptions)
-    if "--direct_num_workers" not in " ".join(beam_args):
+    given = " ".join(beam_args)
+    if "--direct_num_workers" not in given and "--direct_running_mode" not in given:
+      direct = options.view_as(DirectOptions)
       direct.direct_num_workers = EMBEDDED_WORKERS
-    if "--direct_running_mode" not in " ".join(beam_args):
       direct.direct_running_mode = "multi_processing"
   return options
 

@@ -411,14 +411,11 @@ def job_from_args(args) -> CriteoJob:
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m pipelines.criteo", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  add_arguments(parser)
-  args, beam_args = parser.parse_known_args(argv)
-  return beam_io.run_main(lambda: run(job_from_args(args), beam_args))
+  """`python -m pipelines.criteo`; the job classes are used from the imported module, not
+  `__main__`, so Beam workers can unpickle them."""
+  from pipelines import cli  # pylint: disable=import-outside-toplevel
+  return cli.job_main("criteo", argv)
 
 
 if __name__ == "__main__":
-  # Run through the importable module so Beam workers can unpickle this module's classes.
-  from pipelines import criteo  # pylint: disable=import-self
-  sys.exit(criteo.main())
+  sys.exit(main())

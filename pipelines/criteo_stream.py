@@ -304,14 +304,11 @@ def job_from_args(args) -> StreamJob:
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m pipelines.criteo_stream", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  criteo.add_arguments(parser)
-  add_arguments(parser)
-  args, beam_args = parser.parse_known_args(argv)
-  return beam_io.run_main(lambda: run(job_from_args(args), beam_args))
+  """`python -m pipelines.criteo_stream`; the job classes are used from the imported module, not
+  `__main__`, so Beam workers can unpickle them."""
+  from pipelines import cli  # pylint: disable=import-outside-toplevel
+  return cli.job_main("criteo", ["--streaming"] + list(sys.argv[1:] if argv is None else argv))
 
 
 if __name__ == "__main__":
-  from pipelines import criteo_stream  # pylint: disable=import-self
-  sys.exit(criteo_stream.main())
+  sys.exit(main())

@@ -297,13 +297,11 @@ def job_from_args(args) -> SequencesJob:
 
 
 def main(argv=None) -> int:
-  parser = argparse.ArgumentParser(prog="python -m pipelines.sequences", description=__doc__,
-                                   formatter_class=argparse.RawDescriptionHelpFormatter)
-  add_arguments(parser)
-  args, beam_args = parser.parse_known_args(argv)
-  return beam_io.run_main(lambda: run(job_from_args(args), beam_args))
+  """`python -m pipelines.sequences`; the job classes are used from the imported module, not
+  `__main__`, so Beam workers can unpickle them."""
+  from pipelines import cli  # pylint: disable=import-outside-toplevel
+  return cli.job_main("sequences", argv)
 
 
 if __name__ == "__main__":
-  from pipelines import sequences  # pylint: disable=import-self
-  sys.exit(sequences.main())
+  sys.exit(main())

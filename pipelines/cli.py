@@ -1,0 +1,74 @@
+"""`dprec preprocess criteo|sequences`: the Beam jobs on the command line.
+
+Every option the job does not know is handed to Beam's `PipelineOptions` unchanged, so the same
+command runs on the embedded multi-process DirectRunner (the default) or, with `--runner` and its
+options, on Dataflow, Flink or Spark.
+"""
+import argparse
+import sys
+
+from pipelines import beam_io
+
+BEAM_EPILOG = ("Any other --option is passed to Beam's PipelineOptions (e.g. --runner, "
+               "--direct_num_workers, --project). Default: the embedded runner with "
+               f"{beam_io.EMBEDDED_WORKERS} worker processes.")
+
+
+class BeamArgumentParser(argparse.ArgumentParser):
+  """Keeps the options it does not know in `args.beam_args` instead of rejecting them."""
+
+  def parse_known_args(self, args=None, namespace=None):
+    namespace, extras = super().parse_known_args(args, namespace)
+    namespace.beam_args = list(getattr(namespace, "beam_args", None) or []) + extras
+    return namespace, []
+
+
+def run_criteo(args) -> dict:
+  """Batch job, or with `--streaming` the directory-watching job."""
+  if args.streaming:
+    from pipelines import criteo_stream  # pylint: disable=import-outside-toplevel
+    return criteo_stream.run(criteo_stream.job_from_args(args), args.beam_args)
+  from pipelines import criteo  # pylint: disable=import-outside-toplevel
+  return criteo.run(criteo.job_from_args(args), args.beam_args)
+
+
+def run_sequences(args) -> dict:
+  from pipelines import sequences  # pylint: disable=import-outside-toplevel
+  return sequences.run(sequences.job_from_args(args), args.beam_args)
+
+
+def add_jobs(jobs) -> None:
+  """Adds the `criteo` and `sequences` parsers to a sub-parser group of `BeamArgumentParser`s."""
+  from pipelines import criteo, criteo_stream, sequences  # pylint: disable=import-outside-toplevel
+  raw = argparse.RawDescriptionHelpFormatter
+  parser = jobs.add_parser("criteo", help="Criteo TSV → vocabularies + TFRecords (batch or "
+                           "--streaming)", description=criteo.__doc__ + "\n" +
+                           criteo_stream.__doc__, epilog=BEAM_EPILOG, formatter_class=raw)
+  criteo.add_arguments(parser)
+  parser.add_argument("--streaming", action="store_true",
+                      help="watch the --input directory for day_N files and write each closed "
+                      "period as it completes (options below)")
+  criteo_stream.add_arguments(parser.add_argument_group("streaming"))
+  parser.set_defaults(func=run_criteo)
+  parser = jobs.add_parser("sequences", help="interaction logs → per-user sequences + TFRecords",
+                           description=sequences.__doc__, epilog=BEAM_EPILOG,
+                           formatter_class=raw)
+  sequences.add_arguments(parser)
+  parser.set_defaults(func=run_sequences)
+
+
+def register(subparsers) -> None:
+  """Adds `preprocess` to the `dprec` command."""
+  parser = subparsers.add_parser(
+      "preprocess", help="Apache Beam preprocessing jobs (Criteo, interaction sequences)",
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  add_jobs(parser.add_subparsers(dest="job", metavar="JOB", required=True,
+                                 parser_class=BeamArgumentParser))
+
+
+def job_main(job: str, argv=None) -> int:
+  """`python -m pipelines.<job>`: the same options as `dprec preprocess <job>`."""
+  parser = argparse.ArgumentParser(prog=f"python -m pipelines.{job}")
+  add_jobs(parser.add_subparsers(dest="job", required=True, parser_class=BeamArgumentParser))
+  args = parser.parse_args([job] + list(sys.argv[1:] if argv is None else argv))
+  return beam_io.run_main(lambda: args.func(args))
