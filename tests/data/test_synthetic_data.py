@@ -1,0 +1,173 @@
+"""Synthetic generators: real formats, determinism, long tails, drift, learnable structure,
+bounded memory."""
+import os
+import tracemalloc
+
+import numpy as np
+import pytest
+from scipy import special, stats
+
+from dprec.data import criteo, synthetic
+from dprec.errors import DprecError
+
+SMALL = "scaled:20000"  # Table 3 shape at 20k buckets: fast, still long-tailed
+
+
+@pytest.fixture(scope="module")
+def criteo_days(tmp_path_factory):
+  out = str(tmp_path_factory.mktemp("criteo"))
+  summary = synthetic.generate_criteo(out, 60000, 3, seed=5, vocab=SMALL, progress=False)
+  return out, summary
+
+
+def _auc(labels, scores):
+  labels = np.asarray(labels, bool)
+  ranks = stats.rankdata(scores)
+  positives, negatives = labels.sum(), (~labels).sum()
+  return (ranks[labels].sum() - positives * (positives + 1) / 2) / (positives * negatives)
+
+
+def test_output_parses_strictly_as_criteo_tsv(criteo_days):
+  out, summary = criteo_days
+  files = criteo.criteo_day_files(out)
+  assert [os.path.basename(f) for f in files] == ["day_0", "day_1", "day_2"]
+  chunks = [criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(f))) for f in files]
+  assert [len(c) for c in chunks] == [20000, 20000, 20000]
+  joined = criteo.ParsedChunk.concatenate(chunks)
+  assert summary["rows"] == 60000
+  assert abs(joined.label.mean() - summary["ctr"]) < 1e-12
+  assert 0.2 < summary["ctr"] < 0.3
+  assert abs(joined.int_missing.mean() - summary["int_missing_share"]) < 1e-12
+  assert abs((joined.cat_values < 0).mean() - summary["cat_missing_share"]) < 1e-12
+  assert joined.int_missing.mean() > 0.1 and (joined.cat_values < 0).mean() > 0.05
+  assert (joined.int_values[:, 1] < 0).any()  # I2 has negative values, as in Criteo
+  present = joined.int_values[~joined.int_missing]
+  assert present.max() > 100 * max(1, np.median(present))  # heavy tails
+
+
+def test_bucket_frequencies_are_long_tailed(criteo_days):
+  out, summary = criteo_days
+  counts = criteo.count_categories(criteo.read_criteo_tsv(criteo.criteo_day_files(out)))
+  covered = total = 0
+  for _, cnt in counts:
+    top = np.sort(cnt)[::-1][:max(1, int(np.ceil(0.01 * len(cnt))))]
+    covered, total = covered + top.sum(), total + cnt.sum()
+  share = covered / total
+  print(f"top 1% of buckets cover {share:.1%} of rows")
+  assert abs(share - summary["top1pct_bucket_share"]) < 1e-9
+  assert share > 0.4
+  big = int(np.argmax([len(ids) for ids, _ in counts]))
+  by_feature = summary["top1pct_bucket_share_by_feature"][criteo.CATEGORICAL_FEATURES[big]]
+  assert by_feature > 0.3  # even the largest table is dominated by its head
+
+
+def test_days_share_ids_but_drift(criteo_days):
+  out, _ = criteo_days
+  files = criteo.criteo_day_files(out)
+  per_day = [criteo.count_categories(criteo.read_criteo_tsv(f)) for f in files]
+  big = int(np.argmax([len(ids) for ids, _ in per_day[0]]))
+  first, last = per_day[0][big], per_day[-1][big]
+  new = ~np.isin(last[0], first[0])
+  assert 0.0 < last[1][new].sum() / last[1].sum() < 0.5  # some traffic on never-seen ids
+  head = lambda ids, cnt: set(ids[np.argsort(-cnt, kind="stable")[:20]].tolist())
+  shared = len(head(*first) & head(*last))
+  assert 5 <= shared < 20  # the head persists, but popularity moves
+
+
+def test_same_seed_same_bytes(tmp_path):
+  for name, seed in (("a", 3), ("b", 3), ("c", 4)):
+    synthetic.generate_criteo(str(tmp_path / name), 3000, 2, seed, SMALL, progress=False)
+  for day in ("day_0", "day_1"):
+    a, b, c = ((tmp_path / n / day).read_bytes() for n in "abc")
+    assert a == b and a != c
+  for name, seed in (("a.txt", 3), ("b.txt", 3), ("c.txt", 4)):
+    synthetic.generate_sequences(str(tmp_path / name), 300, 100, seed, progress=False)
+  a, b, c = ((tmp_path / n).read_bytes() for n in ("a.txt", "b.txt", "c.txt"))
+  assert a == b and a != c
+
+
+def test_scaled_vocabularies():
+  assert synthetic.vocab_sizes("table3") == criteo.TABLE3_VOCAB_SIZES
+  assert sum(criteo.TABLE3_VOCAB_SIZES) == 338782
+  for spec, total in (("scaled:10M", 10_000_000), ("scaled:1.7M", 1_700_000)):
+    assert abs(sum(synthetic.vocab_sizes(spec)) / total - 1) < 1e-3
+  with pytest.raises(DprecError, match="scaled:M"):
+    synthetic.vocab_sizes("huge")
+
+
+def test_click_model_is_learnable(criteo_days):
+  """Per-bucket click rates counted on days 0-1 rank day-2 clicks well above chance, and the
+  generator's own probabilities are in the intended band."""
+  out, _ = criteo_days
+  files = criteo.criteo_day_files(out)
+  train = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(files[:2])))
+  test = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(files[2:])))
+  prior = train.label.mean()
+  score = np.zeros(len(test))
+  for j in range(26):
+    ids, inverse = np.unique(train.cat_values[:, j], return_inverse=True)
+    clicks = np.bincount(inverse, weights=train.label)
+    seen = np.bincount(inverse)
+    rate = special.logit((clicks + 20 * prior) / (seen + 20)) - special.logit(prior)
+    position = np.minimum(np.searchsorted(ids, test.cat_values[:, j]), len(ids) - 1)
+    score += np.where(ids[position] == test.cat_values[:, j], rate[position], 0.0)
+  naive_bayes = _auc(test.label, score)
+  oracle = np.concatenate([special.expit(b["logit"]) for d, b in synthetic.criteo_blocks(
+      60000, 3, 5, synthetic.CriteoSynthConfig(vocab=SMALL)) if d == 2])
+  oracle_auc = _auc(test.label, oracle)
+  print(f"naive Bayes AUC {naive_bayes:.3f}, oracle AUC {oracle_auc:.3f}")
+  assert 0.75 < oracle_auc < 0.9
+  assert 0.65 < naive_bayes < oracle_auc
+
+
+def test_memory_is_bounded_by_the_block_not_the_rows(tmp_path):
+  peaks = []
+  for rows in (synthetic.BLOCK_ROWS // 2, 4 * synthetic.BLOCK_ROWS):
+    tracemalloc.start()
+    synthetic.generate_criteo(str(tmp_path / str(rows)), rows, 1, 0, SMALL, progress=False)
+    peaks.append(tracemalloc.get_traced_memory()[1])
+    tracemalloc.stop()
+  assert peaks[1] < 2.5 * peaks[0], peaks  # 8x the rows, not 8x the memory
+
+
+def _sequences(path):
+  data = np.loadtxt(path, dtype=np.int64).reshape(-1, 2)
+  users, starts = np.unique(data[:, 0], return_index=True)
+  return users, np.split(data[:, 1], np.sort(starts)[1:])
+
+
+def test_sequences_format_tail_and_learnable_structure(tmp_path):
+  path = str(tmp_path / "seq.txt")
+  summary = synthetic.generate_sequences(path, 3000, 600, seed=1, progress=False)
+  data = np.loadtxt(path, dtype=np.int64)
+  assert len(data) == summary["actions"]
+  user_changes = np.flatnonzero(np.diff(data[:, 0]))
+  assert (np.diff(data[:, 0]) >= 0).all() and len(user_changes) == 2999  # consecutive users
+  users, sequences = _sequences(path)
+  assert users.tolist() == list(range(1, 3001))
+  assert min(map(len, sequences)) >= 3
+  assert data[:, 1].min() >= 1 and data[:, 1].max() <= 600
+  counts = np.bincount(data[:, 1], minlength=601)[1:]
+  top = np.sort(counts)[::-1][:6].sum() / counts.sum()
+  assert abs(top - summary["top1pct_item_share"]) < 1e-9
+  assert top > 0.05  # the top 1% of items (6 of 600) get far more than 1% of actions
+  # Next-item structure: successor counts from the first users predict the last item of the
+  # others far better than popularity does (hit rate at 10).
+  train, test = sequences[:2000], sequences[2000:]
+  successors = np.zeros((601, 601))
+  for seq in train:
+    np.add.at(successors, (seq[:-1], seq[1:]), 1)
+  popular = set(np.argsort(-counts)[:10] + 1)
+  hits_markov = np.mean([seq[-1] in set(np.argsort(-successors[seq[-2]])[:10]) for seq in test])
+  hits_popular = np.mean([seq[-1] in popular for seq in test])
+  print(f"HR@10 successor {hits_markov:.3f} vs popularity {hits_popular:.3f}")
+  assert hits_markov > 2 * hits_popular
+
+
+def test_generator_rejects_bad_arguments(tmp_path):
+  with pytest.raises(DprecError, match="rows >= days"):
+    synthetic.generate_criteo(str(tmp_path), 2, 3, progress=False)
+  with pytest.raises(DprecError, match="ctr"):
+    synthetic.CriteoSynthConfig(ctr=1.5)
+  with pytest.raises(DprecError, match="items >= 2"):
+    synthetic.generate_sequences(str(tmp_path / "s"), 10, 1, progress=False)
