@@ -18,6 +18,7 @@ COMMANDS = (
     ("demo", "dprec.demo"),
     ("synth", "dprec.data.cli"),
     ("preprocess", "pipelines.cli"),
+    ("train", "dprec.models.ctr_cli"),
 )
 GROUPS = {
     "train": "Train a model (CTR or sequential recommender) non-privately or with DP.",

@@ -1,4 +1,5 @@
-"""Keras callbacks for DP training: pay the privacy ledger before steps run, stop at the budget.
+"""Keras callbacks for DP training: pay the privacy ledger before steps run, stop at the budget;
+a tqdm progress bar and a step timer.
 
 Each DP step releases a noisy gradient, so its privacy cost must be recorded before it runs.
 `PrivacyBudgetCallback` therefore charges the ledger in chunks of `charge_every` steps ahead of
@@ -7,9 +8,11 @@ the budget it charges only the steps that do; when not even one more step fits i
 before that step. If training ends early for another reason, up to `charge_every - 1` prepaid
 steps stay charged: the ledger only ever over-states what was spent, never under-states it.
 """
+import time
 from typing import Optional
 
 import tensorflow as tf
+import tqdm
 
 from dprec.errors import BudgetExceededError
 
@@ -17,7 +20,8 @@ from dprec.errors import BudgetExceededError
 class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
   """Charges a `dprec.privacy.PrivacyLedger` as `model.fit` proceeds and stops at the budget.
 
-  Adds `epsilon` (ε charged in the ledger so far, prepaid steps included) to the batch and epoch
+  Adds `epsilon` (ε charged in the ledger so far, prepaid steps included; read when charging, not
+  recomputed every step) to the batch and epoch
   logs, so History and TensorBoard record it. With `log_dir`, also writes TensorBoard scalars for
   ε and for every log entry whose name contains "gradient" (the DP step's gradient-size metrics).
 
@@ -45,6 +49,7 @@ class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
     self.steps_taken = 0
     self.steps_charged = 0
     self.stopped_at_budget = False
+    self.epsilon = ledger.epsilon_spent()
     self._planned_steps = None
     self._writer = tf.summary.create_file_writer(log_dir) if log_dir else None
 
@@ -76,12 +81,12 @@ class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
     if wanted <= 0:
       return 0
     try:
-      self.ledger.charge_gaussian(label=self.label, **self._charge_kwargs(wanted))
+      self.epsilon = self.ledger.charge_gaussian(label=self.label, **self._charge_kwargs(wanted))
       paid = wanted
     except BudgetExceededError:
       paid = self._affordable_steps(wanted - 1)
       if paid:
-        self.ledger.charge_gaussian(label=self.label, **self._charge_kwargs(paid))
+        self.epsilon = self.ledger.charge_gaussian(label=self.label, **self._charge_kwargs(paid))
     self.steps_charged += paid
     return paid
 
@@ -100,20 +105,69 @@ class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
       if more_planned and not self._prepay():
         self.stopped_at_budget = True
         self.model.stop_training = True
-    epsilon = self.ledger.epsilon_spent()
     if logs is not None:
-      logs["epsilon"] = epsilon
+      logs["epsilon"] = self.epsilon
     if self._writer is not None:
       with self._writer.as_default(step=self.steps_taken):
-        tf.summary.scalar("privacy/epsilon", epsilon)
+        tf.summary.scalar("privacy/epsilon", self.epsilon)
         for name, value in (logs or {}).items():
           if "gradient" in name:
             tf.summary.scalar(f"gradient_size/{name}", value)
 
   def on_epoch_end(self, epoch, logs=None):
     if logs is not None:
-      logs["epsilon"] = self.ledger.epsilon_spent()
+      logs["epsilon"] = self.epsilon
 
   def on_train_end(self, logs=None):
     if self._writer is not None:
       self._writer.flush()
+
+
+class StepTimer(tf.keras.callbacks.Callback):
+  """Counts training steps and measures steps/s from the end of the first step (which includes
+  tracing the `tf.function`) to the end of the last."""
+
+  def __init__(self):
+    super().__init__()
+    self.steps = 0
+    self._first_end = None
+    self._last_end = None
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.steps += 1
+    self._last_end = time.perf_counter()
+    if self._first_end is None:
+      self._first_end = self._last_end
+
+  @property
+  def seconds(self) -> float:
+    """Seconds from the end of the first step to the end of the last."""
+    return (self._last_end - self._first_end) if self.steps > 1 else 0.0
+
+  @property
+  def steps_per_second(self) -> Optional[float]:
+    return (self.steps - 1) / self.seconds if self.seconds > 0 else None
+
+
+class ProgressBar(tf.keras.callbacks.Callback):
+  """A tqdm bar over training steps (on stderr) showing loss, ε and gradient-size reduction."""
+
+  SHOWN = ("loss", "auc", "epsilon", "gradient_size_reduction")
+
+  def __init__(self, desc: str = "train"):
+    super().__init__()
+    self.desc = desc
+    self._bar = None
+
+  def on_train_begin(self, logs=None):
+    steps, epochs = self.params.get("steps"), self.params.get("epochs") or 1
+    self._bar = tqdm.tqdm(total=steps * epochs if steps else None, desc=self.desc, unit="step")
+
+  def on_train_batch_end(self, batch, logs=None):
+    self._bar.update(1)
+    if batch % 10 == 0:
+      self._bar.set_postfix({k: f"{float(v):.4g}" for k, v in (logs or {}).items()
+                             if k in self.SHOWN}, refresh=False)
+
+  def on_train_end(self, logs=None):
+    self._bar.close()

@@ -1,0 +1,120 @@
+"""The pCTR model of seed 001 App. D.1.1 (note 001 §5.2), trainable by every DP algorithm.
+
+One DP embedding table per categorical feature with dimension int(2·V^0.25), concatenated with
+the log-transformed integer features, four Dense(598, relu) layers and a scalar logit; binary
+cross-entropy loss and AUC through a TFRS `tasks.Ranking`. The model is a `DPModel`, so the
+algorithm (non-private, DP-SGD, DP-FEST, DP-AdaFEST, DP-AdaFEST+) is chosen at `compile` by the
+`DPOptimizer` passed as optimizer.
+"""
+import dataclasses
+from typing import Optional, Sequence, Tuple
+
+import tensorflow as tf
+import tensorflow_recommenders as tfrs
+
+from dprec.layers.embedding import DPMultiEmbedding
+from dprec.models.dp_model import DPModel
+
+CAT_FEATURES = "cat_features"
+INT_FEATURES = "int_features"
+
+
+def embedding_dim(num_buckets: int) -> int:
+  """int(2·V^0.25) with V the feature's number of buckets (App. D.1.1), at least 1."""
+  return max(1, int(2 * num_buckets ** 0.25))
+
+
+@dataclasses.dataclass(frozen=True)
+class CTRConfig:
+  """Shape of the pCTR model.
+
+  Attributes:
+    vocab_sizes: rows of each categorical feature's table, OOV/missing row 0 included (the
+      `size` of `dprec.data.criteo.CriteoVocabulary`), in column order of `cat_features`.
+    table_names: one name per table (DP-FEST row sets are keyed by it); default C1, C2, ...
+    num_integer_features: width of `int_features` (13 for Criteo).
+    hidden_units: the Dense(relu) layers (App. D.1.1: four of 598).
+    embedding_dims: per-table widths; default `embedding_dim(size - 1)`, V counting the known
+      buckets but not the OOV row, which reproduces note 001's dims for Table 3.
+    auc_thresholds: thresholds of the Keras AUC (evenly spaced, so updates stay O(batch)).
+  """
+  vocab_sizes: Tuple[int, ...]
+  table_names: Optional[Tuple[str, ...]] = None
+  num_integer_features: int = 13
+  hidden_units: Tuple[int, ...] = (598, 598, 598, 598)
+  embedding_dims: Optional[Tuple[int, ...]] = None
+  auc_thresholds: int = 10000
+
+  def __post_init__(self):
+    sizes = tuple(int(v) for v in self.vocab_sizes)
+    if not sizes or min(sizes) < 1:
+      raise ValueError(f"vocab_sizes must be a non-empty list of positive ints, got {sizes}")
+    object.__setattr__(self, "vocab_sizes", sizes)
+    names = tuple(self.table_names or (f"C{i + 1}" for i in range(len(sizes))))
+    dims = tuple(self.embedding_dims or (embedding_dim(max(v - 1, 1)) for v in sizes))
+    if len(names) != len(sizes) or len(dims) != len(sizes):
+      raise ValueError(f"{len(sizes)} vocab_sizes but {len(names)} table_names and "
+                       f"{len(dims)} embedding_dims")
+    object.__setattr__(self, "table_names", names)
+    object.__setattr__(self, "embedding_dims", dims)
+    object.__setattr__(self, "hidden_units", tuple(int(u) for u in self.hidden_units))
+
+  @property
+  def embedding_parameters(self) -> int:
+    """Σ V·d: the size of DP-SGD's dense embedding gradient."""
+    return sum(v * d for v, d in zip(self.vocab_sizes, self.embedding_dims))
+
+
+class CTRModel(DPModel):
+  """Embeddings ⊕ integer features → Dense(598, relu)×4 → logit (seed 001 App. D.1.1).
+
+  Inputs: {"cat_features": int [n, F] vocabulary indices, "int_features": float [n, 13]}.
+  Output: logits [n, 1]. Labels: 0/1 of shape [n] or [n, 1].
+  """
+
+  def __init__(self, config: CTRConfig, **kwargs):
+    super().__init__(**kwargs)
+    self.config = config
+    self.embedding = DPMultiEmbedding(config.vocab_sizes, config.embedding_dims,
+                                      table_names=config.table_names, name="embedding")
+    self.hidden = [tf.keras.layers.Dense(units, activation="relu", name=f"hidden_{i}")
+                   for i, units in enumerate(config.hidden_units)]
+    self.logit = tf.keras.layers.Dense(1, name="logit")
+    self.task = tfrs.tasks.Ranking(
+        loss=tf.keras.losses.BinaryCrossentropy(from_logits=True),
+        metrics=[tf.keras.metrics.AUC(num_thresholds=config.auc_thresholds, from_logits=True,
+                                      name="auc")])
+    self.loss_tracker = tf.keras.metrics.Mean(name="loss")
+
+  def call(self, inputs, training=False):
+    activations = tf.concat([self.embedding(inputs[CAT_FEATURES]),
+                             tf.cast(inputs[INT_FEATURES], tf.float32)], axis=1)
+    for layer in self.hidden:
+      activations = layer(activations)
+    return self.logit(activations)
+
+  def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None):
+    """The TFRS ranking task: mean BCE, and the AUC metric updated on the way."""
+    loss = self.task(labels=_column(y), predictions=y_pred, sample_weight=sample_weight)
+    self.loss_tracker.update_state(loss, sample_weight=tf.shape(y_pred)[0])
+    return loss
+
+  def per_example_loss(self, y, y_pred, sample_weight=None):
+    """BCE of each example [n], which the DP step clips (the task's loss before its mean)."""
+    losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=_column(y), logits=y_pred)[:, 0]
+    if sample_weight is not None:
+      losses *= tf.reshape(tf.cast(sample_weight, losses.dtype), [-1])
+    return losses
+
+
+def _column(labels):
+  return tf.reshape(tf.cast(labels, tf.float32), [-1, 1])
+
+
+def build_ctr_model(vocab_sizes: Sequence[int], **config_kwargs) -> CTRModel:
+  """A built `CTRModel` (variables created) for tables of `vocab_sizes` rows."""
+  config = CTRConfig(vocab_sizes=tuple(vocab_sizes), **config_kwargs)
+  model = CTRModel(config)
+  model({CAT_FEATURES: tf.zeros([1, len(config.vocab_sizes)], tf.int32),
+         INT_FEATURES: tf.zeros([1, config.num_integer_features], tf.float32)})
+  return model

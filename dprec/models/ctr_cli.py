@@ -1,0 +1,341 @@
+"""`dprec train ctr`: train the pCTR model on Criteo data with one of seed 001's algorithms.
+
+    dprec train ctr --data DIR --algorithm dp_adafest --epsilon 1 --batch-size 2048 --steps 1000
+
+`--data` is a directory of Criteo TSV `day_N` files (vocabularies built in-process from the
+training days; the last day is held out for evaluation) or a Beam preprocessing output directory
+(its `manifest.json`). σ comes from ε via `dprec.privacy` (σ1, σ2 at ratio r for DP-AdaFEST); the
+ledger is charged as training proceeds and training stops at the budget. Prints a JSON summary.
+"""
+import argparse
+import dataclasses
+import json
+import os
+import tempfile
+import time
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from dprec.errors import BudgetExceededError, DprecError
+from dprec.models import ctr
+from dprec.optimizers import config as config_lib
+from dprec.optimizers import sparse as sparse_optimizers
+from dprec.optimizers.dp_optimizer import DPOptimizer
+from dprec.training import callbacks as callbacks_lib
+from dprec.training import poisson
+
+ALGORITHMS = ("non_private", "dp_sgd", "dp_fest", "dp_adafest", "dp_adafest_plus")
+OPTIMIZERS = {"sgd": sparse_optimizers.SparseSGD, "adagrad": sparse_optimizers.SparseAdagrad,
+              "adam": sparse_optimizers.LazyAdam}
+VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-k-epsilon 0) are "
+                   "treated as public, as seed 001 does; build them from public data for a "
+                   "guarantee that covers them")
+
+
+@dataclasses.dataclass
+class CTRTrainOptions:
+  """Everything `dprec train ctr` accepts (see `register` for the meaning of each field)."""
+  data: str
+  algorithm: str = "dp_adafest"
+  epsilon: Optional[float] = None
+  delta: Optional[float] = None
+  batch_size: int = 2048
+  steps: int = 1000
+  ratio: float = 5.0
+  threshold: float = 1.0
+  contribution_clip: float = 1.0
+  l2_norm_clip: float = 1.0
+  learning_rate: float = 0.05
+  optimizer: str = "adagrad"
+  top_k: Optional[int] = None
+  top_k_epsilon: float = 0.1
+  fixed_batches: bool = False
+  ledger: Optional[str] = None
+  summary_json: Optional[str] = None
+  accountant: str = "pld"
+  vocab: Optional[str] = None
+  vocab_min_count: int = 1
+  hidden_units: Tuple[int, ...] = (598, 598, 598, 598)
+  eval_batch_size: int = 8192
+  charge_every: int = 100
+  log_dir: Optional[str] = None
+  seed: int = 0
+  progress: bool = True
+
+  def validate(self):
+    if self.algorithm not in ALGORITHMS:
+      raise DprecError(f"--algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm}")
+    if self.optimizer not in OPTIMIZERS:
+      raise DprecError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer}")
+    if self.batch_size < 1 or self.steps < 1:
+      raise DprecError("--batch-size and --steps must be positive")
+    private = self.algorithm != "non_private"
+    if private and (self.epsilon is None or not self.epsilon > 0):
+      raise DprecError(f"--algorithm {self.algorithm} needs a positive --epsilon")
+    if self.delta is not None and not 0 < self.delta < 1:
+      raise DprecError(f"--delta must be in (0, 1), got {self.delta}")
+    if self.algorithm in ("dp_fest", "dp_adafest_plus") and not (self.top_k or 0) > 0:
+      raise DprecError(f"--algorithm {self.algorithm} needs --top-k (rows kept over all tables)")
+    if self.top_k_epsilon < 0:
+      raise DprecError("--top-k-epsilon must be >= 0")
+
+
+@dataclasses.dataclass
+class CTRData:
+  """Training and held-out arrays (`dprec.data.criteo.transform` dicts) and table sizes."""
+  train: Dict[str, np.ndarray]
+  eval: Dict[str, np.ndarray]
+  vocab_sizes: Tuple[int, ...]
+  source: str
+
+
+def _concatenate(batches):
+  batches = list(batches)
+  if not batches:
+    return None
+  return {key: np.concatenate([np.asarray(b[key]) for b in batches]) for key in batches[0]}
+
+
+def load_data(directory: str, vocab_dir: Optional[str] = None, min_count: int = 1) -> CTRData:
+  """Reads `directory`: a Beam output (manifest.json) or Criteo TSV day files; last day = eval."""
+  if not os.path.isdir(directory):
+    raise DprecError(f"{directory}: --data must be a directory")
+  if os.path.exists(os.path.join(directory, "manifest.json")):
+    from dprec.data import criteo_tfrecord  # pylint: disable=import-outside-toplevel
+    manifest = criteo_tfrecord.load_manifest(directory)
+    days = [entry["day"] for entry in manifest["days"]]
+    if len(days) < 2:
+      raise DprecError(f"{directory}/manifest.json: need at least 2 days (the last is held out)")
+    sizes = tuple(criteo_tfrecord.vocab_sizes(manifest))
+
+    def read(selected):
+      return _concatenate(criteo_tfrecord.criteo_tfrecord_dataset(directory, selected, 65536)
+                          .as_numpy_iterator())
+    return CTRData(read(days[:-1]), read(days[-1:]), sizes, "beam-manifest")
+  from dprec.data import criteo  # pylint: disable=import-outside-toplevel
+  files = criteo.criteo_day_files(directory)
+  if len(files) < 2:
+    raise DprecError(f"{directory}: need at least 2 day_N files (the last is held out)")
+  vocab = (criteo.CriteoVocabulary.load(vocab_dir) if vocab_dir
+           else criteo.CriteoVocabulary.build(files[:-1], min_count=min_count))
+  train, held_out = criteo.load_criteo(files[:-1], vocab), criteo.load_criteo(files[-1:], vocab)
+  if not len(train["label"]) or not len(held_out["label"]):
+    raise DprecError(f"{directory}: the training days and the held-out day must not be empty")
+  return CTRData(train, held_out, vocab.sizes, "criteo-tsv")
+
+
+@dataclasses.dataclass
+class PrivacyPlan:
+  """Noise multipliers and the ε split for one run."""
+  noise_multiplier: Optional[float]  # σ the accountant charges per step (composed for AdaFEST)
+  sigma1: Optional[float]
+  sigma2: Optional[float]
+  selection_epsilon: float
+  delta: Optional[float]
+  sampling_rate: float
+
+
+def plan_privacy(options: CTRTrainOptions, num_examples: int) -> PrivacyPlan:
+  """σ from the target ε (note 001 §2.2): DP-SGD's σ at (ε − ε_select, δ, q, T), split into
+  σ1 = r·σ2 and σ2 for DP-AdaFEST so that (σ1⁻² + σ2⁻²)^(−1/2) = σ."""
+  from dprec import privacy  # pylint: disable=import-outside-toplevel
+  sampling = poisson.BatchSampling(options.batch_size, not options.fixed_batches, options.seed)
+  q = sampling.sampling_rate(num_examples)
+  if options.algorithm == "non_private":
+    return PrivacyPlan(None, None, None, 0.0, None, q)
+  delta = options.delta if options.delta is not None else 1.0 / num_examples
+  selects = options.algorithm in ("dp_fest", "dp_adafest_plus")
+  selection_epsilon = options.top_k_epsilon if selects else 0.0
+  plan = privacy.plan_training(options.epsilon, delta, [(q, options.steps)],
+                               selection_epsilon=selection_epsilon,
+                               accountant=options.accountant, poisson=not options.fixed_batches)
+  sigma = plan.noise_multiplier
+  if options.algorithm.startswith("dp_adafest"):
+    sigma1, sigma2 = privacy.adafest_noise_multipliers(sigma, options.ratio)
+  else:
+    sigma1, sigma2 = None, sigma
+  return PrivacyPlan(sigma, sigma1, sigma2, selection_epsilon, delta, q)
+
+
+def _selected_rows(options, model_config, train, ledger):
+  """DP-FEST rows per table: top int(k/F) by count, DP (Gumbel, charged) unless ε_select = 0."""
+  from dprec.sparse import fest  # pylint: disable=import-outside-toplevel
+  columns = train[ctr.CAT_FEATURES]
+  counts = {name: np.bincount(columns[:, f], minlength=size)
+            for f, (name, size) in enumerate(zip(model_config.table_names,
+                                                 model_config.vocab_sizes))}
+  per_table = max(1, options.top_k // len(counts))
+  k = {name: min(per_table, len(c)) for name, c in counts.items()}
+  epsilon = options.top_k_epsilon or None
+  return fest.fest_rows(counts, k, epsilon=epsilon, rng=np.random.default_rng(options.seed),
+                        ledger=ledger if epsilon else None)
+
+
+def algorithm_config(options: CTRTrainOptions, plan: PrivacyPlan, selected_rows=None):
+  """The `dprec.optimizers.config` object of `options.algorithm`."""
+  if options.algorithm == "non_private":
+    return config_lib.NonPrivate()
+  common = dict(l2_norm_clip=options.l2_norm_clip, noise_multiplier=plan.sigma2)
+  if options.algorithm == "dp_sgd":
+    return config_lib.DPSGD(**common)
+  if options.algorithm == "dp_fest":
+    return config_lib.DPFEST(selected_rows=selected_rows, **common)
+  adafest = dict(contribution_clip=options.contribution_clip,
+                 contribution_noise_multiplier=plan.sigma1, threshold=options.threshold, **common)
+  if options.algorithm == "dp_adafest":
+    return config_lib.DPAdaFEST(**adafest)
+  return config_lib.DPAdaFESTPlus(selected_rows=selected_rows, **adafest)
+
+
+def _open_ledger(options, plan, work_dir):
+  from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
+  path = options.ledger or os.path.join(work_dir, "ledger.json")
+  ledger = PrivacyLedger(path, epsilon_budget=options.epsilon, delta=plan.delta,
+                         accountant=options.accountant)
+  if ledger.epsilon_spent() > 0:
+    raise BudgetExceededError(
+        f"{path}: the ledger has already spent ε={ledger.epsilon_spent():.4g} of its budget; "
+        "`train ctr` plans a whole run from --epsilon, so start it with a fresh --ledger")
+  return ledger
+
+
+def _check_budget(ledger, plan, options):
+  """Refuse, before any step, a run whose full cost would exceed the budget."""
+  planned = ledger.epsilon_if_charged(plan.noise_multiplier, plan.sampling_rate, options.steps,
+                                      poisson=not options.fixed_batches)
+  if planned > options.epsilon * (1 + 1e-6):
+    raise BudgetExceededError(
+        f"the planned run would spend ε={planned:.4g} > budget {options.epsilon:g}")
+
+
+def train_ctr(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
+  """Trains and evaluates the pCTR model; returns the JSON summary (also written to
+  `options.summary_json` if set)."""
+  options.validate()
+  data = data or load_data(options.data, options.vocab, options.vocab_min_count)
+  num_examples = len(data.train["label"])
+  plan = plan_privacy(options, num_examples)
+  tf.keras.utils.set_random_seed(options.seed)
+  model = ctr.build_ctr_model(data.vocab_sizes, hidden_units=options.hidden_units)
+  private = options.algorithm != "non_private"
+  with tempfile.TemporaryDirectory() as work_dir:
+    ledger = _open_ledger(options, plan, work_dir) if private else None
+    selected = None
+    if options.algorithm in ("dp_fest", "dp_adafest_plus"):
+      selected = _selected_rows(options, model.config, data.train, ledger)
+    config = algorithm_config(options, plan, selected)
+    if private:
+      _check_budget(ledger, plan, options)
+    model.compile(optimizer=DPOptimizer(config, OPTIMIZERS[options.optimizer](options.learning_rate),
+                                        expected_batch_size=options.batch_size, seed=options.seed))
+    sampling = poisson.BatchSampling(options.batch_size, private and not options.fixed_batches,
+                                     options.seed)
+    features = {key: data.train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}
+    dataset = poisson.sampled_dataset(features, data.train["label"], sampling, options.steps)
+    timer = callbacks_lib.StepTimer()
+    callbacks = [timer]
+    budget = None
+    if private:
+      budget = callbacks_lib.PrivacyBudgetCallback(
+          ledger, plan.noise_multiplier, plan.sampling_rate, poisson=not options.fixed_batches,
+          charge_every=options.charge_every, label=f"train ctr {options.algorithm}",
+          log_dir=options.log_dir)
+      callbacks.append(budget)
+    if options.log_dir:
+      callbacks.append(tf.keras.callbacks.TensorBoard(options.log_dir, update_freq=100))
+    if options.progress:
+      callbacks.append(callbacks_lib.ProgressBar(desc=f"train ctr {options.algorithm}"))
+    history = model.fit(dataset, epochs=1, steps_per_epoch=options.steps, callbacks=callbacks,
+                        verbose=0)
+    evaluation = model.evaluate(
+        {key: data.eval[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)},
+        data.eval["label"], batch_size=options.eval_batch_size, verbose=0, return_dict=True)
+    summary = _summary(options, data, model, plan, history.history, evaluation, timer, ledger,
+                       budget)
+  if options.summary_json:
+    with open(options.summary_json, "w", encoding="utf-8") as out:
+      json.dump(summary, out, indent=2, sort_keys=True)
+  return summary
+
+
+def _summary(options, data, model, plan, history, evaluation, timer, ledger, budget):
+  last = {key: float(values[-1]) for key, values in history.items()}
+  summary = {
+      "algorithm": options.algorithm,
+      "auc": float(evaluation["auc"]),
+      "eval_loss": float(evaluation["loss"]),
+      "train_loss": last.get("loss"),
+      "train_auc": last.get("auc"),
+      "epsilon": ledger.epsilon_spent() if ledger else None,
+      "epsilon_budget": options.epsilon if ledger else None,
+      "delta": plan.delta,
+      "noise_multiplier": plan.noise_multiplier,
+      "sigma1": plan.sigma1,
+      "sigma2": plan.sigma2,
+      "selection_epsilon": plan.selection_epsilon,
+      "sampling_rate": plan.sampling_rate,
+      "poisson": ledger is not None and not options.fixed_batches,
+      "accountant": options.accountant if ledger else None,
+      "gradient_size": last.get("gradient_size"),
+      "gradient_size_reduction": last.get("gradient_size_reduction"),
+      "dense_embedding_size": model.config.embedding_parameters,
+      "steps": timer.steps,
+      "steps_requested": options.steps,
+      "stopped_at_budget": bool(budget and budget.stopped_at_budget),
+      "steps_per_second": timer.steps_per_second,
+      "train_seconds": timer.seconds,
+      "batch_size": options.batch_size,
+      "train_rows": int(len(data.train["label"])),
+      "eval_rows": int(len(data.eval["label"])),
+      "data_source": data.source,
+      "ledger": options.ledger,
+      "note": VOCABULARY_NOTE,
+  }
+  if options.fixed_batches and ledger is not None:
+    summary["note"] += "; fixed-size batches: not Poisson, accounted as if Poisson"
+  return summary
+
+
+def register(subparsers):
+  parser = subparsers.add_parser(
+      "ctr", help="train the pCTR model (seed 001 App. D.1.1) with DP-SGD/FEST/AdaFEST",
+      description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  add = parser.add_argument
+  add("--data", required=True, help="directory of Criteo TSV day_N files, or a Beam output dir")
+  add("--algorithm", choices=ALGORITHMS, default="dp_adafest", help="training algorithm")
+  add("--epsilon", type=float, help="privacy budget ε (required unless non_private)")
+  add("--delta", type=float, help="δ (default 1/N, N = training rows)")
+  add("--batch-size", type=int, default=2048, help="expected (Poisson) batch size B")
+  add("--steps", type=int, default=1000, help="training steps T")
+  add("--ratio", type=float, default=5.0, help="DP-AdaFEST noise ratio r = σ1/σ2")
+  add("--threshold", type=float, default=1.0, help="DP-AdaFEST threshold τ on noisy counts")
+  add("--contribution-clip", type=float, default=1.0, help="DP-AdaFEST contribution clip C1")
+  add("--l2-norm-clip", type=float, default=1.0, help="per-example gradient clip C2")
+  add("--learning-rate", type=float, default=0.05, help="learning rate")
+  add("--optimizer", choices=sorted(OPTIMIZERS), default="adagrad",
+      help="row-sparse optimizer applying the noisy gradient")
+  add("--top-k", type=int, help="DP-FEST / DP-AdaFEST+: rows kept over all tables (k/F each)")
+  add("--top-k-epsilon", type=float, default=0.1,
+      help="pure ε of the DP top-k (Gumbel) selection, deducted from --epsilon; 0 = treat "
+           "the training counts as public")
+  add("--fixed-batches", action="store_true",
+      help="fixed-size shuffled batches instead of Poisson sampling (ledger flags it)")
+  add("--ledger", help="privacy ledger JSON file (default: a temporary one)")
+  add("--summary-json", help="also write the JSON summary to this file")
+  add("--accountant", choices=("pld", "rdp"), default="pld", help="privacy accountant")
+  add("--vocab", help="directory of a saved (public) CriteoVocabulary instead of building one")
+  add("--vocab-min-count", type=int, default=1, help="min count of an id kept in the vocabulary")
+  add("--eval-batch-size", type=int, default=8192, help="batch size of the evaluation")
+  add("--charge-every", type=int, default=100, help="steps prepaid per ledger charge")
+  add("--log-dir", help="TensorBoard directory (loss, AUC, ε, gradient size)")
+  add("--seed", type=int, default=0, help="seed of batches, noise and initialisation")
+  add("--no-progress", action="store_true", help="no progress bar")
+  parser.set_defaults(func=run)
+
+
+def run(args) -> dict:
+  fields = {f.name for f in dataclasses.fields(CTRTrainOptions)}
+  values = {key: value for key, value in vars(args).items() if key in fields}
+  return train_ctr(CTRTrainOptions(progress=not args.no_progress, **values))
