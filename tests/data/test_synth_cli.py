@@ -1,17 +1,29 @@
-"""`dprec synth criteo|sequences`: files in the contracted places and a JSON summary."""
+"""`dprec synth criteo|sequences`: files in the contracted places and a JSON-ready summary.
+
+The parser is built from `dprec.data.cli.register` alone (the `dprec` dispatcher, tested in
+tests/test_cli.py, imports every command's module, Beam and TensorFlow included).
+"""
+import argparse
 import json
 import os
 
-from dprec import cli
-from dprec.data import criteo
+import pytest
+
+from dprec.data import cli, criteo
+from dprec.errors import DprecError
 
 
-def test_synth_criteo_writes_day_files_and_summary(tmp_path, capsys):
+def _run(argv):
+  parser = argparse.ArgumentParser(prog="dprec")
+  cli.register(parser.add_subparsers(dest="command", required=True))
+  args = parser.parse_args(argv)
+  return json.loads(json.dumps(args.func(args)))
+
+
+def test_synth_criteo_writes_day_files_and_summary(tmp_path):
   out = str(tmp_path / "criteo")
-  code = cli.main(["synth", "criteo", "--rows", "1001", "--days", "3", "--seed", "2", "--out", out,
-                   "--vocab", "scaled:5000", "--no-progress"])
-  assert code == 0
-  summary = json.loads(capsys.readouterr().out)
+  summary = _run(["synth", "criteo", "--rows", "1001", "--days", "3", "--seed", "2", "--out", out,
+                  "--vocab", "scaled:5000", "--no-progress"])
   assert summary["rows"] == 1001 and summary["days"] == 3
   assert summary["files"] == [os.path.join(out, f"day_{d}") for d in range(3)]
   assert 0 < summary["top1pct_bucket_share"] <= 1
@@ -20,21 +32,21 @@ def test_synth_criteo_writes_day_files_and_summary(tmp_path, capsys):
   assert rows == [334, 334, 333]
 
 
-def test_synth_sequences_writes_user_item_lines(tmp_path, capsys):
+def test_synth_sequences_writes_user_item_lines(tmp_path):
   out = str(tmp_path / "seq.txt")
-  assert cli.main(["synth", "sequences", "--users", "50", "--items", "30", "--seed", "1",
-                   "--out", out, "--no-progress"]) == 0
-  summary = json.loads(capsys.readouterr().out)
+  summary = _run(["synth", "sequences", "--users", "50", "--items", "30", "--seed", "1",
+                  "--out", out, "--no-progress"])
   lines = open(out).read().splitlines()
   assert len(lines) == summary["actions"] >= 150
   assert lines[0].split(" ")[0] == "1" and lines[-1].split(" ")[0] == "50"
 
 
-def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
-  code = cli.main(["synth", "criteo", "--rows", "10", "--out", str(tmp_path), "--vocab", "big"])
-  err = capsys.readouterr().err
-  assert code == 2 and err.count("\n") == 1 and "scaled:M" in err
-  code = cli.main(["synth", "sequences", "--users", "5", "--items", "9", "--out", str(tmp_path / "s"),
-                   "--mean-length", "2"])
-  err = capsys.readouterr().err
-  assert code == 2 and err.count("\n") == 1 and "mean_length" in err
+def test_bad_arguments(tmp_path, capsys):
+  with pytest.raises(DprecError, match="scaled:M"):
+    _run(["synth", "criteo", "--rows", "10", "--out", str(tmp_path), "--vocab", "big"])
+  with pytest.raises(DprecError, match="mean_length"):
+    _run(["synth", "sequences", "--users", "5", "--items", "9", "--out", str(tmp_path / "s"),
+          "--mean-length", "2"])
+  with pytest.raises(SystemExit):
+    _run(["synth", "criteo", "--rows", "0", "--out", str(tmp_path)])
+  assert "--rows: must be a positive integer, got 0" in capsys.readouterr().err
