@@ -26,6 +26,9 @@ import collections
 from typing import Any, Callable, Sequence
 
 import tensorflow as tf
+# Keras 2 exposes the functional-model class only internally.
+from keras.src.engine import functional as keras_functional
+from keras.src.engine import training as keras_training
 
 from dprec.clipping import embedding as embedding_norms
 from dprec.clipping import registry as registry_lib
@@ -74,8 +77,26 @@ def _gradient_size(gradient):
   return tf.math.count_nonzero(gradient, dtype=tf.int64)
 
 
+_FUNCTIONAL_VARIANTS = {}
+
+
 class DPModel(tf.keras.Model):
-  """A `tf.keras.Model` trained by the DP step of the `DPOptimizer` given to `compile`."""
+  """A `tf.keras.Model` trained by the DP step of the `DPOptimizer` given to `compile`.
+
+  Build it functionally, `DPModel(inputs, outputs)`, or subclass it. (Keras 2 turns a Model
+  subclass called with inputs/outputs into a functional model by rewriting the class's bases
+  for good, which would break every later subclass; a functional DPModel is instead an
+  instance of a separate `(cls, Functional)` class.)
+  """
+
+  def __new__(cls, *args, **kwargs):
+    if (keras_training.is_functional_model_init_params(args, kwargs)
+        and not issubclass(cls, keras_functional.Functional)):
+      if cls not in _FUNCTIONAL_VARIANTS:
+        _FUNCTIONAL_VARIANTS[cls] = type(cls.__name__, (cls, keras_functional.Functional),
+                                         {"__module__": cls.__module__})
+      cls = _FUNCTIONAL_VARIANTS[cls]
+    return super().__new__(cls, *args, **kwargs)
 
   def compile(self, optimizer="rmsprop", loss=None, metrics=None, **kwargs):
     """As `tf.keras.Model.compile`; `optimizer` may be a `DPOptimizer` (a plain optimizer means
@@ -151,9 +172,7 @@ class DPModel(tf.keras.Model):
 
   def per_example_squared_norms(self, x, y, sample_weight=None):
     """‖g_i‖² per example as the compiled DP configuration clips it (kept rows only)."""
-    forward = self._dp_forward(self.dp_optimizer.config, x, y, sample_weight)
-    del forward.tape
-    return forward.squared
+    return self._dp_forward(self.dp_optimizer.config, x, y, sample_weight).squared
 
   def dp_gradients(self, x, y, sample_weight=None):
     """The (gradient, variable) pairs one DP step applies: clipped, noised, normalised."""
@@ -177,13 +196,14 @@ class DPModel(tf.keras.Model):
       finally:
         lookups = [table.stop_recording() for table in tables]
       losses = self.per_example_loss(y, y_pred, sample_weight)
+      summed_loss = tf.reduce_sum(losses)
       extras = list(self.extra_squared_norms())
     self._check_coverage(tables, recorder.records, extras)
     batch_size = tf.shape(losses, out_type=tf.int64)[0]
 
     # One backward pass to every recorded tensor.
     record_grads, row_grads, extra_grads = tape.gradient(
-        tf.reduce_sum(losses),
+        summed_loss,
         ([r[1] for r in recorder.records], [[l.rows for l in ls] for ls in lookups],
          [e.watched for e in extras]),
         unconnected_gradients=tf.UnconnectedGradients.ZERO)
