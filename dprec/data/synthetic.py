@@ -18,7 +18,7 @@ from tqdm import tqdm
 from dprec.data.criteo import CATEGORICAL_FEATURES, TABLE3_VOCAB_SIZES, format_hex
 from dprec.errors import DprecError
 
-BLOCK_ROWS = 1 << 16  # generation block; part of the random stream, so fixed
+BLOCK_ROWS = 1 << 15  # generation block; part of the random stream, so fixed
 _MAX_INT = 10**10 - 1
 _POW10 = 10.0 ** np.arange(10, -1, -1)  # 1e10 … 1
 _TAB, _NEWLINE, _SPACE, _MINUS = 9, 10, 32, 45
