@@ -12,3 +12,11 @@ from dprec.privacy.accounting import TrainingPeriod
 from dprec.privacy.calibration import calibrate_noise_multiplier
 from dprec.privacy.calibration import plan_training
 from dprec.privacy.calibration import TrainingPlan
+from dprec.privacy.composition import compose_periods
+from dprec.privacy.composition import CompositionResult
+from dprec.privacy.top_k import feature_counts
+from dprec.privacy.top_k import gumbel_top_k
+from dprec.privacy.top_k import select_top_k_per_feature
+from dprec.privacy.top_k import Selection
+from dprec.privacy.top_k import top_k_selection_cost
+from dprec.privacy.ledger import PrivacyLedger

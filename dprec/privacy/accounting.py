@@ -90,7 +90,7 @@ def make_accountant(accountant="pld"):
   return dp_accounting.rdp.RdpAccountant(neighboring_relation=relation)
 
 
-@functools.lru_cache(maxsize=64)
+@functools.lru_cache(maxsize=16)
 def _step_pld(noise_multiplier, sampling_rate):
   """One sampled-Gaussian step's PLD: the expensive part, shared by every T and period."""
   return privacy_loss_distribution.from_gaussian_mechanism(
@@ -99,7 +99,7 @@ def _step_pld(noise_multiplier, sampling_rate):
       sampling_prob=sampling_rate)
 
 
-@functools.lru_cache(maxsize=256)
+@functools.lru_cache(maxsize=16)
 def _period_pld(noise_multiplier, sampling_rate, steps):
   return _step_pld(noise_multiplier, sampling_rate).self_compose(steps)
 

@@ -6,6 +6,7 @@ import dp_accounting
 
 from dprec.errors import DprecError
 from dprec.privacy import accounting
+from dprec.privacy import composition
 
 # Below this σ the guarantee is meaningless (and PLD construction becomes very slow).
 MIN_NOISE_MULTIPLIER = 1e-2
@@ -72,16 +73,14 @@ def calibrate_noise_multiplier(target_epsilon, delta, sampling_rate, steps, acco
 class TrainingPlan:
   """One σ for every planned period so that training plus pure-ε selection fit the budget."""
   noise_multiplier: float
-  epsilon: float
-  training_epsilon: float
-  selection_epsilon: float
-  delta: float
-  accountant: str
-  periods: Tuple[accounting.TrainingPeriod, ...]
-  note: str = ""
+  composition: composition.CompositionResult
+
+  @property
+  def epsilon(self):
+    return self.composition.epsilon
 
   def to_dict(self):
-    return dataclasses.asdict(self)
+    return {"noise_multiplier": self.noise_multiplier, **self.composition.to_dict()}
 
 
 def plan_training(target_epsilon, delta, periods: Sequence[Tuple[float, int]],
@@ -104,9 +103,6 @@ def plan_training(target_epsilon, delta, periods: Sequence[Tuple[float, int]],
         [accounting.dp_sgd_event(sigma, q, steps) for q, steps in periods])
 
   sigma = _calibrate(make_event, target_epsilon - selection_epsilon, delta, accountant, rtol)
-  planned = tuple(accounting.TrainingPeriod(sigma, q, int(steps), poisson) for q, steps in periods)
-  training_epsilon = accounting.gaussian_epsilon(planned, delta, accountant)
-  return TrainingPlan(
-      noise_multiplier=sigma, epsilon=training_epsilon + selection_epsilon,
-      training_epsilon=training_epsilon, selection_epsilon=selection_epsilon, delta=delta,
-      accountant=accountant, periods=planned, note=accounting.poisson_note(poisson))
+  planned = [accounting.TrainingPeriod(sigma, q, int(steps), poisson) for q, steps in periods]
+  return TrainingPlan(sigma, composition.compose_periods(
+      planned, delta, accountant, [selection_epsilon]))

@@ -1,0 +1,192 @@
+"""A persistent privacy ledger: every charge on disk, written atomically, budget enforced.
+
+The file is JSON: the budget, δ, the accountant and the list of charges (mechanism, parameters,
+time, ε so far). Each write goes to a temporary file in the same directory, is fsynced and renamed
+over the ledger, so a crash leaves either the old or the new ledger, never a torn one. ε is always
+recomputed from the charges (Gaussian periods in the accountant, pure charges added: see
+`composition`), so a reloaded ledger knows exactly what was spent. One ledger has one writer.
+"""
+import datetime
+import glob
+import json
+import os
+import tempfile
+
+from dprec.errors import BudgetExceededError
+from dprec.errors import DprecError
+from dprec.privacy import accounting
+from dprec.privacy import composition
+
+LEDGER_FORMAT = "dprec-privacy-ledger-v1"
+GAUSSIAN = "poisson_gaussian"
+PURE = "pure"
+
+
+def _now():
+  return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
+
+
+def _fsync_directory(directory):
+  fd = os.open(directory, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def write_json_atomically(path, data):
+  """Write-temp-then-rename with fsync of the file and of its directory."""
+  directory = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+  try:
+    with os.fdopen(fd, "w") as f:
+      json.dump(data, f, indent=2)
+      f.write("\n")
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+  _fsync_directory(directory)
+
+
+def _gaussian_key(charge):
+  return (charge["noise_multiplier"], charge["sampling_rate"], charge["poisson"])
+
+
+class PrivacyLedger:
+  """Budgeted record of every privacy charge of a run, persisted at `path`.
+
+  If `path` exists it is reloaded, and `epsilon_budget`/`delta`/`accountant`, when given, must
+  match it; otherwise `epsilon_budget` and `delta` are required and the file is created.
+  """
+
+  def __init__(self, path, epsilon_budget=None, delta=None, accountant="pld"):
+    self.path = os.fspath(path)
+    if os.path.exists(self.path):
+      self._load(epsilon_budget, delta, accountant)
+    else:
+      if epsilon_budget is None or delta is None:
+        raise DprecError(f"{self.path}: no ledger there; a new one needs a budget and a delta")
+      if not epsilon_budget > 0:
+        raise DprecError(f"epsilon budget must be > 0, got {epsilon_budget}")
+      accounting.check_delta(delta)
+      accounting.check_accountant(accountant)
+      self.epsilon_budget, self.delta, self.accountant = float(epsilon_budget), delta, accountant
+      self.created = _now()
+      self.charges = []
+      self._save(self.charges)
+
+  # -- persistence ---------------------------------------------------------------------------
+  def _load(self, epsilon_budget, delta, accountant):
+    try:
+      with open(self.path) as f:
+        data = json.load(f)
+    except (OSError, ValueError) as error:
+      raise DprecError(f"{self.path}: cannot read the privacy ledger ({error}); refusing to "
+                       "continue without it (restore it from the latest checkpoint)") from error
+    if not isinstance(data, dict) or data.get("format") != LEDGER_FORMAT:
+      raise DprecError(f"{self.path}: not a dprec privacy ledger (format {LEDGER_FORMAT})")
+    for field, given in (("epsilon_budget", epsilon_budget), ("delta", delta),
+                         ("accountant", accountant)):
+      if given is not None and given != data.get(field):
+        raise DprecError(f"{self.path}: field {field}: the ledger has {data.get(field)!r}, "
+                         f"this run asks for {given!r}")
+    self.epsilon_budget, self.delta = data["epsilon_budget"], data["delta"]
+    self.accountant, self.created = data["accountant"], data.get("created", "")
+    self.charges = data["charges"]
+    try:
+      self.composition()
+    except (KeyError, TypeError) as error:
+      raise DprecError(f"{self.path}: malformed charge in the privacy ledger ({error!r})") from error
+    for stale in glob.glob(glob.escape(self.path) + ".*.tmp"):
+      os.unlink(stale)  # left by a writer killed before its rename; the ledger itself is intact
+
+  def _state(self, charges):
+    return {"format": LEDGER_FORMAT, "epsilon_budget": self.epsilon_budget, "delta": self.delta,
+            "accountant": self.accountant, "created": self.created, "charges": charges}
+
+  def _save(self, charges):
+    write_json_atomically(self.path, self._state(charges))
+
+  def snapshot(self, path):
+    """Write this ledger atomically to another path (e.g. into a checkpoint)."""
+    write_json_atomically(path, self._state(self.charges))
+
+  # -- accounting ----------------------------------------------------------------------------
+  def composition(self, charges=None):
+    """Both parts of ε spent: Gaussian periods (grouped by σ, q) and the pure charges."""
+    charges = self.charges if charges is None else charges
+    steps = {}
+    for charge in charges:
+      if charge["mechanism"] == GAUSSIAN:
+        steps[_gaussian_key(charge)] = steps.get(_gaussian_key(charge), 0) + charge["steps"]
+    periods = [accounting.TrainingPeriod(s, q, n, poisson) for (s, q, poisson), n in steps.items()]
+    pure = [c["epsilon"] for c in charges if c["mechanism"] == PURE]
+    return composition.compose_periods(periods, self.delta, self.accountant, pure)
+
+  def epsilon_spent(self):
+    return self.composition().epsilon
+
+  def remaining(self):
+    return max(0.0, self.epsilon_budget - self.epsilon_spent())
+
+  def _with_gaussian(self, noise_multiplier, sampling_rate, steps, poisson, label):
+    """The charge list after a Gaussian charge; merged into the last entry when identical."""
+    accounting.check_gaussian_parameters(noise_multiplier, sampling_rate, steps)
+    charge = {"mechanism": GAUSSIAN, "noise_multiplier": float(noise_multiplier),
+              "sampling_rate": float(sampling_rate), "steps": int(steps), "poisson": bool(poisson),
+              "label": label}
+    last = self.charges[-1] if self.charges else None
+    if (last is not None and last["mechanism"] == GAUSSIAN and last["label"] == label
+        and _gaussian_key(last) == _gaussian_key(charge)):
+      merged = dict(last, steps=last["steps"] + charge["steps"], merged=last["merged"] + 1,
+                    updated=_now())
+      return self.charges[:-1] + [merged]
+    charge.update(time=_now(), updated=_now(), merged=1)
+    return self.charges + [charge]
+
+  def epsilon_if_charged(self, noise_multiplier, sampling_rate, steps, poisson=True, label=""):
+    """ε the ledger would reach after this Gaussian charge (nothing is recorded)."""
+    charges = self._with_gaussian(noise_multiplier, sampling_rate, steps, poisson, label)
+    return self.composition(charges).epsilon
+
+  def _commit(self, charges, description):
+    result = self.composition(charges)
+    if result.epsilon > self.epsilon_budget:
+      spent_before = self.epsilon_spent()
+      left = max(0.0, self.epsilon_budget - spent_before)
+      raise BudgetExceededError(
+          f"{self.path}: {description} would bring epsilon to {result.epsilon:.6g} (training "
+          f"{result.training_epsilon:.6g} + selection {result.selection_epsilon:.6g}) at delta "
+          f"{self.delta:g}, over the budget {self.epsilon_budget:g}; {spent_before:.6g} spent, "
+          f"{left:.6g} left; nothing recorded")
+    charges[-1] = dict(charges[-1], epsilon_so_far=result.epsilon)
+    self._save(charges)
+    self.charges = charges
+    return result.epsilon
+
+  def charge_gaussian(self, noise_multiplier, sampling_rate, steps, poisson=True, label=""):
+    """Record T sampled-Gaussian steps; returns ε so far. Over budget: raises, records nothing."""
+    charges = self._with_gaussian(noise_multiplier, sampling_rate, steps, poisson, label)
+    return self._commit(charges, f"charging {steps} steps (sigma {noise_multiplier:g}, "
+                        f"q {sampling_rate:g}{', ' + label if label else ''})")
+
+  def charge_pure(self, epsilon, label=""):
+    """Record a pure ε-DP release (e.g. DP top-k selection); returns ε so far."""
+    if not epsilon >= 0:
+      raise DprecError(f"pure epsilon charge must be >= 0, got {epsilon}")
+    charge = {"mechanism": PURE, "epsilon": float(epsilon), "label": label, "time": _now()}
+    return self._commit(self.charges + [charge],
+                        f"charging pure epsilon {epsilon:g}{' (' + label + ')' if label else ''}")
+
+  def summary(self):
+    result = self.composition()
+    return {"path": self.path, "epsilon_budget": self.epsilon_budget, "delta": self.delta,
+            "accountant": self.accountant, "epsilon_spent": result.epsilon,
+            "training_epsilon": result.training_epsilon,
+            "selection_epsilon": result.selection_epsilon,
+            "remaining": max(0.0, self.epsilon_budget - result.epsilon), "note": result.note,
+            "charges": self.charges}
