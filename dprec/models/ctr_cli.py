@@ -298,6 +298,16 @@ def _summary(options, data, model, plan, history, evaluation, timer, ledger, bud
   return summary
 
 
+def _int_list(text):
+  try:
+    values = tuple(int(part) for part in text.split(","))
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+  if not values or min(values) < 1:
+    raise argparse.ArgumentTypeError(f"widths must be positive, got {text!r}")
+  return values
+
+
 def register(subparsers):
   parser = subparsers.add_parser(
       "ctr", help="train the pCTR model (seed 001 App. D.1.1) with DP-SGD/FEST/AdaFEST",
@@ -327,6 +337,8 @@ def register(subparsers):
   add("--accountant", choices=("pld", "rdp"), default="pld", help="privacy accountant")
   add("--vocab", help="directory of a saved (public) CriteoVocabulary instead of building one")
   add("--vocab-min-count", type=int, default=1, help="min count of an id kept in the vocabulary")
+  add("--hidden-units", type=_int_list, default=(598, 598, 598, 598),
+      help="comma-separated Dense(relu) widths (App. D.1.1: 598,598,598,598)")
   add("--eval-batch-size", type=int, default=8192, help="batch size of the evaluation")
   add("--charge-every", type=int, default=100, help="steps prepaid per ledger charge")
   add("--log-dir", help="TensorBoard directory (loss, AUC, ε, gradient size)")
