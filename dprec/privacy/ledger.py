@@ -60,10 +60,11 @@ class PrivacyLedger:
   """Budgeted record of every privacy charge of a run, persisted at `path`.
 
   If `path` exists it is reloaded, and `epsilon_budget`/`delta`/`accountant`, when given, must
-  match it; otherwise `epsilon_budget` and `delta` are required and the file is created.
+  match it; otherwise `epsilon_budget` and `delta` are required, the accountant defaults to PLD,
+  and the file is created.
   """
 
-  def __init__(self, path, epsilon_budget=None, delta=None, accountant="pld"):
+  def __init__(self, path, epsilon_budget=None, delta=None, accountant=None):
     self.path = os.fspath(path)
     if os.path.exists(self.path):
       self._load(epsilon_budget, delta, accountant)
@@ -73,6 +74,7 @@ class PrivacyLedger:
       if not epsilon_budget > 0:
         raise DprecError(f"epsilon budget must be > 0, got {epsilon_budget}")
       accounting.check_delta(delta)
+      accountant = accountant or "pld"
       accounting.check_accountant(accountant)
       self.epsilon_budget, self.delta, self.accountant = float(epsilon_budget), delta, accountant
       self.created = _now()
