@@ -16,6 +16,7 @@ from dprec.errors import DprecError
 # gets a sub-parser group that each of them extends.
 COMMANDS = (
     ("demo", "dprec.demo"),
+    ("privacy", "dprec.privacy.cli"),
     ("synth", "dprec.data.cli"),
     ("preprocess", "pipelines.cli"),
     ("train", "dprec.models.ctr_cli"),
