@@ -18,6 +18,7 @@ import numpy as np
 from dprec.errors import DprecError
 
 MANIFEST = "manifest.json"
+CATEGORICAL_KEY = "cat_features"  # int [n, F] vocabulary ids, columns in `vocab_sizes` order
 Arrays = Tuple[Dict[str, np.ndarray], np.ndarray]
 
 
@@ -69,7 +70,7 @@ class ArrayPeriodSource(PeriodSource):
   """
 
   def __init__(self, days: Sequence[Arrays], period_days=1, train_days=None,
-               categorical_key="cat_features", feature_names=None):
+               categorical_key=CATEGORICAL_KEY, feature_names=None):
     self.days, self.period_days, self.train_days = list(days), period_days, train_days
     self.key = categorical_key
     width = self.days[0][0][categorical_key].shape[1]

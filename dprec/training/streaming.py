@@ -24,15 +24,17 @@ import json
 import math
 import os
 import time
-from typing import Dict, List, Mapping, Optional
+from typing import Dict, List, Mapping, Optional, Union
 
 import numpy as np
 import tensorflow as tf
 
+from dprec import privacy
 from dprec.errors import BudgetExceededError
+from dprec.sparse import fest
 from dprec.training import checkpoint as ckpt_lib
 from dprec.training import stream_metrics
-from dprec.training.period_source import Period, PeriodSource
+from dprec.training.period_source import CATEGORICAL_KEY, Period, PeriodSource
 from dprec.training.plan import StreamPlan
 from dprec.training.poisson import poisson_batch_indices
 
@@ -47,8 +49,8 @@ class PeriodModel(abc.ABC):
   """
 
   @abc.abstractmethod
-  def build(self, vocab_sizes: Mapping[str, int]):
-    """Creates the model, or grows its tables to `vocab_sizes` keeping every learned row and
+  def build(self, table_rows: Mapping[str, int]):
+    """Creates the model, or grows its tables to `table_rows` keeping every learned row and
     optimizer slot (ids are stable across periods, so row i is the same bucket before and after)."""
 
   @abc.abstractmethod
@@ -79,8 +81,12 @@ class StreamConfig:
     train_periods: periods to train (later complete periods are the final hold-out); None: all.
     idle_timeout: seconds to wait for the next period before finishing (0: stop when caught up).
     poll_interval: seconds between looks at the source while waiting.
-    top_k: {table: k} rows refreshed per period for DP-FEST / DP-AdaFEST+ (None: no fixed set).
+    top_k: rows per table (int, or {table: k}) of the DP-FEST / DP-AdaFEST+ set refreshed every
+      period from the running counts; by DP top-k when the plan reserves selection ε, else from
+      the counts as they are (public). None: the algorithm has no fixed set.
     ledger_path: the privacy ledger (default run_dir/ledger.json); may hold earlier charges.
+    headroom: tables are allocated with this factor of spare rows and grown by it when new ids
+      outrun them, so a model is rebuilt (and its step retraced) rarely, not every period.
   """
   run_dir: str
   seed: int = 0
@@ -88,16 +94,19 @@ class StreamConfig:
   train_periods: Optional[int] = None
   idle_timeout: float = 0.0
   poll_interval: float = 1.0
-  top_k: Optional[Mapping[str, int]] = None
+  top_k: Optional[Union[int, Mapping[str, int]]] = None
   ledger_path: Optional[str] = None
+  headroom: float = 1.5
 
   def __post_init__(self):
     if self.checkpoint_every < 1:
       raise ValueError(f"checkpoint_every must be >= 1, got {self.checkpoint_every}")
+    if self.headroom < 1:
+      raise ValueError(f"headroom must be >= 1, got {self.headroom}")
 
 
 def _fresh_state():
-  return {"period": 0, "step": 0, "evaluated": False, "vocab_sizes": None,
+  return {"period": 0, "step": 0, "evaluated": False, "vocab_sizes": None, "table_rows": None,
           "selected_rows": None, "journal_lines": 0, "rows": [], "running": None,
           "stopped": None, "holdout": None}
 
@@ -106,13 +115,9 @@ class StreamingTrainer:
   """Trains a `PeriodModel` on the periods of a `PeriodSource` under one `StreamPlan`."""
 
   def __init__(self, model: PeriodModel, source: PeriodSource, plan: StreamPlan,
-               config: StreamConfig, ledger_factory=None, selector=None, progress=None):
+               config: StreamConfig, progress=None):
     """Args:
       model, source, plan, config: see the classes.
-      ledger_factory: callable(path, epsilon_budget, delta, accountant) -> ledger
-        (default `dprec.privacy.PrivacyLedger`).
-      selector: callable(counts, k, epsilon, rng) -> row ids for top-k refreshes
-        (default: `dprec.privacy.gumbel_top_k` when the plan reserves selection ε, else exact).
       progress: optional callable(period, step, logs) called after every step (progress bars).
     """
     self.model, self.source, self.plan, self.config = model, source, plan, config
@@ -123,30 +128,26 @@ class StreamingTrainer:
     self.ledger_path = config.ledger_path or os.path.join(config.run_dir, "ledger.json")
     self.ledger = None
     if plan.private:
-      if ledger_factory is None:
-        from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
-        ledger_factory = PrivacyLedger
-      self.ledger = ledger_factory(self.ledger_path, plan.epsilon_total, plan.delta,
-                                   accountant=plan.accountant)
-    self.selector = selector or _default_selector(plan)
+      self.ledger = privacy.PrivacyLedger(self.ledger_path, plan.epsilon_total, plan.delta,
+                                          accountant=plan.accountant)
     self.metrics = stream_metrics.MetricsWriter(config.run_dir)
     self.state = _fresh_state()
     self._tf_checkpoint = None
 
   # ---- state and checkpoints ----------------------------------------------------------------
 
-  def _build(self, vocab_sizes):
-    self.model.build(vocab_sizes)
+  def _build(self, table_rows):
+    self.model.build(table_rows)
     self._tf_checkpoint = tf.train.Checkpoint(**self.model.trackables())
-    self.state["vocab_sizes"] = dict(vocab_sizes)
+    self.state["table_rows"] = dict(table_rows)
 
   def _restore(self):
     path = self.checkpoints.latest()
     if path is None:
       return False
     self.state = self.checkpoints.read_state(path)
-    if self.state["vocab_sizes"] is not None:
-      self._build(self.state["vocab_sizes"])
+    if self.state["table_rows"] is not None:
+      self._build(self.state["table_rows"])
       self._tf_checkpoint.read(os.path.join(path, ckpt_lib.MODEL_PREFIX)).assert_consumed()
       self.model.set_selected_rows(_rows_from_json(self.state["selected_rows"]))
     _truncate_journal(self.journal_path, self.state["journal_lines"])
@@ -180,7 +181,7 @@ class StreamingTrainer:
     """
     if self.ledger is None:
       return True
-    labels = {entry.get("label") for entry in _ledger_entries(self.ledger)}
+    labels = {charge.get("label") for charge in self.ledger.charges}
     plan = self.plan
     pure_label, gauss_label = self._label(period) + " selection", self._label(period)
     need_pure = plan.selection_epsilon_per_period > 0 and pure_label not in labels
@@ -218,29 +219,36 @@ class StreamingTrainer:
   def _evaluate_row(self, period: Period):
     """Evaluates the model trained through period p-1 on period p and finishes p-1's row."""
     features, labels = period.load()
-    metrics = self.model.evaluate(features, labels)
+    metrics = self.model.evaluate(self._known_ids(features), labels)
     row = self.state["rows"][-1]
     row.update(eval_period=period.index, auc=float(metrics["auc"]),
                eval_loss=float(metrics["loss"]))
 
+  def _known_ids(self, features):
+    """Ids the model has no row for yet (first seen after its last training period) → OOV 0."""
+    sizes = np.asarray(list(self.state["vocab_sizes"].values()))
+    ids = features[CATEGORICAL_KEY]
+    return dict(features, **{CATEGORICAL_KEY: np.where(ids < sizes, ids, 0).astype(ids.dtype)})
+
   def _refresh(self, period: Period):
     """Grows tables for new ids and refreshes the top-k set (seed 001 §4.3 streaming counts)."""
-    old = self.state["vocab_sizes"]
-    sizes = {name: max(int(size), (old or {}).get(name, 0))
-             for name, size in period.vocab_sizes.items()}
-    if sizes != old:
-      self._build(sizes)
+    old = self.state["vocab_sizes"] or {}
+    sizes = {name: max(int(size), old.get(name, 0)) for name, size in period.vocab_sizes.items()}
+    rows = self.state["table_rows"]
+    if rows is None or any(sizes[n] > rows[n] for n in sizes):
+      grow = self.config.headroom
+      self._build({n: rows[n] if rows and sizes[n] <= rows[n]
+                   else max(math.ceil(sizes[n] * grow), math.ceil((rows or {}).get(n, 0) * grow))
+                   for n in sizes})
+    self.state["vocab_sizes"] = sizes
     selected = None
     if self.config.top_k:
-      counts = period.counts()
-      rng = np.random.default_rng([self.config.seed, period.index, 1])
-      per_table = self.plan.selection_epsilon_per_period / len(self.config.top_k)
-      selected = {name: np.sort(np.asarray(self.selector(counts[name], k, per_table, rng)))
-                  for name, k in self.config.top_k.items()}
+      epsilon = self.plan.selection_epsilon_per_period or None  # paid in _pay_for_period
+      selected = fest.fest_rows(period.counts(), self.config.top_k, epsilon=epsilon,
+                                rng=np.random.default_rng([self.config.seed, period.index, 1]))
     self.model.set_selected_rows(selected)
     self.state["selected_rows"] = _rows_to_json(selected)
-    new_ids = sum(sizes[n] - (old or {}).get(n, 0) for n in sizes) if old else 0
-    return new_ids
+    return sum(sizes[n] - old.get(n, 0) for n in sizes) if old else 0
 
   def _train_period(self, period: Period):
     features, labels = period.load()
@@ -270,6 +278,8 @@ class StreamingTrainer:
     Returns the JSON summary (see `summary`).
     """
     resumed = self._restore()
+    if self.state.get("idle"):
+      self.state.update(stopped=None, idle=False)
     self.metrics.write(self.state["rows"])
     train_periods = self.config.train_periods
     while self.state["stopped"] is None:
@@ -278,6 +288,7 @@ class StreamingTrainer:
       if period is None:
         self.state["stopped"] = (f"no complete period {index} appeared within "
                                  f"{self.config.idle_timeout:g} s; the stream is idle")
+        self.state["idle"] = True  # a restart resumes tailing
         break
       if index > 0 and not self.state["evaluated"]:
         self._evaluate_row(period)
@@ -315,7 +326,8 @@ class StreamingTrainer:
       self.state.update(period=index + 1, step=0, evaluated=False, running=None)
       self._commit()
       self.metrics.write(self.state["rows"])
-    if train_periods is not None and self.state.get("holdout") is None:
+    trained = self.state["table_rows"] is not None
+    if trained and train_periods is not None and self.state.get("holdout") is None:
       self.state["holdout"] = self._evaluate_holdout(train_periods)
     self._commit()
     summary = self.summary(resumed)
@@ -339,7 +351,8 @@ class StreamingTrainer:
       return None
     loaded = [p.load() for p in periods]
     features = {k: np.concatenate([f[k] for f, _ in loaded]) for k in loaded[0][0]}
-    metrics = self.model.evaluate(features, np.concatenate([y for _, y in loaded]))
+    metrics = self.model.evaluate(self._known_ids(features),
+                                  np.concatenate([y for _, y in loaded]))
     return {"days": [d for p in periods for d in p.days], "auc": float(metrics["auc"]),
             "loss": float(metrics["loss"])}
 
@@ -359,29 +372,12 @@ class StreamingTrainer:
     }
 
 
-def _default_selector(plan):
-  def exact_top_k(counts, k, epsilon, rng):
-    del epsilon, rng
-    counts = np.asarray(counts)
-    k = min(k, counts.size)
-    return np.argpartition(-counts, k - 1)[:k]
-
-  if plan.selection_epsilon_per_period > 0:
-    from dprec.privacy import gumbel_top_k  # pylint: disable=import-outside-toplevel
-    return gumbel_top_k
-  return exact_top_k
-
-
 def _rows_to_json(rows):
   return None if rows is None else {k: np.asarray(v).tolist() for k, v in rows.items()}
 
 
 def _rows_from_json(rows):
   return None if rows is None else {k: np.asarray(v, dtype=np.int64) for k, v in rows.items()}
-
-
-def _ledger_entries(ledger):
-  return getattr(ledger, "entries", None) or []
 
 
 def _truncate_journal(path, lines):

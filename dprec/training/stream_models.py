@@ -1,0 +1,122 @@
+"""The pCTR model and the DP step of `DPModel`, behind the streaming trainer's `PeriodModel`.
+
+Streaming adds two things to `dprec train ctr`'s model: tables that grow as the Beam job assigns
+ids to new buckets (a new `CTRModel` with more rows; every learned row, optimizer slot and the
+noise generator carried over, new rows freshly initialised), and a DP-FEST row set refreshed at
+period boundaries (rows stay where they are, so buckets that stay selected keep what they
+learned). Embedding widths are fixed by the first period's vocabulary so rows keep their shape.
+"""
+import dataclasses
+from typing import Mapping, Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from dprec.models import ctr
+from dprec.models import ctr_cli
+from dprec.optimizers.dp_optimizer import DPOptimizer
+from dprec.training.streaming import PeriodModel
+
+
+@dataclasses.dataclass(frozen=True)
+class CTRStreamOptions:
+  """Model and algorithm hyper-parameters (as `dprec train ctr`'s, see its --help)."""
+  algorithm: str = "dp_adafest"
+  l2_norm_clip: float = 1.0
+  ratio: float = 5.0
+  threshold: float = 1.0
+  contribution_clip: float = 1.0
+  learning_rate: float = 0.05
+  optimizer: str = "adagrad"
+  hidden_units: Tuple[int, ...] = (598, 598, 598, 598)
+  eval_batch_size: int = 8192
+  seed: int = 0
+
+
+def transfer_variable(old_value: np.ndarray, new_variable: tf.Variable):
+  """Copies a variable into its (possibly grown) successor: leading rows from the old value, the
+  rest keeps the successor's initialisation. Only the first axis may grow."""
+  if old_value.shape == tuple(new_variable.shape):
+    new_variable.assign(old_value)
+    return
+  if old_value.shape[1:] != tuple(new_variable.shape[1:]) or old_value.shape[0] > new_variable.shape[0]:
+    raise ValueError(f"cannot grow {new_variable.name} from {old_value.shape} to "
+                     f"{tuple(new_variable.shape)}: only rows may be added")
+  value = new_variable.numpy()
+  value[:old_value.shape[0]] = old_value
+  new_variable.assign(value)
+
+
+class CTRPeriodModel(PeriodModel):
+  """`PeriodModel` of the pCTR model (seed 001 App. D.1.1) trained by `DPModel`'s step.
+
+  Args:
+    options: hyper-parameters.
+    noise_multiplier: the plan's composed σ (split into σ1 = r·σ2 and σ2 for DP-AdaFEST).
+    expected_batch_size: q · N_period, the normaliser of the noisy sum (DESIGN §4 step 5).
+  """
+
+  def __init__(self, options: CTRStreamOptions, noise_multiplier: float,
+               expected_batch_size: float):
+    self.options = options
+    self.expected_batch_size = expected_batch_size
+    plan = ctr_cli.PrivacyPlan(noise_multiplier, None, noise_multiplier, 0.0, None, 0.0)
+    if options.algorithm.startswith("dp_adafest"):
+      from dprec import privacy  # pylint: disable=import-outside-toplevel
+      sigma1, sigma2 = privacy.adafest_noise_multipliers(noise_multiplier, options.ratio)
+      plan = dataclasses.replace(plan, sigma1=sigma1, sigma2=sigma2)
+    self._plan = plan
+    self._train_options = ctr_cli.CTRTrainOptions(
+        data="", algorithm=options.algorithm, l2_norm_clip=options.l2_norm_clip,
+        ratio=options.ratio, threshold=options.threshold,
+        contribution_clip=options.contribution_clip)
+    # The noise/selection generator outlives the models the tables grow into; checkpointed.
+    self.generator = tf.random.Generator.from_seed(options.seed)
+    self.model = None
+    self.optimizer = None
+    self.embedding_dims = None
+    self._compiled_for = None  # (model, selected rows) the train step was last compiled for
+
+  def build(self, table_rows: Mapping[str, int]):
+    names = tuple(table_rows)
+    sizes = tuple(int(table_rows[n]) for n in names)
+    if self.embedding_dims is None:
+      self.embedding_dims = tuple(ctr.embedding_dim(max(v - 1, 1)) for v in sizes)
+    tf.keras.utils.set_random_seed(self.options.seed + sum(sizes))  # fresh rows: reproducible
+    model = ctr.build_ctr_model(sizes, table_names=names, embedding_dims=self.embedding_dims,
+                                hidden_units=self.options.hidden_units)
+    optimizer = ctr_cli.OPTIMIZERS[self.options.optimizer](self.options.learning_rate)
+    optimizer.build(model.trainable_variables)
+    if self.model is not None:
+      old_weights = [v.numpy() for v in self.model.weights]
+      for old, new in zip(old_weights, model.weights):
+        transfer_variable(old, new)
+      for old, new in zip(self.optimizer.variables, optimizer.variables):
+        transfer_variable(old.numpy(), new)
+    self.model, self.optimizer = model, optimizer
+
+  def trackables(self):
+    return {"model": self.model, "optimizer": self.optimizer, "generator": self.generator}
+
+  def set_selected_rows(self, selected_rows: Optional[Mapping[str, np.ndarray]]):
+    key = (id(self.model), None if selected_rows is None
+           else tuple((k, np.asarray(v).tobytes()) for k, v in sorted(selected_rows.items())))
+    if key == self._compiled_for:
+      return  # same step: keep the traced function (retracing costs seconds)
+    self._compiled_for = key
+    config = ctr_cli.algorithm_config(self._train_options, self._plan, selected_rows)
+    self.model.compile(optimizer=DPOptimizer(config, self.optimizer,
+                                             expected_batch_size=self.expected_batch_size,
+                                             seed=self.options.seed))
+    # One noise stream for the whole run, restored from checkpoints (compile starts a new one).
+    object.__setattr__(self.model, "_dp_generator", self.generator)
+
+  def train_step(self, batch, labels):
+    logs = self.model.train_on_batch(
+        {k: batch[k] for k in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}, labels, return_dict=True)
+    return {k: float(v) for k, v in logs.items()}
+
+  def evaluate(self, features, labels):
+    return self.model.evaluate({k: features[k] for k in (ctr.CAT_FEATURES, ctr.INT_FEATURES)},
+                               labels, batch_size=self.options.eval_batch_size, verbose=0,
+                               return_dict=True)
