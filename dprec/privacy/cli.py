@@ -1,5 +1,6 @@
 """`dprec privacy epsilon|sigma|ledger`: accounting from the command line, printed as JSON."""
 import argparse
+import os
 
 from dprec.errors import DprecError
 from dprec.privacy import accounting
@@ -110,6 +111,8 @@ def run_sigma(args):
 
 
 def run_ledger(args):
+  if not os.path.exists(args.path):
+    raise DprecError(f"{args.path}: no such privacy ledger")
   summary = ledger_lib.PrivacyLedger(args.path).summary()
   if not args.charges:
     summary["charges"] = len(summary["charges"])
