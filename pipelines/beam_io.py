@@ -29,7 +29,6 @@ EMBEDDED_RUNNER = "FnApiRunner"
 EMBEDDED_WORKERS = 2
 SPLIT_BYTES = 32 << 20
 _READ_BYTES = 8 << 20
-_GZIP_READ_BYTES = 1 << 16
 _DAY_NAME = re.compile(r"(?:^|[^0-9a-zA-Z])day_(\d+)(?:\.gz)?$")
 _GZIP_MAGIC = b"\x1f\x8b"
 
@@ -161,15 +160,16 @@ def read_split(split: Split) -> Iterator[object]:
   raw = FileSystems.open(split.path, compression_type=CompressionTypes.UNCOMPRESSED)
   stream = gzip.GzipFile(fileobj=raw, mode="rb") if split.end < 0 else raw
   remaining = None if split.end < 0 else split.end - split.start
-  line, pending = split.first_line, b""
+  line, pieces, buffered = split.first_line, [], 0
   try:
     raw.seek(split.start)
     while True:
-      # Gzip is read in small pieces so that the lines before a corrupt member are kept.
-      size = _GZIP_READ_BYTES if remaining is None else min(_READ_BYTES, remaining)
+      size = _READ_BYTES if remaining is None else min(_READ_BYTES, remaining)
       try:
-        data = stream.read(size) if size else b""
+        # read1: one decompression step, so data decoded before a corrupt member is returned.
+        data = (stream.read1(size) if split.end < 0 else stream.read(size)) if size else b""
       except (OSError, EOFError, zlib.error) as error:
+        pending = b"".join(pieces)
         cut = pending.rfind(b"\n") + 1
         if cut:
           yield LineBlock(split.path, split.day, line, pending[:cut])
@@ -180,12 +180,16 @@ def read_split(split: Split) -> Iterator[object]:
         return
       if remaining is not None:
         remaining -= len(data)
-      pending += data
-      cut = len(pending) if not data else pending.rfind(b"\n") + 1
-      if cut and (not data or len(pending) >= _READ_BYTES):
-        block, pending = pending[:cut], pending[cut:]
-        yield LineBlock(split.path, split.day, line, block)
-        line += block.count(b"\n") + (not block.endswith(b"\n"))
+      pieces.append(data)
+      buffered += len(data)
+      if data and buffered < _READ_BYTES:
+        continue
+      pending = b"".join(pieces)
+      cut = pending.rfind(b"\n") + 1 if data else len(pending)
+      if cut:
+        yield LineBlock(split.path, split.day, line, pending[:cut])
+        line += pending.count(b"\n", 0, cut) + (not pending[:cut].endswith(b"\n"))
+      pieces, buffered = [pending[cut:]], len(pending) - cut
       if not data:
         return
   finally:
