@@ -1,0 +1,169 @@
+"""The DP training step: clipped sums, sensitivity, sparse noise, equivalence limits."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dprec.layers.embedding import DPEmbedding
+from dprec.models.dp_model import DPModel
+from dprec.optimizers import (DPAdaFEST, DPAdaFESTPlus, DPFEST, DPSGD, DPOptimizer, LazyAdam,
+                              NonPrivate, SparseAdagrad, SparseSGD)
+
+INF = float("inf")
+
+
+def _all_rows(lib):
+  return {name: np.arange(size) for name, size in lib.vocabs.items()}
+
+
+def _one_step(lib, config, optimizer):
+  model = lib.build_model()
+  model.compile(DPOptimizer(config, optimizer, seed=0), loss=lib.loss)
+  x, y = lib.make_batch(n=10)
+  model.fit(x, y, batch_size=10, epochs=1, verbose=0, shuffle=False)
+  return [w.numpy() for w in model.trainable_variables]
+
+
+@pytest.mark.parametrize("make_optimizer", [lambda: SparseSGD(0.5), lambda: SparseAdagrad(0.3)],
+                         ids=["sgd", "adagrad"])
+def test_no_noise_no_clipping_equals_non_private(lib, make_optimizer):
+  reference = _one_step(lib, NonPrivate(), make_optimizer())
+  everything = _all_rows(lib)
+  configs = [
+      DPSGD(INF, 0.0),
+      DPFEST(INF, 0.0, selected_rows=everything),
+      DPAdaFEST(INF, 0.0, contribution_clip=INF, contribution_noise_multiplier=0.0,
+                threshold=0.5),
+      DPAdaFESTPlus(INF, 0.0, contribution_clip=INF, contribution_noise_multiplier=0.0,
+                    threshold=0.5, selected_rows=everything),
+  ]
+  for config in configs:
+    for got, want in zip(_one_step(lib, config, make_optimizer()), reference):
+      np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6, err_msg=config.name)
+
+
+def _clipped_sum(model, x, y):
+  """Σ_i c_i·g_i (noise-free, normaliser 1) as {variable name: dense array}."""
+  grads = model.dp_gradients(x, y)
+  return {v.name: tf.convert_to_tensor(g).numpy() for g, v in grads}
+
+
+@pytest.mark.parametrize("selected", [None, {"a0": [0, 1, 2], "m": [0, 3, 4, 5]}],
+                         ids=["dp_sgd", "dp_fest"])
+def test_clipped_sum_and_sensitivity(lib, selected):
+  clip = 0.05
+  config = DPSGD(clip, 0.0) if selected is None else DPFEST(clip, 0.0, selected)
+  model = lib.build_model()
+  model.compile(DPOptimizer(config, SparseSGD(0.1), expected_batch_size=1.0), loss=lib.loss)
+  x, y = lib.make_batch(n=8)
+  full = _clipped_sum(model, x, y)
+  # The clipped sum equals the brute-force sum of clipped, masked per-example gradients.
+  per_example = lib.brute_force_gradients(model, x, y, kept=selected)
+  norms = np.sqrt(lib.squared_norms(per_example))
+  factors = np.minimum(1.0, clip / norms)
+  assert np.all(norms > clip)  # clipping is active for every example
+  for name, grads in per_example.items():
+    np.testing.assert_allclose(full[name], np.tensordot(factors, grads, axes=1),
+                               rtol=1e-4, atol=1e-7)
+  # Removing one example moves the clipped sum by at most C2 (here: by exactly C2).
+  for removed in range(8):
+    keep = [i for i in range(8) if i != removed]
+    neighbour = _clipped_sum(model, [tf.gather(t, keep) for t in x], tf.gather(y, keep))
+    shift = np.sqrt(sum(np.sum((full[k] - neighbour[k]) ** 2) for k in full))
+    assert shift <= clip * (1 + 1e-4)
+    assert shift == pytest.approx(clip, rel=1e-3)
+
+
+def _wide_model(vocab=100000, dim=4):
+  tf.keras.utils.set_random_seed(7)
+  ids = tf.keras.Input((2,), dtype=tf.int64)
+  h = DPEmbedding(vocab, dim, combiner="sum", name="wide")(ids)
+  h = tf.keras.layers.Dense(64, activation="relu")(tf.keras.layers.Dense(64)(h))
+  return DPModel(ids, tf.keras.layers.Dense(1)(h))
+
+
+def test_sparse_noise_on_kept_rows_only(lib):
+  """σ2·C2 noise on every kept row (false positives included) and on dense variables;
+  the update leaves every other row bit-for-bit unchanged."""
+  sigma2, clip2, batch = 3.0, 0.5, 4.0
+  config = DPAdaFEST(clip2, sigma2, contribution_clip=1.0, contribution_noise_multiplier=1.0,
+                     threshold=1.6449)  # Ψ(1.6449) = 5%: ≈ 5,000 false positives of 100,000
+  model = _wide_model()
+  model.compile(DPOptimizer(config, SparseSGD(1.0), expected_batch_size=batch, seed=1),
+                loss=lib.loss)
+  x = tf.constant([[1, 2], [3, 3], [1, 4], [5, 6]], tf.int64)
+  y = tf.constant([[1.0], [0.0], [1.0], [0.0]])
+  grads = {v.name: g for g, v in model.dp_gradients(x, y)}
+  table = model.dp_tables[0]
+  emb = grads[table.embeddings.name]
+  assert isinstance(emb, tf.IndexedSlices)
+  rows = emb.indices.numpy()
+  assert np.all(np.diff(rows) > 0) and 3000 < rows.size < 7000
+  # Per coordinate: (clipped sum + N(0, (σ2·C2)²)) / B̄; the clipped sum is at most C2 in total.
+  values = emb.values.numpy() * batch
+  assert np.std(values) == pytest.approx(sigma2 * clip2, rel=0.03)
+  kernel = grads[model.layers[3].kernel.name].numpy() * batch  # the 64×64 Dense
+  assert np.std(kernel) == pytest.approx(sigma2 * clip2, rel=0.05)
+  before = table.embeddings.numpy()
+  model.fit(x, y, batch_size=4, epochs=1, verbose=0)
+  after = table.embeddings.numpy()
+  changed = np.flatnonzero(np.any(before != after, axis=1))
+  untouched = np.setdiff1d(np.arange(before.shape[0]), changed)
+  assert 3000 < changed.size < 7000
+  np.testing.assert_array_equal(before[untouched], after[untouched])
+
+
+def test_dp_sgd_noise_is_dense(lib):
+  model = _wide_model(vocab=2000, dim=8)
+  model.compile(DPOptimizer(DPSGD(0.5, 2.0), SparseSGD(1.0), expected_batch_size=1.0, seed=2),
+                loss=lib.loss)
+  x = tf.constant([[1, 2], [3, 3]], tf.int64)
+  grads = {v.name: g for g, v in model.dp_gradients(x, tf.constant([[1.0], [0.0]]))}
+  emb = tf.convert_to_tensor(grads[model.dp_tables[0].embeddings.name]).numpy()
+  assert np.count_nonzero(emb) == emb.size
+  assert np.std(emb) == pytest.approx(1.0, rel=0.03)
+
+
+def test_gradient_size_metric_and_no_retracing(lib):
+  """gradient_size = Σ |S_f|·d_f under DP-FEST; varying batch sizes do not retrace."""
+  selected = {"a0": [0, 1], "a1": [2, 3, 4], "m": [5]}
+  model = lib.build_model()
+  model.compile(DPOptimizer(DPFEST(1.0, 1.0, selected), SparseSGD(0.1), seed=3),
+                loss=lib.loss)
+  x, y = lib.make_batch(n=40)
+  sizes = [7, 11, 9, 13]
+  starts = np.cumsum([0] + sizes)
+  dataset = tf.data.Dataset.from_generator(
+      lambda: ((tuple(t[a:b] for t in x), y[a:b]) for a, b in zip(starts[:-1], starts[1:])),
+      output_signature=((tf.TensorSpec([None, 2], tf.int64), tf.TensorSpec([None, 4], tf.int64),
+                         tf.TensorSpec([None, 2], tf.int64)), tf.TensorSpec([None, 1])))
+  history = model.fit(dataset, epochs=2, verbose=0)
+  expected = 2 * lib.dims["a0"] + 3 * lib.dims["a1"] + 1 * lib.dims["m"]
+  assert history.history["gradient_size"] == [expected, expected]
+  dense = sum(lib.vocabs[k] * lib.dims[k] for k in lib.vocabs)
+  assert history.history["gradient_size_reduction"][-1] == pytest.approx(dense / expected)
+  assert model.train_function.experimental_get_tracing_count() <= 2
+
+
+@pytest.mark.parametrize("optimizer", [SparseSGD(0.1), SparseAdagrad(0.1), LazyAdam(0.1)],
+                         ids=["sgd", "adagrad", "lazy_adam"])
+def test_sparse_optimizers_touch_only_gradient_rows(optimizer):
+  table = tf.Variable(tf.random.stateless_normal([50, 3], seed=[1, 2]))
+  before = table.numpy()
+  indices = tf.constant([3, 17, 40], tf.int64)
+  values = tf.constant([[1.0, -2.0, 0.5]] * 3)
+  for _ in range(2):
+    optimizer.apply_gradients([(tf.IndexedSlices(values, indices, [50, 3]), table)])
+  after = table.numpy()
+  others = np.setdiff1d(np.arange(50), indices.numpy())
+  np.testing.assert_array_equal(before[others], after[others])
+  if isinstance(optimizer, LazyAdam):  # two Adam steps on the same rows, by hand
+    m = v = 0.0
+    expected = before[indices.numpy()].copy()
+    for step in (1, 2):
+      m = 0.9 * m + 0.1 * values.numpy()
+      v = 0.999 * v + 0.001 * values.numpy() ** 2
+      alpha = 0.1 * np.sqrt(1 - 0.999 ** step) / (1 - 0.9 ** step)
+      expected -= alpha * m / (np.sqrt(v) + 1e-7)
+    np.testing.assert_allclose(after[indices.numpy()], expected, rtol=1e-5)
+  else:
+    assert np.all(before[indices.numpy()] != after[indices.numpy()])
