@@ -1,0 +1,66 @@
+"""DPFormer through the shared DP step: C = ∞ and σ = 0 is the non-private step; with clipping
+the update equals brute-force per-example clipping (Opacus-style reference, note 000 §9.3)."""
+import numpy as np
+import tensorflow as tf
+
+from dprec.models.seqrec import NextItemLoss, SeqRecConfig, SeqRecModel
+from dprec.optimizers.config import DPSGD
+from dprec.optimizers.dp_optimizer import DPOptimizer
+
+ITEMS = np.array([[0, 0, 3, 5, 3, 3], [1, 2, 4, 2, 7, 8], [0, 0, 0, 0, 0, 9],
+                  [13, 12, 13, 1, 5, 6]], np.int32)
+LABELS = np.array([[0, 0, 5, 3, 3, 5], [2, 4, 2, 7, 8, 2], [0, 0, 0, 0, 0, 9],
+                   [12, 13, 1, 5, 6, 13]], np.int32)
+
+
+def _model(weights=None, noise_multiplier=1.0):
+  tf.keras.utils.set_random_seed(0)
+  model = SeqRecModel(SeqRecConfig(num_items=13, max_len=6, dim=8, ffn_dim=12, dropout=0.0))
+  model({"items": ITEMS})
+  if weights is None:
+    rng = np.random.default_rng(1)
+    weights = [rng.normal(0, 0.5, w.shape).astype(np.float32) for w in model.get_weights()]
+  model.set_weights(weights)
+  model.set_error_model(np.linspace(0.05, 1.0, 14), noise_multiplier, 1.0, 4, 100)
+  return model
+
+
+def _step(model, optimizer):
+  model.compile(optimizer=optimizer, run_eagerly=True)  # no tracing: fast on tiny shapes
+  before = [v.numpy() for v in model.trainable_variables]
+  model.train_on_batch({"items": ITEMS}, LABELS)
+  return [b - v.numpy() for b, v in zip(before, model.trainable_variables)]
+
+
+def test_dp_step_without_clipping_or_noise_is_the_non_private_step():
+  reference = _model()
+  weights = reference.get_weights()
+  plain = _step(reference, tf.keras.optimizers.SGD(0.1))
+  private = _step(_model(weights), DPOptimizer(DPSGD(float("inf"), 0.0),
+                                               tf.keras.optimizers.SGD(0.1),
+                                               expected_batch_size=len(ITEMS), seed=0))
+  for a, b in zip(plain, private):
+    np.testing.assert_allclose(a, b, atol=1e-6)
+  assert max(np.abs(a).max() for a in plain) > 1e-3
+
+
+def test_clipped_dp_step_equals_brute_force_per_example_clipping():
+  clip = 1.0
+  model = _model()
+  weights = model.get_weights()
+  per_example = []
+  for i in range(len(ITEMS)):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(NextItemLoss(reduction="none")(LABELS[i:i + 1],
+                                                          model({"items": ITEMS[i:i + 1]})))
+    per_example.append([tf.convert_to_tensor(g).numpy()
+                        for g in tape.gradient(loss, model.trainable_variables)])
+  norms = np.sqrt([sum((g.astype(np.float64) ** 2).sum() for g in grads) for grads in per_example])
+  assert np.all(norms > 2 * clip)  # every example is clipped, so wrong norms would show
+  factors = np.minimum(1.0, clip / norms)
+  expected = [sum(f * grads[k] for f, grads in zip(factors, per_example)) / len(ITEMS)
+              for k in range(len(per_example[0]))]
+  update = _step(_model(weights), DPOptimizer(DPSGD(clip, 0.0), tf.keras.optimizers.SGD(1.0),
+                                              expected_batch_size=len(ITEMS), seed=0))
+  for got, want in zip(update, expected):
+    np.testing.assert_allclose(got, want, atol=2e-6)
