@@ -20,6 +20,7 @@ COMMANDS = (
     ("synth", "dprec.data.cli"),
     ("preprocess", "pipelines.cli"),
     ("train", "dprec.models.ctr_cli"),
+    ("train", "dprec.models.seqrec_cli"),
 )
 GROUPS = {
     "train": "Train a model (CTR or sequential recommender) non-privately or with DP.",
