@@ -80,7 +80,7 @@ def main():
     rows.append((name, auc(test["label"], scores), seconds))
   print(f"rows={args.rows} days={args.days} vocab={args.vocab} train=days 0..{args.days - 2} "
         f"({len(train['label'])} rows) test=day {args.days - 1} ({len(test['label'])} rows), "
-        f"ctr={summary['ctr']:.3f}")
+        f"ctr={summary['ctr']:.3f}, top-1% buckets cover {summary['top1pct_bucket_share']:.1%}")
   print(f"| {'model':<40} | test AUC | train s |")
   print(f"|{'-' * 42}|----------|---------|")
   for name, value, seconds in rows:

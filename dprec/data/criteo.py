@@ -130,8 +130,9 @@ def parse_bytes(data: bytes, path: str, first_line_no: int = 1, strict: bool = T
     line_numbers = np.flatnonzero(keep) + first_line_no
   else:
     line_numbers = np.arange(table.num_rows, dtype=np.int64) + first_line_no
-  bad = [(number + first_line_no - 1, field, reason, raw) for number, (field, reason), raw in
-         ((n, _ragged_reason(text, columns), text) for n, text, columns in skipped)]
+  bad = [(number + first_line_no - 1, "line",
+          f"expected {len(COLUMNS)} tab-separated fields, found {count}", text)
+         for number, text, count in skipped]
 
   columns = [table.column(name).combine_chunks() for name in COLUMNS]
   label_ok = np.asarray(pc.or_(pc.equal(columns[0], "0"), pc.equal(columns[0], "1")))
@@ -140,7 +141,8 @@ def parse_bytes(data: bytes, path: str, first_line_no: int = 1, strict: bool = T
                      columns[1:14]], axis=1) | int_missing
   cat_ok, cat_values = (np.stack(a, axis=1) for a in zip(*map(parse_hex_ids, columns[14:])))
   row_ok = label_ok & int_ok.all(axis=1) & cat_ok.all(axis=1)
-  for row in np.flatnonzero(~row_ok):
+  bad_table_rows = np.flatnonzero(~row_ok)
+  for row in bad_table_rows[:1] if strict else bad_table_rows:  # strict: only the first matters
     fields = [c[row].as_py() for c in columns]
     raw = "\t".join(fields) if any(fields) else ""  # pyarrow reads an empty line as 40 ''.
     bad.append((int(line_numbers[row]),) + _field_reason(fields, label_ok[row], int_ok[row],
@@ -156,12 +158,11 @@ def parse_bytes(data: bytes, path: str, first_line_no: int = 1, strict: bool = T
     int_missing = int_missing[row_ok]
     cat_values = np.stack([parse_hex_ids(c)[1] for c in columns[14:]], axis=1)
 
-  int_values = np.stack([
-      np.asarray(pc.cast(pc.if_else(pc.equal(c, ""), "0", c), pa.int64())) for c in columns[1:14]],
-                        axis=1) if len(line_numbers) else np.zeros((0, 13), np.int64)
+  int_values = np.stack([np.asarray(pc.cast(pc.if_else(pc.equal(c, ""), "0", c), pa.int64()))
+                         for c in columns[1:14]], axis=1)
   return ParsedChunk(
       path=path, line_numbers=line_numbers.astype(np.int64),
-      label=np.asarray(pc.cast(columns[0], pa.int32())).astype(np.int32, copy=False),
+      label=np.asarray(pc.cast(columns[0], pa.int32())),
       int_values=int_values, int_missing=int_missing, cat_values=cat_values,
       bad_rows=[BadRow(path, line_no, f"field {field}: {reason}", raw)
                 for line_no, field, reason, raw in bad])
@@ -178,7 +179,7 @@ def _read_table(data: bytes, use_threads: bool) -> Tuple[pa.Table, List[Tuple[in
   table = pa_csv.read_csv(
       io.BytesIO(data),
       read_options=pa_csv.ReadOptions(column_names=COLUMNS, use_threads=use_threads,
-                                      block_size=1 << 26),
+                                      block_size=1 << 22),
       parse_options=pa_csv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False,
                                         ignore_empty_lines=False,
                                         invalid_row_handler=on_invalid_row),
@@ -186,10 +187,6 @@ def _read_table(data: bytes, use_threads: bool) -> Tuple[pa.Table, List[Tuple[in
                                             strings_can_be_null=False,
                                             quoted_strings_can_be_null=False))
   return table, skipped
-
-
-def _ragged_reason(text: str, columns: int) -> Tuple[str, str]:
-  return "line", f"expected {len(COLUMNS)} tab-separated fields, found {columns}"
 
 
 def _field_reason(fields, label_ok, int_ok, cat_ok) -> Tuple[str, str]:
