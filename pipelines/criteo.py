@@ -37,6 +37,7 @@ from pipelines import beam_io
 VOCAB_MODES = ("min_count", "top_k", "dp_top_k")
 DEAD_LETTERS = "dead_letters"
 METRICS_NAMESPACE = "dprec.criteo"
+ID_DOMAIN = 1 << 32  # Criteo ids are 8 hex digits.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -129,27 +130,50 @@ class MergeCountsFn(beam.CombineFn):
     return merge_counts(accumulator)
 
 
+def dp_top_k_ids(ids: np.ndarray, counts: np.ndarray, k: int, epsilon: float,
+                 rng: np.random.Generator, domain: int = ID_DOMAIN) -> np.ndarray:
+  """One-shot Gumbel top-k (note 001 §2.1) of one feature over its whole id domain; best first.
+
+  Gumbel scale k/ε, as `dprec.privacy.gumbel_top_k`: k exponential-mechanism draws of ε/k, ε in
+  all. Candidates are every id of the domain, not only the ids seen (a data-dependent candidate
+  set would let a single example make its id selectable). The M never-seen ids all count 0, so
+  their k largest noisy counts are the k largest of M iid Gumbels, sampled exactly through the
+  order statistics of exponentials (Gumbel = -scale·log Exp(1); Rényi's representation); a slot
+  one of them wins gets a uniformly random unseen id.
+  """
+  scale = k / epsilon
+  noisy = counts + rng.gumbel(scale=scale, size=len(counts))
+  unseen = domain - len(ids)
+  draws = min(k, unseen)
+  smallest = np.cumsum(rng.exponential(size=draws) / (unseen - np.arange(draws)))
+  values = np.concatenate([noisy, -scale * np.log(smallest)])
+  top = np.argsort(-values, kind="stable")[:k]
+  chosen = np.where(top < len(ids), ids[np.minimum(top, len(ids) - 1)] if len(ids) else 0, -1)
+  while (chosen < 0).any():
+    slots = np.flatnonzero(chosen < 0)
+    fresh = rng.integers(0, domain, size=len(slots))
+    fresh[np.isin(fresh, ids) | np.isin(fresh, chosen)] = -1
+    chosen[slots] = fresh
+  return chosen.astype(np.int64)
+
+
 def build_vocabulary(counts: Sequence[Tuple[np.ndarray, np.ndarray]],
                      config: VocabConfig) -> CriteoVocabulary:
   """The vocabulary of `config.mode` from per-feature `(ids, counts)` in C1..C26 order.
 
-  DP top-k keeps the selected ids in their noisy rank order and releases no counts (zeros): the
-  exact counts are not private.
+  DP top-k gives each feature ε/26 (one example adds one to one bucket of every feature), keeps
+  the selected ids in their noisy rank order and releases no counts (zeros): they are not private.
   """
   if config.mode == "min_count":
     return CriteoVocabulary.from_counts(counts, min_count=config.min_count)
   if config.mode == "top_k":
     return CriteoVocabulary.from_counts(counts, min_count=config.min_count,
                                         top_k=config.per_feature_k())
-  from dprec.privacy import gumbel_top_k  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(config.seed)
   epsilon = config.epsilon / len(CATEGORICAL_FEATURES)
-  ids = []
-  for (feature_ids, feature_counts), k in zip(counts, config.per_feature_k()):
-    chosen = np.asarray(gumbel_top_k(feature_counts, min(k, len(feature_ids)), epsilon, rng),
-                        np.int64)
-    ids.append(feature_ids[chosen])
-  return CriteoVocabulary(tuple(ids), tuple(np.zeros(len(i), np.int64) for i in ids))
+  ids = tuple(dp_top_k_ids(feature_ids, feature_counts, k, epsilon, rng)
+              for (feature_ids, feature_counts), k in zip(counts, config.per_feature_k()))
+  return CriteoVocabulary(ids, tuple(np.zeros(len(i), np.int64) for i in ids))
 
 
 def parse_block(item, metrics: bool = False):
@@ -345,12 +369,16 @@ def charge_selection(job: CriteoJob) -> Optional[dict]:
     return None
   if not job.ledger:
     raise DprecError("--vocab-mode dp_top_k needs --ledger PATH (the privacy ledger to charge)")
-  from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
+  from dprec.privacy import PrivacyLedger, top_k_selection_cost  # pylint: disable=import-outside-toplevel
+  per_feature = job.vocab.epsilon / len(CATEGORICAL_FEATURES)
+  ks = job.vocab.per_feature_k()
+  # k draws of ε_feature / k on each feature: the honest cost of one-shot top-k (note 001 §2.1).
+  epsilon = sum(top_k_selection_cost(k, per_feature / k) for k in ks)
   ledger = PrivacyLedger(job.ledger, job.epsilon_budget, job.delta)
-  spent = ledger.charge_pure(job.vocab.epsilon, label="criteo vocabulary dp_top_k")
-  return {"ledger": job.ledger, "epsilon_charged": job.vocab.epsilon,
-          "epsilon_per_feature": job.vocab.epsilon / len(CATEGORICAL_FEATURES),
-          "epsilon_spent": spent}
+  spent = ledger.charge_pure(epsilon, label=f"criteo vocabulary dp_top_k (k={ks[0]}"
+                             f"{'' if len(set(ks)) == 1 else ' …'} per feature, 26 features)")
+  return {"ledger": job.ledger, "epsilon_charged": epsilon, "epsilon_per_feature": per_feature,
+          "epsilon_per_draw": [per_feature / k for k in ks], "epsilon_spent": spent}
 
 
 def run(job: CriteoJob, beam_args: Sequence[str] = ()) -> dict:

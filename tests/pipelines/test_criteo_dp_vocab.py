@@ -1,0 +1,69 @@
+"""DP top-k vocabularies: exact top-k as ε → ∞, random at small ε, candidates = the whole id
+domain (checked against the exponential mechanism's probabilities), and the ledger charge."""
+import json
+import math
+
+import numpy as np
+import pytest
+
+from dprec.data import criteo_tfrecord
+from dprec.errors import BudgetExceededError
+from pipelines import criteo
+
+
+def test_huge_epsilon_is_exact_top_k():
+  ids = np.arange(100, 150, dtype=np.int64)
+  counts = np.random.default_rng(0).permutation(50) + 1  # Distinct counts 1..50.
+  exact = ids[np.argsort(-counts)[:7]]
+  for seed in range(5):
+    chosen = criteo.dp_top_k_ids(ids, counts, 7, 1e9, np.random.default_rng(seed))
+    assert chosen.tolist() == exact.tolist()
+
+
+def test_small_epsilon_selection_varies_across_seeds():
+  ids = np.arange(1, 31, dtype=np.int64)
+  counts = np.arange(30, 0, -1)
+  selections = {tuple(criteo.dp_top_k_ids(ids, counts, 5, 0.5, np.random.default_rng(seed),
+                                          domain=64)) for seed in range(20)}
+  assert len(selections) > 10
+
+
+def test_unseen_ids_compete_with_exponential_mechanism_probabilities():
+  # k = 1 is one exponential-mechanism draw over the whole domain: P(i) ∝ exp(ε·count_i).
+  ids, counts, domain, epsilon = np.array([1, 4]), np.array([2, 1]), 6, 1.0
+  rng = np.random.default_rng(7)
+  draws = np.array([criteo.dp_top_k_ids(ids, counts, 1, epsilon, rng, domain)[0]
+                    for _ in range(20000)])
+  weights = np.array([math.exp(epsilon * c) for c in [0, 2, 0, 0, 1, 0]])
+  expected = weights / weights.sum()
+  observed = np.bincount(draws, minlength=domain) / len(draws)
+  tolerance = 4 * np.sqrt(expected * (1 - expected) / len(draws))
+  assert np.all(np.abs(observed - expected) < tolerance), (observed, expected)
+
+
+def _dp_job(tmp_path, epsilon, seed=0):
+  return criteo.CriteoJob(
+      inputs=(str(tmp_path / "day_0"),), output=str(tmp_path / f"out_{seed}"),
+      vocab=criteo.VocabConfig(mode="dp_top_k", top_k=3, epsilon=epsilon, seed=seed),
+      ledger=str(tmp_path / "ledger.json"), epsilon_budget=5.0, delta=1e-6)
+
+
+def test_pipeline_charges_the_ledger_and_refuses_over_budget(tmp_path, criteo_line, in_process):
+  rng = np.random.default_rng(1)
+  lines = [criteo_line(rng.integers(0, 2), {0: rng.integers(0, 9)},
+                       {f"C{j}": f"{rng.zipf(1.5) % 40:08x}" for j in range(1, 27)})
+           for _ in range(300)]
+  (tmp_path / "day_0").write_text("\n".join(lines) + "\n")
+  summary = criteo.run(_dp_job(tmp_path, 2.0), in_process)
+  assert summary["privacy"]["epsilon_charged"] == pytest.approx(2.0)
+  assert summary["privacy"]["epsilon_per_draw"] == [pytest.approx(2.0 / 26 / 3)] * 26
+  with open(tmp_path / "ledger.json") as stream:
+    ledger = json.load(stream)
+  assert [c["epsilon"] for c in ledger["charges"]] == [pytest.approx(2.0)]
+  vocab = criteo_tfrecord.load_vocabulary(str(tmp_path / "out_0"))
+  assert vocab.sizes == (4,) * 26 and all(not c.any() for c in vocab.counts)  # No exact counts.
+  with pytest.raises(BudgetExceededError):
+    criteo.run(_dp_job(tmp_path, 3.5, seed=1), in_process)
+  with open(tmp_path / "ledger.json") as stream:
+    assert len(json.load(stream)["charges"]) == 1
+  assert not (tmp_path / "out_1" / "manifest.json").exists()
