@@ -122,10 +122,8 @@ class _CriteoWorld:
 
   def _bucket_weights(self, ids: np.ndarray) -> np.ndarray:
     """Logistic-distributed click weight per (feature, bucket) from a hash; 0 when missing."""
-    key = (ids.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15)
-           + np.arange(ids.shape[1], dtype=np.uint64) * np.uint64(0xBF58476D1CE4E5B9)
-           + np.uint64(self.seed % 2**32))
-    uniform = ((_mix64(key) >> np.uint64(11)).astype(np.float64) + 0.5) / 2.0**53
+    keys = _mix32(np.arange(ids.shape[1], dtype=np.uint32) ^ _mix32(np.array(self.seed % 2**32)))
+    uniform = (_mix32(ids.astype(np.uint32) ^ keys).astype(np.float64) + 0.5) / 2.0**32
     weights = self.weight_scale * special.logit(uniform) / (np.pi / np.sqrt(3))
     return np.where(ids >= 0, weights, 0.0)
 
@@ -155,17 +153,6 @@ def _mix32(x: np.ndarray) -> np.ndarray:
   x ^= x >> np.uint32(15)
   x *= np.uint32(0x846CA68B)
   x ^= x >> np.uint32(16)
-  return x
-
-
-def _mix64(x: np.ndarray) -> np.ndarray:
-  """splitmix64's finaliser on uint64."""
-  x = x.astype(np.uint64)
-  x ^= x >> np.uint64(30)
-  x *= np.uint64(0xBF58476D1CE4E5B9)
-  x ^= x >> np.uint64(27)
-  x *= np.uint64(0x94D049BB133111EB)
-  x ^= x >> np.uint64(31)
   return x
 
 
