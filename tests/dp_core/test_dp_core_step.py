@@ -17,7 +17,7 @@ def _all_rows(lib):
 
 def _one_step(lib, config, optimizer):
   model = lib.build_model()
-  model.compile(DPOptimizer(config, optimizer, seed=0), loss=lib.loss)
+  model.compile(DPOptimizer(config, optimizer, seed=0), loss=lib.loss, run_eagerly=True)
   x, y = lib.make_batch(n=10)
   model.fit(x, y, batch_size=10, epochs=1, verbose=0, shuffle=False)
   return [w.numpy() for w in model.trainable_variables]
