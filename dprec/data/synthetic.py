@@ -30,8 +30,8 @@ CAT_MISSING_RATES = (0.0, 0.0, 0.03, 0.03, 0.0, 0.12, 0.0, 0.0, 0.0, 0.0, 0.0, 0
 
 
 def vocab_sizes(spec: str) -> Tuple[int, ...]:
-  """`table3` (note 001 Table 3) or `scaled:M` (Table 3 scaled to M rows in all; `M` may end in
-  k or M, e.g. `scaled:1.7M`)."""
+  """Buckets per feature: `table3` (note 001 Table 3) or `scaled:M` (Table 3 scaled to about M
+  buckets in all; `M` may end in k or M, e.g. `scaled:1.7M`)."""
   if spec == "table3":
     return TABLE3_VOCAB_SIZES
   match = re.fullmatch(r"scaled:(\d+(?:\.\d+)?)([kKmM]?)", spec)
@@ -44,14 +44,14 @@ def vocab_sizes(spec: str) -> Tuple[int, ...]:
 
 @dataclasses.dataclass(frozen=True)
 class CriteoSynthConfig:
-  """The generated world. Fields not given are drawn from `seed` (see `generate_criteo`)."""
+  """The generated world; per-feature values are drawn from the seed within the given ranges."""
   vocab: str = "table3"
   ctr: float = 0.25  # mean click rate on day 0
   zipf_range: Tuple[float, float] = (1.05, 1.35)  # per-feature exponents of bucket frequency
   weight_scale_range: Tuple[float, float] = (0.04, 0.40)  # per-feature click weight scales
   latent_weight: float = 0.5  # click weight of the latent propensity the integers reveal
   interaction_weight: float = 0.3  # weight of the C1 x C2 product (learnable by an MLP, not LR)
-  drift_swap: float = 0.05  # share of ranks swapped with a nearby rank each day
+  drift_swap: float = 0.05  # share of buckets whose popularity rank is jittered each day
   drift_new: float = 0.02  # share of ranks taken over by never-seen ids each day
   ctr_drift: float = 0.05  # std of the day-to-day change of the click logit's intercept
 
