@@ -156,32 +156,6 @@ class SeqRecModel(DPModel):
     return self.forward(items, last_only=True)[0][:, 0]
 
 
-def left_pad(sequence, length):
-  """The last `length` items of `sequence`, left-padded with 0."""
-  tail = list(sequence)[-length:]
-  return [0] * (length - len(tail)) + tail
-
-
-def training_examples(sequences, max_len):
-  """One example per user: inputs s_1..s_{n−1} and next-item labels s_2..s_n (last max_len).
-
-  Users with fewer than two items have no next-item target and are dropped.
-  """
-  kept = [seq for seq in sequences if len(seq) >= 2]
-  items = np.array([left_pad(seq[:-1], max_len) for seq in kept], np.int32).reshape(-1, max_len)
-  labels = np.array([left_pad(seq[1:], max_len) for seq in kept], np.int32).reshape(-1, max_len)
-  return items, labels
-
-
-def item_frequencies(sequences, num_items):
-  """p_i = share of sequences containing item i (Claim 4.4: presence, not counts); [M + 1]."""
-  counts = np.zeros(num_items + 1, np.float64)
-  for seq in sequences:
-    counts[np.unique(np.asarray(seq, np.int64))] += 1
-  counts[0] = 0
-  return counts / max(len(sequences), 1)
-
-
 def warmup_linear_decay(peak_learning_rate, total_steps, warmup_fraction=0.2):
   """The paper's schedule (note 000 §7): linear warm-up over 20% of training, then linear decay."""
   warmup = max(1, int(math.ceil(warmup_fraction * total_steps)))

@@ -1,0 +1,306 @@
+"""`dprec train seqrec`: DPFormer (seed 000) on a `dprec preprocess sequences` output directory.
+
+    dprec train seqrec --data DIR --epsilon 5 [--no-reattention] [--untied] --epochs N
+
+One example per user (user-level DP, note 000 §4): the user's training sequence, with the
+validation item appended when the job held one out, predicts the next item at every position.
+The test item is ranked against all M items from the full history (train + validation items).
+σ is calibrated from ε (δ = 1/N by default) for Poisson sampling at q = B/N over the planned steps
+(`dprec.privacy`), charged to a ledger as training runs; `--epsilon inf` trains without privacy.
+Adam (decoupled weight decay 1e-5) with 20% linear warm-up then linear decay, as in the paper.
+"""
+import dataclasses
+import json
+import math
+import os
+import sys
+import tempfile
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+import tqdm
+
+from dprec.errors import BudgetExceededError, DprecError
+from dprec.layers.reattention import ReAttentionConfig
+from dprec.models import ranking_metrics
+from dprec.models.seqrec import SeqRecConfig, SeqRecModel, warmup_linear_decay
+from dprec.optimizers import config as config_lib
+from dprec.optimizers.dp_optimizer import DPOptimizer
+from dprec.training import callbacks as callbacks_lib
+from dprec.training import poisson
+
+
+@dataclasses.dataclass
+class SeqRecTrainOptions:
+  """Everything one `train seqrec` run needs (defaults: the paper's Amazon setting, note 000 §5–7)."""
+  data: Optional[str] = None
+  epsilon: float = 5.0
+  delta: Optional[float] = None
+  epochs: float = 100.0
+  batch_size: int = 1024
+  learning_rate: float = 5e-3
+  weight_decay: float = 1e-5
+  l2_norm_clip: float = 1.0
+  max_len: int = 50
+  dim: int = 64
+  num_blocks: int = 2
+  num_heads: int = 1
+  dropout: float = 0.5
+  reattention: bool = True
+  tied: bool = True
+  loss_positions: str = "all"
+  reattention_scale_by_dim: bool = True
+  reattention_at_eval: bool = True
+  variance_scale: float = 1.0
+  fixed_batches: bool = False
+  accountant: str = "pld"
+  ledger: Optional[str] = None
+  charge_every: int = 100
+  exclude_history: bool = False
+  eval_batch_size: int = 256
+  seed: int = 0
+  progress: bool = True
+  summary_json: Optional[str] = None
+
+  @property
+  def private(self):
+    return math.isfinite(self.epsilon)
+
+  def validate(self):
+    if not self.epsilon > 0:
+      raise DprecError(f"--epsilon must be positive (or inf), got {self.epsilon}")
+    if not self.epochs > 0 or self.batch_size < 1:
+      raise DprecError(f"--epochs and --batch-size must be positive, got {self.epochs}, "
+                       f"{self.batch_size}")
+    if self.dim % self.num_heads:
+      raise DprecError(f"--dim {self.dim} must be divisible by --heads {self.num_heads}")
+
+  def model_config(self, num_items):
+    return SeqRecConfig(
+        num_items=num_items, max_len=self.max_len, dim=self.dim, num_blocks=self.num_blocks,
+        num_heads=self.num_heads, ffn_dim=self.dim, dropout=self.dropout, tied=self.tied,
+        loss_positions=self.loss_positions,
+        reattention=ReAttentionConfig(enabled=self.reattention,
+                                      scale_by_dim=self.reattention_scale_by_dim,
+                                      at_eval=self.reattention_at_eval))
+
+
+@dataclasses.dataclass
+class SeqRecExamples:
+  """Training examples (one per user with a next-item target) and the test users."""
+  items: np.ndarray  # int32 [N, L] inputs, left-padded
+  labels: np.ndarray  # int32 [N, L] next items (0 = none)
+  test_histories: np.ndarray  # int32 [U', L]
+  test_items: np.ndarray  # int64 [U']
+  item_frequencies: np.ndarray  # float64 [M + 1]
+
+  @property
+  def num_items(self):
+    return len(self.item_frequencies) - 1
+
+
+def make_examples(data, max_len):
+  """Builds `SeqRecExamples` from a `dprec.data.sequences.SequenceData`."""
+  histories = [np.append(train, valid) if valid > 0 else np.asarray(train)
+               for train, valid in zip(data.train, data.valid_items)]
+  trainable = [h for h in histories if len(h) >= 2]
+  if not trainable:
+    raise DprecError("no user has two or more training items: nothing to train on")
+  items = np.zeros((len(trainable), max_len), np.int32)
+  labels = np.zeros((len(trainable), max_len), np.int32)
+  for row, history in enumerate(trainable):
+    inputs, targets = history[:-1][-max_len:], history[1:][-max_len:]
+    items[row, max_len - len(inputs):] = inputs
+    labels[row, max_len - len(targets):] = targets
+  tested = np.flatnonzero(data.test_items > 0)
+  test_histories = np.zeros((len(tested), max_len), np.int32)
+  for row, user in enumerate(tested):
+    tail = histories[user][-max_len:]
+    test_histories[row, max_len - len(tail):] = tail
+  return SeqRecExamples(items, labels, test_histories, data.test_items[tested],
+                        np.asarray(data.item_frequencies, np.float64))
+
+
+@dataclasses.dataclass
+class PrivacyPlan:
+  noise_multiplier: Optional[float]
+  delta: Optional[float]
+  sampling_rate: float
+  steps: int
+
+
+def plan_privacy(options, num_examples):
+  """Steps = epochs·N/B; σ calibrated so the run spends exactly ε at δ (default 1/N)."""
+  from dprec import privacy  # pylint: disable=import-outside-toplevel
+  sampling = poisson.BatchSampling(options.batch_size, not options.fixed_batches, options.seed)
+  q = sampling.sampling_rate(num_examples)
+  steps = max(1, int(round(options.epochs * num_examples / options.batch_size)))
+  if not options.private:
+    return PrivacyPlan(None, None, q, steps)
+  delta = options.delta if options.delta is not None else 1.0 / num_examples
+  plan = privacy.plan_training(options.epsilon, delta, [(q, steps)],
+                               accountant=options.accountant, poisson=not options.fixed_batches)
+  return PrivacyPlan(plan.noise_multiplier, delta, q, steps)
+
+
+def build_model(options, examples, plan):
+  """A compiled `SeqRecModel` with Re-Attention's error model set from the plan."""
+  model = SeqRecModel(options.model_config(examples.num_items))
+  model({"items": examples.items[:1]})
+  if options.private and options.reattention:
+    model.set_error_model(examples.item_frequencies, plan.noise_multiplier, options.l2_norm_clip,
+                          options.batch_size, len(examples.items), options.variance_scale)
+  algorithm = (config_lib.DPSGD(options.l2_norm_clip, plan.noise_multiplier) if options.private
+               else config_lib.NonPrivate())
+  adam = tf.keras.optimizers.AdamW(
+      learning_rate=warmup_linear_decay(options.learning_rate, plan.steps),
+      weight_decay=options.weight_decay)
+  model.compile(optimizer=DPOptimizer(algorithm, adam, expected_batch_size=options.batch_size,
+                                      seed=options.seed))
+  return model
+
+
+def evaluate(model, examples, options):
+  """Full-ranking NDCG@10 / HIT@10, overall and per popularity bucket (in [0, 1])."""
+  buckets = ranking_metrics.popularity_buckets(examples.item_frequencies)
+  progress = None
+  if options.progress:
+    progress = lambda it: tqdm.tqdm(it, desc="full ranking", unit="batch", file=sys.stderr)
+  score = tf.function(model.score_items, reduce_retracing=True)
+  return ranking_metrics.evaluate_full_ranking(
+      lambda h: score(tf.constant(h)), examples.test_histories, examples.test_items, buckets,
+      batch_size=options.eval_batch_size, exclude_history=options.exclude_history,
+      progress=progress)
+
+
+def train_seqrec(options, data=None):
+  """Trains and evaluates; returns the JSON summary (also written to `options.summary_json`)."""
+  from dprec.data.sequences import load_sequences  # pylint: disable=import-outside-toplevel
+  options.validate()
+  data = data or load_sequences(options.data)
+  examples = make_examples(data, options.max_len)
+  plan = plan_privacy(options, len(examples.items))
+  tf.keras.utils.set_random_seed(options.seed)
+  model = build_model(options, examples, plan)
+  sampling = poisson.BatchSampling(options.batch_size, options.private and not
+                                   options.fixed_batches, options.seed)
+  dataset = poisson.sampled_dataset({"items": examples.items}, examples.labels, sampling,
+                                    plan.steps)
+  timer = callbacks_lib.StepTimer()
+  callbacks = [timer]
+  with tempfile.TemporaryDirectory() as work_dir:
+    ledger = budget = None
+    if options.private:
+      ledger = _open_ledger(options, plan, work_dir)
+      budget = callbacks_lib.PrivacyBudgetCallback(
+          ledger, plan.noise_multiplier, plan.sampling_rate, poisson=not options.fixed_batches,
+          charge_every=options.charge_every, label="train seqrec")
+      callbacks.append(budget)
+    if options.progress:
+      callbacks.append(callbacks_lib.ProgressBar(desc="train seqrec"))
+    history = model.fit(dataset, epochs=1, steps_per_epoch=plan.steps, callbacks=callbacks,
+                        verbose=0)
+    metrics = evaluate(model, examples, options)
+    summary = _summary(options, examples, plan, history.history, metrics, timer, ledger)
+  if options.summary_json:
+    with open(options.summary_json, "w", encoding="utf-8") as out:
+      json.dump(summary, out, indent=2, sort_keys=True)
+  return summary
+
+
+def _open_ledger(options, plan, work_dir):
+  from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
+  path = options.ledger or os.path.join(work_dir, "ledger.json")
+  ledger = PrivacyLedger(path, epsilon_budget=options.epsilon, delta=plan.delta,
+                         accountant=options.accountant)
+  planned = ledger.epsilon_if_charged(plan.noise_multiplier, plan.sampling_rate, plan.steps,
+                                      poisson=not options.fixed_batches)
+  if planned > options.epsilon * (1 + 1e-6):
+    raise BudgetExceededError(
+        f"{path}: the planned run would bring the ledger to ε={planned:.4g} > budget "
+        f"{options.epsilon:g} (already spent {ledger.epsilon_spent():.4g})")
+  return ledger
+
+
+def _summary(options, examples, plan, history, metrics, timer, ledger):
+  losses = history.get("loss") or [float("nan")]
+  summary = {
+      "model": "dpformer" if options.reattention else "vanilla",
+      "tied": options.tied, "reattention": options.reattention,
+      "ndcg_at_10": metrics["ndcg_at_10"], "hit_at_10": metrics["hit_at_10"],
+      "test_users": metrics["users"], "by_popularity": metrics["by_popularity"],
+      "epsilon": ledger.epsilon_spent() if ledger else float("inf"),
+      "epsilon_budget": options.epsilon, "delta": plan.delta,
+      "noise_multiplier": plan.noise_multiplier, "sampling_rate": plan.sampling_rate,
+      "steps": plan.steps, "epochs": options.epochs, "batch_size": options.batch_size,
+      "learning_rate": options.learning_rate, "l2_norm_clip": options.l2_norm_clip,
+      "loss_positions": options.loss_positions, "train_examples": int(len(examples.items)),
+      "items": examples.num_items, "final_loss": float(losses[-1]),
+      "steps_per_second": timer.steps_per_second, "seed": options.seed,
+      "accountant": options.accountant if ledger else None,
+      "poisson": bool(ledger is not None and not options.fixed_batches),
+  }
+  if options.private and options.fixed_batches:
+    summary["privacy_note"] = "fixed-size batches: not Poisson, accounted as if Poisson"
+  return summary
+
+
+def _epsilon(text):
+  try:
+    value = float(text)
+  except ValueError as error:
+    raise ValueError(f"--epsilon must be a number or 'inf', got {text!r}") from error
+  return value
+
+
+def register(subparsers):
+  """Adds `seqrec` to the `train` group."""
+  parser = subparsers.add_parser(
+      "seqrec", help="train DPFormer (sequential recommender) with or without DP",
+      description="Train the DPFormer sequential recommender (Phantom Clipping, Re-Attention) on "
+      "a `dprec preprocess sequences` output; prints a JSON summary with full-ranking NDCG@10 "
+      "and HIT@10 overall and by item popularity (head/torso/tail).")
+  add = parser.add_argument
+  add("--data", required=True, help="directory written by `dprec preprocess sequences`")
+  add("--epsilon", type=_epsilon, default=5.0, help="privacy budget ε; 'inf' trains non-privately")
+  add("--delta", type=float, default=None, help="δ (default 1/N training users)")
+  add("--epochs", type=float, default=100.0, help="epochs (expected passes over the users)")
+  add("--batch-size", type=int, default=1024, help="expected batch size B (q = B/N)")
+  add("--learning-rate", type=float, default=5e-3, help="peak Adam learning rate")
+  add("--l2-norm-clip", type=float, default=1.0, help="per-user gradient clip norm C")
+  add("--max-len", type=int, default=50, help="maximum sequence length L")
+  add("--dim", type=int, default=64, help="model dimension d")
+  add("--blocks", type=int, default=2, dest="num_blocks", help="transformer blocks")
+  add("--heads", type=int, default=1, dest="num_heads", help="attention heads")
+  add("--dropout", type=float, default=0.5, help="dropout rate")
+  add("--no-reattention", action="store_true", help="vanilla attention (baseline)")
+  add("--untied", action="store_true", help="separate output embedding (the 'W/O PS' baseline)")
+  add("--loss-positions", choices=("all", "last"), default="all",
+      help="next-item loss at every position or at the last one only")
+  add("--variance-scale", type=float, default=1.0,
+      help="multiplier of Re-Attention's effective-error variances σ_eff²")
+  add("--fixed-batches", action="store_true",
+      help="fixed-size shuffled batches instead of Poisson sampling (ledger flags it)")
+  add("--accountant", choices=("pld", "rdp"), default="pld", help="privacy accountant")
+  add("--ledger", help="privacy ledger JSON file (default: a temporary one)")
+  add("--exclude-history", action="store_true", help="do not rank items already in the history")
+  add("--eval-batch-size", type=int, default=256, help="users scored per evaluation batch")
+  add("--seed", type=int, default=0, help="random seed")
+  add("--no-progress", action="store_true", help="no progress bars")
+  add("--summary-json", help="also write the JSON summary to this file")
+  parser.set_defaults(func=run)
+
+
+def run(args):
+  options = SeqRecTrainOptions(
+      data=args.data, epsilon=args.epsilon, delta=args.delta, epochs=args.epochs,
+      batch_size=args.batch_size, learning_rate=args.learning_rate,
+      l2_norm_clip=args.l2_norm_clip, max_len=args.max_len, dim=args.dim,
+      num_blocks=args.num_blocks, num_heads=args.num_heads, dropout=args.dropout,
+      reattention=not args.no_reattention, tied=not args.untied,
+      loss_positions=args.loss_positions, variance_scale=args.variance_scale,
+      fixed_batches=args.fixed_batches, accountant=args.accountant, ledger=args.ledger,
+      exclude_history=args.exclude_history, eval_batch_size=args.eval_batch_size,
+      seed=args.seed, progress=not args.no_progress, summary_json=args.summary_json)
+  return train_seqrec(options)
