@@ -21,6 +21,7 @@ COMMANDS = (
     ("preprocess", "pipelines.cli"),
     ("train", "dprec.models.ctr_cli"),
     ("train", "dprec.models.seqrec_cli"),
+    ("stream", "dprec.training.stream_cli"),
 )
 GROUPS = {
     "train": "Train a model (CTR or sequential recommender) non-privately or with DP.",

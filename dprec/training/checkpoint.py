@@ -95,7 +95,7 @@ class CheckpointManager:
     for name, src in (files or {}).items():
       shutil.copyfile(src, os.path.join(tmp, name))
     with open(os.path.join(tmp, STATE), "w", encoding="utf-8") as f:
-      json.dump(state, f, indent=1, sort_keys=True)
+      json.dump(state, f, indent=1)
     for name in os.listdir(tmp):
       with open(os.path.join(tmp, name), "rb") as f:
         os.fsync(f.fileno())

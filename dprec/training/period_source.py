@@ -1,23 +1,20 @@
 """Where a streaming run finds its periods: complete windows of the streaming Beam job.
 
 A period is `period_days` consecutive days (seed 001 Table 5: 1, 2, 4, 8, 16, 18). It is complete
-when every one of its days is complete, i.e. its manifest is present: the Beam job writes a day's
-TFRecords first and its manifest last, atomically, so a trainer tailing the directory never reads
-a half-written day. Days past `train_days` are the hold-out (seed 001 §4.3: train on days 1–18,
+when every one of its days is listed in the manifest: the Beam job writes a window's TFRecords and
+vocabulary snapshot first and replaces the manifest last, atomically, so a trainer tailing the
+directory never reads a half-written period. Days past `train_days` are the hold-out (seed 001 §4.3: train on days 1–18,
 evaluate on 19–24); they are still served as periods, for evaluation only.
 """
 import abc
 import dataclasses
-import glob
-import json
 import os
-from typing import Callable, Dict, List, Mapping, Optional, Sequence, Tuple
+from typing import Callable, Dict, Mapping, Optional, Sequence, Tuple
 
 import numpy as np
 
 from dprec.errors import DprecError
 
-MANIFEST = "manifest.json"
 CATEGORICAL_KEY = "cat_features"  # int [n, F] vocabulary ids, columns in `vocab_sizes` order
 Arrays = Tuple[Dict[str, np.ndarray], np.ndarray]
 
@@ -29,15 +26,18 @@ class Period:
   Attributes:
     index: 0-based position in the stream.
     days: the day indices it covers.
-    vocab_sizes: {feature: rows incl. OOV row 0} of the vocabulary snapshot valid for it.
+    vocab_sizes: {feature: rows incl. OOV row 0} of the vocabulary snapshot valid for it, in
+      the column order of `cat_features`.
     load: callable() -> (features {name: array[n, ...]}, labels int array[n]).
     counts: callable() -> {feature: running bucket counts through this period (index = id)}.
+    examples: rows in the period (from the manifest, without loading them).
   """
   index: int
   days: Tuple[int, ...]
   vocab_sizes: Mapping[str, int]
   load: Callable[[], Arrays]
   counts: Callable[[], Mapping[str, np.ndarray]]
+  examples: int
 
 
 class PeriodSource(abc.ABC):
@@ -92,88 +92,66 @@ class ArrayPeriodSource(PeriodSource):
       features = {k: np.concatenate([p[0][k] for p in parts]) for k in parts[0][0]}
       return features, np.concatenate([p[1] for p in parts])
 
-    return Period(index, days, {k: len(v) for k, v in counts.items()}, load, lambda: counts)
-
-
-def _read_json(path):
-  with open(path, encoding="utf-8") as f:
-    return json.load(f)
+    return Period(index, days, {k: len(v) for k, v in counts.items()}, load, lambda: counts,
+                  sum(len(self.days[d][1]) for d in days))
 
 
 class BeamStreamSource(PeriodSource):
-  """Periods of the streaming Beam job's output directory (`pipelines/criteo_stream.py`).
+  """Periods of a Criteo preprocessing output (`dprec preprocess criteo [--streaming]`).
 
-  Each closed window is a subdirectory with its TFRecords, its vocabulary snapshot (sizes and
-  running counts) and, written last, its `manifest.json`; a batch-job output directory (one
-  top-level manifest listing `days`) is read the same way, every day being complete at once.
+  The streaming job replaces `manifest.json` atomically after writing each closed window's
+  directory; each entry lists the window's `days`, its `vocab_dir` snapshot (ids stable across
+  windows, running counts) and `vocab_sizes`. A batch-job output (one vocabulary) reads the same
+  way, all its days being complete. The trainer's period must be a multiple of the job's window.
   """
 
   def __init__(self, data_dir, period_days=1, train_days=None):
     if not os.path.isdir(data_dir):
-      raise DprecError(f"{data_dir}: not a directory (expected the Beam job's output)")
+      raise DprecError(f"{data_dir}: not a directory (expected a `dprec preprocess criteo` output)")
     self.data_dir, self.period_days, self.train_days = data_dir, period_days, train_days
-    self._days: Dict[int, dict] = {}
 
-  def _scan(self):
-    """Indexes complete days: {day: its manifest entry, with absolute paths}."""
-    manifests = sorted(glob.glob(os.path.join(self.data_dir, "*", MANIFEST)))
-    top = os.path.join(self.data_dir, MANIFEST)
-    if os.path.exists(top):
-      manifests.append(top)
-    for path in manifests:
-      manifest = _read_json(path)
-      base = os.path.dirname(path)
-      for day in manifest.get("days", []):
-        entry = dict(day, base=base, manifest=manifest, manifest_path=path)
-        self._days.setdefault(int(day["day"]), entry)
-    return self._days
-
-  def first_day(self):
-    days = self._scan()
-    return min(days) if days else None
+  def _by_day(self):
+    """({day: the manifest entry covering it}, manifest), or ({}, None) before the first window."""
+    from dprec.data import criteo_tfrecord  # pylint: disable=import-outside-toplevel
+    if not os.path.exists(os.path.join(self.data_dir, criteo_tfrecord.MANIFEST)):
+      return {}, None
+    manifest = criteo_tfrecord.load_manifest(self.data_dir)
+    by_day = {}
+    for entry in manifest["days"]:
+      for day in entry.get("days", [entry["day"]]):
+        by_day[int(day)] = entry
+    return by_day, manifest
 
   def period(self, index):
-    known = self._scan()
-    if not known:
+    by_day, manifest = self._by_day()
+    if not by_day:
       return None
-    days = period_days_of(index, self.period_days, self.train_days, min(known))
-    if any(d not in known for d in days):
+    days = period_days_of(index, self.period_days, self.train_days, min(by_day))
+    if any(day not in by_day for day in days):
       return None
-    last = known[days[-1]]
-    snapshot = last["manifest"]
-    vocab_sizes = {k: int(v) for k, v in snapshot["vocab_sizes"].items()}
-    data_dir = last["base"]
+    entries = list({id(by_day[d]): by_day[d] for d in days}.values())
+    for entry in entries:
+      if not set(entry.get("days", [entry["day"]])) <= set(days):
+        raise DprecError(
+            f"{os.path.join(self.data_dir, 'manifest.json')}: window of day {entry['day']} covers "
+            f"days {entry['days']}, which straddle the trainer's period {list(days)}; use a "
+            "--period-days that is a multiple of the preprocessing job's")
+    last = by_day[days[-1]]
+    sizes = last.get("vocab_sizes", manifest["vocab_sizes"])
+    vocab_sizes = {name: int(sizes[name]) for name in manifest["categorical_features"]}  # columns
+    vocab_dir = os.path.join(self.data_dir, last.get("vocab_dir", manifest["vocab_dir"]))
+    data_dir = self.data_dir
 
     def load():
       from dprec.data import criteo_tfrecord  # pylint: disable=import-outside-toplevel
-      parts = []
-      for day in days:
-        entry = known[day]
-        parts.append(_concat(criteo_tfrecord.criteo_tfrecord_dataset(
-            entry["base"], [day], batch_size=65536)))
-      merged = {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
-      labels = merged.pop("label").astype(np.int32).reshape(-1)
-      return merged, labels
+      from dprec.training.poisson import dataset_to_arrays  # pylint: disable=import-outside-toplevel
+      arrays = dataset_to_arrays(criteo_tfrecord.criteo_tfrecord_dataset(
+          data_dir, [e["day"] for e in entries], batch_size=65536))
+      return arrays, arrays.pop("label")
 
     def counts():
-      return _load_counts(data_dir, snapshot, vocab_sizes)
+      from dprec.data.criteo import CriteoVocabulary  # pylint: disable=import-outside-toplevel
+      vocab = CriteoVocabulary.load(vocab_dir)  # running counts of ids 1..V; OOV row 0 gets 0
+      return {name: np.concatenate([[0], c]) for name, c in zip(vocab_sizes, vocab.counts)}
 
-    return Period(index, days, vocab_sizes, load, counts)
-
-
-def _concat(dataset) -> Dict[str, np.ndarray]:
-  parts: Dict[str, List[np.ndarray]] = {}
-  for batch in dataset.as_numpy_iterator():
-    for name, value in batch.items():
-      parts.setdefault(name, []).append(value)
-  return {name: np.concatenate(values) for name, values in parts.items()}
-
-
-def _load_counts(data_dir, manifest, vocab_sizes):
-  """Running bucket counts of the snapshot: `counts.npz` ({feature: counts by id}) beside it."""
-  path = os.path.join(data_dir, manifest.get("vocab_dir", "vocab"), "counts.npz")
-  if not os.path.exists(path):
-    raise DprecError(f"{path}: the vocabulary snapshot has no running counts, which top-k "
-                     "refreshes (--top-k) need")
-  with np.load(path) as data:
-    return {name: np.asarray(data[name])[:size] for name, size in vocab_sizes.items()}
+    return Period(index, days, vocab_sizes, load, counts, sum(int(e["rows"]) for e in entries))

@@ -23,10 +23,6 @@ COLUMNS = ("period", "eval_period", "auc", "eval_loss", "train_loss", "epsilon_s
 SCALARS = ("auc", "eval_loss", "train_loss", "epsilon_so_far", "gradient_size_reduction")
 
 
-def _json_number(value):
-  return None if isinstance(value, float) and not math.isfinite(value) else value
-
-
 class MetricsWriter:
   """Writes the committed rows of a run under `run_dir`."""
 
@@ -60,9 +56,11 @@ class MetricsWriter:
     self.write(rows)
     if rows:
       plot_auc_epsilon(rows, os.path.join(self.run_dir, PLOT_NAME))
-    clean = json.loads(json.dumps(summary, default=float), parse_constant=lambda c: None)
-    atomic_write_text(os.path.join(self.run_dir, SUMMARY_NAME),
-                      json.dumps(clean, indent=2, sort_keys=True, default=_json_number))
+    write_summary(os.path.join(self.run_dir, SUMMARY_NAME), summary)
+
+
+def write_summary(path, summary):
+  atomic_write_text(path, json.dumps(summary, indent=2, sort_keys=True))
 
 
 def plot_auc_epsilon(rows, path):

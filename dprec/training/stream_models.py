@@ -111,12 +111,37 @@ class CTRPeriodModel(PeriodModel):
     # One noise stream for the whole run, restored from checkpoints (compile starts a new one).
     object.__setattr__(self.model, "_dp_generator", self.generator)
 
-  def train_step(self, batch, labels):
-    logs = self.model.train_on_batch(
-        {k: batch[k] for k in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}, labels, return_dict=True)
-    return {k: float(v) for k, v in logs.items()}
+  def train_steps(self, batches, steps, on_step):
+    def generate():
+      for features, labels in batches:
+        yield ({ctr.CAT_FEATURES: features[ctr.CAT_FEATURES].astype(np.int32),
+                ctr.INT_FEATURES: features[ctr.INT_FEATURES].astype(np.float32)},
+               labels.astype(np.int32))
+
+    # A None batch dimension: one trace serves every Poisson batch size (no per-size retrace).
+    self.model.fit(tf.data.Dataset.from_generator(generate, output_signature=self._signature),
+                   steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[_OnStep(on_step)])
 
   def evaluate(self, features, labels):
-    return self.model.evaluate({k: features[k] for k in (ctr.CAT_FEATURES, ctr.INT_FEATURES)},
-                               labels, batch_size=self.options.eval_batch_size, verbose=0,
+    data = tf.data.Dataset.from_tensor_slices(
+        ({k: features[k] for k in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}, labels))
+    return self.model.evaluate(data.batch(self.options.eval_batch_size), verbose=0,
                                return_dict=True)
+
+  @property
+  def _signature(self):
+    config = self.model.config
+    return ({ctr.CAT_FEATURES: tf.TensorSpec([None, len(config.vocab_sizes)], tf.int32),
+             ctr.INT_FEATURES: tf.TensorSpec([None, config.num_integer_features], tf.float32)},
+            tf.TensorSpec([None], tf.int32))
+
+
+class _OnStep(tf.keras.callbacks.Callback):
+  """Hands each step's logs to the streaming trainer (journal, progress)."""
+
+  def __init__(self, on_step):
+    super().__init__()
+    self.on_step = on_step
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.on_step({k: float(v) for k, v in (logs or {}).items()})

@@ -19,12 +19,13 @@ paid again nor forgotten (the ledger file is never rolled back; a period counts 
 charge is in it). A journal (`steps.jsonl`) lists the committed (period, step) pairs.
 """
 import abc
+import collections
 import dataclasses
 import json
 import math
 import os
 import time
-from typing import Dict, List, Mapping, Optional, Union
+from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -62,8 +63,10 @@ class PeriodModel(abc.ABC):
     """Sets the DP-FEST / DP-AdaFEST+ row set (None: the algorithm has no fixed set)."""
 
   @abc.abstractmethod
-  def train_step(self, batch: Mapping[str, np.ndarray], labels: np.ndarray) -> Dict[str, float]:
-    """One (DP) step on a Poisson batch; returns logs with `loss`, `gradient_size_reduction`."""
+  def train_steps(self, batches: Iterable[Tuple[Mapping[str, np.ndarray], np.ndarray]],
+                  steps: int, on_step: Callable[[Dict[str, float]], None]):
+    """Runs one (DP) step per (features, labels) Poisson batch, in order, calling `on_step` with
+    that step's logs (`loss`, `gradient_size_reduction`) after each."""
 
   @abc.abstractmethod
   def evaluate(self, features: Mapping[str, np.ndarray], labels: np.ndarray) -> Dict[str, float]:
@@ -106,7 +109,8 @@ class StreamConfig:
 
 
 def _fresh_state():
-  return {"period": 0, "step": 0, "evaluated": False, "vocab_sizes": None, "table_rows": None,
+  return {"period": 0, "step": 0, "evaluated": False, "table_names": None, "vocab_sizes": None,
+          "table_rows": None,
           "selected_rows": None, "journal_lines": 0, "rows": [], "running": None,
           "stopped": None, "holdout": None}
 
@@ -136,8 +140,12 @@ class StreamingTrainer:
 
   # ---- state and checkpoints ----------------------------------------------------------------
 
+  def _ordered(self, by_name):
+    """{table: value} in column order (JSON state does not keep key order)."""
+    return {name: by_name[name] for name in self.state["table_names"]}
+
   def _build(self, table_rows):
-    self.model.build(table_rows)
+    self.model.build(self._ordered(table_rows))
     self._tf_checkpoint = tf.train.Checkpoint(**self.model.trackables())
     self.state["table_rows"] = dict(table_rows)
 
@@ -172,7 +180,8 @@ class StreamingTrainer:
     return f"stream period {period}"
 
   def epsilon_spent(self):
-    return self.ledger.epsilon_spent() if self.ledger is not None else math.inf
+    """ε charged so far (None for a non-private run)."""
+    return self.ledger.epsilon_spent() if self.ledger is not None else None
 
   def _pay_for_period(self, period):
     """Charges the ledger for period p (selection, then training) unless already charged.
@@ -226,13 +235,15 @@ class StreamingTrainer:
 
   def _known_ids(self, features):
     """Ids the model has no row for yet (first seen after its last training period) → OOV 0."""
-    sizes = np.asarray(list(self.state["vocab_sizes"].values()))
+    sizes = np.asarray(list(self._ordered(self.state["vocab_sizes"]).values()))
     ids = features[CATEGORICAL_KEY]
     return dict(features, **{CATEGORICAL_KEY: np.where(ids < sizes, ids, 0).astype(ids.dtype)})
 
   def _refresh(self, period: Period):
     """Grows tables for new ids and refreshes the top-k set (seed 001 §4.3 streaming counts)."""
     old = self.state["vocab_sizes"] or {}
+    if self.state["table_names"] is None:
+      self.state["table_names"] = list(period.vocab_sizes)
     sizes = {name: max(int(size), old.get(name, 0)) for name, size in period.vocab_sizes.items()}
     rows = self.state["table_rows"]
     if rows is None or any(sizes[n] > rows[n] for n in sizes):
@@ -250,27 +261,41 @@ class StreamingTrainer:
     self.state["selected_rows"] = _rows_to_json(selected)
     return sum(sizes[n] - old.get(n, 0) for n in sizes) if old else 0
 
-  def _train_period(self, period: Period):
-    features, labels = period.load()
-    n = len(labels)
-    running = self.state["running"] or {"loss": 0.0, "reduction": 0.0, "batch": 0, "steps": 0}
-    plan = self.plan
-    for step in range(self.state["step"], plan.steps_per_period):
+  def _batches(self, period, features, labels, start, stop, sizes):
+    """Poisson batches of steps [start, stop): step (p, s) always draws the same batch."""
+    for step in range(start, stop):
       rng = np.random.default_rng([self.config.seed, period.index, step, 0])
-      indices = next(poisson_batch_indices(n, plan.sampling_rate, 1, rng))
-      logs = self.model.train_step({k: v[indices] for k, v in features.items()}, labels[indices])
+      indices = next(poisson_batch_indices(len(labels), self.plan.sampling_rate, 1, rng))
+      sizes.append(len(indices))
+      yield {k: v[indices] for k, v in features.items()}, labels[indices]
+
+  def _train_period(self, period: Period):
+    """Trains the rest of period p in chunks that end at checkpoints."""
+    features, labels = period.load()
+    running = self.state["running"]
+    total, every = self.plan.steps_per_period, self.config.checkpoint_every
+
+    def on_step(logs):
+      step = self.state["step"]
+      batch_size = sizes.popleft()
       running["loss"] += float(logs.get("loss", 0.0))
       running["reduction"] += float(logs.get("gradient_size_reduction", 1.0))
-      running["batch"] += len(indices)
+      running["batch"] += batch_size
       running["steps"] += 1
-      self._journal(period.index, step, len(indices))
+      self._journal(period.index, step, batch_size)
       self.state["step"] = step + 1
-      self.state["running"] = running
       if self.progress is not None:
         self.progress(period.index, step, logs)
-      if self.state["step"] % self.config.checkpoint_every == 0 and step + 1 < plan.steps_per_period:
+
+    while self.state["step"] < total:
+      start = self.state["step"]
+      stop = min(total, (start // every + 1) * every)
+      sizes = collections.deque()
+      self.model.train_steps(self._batches(period, features, labels, start, stop, sizes),
+                             stop - start, on_step)
+      if stop < total:
         self._commit()
-    return running, n
+    return running, len(labels)
 
   def run(self):
     """Runs until the stream is idle, the training periods are done or the budget is spent.
@@ -361,10 +386,11 @@ class StreamingTrainer:
     return {
         "periods": rows,
         "periods_trained": len(rows),
-        "epsilon": self.epsilon_spent() if self.plan.private else math.inf,
-        "epsilon_total": self.plan.epsilon_total,
+        "epsilon": self.epsilon_spent(),
+        "epsilon_total": self.plan.epsilon_total if self.plan.private else None,
         "delta": self.plan.delta,
-        "plan": self.plan.to_dict(),
+        "plan": {k: (v if not isinstance(v, float) or math.isfinite(v) else None)
+                 for k, v in self.plan.to_dict().items()},
         "holdout": self.state.get("holdout"),
         "stopped": self.state["stopped"],
         "resumed": resumed,

@@ -70,7 +70,11 @@ class StandInModel(PeriodModel):
     total = tf.add_n([tf.gather(self.tables[f"C{j + 1}"], ids[:, j]) for j in range(FEATURES)])
     return total + tf.linalg.matvec(features["int_features"], self.dense[:2]) + self.dense[2]
 
-  def train_step(self, batch, labels):
+  def train_steps(self, batches, steps, on_step):
+    for batch, labels in batches:
+      on_step(self._step(batch, labels))
+
+  def _step(self, batch, labels):
     features = {k: tf.constant(v) for k, v in batch.items()}
     logits = self._logits(features)
     residual = tf.sigmoid(logits) - tf.cast(labels, tf.float32)  # dL/dlogit per example
