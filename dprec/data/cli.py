@@ -17,15 +17,12 @@ def register(subparsers):
       "click model. Same seed, same bytes.")
   criteo.add_argument("--rows", type=_positive, required=True, help="rows in all days together")
   criteo.add_argument("--days", type=_positive, default=1, help="number of day_N files")
-  criteo.add_argument("--seed", type=int, default=0, help="random seed")
-  criteo.add_argument("--out", required=True, help="output directory")
   criteo.add_argument("--vocab", default="table3",
                       help="'table3' (note 001 Table 3 vocabularies) or 'scaled:M' (Table 3 "
                       "scaled to about M buckets in all, e.g. scaled:10M)")
   criteo.add_argument("--ctr", type=float, default=synthetic.CriteoSynthConfig.ctr,
                       help="mean click rate of day 0")
-  criteo.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-  criteo.set_defaults(func=_criteo)
+  _add_common(criteo, "output directory", _criteo)
 
   sequences = commands.add_parser(
       "sequences", help="long-tailed user-item sequences as SASRec-style 'user item' lines",
@@ -34,13 +31,17 @@ def register(subparsers):
       "learnable. Same seed, same bytes.")
   sequences.add_argument("--users", type=_positive, required=True, help="number of users")
   sequences.add_argument("--items", type=_positive, required=True, help="number of items")
-  sequences.add_argument("--seed", type=int, default=0, help="random seed")
-  sequences.add_argument("--out", required=True, help="output file")
   sequences.add_argument("--mean-length", type=float,
                          default=synthetic.SequenceSynthConfig.mean_length,
                          help="mean actions per user (at least 3)")
-  sequences.add_argument("--no-progress", action="store_true", help="hide the progress bar")
-  sequences.set_defaults(func=_sequences)
+  _add_common(sequences, "output file", _sequences)
+
+
+def _add_common(parser, out_help, handler):
+  parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
+  parser.add_argument("--out", required=True, help=out_help)
+  parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
+  parser.set_defaults(func=handler)
 
 
 def _positive(text):
