@@ -259,7 +259,7 @@ class DPModel(tf.keras.Model):
       else:
         row, values = tf.zeros([0], tf.int64), tf.zeros([0, table.output_dim], losses.dtype)
       if kept[f].rows is None:
-        grad = noise_lib.noisy_dense_rows(row, values, std, generator, shape) / normaliser
+        grad = noise_lib.noisy_dense_rows(row, values, std, generator, shape, normaliser)
       else:
         grad = noise_lib.noisy_sparse_rows(kept[f].rows, row, values, std, generator, shape)
         grad = tf.IndexedSlices(grad.values / normaliser, grad.indices, grad.dense_shape)

@@ -2,21 +2,31 @@
 
 Stock Keras 2.15 optimizers compile their update with XLA by default, which turns a row
 scatter into a copy of the whole table (a 10M×55 embedding: SGD 11.7 s, Adam 16.4 s per step
-here), and Adam decays every row's moments on every step. These keep Keras' own row-sparse SGD
-and Adagrad updates but run them without XLA, and add a lazy Adam that updates the moments of
-the gradient's rows only (dense variables get the ordinary Adam update).
+here), and Adam decays every row's moments on every step. These run without XLA: SGD with a
+row scatter, Keras' own row-sparse Adagrad update, and a lazy Adam that updates the moments
+of the gradient's rows only (dense variables get the ordinary Adam update).
 """
 import tensorflow as tf
 
 
 class SparseSGD(tf.keras.optimizers.SGD):
-  """SGD without momentum; an IndexedSlices gradient updates its rows only (scatter_add)."""
+  """SGD without momentum; an IndexedSlices gradient updates its rows only (scatter_sub).
+  (Keras' SGD keeps a momentum slot even at momentum 0 and rescales it densely every step.)"""
 
   def __init__(self, learning_rate=0.01, name="SparseSGD", **kwargs):
     if kwargs.pop("momentum", 0.0):
       raise ValueError("SparseSGD has no momentum: it would decay every row on every step")
     kwargs["jit_compile"] = False
     super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+
+  def build(self, var_list):
+    tf.keras.optimizers.Optimizer.build(self, var_list)  # no momentum slots
+
+  def update_step(self, gradient, variable):
+    lr = tf.cast(self.learning_rate, variable.dtype)
+    if isinstance(gradient, tf.IndexedSlices):
+      return variable.scatter_sub(tf.IndexedSlices(lr * gradient.values, gradient.indices))
+    return variable.assign_sub(lr * gradient)
 
 
 class SparseAdagrad(tf.keras.optimizers.Adagrad):

@@ -36,11 +36,13 @@ def noisy_sparse_rows(kept_rows, pair_row, pair_values, noise_std, generator, ta
   return tf.IndexedSlices(values, kept_rows, tf.constant(table_shape, tf.int64))
 
 
-def noisy_dense_rows(pair_row, pair_values, noise_std, generator, table_shape):
-  """DP-SGD's embedding gradient: per-pair clipped values scattered into a dense [V, d]
-  tensor plus noise on every coordinate (the O(V·d) baseline)."""
+def noisy_dense_rows(pair_row, pair_values, noise_std, generator, table_shape, normaliser):
+  """DP-SGD's embedding gradient: (per-pair clipped values scattered into a dense [V, d]
+  tensor + noise on every coordinate) / normaliser — the O(V·d) baseline, built with a single
+  V×d allocation (the scatter updates the noise buffer in place)."""
   if noise_std == 0:
     dense = tf.zeros(table_shape, pair_values.dtype)
   else:
-    dense = noise_std * generator.normal(table_shape, dtype=pair_values.dtype)
-  return tf.tensor_scatter_nd_add(dense, pair_row[:, tf.newaxis], pair_values)
+    dense = generator.normal(table_shape, stddev=noise_std / normaliser,
+                             dtype=pair_values.dtype)
+  return tf.tensor_scatter_nd_add(dense, pair_row[:, tf.newaxis], pair_values / normaliser)
