@@ -364,8 +364,8 @@ def _as_paths(paths) -> List[str]:
 
 def _open(path: str):
   """A binary stream of the file's text; gzip is recognised by its magic bytes."""
-  if not os.path.exists(path):
-    raise DprecError(f"{path}: no such file")
+  if not os.path.isfile(path):
+    raise DprecError(f"{path}: {'a directory' if os.path.isdir(path) else 'no such file'}")
   with open(path, "rb") as probe:
     magic = probe.read(2)
   if magic == b"\x1f\x8b":
@@ -394,6 +394,8 @@ def _line_blocks(path: str, chunk_rows: int) -> Iterator[Tuple[int, bytes]]:
       try:
         data = stream.read(read_size)
       except (OSError, EOFError, zlib.error) as error:
+        if not isinstance(stream, gzip.GzipFile):
+          raise
         raise DprecError(f"{path}: corrupt gzip data after line {line_no - 1} ({error})") from error
       pending += data
       newlines = np.flatnonzero(np.frombuffer(pending, dtype=np.uint8) == 10)

@@ -151,6 +151,8 @@ def test_corrupt_gzip_is_a_clear_error(tmp_path):
     list(criteo.read_criteo_tsv(str(fake)))
   with pytest.raises(DprecError, match="no such file"):
     list(criteo.read_criteo_tsv(str(tmp_path / "absent")))
+  with pytest.raises(DprecError, match="a directory"):
+    list(criteo.read_criteo_tsv(str(tmp_path)))
 
 
 def test_day_files_are_ordered_numerically(tmp_path):
