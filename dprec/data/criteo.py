@@ -197,7 +197,7 @@ def _field_reason(fields, label_ok, int_ok, cat_ok) -> Tuple[str, str]:
     return "label", f"must be 0 or 1, got {fields[0]!r}"
   for name, ok, value in zip(INTEGER_FEATURES, int_ok, fields[1:14]):
     if not ok:
-      return name, f"not an integer: {value!r}"
+      return name, f"not an integer of at most 18 digits: {value!r}"
   for name, ok, value in zip(CATEGORICAL_FEATURES, cat_ok, fields[14:]):
     if not ok:
       return name, f"not an 8-hex-digit id: {value!r}"

@@ -9,7 +9,7 @@ import dataclasses
 import os
 import re
 import time
-from typing import Dict, Iterator, List, Sequence, Tuple
+from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from scipy import special
@@ -156,7 +156,7 @@ def _mix32(x: np.ndarray) -> np.ndarray:
   return x
 
 
-def _int_text(values: np.ndarray, missing: np.ndarray = None) -> Tuple[np.ndarray, np.ndarray]:
+def _int_text(values: np.ndarray, missing: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
   """Decimal text of int64 values [n, f] in fixed slots [n, f, 1 + D] (sign, D digits, where D is
   the block's widest number), and which bytes to keep."""
   values = np.asarray(values, np.int64)
@@ -217,7 +217,8 @@ def _top_share(counts: Sequence[np.ndarray], fraction: float = 0.01) -> Tuple[fl
   return float(covered / max(1, total)), shares
 
 
-def criteo_blocks(rows: int, days: int = 1, seed: int = 0, config: CriteoSynthConfig = None
+def criteo_blocks(rows: int, days: int = 1, seed: int = 0,
+                  config: Optional[CriteoSynthConfig] = None
                   ) -> Iterator[Tuple[int, Dict[str, np.ndarray]]]:
   """The generator's stream: `(day, block)` with `label`, `logit` (the true click logit), `ints`,
   `int_missing`, `ids` (bucket ids, -1 missing) and `hex_ids` (as written), `rows` in all.
@@ -242,7 +243,7 @@ def criteo_blocks(rows: int, days: int = 1, seed: int = 0, config: CriteoSynthCo
 
 
 def generate_criteo(out_dir: str, rows: int, days: int = 1, seed: int = 0,
-                    vocab: str = "table3", config: CriteoSynthConfig = None,
+                    vocab: str = "table3", config: Optional[CriteoSynthConfig] = None,
                     progress: bool = True) -> dict:
   """Writes `out_dir/day_0 … day_{days-1}`, `rows` Criteo TSV lines in all (see
   `criteo_blocks`); returns a summary with the top-1% bucket share and missing-value rates."""
@@ -297,7 +298,7 @@ class SequenceSynthConfig:
 
 
 def generate_sequences(out_file: str, users: int, items: int, seed: int = 0,
-                       config: SequenceSynthConfig = None, progress: bool = True) -> dict:
+                       config: Optional[SequenceSynthConfig] = None, progress: bool = True) -> dict:
   """Writes SASRec-style `user item` lines (1-based ids, each user's lines consecutive and in
   time order) with long-tailed item popularity; returns a summary."""
   config = config or SequenceSynthConfig()
