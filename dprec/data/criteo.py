@@ -205,7 +205,8 @@ def _field_reason(fields, label_ok, int_ok, cat_ok) -> Tuple[str, str]:
 
 
 def _empty_chunk(path: str) -> ParsedChunk:
-  return ParsedChunk(path, np.zeros(0, np.int64), np.zeros(0, np.int32), np.zeros((0, 13), np.int64),
+  return ParsedChunk(path, np.zeros(0, np.int64), np.zeros(0, np.int32),
+                     np.zeros((0, 13), np.int64),
                      np.zeros((0, 13), bool), np.zeros((0, 26), np.int64), [])
 
 
@@ -322,7 +323,7 @@ def _count_arrays(mapping: Mapping[Union[str, int], int]) -> Tuple[np.ndarray, n
 
 
 def count_categories(chunks: Iterable[ParsedChunk]) -> List[Tuple[np.ndarray, np.ndarray]]:
-  """Per categorical feature, the distinct ids seen in `chunks` and their counts (missing skipped)."""
+  """Per categorical feature: the distinct ids in `chunks` and their counts (missing skipped)."""
   partial = [[] for _ in CATEGORICAL_FEATURES]
   for chunk in chunks:
     for j, column in enumerate(chunk.cat_values.T):

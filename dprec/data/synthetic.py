@@ -156,7 +156,8 @@ def _mix32(x: np.ndarray) -> np.ndarray:
   return x
 
 
-def _int_text(values: np.ndarray, missing: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
+def _int_text(values: np.ndarray,
+              missing: Optional[np.ndarray] = None) -> Tuple[np.ndarray, np.ndarray]:
   """Decimal text of int64 values [n, f] in fixed slots [n, f, 1 + D] (sign, D digits, where D is
   the block's widest number), and which bytes to keep."""
   values = np.asarray(values, np.int64)
