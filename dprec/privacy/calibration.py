@@ -8,53 +8,26 @@ from dprec.errors import DprecError
 from dprec.privacy import accounting
 from dprec.privacy import composition
 
-# Below this σ the guarantee is meaningless (and PLD construction becomes very slow).
+# Below this σ the guarantee is meaningless; above it an absolute tolerance of rtol·σ_min is
+# a relative tolerance of rtol.
 MIN_NOISE_MULTIPLIER = 1e-2
-# Geometric step of the bracket search around the seed.
-_BRACKET_FACTOR = 0.8
-
-
-def _bracket(gap, seed):
-  """[lo, hi] with gap(lo) > 0 >= gap(hi), searched geometrically from a seed (ε falls with σ).
-
-  Starting near the answer keeps PLD away from small σ, whose PLDs are by far the slowest.
-  """
-  hi = seed
-  while gap(hi) > 0:
-    hi /= _BRACKET_FACTOR
-  lo = hi * _BRACKET_FACTOR
-  while gap(lo) <= 0:
-    if lo < MIN_NOISE_MULTIPLIER:
-      raise DprecError(
-          f"the target epsilon is met with noise multiplier < {MIN_NOISE_MULTIPLIER}: that is "
-          "not meaningful privacy; lower the target")
-    lo, hi = lo * _BRACKET_FACTOR, lo
-  return lo, hi
 
 
 def _calibrate(make_event, target_epsilon, delta, accountant, rtol):
-  """Smallest σ with ε(σ) <= target, to rtol: dp_accounting's Brent search in a tight bracket.
-
-  PLD is seeded with the (cheap, looser, hence larger) RDP σ.
-  """
+  """Smallest σ with ε(σ) <= target, within rtol: dp_accounting's bracketing (Brent) search."""
   accounting.check_accountant(accountant)
   accounting.check_delta(delta)
   if not target_epsilon > 0:
     raise DprecError(f"target epsilon must be > 0, got {target_epsilon}")
   if not 0 < rtol < 1:
     raise DprecError(f"rtol must be in (0, 1), got {rtol}")
-
-  def gap(sigma):
-    epsilon = accounting.make_accountant(accountant).compose(make_event(sigma)).get_epsilon(delta)
-    return epsilon - target_epsilon
-
-  seed = 1.0
-  if accountant == "pld":
-    seed = _calibrate(make_event, target_epsilon, delta, "rdp", rtol=1e-2)
-  lo, hi = _bracket(gap, seed)
   sigma = dp_accounting.calibrate_dp_mechanism(
       lambda: accounting.make_accountant(accountant), make_event, target_epsilon, delta,
-      bracket_interval=dp_accounting.ExplicitBracketInterval(lo, hi), tol=rtol * lo / 10)
+      tol=rtol * MIN_NOISE_MULTIPLIER)
+  if sigma < MIN_NOISE_MULTIPLIER:
+    raise DprecError(
+        f"the target epsilon {target_epsilon} is met with noise multiplier {sigma:.3g} < "
+        f"{MIN_NOISE_MULTIPLIER}: that is not meaningful privacy; lower the target")
   return float(sigma)
 
 
