@@ -301,11 +301,18 @@ class CriteoVocabulary:
       path = os.path.join(directory, f"{name}.tsv")
       if not os.path.exists(path):
         raise DprecError(f"{path}: vocabulary file missing")
-      table = pa_csv.read_csv(
-          path, read_options=pa_csv.ReadOptions(column_names=["id", "count"]),
-          parse_options=pa_csv.ParseOptions(delimiter="\t", quote_char=False),
-          convert_options=pa_csv.ConvertOptions(column_types={"id": pa.string(),
-                                                              "count": pa.int64()}))
+      if not os.path.getsize(path):  # a feature with no kept ids
+        ids.append(np.zeros(0, np.int64))
+        counts.append(np.zeros(0, np.int64))
+        continue
+      try:
+        table = pa_csv.read_csv(
+            path, read_options=pa_csv.ReadOptions(column_names=["id", "count"]),
+            parse_options=pa_csv.ParseOptions(delimiter="\t", quote_char=False),
+            convert_options=pa_csv.ConvertOptions(column_types={"id": pa.string(),
+                                                                "count": pa.int64()}))
+      except pa.ArrowInvalid as error:
+        raise DprecError(f"{path}: not a vocabulary file (id<TAB>count lines): {error}") from None
       column = table.column("id").combine_chunks()
       ok, values = parse_hex_ids(column)
       bad = np.flatnonzero(~ok if not ok.all() else values < 0)  # values are -1 unless all ok

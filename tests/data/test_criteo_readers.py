@@ -59,6 +59,13 @@ def test_vocabulary_build_save_load(tmp_path):
   for a, b, c, d in zip(vocab.ids, loaded.ids, vocab.counts, loaded.counts):
     np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(c, d)
+  empty = criteo.CriteoVocabulary.from_counts({})
+  empty.save(str(tmp_path / "empty"))
+  assert criteo.CriteoVocabulary.load(str(tmp_path / "empty")).sizes == (1,) * 26
+  (tmp_path / "vocab" / "C2.tsv").write_text("0000000a\tmany\n")
+  with pytest.raises(DprecError, match=r"C2.tsv: not a vocabulary file"):
+    criteo.CriteoVocabulary.load(str(tmp_path / "vocab"))
+  (tmp_path / "vocab" / "C2.tsv").write_text("0000000a\t3\n")
   (tmp_path / "vocab" / "C3.tsv").write_text("0000000a\t3\nxyz\t1\n")
   with pytest.raises(DprecError, match=r"C3.tsv:2: field id"):
     criteo.CriteoVocabulary.load(str(tmp_path / "vocab"))
