@@ -1,18 +1,15 @@
-"""The smallest `PeriodModel` for fast streaming tests, and a script that streams with it.
+"""Fixtures of the streaming tests: the smallest `PeriodModel`, for fast tests of the trainer.
 
 A logistic model with one scalar embedding per categorical feature, trained by DP-SGD (per-example
 clip, Gaussian noise from a checkpointed `tf.random.Generator` on touched rows and the bias) with
 an Adagrad accumulator, so checkpoints must carry weights, optimizer slots and generator state.
-Run as a script (the SIGKILL test's subprocess):
-  python standin.py RUN_DIR EPSILON_TOTAL [TRAIN_PERIODS]
 """
-import math
 import sys
 
 import numpy as np
+import pytest
 import tensorflow as tf
 
-from dprec.training.period_source import ArrayPeriodSource
 from dprec.training.plan import plan_stream
 from dprec.training.streaming import PeriodModel, StreamConfig, StreamingTrainer
 
@@ -116,23 +113,19 @@ class StandInModel(PeriodModel):
     return {"auc": float(auc.result()), "loss": float(loss)}
 
 
-def make_trainer(run_dir, epsilon_total, train_periods=None, days=4, checkpoint_every=7,
-                 expected_periods=3, top_k=None, noise_multiplier=None, selector=None):
-  data = make_days(days)
-  source = ArrayPeriodSource(data, period_days=1, train_days=train_periods)
+def make_trainer(run_dir, epsilon_total, source, train_periods=None, checkpoint_every=7,
+                 expected_periods=3, noise_multiplier=2.0, batch_size=40, accountant="pld"):
+  """A StreamingTrainer of the stand-in model over `source` (examples per period from day 0)."""
   plan = plan_stream(epsilon_total, 1e-5, expected_periods=expected_periods,
-                     examples_per_period=len(data[0][1]), batch_size=40,
-                     noise_multiplier=noise_multiplier)
+                     examples_per_period=source.period(0).examples, batch_size=batch_size,
+                     noise_multiplier=noise_multiplier, accountant=accountant)
   model = StandInModel(noise_multiplier=plan.noise_multiplier)
   config = StreamConfig(run_dir=run_dir, seed=3, checkpoint_every=checkpoint_every,
-                        train_periods=train_periods, top_k=top_k)
-  return StreamingTrainer(model, source, plan, config, selector=selector)
+                        train_periods=train_periods)
+  return StreamingTrainer(model, source, plan, config)
 
 
-if __name__ == "__main__":
-  tf.config.threading.set_inter_op_parallelism_threads(1)
-  tf.config.threading.set_intra_op_parallelism_threads(1)
-  run_dir, epsilon = sys.argv[1], float(sys.argv[2])
-  periods = int(sys.argv[3]) if len(sys.argv) > 3 else None
-  summary = make_trainer(run_dir, epsilon if epsilon > 0 else math.inf, periods).run()
-  print(summary["stopped"], file=sys.stderr)
+@pytest.fixture
+def standin():
+  """This module: `make_days`, `StandInModel`, `make_trainer`."""
+  return sys.modules[__name__]

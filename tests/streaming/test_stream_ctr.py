@@ -1,0 +1,85 @@
+"""The pCTR model in a stream: tables grow for new ids and the DP-FEST set is refreshed per period
+without losing what was learned (seed 001 §4.3 streaming-based frequency information)."""
+import numpy as np
+
+from dprec.training.period_source import ArrayPeriodSource
+from dprec.training.plan import plan_stream
+from dprec.training.stream_models import CTRPeriodModel, CTRStreamOptions
+from dprec.training.streaming import StreamConfig, StreamingTrainer
+
+
+def _days(num_days=3, rows=300, seed=1):
+  """Three categorical features whose ids grow from 6 to 6 + 4·day; 13 integer features."""
+  rng = np.random.default_rng(seed)
+  days = []
+  for day in range(num_days):
+    ids = rng.zipf(1.6, size=(rows, 3)) % (6 + 4 * day)
+    ints = rng.normal(size=(rows, 13)).astype(np.float32)
+    labels = (rng.random(rows) < 1 / (1 + np.exp(-(ids[:, 0] % 2 + ints[:, 0] - 0.5))))
+    days.append(({"cat_features": ids.astype(np.int32), "int_features": ints},
+                 labels.astype(np.int32)))
+  return days
+
+
+class RecordingModel(CTRPeriodModel):
+  """Records tables and Adagrad accumulators at every refresh of the row set."""
+
+  def __init__(self, *args, **kwargs):
+    super().__init__(*args, **kwargs)
+    self.refreshes, self.period_ends = [], []
+
+  def tables(self):
+    """({table: rows}, {table: Adagrad accumulator}); Keras builds one accumulator per
+    trainable variable, in order, after the `iterations` counter."""
+    variables = [id(v) for v in self.model.trainable_variables]
+    tables, slots = {}, {}
+    for table in self.model.dp_tables:
+      tables[table.table_name] = table.embeddings.numpy()
+      index = variables.index(id(table.embeddings))
+      slots[table.table_name] = self.optimizer.variables[1 + index].numpy()
+    return tables, slots
+
+  def set_selected_rows(self, selected_rows):
+    self.refreshes.append((selected_rows, self.tables()))
+    super().set_selected_rows(selected_rows)
+
+
+def test_refreshing_the_top_k_set_keeps_learned_rows(tmp_path):
+  days = _days()
+  source = ArrayPeriodSource(days, train_days=2)
+  plan = plan_stream(50.0, 1e-5, expected_periods=2, examples_per_period=300, batch_size=30,
+                     noise_multiplier=0.5, accountant="rdp")
+  model = RecordingModel(CTRStreamOptions(algorithm="dp_fest", hidden_units=(8,),
+                                          learning_rate=0.5), plan.noise_multiplier, 30.0)
+  ends = {}
+
+  def progress(period, step, logs):
+    del logs
+    if step + 1 == plan.steps_per_period:
+      ends[period] = model.tables()
+
+  config = StreamConfig(run_dir=str(tmp_path), top_k=3, train_periods=2, headroom=1.0)
+  summary = StreamingTrainer(model, source, plan, config, progress=progress).run()
+  assert summary["periods_trained"] == 2
+
+  (first_rows, (initial, _)), (second_rows, (at_refresh, slots_at_refresh)) = model.refreshes
+  for name, rows in first_rows.items():
+    old, new = ends[0][0][name], at_refresh[name]
+    assert new.shape[0] > old.shape[0], "day 1 brought new ids: the table must have grown"
+    # Every learned row and its optimizer slot survive the refresh and the growth, bit for bit
+    np.testing.assert_array_equal(new[:old.shape[0]], old)
+    old_slot = ends[0][1][name]
+    np.testing.assert_array_equal(slots_at_refresh[name][:old.shape[0]], old_slot)
+    assert old_slot[rows].max() > old_slot.min(), "the selected rows' accumulators grew"
+    # ... in particular the rows of buckets selected in both periods, which did learn.
+    stay = np.intersect1d(rows, second_rows[name])
+    assert stay.size > 0
+    assert np.abs(old[stay] - initial[name][stay]).max() > 0
+    # Rows outside the period-0 set were never updated (DP-FEST: frozen at initialisation).
+    frozen = np.setdiff1d(np.arange(initial[name].shape[0]), rows)
+    np.testing.assert_array_equal(old[frozen], initial[name][frozen])
+    # Period 1 trains the new set only, continuing from the learned values.
+    final = model.tables()[0][name]
+    outside = np.setdiff1d(np.arange(final.shape[0]), second_rows[name])
+    np.testing.assert_array_equal(final[outside], new[outside])
+    assert np.abs(final[second_rows[name]] - new[second_rows[name]]).max() > 0
