@@ -1,9 +1,12 @@
-"""The `dprec` command: one sub-command per way in, each registered by its own module.
+"""The `dprec` command: one sub-command per way in, each registered by its own module(s).
 
-Each module listed in COMMANDS exposes `register(subparsers)`, which adds its parser(s) and sets
-`func` to a handler taking the parsed args. A handler returns an int exit code or a dict, which is
-printed as JSON on stdout. User errors (`DprecError`) print one line on stderr and exit 2; any
-other exception prints one line too unless `--debug` asks for the traceback.
+A command module exposes `register(subparsers)`, which adds its parser(s) and sets `func` to a
+handler taking the parsed args. A handler returns an int exit code or a dict, which is printed as
+JSON on stdout. User errors (`DprecError`) print one line on stderr and exit 2; any other
+exception prints one line too unless `--debug` asks for the traceback.
+
+Only the modules of the command being run are imported (TensorFlow and Beam take seconds to
+import); the others appear in `dprec --help` through their one-line summary below.
 """
 import argparse
 import importlib
@@ -12,44 +15,54 @@ import sys
 
 from dprec.errors import DprecError
 
-# (top-level command, module that registers it). A command shared by several modules (`train`)
-# gets a sub-parser group that each of them extends.
-COMMANDS = (
-    ("demo", "dprec.demo"),
-    ("privacy", "dprec.privacy.cli"),
-    ("synth", "dprec.data.cli"),
-    ("preprocess", "pipelines.cli"),
-    ("train", "dprec.models.ctr_cli"),
-    ("train", "dprec.models.seqrec_cli"),
-    ("stream", "dprec.training.stream_cli"),
-)
-GROUPS = {
-    "train": "Train a model (CTR or sequential recommender) non-privately or with DP.",
+# command → (summary for `dprec --help`, modules registering it). A command with several modules
+# (`train`) is a group: each module adds its sub-commands to the group's sub-parsers.
+COMMANDS = {
+    "demo": ("generate a small Criteo-like dataset, account privacy and train on it",
+             ("dprec.demo",)),
+    "privacy": ("privacy accounting: ε for a training run, σ for a target ε, the ledger",
+                ("dprec.privacy.cli",)),
+    "synth": ("write synthetic Criteo-like day files or interaction sequences",
+              ("dprec.data.cli",)),
+    "preprocess": ("Apache Beam preprocessing jobs (Criteo batch/streaming, sequences)",
+                   ("pipelines.cli",)),
+    "train": ("train a CTR or sequential recommender model, non-privately or with DP",
+              ("dprec.models.ctr_cli", "dprec.models.seqrec_cli")),
+    "stream": ("online training period by period on a growing Criteo time series",
+               ("dprec.training.stream_cli",)),
 }
+GROUPS = ("train",)
 
 
-def build_parser():
+def build_parser(load=None):
+  """The argument parser; `load` names the commands whose modules are imported (all if None)."""
   parser = argparse.ArgumentParser(
       prog="dprec",
       description="Differentially private training for large-embedding recommender models.")
   parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
   subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
-  groups = {}
-  for command, module_name in COMMANDS:
-    module = importlib.import_module(module_name)
+  for command, (summary, module_names) in COMMANDS.items():
+    if load is not None and command not in load:
+      subparsers.add_parser(command, help=summary, add_help=False)
+      continue
+    target = subparsers
     if command in GROUPS:
-      if command not in groups:
-        group = subparsers.add_parser(command, help=GROUPS[command], description=GROUPS[command])
-        groups[command] = group.add_subparsers(dest="subcommand", metavar="SUBCOMMAND",
-                                               required=True)
-      module.register(groups[command])
-    else:
-      module.register(subparsers)
+      group = subparsers.add_parser(command, help=summary, description=summary)
+      target = group.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
+    for module_name in module_names:
+      importlib.import_module(module_name).register(target)
   return parser
 
 
+def _command_in(argv):
+  """The command named by argv (its first positional word), as a set for `build_parser`."""
+  words = [word for word in argv if not word.startswith("-")]
+  return {words[0]} if words else set()
+
+
 def main(argv=None):
-  args = build_parser().parse_args(argv)
+  argv = sys.argv[1:] if argv is None else list(argv)
+  args = build_parser(load=_command_in(argv)).parse_args(argv)
   try:
     result = args.func(args)
   except (DprecError, FileNotFoundError, ValueError) as error:

@@ -28,6 +28,14 @@ def test_every_command_has_help(capsys):
     assert "usage: dprec" in capsys.readouterr().out
 
 
+def test_only_the_command_run_is_imported(monkeypatch):
+  monkeypatch.setattr(cli, "COMMANDS", {
+      "ok": ("succeeds", ("fake_ok",)), "heavy": ("never imported", ("no_such_module",))})
+  monkeypatch.setitem(sys.modules, "fake_ok", types.SimpleNamespace(
+      register=lambda sub: sub.add_parser("ok").set_defaults(func=lambda args: 0)))
+  assert cli.main(["ok"]) == 0
+
+
 def _fake_command_module(error):
   def register(subparsers):
     parser = subparsers.add_parser("boom", help="always fails")
@@ -41,7 +49,7 @@ def _fake_command_module(error):
 ])
 def test_errors_are_one_line_without_traceback(monkeypatch, capsys, error, code):
   monkeypatch.setitem(sys.modules, "fake_boom", _fake_command_module(error))
-  monkeypatch.setattr(cli, "COMMANDS", (("boom", "fake_boom"),))
+  monkeypatch.setattr(cli, "COMMANDS", {"boom": ("always fails", ("fake_boom",))})
   assert cli.main(["boom"]) == code
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and "Traceback" not in err
@@ -50,7 +58,7 @@ def test_errors_are_one_line_without_traceback(monkeypatch, capsys, error, code)
 
 def test_debug_shows_the_traceback(monkeypatch):
   monkeypatch.setitem(sys.modules, "fake_boom", _fake_command_module(InputError("f", 1, "x", "y")))
-  monkeypatch.setattr(cli, "COMMANDS", (("boom", "fake_boom"),))
+  monkeypatch.setattr(cli, "COMMANDS", {"boom": ("always fails", ("fake_boom",))})
   with pytest.raises(InputError):
     cli.main(["--debug", "boom"])
 
@@ -59,6 +67,6 @@ def test_dict_results_print_as_json(monkeypatch, capsys):
   def register(subparsers):
     subparsers.add_parser("ok").set_defaults(func=lambda args: {"epsilon": 1.5})
   monkeypatch.setitem(sys.modules, "fake_ok", types.SimpleNamespace(register=register))
-  monkeypatch.setattr(cli, "COMMANDS", (("ok", "fake_ok"),))
+  monkeypatch.setattr(cli, "COMMANDS", {"ok": ("succeeds", ("fake_ok",))})
   assert cli.main(["ok"]) == 0
   assert '"epsilon": 1.5' in capsys.readouterr().out
