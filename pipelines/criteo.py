@@ -204,8 +204,10 @@ class ShardStats:
   rows_in: int = 0
   rows_out: int = 0
   bad_rows: Dict[str, int] = dataclasses.field(default_factory=dict)
-  present: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(26, np.int64))
-  known: np.ndarray = dataclasses.field(default_factory=lambda: np.zeros(26, np.int64))
+  present: np.ndarray = dataclasses.field(
+      default_factory=lambda: np.zeros(len(CATEGORICAL_FEATURES), np.int64))
+  known: np.ndarray = dataclasses.field(
+      default_factory=lambda: np.zeros(len(CATEGORICAL_FEATURES), np.int64))
   files: Dict[int, List[Tuple[str, int]]] = dataclasses.field(default_factory=dict)
 
   def add(self, other: "ShardStats") -> "ShardStats":

@@ -121,6 +121,11 @@ class IdleTimeout(watch.TerminationCondition):
     return coders.TimestampCoder()
 
 
+def _file_path(metadata) -> str:
+  """Watch's dedup key: each path is emitted once."""
+  return metadata.path
+
+
 def read_day_file(metadata, timestamp=beam.DoFn.TimestampParam):
   """A watched file → its `LineBlock`s (and gzip dead letters), all at the file's event time."""
   path = metadata.path
@@ -253,7 +258,7 @@ def build_pipeline(pipeline: beam.Pipeline, job: StreamJob):
                DayFiles(job.stop_after_day, min(job.poll_seconds, 0.2)),
                poll_interval=Duration.of(job.poll_seconds),
                termination=IdleTimeout(job.idle_timeout),
-               output_key_fn=lambda metadata: metadata.path)
+               output_key_fn=_file_path)
            | "File" >> beam.Map(lambda pair: pair[1]))
   return (files
           | "ReadDayFile" >> beam.FlatMap(read_day_file)

@@ -1,0 +1,40 @@
+"""`dprec preprocess`: Beam options pass through, help everywhere, one-line errors, JSON result."""
+import json
+
+import pytest
+
+from dprec import cli
+
+
+def test_unknown_options_go_to_beam():
+  args = cli.build_parser().parse_args([
+      "preprocess", "criteo", "--input", "in", "--output", "out", "--runner", "DataflowRunner",
+      "--project=p", "--vocab-mode", "top_k", "--top-k", "5", "--streaming"])
+  assert args.beam_args == ["--runner", "DataflowRunner", "--project=p"]
+  assert (args.vocab_mode, args.top_k, args.streaming) == ("top_k", "5", True)
+
+
+@pytest.mark.parametrize("argv", [["preprocess"], ["preprocess", "criteo"],
+                                  ["preprocess", "sequences"]])
+def test_help(argv, capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(argv + ["--help"])
+  assert exit_info.value.code == 0
+  assert "usage: dprec preprocess" in capsys.readouterr().out
+
+
+def test_sequences_command_prints_json_and_errors_are_one_line(tmp_path, capsys, in_process):
+  (tmp_path / "good.txt").write_text("1 5\n1 6\n2 5\n")
+  out = str(tmp_path / "out")
+  assert cli.main(["preprocess", "sequences", "--input", str(tmp_path / "good.txt"), "--format",
+                   "sasrec", "--output", out] + in_process) == 0
+  summary = json.loads(capsys.readouterr().out)
+  assert (summary["users"], summary["items"], summary["actions"]) == (2, 2, 3)
+
+  code = cli.main(["preprocess", "criteo", "--input", str(tmp_path / "none_*"), "--output", out]
+                  + in_process)
+  captured = capsys.readouterr()
+  assert code == 2 and captured.err.count("\n") == 1 and "no input files match" in captured.err
+  code = cli.main(["preprocess", "criteo", "--input", str(tmp_path), "--output", out,
+                   "--streaming", "--vocab-mode", "dp_top_k", "--top-k", "3", "--epsilon", "1"])
+  assert code == 2 and "DP top-k selection is a batch job" in capsys.readouterr().err
