@@ -177,13 +177,14 @@ def algorithm_config(options: CTRTrainOptions, plan: PrivacyPlan, selected_rows=
   """The `dprec.optimizers.config` object of `options.algorithm`."""
   if options.algorithm == "non_private":
     return config_lib.NonPrivate()
-  common = dict(l2_norm_clip=options.l2_norm_clip, noise_multiplier=plan.sigma2)
+  common = dict(l2_norm_clip=float(options.l2_norm_clip), noise_multiplier=plan.sigma2)
   if options.algorithm == "dp_sgd":
     return config_lib.DPSGD(**common)
   if options.algorithm == "dp_fest":
     return config_lib.DPFEST(selected_rows=selected_rows, **common)
-  adafest = dict(contribution_clip=options.contribution_clip,
-                 contribution_noise_multiplier=plan.sigma1, threshold=options.threshold, **common)
+  adafest = dict(contribution_clip=float(options.contribution_clip),
+                 contribution_noise_multiplier=plan.sigma1, threshold=float(options.threshold),
+                 **common)
   if options.algorithm == "dp_adafest":
     return config_lib.DPAdaFEST(**adafest)
   return config_lib.DPAdaFESTPlus(selected_rows=selected_rows, **adafest)
@@ -230,6 +231,7 @@ def train_ctr(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
       _check_budget(ledger, plan, options)
     model.compile(optimizer=DPOptimizer(config, OPTIMIZERS[options.optimizer](options.learning_rate),
                                         expected_batch_size=options.batch_size, seed=options.seed))
+    model.optimizer.build(model.trainable_variables)  # slots now: the step is traced only once
     sampling = poisson.BatchSampling(options.batch_size, private and not options.fixed_batches,
                                      options.seed)
     features = {key: data.train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}
