@@ -8,6 +8,8 @@ call of a registered layer is routed through its registry function during the on
 of the DP step, so the same functions also serve layers nested inside subclassed layers and
 models (the DPFormer encoder blocks).
 """
+import collections
+
 import tensorflow as tf
 from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry as tfp_registry
 from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import einsum_dense
@@ -31,10 +33,35 @@ def make_layer_registry():
   return registry
 
 
+# One routed call: the layer, its call arguments, the tensors its registry function watched and
+# the function mapping their summed-loss gradients to per-example squared norms.
+Record = collections.namedtuple("Record", ["layer", "args", "watched", "squared_norm_fn"])
+
+
+def dense_clipped_gradients(layer, args, output_grads, clip_factors):
+  """Σ_i c_i·∇L_i for a Dense layer's [kernel, bias], book-kept from its input a and the
+  summed-loss gradient g of its pre-activation output (∇_W L_i = a_iᵀ g_i, note 004 eq. 1),
+  so the clipped sum needs no second backward pass."""
+  inputs = args[0]
+  inputs = tf.reshape(inputs, [tf.shape(inputs)[0], -1, inputs.shape[-1]])
+  output_grads = tf.reshape(output_grads, [tf.shape(output_grads)[0], -1,
+                                           output_grads.shape[-1]])
+  weighted = output_grads * tf.cast(clip_factors, output_grads.dtype)[:, tf.newaxis, tf.newaxis]
+  grads = [tf.einsum("nti,nto->io", inputs, weighted)]
+  if layer.use_bias:
+    grads.append(tf.reduce_sum(weighted, axis=[0, 1]))
+  return grads
+
+
+# Layer classes whose clipped gradients are book-kept from the norm pass (others: a second
+# backward pass of Σ c_i·L_i).
+CLIPPED_GRADIENT_FUNCTIONS = {tf.keras.layers.Dense: dense_clipped_gradients}
+
+
 class RegistryRecorder:
   """While active, each call of a registered layer runs its registry function on `tape`.
 
-  `records` collects `(layer, watched_tensors, squared_norm_fn)` per call. Only the outermost
+  `records` collects a `Record` per call. Only the outermost
   registered layer of a nesting is routed (a MultiHeadAttention's inner EinsumDense layers are
   covered by its own function). A layer called twice in one step shares its weights between
   uses, where per-use norms do not add up; that raises an error pointing to the model hook.
@@ -69,7 +96,7 @@ class RegistryRecorder:
     def call(*args, **kwargs):
       if self._depth:
         return original_call(*args, **kwargs)
-      if any(record[0] is layer for record in self.records):
+      if any(record.layer is layer for record in self.records):
         raise DprecError(
             f"layer {layer.name!r} is called more than once per step: its per-example norm is "
             "not the sum of per-call norms; compute it in DPModel.extra_squared_norms")
@@ -78,7 +105,7 @@ class RegistryRecorder:
         watched, outputs, squared_norm_fn = registry_fn(layer, args, kwargs, self._tape, None)
       finally:
         self._depth -= 1
-      self.records.append((layer, watched, squared_norm_fn))
+      self.records.append(Record(layer, args, watched, squared_norm_fn))
       return outputs
 
     return call

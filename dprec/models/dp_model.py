@@ -14,8 +14,9 @@ One step, with one forward pass:
 3. Per-example squared norms from one backward pass to the recorded tensors: registry layers,
    embeddings restricted to kept rows, and the `extra_squared_norms` hook; clip factor
    c_i = min(1, C2/‖g_i‖) over all of them jointly.
-4. Clipped sum: dense variables by a second backward pass of Σ c_i·L_i; embedding rows
-   book-kept from the first (c_i times the per-(example, row) gradients of kept rows).
+4. Clipped sum book-kept from that pass for Dense layers (a_iᵀ·c_i·g_i) and embedding rows
+   (c_i times the per-(example, row) gradients of kept rows); other variables by a second
+   backward pass of Σ c_i·L_i.
 5. Noise σ2·C2 on dense variables and kept rows only (`dprec.sparse.noise`), divided by the
    expected batch size; the inner optimizer applies IndexedSlices row-sparsely.
 The non-private configuration is the ordinary Keras step (sparse embedding gradients).
@@ -57,7 +58,8 @@ class ExtraNorms(collections.namedtuple("ExtraNorms",
 
 
 _Forward = collections.namedtuple(
-    "_Forward", ["tape", "y_pred", "losses", "squared", "tables", "pairs", "pair_grads", "kept"])
+    "_Forward", ["tape", "y_pred", "losses", "squared", "tables", "pairs", "pair_grads", "kept",
+                 "records", "record_grads"])
 
 
 def _unique(items):
@@ -204,12 +206,12 @@ class DPModel(tf.keras.Model):
     # One backward pass to every recorded tensor.
     record_grads, row_grads, extra_grads = tape.gradient(
         summed_loss,
-        ([r[1] for r in recorder.records], [[l.rows for l in ls] for ls in lookups],
+        ([r.watched for r in recorder.records], [[l.rows for l in ls] for ls in lookups],
          [e.watched for e in extras]),
         unconnected_gradients=tf.UnconnectedGradients.ZERO)
     squared = tf.zeros([batch_size], losses.dtype)
-    for (_, _, squared_norm_fn), grads in zip(recorder.records, record_grads):
-      squared += squared_norm_fn(grads)
+    for record, grads in zip(recorder.records, record_grads):
+      squared += record.squared_norm_fn(grads)
     for extra, grads in zip(extras, extra_grads):
       squared += extra.squared_norm_fn(grads)
     used = [f for f, ls in enumerate(lookups) if ls]
@@ -220,7 +222,8 @@ class DPModel(tf.keras.Model):
     for f in used:
       squared += embedding_norms.squared_norms(pairs[f], pair_grads[f], kept[f].pair_kept,
                                                batch_size)
-    return _Forward(tape, y_pred, losses, squared, tables, pairs, pair_grads, kept)
+    return _Forward(tape, y_pred, losses, squared, tables, pairs, pair_grads, kept,
+                    recorder.records, record_grads)
 
   def _dp_gradients(self, config, x, y, sample_weight):
     """Noisy, normalised gradients of one DP step (module docstring, steps 1–5)."""
@@ -234,14 +237,23 @@ class DPModel(tf.keras.Model):
       clip_factors = config.l2_norm_clip / tf.maximum(config.l2_norm_clip,
                                                       tf.sqrt(forward.squared))
 
-    # Step 4: the clipped sum.
+    # Step 4: the clipped sum: book-kept where the layer allows, else a second backward pass.
     clip_factors = tf.stop_gradient(clip_factors)
-    with tape:
-      weighted_loss = tf.reduce_sum(clip_factors * losses)
+    clipped = {}
+    for record, grads in zip(forward.records, forward.record_grads):
+      clipped_fn = registry_lib.CLIPPED_GRADIENT_FUNCTIONS.get(type(record.layer))
+      if clipped_fn is not None:
+        clipped.update(zip(map(id, record.layer.trainable_weights),
+                           clipped_fn(record.layer, record.args, grads, clip_factors)))
     table_vars = {id(t.embeddings) for t in tables}
     dense_vars = [v for v in self.trainable_variables if id(v) not in table_vars]
-    dense_grads = tape.gradient(weighted_loss, dense_vars,
-                                unconnected_gradients=tf.UnconnectedGradients.ZERO)
+    remaining = [v for v in dense_vars if id(v) not in clipped]
+    if remaining:
+      with tape:
+        weighted_loss = tf.reduce_sum(clip_factors * losses)
+      clipped.update(zip(map(id, remaining), tape.gradient(
+          weighted_loss, remaining, unconnected_gradients=tf.UnconnectedGradients.ZERO)))
+    dense_grads = [clipped[id(v)] for v in dense_vars]
     del tape, forward
 
     # Step 5: noise, normalisation.
@@ -270,15 +282,15 @@ class DPModel(tf.keras.Model):
     """Per-table kept rows; unused tables get empty pair sets."""
     empty = embedding_norms.Pairs(tf.zeros([0], tf.int64), tf.zeros([0], tf.int64),
                                   tf.zeros([0], tf.int64))
-    return kept_rows_lib.select_kept_rows(config, layout,
-                                   [pairs.get(f, empty) for f in range(len(tables))],
-                                   batch_size, self._dp_generator)
+    return kept_rows_lib.select_kept_rows(
+        config, layout, [pairs.get(f, empty) for f in range(len(tables))], batch_size,
+        self._dp_generator)
 
   def _check_coverage(self, tables, records, extras):
     """Every trainable variable needs a per-example norm; refuse silently unclipped ones."""
     covered = {id(t.embeddings) for t in tables}
-    for layer, _, _ in records:
-      covered.update(id(w) for w in layer.trainable_weights)
+    for record in records:
+      covered.update(id(w) for w in record.layer.trainable_weights)
     for extra in extras:
       covered.update(id(v) for v in extra.variables)
     missing = [v.name for v in self.trainable_variables if id(v) not in covered]
