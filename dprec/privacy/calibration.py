@@ -44,7 +44,7 @@ def calibrate_noise_multiplier(target_epsilon, delta, sampling_rate, steps, acco
 
 @dataclasses.dataclass(frozen=True)
 class TrainingPlan:
-  """One σ for every planned period so that training plus pure-ε selection fit the budget."""
+  """One σ for every planned period so that training plus selection fit the budget."""
   noise_multiplier: float
   composition: composition.CompositionResult
 
@@ -57,10 +57,12 @@ class TrainingPlan:
 
 
 def plan_training(target_epsilon, delta, periods: Sequence[Tuple[float, int]],
-                  selection_epsilon=0.0, accountant="pld", poisson=True, rtol=1e-3):
-  """Calibrate one σ for periods [(q_i, T_i)] after deducting pure-ε selection (note 001 C.3).
+                  selection_epsilon=0.0, accountant="pld", poisson=True, rtol=1e-3,
+                  selection_delta=0.0):
+  """Calibrate one σ for periods [(q_i, T_i)] after deducting the selection (note 001 C.3).
 
-  Basic composition: ε_total = ε_train(δ) + ε_select, so training gets target − ε_select.
+  Basic composition: ε_total = ε_train(δ − δ_select) + ε_select, so training gets the target
+  minus ε_select at δ − δ_select.
   """
   if not periods:
     raise DprecError("plan_training needs at least one (sampling_rate, steps) period")
@@ -75,7 +77,10 @@ def plan_training(target_epsilon, delta, periods: Sequence[Tuple[float, int]],
     return dp_accounting.ComposedDpEvent(
         [accounting.dp_sgd_event(sigma, q, steps) for q, steps in periods])
 
-  sigma = _calibrate(make_event, target_epsilon - selection_epsilon, delta, accountant, rtol)
+  if not 0 <= selection_delta < delta:
+    raise DprecError(f"selection delta {selection_delta} must be in [0, delta={delta})")
+  sigma = _calibrate(make_event, target_epsilon - selection_epsilon, delta - selection_delta,
+                     accountant, rtol)
   planned = [accounting.TrainingPeriod(sigma, q, int(steps), poisson) for q, steps in periods]
   return TrainingPlan(sigma, composition.compose_periods(
-      planned, delta, accountant, [selection_epsilon]))
+      planned, delta, accountant, selections=[(selection_epsilon, selection_delta)]))

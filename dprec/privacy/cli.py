@@ -34,8 +34,11 @@ def _add_sampling_arguments(parser):
   parser.add_argument("--fixed-batches", action="store_true",
                       help="batches were fixed-size shuffled, not Poisson: flagged in the output")
   parser.add_argument("--selection-epsilon", type=float, default=0.0, metavar="S",
-                      help="pure epsilon spent on DP top-k selection, composed with training "
-                           "(e.g. k draws at e each cost k*e)")
+                      help="epsilon spent on DP top-k selection, added to training's (basic "
+                           "composition; k draws at e each cost k*e when pure)")
+  parser.add_argument("--selection-delta", type=float, default=0.0, metavar="SD",
+                      help="delta of the selection when it is (epsilon, delta)-DP (zCDP "
+                           "accounted); training is accounted at delta minus this")
 
 
 def _parse_period(text):
@@ -90,8 +93,9 @@ def run_epsilon(args):
   periods, delta = _sampling(args)
   training = [accounting.TrainingPeriod(args.noise_multiplier, q, steps, not args.fixed_batches)
               for q, steps in periods]
-  result = composition.compose_periods(training, delta, args.accountant,
-                                       [args.selection_epsilon])
+  result = composition.compose_periods(
+      training, delta, args.accountant,
+      selections=[(args.selection_epsilon, args.selection_delta)])
   return _report(result, args.noise_multiplier, periods, args)
 
 
@@ -99,6 +103,7 @@ def run_sigma(args):
   periods, delta = _sampling(args)
   plan = calibration.plan_training(
       args.epsilon, delta, periods, selection_epsilon=args.selection_epsilon,
+      selection_delta=args.selection_delta,
       accountant=args.accountant, poisson=not args.fixed_batches, rtol=args.rtol)
   report = _report(plan.composition, plan.noise_multiplier, periods, args)
   report["target_epsilon"] = args.epsilon
@@ -129,7 +134,7 @@ def register(subparsers):
   epsilon = commands.add_parser(
       "epsilon", help="epsilon spent by DP-SGD-style training", formatter_class=formatter,
       description="Epsilon of Poisson-subsampled Gaussian training at a given delta, plus any "
-                  "pure-epsilon selection.\n\n" + _SAMPLING_HELP)
+                  "DP top-k selection cost.\n\n" + _SAMPLING_HELP)
   epsilon.add_argument("--noise-multiplier", type=float, required=True, metavar="S",
                        help="noise multiplier sigma (for DP-AdaFEST the composed one)")
   _add_sampling_arguments(epsilon)

@@ -1,10 +1,11 @@
-"""One (ε, δ) for a whole run: training periods (any q, σ, T) plus pure-ε charges (DP top-k).
+"""One (ε, δ) for a whole run: training periods (any q, σ, T) plus selection charges (DP top-k).
 
-Gaussian periods compose inside the accountant; pure ε-DP charges add to its ε at the same δ by
-basic composition (note 001 App. C.3, Lemma C.5). Both parts are reported.
+Gaussian periods compose inside the accountant. Selection charges, pure ε or (ε_i, δ_i), add by
+basic composition (note 001 App. C.3, Lemma C.5): the training part is evaluated at
+δ − Σ δ_i and the ε_i are added. Both parts are reported.
 """
 import dataclasses
-from typing import List, Sequence
+from typing import List, Sequence, Tuple
 
 from dprec.errors import DprecError
 from dprec.privacy import accounting
@@ -15,7 +16,9 @@ class CompositionResult:
   epsilon: float
   delta: float
   training_epsilon: float
+  training_delta: float
   selection_epsilon: float
+  selection_delta: float
   accountant: str
   periods: List[dict]
   note: str = ""
@@ -25,14 +28,20 @@ class CompositionResult:
 
 
 def compose_periods(periods: Sequence[accounting.TrainingPeriod], delta, accountant="pld",
-                    pure_epsilons: Sequence[float] = ()):
-  """ε at δ of all periods composed, plus the sum of the pure-ε charges."""
-  if any(e < 0 for e in pure_epsilons):
-    raise DprecError(f"pure epsilon charges must be >= 0, got {list(pure_epsilons)}")
-  training = accounting.gaussian_epsilon(periods, delta, accountant)
-  selection = float(sum(pure_epsilons))
+                    selections: Sequence[Tuple[float, float]] = ()):
+  """ε at δ of all periods composed with selection charges (ε_i, δ_i) (δ_i = 0: pure)."""
+  charges = [(float(e), float(d)) for e, d in selections]
+  if any(e < 0 or d < 0 for e, d in charges):
+    raise DprecError(f"selection charges must be >= 0, got {charges}")
+  selection_delta = float(sum(d for _, d in charges))
+  if selection_delta >= delta:
+    raise DprecError(f"selection delta {selection_delta:g} leaves nothing of delta {delta:g} "
+                     "for training")
+  training = accounting.gaussian_epsilon(periods, delta - selection_delta, accountant)
+  selection = float(sum(e for e, _ in charges))
   poisson = all(p.poisson for p in periods)
   return CompositionResult(
       epsilon=training + selection, delta=delta, training_epsilon=training,
-      selection_epsilon=selection, accountant=accountant,
+      training_delta=delta - selection_delta, selection_epsilon=selection,
+      selection_delta=selection_delta, accountant=accountant,
       periods=[dataclasses.asdict(p) for p in periods], note=accounting.poisson_note(poisson))

@@ -3,7 +3,7 @@
 The file is JSON: the budget, δ, the accountant and the list of charges (mechanism, parameters,
 time, ε so far). Each write goes to a temporary file in the same directory, is fsynced and renamed
 over the ledger, so a crash leaves either the old or the new ledger, never a torn one. ε is always
-recomputed from the charges (Gaussian periods in the accountant, pure charges added: see
+recomputed from the charges (Gaussian periods in the accountant, selection charges added: see
 `composition`), so a reloaded ledger knows exactly what was spent. One ledger has one writer.
 """
 import datetime
@@ -20,6 +20,7 @@ from dprec.privacy import composition
 LEDGER_FORMAT = "dprec-privacy-ledger-v1"
 GAUSSIAN = "poisson_gaussian"
 PURE = "pure"
+APPROXIMATE = "approximate"
 
 
 def _now():
@@ -119,15 +120,17 @@ class PrivacyLedger:
 
   # -- accounting ----------------------------------------------------------------------------
   def composition(self, charges=None):
-    """Both parts of ε spent: Gaussian periods (grouped by σ, q) and the pure charges."""
+    """Both parts of ε spent: Gaussian periods (grouped by σ, q) and the selection charges."""
     charges = self.charges if charges is None else charges
     steps = {}
     for charge in charges:
       if charge["mechanism"] == GAUSSIAN:
         steps[_gaussian_key(charge)] = steps.get(_gaussian_key(charge), 0) + charge["steps"]
     periods = [accounting.TrainingPeriod(s, q, n, poisson) for (s, q, poisson), n in steps.items()]
-    pure = [c["epsilon"] for c in charges if c["mechanism"] == PURE]
-    return composition.compose_periods(periods, self.delta, self.accountant, pure)
+    selections = [(c["epsilon"], c.get("delta", 0.0)) for c in charges
+                  if c["mechanism"] in (PURE, APPROXIMATE)]
+    return composition.compose_periods(periods, self.delta, self.accountant,
+                                       selections=selections)
 
   def epsilon_spent(self):
     return self.composition().epsilon
@@ -178,11 +181,18 @@ class PrivacyLedger:
 
   def charge_pure(self, epsilon, label=""):
     """Record a pure ε-DP release (e.g. DP top-k selection); returns ε so far."""
-    if not epsilon >= 0:
-      raise DprecError(f"pure epsilon charge must be >= 0, got {epsilon}")
-    charge = {"mechanism": PURE, "epsilon": float(epsilon), "label": label, "time": _now()}
+    return self.charge_approximate(epsilon, 0.0, label)
+
+  def charge_approximate(self, epsilon, delta, label=""):
+    """Record an (ε, δ)-DP release (e.g. zCDP-accounted top-k); training keeps δ − Σδ."""
+    if not epsilon >= 0 or not 0 <= delta < self.delta:
+      raise DprecError(f"selection charge needs epsilon >= 0 and 0 <= delta < {self.delta:g}, "
+                       f"got ({epsilon}, {delta})")
+    charge = {"mechanism": APPROXIMATE if delta else PURE, "epsilon": float(epsilon),
+              "delta": float(delta), "label": label, "time": _now()}
+    what = f"epsilon {epsilon:g}" + (f", delta {delta:g}" if delta else "")
     return self._commit(self.charges + [charge],
-                        f"charging pure epsilon {epsilon:g}{' (' + label + ')' if label else ''}")
+                        f"charging {what}{' (' + label + ')' if label else ''}")
 
   def summary(self):
     result = self.composition()
@@ -190,5 +200,6 @@ class PrivacyLedger:
             "accountant": self.accountant, "epsilon_spent": result.epsilon,
             "training_epsilon": result.training_epsilon,
             "selection_epsilon": result.selection_epsilon,
+            "training_delta": result.training_delta, "selection_delta": result.selection_delta,
             "remaining": max(0.0, self.epsilon_budget - result.epsilon), "note": result.note,
             "charges": self.charges}

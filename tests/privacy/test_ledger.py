@@ -72,7 +72,7 @@ def test_periods_and_selection_compose_into_one_total(tmp_path):
   assert [c["epsilon_so_far"] for c in ledger.charges] == sorted(
       c["epsilon_so_far"] for c in ledger.charges)
   periods = [privacy.TrainingPeriod(1.0, 0.01, 200), privacy.TrainingPeriod(1.2, 0.02, 50)]
-  direct = privacy.compose_periods(periods, DELTA, pure_epsilons=[0.1, 0.05])
+  direct = privacy.compose_periods(periods, DELTA, selections=[(0.1, 0), (0.05, 0)])
   assert direct.epsilon == pytest.approx(summary["epsilon_spent"], rel=1e-12)
 
 
@@ -165,3 +165,18 @@ def test_snapshot_copies_the_ledger(tmp_path):
   ledger.snapshot(tmp_path / "ckpt.json")
   copy = privacy.PrivacyLedger(tmp_path / "ckpt.json")
   assert copy.charges == ledger.charges and copy.epsilon_spent() == pytest.approx(0.2)
+
+
+def test_approximate_selection_charge_takes_its_delta_from_training(tmp_path):
+  ledger = privacy.PrivacyLedger(tmp_path / "l.json", epsilon_budget=5.0, delta=DELTA,
+                                 accountant="rdp")
+  ledger.charge_approximate(0.2, DELTA / 10, label="top-k (zCDP)")
+  spent = ledger.charge_gaussian(1.0, 0.01, 300)
+  training = dp_accounting.rdp.RdpAccountant().compose(
+      privacy.dp_sgd_event(1.0, 0.01, 300)).get_epsilon(DELTA - DELTA / 10)
+  assert spent == pytest.approx(training + 0.2, rel=1e-12)
+  summary = ledger.summary()
+  assert summary["training_delta"] == pytest.approx(0.9 * DELTA)
+  assert summary["selection_delta"] == pytest.approx(DELTA / 10)
+  with pytest.raises(DprecError):
+    ledger.charge_approximate(0.1, DELTA)  # would leave no δ for training

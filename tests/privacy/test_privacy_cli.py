@@ -8,9 +8,8 @@ from dprec import privacy
 
 
 @pytest.fixture(name="run")
-def fixture_run(monkeypatch, capsys):
-  """Run `dprec` with only the privacy command registered (keeps TensorFlow out of the test)."""
-  monkeypatch.setattr(dprec.cli, "COMMANDS", (("privacy", "dprec.privacy.cli"),))
+def fixture_run(capsys):
+  """Run `dprec privacy ...` in process (the CLI imports only the privacy module for it)."""
 
   def run(*argv):
     code = dprec.cli.main(["privacy", *argv])
@@ -47,7 +46,7 @@ def test_epsilon_composes_periods_and_selection(run):
                      "0.01:100", "--period", "0.02:50", "--selection-epsilon", "0.1")
   assert code == 0
   periods = [privacy.TrainingPeriod(1.0, 0.01, 100), privacy.TrainingPeriod(1.0, 0.02, 50)]
-  expected = privacy.compose_periods(periods, 1e-5, pure_epsilons=[0.1])
+  expected = privacy.compose_periods(periods, 1e-5, selections=[(0.1, 0)])
   assert out["epsilon"] == pytest.approx(expected.epsilon, rel=1e-12)
   assert out["selection_epsilon"] == 0.1
   assert out["training_epsilon"] + 0.1 == pytest.approx(out["epsilon"])
@@ -94,3 +93,14 @@ def test_bad_input_is_one_line_exit_2(run, argv, message):
   code, _, err = run(*argv)
   assert code == 2
   assert message in err and len(err.strip().splitlines()) == 1 and "Traceback" not in err
+
+
+def test_sigma_with_zcdp_selection_deducts_both_parts(run):
+  code, out, _ = run("sigma", "--epsilon", "2.0", "--delta", "1e-5", "--sampling-rate", "0.01",
+                     "--steps", "1000", "--accountant", "rdp", "--selection-epsilon", "0.3",
+                     "--selection-delta", "1e-6")
+  assert code == 0
+  assert out["training_delta"] == pytest.approx(9e-6) and out["selection_delta"] == 1e-6
+  training = privacy.compute_epsilon(out["noise_multiplier"], 0.01, 1000, 9e-6, "rdp").epsilon
+  assert out["training_epsilon"] == pytest.approx(training, rel=1e-12)
+  assert training <= 1.7 and out["epsilon"] == pytest.approx(training + 0.3)

@@ -68,9 +68,9 @@ def test_multi_feature_selection_splits_budget_and_reports_cost():
   counts = [np.arange(100, dtype=float) * 50, np.zeros(40), np.arange(10, dtype=float)]
   selection = privacy.select_top_k_per_feature(counts, 30, 0.3, rng)
   assert selection.k_per_feature == [10, 10, 10]
-  assert selection.epsilon_per_feature == pytest.approx(0.1)
   assert selection.epsilon_per_draw == pytest.approx([0.01] * 3)
-  assert selection.epsilon == pytest.approx(0.3)
+  assert selection.epsilon == pytest.approx(0.3) and selection.delta == 0
+  assert selection.accounting == "basic"
   assert [len(i) for i in selection.indices] == [10, 10, 10]
   assert all(len(set(i.tolist())) == len(i) for i in selection.indices)
   # Strong signal (gaps of 50 counts vs Gumbel scale 100) mostly keeps the frequent buckets.
@@ -88,3 +88,55 @@ def test_bad_selection_input():
     privacy.gumbel_top_k(np.ones(3), 1, 0.0, rng)
   with pytest.raises(DprecError):
     privacy.select_top_k_per_feature([np.ones(3), np.ones(3)], 1, 1.0, rng)
+
+
+@pytest.mark.parametrize("base,k,epsilon_per_draw", [
+    ([5.0, 5.0, 0.0, 0.0, 0.0], 1, 0.5),
+    ([5.0, 5.0, 0.0, 0.0, 0.0], 3, 0.5),
+    ([0.0, 0.0, 0.0, 0.0], 2, 1.0),
+])
+def test_k_draws_are_zcdp_with_rho_k_eps_squared_over_8(base, k, epsilon_per_draw):
+  """Exact Rényi divergences of neighbouring peeling distributions stay within α·ρ, and come
+  close to it (the bounded-range bound is nearly tight, so a wrong constant would fail)."""
+  base = np.asarray(base)
+  rho = privacy.zcdp_of_draws(k, epsilon_per_draw)
+  outputs = list(itertools.permutations(range(len(base)), k))
+  tightest = 0.0
+  for bucket in range(len(base)):
+    neighbour = base.copy()
+    neighbour[bucket] += 1
+    p = np.array([_peeling_probability(base, o, epsilon_per_draw) for o in outputs])
+    q = np.array([_peeling_probability(neighbour, o, epsilon_per_draw) for o in outputs])
+    for alpha in (1.01, 1.5, 2.0, 4.0, 8.0, 16.0):
+      for x, y in ((p, q), (q, p)):
+        divergence = math.log(np.sum(x ** alpha * y ** (1 - alpha))) / (alpha - 1)
+        assert divergence <= alpha * rho * (1 + 1e-9)
+        tightest = max(tightest, divergence / (alpha * rho))
+  assert tightest > 0.6
+
+
+def test_zcdp_conversion_and_note_example():
+  """Note 001 §2.1: 26 features × 1000 draws at 0.01/26 each: ρ ≈ 4.8e-4, ε ≈ 0.18 at δ=1e-7."""
+  rho = privacy.zcdp_of_draws(26 * 1000, 0.01 / 26)
+  assert rho == pytest.approx(4.8e-4, rel=1e-2)
+  assert privacy.zcdp_to_dp(rho, 1e-7) == pytest.approx(0.18, abs=5e-3)
+  assert privacy.top_k_selection_cost(26 * 1000, 0.01 / 26) == pytest.approx(10.0)
+  assert privacy.top_k_selection_cost(26 * 1000, 0.01 / 26, delta=1e-7) == pytest.approx(
+      privacy.zcdp_to_dp(rho, 1e-7))
+  assert privacy.top_k_selection_cost(1, 0.5, delta=1e-7) == 0.5  # basic is better for k = 1
+  for epsilon, delta in ((0.5, 1e-7), (2.0, 1e-5)):
+    assert privacy.zcdp_to_dp(privacy.zcdp_budget(epsilon, delta), delta) == pytest.approx(
+        epsilon, rel=1e-12)
+
+
+def test_zcdp_selection_spends_its_budget_with_larger_draws():
+  rng = np.random.default_rng(3)
+  counts = [np.arange(200, dtype=float)] * 4
+  pure = privacy.select_top_k_per_feature(counts, 400, 0.5, rng)
+  zcdp = privacy.select_top_k_per_feature(counts, 400, 0.5, rng, delta=1e-7)
+  assert zcdp.accounting == "zcdp" and zcdp.delta == 1e-7
+  assert zcdp.epsilon == pytest.approx(0.5, rel=1e-9)
+  rho = sum(privacy.zcdp_of_draws(k, e) for k, e in zip(zcdp.k_per_feature,
+                                                         zcdp.epsilon_per_draw))
+  assert privacy.zcdp_to_dp(rho, 1e-7) == pytest.approx(zcdp.epsilon)
+  assert min(zcdp.epsilon_per_draw) > 5 * max(pure.epsilon_per_draw)  # ≈ 7× here
