@@ -10,7 +10,7 @@ exponent).
 import dataclasses
 import functools
 import math
-from typing import Optional, Sequence
+from typing import Sequence
 
 import dp_accounting
 from dp_accounting.pld import privacy_loss_distribution
@@ -153,7 +153,7 @@ def adafest_noise_multipliers(noise_multiplier, ratio=5.0):
   return ratio * sigma2, sigma2
 
 
-def dataset_sampling(dataset_size, batch_size, epochs: Optional[float] = 1.0):
+def dataset_sampling(dataset_size, batch_size, epochs=1.0):
   """(q, T) for batches of B out of N over E epochs: q = B/N, T = ceil(E·N/B)."""
   if dataset_size <= 0 or batch_size <= 0 or batch_size > dataset_size:
     raise DprecError(

@@ -119,3 +119,21 @@ def test_edge_cases_and_bad_input():
     privacy.calibrate_noise_multiplier(-1.0, 1e-5, 0.1, 10)
   with pytest.raises(DprecError):
     privacy.dataset_sampling(100, 200, 1)
+
+
+def test_plan_training_fits_periods_and_selection_into_the_target():
+  periods, delta = [(0.01, 500), (0.02, 200)], 1e-5
+  plan = privacy.plan_training(2.0, delta, periods, selection_epsilon=0.2, accountant="rdp")
+
+  def direct(sigma):
+    events = [privacy.dp_sgd_event(sigma, q, steps) for q, steps in periods]
+    return dp_accounting.rdp.RdpAccountant().compose(
+        dp_accounting.ComposedDpEvent(events)).get_epsilon(delta)
+
+  sigma = plan.noise_multiplier
+  assert plan.composition.training_epsilon == pytest.approx(direct(sigma), rel=1e-12)
+  assert plan.composition.selection_epsilon == 0.2
+  assert plan.epsilon == pytest.approx(direct(sigma) + 0.2) and plan.epsilon <= 2.0
+  assert direct(sigma * (1 - 1e-3)) > 1.8
+  with pytest.raises(DprecError):
+    privacy.plan_training(1.0, delta, periods, selection_epsilon=1.0)
