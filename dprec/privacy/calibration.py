@@ -13,16 +13,24 @@ from dprec.privacy import composition
 MIN_NOISE_MULTIPLIER = 1e-2
 
 
-def _calibrate(make_event, target_epsilon, delta, accountant, rtol):
-  """Smallest σ with ε(σ) <= target, within rtol: dp_accounting's bracketing (Brent) search."""
+def _calibrate(make_event, target_epsilon, delta, accountant, rtol, progress=None):
+  """Smallest σ with ε(σ) <= target, within rtol: dp_accounting's bracketing (Brent) search.
+
+  `progress(sigma)`, if given, is called for every σ the search accounts (each can take seconds).
+  """
   accounting.check_accountant(accountant)
   accounting.check_delta(delta)
   if not target_epsilon > 0:
     raise DprecError(f"target epsilon must be > 0, got {target_epsilon}")
   if not 0 < rtol < 1:
     raise DprecError(f"rtol must be in (0, 1), got {rtol}")
+  def make_reported_event(sigma):
+    if progress is not None:
+      progress(sigma)
+    return make_event(sigma)
+
   sigma = dp_accounting.calibrate_dp_mechanism(
-      lambda: accounting.make_accountant(accountant), make_event, target_epsilon, delta,
+      lambda: accounting.make_accountant(accountant), make_reported_event, target_epsilon, delta,
       tol=rtol * MIN_NOISE_MULTIPLIER)
   if sigma < MIN_NOISE_MULTIPLIER:
     raise DprecError(
@@ -58,7 +66,7 @@ class TrainingPlan:
 
 def plan_training(target_epsilon, delta, periods: Sequence[Tuple[float, int]],
                   selection_epsilon=0.0, accountant="pld", poisson=True, rtol=1e-3,
-                  selection_delta=0.0):
+                  selection_delta=0.0, progress=None):
   """Calibrate one σ for periods [(q_i, T_i)] after deducting the selection (note 001 C.3).
 
   Basic composition: ε_total = ε_train(δ − δ_select) + ε_select, so training gets the target
@@ -80,7 +88,7 @@ def plan_training(target_epsilon, delta, periods: Sequence[Tuple[float, int]],
   if not 0 <= selection_delta < delta:
     raise DprecError(f"selection delta {selection_delta} must be in [0, delta={delta})")
   sigma = _calibrate(make_event, target_epsilon - selection_epsilon, delta - selection_delta,
-                     accountant, rtol)
+                     accountant, rtol, progress)
   planned = [accounting.TrainingPeriod(sigma, q, int(steps), poisson) for q, steps in periods]
   return TrainingPlan(sigma, composition.compose_periods(
       planned, delta, accountant, selections=[(selection_epsilon, selection_delta)]))

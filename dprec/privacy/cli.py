@@ -1,6 +1,9 @@
 """`dprec privacy epsilon|sigma|ledger`: accounting from the command line, printed as JSON."""
 import argparse
 import os
+import sys
+
+import tqdm
 
 from dprec.errors import DprecError
 from dprec.privacy import accounting
@@ -101,10 +104,17 @@ def run_epsilon(args):
 
 def run_sigma(args):
   periods, delta = _sampling(args)
-  plan = calibration.plan_training(
-      args.epsilon, delta, periods, selection_epsilon=args.selection_epsilon,
-      selection_delta=args.selection_delta,
-      accountant=args.accountant, poisson=not args.fixed_batches, rtol=args.rtol)
+  with tqdm.tqdm(desc="calibrating noise multiplier", unit=" sigma tried", leave=False,
+                 disable=not sys.stderr.isatty()) as bar:
+
+    def progress(sigma):
+      bar.set_postfix(sigma=f"{sigma:.5f}")
+      bar.update()
+
+    plan = calibration.plan_training(
+        args.epsilon, delta, periods, selection_epsilon=args.selection_epsilon,
+        selection_delta=args.selection_delta, accountant=args.accountant,
+        poisson=not args.fixed_batches, rtol=args.rtol, progress=progress)
   report = _report(plan.composition, plan.noise_multiplier, periods, args)
   report["target_epsilon"] = args.epsilon
   if args.adafest_ratio is not None:

@@ -123,7 +123,10 @@ def test_edge_cases_and_bad_input():
 
 def test_plan_training_fits_periods_and_selection_into_the_target():
   periods, delta = [(0.01, 500), (0.02, 200)], 1e-5
-  plan = privacy.plan_training(2.0, delta, periods, selection_epsilon=0.2, accountant="rdp")
+  tried = []
+  plan = privacy.plan_training(2.0, delta, periods, selection_epsilon=0.2, accountant="rdp",
+                               progress=tried.append)
+  assert len(tried) >= 3 and min(abs(s - plan.noise_multiplier) for s in tried) < 1e-3
 
   def direct(sigma):
     events = [privacy.dp_sgd_event(sigma, q, steps) for q, steps in periods]
