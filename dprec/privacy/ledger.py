@@ -80,6 +80,7 @@ class PrivacyLedger:
       self.epsilon_budget, self.delta, self.accountant = float(epsilon_budget), delta, accountant
       self.created = _now()
       self.charges = []
+      self._result = self._compose(self.charges)
       self._save(self.charges)
 
   # -- persistence ---------------------------------------------------------------------------
@@ -101,7 +102,7 @@ class PrivacyLedger:
     self.accountant, self.created = data["accountant"], data.get("created", "")
     self.charges = data["charges"]
     try:
-      self.composition()
+      self._result = self._compose(self.charges)
     except (KeyError, TypeError) as error:
       raise DprecError(f"{self.path}: malformed charge in the privacy ledger ({error!r})") from error
     for stale in glob.glob(glob.escape(self.path) + ".*.tmp"):
@@ -119,9 +120,12 @@ class PrivacyLedger:
     write_json_atomically(path, self._state(self.charges))
 
   # -- accounting ----------------------------------------------------------------------------
-  def composition(self, charges=None):
-    """Both parts of ε spent: Gaussian periods (grouped by σ, q) and the selection charges."""
-    charges = self.charges if charges is None else charges
+  def composition(self):
+    """What the recorded charges spent, both parts (kept from the last load or charge)."""
+    return self._result
+
+  def _compose(self, charges):
+    """Gaussian periods (grouped by σ, q: composition commutes) with the selection charges."""
     steps = {}
     for charge in charges:
       if charge["mechanism"] == GAUSSIAN:
@@ -156,10 +160,10 @@ class PrivacyLedger:
   def epsilon_if_charged(self, noise_multiplier, sampling_rate, steps, poisson=True, label=""):
     """ε the ledger would reach after this Gaussian charge (nothing is recorded)."""
     charges = self._with_gaussian(noise_multiplier, sampling_rate, steps, poisson, label)
-    return self.composition(charges).epsilon
+    return self._compose(charges).epsilon
 
   def _commit(self, charges, description):
-    result = self.composition(charges)
+    result = self._compose(charges)
     if result.epsilon > self.epsilon_budget:
       spent_before = self.epsilon_spent()
       left = max(0.0, self.epsilon_budget - spent_before)
@@ -170,7 +174,7 @@ class PrivacyLedger:
           f"{left:.6g} left; nothing recorded")
     charges[-1] = dict(charges[-1], epsilon_so_far=result.epsilon)
     self._save(charges)
-    self.charges = charges
+    self.charges, self._result = charges, result
     return result.epsilon
 
   def charge_gaussian(self, noise_multiplier, sampling_rate, steps, poisson=True, label=""):
