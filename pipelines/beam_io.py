@@ -14,7 +14,6 @@ import uuid
 import zlib
 from typing import Iterator, List, NamedTuple, Optional, Sequence
 
-import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.options.pipeline_options import DirectOptions
@@ -219,6 +218,20 @@ def read_json(path: str):
 def makedirs(path: str) -> None:
   if not FileSystems.exists(path):
     FileSystems.mkdirs(path)
+
+
+def check_bad_fraction(dead: int, total: int, limit: float, unit: str, where: str) -> None:
+  """Fails a job whose share of malformed `unit`s is above `limit` (its manifest was withheld)."""
+  fraction = dead / total if total else 0.0
+  if fraction > limit:
+    raise DprecError(f"{dead} of {total} {unit} are malformed ({fraction:.2%} > "
+                     f"--max-bad-fraction {limit:.2%}); no manifest written; see {where}")
+
+
+def remove_stale(path: str) -> None:
+  """Removes an old output file so a failed run cannot leave it pointing at new data."""
+  if FileSystems.exists(path):
+    FileSystems.delete([path])
 
 
 def write_dead_letters(path: str, letters: Sequence[DeadLetter]) -> Optional[str]:

@@ -388,9 +388,7 @@ def run(job: CriteoJob, beam_args: Sequence[str] = ()) -> dict:
   paths = beam_io.match_inputs(job.inputs)
   splits = beam_io.plan_splits(paths, job.split_bytes)
   beam_io.makedirs(job.output)
-  stale = os.path.join(job.output, criteo_tfrecord.MANIFEST)
-  if os.path.exists(stale):
-    os.remove(stale)
+  beam_io.remove_stale(os.path.join(job.output, criteo_tfrecord.MANIFEST))
   privacy = charge_selection(job)
   with beam.Pipeline(options=beam_io.pipeline_options(beam_args)) as pipeline:
     build_pipeline(pipeline, job, splits)
@@ -398,11 +396,8 @@ def run(job: CriteoJob, beam_args: Sequence[str] = ()) -> dict:
   if privacy:
     summary["privacy"] = privacy
     beam_io.write_json(os.path.join(job.output, criteo_tfrecord.STATS), summary)
-  if summary["bad_fraction"] > job.max_bad_fraction:
-    raise DprecError(
-        f"{summary['dead_letters']} of {summary['rows_in']} rows are malformed "
-        f"({summary['bad_fraction']:.2%} > --max-bad-fraction {job.max_bad_fraction:.2%}); "
-        f"no manifest written; see {summary['dead_letter_files']}")
+  beam_io.check_bad_fraction(summary["dead_letters"], summary["rows_in"], job.max_bad_fraction,
+                             "rows", summary["dead_letter_files"])
   summary["output"] = job.output
   return summary
 

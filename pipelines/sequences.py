@@ -260,17 +260,12 @@ def run(job: SequencesJob, beam_args: Sequence[str] = ()) -> dict:
   """Runs the job; returns `stats.json`. Fails (no manifest) above `max_bad_fraction`."""
   paths = beam_io.match_inputs(job.inputs)
   beam_io.makedirs(job.output)
-  stale = os.path.join(job.output, sequence_data.MANIFEST)
-  if os.path.exists(stale):
-    os.remove(stale)
+  beam_io.remove_stale(os.path.join(job.output, sequence_data.MANIFEST))
   with beam.Pipeline(options=beam_io.pipeline_options(beam_args)) as pipeline:
     build_pipeline(pipeline, job, paths)
   stats = beam_io.read_json(os.path.join(job.output, sequence_data.STATS))
-  if stats["bad_fraction"] > job.max_bad_fraction:
-    raise DprecError(
-        f"{stats['dead_letters']} of {stats['lines_in']} lines are malformed "
-        f"({stats['bad_fraction']:.2%} > --max-bad-fraction {job.max_bad_fraction:.2%}); no "
-        f"manifest written; see {os.path.join(job.output, 'dead_letters.jsonl')}")
+  beam_io.check_bad_fraction(stats["dead_letters"], stats["lines_in"], job.max_bad_fraction,
+                             "lines", os.path.join(job.output, "dead_letters.jsonl"))
   stats["output"] = job.output
   return stats
 

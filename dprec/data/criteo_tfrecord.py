@@ -85,15 +85,22 @@ def write_tfrecord(path: str, records: Iterable[bytes]) -> int:
   return count
 
 
-def load_manifest(directory: str) -> dict:
-  """The manifest of a preprocessed Criteo directory, checked for format and files."""
+def read_manifest(directory: str, expected_format: str, job: str) -> dict:
+  """`directory/manifest.json` of a `dprec preprocess <job>` output, checked for its format."""
   path = os.path.join(directory, MANIFEST)
   if not os.path.exists(path):
-    raise DprecError(f"{path}: no manifest; run `dprec preprocess criteo --output {directory}`")
+    raise DprecError(f"{path}: no manifest; run `dprec preprocess {job} --output {directory}`")
   with open(path) as stream:
     manifest = json.load(stream)
-  if manifest.get("format") != FORMAT:
-    raise DprecError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+  if manifest.get("format") != expected_format:
+    raise DprecError(f"{path}: format {manifest.get('format')!r}, expected {expected_format!r}")
+  return manifest
+
+
+def load_manifest(directory: str) -> dict:
+  """The manifest of a preprocessed Criteo directory, checked for format and features."""
+  manifest = read_manifest(directory, FORMAT, "criteo")
+  path = os.path.join(directory, MANIFEST)
   if manifest.get("categorical_features") != CATEGORICAL_FEATURES:
     raise DprecError(f"{path}: categorical features differ from C1..C26")
   return manifest

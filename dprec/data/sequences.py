@@ -97,13 +97,9 @@ def _atomic_write(path: str, data: bytes) -> None:
 def load_sequences(directory: str) -> SequenceData:
   """Reads a `dprec preprocess sequences` output directory (users in index order)."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  from dprec.data.criteo_tfrecord import read_manifest  # pylint: disable=import-outside-toplevel
+  manifest = read_manifest(directory, FORMAT, "sequences")
   path = os.path.join(directory, MANIFEST)
-  if not os.path.exists(path):
-    raise DprecError(f"{path}: no manifest; run `dprec preprocess sequences --output {directory}`")
-  with open(path) as stream:
-    manifest = json.load(stream)
-  if manifest.get("format") != FORMAT:
-    raise DprecError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
   with open(os.path.join(directory, STATS)) as stream:
     stats = json.load(stream)
   spec = {"user": tf.io.FixedLenFeature([], tf.int64),
