@@ -115,6 +115,14 @@ class DPAdaFEST(DPSGD):
     # τ <= 0 would make Ψ(τ/(σ1·C1)) >= 1/2: most of the vocabulary would be selected.
     _check_positive("threshold", self.threshold)
 
+  @classmethod
+  def from_noise_multiplier(cls, l2_norm_clip, noise_multiplier, ratio=5.0, **kwargs):
+    """The configuration whose composed σ (the one accounted) is `noise_multiplier`, split
+    with σ1 = ratio·σ2 (seed 001 §3.2; ratio 5 or 10 is best in its Fig. 7)."""
+    from dprec.privacy import adafest_noise_multipliers  # pylint: disable=import-outside-toplevel
+    sigma1, sigma2 = adafest_noise_multipliers(noise_multiplier, ratio)
+    return cls(l2_norm_clip, sigma2, contribution_noise_multiplier=sigma1, **kwargs)
+
   @property
   def accounting_noise_multiplier(self):
     from dprec.privacy import composed_noise_multiplier  # pylint: disable=import-outside-toplevel

@@ -142,3 +142,12 @@ def test_adafest_config_validation():
   with pytest.raises(ValueError):
     DPAdaFEST(1.0, 1.0, contribution_clip=float("inf"), contribution_noise_multiplier=1.0,
               threshold=1.0)
+
+
+def test_adafest_noise_split_keeps_the_accounted_sigma():
+  config = DPAdaFEST.from_noise_multiplier(1.0, 0.8, ratio=5.0, contribution_clip=1.0,
+                                           threshold=2.0)
+  sigma1, sigma2 = config.contribution_noise_multiplier, config.noise_multiplier
+  assert sigma1 == pytest.approx(5.0 * sigma2)
+  assert (sigma1 ** -2 + sigma2 ** -2) ** -0.5 == pytest.approx(0.8)
+  assert config.accounting_noise_multiplier == pytest.approx(0.8)
