@@ -117,22 +117,7 @@ def load_vocabulary(directory: str, day: Optional[int] = None) -> CriteoVocabula
   vocab_dir = manifest["vocab_dir"]
   if day is not None:
     vocab_dir = _entry(manifest, day, directory).get("vocab_dir", vocab_dir)
-  return _load_vocabulary(os.path.join(directory, vocab_dir))
-
-
-def _load_vocabulary(directory: str) -> CriteoVocabulary:
-  """`CriteoVocabulary.load`, plus features whose vocabulary file is empty (no bucket kept),
-  which that loader rejects (pyarrow reads an empty file as an error)."""
-  paths = [os.path.join(directory, f"{name}.tsv") for name in CATEGORICAL_FEATURES]
-  if not any(os.path.exists(p) and os.path.getsize(p) == 0 for p in paths):
-    return CriteoVocabulary.load(directory)
-  ids, counts = [], []
-  for path in paths:
-    with open(path) as stream:
-      rows = [line.rstrip("\n").split("\t") for line in stream]
-    ids.append(np.asarray([int(row[0], 16) for row in rows], np.int64))
-    counts.append(np.asarray([int(row[1]) for row in rows], np.int64))
-  return CriteoVocabulary(tuple(ids), tuple(counts))
+  return CriteoVocabulary.load(os.path.join(directory, vocab_dir))
 
 
 def day_files(directory: str, days: Optional[Iterable[int]] = None) -> List[str]:
