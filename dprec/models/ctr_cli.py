@@ -44,11 +44,11 @@ class CTRTrainOptions:
   batch_size: int = 2048
   steps: int = 1000
   ratio: float = 5.0
-  threshold: float = 1.0
+  threshold: float = 15.0
   contribution_clip: float = 1.0
-  l2_norm_clip: float = 1.0
-  learning_rate: float = 0.05
-  optimizer: str = "adagrad"
+  l2_norm_clip: float = 10.0
+  learning_rate: float = 0.5
+  optimizer: str = "sgd"
   top_k: Optional[int] = None
   top_k_epsilon: float = 0.1
   fixed_batches: bool = False
@@ -322,11 +322,11 @@ def register(subparsers):
   add("--batch-size", type=int, default=2048, help="expected (Poisson) batch size B")
   add("--steps", type=int, default=1000, help="training steps T")
   add("--ratio", type=float, default=5.0, help="DP-AdaFEST noise ratio r = σ1/σ2")
-  add("--threshold", type=float, default=1.0, help="DP-AdaFEST threshold τ on noisy counts")
+  add("--threshold", type=float, default=15.0, help="DP-AdaFEST threshold τ on noisy counts")
   add("--contribution-clip", type=float, default=1.0, help="DP-AdaFEST contribution clip C1")
-  add("--l2-norm-clip", type=float, default=1.0, help="per-example gradient clip C2")
-  add("--learning-rate", type=float, default=0.05, help="learning rate")
-  add("--optimizer", choices=sorted(OPTIMIZERS), default="adagrad",
+  add("--l2-norm-clip", type=float, default=10.0, help="per-example gradient clip C2")
+  add("--learning-rate", type=float, default=0.5, help="learning rate")
+  add("--optimizer", choices=sorted(OPTIMIZERS), default="sgd",
       help="row-sparse optimizer applying the noisy gradient")
   add("--top-k", type=int, help="DP-FEST / DP-AdaFEST+: rows kept over all tables (k/F each)")
   add("--top-k-epsilon", type=float, default=0.1,

@@ -1,0 +1,110 @@
+"""`dprec train ctr` end to end on tiny generated Criteo data: summary, ledger, errors."""
+import json
+import os
+
+import pytest
+
+from dprec import cli
+from dprec import privacy
+from dprec.data import synthetic
+
+STEPS, BATCH, EPSILON = 6, 64, 2.0
+REQUIRED = {"algorithm", "auc", "epsilon", "delta", "gradient_size_reduction", "steps_per_second"}
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  directory = tmp_path_factory.mktemp("criteo")
+  synthetic.generate_criteo(str(directory), rows=1500, days=3, seed=0, vocab="scaled:3k",
+                            progress=False)
+  return str(directory)
+
+
+def _train(data_dir, tmp_path, algorithm, *extra):
+  summary_path = tmp_path / "summary.json"
+  argv = ["train", "ctr", "--data", data_dir, "--algorithm", algorithm, "--batch-size",
+          str(BATCH), "--steps", str(STEPS), "--hidden-units", "8", "--no-progress",
+          "--summary-json", str(summary_path), "--charge-every", "4", *extra]
+  if algorithm != "non_private":
+    argv += ["--epsilon", str(EPSILON), "--ledger", str(tmp_path / "ledger.json")]
+  assert cli.main(argv) == 0
+  with open(summary_path, encoding="utf-8") as stream:
+    return json.load(stream)
+
+
+@pytest.mark.parametrize("algorithm, extra", [
+    ("dp_sgd", ()),
+    ("dp_fest", ("--top-k", "260", "--top-k-epsilon", "0.2")),
+    ("dp_adafest", ("--threshold", "2", "--ratio", "5")),
+    ("dp_adafest_plus", ("--top-k", "260", "--top-k-epsilon", "0.2", "--threshold", "2")),
+])
+def test_private_run_spends_what_dprec_privacy_computes(data_dir, tmp_path, algorithm, extra):
+  summary = _train(data_dir, tmp_path, algorithm, "--accountant", "rdp", *extra)
+  assert REQUIRED <= set(summary) and summary["algorithm"] == algorithm
+  assert 0.0 <= summary["auc"] <= 1.0 and summary["steps"] == STEPS
+  assert summary["delta"] == pytest.approx(1.0 / summary["train_rows"])
+  assert summary["sampling_rate"] == pytest.approx(BATCH / summary["train_rows"])
+  sigma = summary["sigma2"]
+  if algorithm.startswith("dp_adafest"):
+    assert summary["sigma1"] == pytest.approx(5 * sigma)
+    sigma = privacy.composed_noise_multiplier(summary["sigma1"], summary["sigma2"])
+  selection = 0.2 if "--top-k" in extra else 0.0
+  expected = privacy.compute_epsilon(sigma, summary["sampling_rate"], STEPS, summary["delta"],
+                                     accountant="rdp").epsilon + selection
+  ledger = privacy.PrivacyLedger(str(tmp_path / "ledger.json"))
+  assert ledger.epsilon_spent() == pytest.approx(expected, rel=1e-9)
+  assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
+  assert expected <= EPSILON * (1 + 1e-6) and expected > 0.95 * EPSILON  # calibrated, not loose
+  if algorithm == "dp_sgd":
+    assert summary["gradient_size_reduction"] == pytest.approx(1.0, rel=1e-3)
+  else:
+    assert summary["gradient_size_reduction"] > 1.0
+
+
+def test_non_private_run_and_summary(data_dir, tmp_path):
+  summary = _train(data_dir, tmp_path, "non_private", "--optimizer", "adam")
+  assert REQUIRED <= set(summary)
+  assert summary["epsilon"] is None and summary["steps"] == STEPS
+  assert summary["gradient_size_reduction"] > 1.0  # the plain gradient is row-sparse
+  assert summary["eval_rows"] > 0 and summary["train_rows"] > summary["eval_rows"]
+
+
+def _error(capsys, argv):
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "Traceback" not in err
+  return err
+
+
+def test_bad_inputs_are_one_line_errors(data_dir, tmp_path, capsys):
+  base = ["train", "ctr", "--steps", "2", "--no-progress"]
+  assert "needs a positive --epsilon" in _error(
+      capsys, base + ["--data", data_dir, "--algorithm", "dp_sgd"])
+  assert "needs --top-k" in _error(
+      capsys, base + ["--data", data_dir, "--algorithm", "dp_fest", "--epsilon", "1"])
+  assert "not a directory" in _error(
+      capsys, base + ["--data", str(tmp_path / "nowhere"), "--algorithm", "non_private"])
+  broken = tmp_path / "broken"
+  broken.mkdir()
+  for day in (0, 1):
+    with open(os.path.join(data_dir, f"day_{day}"), encoding="utf-8") as source:
+      lines = source.readlines()[:50]
+    if day == 0:
+      lines[6] = "2" + lines[6][1:]  # label must be 0/1
+    (broken / f"day_{day}").write_text("".join(lines), encoding="utf-8")
+  assert "day_0:7" in _error(capsys, base + ["--data", str(broken), "--algorithm",
+                                             "non_private"])
+
+
+def test_refuses_a_ledger_that_has_already_spent(data_dir, tmp_path, capsys):
+  ledger_path = tmp_path / "ledger.json"
+  rows = sum(1 for _ in open(os.path.join(data_dir, "day_0"), encoding="utf-8")) + \
+      sum(1 for _ in open(os.path.join(data_dir, "day_1"), encoding="utf-8"))
+  ledger = privacy.PrivacyLedger(str(ledger_path), epsilon_budget=EPSILON, delta=1.0 / rows,
+                                 accountant="rdp")
+  ledger.charge_pure(0.5, label="an earlier release")
+  err = _error(capsys, ["train", "ctr", "--data", data_dir, "--algorithm", "dp_sgd", "--epsilon",
+                        str(EPSILON), "--steps", "2", "--accountant", "rdp", "--ledger",
+                        str(ledger_path), "--no-progress", "--hidden-units", "4"])
+  assert "already spent" in err
+  assert privacy.PrivacyLedger(str(ledger_path)).epsilon_spent() == pytest.approx(0.5)
