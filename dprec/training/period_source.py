@@ -50,7 +50,8 @@ class PeriodSource(abc.ABC):
 
 def period_days_of(index, period_days, train_days, first_day=0):
   """Days of period `index`: training periods cut the first `train_days` days into chunks of
-  `period_days` (the last one possibly shorter); hold-out periods follow, `period_days` each."""
+  `period_days` (the last one possibly shorter); hold-out periods follow, one day each (the
+  final evaluation pools all of them)."""
   if train_days is None:
     start = first_day + index * period_days
     return tuple(range(start, start + period_days))
@@ -58,8 +59,7 @@ def period_days_of(index, period_days, train_days, first_day=0):
   if index < train_periods:
     start = index * period_days
     return tuple(range(first_day + start, first_day + min(start + period_days, train_days)))
-  start = train_days + (index - train_periods) * period_days
-  return tuple(range(first_day + start, first_day + start + period_days))
+  return (first_day + train_days + index - train_periods,)
 
 
 class ArrayPeriodSource(PeriodSource):

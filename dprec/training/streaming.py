@@ -40,6 +40,7 @@ from dprec.training.plan import StreamPlan
 from dprec.training.poisson import poisson_batch_indices
 
 JOURNAL = "steps.jsonl"
+MIN_SPARE_ROWS = 8  # tiny tables (e.g. 3 buckets) would otherwise need a rebuild per new id
 
 
 class PeriodModel(abc.ABC):
@@ -156,8 +157,8 @@ class StreamingTrainer:
     self.state = self.checkpoints.read_state(path)
     if self.state["table_rows"] is not None:
       self._build(self.state["table_rows"])
-      self._tf_checkpoint.read(os.path.join(path, ckpt_lib.MODEL_PREFIX)).assert_consumed()
       self.model.set_selected_rows(_rows_from_json(self.state["selected_rows"]))
+      self._tf_checkpoint.read(os.path.join(path, ckpt_lib.MODEL_PREFIX)).assert_consumed()
     _truncate_journal(self.journal_path, self.state["journal_lines"])
     return True
 
@@ -247,10 +248,8 @@ class StreamingTrainer:
     sizes = {name: max(int(size), old.get(name, 0)) for name, size in period.vocab_sizes.items()}
     rows = self.state["table_rows"]
     if rows is None or any(sizes[n] > rows[n] for n in sizes):
-      grow = self.config.headroom
-      self._build({n: rows[n] if rows and sizes[n] <= rows[n]
-                   else max(math.ceil(sizes[n] * grow), math.ceil((rows or {}).get(n, 0) * grow))
-                   for n in sizes})
+      # Every table gets fresh headroom at once, so the next rebuild is many periods away.
+      self._build({n: math.ceil(sizes[n] * self.config.headroom) + MIN_SPARE_ROWS for n in sizes})
     self.state["vocab_sizes"] = sizes
     selected = None
     if self.config.top_k:

@@ -9,11 +9,11 @@ from dprec.training.streaming import StreamConfig, StreamingTrainer
 
 
 def _days(num_days=3, rows=300, seed=1):
-  """Three categorical features whose ids grow from 6 to 6 + 4·day; 13 integer features."""
+  """Three categorical features whose ids grow from 6 to 6 + 12·day; 13 integer features."""
   rng = np.random.default_rng(seed)
   days = []
   for day in range(num_days):
-    ids = rng.zipf(1.6, size=(rows, 3)) % (6 + 4 * day)
+    ids = rng.zipf(1.6, size=(rows, 3)) % (6 + 12 * day)
     ints = rng.normal(size=(rows, 13)).astype(np.float32)
     labels = (rng.random(rows) < 1 / (1 + np.exp(-(ids[:, 0] % 2 + ints[:, 0] - 0.5))))
     days.append(({"cat_features": ids.astype(np.int32), "int_features": ints},
