@@ -6,5 +6,6 @@ from dprec.sparse.selection import RowUniverse
 from dprec.sparse.selection import false_positive_rate
 from dprec.sparse.selection import sample_untouched
 from dprec.sparse.selection import select_rows
+from dprec.sparse.fest import FestRows
 from dprec.sparse.fest import fest_rows
 from dprec.sparse.fest import public_top_k

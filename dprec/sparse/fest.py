@@ -1,14 +1,23 @@
 """DP-FEST row sets (seed 001 §3.1): the top-k rows of each table by frequency, from public
 counts or by DP top-k selection on the training data.
 
-DP selection splits ε equally over the tables, as the paper does, and runs
-`dprec.privacy.gumbel_top_k` per table, whose TOTAL pure-DP cost for its k rows is its share
-(k exponential-mechanism draws; note 001 §2.1 on the paper's undercount). The whole ε is
-charged to the ledger before anything is selected.
+DP selection is `dprec.privacy.select_top_k_per_feature` (Gumbel top-k per table within a total
+budget, charging k draws per table, not one: note 001 §2.1); its cost is charged to the ledger
+before the rows are returned.
 """
-from typing import Mapping, Optional, Union
+import dataclasses
+from typing import Dict, Mapping, Optional, Union
 
 import numpy as np
+
+
+@dataclasses.dataclass
+class FestRows:
+  """`rows`: {table name: sorted local row ids} for `DPFEST`/`DPAdaFESTPlus(selected_rows=)`;
+  `epsilon`, `delta`: what choosing them cost (0 for public counts)."""
+  rows: Dict[str, np.ndarray]
+  epsilon: float = 0.0
+  delta: float = 0.0
 
 
 def public_top_k(counts, k):
@@ -20,24 +29,25 @@ def public_top_k(counts, k):
 
 
 def fest_rows(counts_by_table: Mapping[str, np.ndarray], k: Union[int, Mapping[str, int]],
-              epsilon: Optional[float] = None, rng=None, ledger=None, label="dp-fest top-k"):
-  """{table name: sorted local row ids} for `DPFEST`/`DPAdaFESTPlus(selected_rows=...)`.
+              epsilon: Optional[float] = None, delta: float = 0.0, rng=None, ledger=None,
+              label="dp-fest top-k"):
+  """Top-`k` rows per table (`k` an int for every table, or per table name).
 
-  `counts_by_table`: per-table bucket counts (public when `epsilon` is None, else private and
-  selected with ε-DP in total). `k`: rows per table (an int for all tables, or per table).
-  `ledger`: a `dprec.privacy.PrivacyLedger` charged `epsilon` (pure DP) first.
+  `epsilon` None: `counts_by_table` are public counts, nothing is charged. Otherwise they are
+  private and the rows are chosen with (`epsilon`, `delta`)-DP in total; `ledger` (a
+  `dprec.privacy.PrivacyLedger`) is charged that cost, and refuses it beyond its budget.
   """
   names = list(counts_by_table)
-  ks = {name: int(k[name] if isinstance(k, Mapping) else k) for name in names}
+  ks = [int(k[name] if isinstance(k, Mapping) else k) for name in names]
   if epsilon is None:
-    return {name: public_top_k(counts_by_table[name], ks[name]) for name in names}
-  from dprec.privacy import gumbel_top_k  # pylint: disable=import-outside-toplevel
-  if not epsilon > 0:
-    raise ValueError(f"epsilon must be positive, got {epsilon}")
-  rng = rng if rng is not None else np.random.default_rng()
+    return FestRows({name: public_top_k(counts_by_table[name], kf)
+                     for name, kf in zip(names, ks)})
+  from dprec.privacy import select_top_k_per_feature  # pylint: disable=import-outside-toplevel
+  selection = select_top_k_per_feature(
+      [np.asarray(counts_by_table[name]) for name in names], ks, epsilon,
+      rng if rng is not None else np.random.default_rng(), delta)
   if ledger is not None:
-    ledger.charge_pure(epsilon, label=label)
-  share = epsilon / len(names)
-  return {name: np.sort(np.asarray(gumbel_top_k(np.asarray(counts_by_table[name]), ks[name],
-                                                share, rng), dtype=np.int64))
-          for name in names}
+    ledger.charge_approximate(selection.epsilon, selection.delta, label=label)
+  return FestRows({name: np.sort(np.asarray(rows, np.int64))
+                   for name, rows in zip(names, selection.indices)},
+                  selection.epsilon, selection.delta)

@@ -151,3 +151,22 @@ def test_adafest_noise_split_keeps_the_accounted_sigma():
   assert sigma1 == pytest.approx(5.0 * sigma2)
   assert (sigma1 ** -2 + sigma2 ** -2) ** -0.5 == pytest.approx(0.8)
   assert config.accounting_noise_multiplier == pytest.approx(0.8)
+
+
+def test_fest_rows_public_and_private(tmp_path):
+  from dprec.errors import BudgetExceededError  # pylint: disable=import-outside-toplevel
+  from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
+  from dprec.sparse.fest import fest_rows  # pylint: disable=import-outside-toplevel
+  counts = {"a": np.array([5, 0, 9, 9, 1]), "b": np.arange(100) ** 2}
+  public = fest_rows(counts, {"a": 2, "b": 3})
+  np.testing.assert_array_equal(public.rows["a"], [2, 3])
+  np.testing.assert_array_equal(public.rows["b"], [97, 98, 99])
+  assert public.epsilon == 0
+  ledger = PrivacyLedger(tmp_path / "ledger.json", epsilon_budget=1.0, delta=1e-6)
+  private = fest_rows(counts, 3, epsilon=0.5, rng=np.random.default_rng(0), ledger=ledger)
+  assert private.epsilon == pytest.approx(0.5)
+  assert ledger.epsilon_spent() == pytest.approx(0.5)
+  assert all(len(rows) == 3 and np.all(np.diff(rows) > 0) for rows in private.rows.values())
+  with pytest.raises(BudgetExceededError):
+    fest_rows(counts, 3, epsilon=0.6, rng=np.random.default_rng(1), ledger=ledger)
+  assert ledger.epsilon_spent() == pytest.approx(0.5)
