@@ -201,6 +201,10 @@ class DPModel(tf.keras.Model):
       summed_loss = tf.reduce_sum(losses)
       extras = list(self.extra_squared_norms())
     self._check_coverage(tables, recorder.records, extras)
+    if self.losses:
+      raise DprecError("regularisation losses (model.losses) are not part of the per-example "
+                       "losses the DP step clips; remove the regularizers or add them to "
+                       "per_example_loss")
     batch_size = tf.shape(losses, out_type=tf.int64)[0]
 
     # One backward pass to every recorded tensor.
