@@ -14,8 +14,10 @@ import uuid
 import zlib
 from typing import Iterator, List, NamedTuple, Optional, Sequence
 
+import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
 from apache_beam.io.filesystems import FileSystems
+from apache_beam.metrics.metric import MetricsFilter
 from apache_beam.options.pipeline_options import DirectOptions
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.options.pipeline_options import StandardOptions
@@ -218,6 +220,20 @@ def read_json(path: str):
 def makedirs(path: str) -> None:
   if not FileSystems.exists(path):
     FileSystems.mkdirs(path)
+
+
+def run_pipeline(options: PipelineOptions, build, namespace: str) -> dict:
+  """Builds (`build(pipeline)`), runs and waits; returns the job's Beam counters by name."""
+  pipeline = beam.Pipeline(options=options)
+  build(pipeline)
+  result = pipeline.run()
+  result.wait_until_finish()
+  counters = result.metrics().query(MetricsFilter().with_namespace(namespace))["counters"]
+  totals = {}
+  for counter in counters:
+    value = counter.committed if counter.committed is not None else counter.attempted
+    totals[counter.key.metric.name] = totals.get(counter.key.metric.name, 0) + value
+  return dict(sorted(totals.items()))
 
 
 def check_bad_fraction(dead: int, total: int, limit: float, unit: str, where: str) -> None:

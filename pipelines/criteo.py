@@ -390,9 +390,11 @@ def run(job: CriteoJob, beam_args: Sequence[str] = ()) -> dict:
   beam_io.makedirs(job.output)
   beam_io.remove_stale(os.path.join(job.output, criteo_tfrecord.MANIFEST))
   privacy = charge_selection(job)
-  with beam.Pipeline(options=beam_io.pipeline_options(beam_args)) as pipeline:
-    build_pipeline(pipeline, job, splits)
+  counters = beam_io.run_pipeline(beam_io.pipeline_options(beam_args),
+                                  lambda pipeline: build_pipeline(pipeline, job, splits),
+                                  METRICS_NAMESPACE)
   summary = beam_io.read_json(os.path.join(job.output, criteo_tfrecord.STATS))
+  summary["beam_counters"] = counters
   if privacy:
     summary["privacy"] = privacy
     beam_io.write_json(os.path.join(job.output, criteo_tfrecord.STATS), summary)

@@ -273,12 +273,14 @@ def run(job: StreamJob, beam_args: Sequence[str] = ()) -> dict:
   if not os.path.isdir(job.input_dir):
     raise DprecError(f"{job.input_dir}: not a directory (the streaming job watches a directory)")
   beam_io.makedirs(job.output)
-  with beam.Pipeline(options=beam_io.pipeline_options(beam_args, streaming=True)) as pipeline:
-    build_pipeline(pipeline, job)
+  counters = beam_io.run_pipeline(beam_io.pipeline_options(beam_args, streaming=True),
+                                  lambda pipeline: build_pipeline(pipeline, job),
+                                  criteo.METRICS_NAMESPACE)
   stats_path = os.path.join(job.output, criteo_tfrecord.STATS)
   if not os.path.exists(stats_path):
     raise DprecError(f"{job.input_dir}: no day_N file arrived; nothing written")
   summary = beam_io.read_json(stats_path)
+  summary["beam_counters"] = counters
   summary["output"] = job.output
   return summary
 

@@ -261,9 +261,11 @@ def run(job: SequencesJob, beam_args: Sequence[str] = ()) -> dict:
   paths = beam_io.match_inputs(job.inputs)
   beam_io.makedirs(job.output)
   beam_io.remove_stale(os.path.join(job.output, sequence_data.MANIFEST))
-  with beam.Pipeline(options=beam_io.pipeline_options(beam_args)) as pipeline:
-    build_pipeline(pipeline, job, paths)
+  counters = beam_io.run_pipeline(beam_io.pipeline_options(beam_args),
+                                  lambda pipeline: build_pipeline(pipeline, job, paths),
+                                  METRICS_NAMESPACE)
   stats = beam_io.read_json(os.path.join(job.output, sequence_data.STATS))
+  stats["beam_counters"] = counters
   beam_io.check_bad_fraction(stats["dead_letters"], stats["lines_in"], job.max_bad_fraction,
                              "lines", os.path.join(job.output, "dead_letters.jsonl"))
   stats["output"] = job.output

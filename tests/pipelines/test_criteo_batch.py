@@ -74,6 +74,10 @@ def test_golden_batch_job_on_two_worker_processes(tmp_path, criteo_line, train_t
   assert summary["rows_in"] == summary["rows_out"] + summary["dead_letters"]
   assert summary["dead_letters"] == 6
   assert summary["bad_rows_by_reason"] == {"line": 2, "C3": 1, "I2": 1, "label": 1, "gzip": 1}
+  # Beam metrics counted the same rows across the two worker processes.
+  assert summary["beam_counters"] == {
+      "rows_in": summary["rows_in"], "rows_out": summary["rows_out"],
+      **{f"dead_letters.{k}": v for k, v in summary["bad_rows_by_reason"].items()}}
 
   # Vocabulary at min count 2 (counts over all good rows, including the second gzip member's A's).
   extra_a = rows_in_gz - 1 - 2

@@ -120,6 +120,7 @@ def test_files_arriving_in_a_watched_directory(tmp_path, in_process, train_tiny_
   feeder.join()
   assert len(arrived) == 3 and arrived[0] - start > 0.9  # The job was running before day 0.
   assert summary["rows_out"] == summary["rows_in"] == 900 and summary["periods"] == 3
+  assert summary["beam_counters"] == {"rows_in": 900, "rows_out": 900}
 
   final = criteo_tfrecord.load_vocabulary(out)
   expected = count_categories(read_criteo_tsv([str(source / f"day_{d}") for d in range(3)]))

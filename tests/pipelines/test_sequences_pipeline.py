@@ -61,6 +61,7 @@ def test_csv_header_line_order_and_dead_letters(tmp_path, in_process):
                      max_bad_fraction=0.5)
   assert stats["dead_letters"] == 2 and stats["lines_in"] == 6  # 4 good + 2 bad (+ header).
   assert stats["bad_rows_by_reason"] == {"line": 1, "timestamp": 1}
+  assert stats["beam_counters"] == {"dead_letters": 2, "lines_in": 6}
   with open(tmp_path / "out_log.csv" / "dead_letters.jsonl") as stream:
     letters = [json.loads(line) for line in stream]
   assert [(l["line"], l["raw"]) for l in letters] == [(6, "u2,x"), (7, "u2,b,soon")]
