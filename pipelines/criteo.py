@@ -64,6 +64,9 @@ class VocabConfig:
       raise DprecError(f"--vocab-mode {self.mode} needs --top-k")
     if self.mode == "dp_top_k" and not (self.epsilon and self.epsilon > 0):
       raise DprecError("--vocab-mode dp_top_k needs a positive --epsilon")
+    if self.mode == "dp_top_k" and self.min_count != 1:
+      raise DprecError("--min-count thresholds exact counts, which is not private: "
+                       "--vocab-mode dp_top_k takes only --top-k and --epsilon")
 
   def per_feature_k(self) -> List[Optional[int]]:
     if self.top_k is None or np.isscalar(self.top_k):

@@ -223,12 +223,8 @@ class RunningVocabulary(beam.DoFn):
 class PeriodOf(beam.DoFn):
   """(key, parsed blocks of one window) → (key, (first day of the period, parsed blocks))."""
 
-  def __init__(self, period_days: int):
-    self._period_days = period_days
-
   def process(self, keyed, win=beam.DoFn.WindowParam):
-    first_day = int(win.start.micros // (DAY_SECONDS * 10**6))
-    yield keyed[0], (first_day - first_day % self._period_days, list(keyed[1]))
+    yield keyed[0], (int(win.start.micros // (DAY_SECONDS * 10**6)), list(keyed[1]))
 
 
 class StreamingCriteo(beam.PTransform):
@@ -245,7 +241,7 @@ class StreamingCriteo(beam.PTransform):
             | "Period" >> beam.WindowInto(window.FixedWindows(seconds))
             | "Key" >> beam.Map(lambda parsed: ("criteo", parsed))
             | "GroupPeriod" >> beam.GroupByKey()
-            | "PeriodOf" >> beam.ParDo(PeriodOf(self._job.period_days))
+            | "PeriodOf" >> beam.ParDo(PeriodOf())
             | "Rewindow" >> beam.WindowInto(window.GlobalWindows())
             | "RunningVocabulary" >> beam.ParDo(RunningVocabulary(self._job)))
 

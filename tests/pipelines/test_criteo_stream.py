@@ -97,6 +97,25 @@ def test_test_stream_periods_running_counts_stable_ids_and_late_record(tmp_path,
   assert day1["cat_features"].numpy()[:, 0].tolist() == [2, 0]
 
 
+def test_two_day_periods(tmp_path, criteo_line):
+  stamp = criteo_stream.day_timestamp
+  stream = test_stream.TestStream().advance_watermark_to(stamp(0))
+  for day in range(3):
+    line = criteo_line(day % 2, {}, {"C1": f"{day + 1:08x}"})
+    stream = stream.add_elements([window.TimestampedValue(
+        _block(f"day_{day}", day, 1, [line, line]), stamp(day) + 1)]).advance_watermark_to(
+            stamp(day + 1))
+  out = str(tmp_path / "stream")
+  job = criteo_stream.StreamJob(str(tmp_path), out, period_days=2)
+  with beam.Pipeline(options=PipelineOptions(["--runner=DirectRunner", "--streaming"])) as p:
+    _ = p | stream.advance_watermark_to_infinity() | criteo_stream.StreamingCriteo(job)
+  manifest = criteo_tfrecord.load_manifest(out)
+  assert [(e["day"], e["days"], e["rows"]) for e in manifest["days"]] == [
+      (0, [0, 1], 4), (2, [2, 3], 2)]
+  assert criteo_tfrecord.load_vocabulary(out, 0).ids[0].tolist() == [1, 2]
+  assert criteo_tfrecord.load_vocabulary(out, 2).ids[0].tolist() == [1, 2, 3]
+
+
 def test_files_arriving_in_a_watched_directory(tmp_path, in_process, train_tiny_model):
   source = tmp_path / "generated"
   generate_criteo(str(source), rows=900, days=3, seed=3, vocab="scaled:0.02", progress=False)
