@@ -34,7 +34,6 @@ def _train(data_dir, tmp_path, algorithm, *extra):
 
 @pytest.mark.parametrize("algorithm, extra", [
     ("dp_sgd", ()),
-    ("dp_fest", ("--top-k", "260", "--top-k-epsilon", "0.2")),
     ("dp_adafest", ("--threshold", "2", "--ratio", "5")),
     ("dp_adafest_plus", ("--top-k", "260", "--top-k-epsilon", "0.2", "--threshold", "2")),
 ])

@@ -1,0 +1,167 @@
+"""Step time of the full pCTR model (seed 001 App. D.1.1) at batch 2048, side by side.
+
+Variants, run one after another in this process on the same batches:
+  non_private   dprec `CTRModel` + `SparseSGD` (row-sparse updates), the reference
+  dp_adafest    dprec DP-AdaFEST (σ1 = 5, σ2 = 1, τ = 15, C1 = 1, C2 = 10)
+  dp_sgd        dprec DP-SGD (dense noise on every embedding row)
+  tfp_dpmodel   tensorflow_privacy's DPModel (`make_dp_model_class`) with its fast gradient
+                clipping layer registry and stock Keras SGD: the tool users have today
+  keras         stock Keras functional model and SGD, non-private (what tfp_dpmodel adds to)
+
+Batches: Zipf-like ids (P(rank r) ∝ 1/r) per table, heavy-tailed integers; vocabularies of note
+001 Table 3 (`table3`) or scaled to M rows in all (`scaled:10M`), each plus the OOV row.
+Times exclude the first step (tracing). Prints a Markdown table; ratios are against
+`non_private` in the same run.
+
+    .venv/bin/python benchmarks/ctr_step.py --vocab table3 scaled:10M
+"""
+import argparse
+import gc
+import json
+import sys
+
+import numpy as np
+import tensorflow as tf
+from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry
+from tensorflow_privacy.privacy.keras_models import dp_keras_model
+
+from dprec.data import synthetic
+from dprec.models import ctr
+from dprec.optimizers import config as config_lib
+from dprec.optimizers.dp_optimizer import DPOptimizer
+from dprec.optimizers.sparse import SparseSGD
+from dprec.training.callbacks import StepTimer
+
+VARIANTS = ("non_private", "dp_adafest", "dp_sgd", "tfp_dpmodel", "keras")
+DENSE = ("dp_sgd", "tfp_dpmodel", "keras")  # cost grows with V·d: fewer steps at large vocab
+LEARNING_RATE, C2, SIGMA2, SIGMA1, TAU, C1 = 0.5, 10.0, 1.0, 5.0, 15.0, 1.0
+
+
+def make_batches(vocab_sizes, batch_size, count, seed=0):
+  """`count` batches of (features, labels) with 1/r-distributed ids in every table."""
+  rng = np.random.default_rng(seed)
+  batches = []
+  for _ in range(count):
+    uniform = rng.random((batch_size, len(vocab_sizes)))
+    sizes = np.asarray(vocab_sizes, np.float64)
+    ids = np.minimum(np.floor(np.exp(uniform * np.log(sizes))), sizes - 1).astype(np.int32)
+    ints = np.log1p(rng.pareto(1.5, (batch_size, 13))).astype(np.float32)
+    labels = (rng.random(batch_size) < 0.25).astype(np.int32)
+    batches.append(({ctr.CAT_FEATURES: ids, ctr.INT_FEATURES: ints}, labels))
+  return batches
+
+
+def _dprec_model(vocab_sizes, algorithm, batch_size):
+  model = ctr.build_ctr_model(vocab_sizes)
+  model.compile(optimizer=DPOptimizer(algorithm, SparseSGD(LEARNING_RATE),
+                                      expected_batch_size=batch_size, seed=0))
+  model.optimizer.build(model.trainable_variables)
+  return model
+
+
+def _keras_model(vocab_sizes, dp):
+  """The same architecture from stock Keras layers (one Input per table, as tf_privacy's fast
+  clipping needs registered layers in a functional graph)."""
+  config = ctr.CTRConfig(vocab_sizes=tuple(vocab_sizes))
+  cat_inputs = [tf.keras.Input((1,), dtype=tf.int32, name=name) for name in config.table_names]
+  int_input = tf.keras.Input((13,), name=ctr.INT_FEATURES)
+  embedded = [tf.keras.layers.Flatten()(tf.keras.layers.Embedding(v, d)(x))
+              for v, d, x in zip(config.vocab_sizes, config.embedding_dims, cat_inputs)]
+  activations = tf.keras.layers.Concatenate()(embedded + [int_input])
+  for units in config.hidden_units:
+    activations = tf.keras.layers.Dense(units, activation="relu")(activations)
+  logits = tf.keras.layers.Dense(1)(activations)
+  inputs = cat_inputs + [int_input]
+  if dp:
+    model_class = dp_keras_model.make_dp_model_class(tf.keras.Model)
+    model = model_class(l2_norm_clip=C2, noise_multiplier=SIGMA2, use_xla=False,
+                        layer_registry=layer_registry.make_default_layer_registry(),
+                        inputs=inputs, outputs=logits)
+    assert model._enable_fast_peg_computation  # pylint: disable=protected-access
+  else:
+    model = tf.keras.Model(inputs, logits)
+  model.compile(optimizer=tf.keras.optimizers.SGD(LEARNING_RATE),
+                loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+  return model, config.table_names
+
+
+def build(variant, vocab_sizes, batch_size):
+  """(model, function mapping a dprec batch (features, labels) to this model's)."""
+  if variant in ("tfp_dpmodel", "keras"):
+    model, names = _keras_model(vocab_sizes, dp=variant == "tfp_dpmodel")
+
+    def adapt(features, labels):
+      columns = {n: features[ctr.CAT_FEATURES][:, f:f + 1] for f, n in enumerate(names)}
+      columns[ctr.INT_FEATURES] = features[ctr.INT_FEATURES]
+      return columns, labels[:, np.newaxis].astype(np.float32)
+    return model, adapt
+  algorithm = {
+      "non_private": config_lib.NonPrivate(),
+      "dp_sgd": config_lib.DPSGD(l2_norm_clip=C2, noise_multiplier=SIGMA2),
+      "dp_adafest": config_lib.DPAdaFEST(l2_norm_clip=C2, noise_multiplier=SIGMA2,
+                                         contribution_clip=C1, contribution_noise_multiplier=SIGMA1,
+                                         threshold=TAU),
+  }[variant]
+  return _dprec_model(vocab_sizes, algorithm, batch_size), lambda features, labels: (features,
+                                                                                      labels)
+
+
+def time_variant(variant, vocab_sizes, batches, steps):
+  """Seconds per step over `steps` timed steps (after one untimed tracing step)."""
+  model, adapt = build(variant, vocab_sizes, len(batches[0][1]))
+  inputs = [adapt(x, y) for x, y in batches]
+  dataset = tf.data.Dataset.from_generator(
+      lambda: (inputs[i % len(inputs)] for i in range(steps + 1)),
+      output_signature=tf.nest.map_structure(
+          lambda a: tf.TensorSpec((None,) + a.shape[1:], tf.as_dtype(a.dtype)), inputs[0]))
+  timer = StepTimer()
+  model.fit(dataset, epochs=1, steps_per_epoch=steps + 1, callbacks=[timer], verbose=0)
+  seconds = timer.seconds / (timer.steps - 1)
+  extra = {}
+  if variant.startswith("dp_") or variant == "non_private":
+    extra["gradient_size"] = float(model.gradient_size_tracker.result())
+  del model, inputs, dataset
+  tf.keras.backend.clear_session()
+  gc.collect()
+  return seconds, extra
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--vocab", nargs="+", default=["table3", "scaled:10M"],
+                      help="vocabularies: table3 and/or scaled:M")
+  parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+  parser.add_argument("--batch-size", type=int, default=2048)
+  parser.add_argument("--steps", type=int, default=10, help="timed steps per variant")
+  parser.add_argument("--dense-steps", type=int, default=3,
+                      help="timed steps of dense variants above 1M rows")
+  parser.add_argument("--json", help="also write the results here")
+  args = parser.parse_args(argv)
+  results = []
+  print("| vocabulary | rows | variant | ms/step | × non_private | tfp_dpmodel / variant |")
+  print("|---|---:|---|---:|---:|---:|")
+  for spec in args.vocab:
+    vocab_sizes = tuple(v + 1 for v in synthetic.vocab_sizes(spec))
+    batches = make_batches(vocab_sizes, args.batch_size, 8)
+    rows = {}
+    for variant in args.variants:
+      steps = args.dense_steps if variant in DENSE and sum(vocab_sizes) > 10 ** 6 else args.steps
+      seconds, extra = time_variant(variant, vocab_sizes, batches, steps)
+      rows[variant] = seconds
+      results.append(dict(vocab=spec, rows=sum(vocab_sizes), variant=variant,
+                          seconds_per_step=seconds, timed_steps=steps, **extra))
+      print(f"# {spec} {variant}: {1000 * seconds:.1f} ms/step ({steps} steps) {extra}",
+            file=sys.stderr, flush=True)
+    for variant, seconds in rows.items():
+      ratio = seconds / rows["non_private"] if "non_private" in rows else float("nan")
+      versus = rows["tfp_dpmodel"] / seconds if "tfp_dpmodel" in rows else float("nan")
+      print(f"| {spec} | {sum(vocab_sizes):,} | {variant} | {1000 * seconds:.1f} | "
+            f"{ratio:.2f} | {versus:.2f} |", flush=True)
+  if args.json:
+    with open(args.json, "w", encoding="utf-8") as out:
+      json.dump(results, out, indent=2)
+
+
+if __name__ == "__main__":
+  main()
