@@ -9,10 +9,10 @@ ledger is charged as training proceeds and training stops at the budget. Prints 
 """
 import argparse
 import dataclasses
+import functools
 import json
 import os
 import tempfile
-import time
 from typing import Dict, Optional, Tuple
 
 import numpy as np
@@ -137,6 +137,16 @@ class PrivacyPlan:
   sampling_rate: float
 
 
+@functools.lru_cache(maxsize=64)
+def _training_noise_multiplier(epsilon, delta, sampling_rate, steps, selection_epsilon,
+                               accountant, poisson_batches):
+  """Calibration is slow (PLD, seconds to a minute): reuse it across runs of one process."""
+  from dprec import privacy  # pylint: disable=import-outside-toplevel
+  return privacy.plan_training(epsilon, delta, [(sampling_rate, steps)],
+                               selection_epsilon=selection_epsilon, accountant=accountant,
+                               poisson=poisson_batches).noise_multiplier
+
+
 def plan_privacy(options: CTRTrainOptions, num_examples: int) -> PrivacyPlan:
   """σ from the target ε (note 001 §2.2): DP-SGD's σ at (ε − ε_select, δ, q, T), split into
   σ1 = r·σ2 and σ2 for DP-AdaFEST so that (σ1⁻² + σ2⁻²)^(−1/2) = σ."""
@@ -148,10 +158,8 @@ def plan_privacy(options: CTRTrainOptions, num_examples: int) -> PrivacyPlan:
   delta = options.delta if options.delta is not None else 1.0 / num_examples
   selects = options.algorithm in ("dp_fest", "dp_adafest_plus")
   selection_epsilon = options.top_k_epsilon if selects else 0.0
-  plan = privacy.plan_training(options.epsilon, delta, [(q, options.steps)],
-                               selection_epsilon=selection_epsilon,
-                               accountant=options.accountant, poisson=not options.fixed_batches)
-  sigma = plan.noise_multiplier
+  sigma = _training_noise_multiplier(options.epsilon, delta, q, options.steps, selection_epsilon,
+                                     options.accountant, not options.fixed_batches)
   if options.algorithm.startswith("dp_adafest"):
     sigma1, sigma2 = privacy.adafest_noise_multipliers(sigma, options.ratio)
   else:
