@@ -35,4 +35,7 @@ class TiedItemEmbedding(tf.keras.layers.Layer):
 
   def scores(self, hidden):
     """Logits over all M items for every hidden vector: [..., d] → [..., M]."""
-    return tf.einsum("...d,md->...m", hidden, self.output_table)
+    # A 2-D matmul: einsum's gradient would broadcast the table to [..., M, d] first.
+    flat = tf.reshape(hidden, [-1, self.dim])
+    scores = tf.matmul(flat, self.output_table, transpose_b=True)
+    return tf.reshape(scores, tf.concat([tf.shape(hidden)[:-1], [-1]], axis=0))
