@@ -9,6 +9,7 @@ table reports seconds per 100 steps, extrapolated from the measured per-step tim
     .venv/bin/python benchmarks/table4.py [--vocab 1e5 1e6 1e7] [--steps 100] [--dense-steps 5]
 """
 import argparse
+import gc
 import json
 import time
 
@@ -46,6 +47,9 @@ def time_steps(config, vocab, batches, steps):
   start = time.perf_counter()
   history = model.fit(batches.take(steps), epochs=1, verbose=0)
   per_step = (time.perf_counter() - start) / steps
+  del model
+  tf.keras.backend.clear_session()
+  gc.collect()  # free the V×d table before the next algorithm builds its own
   return per_step, history.history["gradient_size"][-1]
 
 

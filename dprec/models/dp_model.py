@@ -72,11 +72,14 @@ def _unique(items):
 
 
 def _gradient_size(gradient):
-  """Nonzero coordinates of a (possibly IndexedSlices, possibly duplicated) gradient."""
+  """Nonzero coordinates of a (possibly IndexedSlices, possibly duplicated) gradient. A dense
+  gradient counts its zeros instead (`count_nonzero` would cast all V×d entries to int64)."""
   if isinstance(gradient, tf.IndexedSlices):
     rows, slot = tf.unique(gradient.indices)
-    gradient = tf.math.unsorted_segment_sum(gradient.values, slot, tf.size(rows))
-  return tf.math.count_nonzero(gradient, dtype=tf.int64)
+    values = tf.math.unsorted_segment_sum(gradient.values, slot, tf.size(rows))
+    return tf.math.count_nonzero(values, dtype=tf.int64)
+  zeros = tf.shape(tf.where(tf.equal(gradient, 0)), out_type=tf.int64)[0]
+  return tf.size(gradient, out_type=tf.int64) - zeros
 
 
 _FUNCTIONAL_VARIANTS = {}

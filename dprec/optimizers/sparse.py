@@ -26,7 +26,8 @@ class SparseSGD(tf.keras.optimizers.SGD):
     lr = tf.cast(self.learning_rate, variable.dtype)
     if isinstance(gradient, tf.IndexedSlices):
       return variable.scatter_sub(tf.IndexedSlices(lr * gradient.values, gradient.indices))
-    return variable.assign_sub(lr * gradient)
+    # In place, without an lr·gradient temporary the size of the variable.
+    return tf.raw_ops.ResourceApplyGradientDescent(var=variable.handle, alpha=lr, delta=gradient)
 
 
 class SparseAdagrad(tf.keras.optimizers.Adagrad):
