@@ -35,6 +35,7 @@ def _stream_args(data, run_dir, algorithm, epsilon, period, options):
           "--period-days", str(period), "--train-days", str(TRAIN_DAYS),
           "--batch-size", str(options.batch_size), "--hidden-units", options.hidden_units,
           "--learning-rate", str(options.learning_rate), "--checkpoint-every", "1000",
+          "--epochs-per-period", str(options.epochs),
           "--threshold", str(options.threshold), "--no-progress",
           "--delta", str(1.0 / (options.rows_per_day * TRAIN_DAYS))]
   if epsilon is not None:
@@ -104,6 +105,7 @@ def main(argv=None):
   parser.add_argument("--hidden-units", default="598,598,598,598")
   parser.add_argument("--batch-size", type=int, default=256)
   parser.add_argument("--learning-rate", type=float, default=0.05)
+  parser.add_argument("--epochs", type=float, default=1.0, help="passes over each period's data")
   parser.add_argument("--threshold", type=float, default=1.0)
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--out", default=None, help="keep data and runs here (default: temp dir)")

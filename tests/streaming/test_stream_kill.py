@@ -71,9 +71,10 @@ def _summary(run_dir):
 
 def test_sigkill_mid_period_and_restart_equals_an_uninterrupted_run(stream_output, tmp_path):
   plain, killed = str(tmp_path / "plain"), str(tmp_path / "killed")
-  subprocess.run(_command(stream_output, plain), env=ENV, check=True, timeout=600,
-                 stdout=subprocess.DEVNULL)
-
+  # The uninterrupted run and the run to be killed side by side (one core each).
+  errors = open(tmp_path / "plain.err", "wb")  # pylint: disable=consider-using-with
+  reference = subprocess.Popen(_command(stream_output, plain), env=ENV,
+                               stdout=subprocess.DEVNULL, stderr=errors)
   process = subprocess.Popen(_command(stream_output, killed), env=ENV,
                              stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
   try:
@@ -88,6 +89,9 @@ def test_sigkill_mid_period_and_restart_equals_an_uninterrupted_run(stream_outpu
   assert STEPS < trained_at_kill < 2 * STEPS, "killed in the middle of period 1"
   subprocess.run(_command(stream_output, killed), env=ENV, check=True, timeout=600,
                  stdout=subprocess.DEVNULL)
+  reference.wait(timeout=600)
+  errors.close()
+  assert reference.returncode == 0, (tmp_path / "plain.err").read_text()[-2000:]
 
   # No spent budget forgotten, none paid twice: the same charges, period by period.
   assert _ledger(killed) == _ledger(plain)
