@@ -178,7 +178,7 @@ def _selected_rows(options, model_config, train, ledger):
   k = {name: min(per_table, len(c)) for name, c in counts.items()}
   epsilon = options.top_k_epsilon or None
   return fest.fest_rows(counts, k, epsilon=epsilon, rng=np.random.default_rng(options.seed),
-                        ledger=ledger if epsilon else None)
+                        ledger=ledger if epsilon else None).rows
 
 
 def algorithm_config(options: CTRTrainOptions, plan: PrivacyPlan, selected_rows=None):
