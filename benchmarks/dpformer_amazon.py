@@ -46,7 +46,7 @@ def main(argv=None):
   parser.add_argument("--data", default=os.path.join(
       os.path.dirname(__file__), "..", "..", "shared", "data", "amazon-video-games", "Video.txt"))
   parser.add_argument("--work-dir", default="/tmp/dprec_amazon")
-  parser.add_argument("--epsilons", type=float, nargs="+", default=[5.0, 8.0, 10.0])
+  parser.add_argument("--epsilons", type=float, nargs="*", default=[5.0, 8.0, 10.0])
   parser.add_argument("--methods", nargs="+", default=list(METHODS), choices=list(METHODS))
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
   parser.add_argument("--non-private", action="store_true", help="also train without DP")

@@ -19,7 +19,8 @@ def data_dir(tmp_path_factory):
   return out
 
 
-TINY = ["--epochs", "1", "--batch-size", "32", "--max-len", "8", "--dim", "8", "--no-progress"]
+TINY = ["--epochs", "1", "--batch-size", "32", "--max-len", "8", "--dim", "8", "--blocks", "1",
+        "--no-progress"]
 
 
 def test_dp_run_summary_and_epsilon(data_dir, tmp_path, capsys):

@@ -1,0 +1,141 @@
+"""Phantom Clipping vs brute-force per-example gradients vs non-private training (paper Fig. 3).
+
+    python benchmarks/phantom.py [--items 10000 100000 1000000] [--batch-size 256] [--max-len 50]
+
+For each vocabulary size M and variant, a fresh worker process builds the DPFormer model
+(d = 64, 2 blocks, 1 head, tied embedding), runs one warm-up step and `--steps` timed steps, and
+reports seconds per step and its peak resident memory (ru_maxrss). Variants:
+  non_private   the ordinary Keras step (`DPModel` with `NonPrivate`);
+  phantom       the DP step (`DPModel` + DPSGD): registry ghost norms + Phantom norms of the tied
+                embedding, clipped sum by a second backward pass, noise;
+  brute_force   per-example gradients by `GradientTape.jacobian` (pfor / vectorized_map),
+                their norms, clipping, sum and noise.
+Next-item loss at every position for M ≤ `--all-positions-max` and at the last position above it
+(the B×L×M logits alone would not fit). Brute force is skipped above `--brute-force-max`.
+The table gives each variant's time and memory, and ratios to the non-private run of the same M.
+"""
+import argparse
+import json
+import resource
+import subprocess
+import sys
+import time
+
+
+def worker(args):
+  import numpy as np  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  from dprec.models.seqrec import NextItemLoss, SeqRecConfig, SeqRecModel  # pylint: disable=import-outside-toplevel
+  from dprec.optimizers.config import DPSGD  # pylint: disable=import-outside-toplevel
+  from dprec.optimizers.dp_optimizer import DPOptimizer  # pylint: disable=import-outside-toplevel
+
+  tf.keras.utils.set_random_seed(0)
+  rng = np.random.default_rng(0)
+  # Zipf-like item ids, left padding of random length.
+  items = np.minimum(rng.zipf(1.2, size=(args.batch_size, args.max_len + 1)), args.num_items)
+  lengths = rng.integers(2, args.max_len + 1, size=args.batch_size)
+  items[np.arange(args.max_len + 1)[None, :] < (args.max_len + 1 - lengths)[:, None]] = 0
+  inputs, labels = items[:, :-1].astype(np.int32), items[:, 1:].astype(np.int32)
+  config = SeqRecConfig(num_items=args.num_items, max_len=args.max_len, dim=64, num_blocks=2,
+                        num_heads=1, ffn_dim=64, dropout=0.0, loss_positions=args.loss_positions)
+  model = SeqRecModel(config)
+  model({"items": inputs[:1]})
+  batch = ({"items": tf.constant(inputs)}, tf.constant(labels))
+  if args.variant == "brute_force":
+    brute_force = _brute_force_step(model, NextItemLoss(reduction="none"), args.batch_size)
+    run = lambda: float(brute_force(*batch))  # pylint: disable=unnecessary-lambda-assignment
+  else:
+    optimizer = tf.keras.optimizers.SGD(1e-3)
+    if args.variant == "phantom":
+      optimizer = DPOptimizer(DPSGD(1.0, 1.0), optimizer, expected_batch_size=args.batch_size,
+                              seed=0)
+    model.compile(optimizer=optimizer)
+    run = lambda: model.train_on_batch(*batch)  # pylint: disable=unnecessary-lambda-assignment
+  run()
+  start = time.perf_counter()
+  for _ in range(args.steps):
+    run()
+  seconds = (time.perf_counter() - start) / args.steps
+  peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  print(json.dumps({"seconds_per_step": seconds, "peak_rss_mb": peak_mb}))
+
+
+def _brute_force_step(model, loss_fn, batch_size):
+  """One DP-SGD step from materialised per-example gradients (clip 1, σ = 1, SGD)."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  variables = model.trainable_variables
+
+  @tf.function
+  def step(x, y):
+    with tf.GradientTape() as tape:
+      losses = loss_fn(y, model(x, training=True))
+    jacobians = tape.jacobian(losses, variables, experimental_use_pfor=True)
+    squared = tf.add_n([tf.reduce_sum(tf.square(j), axis=list(range(1, j.shape.rank)))
+                        for j in jacobians])
+    factors = 1.0 / tf.maximum(1.0, tf.sqrt(squared))
+    for var, jac in zip(variables, jacobians):
+      clipped = tf.tensordot(factors, jac, axes=1)
+      noisy = clipped + tf.random.normal(tf.shape(clipped))
+      var.assign_sub(1e-3 * noisy / batch_size)
+    return tf.reduce_sum(squared)
+
+  return step
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--items", type=int, nargs="+", default=[10_000, 100_000, 1_000_000])
+  parser.add_argument("--batch-size", type=int, default=256)
+  parser.add_argument("--max-len", type=int, default=50)
+  parser.add_argument("--steps", type=int, default=3)
+  parser.add_argument("--all-positions-max", type=int, default=100_000)
+  parser.add_argument("--brute-force-max", type=int, default=100_000)
+  parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+  parser.add_argument("--variant", default=None, help=argparse.SUPPRESS)
+  parser.add_argument("--num-items", type=int, default=None, help=argparse.SUPPRESS)
+  parser.add_argument("--loss-positions", default="all", help=argparse.SUPPRESS)
+  args = parser.parse_args(argv)
+  if args.worker:
+    worker(args)
+    return
+  rows = []
+  for num_items in args.items:
+    positions = "all" if num_items <= args.all_positions_max else "last"
+    variants = ["non_private", "phantom"]
+    if num_items <= args.brute_force_max:
+      variants.append("brute_force")
+    results = {}
+    for variant in variants:
+      command = [sys.executable, __file__, "--worker", "--variant", variant,
+                 "--num-items", str(num_items), "--loss-positions", positions,
+                 "--batch-size", str(args.batch_size), "--max-len", str(args.max_len),
+                 "--steps", str(args.steps)]
+      done = subprocess.run(command, capture_output=True, text=True, check=False)
+      lines = [l for l in done.stdout.splitlines() if l.startswith("{")]
+      results[variant] = json.loads(lines[-1]) if lines else {"error": done.stderr[-300:]}
+      print(num_items, variant, results[variant], file=sys.stderr, flush=True)
+    rows.append((num_items, positions, results))
+  print(table(rows, args))
+
+
+def table(rows, args):
+  base = "non_private"
+  lines = [f"B={args.batch_size} L={args.max_len} d=64 2 blocks, {args.steps} timed steps", "",
+           "| M | loss | variant | s/step | × non-private | peak RSS MB | × non-private |",
+           "|---|---|---|---|---|---|---|"]
+  for num_items, positions, results in rows:
+    for variant, result in results.items():
+      if "error" in result:
+        lines.append(f"| {num_items:,} | {positions} | {variant} | failed (OOM?) | | | |")
+        continue
+      ref = results.get(base, {})
+      nan = float("nan")
+      time_ratio = result["seconds_per_step"] / ref.get("seconds_per_step", nan)
+      mem_ratio = result["peak_rss_mb"] / ref.get("peak_rss_mb", nan)
+      lines.append(f"| {num_items:,} | {positions} | {variant} | {result['seconds_per_step']:.3f} | "
+                   f"{time_ratio:.2f} | {result['peak_rss_mb']:.0f} | {mem_ratio:.2f} |")
+  return "\n".join(lines)
+
+
+if __name__ == "__main__":
+  main()
