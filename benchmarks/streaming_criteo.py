@@ -98,7 +98,7 @@ def table(results, periods):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
   parser.add_argument("--rows-per-day", type=int, default=4000)
-  parser.add_argument("--vocab", default="scaled:20k", help="synthetic vocabulary (see dprec synth)")
+  parser.add_argument("--vocab", default="scaled:5k", help="synthetic vocabulary (dprec synth)")
   parser.add_argument("--periods", default="1,2,4,8,18")
   parser.add_argument("--configs", default=",".join(f"{a}:{e}" for a, e in CONFIGS),
                       help="algorithm:epsilon pairs (epsilon None for non_private)")

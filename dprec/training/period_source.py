@@ -3,8 +3,9 @@
 A period is `period_days` consecutive days (seed 001 Table 5: 1, 2, 4, 8, 16, 18). It is complete
 when every one of its days is listed in the manifest: the Beam job writes a window's TFRecords and
 vocabulary snapshot first and replaces the manifest last, atomically, so a trainer tailing the
-directory never reads a half-written period. Days past `train_days` are the hold-out (seed 001 §4.3: train on days 1–18,
-evaluate on 19–24); they are still served as periods, for evaluation only.
+directory never reads a half-written period. Days past `train_days` are the hold-out (seed 001
+§4.3: train on days 1–18, evaluate on 19–24); they are served as one-day periods, for evaluation
+only.
 """
 import abc
 import dataclasses
@@ -144,8 +145,8 @@ class BeamStreamSource(PeriodSource):
 
     def load():
       from dprec.data import criteo_tfrecord  # pylint: disable=import-outside-toplevel
-      from dprec.training.poisson import dataset_to_arrays  # pylint: disable=import-outside-toplevel
-      arrays = dataset_to_arrays(criteo_tfrecord.criteo_tfrecord_dataset(
+      from dprec.training import poisson  # pylint: disable=import-outside-toplevel
+      arrays = poisson.dataset_to_arrays(criteo_tfrecord.criteo_tfrecord_dataset(
           data_dir, [e["day"] for e in entries], batch_size=65536))
       return arrays, arrays.pop("label")
 

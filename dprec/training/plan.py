@@ -66,8 +66,8 @@ class StreamPlan:
 
 
 def plan_stream(epsilon_total, delta, expected_periods, examples_per_period, batch_size,
-                epochs_per_period=1.0, selection_epsilon=0.0, noise_multiplier: Optional[float] = None,
-                accountant="pld"):
+                epochs_per_period=1.0, selection_epsilon=0.0,
+                noise_multiplier: Optional[float] = None, accountant="pld"):
   """Computes the StreamPlan for a budget (or checks a given σ against it).
 
   Args:

@@ -15,9 +15,10 @@ from tqdm import tqdm
 
 from dprec.errors import DprecError
 from dprec.models import ctr_cli
+from dprec.training import stream_metrics
 from dprec.training.period_source import BeamStreamSource
 from dprec.training.plan import plan_stream
-from dprec.training.stream_models import CTRPeriodModel, CTRStreamOptions
+from dprec.training.stream_models import CTRPeriodModel
 from dprec.training.streaming import StreamConfig, StreamingTrainer
 
 FEST_ALGORITHMS = ("dp_fest", "dp_adafest_plus")
@@ -31,7 +32,8 @@ def register(subparsers):
   data.add_argument("--data", required=True,
                     help="output directory of `dprec preprocess criteo [--streaming]`")
   data.add_argument("--run-dir", default="stream_run",
-                    help="checkpoints, ledger, metrics.csv, TensorBoard logs, plot (default %(default)s)")
+                    help="checkpoints, ledger, metrics.csv, TensorBoard logs, plot "
+                    "(default %(default)s)")
   data.add_argument("--period-days", type=int, default=1,
                     help="days per training period (seed 001 Table 5: 1, 2, 4, 8, 16, 18)")
   data.add_argument("--train-days", type=int, default=None,
@@ -59,7 +61,8 @@ def register(subparsers):
   dp.add_argument("--top-k", type=int, default=None,
                   help="DP-FEST / DP-AdaFEST+ rows per table, refreshed every period")
   dp.add_argument("--top-k-epsilon", type=float, default=0.1,
-                  help="total pure ε of the per-period DP top-k refreshes; 0 treats counts as public")
+                  help="total pure ε of the per-period DP top-k refreshes; 0 treats the "
+                  "counts as public")
   dp.add_argument("--accountant", default="pld", choices=("pld", "rdp"))
   dp.add_argument("--ledger", default=None, help="privacy ledger (default RUN_DIR/ledger.json)")
   model = parser.add_argument_group("model and step")
@@ -110,8 +113,8 @@ def build_trainer(args):
       args.delta or 1.0 / (expected * per_period), expected, per_period, args.batch_size,
       epochs_per_period=args.epochs_per_period, selection_epsilon=selection,
       noise_multiplier=args.noise_multiplier, accountant=args.accountant)
-  options = CTRStreamOptions(
-      algorithm=args.algorithm, l2_norm_clip=args.l2_norm_clip, ratio=args.ratio,
+  options = ctr_cli.CTRTrainOptions(
+      data=args.data, algorithm=args.algorithm, l2_norm_clip=args.l2_norm_clip, ratio=args.ratio,
       threshold=args.threshold, contribution_clip=args.contribution_clip,
       learning_rate=args.learning_rate, optimizer=args.optimizer,
       hidden_units=tuple(int(u) for u in args.hidden_units.split(",") if u), seed=args.seed)
@@ -150,6 +153,5 @@ def run(args):
   summary = build_trainer(args).run()
   summary["algorithm"] = args.algorithm
   if args.summary_json:
-    from dprec.training.stream_metrics import write_summary  # pylint: disable=import-outside-toplevel
-    write_summary(os.path.abspath(args.summary_json), summary)
+    stream_metrics.write_summary(os.path.abspath(args.summary_json), summary)
   return summary

@@ -7,7 +7,7 @@ period boundaries (rows stay where they are, so buckets that stay selected keep 
 learned). Embedding widths are fixed by the first period's vocabulary so rows keep their shape.
 """
 import dataclasses
-from typing import Mapping, Optional, Tuple
+from typing import Mapping, Optional
 
 import numpy as np
 import tensorflow as tf
@@ -18,30 +18,13 @@ from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.training.streaming import PeriodModel
 
 
-@dataclasses.dataclass(frozen=True)
-class CTRStreamOptions:
-  """Model and algorithm hyper-parameters (as `dprec train ctr`'s, see its --help)."""
-  algorithm: str = "dp_adafest"
-  l2_norm_clip: float = 1.0
-  ratio: float = 5.0
-  threshold: float = 1.0
-  contribution_clip: float = 1.0
-  learning_rate: float = 0.05
-  optimizer: str = "adagrad"
-  hidden_units: Tuple[int, ...] = (598, 598, 598, 598)
-  eval_batch_size: int = 8192
-  seed: int = 0
-
-
 def transfer_variable(old_value: np.ndarray, new_variable: tf.Variable):
   """Copies a variable into its (possibly grown) successor: leading rows from the old value, the
   rest keeps the successor's initialisation. Only the first axis may grow."""
-  if old_value.shape == tuple(new_variable.shape):
-    new_variable.assign(old_value)
-    return
-  if old_value.shape[1:] != tuple(new_variable.shape[1:]) or old_value.shape[0] > new_variable.shape[0]:
-    raise ValueError(f"cannot grow {new_variable.name} from {old_value.shape} to "
-                     f"{tuple(new_variable.shape)}: only rows may be added")
+  new_shape = tuple(new_variable.shape)
+  if old_value.shape[1:] != new_shape[1:] or old_value.shape[0] > new_shape[0]:
+    raise ValueError(f"cannot grow {new_variable.name} from {old_value.shape} to {new_shape}: "
+                     "only rows may be added")
   value = new_variable.numpy()
   value[:old_value.shape[0]] = old_value
   new_variable.assign(value)
@@ -51,12 +34,14 @@ class CTRPeriodModel(PeriodModel):
   """`PeriodModel` of the pCTR model (seed 001 App. D.1.1) trained by `DPModel`'s step.
 
   Args:
-    options: hyper-parameters.
+    options: `dprec train ctr`'s options; the algorithm and model/step hyper-parameters are used
+      (algorithm, l2_norm_clip, ratio, threshold, contribution_clip, learning_rate, optimizer,
+      hidden_units, eval_batch_size, seed).
     noise_multiplier: the plan's composed σ (split into σ1 = r·σ2 and σ2 for DP-AdaFEST).
     expected_batch_size: q · N_period, the normaliser of the noisy sum (DESIGN §4 step 5).
   """
 
-  def __init__(self, options: CTRStreamOptions, noise_multiplier: float,
+  def __init__(self, options: ctr_cli.CTRTrainOptions, noise_multiplier: float,
                expected_batch_size: float):
     self.options = options
     self.expected_batch_size = expected_batch_size
@@ -66,10 +51,6 @@ class CTRPeriodModel(PeriodModel):
       sigma1, sigma2 = privacy.adafest_noise_multipliers(noise_multiplier, options.ratio)
       plan = dataclasses.replace(plan, sigma1=sigma1, sigma2=sigma2)
     self._plan = plan
-    self._train_options = ctr_cli.CTRTrainOptions(
-        data="", algorithm=options.algorithm, l2_norm_clip=options.l2_norm_clip,
-        ratio=options.ratio, threshold=options.threshold,
-        contribution_clip=options.contribution_clip)
     # The noise/selection generator outlives the models the tables grow into; checkpointed.
     self.generator = tf.random.Generator.from_seed(options.seed)
     self.model = None
@@ -104,7 +85,7 @@ class CTRPeriodModel(PeriodModel):
     if key == self._compiled_for:
       return  # same step: keep the traced function (retracing costs seconds)
     self._compiled_for = key
-    config = ctr_cli.algorithm_config(self._train_options, self._plan, selected_rows)
+    config = ctr_cli.algorithm_config(self.options, self._plan, selected_rows)
     self.model.compile(optimizer=DPOptimizer(config, self.optimizer,
                                              expected_batch_size=self.expected_batch_size,
                                              seed=self.options.seed))

@@ -255,7 +255,7 @@ class StreamingTrainer:
     if self.config.top_k:
       epsilon = self.plan.selection_epsilon_per_period or None  # paid in _pay_for_period
       selected = fest.fest_rows(period.counts(), self.config.top_k, epsilon=epsilon,
-                                rng=np.random.default_rng([self.config.seed, period.index, 1]))
+                                rng=np.random.default_rng([self.config.seed, period.index, 1])).rows
     self.model.set_selected_rows(selected)
     self.state["selected_rows"] = _rows_to_json(selected)
     return sum(sizes[n] - old.get(n, 0) for n in sizes) if old else 0

@@ -4,7 +4,8 @@ import numpy as np
 
 from dprec.training.period_source import ArrayPeriodSource
 from dprec.training.plan import plan_stream
-from dprec.training.stream_models import CTRPeriodModel, CTRStreamOptions
+from dprec.models.ctr_cli import CTRTrainOptions
+from dprec.training.stream_models import CTRPeriodModel
 from dprec.training.streaming import StreamConfig, StreamingTrainer
 
 
@@ -49,8 +50,9 @@ def test_refreshing_the_top_k_set_keeps_learned_rows(tmp_path):
   source = ArrayPeriodSource(days, train_days=2)
   plan = plan_stream(50.0, 1e-5, expected_periods=2, examples_per_period=300, batch_size=30,
                      noise_multiplier=0.5, accountant="rdp")
-  model = RecordingModel(CTRStreamOptions(algorithm="dp_fest", hidden_units=(8,),
-                                          learning_rate=0.5), plan.noise_multiplier, 30.0)
+  model = RecordingModel(CTRTrainOptions(data="", algorithm="dp_fest", optimizer="adagrad",
+                                         hidden_units=(8,),
+                                         learning_rate=0.5), plan.noise_multiplier, 30.0)
   ends = {}
 
   def progress(period, step, logs):
