@@ -110,10 +110,13 @@ class StreamConfig:
 
 
 def _fresh_state():
-  return {"period": 0, "step": 0, "evaluated": False, "table_names": None, "vocab_sizes": None,
-          "table_rows": None,
-          "selected_rows": None, "journal_lines": 0, "rows": [], "running": None,
-          "stopped": None, "holdout": None}
+  """The trainer state a checkpoint holds besides the TensorFlow objects (JSON)."""
+  return {
+      "period": 0, "step": 0,  # data position: the next (period, step) to train
+      "evaluated": False,  # has period `period` evaluated the model trained before it?
+      "running": None,  # sums over the steps of the period in progress (None: not started)
+      "table_names": None, "vocab_sizes": None, "table_rows": None, "selected_rows": None,
+      "journal_lines": 0, "rows": [], "stopped": None, "holdout": None}
 
 
 class StreamingTrainer:
@@ -138,6 +141,12 @@ class StreamingTrainer:
     self.metrics = stream_metrics.MetricsWriter(config.run_dir)
     self.state = _fresh_state()
     self._tf_checkpoint = None
+    self._loaded = (None, None)  # (period index, its arrays): evaluated, then trained on
+
+  def _load(self, period: Period):
+    if self._loaded[0] != period.index:
+      self._loaded = (period.index, period.load())
+    return self._loaded[1]
 
   # ---- state and checkpoints ----------------------------------------------------------------
 
@@ -228,7 +237,7 @@ class StreamingTrainer:
 
   def _evaluate_row(self, period: Period):
     """Evaluates the model trained through period p-1 on period p and finishes p-1's row."""
-    features, labels = period.load()
+    features, labels = self._load(period)
     metrics = self.model.evaluate(self._known_ids(features), labels)
     row = self.state["rows"][-1]
     row.update(eval_period=period.index, auc=float(metrics["auc"]),
@@ -270,7 +279,7 @@ class StreamingTrainer:
 
   def _train_period(self, period: Period):
     """Trains the rest of period p in chunks that end at checkpoints."""
-    features, labels = period.load()
+    features, labels = self._load(period)
     running = self.state["running"]
     total, every = self.plan.steps_per_period, self.config.checkpoint_every
 
