@@ -2,7 +2,9 @@
 
 Variants, run one after another in this process on the same batches:
   non_private   dprec `CTRModel` + `SparseSGD` (row-sparse updates), the reference
-  dp_adafest    dprec DP-AdaFEST (σ1 = 5, σ2 = 1, τ = 15, C1 = 1, C2 = 10)
+  dp_adafest    dprec DP-AdaFEST (σ1 = 5, σ2 = 1, τ = --threshold, C1 = 1, C2 = 10); false
+                positives among untouched rows: V·Ψ(τ/(σ1·C1)) a step, so larger vocabularies
+                need a larger τ (15 → ~460 rows of table3's 0.34M, ~13,500 of 10M; 25 → ~0)
   dp_sgd        dprec DP-SGD (dense noise on every embedding row)
   tfp_dpmodel   tensorflow_privacy's DPModel (`make_dp_model_class`) with its fast gradient
                 clipping layer registry and stock Keras SGD: the tool users have today
@@ -34,7 +36,7 @@ from dprec.training.callbacks import StepTimer
 
 VARIANTS = ("non_private", "dp_adafest", "dp_sgd", "tfp_dpmodel", "keras")
 DENSE = ("dp_sgd", "tfp_dpmodel", "keras")  # cost grows with V·d: fewer steps at large vocab
-LEARNING_RATE, C2, SIGMA2, SIGMA1, TAU, C1 = 0.5, 10.0, 1.0, 5.0, 15.0, 1.0
+LEARNING_RATE, C2, SIGMA2, SIGMA1, C1 = 0.5, 10.0, 1.0, 5.0, 1.0
 
 
 def make_batches(vocab_sizes, batch_size, count, seed=0):
@@ -85,7 +87,7 @@ def _keras_model(vocab_sizes, dp):
   return model, config.table_names
 
 
-def build(variant, vocab_sizes, batch_size):
+def build(variant, vocab_sizes, batch_size, threshold):
   """(model, function mapping a dprec batch (features, labels) to this model's)."""
   if variant in ("tfp_dpmodel", "keras"):
     model, names = _keras_model(vocab_sizes, dp=variant == "tfp_dpmodel")
@@ -100,15 +102,15 @@ def build(variant, vocab_sizes, batch_size):
       "dp_sgd": config_lib.DPSGD(l2_norm_clip=C2, noise_multiplier=SIGMA2),
       "dp_adafest": config_lib.DPAdaFEST(l2_norm_clip=C2, noise_multiplier=SIGMA2,
                                          contribution_clip=C1, contribution_noise_multiplier=SIGMA1,
-                                         threshold=TAU),
+                                         threshold=threshold),
   }[variant]
   return _dprec_model(vocab_sizes, algorithm, batch_size), lambda features, labels: (features,
                                                                                       labels)
 
 
-def time_variant(variant, vocab_sizes, batches, steps):
+def time_variant(variant, vocab_sizes, batches, steps, threshold):
   """Seconds per step over `steps` timed steps (after one untimed tracing step)."""
-  model, adapt = build(variant, vocab_sizes, len(batches[0][1]))
+  model, adapt = build(variant, vocab_sizes, len(batches[0][1]), threshold)
   inputs = [adapt(x, y) for x, y in batches]
   dataset = tf.data.Dataset.from_generator(
       lambda: (inputs[i % len(inputs)] for i in range(steps + 1)),
@@ -136,6 +138,7 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=10, help="timed steps per variant")
   parser.add_argument("--dense-steps", type=int, default=3,
                       help="timed steps of dense variants above 1M rows")
+  parser.add_argument("--threshold", type=float, default=15.0, help="DP-AdaFEST τ")
   parser.add_argument("--json", help="also write the results here")
   args = parser.parse_args(argv)
   results = []
@@ -147,7 +150,7 @@ def main(argv=None):
     rows = {}
     for variant in args.variants:
       steps = args.dense_steps if variant in DENSE and sum(vocab_sizes) > 10 ** 6 else args.steps
-      seconds, extra = time_variant(variant, vocab_sizes, batches, steps)
+      seconds, extra = time_variant(variant, vocab_sizes, batches, steps, args.threshold)
       rows[variant] = seconds
       results.append(dict(vocab=spec, rows=sum(vocab_sizes), variant=variant,
                           seconds_per_step=seconds, timed_steps=steps, **extra))
