@@ -116,7 +116,7 @@ def _fresh_state():
       "evaluated": False,  # has period `period` evaluated the model trained before it?
       "running": None,  # sums over the steps of the period in progress (None: not started)
       "table_names": None, "vocab_sizes": None, "table_rows": None, "selected_rows": None,
-      "journal_lines": 0, "rows": [], "stopped": None, "holdout": None}
+      "journal_lines": 0, "rows": [], "stopped": None, "idle": False, "holdout": None}
 
 
 class StreamingTrainer:
@@ -196,31 +196,31 @@ class StreamingTrainer:
   def _pay_for_period(self, period):
     """Charges the ledger for period p (selection, then training) unless already charged.
 
-    Returns False, charging nothing, if the period would exceed the budget.
+    Returns None once paid, or, charging nothing, the ε the period would have brought the run to.
     """
     if self.ledger is None:
-      return True
+      return None
     labels = {charge.get("label") for charge in self.ledger.charges}
     plan = self.plan
     pure_label, gauss_label = self._label(period) + " selection", self._label(period)
     need_pure = plan.selection_epsilon_per_period > 0 and pure_label not in labels
     need_gauss = gauss_label not in labels
     if not need_gauss:
-      return True
+      return None
     projected = self.ledger.epsilon_if_charged(
         plan.noise_multiplier, plan.sampling_rate, plan.steps_per_period)
     if need_pure:
       projected += plan.selection_epsilon_per_period
     if projected > plan.epsilon_total:
-      return False
+      return projected
     try:
       if need_pure:
         self.ledger.charge_pure(plan.selection_epsilon_per_period, label=pure_label)
       self.ledger.charge_gaussian(plan.noise_multiplier, plan.sampling_rate,
                                   plan.steps_per_period, label=gauss_label)
     except BudgetExceededError:
-      return False
-    return True
+      return projected
+    return None
 
   # ---- the loop ---------------------------------------------------------------------------
 
@@ -311,7 +311,7 @@ class StreamingTrainer:
     Returns the JSON summary (see `summary`).
     """
     resumed = self._restore()
-    if self.state.get("idle"):
+    if self.state["idle"]:
       self.state.update(stopped=None, idle=False)
     self.metrics.write(self.state["rows"])
     train_periods = self.config.train_periods
@@ -332,11 +332,12 @@ class StreamingTrainer:
         self.state["stopped"] = f"trained the {train_periods} training periods"
         break
       if self.state["step"] == 0 and self.state["running"] is None:
-        if not self._pay_for_period(index):
+        unaffordable = self._pay_for_period(index)
+        if unaffordable is not None:
           self.state["stopped"] = (
-              f"privacy budget: training period {index} would spend ε = "
-              f"{self._projected(index):.4g} > --epsilon-total {self.plan.epsilon_total:g} "
-              f"(spent {self.epsilon_spent():.4g} on periods 0..{index - 1}); stopped before it")
+              f"privacy budget: training period {index} would bring ε to {unaffordable:.4g} > "
+              f"--epsilon-total {self.plan.epsilon_total:g} (spent {self.epsilon_spent():.4g} "
+              f"on periods 0..{index - 1}); stopped before it")
           break
         new_ids = self._refresh(period)
         self.state["running"] = {"loss": 0.0, "reduction": 0.0, "batch": 0, "steps": 0,
@@ -366,13 +367,6 @@ class StreamingTrainer:
     summary = self.summary(resumed)
     self.metrics.finish(self.state["rows"], summary)
     return summary
-
-  def _projected(self, index):
-    del index
-    plan = self.plan
-    return (self.ledger.epsilon_if_charged(plan.noise_multiplier, plan.sampling_rate,
-                                           plan.steps_per_period)
-            + plan.selection_epsilon_per_period)
 
   def _evaluate_holdout(self, first):
     """Pooled metrics of the final model on the complete hold-out periods (seed 001: days 19–24)."""
