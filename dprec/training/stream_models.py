@@ -22,6 +22,9 @@ def transfer_variable(old_value: np.ndarray, new_variable: tf.Variable):
   """Copies a variable into its (possibly grown) successor: leading rows from the old value, the
   rest keeps the successor's initialisation. Only the first axis may grow."""
   new_shape = tuple(new_variable.shape)
+  if old_value.shape == new_shape:
+    new_variable.assign(old_value)
+    return
   if old_value.shape[1:] != new_shape[1:] or old_value.shape[0] > new_shape[0]:
     raise ValueError(f"cannot grow {new_variable.name} from {old_value.shape} to {new_shape}: "
                      "only rows may be added")
@@ -68,11 +71,10 @@ class CTRPeriodModel(PeriodModel):
                                 hidden_units=self.options.hidden_units)
     optimizer = ctr_cli.OPTIMIZERS[self.options.optimizer](self.options.learning_rate)
     optimizer.build(model.trainable_variables)
-    if self.model is not None:
-      old_weights = [v.numpy() for v in self.model.weights]
-      for old, new in zip(old_weights, model.weights):
-        transfer_variable(old, new)
-      for old, new in zip(self.optimizer.variables, optimizer.variables):
+    if self.model is not None:  # same architecture, so variables correspond by position
+      pairs = list(zip(self.model.trainable_variables, model.trainable_variables))
+      pairs += list(zip(self.optimizer.variables, optimizer.variables))
+      for old, new in pairs:
         transfer_variable(old.numpy(), new)
     self.model, self.optimizer = model, optimizer
 

@@ -27,7 +27,7 @@ class RecordingModel(CTRPeriodModel):
 
   def __init__(self, *args, **kwargs):
     super().__init__(*args, **kwargs)
-    self.refreshes, self.period_ends = [], []
+    self.refreshes, self.dense_at_refresh = [], []
 
   def tables(self):
     """({table: rows}, {table: Adagrad accumulator}); Keras builds one accumulator per
@@ -40,8 +40,13 @@ class RecordingModel(CTRPeriodModel):
       slots[table.table_name] = self.optimizer.variables[1 + index].numpy()
     return tables, slots
 
+  def dense(self):
+    tables = {id(t.embeddings) for t in self.model.dp_tables}
+    return [v.numpy() for v in self.model.trainable_variables if id(v) not in tables]
+
   def set_selected_rows(self, selected_rows):
     self.refreshes.append((selected_rows, self.tables()))
+    self.dense_at_refresh.append(self.dense())
     super().set_selected_rows(selected_rows)
 
 
@@ -59,10 +64,13 @@ def test_refreshing_the_top_k_set_keeps_learned_rows(tmp_path):
     del logs
     if step + 1 == plan.steps_per_period:
       ends[period] = model.tables()
+      ends[f"dense {period}"] = model.dense()
 
   config = StreamConfig(run_dir=str(tmp_path), top_k=3, train_periods=2, headroom=1.0)
   summary = StreamingTrainer(model, source, plan, config, progress=progress).run()
   assert summary["periods_trained"] == 2
+  for before, after in zip(ends["dense 0"], model.dense_at_refresh[1]):  # dense layers carried
+    np.testing.assert_array_equal(after, before)
 
   (first_rows, (initial, _)), (second_rows, (at_refresh, slots_at_refresh)) = model.refreshes
   for name, rows in first_rows.items():
