@@ -68,11 +68,13 @@ def plot_auc_epsilon(rows, path):
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
+  from matplotlib import ticker  # pylint: disable=import-outside-toplevel
   periods = [row["period"] for row in rows]
   figure, auc_axis = pyplot.subplots(figsize=(6, 3.5))
   auc = [row["auc"] if row.get("auc") is not None else float("nan") for row in rows]
   auc_axis.plot(periods, auc, "o-", color="tab:blue", label="AUC on next period")
   auc_axis.set_xlabel("training period")
+  auc_axis.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
   auc_axis.set_ylabel("AUC (next period)", color="tab:blue")
   epsilon = [row.get("epsilon_so_far") for row in rows]
   if all(e is not None and math.isfinite(e) for e in epsilon):
