@@ -71,15 +71,16 @@ def _unique(items):
   return result
 
 
-def _gradient_size(gradient):
+def _gradient_size(gradient, noised):
   """Nonzero coordinates of a (possibly IndexedSlices, possibly duplicated) gradient. A dense
-  gradient counts its zeros instead (`count_nonzero` would cast all V×d entries to int64)."""
+  gradient with Gaussian noise on every coordinate counts as full (nonzero with probability 1),
+  sparing a V×d pass that `count_nonzero` would make with an int64 copy."""
   if isinstance(gradient, tf.IndexedSlices):
     rows, slot = tf.unique(gradient.indices)
-    values = tf.math.unsorted_segment_sum(gradient.values, slot, tf.size(rows))
-    return tf.math.count_nonzero(values, dtype=tf.int64)
-  zeros = tf.shape(tf.where(tf.equal(gradient, 0)), out_type=tf.int64)[0]
-  return tf.size(gradient, out_type=tf.int64) - zeros
+    gradient = tf.math.unsorted_segment_sum(gradient.values, slot, tf.size(rows))
+  elif noised:
+    return tf.size(gradient, out_type=tf.int64)
+  return tf.math.count_nonzero(gradient, dtype=tf.int64)
 
 
 _FUNCTIONAL_VARIANTS = {}
@@ -167,7 +168,8 @@ class DPModel(tf.keras.Model):
       grads_and_vars = list(zip(tape.gradient(loss, self.trainable_variables),
                                 self.trainable_variables))
     table_vars = {id(t.embeddings) for t in self.dp_tables}
-    sizes = [_gradient_size(g) for g, v in grads_and_vars if id(v) in table_vars]
+    noised = config_lib.is_private(config) and config.noise_multiplier > 0
+    sizes = [_gradient_size(g, noised) for g, v in grads_and_vars if id(v) in table_vars]
     self.gradient_size_tracker.update_state(tf.cast(tf.add_n(sizes) if sizes else 0, tf.float32))
     self.optimizer.apply_gradients(grads_and_vars)
     logs = self.compute_metrics(x, y, y_pred, sample_weight)
