@@ -33,9 +33,10 @@ def grid(kind):
   runs += [(f"dp_adafest r={r:g} tau={t:g} C1={c:g}",
             {"algorithm": "dp_adafest", "ratio": r, "threshold": t, "contribution_clip": float(c)})
            for r in ratios for t in taus for c in clips]
+  plus_ks = top_ks if kind == "full" else top_ks[-1:]
   runs += [(f"dp_adafest_plus k={k} r=5 tau={t:g}",
             {"algorithm": "dp_adafest_plus", "top_k": k, "ratio": 5.0, "threshold": t})
-           for k in top_ks for t in taus[:2]]
+           for k in plus_ks for t in taus[:2]]
   return runs
 
 
@@ -61,6 +62,8 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=2441, help="training steps per run")
   parser.add_argument("--batch-size", type=int, default=2048)
   parser.add_argument("--epsilon", type=float, default=1.0)
+  parser.add_argument("--learning-rate", type=float, default=0.1, help="SGD, every run")
+  parser.add_argument("--l2-norm-clip", type=float, default=10.0, help="C2, every DP run")
   parser.add_argument("--top-k-epsilon", type=float, default=0.1)
   parser.add_argument("--grid", choices=("small", "full"), default="small")
   parser.add_argument("--only", nargs="*", help="run only labels starting with these")
@@ -74,7 +77,8 @@ def main(argv=None):
   data = ctr_cli.load_data(data_dir)
   base = ctr_cli.CTRTrainOptions(data=data_dir, epsilon=args.epsilon, batch_size=args.batch_size,
                                  steps=args.steps, top_k_epsilon=args.top_k_epsilon,
-                                 progress=False)
+                                 learning_rate=args.learning_rate,
+                                 l2_norm_clip=args.l2_norm_clip, progress=False)
   print(f"# {len(data.train['label']):,} training rows, {len(data.eval['label']):,} held out, "
         f"{sum(data.vocab_sizes):,} embedding rows", file=sys.stderr)
   print("| run | AUC | ε | gradient size reduction | steps/s |")

@@ -30,11 +30,12 @@ def register(subparsers):
 
 def demo_options(data_dir: str, out_dir: str, steps: int, batch_size: int, epsilon: float,
                  seed: int) -> ctr_cli.CTRTrainOptions:
-  """The demo's DP-AdaFEST run: r = 5; τ/C1 large enough that false positives stay rare."""
+  """The demo's DP-AdaFEST run: r = 5; τ/C1 large enough that false positives stay rare; a
+  small learning rate because at batch 512 the noise σ2·C2/B per coordinate is large."""
   return ctr_cli.CTRTrainOptions(
       data=data_dir, algorithm="dp_adafest", epsilon=epsilon, batch_size=batch_size,
       steps=steps, ratio=5.0, threshold=15.0, contribution_clip=1.0, l2_norm_clip=10.0,
-      learning_rate=0.5, optimizer="sgd", ledger=os.path.join(out_dir, "ledger.json"),
+      learning_rate=0.05, optimizer="sgd", ledger=os.path.join(out_dir, "ledger.json"),
       summary_json=os.path.join(out_dir, "summary.json"), seed=seed, charge_every=100)
 
 

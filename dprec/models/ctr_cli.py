@@ -47,7 +47,7 @@ class CTRTrainOptions:
   threshold: float = 15.0
   contribution_clip: float = 1.0
   l2_norm_clip: float = 10.0
-  learning_rate: float = 0.5
+  learning_rate: float = 0.1
   optimizer: str = "sgd"
   top_k: Optional[int] = None
   top_k_epsilon: float = 0.1
@@ -333,7 +333,7 @@ def register(subparsers):
   add("--threshold", type=float, default=15.0, help="DP-AdaFEST threshold τ on noisy counts")
   add("--contribution-clip", type=float, default=1.0, help="DP-AdaFEST contribution clip C1")
   add("--l2-norm-clip", type=float, default=10.0, help="per-example gradient clip C2")
-  add("--learning-rate", type=float, default=0.5, help="learning rate")
+  add("--learning-rate", type=float, default=0.1, help="learning rate")
   add("--optimizer", choices=sorted(OPTIMIZERS), default="sgd",
       help="row-sparse optimizer applying the noisy gradient")
   add("--top-k", type=int, help="DP-FEST / DP-AdaFEST+: rows kept over all tables (k/F each)")
