@@ -3,10 +3,11 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dprec.clipping import registry as registry_lib
 from dprec.clipping.phantom import phantom_squared_norms
 from dprec.layers.reattention import ReAttentionConfig
 from dprec.models.seqrec import NextItemLoss, SeqRecConfig, SeqRecModel
+from dprec.optimizers.config import DPSGD
+from dprec.optimizers.dp_optimizer import DPOptimizer
 
 NUM_ITEMS, MAX_LEN = 13, 6
 
@@ -43,21 +44,10 @@ def _model(loss_positions, tied=True, reattention=ReAttentionConfig(), num_heads
 
 
 def _fast_squared_norms(model, items, labels):
-  """The DP step's norm pass: registry records (Dense, LayerNorm, positions) + Phantom hook."""
-  layers = [m for m in model.submodules if isinstance(m, tf.keras.layers.Layer)]
-  with tf.GradientTape(persistent=True) as tape:
-    with registry_lib.RegistryRecorder(layers, model.layer_registry, tape) as recorder:
-      logits = model({"items": items}, training=True)
-    summed_loss = tf.reduce_sum(NextItemLoss(reduction="none")(labels, logits))
-    extras = model.extra_squared_norms()
-  record_grads, extra_grads = tape.gradient(
-      summed_loss, ([r[1] for r in recorder.records], [e.watched for e in extras]),
-      unconnected_gradients=tf.UnconnectedGradients.ZERO)
-  covered = {id(w) for r in recorder.records for w in r[0].trainable_weights}
-  covered |= {id(v) for e in extras for v in e.variables}
-  assert covered == {id(v) for v in model.trainable_variables}
-  return (sum(r[2](g) for r, g in zip(recorder.records, record_grads))
-          + sum(e.squared_norm_fn(g) for e, g in zip(extras, extra_grads))).numpy()
+  """The shared DP step's norm pass: registry (Dense, LayerNorm, positions) + Phantom hook."""
+  model.compile(optimizer=DPOptimizer(DPSGD(1.0, 1.0), tf.keras.optimizers.SGD(0.1)),
+                run_eagerly=True)
+  return model.per_example_squared_norms({"items": items}, labels).numpy()
 
 
 def _brute_force_squared_norms(model, items, labels):
