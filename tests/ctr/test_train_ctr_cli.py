@@ -2,6 +2,7 @@
 import json
 import os
 
+import numpy as np
 import pytest
 
 from dprec import cli
@@ -107,3 +108,28 @@ def test_refuses_a_ledger_that_has_already_spent(data_dir, tmp_path, capsys):
                         str(ledger_path), "--no-progress", "--hidden-units", "4"])
   assert "already spent" in err
   assert privacy.PrivacyLedger(str(ledger_path)).epsilon_spent() == pytest.approx(0.5)
+
+
+def test_beam_manifest_directory_loads_like_the_tsv_days(data_dir, tmp_path):
+  """`--data` given the Beam job's layout (manifest + per-day TFRecords) yields the same arrays
+  as the TSV days it was made from (written here with the Beam helper's own encoder)."""
+  from dprec.data import criteo, criteo_tfrecord  # pylint: disable=import-outside-toplevel
+  from dprec.models import ctr_cli  # pylint: disable=import-outside-toplevel
+  from_tsv = ctr_cli.load_data(data_dir)
+  out = tmp_path / "beam"
+  days = []
+  for day, arrays in enumerate((from_tsv.train, from_tsv.eval)):
+    (out / f"day_{day}").mkdir(parents=True)
+    rows = criteo_tfrecord.write_tfrecord(str(out / f"day_{day}" / "part-0.tfrecord"),
+                                          criteo_tfrecord.encode_examples(arrays))
+    days.append({"day": day, "dir": f"day_{day}", "files": ["part-0.tfrecord"], "rows": rows})
+  manifest = {"format": criteo_tfrecord.FORMAT, "integer_features": criteo.INTEGER_FEATURES,
+              "categorical_features": criteo.CATEGORICAL_FEATURES, "days": days,
+              "vocab_sizes": dict(zip(criteo.CATEGORICAL_FEATURES, from_tsv.vocab_sizes)),
+              "vocab_dir": "vocab"}
+  (out / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
+  from_beam = ctr_cli.load_data(str(out))
+  assert from_beam.source == "beam-manifest" and from_beam.vocab_sizes == from_tsv.vocab_sizes
+  for split in ("train", "eval"):
+    for key, value in getattr(from_tsv, split).items():
+      np.testing.assert_array_equal(getattr(from_beam, split)[key], value)
