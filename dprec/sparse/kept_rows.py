@@ -54,12 +54,6 @@ class TableLayout:
             for f, offset in enumerate(self.offsets)]
 
 
-def _member(sorted_rows, rows):
-  padded = tf.concat([tf.constant(sorted_rows, tf.int64), tf.constant([-1], tf.int64)], axis=0)
-  slot = tf.searchsorted(padded[:-1], rows, side="left")
-  return tf.equal(tf.gather(padded, slot), rows)
-
-
 def select_kept_rows(config, layout, pairs, batch_size, generator):
   """`pairs[f]`: distinct (example, row) pairs of table f (`dprec.clipping.embedding.Pairs`).
   Returns one `KeptRows` per table."""
@@ -68,7 +62,8 @@ def select_kept_rows(config, layout, pairs, batch_size, generator):
   fest = config_lib.fixed_rows(config)
   local_sets = layout.local_sets(fest) if fest is not None else None
   if not config_lib.uses_contribution_map(config):  # DP-FEST: the fixed set every step
-    return [KeptRows(_member(rows, p.row), tf.constant(rows, tf.int64))
+    local_sets = [tf.constant(rows, tf.int64) for rows in local_sets]
+    return [KeptRows(selection.find_sorted(rows, p.row)[1], rows)
             for p, rows in zip(pairs, local_sets)]
 
   if local_sets is None:

@@ -8,6 +8,8 @@ Dense variables always get dense noise.
 """
 import tensorflow as tf
 
+from dprec.sparse.selection import find_sorted
+
 
 def _maybe_add_noise(values, noise_std, generator):
   if noise_std == 0:
@@ -26,12 +28,9 @@ def noisy_sparse_rows(kept_rows, pair_row, pair_values, noise_std, generator, ta
   """IndexedSlices over sorted unique `kept_rows` [K]: the per-pair clipped values [P, d] summed
   into their rows (pairs whose row is not kept must carry zero values or rows outside
   `kept_rows`; they are dropped), plus noise on all K rows."""
-  kept_count = tf.size(kept_rows, out_type=tf.int64)
-  slot = tf.searchsorted(kept_rows, pair_row, side="left", out_type=tf.int64)
-  padded = tf.concat([kept_rows, tf.constant([-1], tf.int64)], axis=0)
-  in_set = tf.equal(tf.gather(padded, slot), pair_row)
-  slot = tf.where(in_set, slot, kept_count)  # pairs outside the kept rows: an extra slot, dropped
-  values = tf.math.unsorted_segment_sum(pair_values, slot, kept_count + 1)[:-1]
+  slot, _ = find_sorted(kept_rows, pair_row)  # rows not kept: slot K, an extra one, dropped
+  values = tf.math.unsorted_segment_sum(pair_values, slot,
+                                        tf.size(kept_rows, out_type=tf.int64) + 1)[:-1]
   values = _maybe_add_noise(values, noise_std, generator)
   return tf.IndexedSlices(values, kept_rows, tf.constant(table_shape, tf.int64))
 

@@ -25,6 +25,16 @@ def false_positive_rate(threshold, noise_std):
   return gaussian_survival(threshold / noise_std)
 
 
+def find_sorted(sorted_rows, rows):
+  """(slot, found) of int64 `rows` in sorted unique int64 `sorted_rows`: the index of each row
+  and whether it is there (slot = len(sorted_rows) when it is not)."""
+  size = tf.size(sorted_rows, out_type=tf.int64)
+  slot = tf.searchsorted(sorted_rows, rows, side="left", out_type=tf.int64)
+  padded = tf.concat([sorted_rows, tf.constant([-1], tf.int64)], axis=0)
+  found = tf.equal(tf.gather(padded, slot), rows)
+  return tf.where(found, slot, size), found
+
+
 class RowUniverse:
   """The rows a selection ranges over: [0, size) or the sorted global ids `rows` (int64)."""
 
@@ -38,11 +48,7 @@ class RowUniverse:
     """(position in the universe, inside mask) of int64 `global_rows`."""
     if self._rows is None:
       return global_rows, tf.ones_like(global_rows, dtype=tf.bool)
-    if self.size == 0:
-      return tf.zeros_like(global_rows), tf.zeros_like(global_rows, dtype=tf.bool)
-    position = tf.searchsorted(self._rows, global_rows, side="left")
-    clamped = tf.minimum(position, self.size - 1)
-    return clamped, tf.equal(tf.gather(self._rows, clamped), global_rows)
+    return find_sorted(self._rows, global_rows)
 
   def rows(self, positions):
     """Global row ids of universe `positions`."""
