@@ -116,7 +116,9 @@ class DPModel(tf.keras.Model):
     # Plain attributes, not tracked weights: get_weights()/save_weights() are unchanged.
     object.__setattr__(self, "dp_optimizer", optimizer)
     object.__setattr__(self, "_dp_generator", generator)
-    self.gradient_size_tracker = tf.keras.metrics.Mean(name="gradient_size")
+    if getattr(self, "gradient_size_tracker", None) is None:  # once: recompiling keeps one
+      self.gradient_size_tracker = tf.keras.metrics.Mean(name="gradient_size")
+    self.gradient_size_tracker.reset_state()
 
   # ---------------------------------------------------------------- hooks for subclasses
   layer_registry = None  # a tensorflow_privacy LayerRegistry; None: registry.make_layer_registry()

@@ -167,3 +167,13 @@ def test_sparse_optimizers_touch_only_gradient_rows(optimizer):
     np.testing.assert_allclose(after[indices.numpy()], expected, rtol=1e-5)
   else:
     assert np.all(before[indices.numpy()] != after[indices.numpy()])
+
+
+def test_recompiling_keeps_one_gradient_size_metric(lib):
+  model = lib.build_model()
+  x, y = lib.make_batch(n=6)
+  for config in (NonPrivate(), DPFEST(1.0, 1.0, {"a0": [1]})):
+    model.compile(DPOptimizer(config, SparseSGD(0.1)), loss=lib.loss, run_eagerly=True)
+    history = model.fit(x, y, batch_size=6, epochs=1, verbose=0)
+  assert [m.name for m in model.metrics].count("gradient_size") == 1
+  assert history.history["gradient_size"] == [float(lib.dims["a0"])]
