@@ -8,8 +8,8 @@ reports seconds per step and its peak resident memory (ru_maxrss). Variants:
   non_private   the ordinary Keras step (`DPModel` with `NonPrivate`);
   phantom       the DP step (`DPModel` + DPSGD): registry ghost norms + Phantom norms of the tied
                 embedding, clipped sum by a second backward pass, noise;
-  brute_force   per-example gradients by `GradientTape.jacobian` (pfor / vectorized_map),
-                their norms, clipping, sum and noise.
+  brute_force   per-example gradients by `tf.vectorized_map` over one-example backward
+                passes, their norms, clipping, sum and noise.
 Next-item loss at every position for M ≤ `--all-positions-max` and at the last position above it
 (the B×L×M logits alone would not fit). Brute force is skipped above `--brute-force-max`.
 The table gives each variant's time and memory, and ratios to the non-private run of the same M.
@@ -61,20 +61,25 @@ def worker(args):
 
 
 def _brute_force_step(model, loss_fn, batch_size):
-  """One DP-SGD step from materialised per-example gradients (clip 1, σ = 1, SGD)."""
+  """One DP-SGD step from materialised per-example gradients (clip 1, σ = 1, SGD): each
+  example's forward and backward pass vectorised over the batch by `tf.vectorized_map`."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   variables = model.trainable_variables
 
+  def example_gradients(example):
+    items, labels = example
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(loss_fn(labels[None], model({"items": items[None]}, training=True)))
+    return [tf.convert_to_tensor(g) for g in tape.gradient(loss, variables)]
+
   @tf.function
   def step(x, y):
-    with tf.GradientTape() as tape:
-      losses = loss_fn(y, model(x, training=True))
-    jacobians = tape.jacobian(losses, variables, experimental_use_pfor=True)
-    squared = tf.add_n([tf.reduce_sum(tf.square(j), axis=list(range(1, j.shape.rank)))
-                        for j in jacobians])
+    grads = tf.vectorized_map(example_gradients, (x["items"], y))
+    squared = tf.add_n([tf.reduce_sum(tf.square(g), axis=list(range(1, g.shape.rank)))
+                        for g in grads])
     factors = 1.0 / tf.maximum(1.0, tf.sqrt(squared))
-    for var, jac in zip(variables, jacobians):
-      clipped = tf.tensordot(factors, jac, axes=1)
+    for var, grad in zip(variables, grads):
+      clipped = tf.tensordot(factors, grad, axes=1)
       noisy = clipped + tf.random.normal(tf.shape(clipped))
       var.assign_sub(1e-3 * noisy / batch_size)
     return tf.reduce_sum(squared)
