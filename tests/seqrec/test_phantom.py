@@ -66,8 +66,7 @@ def _brute_force_squared_norms(model, items, labels):
     ("all", True, ReAttentionConfig(), 1),
     ("last", True, ReAttentionConfig(), 1),
     ("all", True, ReAttentionConfig(stop_gradient=False, scale_by_dim=False), 2),
-    ("all", True, ReAttentionConfig(enabled=False), 2),
-    ("all", False, ReAttentionConfig(), 1),
+    ("all", False, ReAttentionConfig(enabled=False), 2),
 ])
 def test_model_norms_equal_brute_force(loss_positions, tied, reattention, num_heads):
   model = _model(loss_positions, tied, reattention, num_heads)
