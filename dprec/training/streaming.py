@@ -3,11 +3,11 @@
 The third way in (DESIGN §1.4; seed 001 §4.3 and Table 5). `StreamingTrainer` tails a
 `PeriodSource` (the streaming Beam job's output), and for every complete period p:
   1. evaluates the model trained on periods < p on period p (train on day t, evaluate on t+1);
-  2. grows the embedding tables for ids first seen in p (learned rows stay where they are) and,
+  2. pays the privacy ledger for the whole period *before* training on it, and stops cleanly
+     instead when that would exceed the budget fixed up front (`plan.StreamPlan`);
+  3. grows the embedding tables for ids first seen in p (learned rows stay where they are) and,
      for DP-FEST / DP-AdaFEST+, refreshes the top-k rows from the running counts (DP top-k when
      the selection must be private), rows that stay selected keeping what they learned;
-  3. pays the privacy ledger for the whole period *before* training on it, and stops cleanly
-     instead when that would exceed the budget fixed up front (`plan.StreamPlan`);
   4. trains `steps_per_period` Poisson-sampled steps, checkpointing atomically every
      `checkpoint_every` steps and at the end of the period.
 
@@ -25,7 +25,7 @@ import json
 import math
 import os
 import time
-from typing import Callable, Dict, Iterable, List, Mapping, Optional, Tuple, Union
+from typing import Callable, Dict, Iterable, Mapping, Optional, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
