@@ -8,7 +8,8 @@ The third way in (DESIGN §1.4; seed 001 §4.3 and Table 5). `StreamingTrainer` 
   3. grows the embedding tables for ids first seen in p (learned rows stay where they are) and,
      for DP-FEST / DP-AdaFEST+, refreshes the top-k rows from the running counts (DP top-k when
      the selection must be private), rows that stay selected keeping what they learned;
-  4. trains `steps_per_period` Poisson-sampled steps, checkpointing atomically every
+  4. trains its Poisson-sampled steps (the plan's T, scaled down for a period shorter than
+     expected, e.g. the last of 18 days cut into 4-day periods), checkpointing atomically every
      `checkpoint_every` steps and at the end of the period.
 
 Crash safety: the batch of step (p, s) and every random draw depend only on (seed, p, s) and on
@@ -193,8 +194,15 @@ class StreamingTrainer:
     """ε charged so far (None for a non-private run)."""
     return self.ledger.epsilon_spent() if self.ledger is not None else None
 
-  def _pay_for_period(self, period):
-    """Charges the ledger for period p (selection, then training) unless already charged.
+  def _period_steps(self, period: Period):
+    """The plan's T for a period of the expected size; proportionally fewer steps (same epochs,
+    less ε) for a smaller one; never more than planned, so the budget holds for larger ones."""
+    plan = self.plan
+    scaled = math.ceil(plan.steps_per_period * period.examples / plan.examples_per_period)
+    return max(1, min(plan.steps_per_period, scaled))
+
+  def _pay_for_period(self, period, steps):
+    """Charges the ledger for period p's selection and `steps` steps, unless already charged.
 
     Returns None once paid, or, charging nothing, the ε the period would have brought the run to.
     """
@@ -207,8 +215,7 @@ class StreamingTrainer:
     need_gauss = gauss_label not in labels
     if not need_gauss:
       return None
-    projected = self.ledger.epsilon_if_charged(
-        plan.noise_multiplier, plan.sampling_rate, plan.steps_per_period)
+    projected = self.ledger.epsilon_if_charged(plan.noise_multiplier, plan.sampling_rate, steps)
     if need_pure:
       projected += plan.selection_epsilon_per_period
     if projected > plan.epsilon_total:
@@ -216,8 +223,8 @@ class StreamingTrainer:
     try:
       if need_pure:
         self.ledger.charge_pure(plan.selection_epsilon_per_period, label=pure_label)
-      self.ledger.charge_gaussian(plan.noise_multiplier, plan.sampling_rate,
-                                  plan.steps_per_period, label=gauss_label)
+      self.ledger.charge_gaussian(plan.noise_multiplier, plan.sampling_rate, steps,
+                                  label=gauss_label)
     except BudgetExceededError:
       return projected
     return None
@@ -281,7 +288,7 @@ class StreamingTrainer:
     """Trains the rest of period p in chunks that end at checkpoints."""
     features, labels = self._load(period)
     running = self.state["running"]
-    total, every = self.plan.steps_per_period, self.config.checkpoint_every
+    total, every = running["total"], self.config.checkpoint_every
 
     def on_step(logs):
       step = self.state["step"]
@@ -332,7 +339,8 @@ class StreamingTrainer:
         self.state["stopped"] = f"trained the {train_periods} training periods"
         break
       if self.state["step"] == 0 and self.state["running"] is None:
-        unaffordable = self._pay_for_period(index)
+        steps = self._period_steps(period)
+        unaffordable = self._pay_for_period(index, steps)
         if unaffordable is not None:
           self.state["stopped"] = (
               f"privacy budget: training period {index} would bring ε to {unaffordable:.4g} > "
@@ -341,7 +349,7 @@ class StreamingTrainer:
           break
         new_ids = self._refresh(period)
         self.state["running"] = {"loss": 0.0, "reduction": 0.0, "batch": 0, "steps": 0,
-                                 "new_ids": new_ids}
+                                 "total": steps, "new_ids": new_ids}
         self._commit()
       started = time.monotonic()
       running, n = self._train_period(period)

@@ -95,3 +95,14 @@ def test_new_ids_get_rows_and_unseen_ids_evaluate_as_oov(tmp_path, standin):
   known = trainer._known_ids(features)["cat_features"]  # pylint: disable=protected-access
   assert known.max() <= 5 and np.array_equal(known == 0, (features["cat_features"] == 0)
                                              | (features["cat_features"] > 5))
+
+
+def test_a_shorter_period_trains_and_pays_proportionally_fewer_steps(tmp_path, standin):
+  days = standin.make_days(3)
+  features, labels = days[2]
+  days[2] = ({k: v[:200] for k, v in features.items()}, labels[:200])  # half a period
+  summary = standin.make_trainer(str(tmp_path), 50.0, ArrayPeriodSource(days)).run()
+  assert [r["steps"] for r in summary["periods"]] == [10, 10, 5]
+  charges = json.loads((tmp_path / "ledger.json").read_text())["charges"]
+  assert [c["steps"] for c in charges] == [10, 10, 5]
+  assert {c["sampling_rate"] for c in charges} == {0.1}  # q fixed by the plan
