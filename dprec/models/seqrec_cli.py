@@ -9,6 +9,7 @@ The test item is ranked against all M items from the full history (train + valid
 (`dprec.privacy`), charged to a ledger as training runs; `--epsilon inf` trains without privacy.
 Adam (decoupled weight decay 1e-5) with 20% linear warm-up then linear decay, as in the paper.
 """
+import argparse
 import dataclasses
 import json
 import math
@@ -248,10 +249,9 @@ def _summary(options, examples, plan, history, metrics, timer, ledger):
 
 def _epsilon(text):
   try:
-    value = float(text)
+    return float(text)
   except ValueError as error:
-    raise ValueError(f"--epsilon must be a number or 'inf', got {text!r}") from error
-  return value
+    raise argparse.ArgumentTypeError(f"must be a number or 'inf', got {text!r}") from error
 
 
 def register(subparsers):
