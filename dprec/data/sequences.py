@@ -15,6 +15,7 @@ from typing import List
 
 import numpy as np
 
+from dprec import atomic_io
 from dprec.errors import DprecError
 
 FORMAT = "dprec-sequences-v1"
@@ -80,18 +81,11 @@ def write_sequences(directory: str, result: dict, shard_users: int) -> List[str]
     files.append(name)
   frequencies = io.BytesIO()
   np.save(frequencies, result["item_frequencies"])
-  _atomic_write(os.path.join(directory, FREQUENCIES), frequencies.getvalue())
+  atomic_io.write_bytes(os.path.join(directory, FREQUENCIES), frequencies.getvalue())
   for name, ids in ((ITEM_IDS, result["item_ids"]), (USER_IDS, result["user_ids"])):
-    _atomic_write(os.path.join(directory, name),
+    atomic_io.write_bytes(os.path.join(directory, name),
                   "".join(f"{i}\n" for i in ["<pad>", *ids]).encode())
   return files
-
-
-def _atomic_write(path: str, data: bytes) -> None:
-  temporary = f"{path}.tmp{os.getpid()}"
-  with open(temporary, "wb") as stream:
-    stream.write(data)
-  os.replace(temporary, path)
 
 
 def load_sequences(directory: str) -> SequenceData:

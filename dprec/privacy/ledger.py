@@ -7,11 +7,10 @@ recomputed from the charges (Gaussian periods in the accountant, selection charg
 `composition`), so a reloaded ledger knows exactly what was spent. One ledger has one writer.
 """
 import datetime
-import glob
 import json
 import os
-import tempfile
 
+from dprec import atomic_io
 from dprec.errors import BudgetExceededError
 from dprec.errors import DprecError
 from dprec.privacy import accounting
@@ -25,32 +24,6 @@ APPROXIMATE = "approximate"
 
 def _now():
   return datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-
-
-def _fsync_directory(directory):
-  fd = os.open(directory, os.O_RDONLY)
-  try:
-    os.fsync(fd)
-  finally:
-    os.close(fd)
-
-
-def write_json_atomically(path, data):
-  """Write-temp-then-rename with fsync of the file and of its directory."""
-  directory = os.path.dirname(os.path.abspath(path))
-  fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
-  try:
-    with os.fdopen(fd, "w") as f:
-      json.dump(data, f, indent=2)
-      f.write("\n")
-      f.flush()
-      os.fsync(f.fileno())
-    os.replace(tmp, path)
-  except BaseException:
-    if os.path.exists(tmp):
-      os.unlink(tmp)
-    raise
-  _fsync_directory(directory)
 
 
 def _gaussian_key(charge):
@@ -105,19 +78,19 @@ class PrivacyLedger:
       self._result = self._compose(self.charges)
     except (KeyError, TypeError) as error:
       raise DprecError(f"{self.path}: malformed charge in the privacy ledger ({error!r})") from error
-    for stale in glob.glob(glob.escape(self.path) + ".*.tmp"):
-      os.unlink(stale)  # left by a writer killed before its rename; the ledger itself is intact
+    # Left by a writer killed before its rename; the ledger itself is intact.
+    atomic_io.remove_stale_temporaries(self.path)
 
   def _state(self, charges):
     return {"format": LEDGER_FORMAT, "epsilon_budget": self.epsilon_budget, "delta": self.delta,
             "accountant": self.accountant, "created": self.created, "charges": charges}
 
   def _save(self, charges):
-    write_json_atomically(self.path, self._state(charges))
+    atomic_io.write_json(self.path, self._state(charges))
 
   def snapshot(self, path):
     """Write this ledger atomically to another path (e.g. into a checkpoint)."""
-    write_json_atomically(path, self._state(self.charges))
+    atomic_io.write_json(path, self._state(self.charges))
 
   # -- accounting ----------------------------------------------------------------------------
   def composition(self):

@@ -13,36 +13,18 @@ import re
 import shutil
 import uuid
 
+from dprec import atomic_io
+
 _NAME = re.compile(r"^ckpt-(\d+)$")
 LATEST = "LATEST"
 STATE = "state.json"
 MODEL_PREFIX = "model"
 
 
-def _fsync_dir(path):
-  fd = os.open(path, os.O_RDONLY)
-  try:
-    os.fsync(fd)
-  finally:
-    os.close(fd)
-
-
-def atomic_write_text(path, text):
-  """Writes `text` to `path` so readers see the old or the new content, never a torn file."""
-  directory = os.path.dirname(os.path.abspath(path))
-  tmp = os.path.join(directory, f".{os.path.basename(path)}.{uuid.uuid4().hex}.tmp")
-  with open(tmp, "w", encoding="utf-8") as f:
-    f.write(text)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
-  _fsync_dir(directory)
-
-
 def atomic_copy(src, dst):
   """Copies a small file atomically (used to publish and restore the ledger)."""
-  with open(src, encoding="utf-8") as f:
-    atomic_write_text(dst, f.read())
+  with open(src, "rb") as f:
+    atomic_io.write_bytes(dst, f.read())
 
 
 class CheckpointManager:
@@ -99,11 +81,11 @@ class CheckpointManager:
     for name in os.listdir(tmp):
       with open(os.path.join(tmp, name), "rb") as f:
         os.fsync(f.fileno())
-    _fsync_dir(tmp)
+    atomic_io.fsync_directory(tmp)
     name = f"ckpt-{number:06d}"
     os.rename(tmp, os.path.join(self.directory, name))
-    _fsync_dir(self.directory)
-    atomic_write_text(os.path.join(self.directory, LATEST), name)
+    atomic_io.fsync_directory(self.directory)
+    atomic_io.write_text(os.path.join(self.directory, LATEST), name)
     for old in committed[:max(0, len(committed) + 1 - self.keep)]:
       shutil.rmtree(os.path.join(self.directory, f"ckpt-{old:06d}"), ignore_errors=True)
     return os.path.join(self.directory, name)

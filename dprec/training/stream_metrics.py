@@ -12,7 +12,8 @@ import os
 
 import tensorflow as tf
 
-from dprec.training.checkpoint import atomic_write_text
+from dprec import atomic_io
+
 
 CSV_NAME = "metrics.csv"
 PLOT_NAME = "auc_epsilon.png"
@@ -38,7 +39,7 @@ class MetricsWriter:
     writer.writeheader()
     for row in rows:
       writer.writerow({k: ("" if row.get(k) is None else row.get(k)) for k in COLUMNS})
-    atomic_write_text(os.path.join(self.run_dir, CSV_NAME), buffer.getvalue())
+    atomic_io.write_text(os.path.join(self.run_dir, CSV_NAME), buffer.getvalue())
     with self._writer.as_default():
       for row in rows:
         key = (row["period"], row.get("auc") is not None)
@@ -60,7 +61,7 @@ class MetricsWriter:
 
 
 def write_summary(path, summary):
-  atomic_write_text(path, json.dumps(summary, indent=2, sort_keys=True))
+  atomic_io.write_text(path, json.dumps(summary, indent=2, sort_keys=True))
 
 
 def plot_auc_epsilon(rows, path):

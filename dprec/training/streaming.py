@@ -31,6 +31,7 @@ from typing import Callable, Dict, Iterable, Mapping, Optional, Tuple, Union
 import numpy as np
 import tensorflow as tf
 
+from dprec import atomic_io
 from dprec import privacy
 from dprec.errors import BudgetExceededError
 from dprec.sparse import fest
@@ -422,4 +423,4 @@ def _truncate_journal(path, lines):
     return
   with open(path, encoding="utf-8") as f:
     kept = f.readlines()[:lines]
-  ckpt_lib.atomic_write_text(path, "".join(kept))
+  atomic_io.write_text(path, "".join(kept))

@@ -6,6 +6,7 @@ import os
 import dp_accounting
 import pytest
 
+from dprec import atomic_io
 from dprec.errors import DprecError
 from dprec.training import checkpoint as ckpt_lib
 from dprec.training.plan import plan_stream
@@ -92,7 +93,7 @@ def test_a_crash_mid_commit_leaves_the_previous_checkpoint(tmp_path):
 
 def test_atomic_write_replaces_whole_files(tmp_path):
   path = tmp_path / "f.txt"
-  ckpt_lib.atomic_write_text(str(path), "old")
-  ckpt_lib.atomic_write_text(str(path), "new content")
+  atomic_io.write_text(str(path), "old")
+  atomic_io.write_text(str(path), "new content")
   assert path.read_text() == "new content"
   assert os.listdir(tmp_path) == ["f.txt"]

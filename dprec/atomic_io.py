@@ -1,0 +1,51 @@
+"""Crash-safe local file writes: write a temporary file beside the target, fsync, rename.
+
+A reader (or a process restarted after `kill -9`) sees the old content or the new one, never a
+torn file. Temporaries are named `<target>.<random>.tmp`; `remove_stale_temporaries` clears those
+left by a writer killed before its rename. (Beam jobs write through Beam's `FileSystems`
+instead, so that they also work on cloud storage: see `pipelines.beam_io`.)
+"""
+import glob
+import json
+import os
+import tempfile
+
+
+def fsync_directory(directory):
+  """Makes a rename or a new entry in `directory` durable."""
+  fd = os.open(directory, os.O_RDONLY)
+  try:
+    os.fsync(fd)
+  finally:
+    os.close(fd)
+
+
+def write_bytes(path, data):
+  """Replaces `path` with `data` atomically and durably (file and directory fsynced)."""
+  directory = os.path.dirname(os.path.abspath(path))
+  fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
+  try:
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+      f.flush()
+      os.fsync(f.fileno())
+    os.replace(tmp, path)
+  except BaseException:
+    if os.path.exists(tmp):
+      os.unlink(tmp)
+    raise
+  fsync_directory(directory)
+
+
+def write_text(path, text):
+  write_bytes(path, text.encode("utf-8"))
+
+
+def write_json(path, value):
+  write_text(path, json.dumps(value, indent=2) + "\n")
+
+
+def remove_stale_temporaries(path):
+  """Deletes temporaries of `path` left by writers killed before their rename."""
+  for stale in glob.glob(glob.escape(path) + ".*.tmp"):
+    os.unlink(stale)
