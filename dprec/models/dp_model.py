@@ -111,8 +111,10 @@ class DPModel(tf.keras.Model):
       optimizer = DPOptimizer(config_lib.NonPrivate(), optimizer)
     kwargs["jit_compile"] = False
     super().compile(optimizer=optimizer.inner, loss=loss, metrics=metrics, **kwargs)
-    generator = (tf.random.Generator.from_non_deterministic_state() if optimizer.seed is None
-                 else tf.random.Generator.from_seed(optimizer.seed))
+    generator = optimizer.generator
+    if generator is None:
+      generator = (tf.random.Generator.from_non_deterministic_state() if optimizer.seed is None
+                   else tf.random.Generator.from_seed(optimizer.seed))
     # Plain attributes, not tracked weights: get_weights()/save_weights() are unchanged.
     object.__setattr__(self, "dp_optimizer", optimizer)
     object.__setattr__(self, "_dp_generator", generator)

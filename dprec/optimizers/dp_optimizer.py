@@ -14,11 +14,14 @@ class DPOptimizer:
   applies the noisy gradient (use `SparseSGD`, `SparseAdagrad` or `LazyAdam` so sparse updates
   stay sparse). `expected_batch_size`: the normaliser of the noisy sum (q·N for Poisson
   sampling; None divides by the actual batch size, right for fixed-size batches only).
-  `seed`: seeds the noise and selection generator (None: non-deterministic)."""
+  `seed`: seeds the noise and selection generator (None: non-deterministic). `generator`: a
+  `tf.random.Generator` to draw from instead (e.g. one restored from a checkpoint, so a resumed
+  run continues the same noise stream)."""
   config: Any
   inner: tf.keras.optimizers.Optimizer
   expected_batch_size: Optional[float] = None
   seed: Optional[int] = None
+  generator: Optional[tf.random.Generator] = None
 
   def __post_init__(self):
     if not isinstance(self.config, tuple(config_lib.ALGORITHMS.values())):

@@ -88,11 +88,10 @@ class CTRPeriodModel(PeriodModel):
       return  # same step: keep the traced function (retracing costs seconds)
     self._compiled_for = key
     config = ctr_cli.algorithm_config(self.options, self._plan, selected_rows)
+    # One noise stream for the whole run, restored from checkpoints.
     self.model.compile(optimizer=DPOptimizer(config, self.optimizer,
                                              expected_batch_size=self.expected_batch_size,
-                                             seed=self.options.seed))
-    # One noise stream for the whole run, restored from checkpoints (compile starts a new one).
-    object.__setattr__(self.model, "_dp_generator", self.generator)
+                                             generator=self.generator))
 
   def train_steps(self, batches, steps, on_step):
     def generate():
