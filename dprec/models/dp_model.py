@@ -244,14 +244,8 @@ class DPModel(tf.keras.Model):
     forward = self._dp_forward(config, x, y, sample_weight)
     tape, y_pred, losses, tables = forward.tape, forward.y_pred, forward.losses, forward.tables
     pairs, pair_grads, kept = forward.pairs, forward.pair_grads, forward.kept
-    if config.l2_norm_clip == float("inf"):
-      clip_factors = tf.ones_like(forward.squared)
-    else:
-      clip_factors = config.l2_norm_clip / tf.maximum(config.l2_norm_clip,
-                                                      tf.sqrt(forward.squared))
-
     # Step 4: the clipped sum: book-kept where the layer allows, else a second backward pass.
-    clip_factors = tf.stop_gradient(clip_factors)
+    clip_factors = tf.stop_gradient(config.clip_factors(forward.squared))
     clipped = {}
     for record, grads in zip(forward.records, forward.record_grads):
       clipped_fn = registry_lib.CLIPPED_GRADIENT_FUNCTIONS.get(type(record.layer))

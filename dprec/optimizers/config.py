@@ -10,6 +10,7 @@ import math
 from typing import Mapping, Optional, Sequence
 
 import numpy as np
+import tensorflow as tf
 
 
 def _check_positive(name, value, allow_inf=False):
@@ -59,15 +60,34 @@ class NonPrivate:
 @dataclasses.dataclass(frozen=True)
 class DPSGD:
   """DP-SGD (seed 001 eq. 1): clip each example's full gradient to `l2_norm_clip` (C2), add
-  N(0, (σ·C2)²) to every coordinate of every variable, embedding tables included (dense)."""
+  N(0, (σ·C2)²) to every coordinate of every variable, embedding tables included (dense).
+
+  `normalization_offset` γ (keyword only) switches clipping min(1, C/‖g_i‖) to per-example
+  normalisation C/(‖g_i‖ + γ) ("automatic clipping", Bu et al. 2022, which DPFormer trains with:
+  C = 1, γ = 0.01 as in fastDP; note 000 §1.4). Either way ‖c_i·g_i‖ < C, so the sensitivity and
+  the accounting are unchanged."""
   l2_norm_clip: float
   noise_multiplier: float
+  normalization_offset: Optional[float] = dataclasses.field(default=None, kw_only=True)
   name = "dp_sgd"
 
   def __post_init__(self):
     _check_positive("l2_norm_clip", self.l2_norm_clip, allow_inf=True)
     _check_non_negative("noise_multiplier", self.noise_multiplier)
     _check_finite_noise("l2_norm_clip", self.l2_norm_clip, self.noise_multiplier)
+    if self.normalization_offset is not None:
+      _check_positive("normalization_offset", self.normalization_offset)
+      if self.l2_norm_clip == float("inf"):
+        raise ValueError("normalisation needs a finite l2_norm_clip")
+
+  def clip_factors(self, squared_norms):
+    """Per-example factors c_i applied to g_i, from ‖g_i‖² [batch]."""
+    norms = tf.sqrt(squared_norms)
+    if self.normalization_offset is not None:
+      return self.l2_norm_clip / (norms + self.normalization_offset)
+    if self.l2_norm_clip == float("inf"):
+      return tf.ones_like(squared_norms)
+    return self.l2_norm_clip / tf.maximum(self.l2_norm_clip, norms)
 
   @property
   def accounting_noise_multiplier(self):

@@ -47,19 +47,22 @@ def _clipped_sum(model, x, y):
   return {v.name: tf.convert_to_tensor(g).numpy() for g, v in grads}
 
 
-@pytest.mark.parametrize("selected", [None, {"a0": [0, 1, 2], "m": [0, 3, 4, 5]}],
-                         ids=["dp_sgd", "dp_fest"])
-def test_clipped_sum_and_sensitivity(lib, selected):
+@pytest.mark.parametrize("selected, offset", [
+    (None, None), ({"a0": [0, 1, 2], "m": [0, 3, 4, 5]}, None), (None, 0.01)],
+                         ids=["dp_sgd", "dp_fest", "dp_sgd_normalized"])
+def test_clipped_sum_and_sensitivity(lib, selected, offset):
   clip = 0.05
-  config = DPSGD(clip, 0.0) if selected is None else DPFEST(clip, 0.0, selected)
+  config = (DPSGD(clip, 0.0, normalization_offset=offset) if selected is None
+            else DPFEST(clip, 0.0, selected))
   model = lib.build_model()
   model.compile(DPOptimizer(config, SparseSGD(0.1), expected_batch_size=1.0), loss=lib.loss)
   x, y = lib.make_batch(n=8)
   full = _clipped_sum(model, x, y)
-  # The clipped sum equals the brute-force sum of clipped, masked per-example gradients.
+  # The clipped sum equals the brute-force sum of clipped (or normalised), masked per-example
+  # gradients.
   per_example = lib.brute_force_gradients(model, x, y, kept=selected)
   norms = np.sqrt(lib.squared_norms(per_example))
-  factors = np.minimum(1.0, clip / norms)
+  factors = np.minimum(1.0, clip / norms) if offset is None else clip / (norms + offset)
   assert np.all(norms > clip)  # clipping is active for every example
   for name, grads in per_example.items():
     np.testing.assert_allclose(full[name], np.tensordot(factors, grads, axes=1),
@@ -70,7 +73,8 @@ def test_clipped_sum_and_sensitivity(lib, selected):
     neighbour = _clipped_sum(model, [tf.gather(t, keep) for t in x], tf.gather(y, keep))
     shift = np.sqrt(sum(np.sum((full[k] - neighbour[k]) ** 2) for k in full))
     assert shift <= clip * (1 + 1e-4)
-    assert shift == pytest.approx(clip, rel=1e-3)
+    assert shift == pytest.approx(clip * norms[removed] / (norms[removed] + (offset or 0.0)),
+                                  rel=1e-3)
 
 
 def _wide_model(vocab=100000, dim=4):
