@@ -43,6 +43,7 @@ class SeqRecTrainOptions:
   learning_rate: float = 5e-3
   weight_decay: float = 1e-5
   l2_norm_clip: float = 1.0
+  normalization_offset: Optional[float] = None
   max_len: int = 50
   dim: int = 64
   num_blocks: int = 2
@@ -152,8 +153,9 @@ def build_model(options, examples, plan):
   if options.private and options.reattention:
     model.set_error_model(examples.item_frequencies, plan.noise_multiplier, options.l2_norm_clip,
                           options.batch_size, len(examples.items), options.variance_scale)
-  algorithm = (config_lib.DPSGD(options.l2_norm_clip, plan.noise_multiplier) if options.private
-               else config_lib.NonPrivate())
+  algorithm = (config_lib.DPSGD(options.l2_norm_clip, plan.noise_multiplier,
+                                normalization_offset=options.normalization_offset)
+               if options.private else config_lib.NonPrivate())
   adam = tf.keras.optimizers.AdamW(
       learning_rate=warmup_linear_decay(options.learning_rate, plan.steps),
       weight_decay=options.weight_decay)
@@ -236,6 +238,7 @@ def _summary(options, examples, plan, history, metrics, timer, ledger):
       "noise_multiplier": plan.noise_multiplier, "sampling_rate": plan.sampling_rate,
       "steps": plan.steps, "epochs": options.epochs, "batch_size": options.batch_size,
       "learning_rate": options.learning_rate, "l2_norm_clip": options.l2_norm_clip,
+      "normalization_offset": options.normalization_offset,
       "loss_positions": options.loss_positions, "train_examples": int(len(examples.items)),
       "items": examples.num_items, "final_loss": float(losses[-1]),
       "steps_per_second": timer.steps_per_second, "seed": options.seed,
@@ -269,6 +272,10 @@ def register(subparsers):
   add("--batch-size", type=int, default=1024, help="expected batch size B (q = B/N)")
   add("--learning-rate", type=float, default=5e-3, help="peak Adam learning rate")
   add("--l2-norm-clip", type=float, default=1.0, help="per-user gradient clip norm C")
+  add("--normalize", type=float, nargs="?", const=0.01, default=None,
+      dest="normalization_offset", metavar="GAMMA",
+      help="normalise per-user gradients, C/(‖g‖+GAMMA) (automatic clipping, the paper's "
+           "setting; GAMMA defaults to 0.01) instead of clipping min(1, C/‖g‖)")
   add("--max-len", type=int, default=50, help="maximum sequence length L")
   add("--dim", type=int, default=64, help="model dimension d")
   add("--blocks", type=int, default=2, dest="num_blocks", help="transformer blocks")
@@ -296,7 +303,8 @@ def run(args):
   options = SeqRecTrainOptions(
       data=args.data, epsilon=args.epsilon, delta=args.delta, epochs=args.epochs,
       batch_size=args.batch_size, learning_rate=args.learning_rate,
-      l2_norm_clip=args.l2_norm_clip, max_len=args.max_len, dim=args.dim,
+      l2_norm_clip=args.l2_norm_clip, normalization_offset=args.normalization_offset,
+      max_len=args.max_len, dim=args.dim,
       num_blocks=args.num_blocks, num_heads=args.num_heads, dropout=args.dropout,
       reattention=not args.no_reattention, tied=not args.untied,
       loss_positions=args.loss_positions, variance_scale=args.variance_scale,

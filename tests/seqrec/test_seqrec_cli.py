@@ -25,7 +25,7 @@ TINY = ["--epochs", "1", "--batch-size", "32", "--max-len", "8", "--dim", "8", "
 
 def test_dp_run_summary_and_epsilon(data_dir, tmp_path, capsys):
   summary_file = tmp_path / "summary.json"
-  code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "5",
+  code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "5", "--normalize",
                    "--summary-json", str(summary_file)] + TINY)
   assert code == 0
   summary = json.loads(capsys.readouterr().out)
@@ -35,6 +35,7 @@ def test_dp_run_summary_and_epsilon(data_dir, tmp_path, capsys):
   for bucket in ("head", "torso", "tail"):
     assert set(summary["by_popularity"][bucket]) >= {"ndcg_at_10", "hit_at_10"}
   assert summary["model"] == "dpformer" and summary["delta"] == 1 / summary["train_examples"]
+  assert summary["normalization_offset"] == 0.01
   accountant = dp_accounting.pld.PLDAccountant()
   accountant.compose(dp_accounting.PoissonSampledDpEvent(
       summary["sampling_rate"], dp_accounting.GaussianDpEvent(summary["noise_multiplier"])),
