@@ -84,7 +84,7 @@ def plot_auc_epsilon(rows, path):
     eps_axis.set_ylabel("ε spent so far", color="tab:red")
   auc_axis.set_title("streaming run: utility and privacy per period")
   figure.tight_layout()
-  tmp = path + ".tmp.png"
-  figure.savefig(tmp, dpi=100)
+  image = io.BytesIO()
+  figure.savefig(image, format="png", dpi=100)
   pyplot.close(figure)
-  os.replace(tmp, path)
+  atomic_io.write_bytes(path, image.getvalue())
