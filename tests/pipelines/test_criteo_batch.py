@@ -42,11 +42,10 @@ def _golden_inputs(tmp_path, criteo_line):
   # A second gzip member that is cut short: the reader keeps what it could decode.
   broken = gzip.compress(("\n".join([criteo_line(0, {}, {"C1": A})] * 2000) + "\n").encode())
   (tmp_path / "in" / "day_1.gz").write_bytes(payload + broken[:len(broken) // 3])
-  return good0 + good1
 
 
 def test_golden_batch_job_on_two_worker_processes(tmp_path, criteo_line, train_tiny_model):
-  good = _golden_inputs(tmp_path, criteo_line)
+  _golden_inputs(tmp_path, criteo_line)
   out = str(tmp_path / "out")
   job = criteo.CriteoJob(inputs=(str(tmp_path / "in"),), output=out,
                          vocab=criteo.VocabConfig(min_count=2), max_bad_fraction=1.0,
