@@ -172,10 +172,12 @@ def build_vocabulary(counts: Sequence[Tuple[np.ndarray, np.ndarray]],
   if config.mode == "top_k":
     return CriteoVocabulary.from_counts(counts, min_count=config.min_count,
                                         top_k=config.per_feature_k())
+  from dprec.privacy import split_selection_budget  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(config.seed)
-  epsilon = config.epsilon / len(CATEGORICAL_FEATURES)
-  ids = tuple(dp_top_k_ids(feature_ids, feature_counts, k, epsilon, rng)
-              for (feature_ids, feature_counts), k in zip(counts, config.per_feature_k()))
+  ks = config.per_feature_k()
+  per_draw, _ = split_selection_budget(ks, config.epsilon)
+  ids = tuple(dp_top_k_ids(feature_ids, feature_counts, k, k * epsilon, rng)
+              for (feature_ids, feature_counts), k, epsilon in zip(counts, ks, per_draw))
   return CriteoVocabulary(ids, tuple(np.zeros(len(i), np.int64) for i in ids))
 
 
@@ -374,16 +376,16 @@ def charge_selection(job: CriteoJob) -> Optional[dict]:
     return None
   if not job.ledger:
     raise DprecError("--vocab-mode dp_top_k needs --ledger PATH (the privacy ledger to charge)")
-  from dprec.privacy import PrivacyLedger, top_k_selection_cost  # pylint: disable=import-outside-toplevel
-  per_feature = job.vocab.epsilon / len(CATEGORICAL_FEATURES)
+  from dprec.privacy import PrivacyLedger, split_selection_budget  # pylint: disable=import-outside-toplevel
   ks = job.vocab.per_feature_k()
   # k draws of ε_feature / k on each feature: the honest cost of one-shot top-k (note 001 §2.1).
-  epsilon = sum(top_k_selection_cost(k, per_feature / k) for k in ks)
+  per_draw, epsilon = split_selection_budget(ks, job.vocab.epsilon)
   ledger = PrivacyLedger(job.ledger, job.epsilon_budget, job.delta)
   spent = ledger.charge_pure(epsilon, label=f"criteo vocabulary dp_top_k (k={ks[0]}"
                              f"{'' if len(set(ks)) == 1 else ' …'} per feature, 26 features)")
-  return {"ledger": job.ledger, "epsilon_charged": epsilon, "epsilon_per_feature": per_feature,
-          "epsilon_per_draw": [per_feature / k for k in ks], "epsilon_spent": spent}
+  return {"ledger": job.ledger, "epsilon_charged": epsilon,
+          "epsilon_per_feature": job.vocab.epsilon / len(ks), "epsilon_per_draw": per_draw,
+          "epsilon_spent": spent}
 
 
 def run(job: CriteoJob, beam_args: Sequence[str] = ()) -> dict:

@@ -19,6 +19,7 @@ from dprec.privacy.top_k import gumbel_top_k
 from dprec.privacy.top_k import select_top_k_per_feature
 from dprec.privacy.top_k import Selection
 from dprec.privacy.top_k import top_k_selection_cost
+from dprec.privacy.top_k import split_selection_budget
 from dprec.privacy.ledger import PrivacyLedger
 from dprec.privacy.top_k import zcdp_budget
 from dprec.privacy.top_k import zcdp_of_draws

@@ -98,13 +98,26 @@ class Selection:
             "selected": int(sum(len(i) for i in self.indices))}
 
 
+def split_selection_budget(ks: Sequence[int], epsilon, delta=0.0):
+  """(ε per draw of each feature, total ε charged) for k_f draws on each of p features.
+
+  One example touches every feature. δ = 0: pure, ε/p per feature, ε/(p·k_f) per draw (basic
+  composition). δ > 0: every one of the K = Σ k_f draws gets sqrt(8ρ/K), ρ the zCDP budget of (ε, δ).
+  """
+  p = len(ks)
+  if delta == 0:
+    per_draw = [epsilon / p / kf for kf in ks]
+    return per_draw, sum(top_k_selection_cost(kf, e) for kf, e in zip(ks, per_draw))
+  per_draw = [math.sqrt(8.0 * zcdp_budget(epsilon, delta) / sum(ks))] * p
+  return per_draw, zcdp_to_dp(sum(zcdp_of_draws(kf, e) for kf, e in zip(ks, per_draw)), delta)
+
+
 def select_top_k_per_feature(counts: Sequence[np.ndarray], k: Union[int, Sequence[int]], epsilon,
                              rng: np.random.Generator, delta=0.0):
   """Gumbel top-k on each of p features within a total (ε, δ): one example touches all p.
 
-  `k` is a total split equally, int(k/p) per feature (note 001 §2.1), or a list per feature.
-  δ = 0: pure, ε/p per feature, ε/(p·k_f) per draw (basic composition). δ > 0: every one of the
-  K = Σ k_f draws gets sqrt(8ρ/K) with ρ the zCDP budget of (ε, δ).
+  `k` is a total split equally, int(k/p) per feature (note 001 §2.1), or a list per feature; the
+  budget is split by `split_selection_budget`.
   """
   p = len(counts)
   if p == 0:
@@ -117,12 +130,7 @@ def select_top_k_per_feature(counts: Sequence[np.ndarray], k: Union[int, Sequenc
   if not 0 <= delta < 1:
     raise DprecError(f"selection delta must be in [0, 1), got {delta}")
   ks = [min(kf, len(c)) for c, kf in zip(counts, ks)]
-  if delta == 0:
-    per_draw = [epsilon / p / kf for kf in ks]
-    cost = sum(top_k_selection_cost(kf, e) for kf, e in zip(ks, per_draw))
-  else:
-    per_draw = [math.sqrt(8.0 * zcdp_budget(epsilon, delta) / sum(ks))] * p
-    cost = zcdp_to_dp(sum(zcdp_of_draws(kf, e) for kf, e in zip(ks, per_draw)), delta)
+  per_draw, cost = split_selection_budget(ks, epsilon, delta)
   indices = [gumbel_top_k(c, kf, kf * e, rng) for c, kf, e in zip(counts, ks, per_draw)]
   return Selection(indices=indices, k_per_feature=ks, epsilon=cost, delta=delta,
                    epsilon_per_draw=per_draw, accounting="zcdp" if delta else "basic")
