@@ -16,10 +16,7 @@ MIN_NOISE_MULTIPLIER = 1e-2
 def _calibrate(make_event, target_epsilon, delta, accountant, rtol, progress=None):
   """Smallest σ with ε(σ) <= target, within rtol: dp_accounting's bracketing (Brent) search.
 
-  For PLD the search starts from the RDP answer: RDP over-estimates ε, so its σ is an upper end
-  of the bracket and sets the scale of an absolute tolerance rtol·σ/2. That takes about half the
-  PLD evaluations (seconds each) of a search from [0, 1] to a fixed tolerance.
-  `progress(sigma)`, if given, is called for every σ the search accounts with `accountant`.
+  `progress(sigma)`, if given, is called for every σ the search accounts (each can take seconds).
   """
   accounting.check_accountant(accountant)
   accounting.check_delta(delta)
@@ -27,25 +24,14 @@ def _calibrate(make_event, target_epsilon, delta, accountant, rtol, progress=Non
     raise DprecError(f"target epsilon must be > 0, got {target_epsilon}")
   if not 0 < rtol < 1:
     raise DprecError(f"rtol must be in (0, 1), got {rtol}")
-
   def make_reported_event(sigma):
     if progress is not None:
       progress(sigma)
     return make_event(sigma)
 
-  def search(accountant_name, event_fn, bracket, tol):
-    return dp_accounting.calibrate_dp_mechanism(
-        lambda: accounting.make_accountant(accountant_name), event_fn, target_epsilon, delta,
-        bracket_interval=bracket, tol=tol)
-
-  rdp_event = make_reported_event if accountant == "rdp" else make_event
-  sigma = search("rdp", rdp_event, None, rtol * MIN_NOISE_MULTIPLIER)
-  if accountant == "pld" and sigma >= MIN_NOISE_MULTIPLIER:
-    try:
-      sigma = search("pld", make_reported_event,
-                     dp_accounting.ExplicitBracketInterval(sigma / 2, sigma), rtol * sigma / 2)
-    except ValueError:  # a safeguard: RDP σ not above PLD σ; search from [0, 1]
-      sigma = search("pld", make_reported_event, None, rtol * MIN_NOISE_MULTIPLIER)
+  sigma = dp_accounting.calibrate_dp_mechanism(
+      lambda: accounting.make_accountant(accountant), make_reported_event, target_epsilon, delta,
+      tol=rtol * MIN_NOISE_MULTIPLIER)
   if sigma < MIN_NOISE_MULTIPLIER:
     raise DprecError(
         f"the target epsilon {target_epsilon} is met with noise multiplier {sigma:.3g} < "
