@@ -19,7 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from dprec.clipping import registry as registry_lib
-from dprec.clipping.phantom import tied_embedding_norm_fn
+from dprec.clipping.phantom import scored_positions, tied_embedding_norm_fn
 from dprec.layers import variance as variance_lib
 from dprec.layers.positional import PositionalEmbedding, positional_embedding_computation
 from dprec.layers.reattention import ReAttentionConfig
@@ -30,7 +30,12 @@ from dprec.models.dp_model import DPModel, ExtraNorms
 
 @dataclasses.dataclass(frozen=True)
 class SeqRecConfig:
-  """Architecture of the sequential recommender (defaults: the paper's Amazon setting)."""
+  """Architecture of the sequential recommender (defaults: the paper's Amazon setting).
+
+  `score_padding` (with `loss_positions="all"`) scores all L positions, padding included: fixed
+  shapes, as `tf.vectorized_map` needs. False scores only the positions from each sequence's first
+  item on (same loss, ~7× fewer logits on Amazon; `train seqrec` uses it).
+  """
   num_items: int
   max_len: int = 50
   dim: int = 64
@@ -41,6 +46,7 @@ class SeqRecConfig:
   activation: str = "relu"
   tied: bool = True
   loss_positions: str = "all"
+  score_padding: bool = True
   reattention: ReAttentionConfig = ReAttentionConfig()
 
   def __post_init__(self):
@@ -60,21 +66,32 @@ def seqrec_layer_registry():
 
 class NextItemLoss(tf.keras.losses.Loss):
   """Per-example Σ over positions with a target (label > 0) of the softmax cross-entropy over
-  all M items (Eq. 13). Labels [B, L] are aligned with the last T positions of logits [B, T, M]."""
+  all M items (Eq. 13). Logits are ragged [B, (T_i), M]: row i scores the last T_i positions of
+  labels [B, L] (left padding), so labels before an example's first item are not scored."""
 
   def __init__(self, name="next_item_loss", **kwargs):
     super().__init__(name=name, **kwargs)
 
   def call(self, y_true, y_pred):
-    labels = tf.cast(y_true, tf.int32)[:, -tf.shape(y_pred)[1]:]
+    labels = tf.cast(y_true, tf.int32)
+    length = y_pred.uniform_row_length
+    if length is not None:  # fixed shapes, no boolean mask (tf.vectorized_map can batch it)
+      length = tf.cast(length, tf.int32)
+      targets = tf.reshape(labels[:, tf.shape(labels)[1] - length:], [-1])
+      per_example = lambda losses: tf.reduce_sum(tf.reshape(losses, [-1, length]), axis=1)
+    else:
+      targets = tf.boolean_mask(labels, scored_positions(y_pred.row_lengths(),
+                                                         tf.shape(labels)[1]))
+      per_example = lambda losses: tf.reduce_sum(y_pred.with_flat_values(losses), axis=1)
+    # targets [P] are in the packed-row order of the logits.
     losses = tf.nn.sparse_softmax_cross_entropy_with_logits(
-        labels=tf.maximum(labels - 1, 0), logits=y_pred)
-    return tf.reduce_sum(tf.where(labels > 0, losses, 0.0), axis=-1)
+        labels=tf.maximum(targets - 1, 0), logits=y_pred.flat_values)
+    return per_example(tf.where(targets > 0, losses, 0.0))
 
 
 class SeqRecModel(DPModel):
-  """Inputs `{"items": int [B, L]}` (left-padded, 0 = padding); outputs logits over the M items,
-  [B, L, M] (`loss_positions="all"`) or [B, 1, M] (`"last"`). Labels: next items [B, L].
+  """Inputs `{"items": int [B, L]}` (left-padded, 0 = padding); outputs ragged logits over the M
+  items, [B, (T_i), M] for the last T_i positions (`forward`). Labels: next items [B, L].
 
   Trained by `DPModel`'s step: the Dense/LayerNorm/positional norms come from the layer registry,
   the tied embedding's Phantom norm from `extra_squared_norms`.
@@ -115,8 +132,10 @@ class SeqRecModel(DPModel):
         scale * variance_lib.effective_error(noise_multiplier, l2_norm_clip, batch_size) ** 2)
 
   def forward(self, items, training=False, last_only=False, return_weights=False):
-    """Returns (logits, hidden, lookup[, attention weights per block]); `last_only` scores the
-    last position only (evaluation), as does `loss_positions="last"`."""
+    """Returns (logits, hidden, lookup[, attention weights per block]). Logits are ragged
+    [B, (T_i), M] for the last T_i positions: T_i = 1 (`loss_positions="last"`, and `last_only`
+    for evaluation), L (`score_padding`) or the positions from example i's first item on;
+    `hidden` [P, d] holds the packed hidden states they score (P = Σ T_i)."""
     items = tf.convert_to_tensor(items)
     valid = items > 0
     mask = tf.cast(valid, tf.float32)[..., None]
@@ -134,8 +153,19 @@ class SeqRecModel(DPModel):
       weights.extend(outputs[2:])
     hidden = self.final_norm(x)
     if last_only or self.config.loss_positions == "last":
-      hidden = hidden[:, -1:]
-    logits = self.item_embedding.scores(hidden)
+      hidden, row_length = hidden[:, -1], 1
+    elif self.config.score_padding:
+      hidden, row_length = tf.reshape(hidden, [-1, self.config.dim]), tf.shape(items)[1]
+    else:
+      row_length = None
+      row_lengths = tf.reduce_sum(tf.cast(tf.cumsum(tf.cast(valid, tf.int32), axis=1) > 0,
+                                          tf.int32), axis=1)
+      hidden = tf.boolean_mask(hidden, scored_positions(row_lengths, tf.shape(items)[1]))
+    scores = self.item_embedding.scores(hidden)
+    if row_length is None:
+      logits = tf.RaggedTensor.from_row_lengths(scores, row_lengths, validate=False)
+    else:
+      logits = tf.RaggedTensor.from_uniform_row_length(scores, row_length, validate=False)
     outputs = (logits, hidden, lookup)
     return outputs + (weights,) if return_weights else outputs
 
@@ -148,12 +178,14 @@ class SeqRecModel(DPModel):
   def extra_squared_norms(self):
     """Phantom norms of the tied (or untied) item embedding from the step's forward pass."""
     last = self._last_forward
-    return [ExtraNorms(self.item_embedding.trainable_weights, [last["lookup"], last["logits"]],
-                       tied_embedding_norm_fn(last["items"], last["hidden"], self.config.tied))]
+    logits = last["logits"]
+    return [ExtraNorms(self.item_embedding.trainable_weights, [last["lookup"], logits.flat_values],
+                       tied_embedding_norm_fn(last["items"], last["hidden"], logits.row_lengths(),
+                                              self.config.tied))]
 
   def score_items(self, items):
     """Scores [B, M] of items 1..M as the next item after each (left-padded) history."""
-    return self.forward(items, last_only=True)[0][:, 0]
+    return self.forward(items, last_only=True)[0].flat_values
 
 
 def warmup_linear_decay(peak_learning_rate, total_steps, warmup_fraction=0.2):

@@ -52,6 +52,7 @@ class SeqRecTrainOptions:
   reattention: bool = True
   tied: bool = True
   loss_positions: str = "all"
+  score_padding: bool = False
   reattention_scale_by_dim: bool = True
   reattention_at_eval: bool = True
   variance_scale: float = 1.0
@@ -82,7 +83,7 @@ class SeqRecTrainOptions:
     return SeqRecConfig(
         num_items=num_items, max_len=self.max_len, dim=self.dim, num_blocks=self.num_blocks,
         num_heads=self.num_heads, ffn_dim=self.dim, dropout=self.dropout, tied=self.tied,
-        loss_positions=self.loss_positions,
+        loss_positions=self.loss_positions, score_padding=self.score_padding,
         reattention=ReAttentionConfig(enabled=self.reattention,
                                       scale_by_dim=self.reattention_scale_by_dim,
                                       at_eval=self.reattention_at_eval))
@@ -285,6 +286,8 @@ def register(subparsers):
   add("--untied", action="store_true", help="separate output embedding (the 'W/O PS' baseline)")
   add("--loss-positions", choices=("all", "last"), default="all",
       help="next-item loss at every position or at the last one only")
+  add("--score-padding", action="store_true",
+      help="score the padding positions too (fixed shapes; same loss, slower)")
   add("--variance-scale", type=float, default=1.0,
       help="multiplier of Re-Attention's effective-error variances σ_eff²")
   add("--fixed-batches", action="store_true",
@@ -307,7 +310,8 @@ def run(args):
       max_len=args.max_len, dim=args.dim,
       num_blocks=args.num_blocks, num_heads=args.num_heads, dropout=args.dropout,
       reattention=not args.no_reattention, tied=not args.untied,
-      loss_positions=args.loss_positions, variance_scale=args.variance_scale,
+      loss_positions=args.loss_positions, score_padding=args.score_padding,
+      variance_scale=args.variance_scale,
       fixed_batches=args.fixed_batches, accountant=args.accountant, ledger=args.ledger,
       exclude_history=args.exclude_history, eval_batch_size=args.eval_batch_size,
       seed=args.seed, progress=not args.no_progress, summary_json=args.summary_json)

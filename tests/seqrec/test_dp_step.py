@@ -15,7 +15,8 @@ LABELS = np.array([[0, 0, 5, 3, 3, 5], [2, 4, 2, 7, 8, 2], [0, 0, 0, 0, 0, 9],
 
 def _model(weights=None, noise_multiplier=1.0):
   tf.keras.utils.set_random_seed(0)
-  model = SeqRecModel(SeqRecConfig(num_items=13, max_len=6, dim=8, ffn_dim=12, dropout=0.0))
+  model = SeqRecModel(SeqRecConfig(num_items=13, max_len=6, dim=8, ffn_dim=12, dropout=0.0,
+                                   score_padding=False))
   model({"items": ITEMS})
   if weights is None:
     rng = np.random.default_rng(1)
