@@ -7,7 +7,13 @@
 Preprocesses `Video.txt` once with the Beam sequences job (SASRec format, no k-core, last item
 held out for testing, no validation: the paper's split) into `--work-dir`, then trains each
 (method, ε, seed) with `dprec train seqrec`'s library entry point and prints NDCG@10 / HIT@10 (%)
-overall and per popularity bucket next to the paper's Table 2. δ = 1/N users.
+overall and per popularity bucket next to the paper's Table 2, with the popularity baseline
+(items ranked by training frequency). δ = 1/N users.
+
+    python benchmarks/dpformer_amazon.py --time-steps [--batch-size 256] [--steps 3]
+
+instead times one DP step (σ from ε = 5, DPFormer) on the same real batches, scoring only the
+positions with a target (the default) vs all L positions (`--score-padding`), in one process.
 """
 import argparse
 import json
@@ -18,7 +24,9 @@ import time
 import numpy as np
 
 from dprec.data.sequences import load_sequences
-from dprec.models.seqrec_cli import SeqRecTrainOptions, train_seqrec
+from dprec.models import ranking_metrics
+from dprec.models.seqrec_cli import (SeqRecTrainOptions, build_model, make_examples, plan_privacy,
+                                     train_seqrec)
 
 PAPER_TABLE2 = {  # (ε, method) -> (NDCG@10, HIT@10) in %, note 000 §8
     (5.0, "dpformer"): (1.64, 3.01), (8.0, "dpformer"): (1.98, 3.70),
@@ -54,12 +62,26 @@ def main(argv=None):
   parser.add_argument("--batch-size", type=int, default=1024)
   parser.add_argument("--learning-rate", type=float, default=5e-3)
   parser.add_argument("--loss-positions", choices=("all", "last"), default="all")
+  parser.add_argument("--normalize", type=float, nargs="?", const=0.01, default=None,
+                      metavar="GAMMA", help="per-user normalisation C/(‖g‖+GAMMA) (the paper's)")
+  parser.add_argument("--variance-scale", type=float, default=1.0,
+                      help="multiplier of Re-Attention's σ_eff² (1 = the paper's literal σ_eff)")
+  parser.add_argument("--no-reattention-scale-by-dim", action="store_true",
+                      help="Re-Attention with the paper's literal C = ⟨q,q⟩ (default ⟨q,q⟩/d_k)")
+  parser.add_argument("--reattention-train-only", action="store_true",
+                      help="no Re-Attention correction at evaluation")
   parser.add_argument("--max-len", type=int, default=50)
   parser.add_argument("--results", default=None, help="append one JSON line per run here")
+  parser.add_argument("--time-steps", action="store_true",
+                      help="time the DP step with and without scoring the padding, then exit")
+  parser.add_argument("--steps", type=int, default=3, help="timed steps for --time-steps")
   args = parser.parse_args(argv)
   data = load_sequences(preprocess(args.data, args.work_dir))
   print(f"Amazon Games: {data.num_users} users, {data.num_items} items, "
         f"{data.stats['actions']} actions", file=sys.stderr)
+  if args.time_steps:
+    print(time_steps(data, args))
+    return
   runs = [(eps, method, seed) for eps in args.epsilons for method in args.methods
           for seed in args.seeds]
   if args.non_private:
@@ -69,6 +91,9 @@ def main(argv=None):
     options = SeqRecTrainOptions(
         epsilon=eps, epochs=args.epochs, batch_size=args.batch_size,
         learning_rate=args.learning_rate, loss_positions=args.loss_positions,
+        normalization_offset=args.normalize, variance_scale=args.variance_scale,
+        reattention_scale_by_dim=not args.no_reattention_scale_by_dim,
+        reattention_at_eval=not args.reattention_train_only,
         max_len=args.max_len, seed=seed, **METHODS[method])
     start = time.perf_counter()
     summary = train_seqrec(options, data)
@@ -81,12 +106,58 @@ def main(argv=None):
         out.write(json.dumps(summary) + "\n")
     rows.setdefault((eps, method), []).append(summary)
   print(table(rows, args))
+  print(popularity_row(data, args))
+
+
+def popularity_row(data, args):
+  """The popularity baseline: every user gets the items ranked by training frequency p_i."""
+  examples = make_examples(data, args.max_len)
+  frequencies = examples.item_frequencies[1:].astype(np.float32)
+  metrics = ranking_metrics.evaluate_full_ranking(
+      lambda histories: np.broadcast_to(frequencies, (len(histories), len(frequencies))),
+      examples.test_histories, examples.test_items,
+      ranking_metrics.popularity_buckets(examples.item_frequencies), batch_size=1024)
+  buckets = [f"{100 * metrics['by_popularity'][b]['ndcg_at_10']:.2f}"
+             for b in ranking_metrics.BUCKETS]
+  return (f"| — | popularity | — | {100 * metrics['ndcg_at_10']:.2f} | "
+          f"{100 * metrics['hit_at_10']:.2f} | {' | '.join(buckets)} | — |")
+
+
+def time_steps(data, args):
+  """Seconds per DP step on the same real batches, positions with a target vs all positions."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  examples = make_examples(data, args.max_len)
+  rng = np.random.default_rng(0)
+  batches = [np.sort(rng.choice(len(examples.items), args.batch_size, replace=False))
+             for _ in range(args.steps + 1)]
+  lines = [f"B={args.batch_size} L={args.max_len} loss={args.loss_positions} DPFormer ε=5 "
+           f"{args.steps} timed steps after one warm-up step", "",
+           "| scored positions | s/step | × packed |", "|---|---|---|"]
+  seconds = {}
+  for name, score_padding in (("with a target (packed)", False), ("all L (padding too)", True)):
+    options = SeqRecTrainOptions(epsilon=5.0, epochs=args.epochs, batch_size=args.batch_size,
+                                 loss_positions=args.loss_positions, max_len=args.max_len,
+                                 normalization_offset=args.normalize, score_padding=score_padding)
+    tf.keras.utils.set_random_seed(0)
+    model = build_model(options, examples, plan_privacy(options, len(examples.items)))
+    times = []
+    for batch in batches:
+      start = time.perf_counter()
+      model.train_on_batch({"items": examples.items[batch]}, examples.labels[batch])
+      times.append(time.perf_counter() - start)
+    seconds[name] = float(np.median(times[1:]))
+    lines.append(f"| {name} | {seconds[name]:.2f} | "
+                 f"{seconds[name] / seconds['with a target (packed)']:.1f} |")
+  return "\n".join(lines)
 
 
 def table(rows, args):
   """Markdown table: mean ± std over seeds, in %, with the paper's Table 2 cells."""
   lines = [f"epochs={args.epochs:g} B={args.batch_size} lr={args.learning_rate:g} "
-           f"L={args.max_len} loss={args.loss_positions}", "",
+           f"L={args.max_len} loss={args.loss_positions} normalize={args.normalize} "
+           f"variance_scale={args.variance_scale:g} "
+           f"C={'<q,q>' if args.no_reattention_scale_by_dim else '<q,q>/d_k'} "
+           f"reattention_at_eval={not args.reattention_train_only}", "",
            "| ε | method | seeds | NDCG@10 | HIT@10 | head NDCG | torso NDCG | tail NDCG | "
            "paper NDCG / HIT |", "|---|---|---|---|---|---|---|---|---|"]
 
