@@ -3,11 +3,12 @@
 
 Every run goes through `dprec train ctr`'s code path (`train_ctr`) on data loaded once. The grid
 follows seed 001 App. D.1: r = σ1/σ2 ∈ {1, 5, 10}, τ ∈ {0.5 … 100}, C1 ∈ {1, 5, 10}, FEST
-k from 100 up; `--grid small` is a subset that fits a shared 2-core machine. The second table is
-the best gradient-size reduction (vs DP-SGD's dense V·d) of each algorithm among its runs whose
-AUC is within 0.001 / 0.005 / 0.01 of DP-SGD's.
+k from 100 up; `--grid reduced` (default) and `--grid small` are subsets that fit a shared 2-core
+machine; `--repeat-best N` reruns the best DP-AdaFEST with N more seeds to show run-to-run noise.
+The second table is the best gradient-size reduction (vs DP-SGD's dense V·d) of each algorithm
+among its runs whose AUC is within 0.001 / 0.005 / 0.01 of DP-SGD's.
 
-    .venv/bin/python benchmarks/utility_ctr.py --rows 6000000 --days 6 --steps 2441
+    .venv/bin/python benchmarks/utility_ctr.py --rows 6000000 --days 6 --steps 1000 --repeat-best 1
 """
 import argparse
 import dataclasses
@@ -23,6 +24,8 @@ THRESHOLDS = (0.001, 0.005, 0.01)
 
 def grid(kind):
   """(label, option overrides) of every run."""
+  if kind == "reduced":
+    return _reduced_grid()
   if kind == "full":
     ratios, taus, clips = (1.0, 5.0, 10.0), (0.5, 1.0, 5.0, 10.0, 20.0, 50.0, 100.0), (1, 5, 10)
     top_ks = (2600, 26000, 100000, 300000)
@@ -40,6 +43,19 @@ def grid(kind):
   return runs
 
 
+def _reduced_grid():
+  """The grid that fits ~1 hour of a shared 2-core machine at ≥ 5M rows: DP-FEST at two k,
+  DP-AdaFEST at r = 5 with three τ and at r = 1 with one, one DP-AdaFEST+."""
+  adafest = [(5.0, 5.0), (5.0, 10.0), (5.0, 20.0), (1.0, 5.0)]
+  return ([("non_private", {"algorithm": "non_private"}), ("dp_sgd", {"algorithm": "dp_sgd"})]
+          + [(f"dp_fest k={k}", {"algorithm": "dp_fest", "top_k": k}) for k in (2600, 26000)]
+          + [(f"dp_adafest r={r:g} tau={t:g} C1=1",
+              {"algorithm": "dp_adafest", "ratio": r, "threshold": t, "contribution_clip": 1.0})
+             for r, t in adafest]
+          + [("dp_adafest_plus k=26000 r=5 tau=10",
+              {"algorithm": "dp_adafest_plus", "top_k": 26000, "ratio": 5.0, "threshold": 10.0})])
+
+
 def best_reductions(results):
   """{algorithm: {threshold: best reduction among runs within threshold of DP-SGD's AUC}}."""
   baseline = next(r["auc"] for r in results if r["algorithm"] == "dp_sgd")
@@ -52,7 +68,14 @@ def best_reductions(results):
   return baseline, table
 
 
+def _row(summary):
+  epsilon = "∞" if summary["epsilon"] is None else f"{summary['epsilon']:.3f}"
+  return (f"| {summary['label']} | {summary['auc']:.4f} | {epsilon} | "
+          f"{summary['gradient_size_reduction']:.1f} | {summary['steps_per_second']:.2f} |")
+
+
 def main(argv=None):
+  defaults = ctr_cli.CTRTrainOptions(data="")
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--data", help="existing Criteo TSV day_N directory (else generated)")
@@ -62,11 +85,18 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=2441, help="training steps per run")
   parser.add_argument("--batch-size", type=int, default=2048)
   parser.add_argument("--epsilon", type=float, default=1.0)
-  parser.add_argument("--learning-rate", type=float, default=0.1, help="SGD, every run")
-  parser.add_argument("--l2-norm-clip", type=float, default=10.0, help="C2, every DP run")
+  parser.add_argument("--optimizer", choices=sorted(ctr_cli.OPTIMIZERS),
+                      default=defaults.optimizer, help="every run")
+  parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate,
+                      help="every run")
+  parser.add_argument("--l2-norm-clip", type=float, default=defaults.l2_norm_clip,
+                      help="C2, every DP run")
   parser.add_argument("--top-k-epsilon", type=float, default=0.1)
-  parser.add_argument("--grid", choices=("small", "full"), default="small")
+  parser.add_argument("--grid", choices=("reduced", "small", "full"), default="reduced")
   parser.add_argument("--only", nargs="*", help="run only labels starting with these")
+  parser.add_argument("--repeat-best", type=int, default=0,
+                      help="rerun the best-AUC DP-AdaFEST run with this many other seeds (its "
+                           "run-to-run noise; not used in the reduction table)")
   parser.add_argument("--json", help="also write every run's summary here")
   args = parser.parse_args(argv)
   data_dir = args.data
@@ -77,7 +107,7 @@ def main(argv=None):
   data = ctr_cli.load_data(data_dir)
   base = ctr_cli.CTRTrainOptions(data=data_dir, epsilon=args.epsilon, batch_size=args.batch_size,
                                  steps=args.steps, top_k_epsilon=args.top_k_epsilon,
-                                 learning_rate=args.learning_rate,
+                                 optimizer=args.optimizer, learning_rate=args.learning_rate,
                                  l2_norm_clip=args.l2_norm_clip, progress=False)
   print(f"# {len(data.train['label']):,} training rows, {len(data.eval['label']):,} held out, "
         f"{sum(data.vocab_sizes):,} embedding rows", file=sys.stderr)
@@ -88,15 +118,21 @@ def main(argv=None):
     if args.only and not any(label.startswith(prefix) for prefix in args.only):
       continue
     summary = ctr_cli.train_ctr(dataclasses.replace(base, **overrides), data)
-    summary["label"] = label
+    summary.update(label=label, overrides=overrides)
     results.append(summary)
-    epsilon = "∞" if summary["epsilon"] is None else f"{summary['epsilon']:.3f}"
-    print(f"| {label} | {summary['auc']:.4f} | {epsilon} | "
-          f"{summary['gradient_size_reduction']:.1f} | {summary['steps_per_second']:.2f} |",
-          flush=True)
+    print(_row(summary), flush=True)
+  adafest = [r for r in results if r["algorithm"] == "dp_adafest"]
+  repeats = []
+  if adafest and args.repeat_best:
+    best = max(adafest, key=lambda r: r["auc"])
+    for seed in range(1, args.repeat_best + 1):
+      summary = ctr_cli.train_ctr(dataclasses.replace(base, seed=seed, **best["overrides"]), data)
+      summary.update(label=f"{best['label']} seed={seed}", overrides=best["overrides"])
+      repeats.append(summary)
+      print(_row(summary), flush=True)
   if args.json:
     with open(args.json, "w", encoding="utf-8") as out:
-      json.dump(results, out, indent=2)
+      json.dump({"runs": results, "repeats": repeats}, out, indent=2)
   if any(r["algorithm"] == "dp_sgd" for r in results):
     baseline, table = best_reductions(results)
     print(f"\nBest gradient-size reduction at AUC loss ≤ t vs DP-SGD (AUC {baseline:.4f}):\n")

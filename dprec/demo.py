@@ -20,9 +20,9 @@ def register(subparsers):
       description="End-to-end demo on a generated Criteo-like dataset: generate, account "
                   "privacy, train DP-AdaFEST, print a JSON summary. Takes a few minutes.")
   parser.add_argument("--out", default="demo_out", help="working directory for generated files")
-  parser.add_argument("--rows", type=int, default=60000, help="synthetic rows to generate")
-  parser.add_argument("--steps", type=int, default=300, help="DP-AdaFEST training steps")
-  parser.add_argument("--batch-size", type=int, default=512, help="expected batch size")
+  parser.add_argument("--rows", type=int, default=150000, help="synthetic rows to generate")
+  parser.add_argument("--steps", type=int, default=200, help="DP-AdaFEST training steps")
+  parser.add_argument("--batch-size", type=int, default=1024, help="expected batch size")
   parser.add_argument("--epsilon", type=float, default=1.0, help="privacy budget ε")
   parser.add_argument("--seed", type=int, default=0, help="random seed")
   parser.set_defaults(func=run)
@@ -30,12 +30,11 @@ def register(subparsers):
 
 def demo_options(data_dir: str, out_dir: str, steps: int, batch_size: int, epsilon: float,
                  seed: int) -> ctr_cli.CTRTrainOptions:
-  """The demo's DP-AdaFEST run: r = 5; τ/C1 large enough that false positives stay rare; a
-  small learning rate because at batch 512 the noise σ2·C2/B per coordinate is large."""
+  """The demo's DP-AdaFEST run with `train ctr`'s defaults: r = 5, τ = 15, C1 = 1 (false
+  positives stay rare), C2 = 1 (every example clipped), lazy Adam at lr 3e-3."""
   return ctr_cli.CTRTrainOptions(
       data=data_dir, algorithm="dp_adafest", epsilon=epsilon, batch_size=batch_size,
-      steps=steps, ratio=5.0, threshold=15.0, contribution_clip=1.0, l2_norm_clip=10.0,
-      learning_rate=0.05, optimizer="sgd", ledger=os.path.join(out_dir, "ledger.json"),
+      steps=steps, ledger=os.path.join(out_dir, "ledger.json"),
       summary_json=os.path.join(out_dir, "summary.json"), seed=seed, charge_every=100)
 
 

@@ -46,9 +46,9 @@ class CTRTrainOptions:
   ratio: float = 5.0
   threshold: float = 15.0
   contribution_clip: float = 1.0
-  l2_norm_clip: float = 10.0
-  learning_rate: float = 0.1
-  optimizer: str = "sgd"
+  l2_norm_clip: float = 1.0
+  learning_rate: float = 3e-3
+  optimizer: str = "adam"
   top_k: Optional[int] = None
   top_k_epsilon: float = 0.1
   fixed_batches: bool = False
@@ -332,10 +332,13 @@ def register(subparsers):
   add("--ratio", type=float, default=5.0, help="DP-AdaFEST noise ratio r = σ1/σ2")
   add("--threshold", type=float, default=15.0, help="DP-AdaFEST threshold τ on noisy counts")
   add("--contribution-clip", type=float, default=1.0, help="DP-AdaFEST contribution clip C1")
-  add("--l2-norm-clip", type=float, default=10.0, help="per-example gradient clip C2")
-  add("--learning-rate", type=float, default=0.1, help="learning rate")
-  add("--optimizer", choices=sorted(OPTIMIZERS), default="sgd",
-      help="row-sparse optimizer applying the noisy gradient")
+  add("--l2-norm-clip", type=float, default=CTRTrainOptions.l2_norm_clip,
+      help="per-example gradient clip C2 (the default 1 is below nearly every per-example "
+           "norm of the pCTR model, so every example is clipped)")
+  add("--learning-rate", type=float, default=CTRTrainOptions.learning_rate,
+      help="learning rate (the default suits --optimizer adam; SGD wants ~1 at C2 = 1)")
+  add("--optimizer", choices=sorted(OPTIMIZERS), default=CTRTrainOptions.optimizer,
+      help="row-sparse optimizer applying the noisy gradient (adam = lazy Adam)")
   add("--top-k", type=int, help="DP-FEST / DP-AdaFEST+: rows kept over all tables (k/F each)")
   add("--top-k-epsilon", type=float, default=0.1,
       help="pure ε of the DP top-k (Gumbel) selection, deducted from --epsilon; 0 = treat "

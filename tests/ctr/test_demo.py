@@ -1,0 +1,24 @@
+"""`dprec demo` (what `make demo` runs) end to end on tiny data: summary, ε spent, files."""
+import json
+import os
+
+import pytest
+
+from dprec import cli
+
+
+def test_demo_trains_dp_adafest_and_spends_the_planned_epsilon(tmp_path, capsys):
+  out = tmp_path / "demo"
+  argv = ["demo", "--out", str(out), "--rows", "1500", "--steps", "3", "--batch-size", "64",
+          "--epsilon", "1.0"]
+  assert cli.main(argv) == 0
+  summary = json.loads(capsys.readouterr().out)
+  privacy, training = summary["privacy"], summary["training"]
+  assert privacy["sigma1"] == pytest.approx(5 * privacy["sigma2"])
+  assert privacy["epsilon_of_composed_sigma"] == pytest.approx(1.0, rel=1e-2)
+  assert training["algorithm"] == "dp_adafest" and training["steps"] == 3
+  assert 0.0 <= training["auc"] <= 1.0
+  assert 0.95 < training["epsilon"] <= 1.0 * (1 + 1e-6)
+  with open(os.path.join(out, "summary.json"), encoding="utf-8") as stream:
+    assert json.load(stream)["auc"] == training["auc"]
+  assert os.path.exists(os.path.join(out, "ledger.json"))
