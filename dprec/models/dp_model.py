@@ -20,8 +20,9 @@ One step, with one forward pass:
 5. Noise σ2·C2 on dense variables and kept rows only (`dprec.sparse.noise`), divided by the
    expected batch size; the inner optimizer applies IndexedSlices row-sparsely.
 The non-private configuration is the ordinary Keras step (sparse embedding gradients).
-Logs gain `gradient_size` (nonzero embedding-gradient coordinates after noise, mean over the
-epoch) and `gradient_size_reduction` (Σ V·d of the DP tables divided by it; seed 001 §5.4).
+Models with `DPEmbedding` tables log `gradient_size` (nonzero embedding-gradient coordinates after
+noise, mean over the epoch) and `gradient_size_reduction` (Σ V·d of the DP tables divided by it;
+seed 001 §5.4).
 """
 import collections
 from typing import Any, Callable, Sequence
@@ -118,9 +119,11 @@ class DPModel(tf.keras.Model):
     # Plain attributes, not tracked weights: get_weights()/save_weights() are unchanged.
     object.__setattr__(self, "dp_optimizer", optimizer)
     object.__setattr__(self, "_dp_generator", generator)
-    if getattr(self, "gradient_size_tracker", None) is None:  # once: recompiling keeps one
+    if self.dp_tables and getattr(self, "gradient_size_tracker", None) is None:
+      # Once: recompiling keeps one. Models without DP tables log no gradient size.
       self.gradient_size_tracker = tf.keras.metrics.Mean(name="gradient_size")
-    self.gradient_size_tracker.reset_state()
+    if self.dp_tables:
+      self.gradient_size_tracker.reset_state()
 
   # ---------------------------------------------------------------- hooks for subclasses
   layer_registry = None  # a tensorflow_privacy LayerRegistry; None: registry.make_layer_registry()
@@ -171,14 +174,17 @@ class DPModel(tf.keras.Model):
         loss = self.compute_loss(x, y, y_pred, sample_weight)
       grads_and_vars = list(zip(tape.gradient(loss, self.trainable_variables),
                                 self.trainable_variables))
-    table_vars = {id(t.embeddings) for t in self.dp_tables}
-    noised = config_lib.is_private(config) and config.noise_multiplier > 0
-    sizes = [_gradient_size(g, noised) for g, v in grads_and_vars if id(v) in table_vars]
-    self.gradient_size_tracker.update_state(tf.cast(tf.add_n(sizes) if sizes else 0, tf.float32))
+    if self.dp_tables:
+      table_vars = {id(t.embeddings) for t in self.dp_tables}
+      noised = config_lib.is_private(config) and config.noise_multiplier > 0
+      sizes = [_gradient_size(g, noised) for g, v in grads_and_vars if id(v) in table_vars]
+      self.gradient_size_tracker.update_state(
+          tf.cast(tf.add_n(sizes) if sizes else 0, tf.float32))
     self.optimizer.apply_gradients(grads_and_vars)
     logs = self.compute_metrics(x, y, y_pred, sample_weight)
-    logs["gradient_size_reduction"] = (
-        self.dense_embedding_size / tf.maximum(self.gradient_size_tracker.result(), 1.0))
+    if self.dp_tables:
+      logs["gradient_size_reduction"] = (
+          self.dense_embedding_size / tf.maximum(self.gradient_size_tracker.result(), 1.0))
     return logs
 
   def per_example_squared_norms(self, x, y, sample_weight=None):

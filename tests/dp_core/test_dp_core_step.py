@@ -181,3 +181,14 @@ def test_recompiling_keeps_one_gradient_size_metric(lib):
     history = model.fit(x, y, batch_size=6, epochs=1, verbose=0)
   assert [m.name for m in model.metrics].count("gradient_size") == 1
   assert history.history["gradient_size"] == [float(lib.dims["a0"])]
+
+
+def test_model_without_dp_tables_logs_no_gradient_size():
+  inputs = tf.keras.Input((3,))
+  model = DPModel(inputs, tf.keras.layers.Dense(1)(inputs))
+  model.compile(DPOptimizer(DPSGD(1.0, 1.0), SparseSGD(0.1), seed=0),
+                loss=tf.keras.losses.MeanSquaredError())
+  history = model.fit(np.ones((4, 3), np.float32), np.zeros((4, 1), np.float32), batch_size=4,
+                      epochs=1, verbose=0)
+  assert "loss" in history.history
+  assert not {"gradient_size", "gradient_size_reduction"} & set(history.history)
