@@ -11,7 +11,9 @@ reports seconds per step and its peak resident memory (ru_maxrss). Variants:
   brute_force   per-example gradients by `tf.vectorized_map` over one-example backward
                 passes, their norms, clipping, sum and noise.
 Next-item loss at every position for M ≤ `--all-positions-max` and at the last position above it
-(the B×L×M logits alone would not fit). Brute force is skipped above `--brute-force-max`.
+(the B×L×M logits alone would not fit). With the all-positions loss, non_private and phantom run in
+two layouts: all L positions scored (fixed shapes, as brute force needs) and, as `*_packed`, only
+the positions with a target (`dprec train seqrec`'s default). Brute force is skipped above `--brute-force-max`.
 The table gives each variant's time and memory, and ratios to the non-private run of the same M.
 """
 import argparse
@@ -20,6 +22,10 @@ import resource
 import subprocess
 import sys
 import time
+
+# Variant suffix: score only positions with a target (`train seqrec`'s layout, ragged logits)
+# instead of all L positions; ratios of these rows are to "non_private_packed".
+PACKED = "_packed"
 
 
 def worker(args):
@@ -37,16 +43,17 @@ def worker(args):
   items[np.arange(args.max_len + 1)[None, :] < (args.max_len + 1 - lengths)[:, None]] = 0
   inputs, labels = items[:, :-1].astype(np.int32), items[:, 1:].astype(np.int32)
   config = SeqRecConfig(num_items=args.num_items, max_len=args.max_len, dim=64, num_blocks=2,
-                        num_heads=1, ffn_dim=64, dropout=0.0, loss_positions=args.loss_positions)
+                        num_heads=1, ffn_dim=64, dropout=0.0, loss_positions=args.loss_positions,
+                        score_padding=not args.variant.endswith(PACKED))
   model = SeqRecModel(config)
   model({"items": inputs[:1]})
   batch = ({"items": tf.constant(inputs)}, tf.constant(labels))
-  if args.variant == "brute_force":
+  if args.variant == "brute_force":  # fixed shapes only: tf.vectorized_map needs them
     brute_force = _brute_force_step(model, NextItemLoss(reduction="none"), args.batch_size)
     run = lambda: float(brute_force(*batch))  # pylint: disable=unnecessary-lambda-assignment
   else:
     optimizer = tf.keras.optimizers.SGD(1e-3)
-    if args.variant == "phantom":
+    if args.variant.startswith("phantom"):
       optimizer = DPOptimizer(DPSGD(1.0, 1.0), optimizer, expected_batch_size=args.batch_size,
                               seed=0)
     model.compile(optimizer=optimizer)
@@ -95,6 +102,7 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=3)
   parser.add_argument("--all-positions-max", type=int, default=100_000)
   parser.add_argument("--brute-force-max", type=int, default=100_000)
+  parser.add_argument("--variants", nargs="*", help="run only these variants (default: all)")
   parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
   parser.add_argument("--variant", default=None, help=argparse.SUPPRESS)
   parser.add_argument("--num-items", type=int, default=None, help=argparse.SUPPRESS)
@@ -109,6 +117,9 @@ def main(argv=None):
     variants = ["non_private", "phantom"]
     if num_items <= args.brute_force_max:
       variants.append("brute_force")
+    if positions == "all":
+      variants += ["non_private" + PACKED, "phantom" + PACKED]
+    variants = [v for v in variants if not args.variants or v in args.variants]
     results = {}
     for variant in variants:
       command = [sys.executable, __file__, "--worker", "--variant", variant,
@@ -133,7 +144,7 @@ def table(rows, args):
       if "error" in result:
         lines.append(f"| {num_items:,} | {positions} | {variant} | failed (OOM?) | | | |")
         continue
-      ref = results.get(base, {})
+      ref = results.get(base + PACKED if variant.endswith(PACKED) else base, {})
       nan = float("nan")
       time_ratio = result["seconds_per_step"] / ref.get("seconds_per_step", nan)
       mem_ratio = result["peak_rss_mb"] / ref.get("peak_rss_mb", nan)
