@@ -13,7 +13,7 @@ reports seconds per step and its peak resident memory (ru_maxrss). Variants:
 Next-item loss at every position for M ≤ `--all-positions-max` and at the last position above it
 (the B×L×M logits alone would not fit). With the all-positions loss, non_private and phantom run in
 two layouts: all L positions scored (fixed shapes, as brute force needs) and, as `*_packed`, only
-the positions with a target (`dprec train seqrec`'s default). Brute force is skipped above `--brute-force-max`.
+the positions with a target (the default of `SeqRecConfig` and `dprec train seqrec`). Brute force is skipped above `--brute-force-max`.
 The table gives each variant's time and memory, and ratios to the non-private run of the same M.
 """
 import argparse
@@ -23,7 +23,7 @@ import subprocess
 import sys
 import time
 
-# Variant suffix: score only positions with a target (`train seqrec`'s layout, ragged logits)
+# Variant suffix: score only positions with a target (the default layout, ragged logits)
 # instead of all L positions; ratios of these rows are to "non_private_packed".
 PACKED = "_packed"
 

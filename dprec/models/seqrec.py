@@ -32,9 +32,9 @@ from dprec.models.dp_model import DPModel, ExtraNorms
 class SeqRecConfig:
   """Architecture of the sequential recommender (defaults: the paper's Amazon setting).
 
-  `score_padding` (with `loss_positions="all"`) scores all L positions, padding included: fixed
-  shapes, as `tf.vectorized_map` needs. False scores only the positions from each sequence's first
-  item on (same loss, ~7× fewer logits on Amazon; `train seqrec` uses it).
+  By default only the positions from each sequence's first item on are scored (same loss, ~7×
+  fewer logits on Amazon). `score_padding=True` (with `loss_positions="all"`) scores all L
+  positions, padding included: fixed shapes, as `tf.vectorized_map` needs.
   """
   num_items: int
   max_len: int = 50
@@ -46,7 +46,7 @@ class SeqRecConfig:
   activation: str = "relu"
   tied: bool = True
   loss_positions: str = "all"
-  score_padding: bool = True
+  score_padding: bool = False
   reattention: ReAttentionConfig = ReAttentionConfig()
 
   def __post_init__(self):
