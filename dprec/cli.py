@@ -11,6 +11,7 @@ import); the others appear in `dprec --help` through their one-line summary belo
 import argparse
 import importlib
 import json
+import os
 import sys
 
 from dprec.errors import DprecError
@@ -62,6 +63,10 @@ def _command_in(argv):
 
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else list(argv)
+  if "--debug" not in argv:
+    # TensorFlow's C++ start-up log (CUDA probing, CPU features) is noise to a CLI user; it is read
+    # when TensorFlow is first imported, below. A TF_CPP_MIN_LOG_LEVEL of the user's own wins.
+    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
   args = build_parser(load=_command_in(argv)).parse_args(argv)
   try:
     result = args.func(args)

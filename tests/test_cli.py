@@ -1,4 +1,5 @@
 """The `dprec` dispatcher: every registered command has --help; errors are one clear line."""
+import os
 import sys
 import types
 
@@ -70,3 +71,17 @@ def test_dict_results_print_as_json(monkeypatch, capsys):
   monkeypatch.setattr(cli, "COMMANDS", {"ok": ("succeeds", ("fake_ok",))})
   assert cli.main(["ok"]) == 0
   assert '"epsilon": 1.5' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv,preset,expected", [
+    (["ok"], None, "3"), (["--debug", "ok"], None, None), (["ok"], "0", "0")])
+def test_tensorflow_start_up_log_is_quiet_unless_debugging(monkeypatch, argv, preset, expected):
+  monkeypatch.setattr(cli, "COMMANDS", {"ok": ("succeeds", ("fake_ok",))})
+  monkeypatch.setitem(sys.modules, "fake_ok", types.SimpleNamespace(
+      register=lambda sub: sub.add_parser("ok").set_defaults(func=lambda args: 0)))
+  if preset is None:
+    monkeypatch.delenv("TF_CPP_MIN_LOG_LEVEL", raising=False)
+  else:
+    monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", preset)
+  assert cli.main(argv) == 0
+  assert os.environ.get("TF_CPP_MIN_LOG_LEVEL") == expected
