@@ -323,39 +323,47 @@ def register(subparsers):
       "ctr", help="train the pCTR model (seed 001 App. D.1.1) with DP-SGD/FEST/AdaFEST",
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   add = parser.add_argument
+  defaults = CTRTrainOptions  # one source for the defaults of the CLI and the Python API
   add("--data", required=True, help="directory of Criteo TSV day_N files, or a Beam output dir")
-  add("--algorithm", choices=ALGORITHMS, default="dp_adafest", help="training algorithm")
+  add("--algorithm", choices=ALGORITHMS, default=defaults.algorithm, help="training algorithm")
   add("--epsilon", type=float, help="privacy budget ε (required unless non_private)")
   add("--delta", type=float, help="δ (default 1/N, N = training rows)")
-  add("--batch-size", type=int, default=2048, help="expected (Poisson) batch size B")
-  add("--steps", type=int, default=1000, help="training steps T")
-  add("--ratio", type=float, default=5.0, help="DP-AdaFEST noise ratio r = σ1/σ2")
-  add("--threshold", type=float, default=15.0, help="DP-AdaFEST threshold τ on noisy counts")
-  add("--contribution-clip", type=float, default=1.0, help="DP-AdaFEST contribution clip C1")
-  add("--l2-norm-clip", type=float, default=CTRTrainOptions.l2_norm_clip,
+  add("--batch-size", type=int, default=defaults.batch_size,
+      help="expected (Poisson) batch size B")
+  add("--steps", type=int, default=defaults.steps, help="training steps T")
+  add("--ratio", type=float, default=defaults.ratio, help="DP-AdaFEST noise ratio r = σ1/σ2")
+  add("--threshold", type=float, default=defaults.threshold,
+      help="DP-AdaFEST threshold τ on noisy counts")
+  add("--contribution-clip", type=float, default=defaults.contribution_clip,
+      help="DP-AdaFEST contribution clip C1")
+  add("--l2-norm-clip", type=float, default=defaults.l2_norm_clip,
       help="per-example gradient clip C2 (the default 1 is below nearly every per-example "
            "norm of the pCTR model, so every example is clipped)")
-  add("--learning-rate", type=float, default=CTRTrainOptions.learning_rate,
+  add("--learning-rate", type=float, default=defaults.learning_rate,
       help="learning rate (the default suits --optimizer adam; SGD wants ~1 at C2 = 1)")
-  add("--optimizer", choices=sorted(OPTIMIZERS), default=CTRTrainOptions.optimizer,
+  add("--optimizer", choices=sorted(OPTIMIZERS), default=defaults.optimizer,
       help="row-sparse optimizer applying the noisy gradient (adam = lazy Adam)")
   add("--top-k", type=int, help="DP-FEST / DP-AdaFEST+: rows kept over all tables (k/F each)")
-  add("--top-k-epsilon", type=float, default=0.1,
+  add("--top-k-epsilon", type=float, default=defaults.top_k_epsilon,
       help="pure ε of the DP top-k (Gumbel) selection, deducted from --epsilon; 0 = treat "
            "the training counts as public")
   add("--fixed-batches", action="store_true",
       help="fixed-size shuffled batches instead of Poisson sampling (ledger flags it)")
   add("--ledger", help="privacy ledger JSON file (default: a temporary one)")
   add("--summary-json", help="also write the JSON summary to this file")
-  add("--accountant", choices=("pld", "rdp"), default="pld", help="privacy accountant")
+  add("--accountant", choices=("pld", "rdp"), default=defaults.accountant,
+      help="privacy accountant")
   add("--vocab", help="directory of a saved (public) CriteoVocabulary instead of building one")
-  add("--vocab-min-count", type=int, default=1, help="min count of an id kept in the vocabulary")
-  add("--hidden-units", type=_int_list, default=(598, 598, 598, 598),
+  add("--vocab-min-count", type=int, default=defaults.vocab_min_count,
+      help="min count of an id kept in the vocabulary")
+  add("--hidden-units", type=_int_list, default=defaults.hidden_units,
       help="comma-separated Dense(relu) widths (App. D.1.1: 598,598,598,598)")
-  add("--eval-batch-size", type=int, default=8192, help="batch size of the evaluation")
-  add("--charge-every", type=int, default=100, help="steps prepaid per ledger charge")
+  add("--eval-batch-size", type=int, default=defaults.eval_batch_size,
+      help="batch size of the evaluation")
+  add("--charge-every", type=int, default=defaults.charge_every,
+      help="steps prepaid per ledger charge")
   add("--log-dir", help="TensorBoard directory (loss, AUC, ε, gradient size)")
-  add("--seed", type=int, default=0, help="seed of batches, noise and initialisation")
+  add("--seed", type=int, default=defaults.seed, help="seed of batches, noise and initialisation")
   add("--no-progress", action="store_true", help="no progress bar")
   parser.set_defaults(func=run)
 
