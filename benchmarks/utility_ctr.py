@@ -4,7 +4,8 @@
 Every run goes through `dprec train ctr`'s code path (`train_ctr`) on data loaded once. The grid
 follows seed 001 App. D.1: r = σ1/σ2 ∈ {1, 5, 10}, τ ∈ {0.5 … 100}, C1 ∈ {1, 5, 10}, FEST
 k from 100 up; `--grid reduced` (default) and `--grid small` are subsets that fit a shared 2-core
-machine; `--repeat-best N` reruns the best DP-AdaFEST with N more seeds to show run-to-run noise.
+machine; `--grid frontier` probes the ≥ 10³× end of the frontier (r = 2, 3 at τ with few false
+positives; r = 5 τ = 10 at a larger learning rate and at a smaller C2); `--repeat-best N` reruns the best DP-AdaFEST with N more seeds to show run-to-run noise.
 The second table is the best gradient-size reduction (vs DP-SGD's dense V·d) of each algorithm
 among its runs whose AUC is within 0.001 / 0.005 / 0.01 of DP-SGD's.
 
@@ -26,6 +27,8 @@ def grid(kind):
   """(label, option overrides) of every run."""
   if kind == "reduced":
     return _reduced_grid()
+  if kind == "frontier":
+    return _frontier_grid()
   if kind == "full":
     ratios, taus, clips = (1.0, 5.0, 10.0), (0.5, 1.0, 5.0, 10.0, 20.0, 50.0, 100.0), (1, 5, 10)
     top_ks = (2600, 26000, 100000, 300000)
@@ -54,6 +57,20 @@ def _reduced_grid():
              for r, t in adafest]
           + [("dp_adafest_plus k=26000 r=5 tau=10",
               {"algorithm": "dp_adafest_plus", "top_k": 26000, "ratio": 5.0, "threshold": 10.0})])
+
+
+def _frontier_grid():
+  """Runs meant to move the frontier at ≥ 10³×. A smaller r lowers σ1 = σ·√(1 + r²), so a lower
+  τ keeps the false positives Ψ(τ/(σ1·C1)) rare while rows with fewer occurrences in the batch
+  pass; σ2 grows by √(1 + 1/r²). Kept rows get few updates, hence the larger learning rate; a
+  smaller C2 trades clipping bias for less noise."""
+  adafest = {"algorithm": "dp_adafest", "contribution_clip": 1.0}
+  return [("dp_adafest r=2 tau=5 C1=1", dict(adafest, ratio=2.0, threshold=5.0)),
+          ("dp_adafest r=3 tau=7 C1=1", dict(adafest, ratio=3.0, threshold=7.0)),
+          ("dp_adafest r=5 tau=10 C1=1 lr=0.01",
+           dict(adafest, ratio=5.0, threshold=10.0, learning_rate=0.01)),
+          ("dp_adafest r=5 tau=10 C1=1 C2=0.5",
+           dict(adafest, ratio=5.0, threshold=10.0, l2_norm_clip=0.5))]
 
 
 def best_reductions(results):
@@ -92,13 +109,23 @@ def main(argv=None):
   parser.add_argument("--l2-norm-clip", type=float, default=defaults.l2_norm_clip,
                       help="C2, every DP run")
   parser.add_argument("--top-k-epsilon", type=float, default=0.1)
-  parser.add_argument("--grid", choices=("reduced", "small", "full"), default="reduced")
-  parser.add_argument("--only", nargs="*", help="run only labels starting with these")
+  parser.add_argument("--grid", choices=("reduced", "small", "full", "frontier"),
+                      default="reduced")
+  parser.add_argument("--only", nargs="*", metavar="LABEL",
+                      help="run only the grid's runs whose label is exactly one of these, e.g. "
+                           "'dp_adafest r=5 tau=5 C1=1' (not its C1=10 sibling)")
   parser.add_argument("--repeat-best", type=int, default=0,
                       help="rerun the best-AUC DP-AdaFEST run with this many other seeds (its "
                            "run-to-run noise; not used in the reduction table)")
   parser.add_argument("--json", help="also write every run's summary here")
   args = parser.parse_args(argv)
+  runs = grid(args.grid)
+  if args.only:
+    unknown = sorted(set(args.only) - {label for label, _ in runs})
+    if unknown:
+      parser.error(f"--only: no run labelled {', '.join(map(repr, unknown))} in --grid "
+                   f"{args.grid}; its labels: {', '.join(label for label, _ in runs)}")
+    runs = [(label, overrides) for label, overrides in runs if label in args.only]
   data_dir = args.data
   if data_dir is None:
     data_dir = os.path.join(args.out, f"criteo_{args.rows}_{args.days}")
@@ -114,9 +141,7 @@ def main(argv=None):
   print("| run | AUC | ε | gradient size reduction | steps/s |")
   print("|---|---:|---:|---:|---:|")
   results = []
-  for label, overrides in grid(args.grid):
-    if args.only and not any(label.startswith(prefix) for prefix in args.only):
-      continue
+  for label, overrides in runs:
     summary = ctr_cli.train_ctr(dataclasses.replace(base, **overrides), data)
     summary.update(label=label, overrides=overrides)
     results.append(summary)
