@@ -7,20 +7,28 @@ k from 100 up; `--grid reduced` (default) and `--grid small` are subsets that fi
 machine; `--grid frontier` probes the ≥ 10³× end of the frontier (r = 2, 3 at τ with few false
 positives; r = 5 τ = 10 at a larger learning rate and at a smaller C2); `--repeat-best N` reruns the best DP-AdaFEST with N more seeds to show run-to-run noise.
 The second table is the best gradient-size reduction (vs DP-SGD's dense V·d) of each algorithm
-among its runs whose AUC is within 0.001 / 0.005 / 0.01 of DP-SGD's.
+among its runs whose AUC is within 0.001 / 0.005 / 0.01 of DP-SGD's. `--signal ALPHA …` instead
+prints, for generators with those `--tail-decay` values, how much of the true click logit's AUC
+sits in buckets frequent enough to pass a per-batch selection (no training).
 
     .venv/bin/python benchmarks/utility_ctr.py --rows 6000000 --days 6 --steps 1000 --repeat-best 1
+    .venv/bin/python benchmarks/utility_ctr.py --signal 0 0.25 0.5
 """
 import argparse
 import dataclasses
 import json
+import math
 import os
 import sys
 
+import numpy as np
+
 from dprec.data import synthetic
 from dprec.models import ctr_cli
+from synthetic_auc import auc
 
 THRESHOLDS = (0.001, 0.005, 0.01)
+SIGNAL_TAUS = (2.0, 5.0, 10.0, 20.0)  # DP-AdaFEST thresholds at C1 = 1 for `--signal`
 
 
 def grid(kind):
@@ -85,6 +93,37 @@ def best_reductions(results):
   return baseline, table
 
 
+def signal_by_frequency(tail_decay, rows, batch_size, seed=0):
+  """AUC of the generator's true click logit on `rows` day-0 rows: in full, and with the click
+  weights of buckets expected fewer than τ·√26 times per batch zeroed, for τ in `SIGNAL_TAUS`.
+  τ·√26 is about what a bucket needs to pass DP-AdaFEST's selection at C1 = 1 (26 features, so
+  each example adds 1/√26 to each of its buckets). The gap is the AUC only rarer rows carry."""
+  config = synthetic.CriteoSynthConfig(tail_decay=tail_decay)
+  blocks = [block for _, block in synthetic.criteo_blocks(rows, 1, seed, config)]
+  ids, weights, logit, label = (np.concatenate([b[key] for b in blocks])
+                                for key in ("ids", "weights", "logit", "label"))
+  per_batch = np.zeros(ids.shape)
+  for j, column in enumerate(ids.T):
+    present = column >= 0
+    counts = np.bincount(column[present])
+    per_batch[present, j] = counts[column[present]] * batch_size / rows
+  rest = logit - weights.sum(axis=1)
+  return [auc(label, logit)] + [auc(label, rest + np.where(per_batch >= tau * math.sqrt(26),
+                                                              weights, 0.0).sum(axis=1))
+                                for tau in SIGNAL_TAUS]
+
+
+def _print_signal(tail_decays, rows, batch_size):
+  print(f"AUC of the true click logit, {rows:,} day-0 rows; 'n ≥ k': only buckets expected ≥ k "
+        f"times per batch of {batch_size} keep their click weight\n")
+  print("| --tail-decay | all buckets | " + " | ".join(
+      f"n ≥ {tau * math.sqrt(26):.0f} (τ = {tau:g})" for tau in SIGNAL_TAUS) + " |")
+  print("|---:|---:|" + "---:|" * len(SIGNAL_TAUS))
+  for tail_decay in tail_decays:
+    aucs = signal_by_frequency(tail_decay, rows, batch_size)
+    print(f"| {tail_decay:g} | " + " | ".join(f"{a:.4f}" for a in aucs) + " |", flush=True)
+
+
 def _row(summary):
   epsilon = "∞" if summary["epsilon"] is None else f"{summary['epsilon']:.3f}"
   return (f"| {summary['label']} | {summary['auc']:.4f} | {epsilon} | "
@@ -118,7 +157,16 @@ def main(argv=None):
                       help="rerun the best-AUC DP-AdaFEST run with this many other seeds (its "
                            "run-to-run noise; not used in the reduction table)")
   parser.add_argument("--json", help="also write every run's summary here")
+  parser.add_argument("--tail-decay", type=float, default=0.0,
+                      help="generator's --tail-decay when the data is generated here")
+  parser.add_argument("--signal", type=float, nargs="+", metavar="ALPHA",
+                      help="only print where the click signal sits for these --tail-decay "
+                           "values (on --signal-rows generated rows) and exit")
+  parser.add_argument("--signal-rows", type=int, default=400_000)
   args = parser.parse_args(argv)
+  if args.signal:
+    _print_signal(args.signal, args.signal_rows, args.batch_size)
+    return
   runs = grid(args.grid)
   if args.only:
     unknown = sorted(set(args.only) - {label for label, _ in runs})
@@ -128,9 +176,11 @@ def main(argv=None):
     runs = [(label, overrides) for label, overrides in runs if label in args.only]
   data_dir = args.data
   if data_dir is None:
-    data_dir = os.path.join(args.out, f"criteo_{args.rows}_{args.days}")
+    data_dir = os.path.join(args.out, f"criteo_{args.rows}_{args.days}" + (
+        f"_tail{args.tail_decay:g}" if args.tail_decay else ""))
     if not os.path.exists(os.path.join(data_dir, f"day_{args.days - 1}")):
-      synthetic.generate_criteo(data_dir, args.rows, days=args.days, seed=0)
+      synthetic.generate_criteo(data_dir, args.rows, days=args.days, seed=0,
+                                config=synthetic.CriteoSynthConfig(tail_decay=args.tail_decay))
   data = ctr_cli.load_data(data_dir)
   base = ctr_cli.CTRTrainOptions(data=data_dir, epsilon=args.epsilon, batch_size=args.batch_size,
                                  steps=args.steps, top_k_epsilon=args.top_k_epsilon,

@@ -22,6 +22,13 @@ def register(subparsers):
                       "scaled to about M buckets in all, e.g. scaled:10M)")
   criteo.add_argument("--ctr", type=float, default=synthetic.CriteoSynthConfig.ctr,
                       help="mean click rate of day 0")
+  criteo.add_argument("--tail-decay", type=float, default=synthetic.CriteoSynthConfig.tail_decay,
+                      metavar="ALPHA",
+                      help="shrink each bucket's click weight by (1 + its day-0 popularity "
+                      "rank)^-ALPHA (ids new in later days count as the rarest), so the click "
+                      "signal sits in frequent buckets; for studying sparse DP training when the "
+                      "tail carries little (benchmarks/utility_ctr.py). 0 (default) = off, same "
+                      "bytes as without the flag")
   _add_common(criteo, "output directory", _criteo)
 
   sequences = commands.add_parser(
@@ -57,7 +64,8 @@ def _positive(text):
 def _criteo(args):
   return synthetic.generate_criteo(
       args.out, args.rows, args.days, args.seed, args.vocab,
-      synthetic.CriteoSynthConfig(ctr=args.ctr), progress=not args.no_progress)
+      synthetic.CriteoSynthConfig(ctr=args.ctr, tail_decay=args.tail_decay),
+      progress=not args.no_progress)
 
 
 def _sequences(args):

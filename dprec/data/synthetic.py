@@ -54,10 +54,16 @@ class CriteoSynthConfig:
   drift_swap: float = 0.05  # share of buckets whose popularity rank is jittered each day
   drift_new: float = 0.02  # share of ranks taken over by never-seen ids each day
   ctr_drift: float = 0.05  # std of the day-to-day change of the click logit's intercept
+  # Click weights shrink with rarity: × (1 + day-0 popularity rank)^-tail_decay (ids drift brings
+  # in count as the rarest rank). 0 = off. It moves the click signal into frequent buckets, the
+  # regime seed 001's Criteo results imply (rows kept by per-batch selection carry the AUC).
+  tail_decay: float = 0.0
 
   def __post_init__(self):
     if not 0 < self.ctr < 1:
       raise DprecError(f"ctr must be in (0, 1), got {self.ctr}")
+    if not self.tail_decay >= 0:
+      raise DprecError(f"tail_decay must be >= 0, got {self.tail_decay}")
 
 
 class _CriteoWorld:
@@ -105,26 +111,31 @@ class _CriteoWorld:
     ranks = _bounded_zipf(uniform, self.sizes, self.zipf)
     ids = np.stack([self.rank_maps[j][ranks[:, j]] for j in range(len(self.sizes))], axis=1)
     ids[cat_missing] = -1
-    logit = self._logits(ids, latent)
+    weights = self._bucket_weights(ids)
+    logit = self._logits(weights, latent)
     return {"label": (rng.random(rows) < special.expit(logit)).astype(np.int64), "logit": logit,
-            "ints": ints, "int_missing": int_missing, "ids": ids}
+            "ints": ints, "int_missing": int_missing, "ids": ids, "weights": weights}
 
   def hex_ids(self, ids: np.ndarray) -> np.ndarray:
     """Stable 32-bit id of each (feature, bucket): a bijection per feature, so no collisions."""
     keys = _mix32(np.arange(len(self.sizes), dtype=np.uint32) + np.uint32(0x9E3779B9))
     return _mix32(ids.astype(np.uint32) ^ keys).astype(np.int64)
 
-  def _logits(self, ids: np.ndarray, latent: np.ndarray) -> np.ndarray:
-    weights = self._bucket_weights(ids)
+  def _logits(self, weights: np.ndarray, latent: np.ndarray) -> np.ndarray:
     return (self.intercept + weights.sum(axis=1) + self.config.latent_weight * latent
             + self.config.interaction_weight * weights[:, 0] * weights[:, 1]
             / (self.weight_scale[0] * self.weight_scale[1]))
 
   def _bucket_weights(self, ids: np.ndarray) -> np.ndarray:
-    """Logistic-distributed click weight per (feature, bucket) from a hash; 0 when missing."""
+    """Logistic-distributed click weight per (feature, bucket) from a hash, scaled down by the
+    bucket's day-0 rank when `tail_decay` > 0 (day 0's rank map is the identity); 0 when
+    missing."""
     keys = _mix32(np.arange(ids.shape[1], dtype=np.uint32) ^ _mix32(np.array(self.seed % 2**32)))
     uniform = (_mix32(ids.astype(np.uint32) ^ keys).astype(np.float64) + 0.5) / 2.0**32
     weights = self.weight_scale * special.logit(uniform) / (np.pi / np.sqrt(3))
+    if self.config.tail_decay:
+      day0_rank = np.clip(ids, 0, self.sizes)  # fresh ids (>= size) rank last
+      weights = weights * (1.0 + day0_rank) ** -self.config.tail_decay
     return np.where(ids >= 0, weights, 0.0)
 
   def _calibrate_intercept(self, ctr: float) -> float:
@@ -222,7 +233,8 @@ def criteo_blocks(rows: int, days: int = 1, seed: int = 0,
                   config: Optional[CriteoSynthConfig] = None
                   ) -> Iterator[Tuple[int, Dict[str, np.ndarray]]]:
   """The generator's stream: `(day, block)` with `label`, `logit` (the true click logit), `ints`,
-  `int_missing`, `ids` (bucket ids, -1 missing) and `hex_ids` (as written), `rows` in all.
+  `int_missing`, `ids` (bucket ids, -1 missing), `weights` (each bucket's click weight in the
+  logit, 0 missing) and `hex_ids` (as written), `rows` in all.
 
   Buckets follow per-feature Zipf laws over `vocab_sizes(config.vocab)` ranks; each day some
   ranks change buckets and some buckets are new (drift). Clicks are Bernoulli(σ(logit)) with a

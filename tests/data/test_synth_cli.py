@@ -32,6 +32,23 @@ def test_synth_criteo_writes_day_files_and_summary(tmp_path):
   assert rows == [334, 334, 333]
 
 
+def test_synth_criteo_tail_decay_changes_only_the_clicks(tmp_path):
+  """--tail-decay 0 writes the default bytes; a positive value keeps every feature column and
+  redraws only the labels from the rarity-scaled click model."""
+  out = {}
+  for name, extra in (("plain", []), ("zero", ["--tail-decay", "0"]),
+                      ("decayed", ["--tail-decay", "0.5"])):
+    out[name] = str(tmp_path / name)
+    _run(["synth", "criteo", "--rows", "3000", "--days", "2", "--out", out[name],
+          "--vocab", "scaled:5000", "--no-progress"] + extra)
+  for day in ("day_0", "day_1"):
+    plain, zero, decayed = (open(os.path.join(out[n], day), "rb").read().splitlines()
+                            for n in ("plain", "zero", "decayed"))
+    assert plain == zero
+    assert [l.split(b"\t", 1)[1] for l in plain] == [l.split(b"\t", 1)[1] for l in decayed]
+    assert [l[:1] for l in plain] != [l[:1] for l in decayed]
+
+
 def test_synth_sequences_writes_user_item_lines(tmp_path):
   out = str(tmp_path / "seq.txt")
   summary = _run(["synth", "sequences", "--users", "50", "--items", "30", "--seed", "1",
@@ -44,6 +61,8 @@ def test_synth_sequences_writes_user_item_lines(tmp_path):
 def test_bad_arguments(tmp_path, capsys):
   with pytest.raises(DprecError, match="scaled:M"):
     _run(["synth", "criteo", "--rows", "10", "--out", str(tmp_path), "--vocab", "big"])
+  with pytest.raises(DprecError, match="tail_decay"):
+    _run(["synth", "criteo", "--rows", "10", "--out", str(tmp_path), "--tail-decay", "-1"])
   with pytest.raises(DprecError, match="mean_length"):
     _run(["synth", "sequences", "--users", "5", "--items", "9", "--out", str(tmp_path / "s"),
           "--mean-length", "2"])

@@ -86,6 +86,33 @@ def test_same_seed_same_bytes(tmp_path):
   assert a == b and a != c
 
 
+def test_tail_decay_moves_the_click_signal_into_frequent_buckets():
+  """tail_decay = α scales each bucket's click weight by (1 + its day-0 rank)^-α, ids new after
+  day 0 counting as rank V, and changes nothing else that is drawn: the same buckets and
+  integers, a recalibrated click rate, and almost no click signal left in rare buckets."""
+  sizes = np.asarray(synthetic.vocab_sizes(SMALL))
+  streams = [list(synthetic.criteo_blocks(60000, 3, 5, synthetic.CriteoSynthConfig(
+      vocab=SMALL, tail_decay=alpha))) for alpha in (0.0, 0.5)]
+  for (day, plain), (_, decayed) in zip(*streams):
+    for key in ("ids", "hex_ids", "ints", "int_missing"):
+      np.testing.assert_array_equal(plain[key], decayed[key])
+    rank = np.where(plain["ids"] < sizes, np.maximum(plain["ids"], 0), sizes)  # id = day-0 rank
+    np.testing.assert_allclose(decayed["weights"], plain["weights"] * (1.0 + rank) ** -0.5)
+  assert (streams[1][-1][1]["ids"] >= sizes).any()  # drift brought fresh ids by day 2
+  rare_shares = []
+  for stream in streams:
+    day0 = [block for day, block in stream if day == 0]
+    ids, weights, labels = (np.concatenate([b[k] for b in day0]) for k in ("ids", "weights", "label"))
+    assert abs(labels.mean() - 0.25) < 0.01
+    rare = np.zeros(ids.shape, bool)
+    for j, column in enumerate(ids.T):
+      present = column >= 0
+      rare[present, j] = np.bincount(column[present])[column[present]] < 30
+    rare_shares.append((weights * rare).sum(axis=1).var() / weights.sum(axis=1).var())
+  print(f"click-logit variance from buckets seen < 30 times: {rare_shares}")
+  assert rare_shares[0] > 0.05 and rare_shares[1] < 0.01
+
+
 def test_scaled_vocabularies():
   assert synthetic.vocab_sizes("table3") == criteo.TABLE3_VOCAB_SIZES
   assert sum(criteo.TABLE3_VOCAB_SIZES) == 338782
@@ -169,5 +196,7 @@ def test_generator_rejects_bad_arguments(tmp_path):
     synthetic.generate_criteo(str(tmp_path), 2, 3, progress=False)
   with pytest.raises(DprecError, match="ctr"):
     synthetic.CriteoSynthConfig(ctr=1.5)
+  with pytest.raises(DprecError, match="tail_decay"):
+    synthetic.CriteoSynthConfig(tail_decay=-0.5)
   with pytest.raises(DprecError, match="items >= 2"):
     synthetic.generate_sequences(str(tmp_path / "s"), 10, 1, progress=False)
