@@ -20,18 +20,16 @@ untied tables the cross term vanishes and the two sides are the norms of the two
 import tensorflow as tf
 
 
-def phantom_squared_norms(ids, grad_lookup, hidden, grad_logits, row_lengths, tied=True,
-                          num_chunks=8):
+def phantom_squared_norms(ids, grad_lookup, hidden, grad_logits, row_lengths, tied=True):
   """Per-example ‖g_E‖² [B] from ids [B,L], ∇e_s [B,L,d], packed H [P,d], packed G [P,M] and
-  the scored positions per example `row_lengths` [B] (rows of example i: its last T_i positions).
-  `num_chunks` only trades padding for the number of Gram products; the result is exact."""
+  the scored positions per example `row_lengths` [B] (rows of example i: its last T_i positions)."""
   row_lengths = tf.cast(row_lengths, tf.int32)
   valid = tf.cast(ids > 0, grad_lookup.dtype)
   grad_lookup = grad_lookup * valid[..., None]
   same = tf.cast(tf.equal(ids[:, :, None], ids[:, None, :]), grad_lookup.dtype)
   input_gram = tf.einsum("bld,bkd->blk", grad_lookup, grad_lookup)
   input_side = tf.reduce_sum(same * input_gram, axis=[1, 2])
-  output_side = _output_side(grad_logits, hidden, row_lengths, num_chunks)
+  output_side = _output_side(grad_logits, hidden, row_lengths)
   if not tied:
     return input_side + output_side
   # [P, 2] (example, position) in packed-row order.
@@ -52,33 +50,43 @@ def scored_positions(row_lengths, length):
   return tf.range(length)[None, :] >= (length - row_lengths)[:, None]
 
 
-def _output_side(grad_logits, hidden, row_lengths, num_chunks):
-  """Σ_{τ,υ} ⟨G[τ], G[υ]⟩⟨H[τ], H[υ]⟩ per example, by length-sorted chunks (module doc)."""
-  batch = tf.shape(row_lengths)[0]
+def _output_side(grad_logits, hidden, row_lengths):
+  """Σ_{τ,υ} ⟨G[τ], G[υ]⟩⟨H[τ], H[υ]⟩ per example, one example at a time (module doc)."""
   starts = tf.cumsum(row_lengths, exclusive=True)
-  order = tf.argsort(row_lengths, stable=True)
-  bounds = [tf.constant(0)] + [batch - batch // 2 ** c for c in range(1, num_chunks)] + [batch]
-  values = []
-  for begin, end in zip(bounds[:-1], bounds[1:]):
-    examples = order[begin:end]
-    lengths = tf.gather(row_lengths, examples)
-    steps = tf.range(tf.reduce_max(tf.concat([lengths, [0]], axis=0)))
-    inside = steps[None, :] < lengths[:, None]  # [n, T]
-    index = tf.where(inside, tf.gather(starts, examples)[:, None] + steps[None, :], 0)
-    grads = tf.gather(grad_logits, index)  # [n, T, M]; padded slots repeat row 0 ...
-    states = tf.gather(hidden, index) * tf.cast(inside, hidden.dtype)[..., None]  # ... H = 0
-    values.append(tf.reduce_sum(tf.einsum("ntm,num->ntu", grads, grads)
-                                * tf.einsum("ntd,nud->ntu", states, states), axis=[1, 2]))
-  return tf.scatter_nd(order[:, None], tf.concat(values, axis=0), [batch])
+
+  def example_value(i):
+    begin, end = starts[i], starts[i] + row_lengths[i]
+    grads, states = grad_logits[begin:end], hidden[begin:end]
+    return tf.reduce_sum(tf.matmul(grads, grads, transpose_b=True)
+                         * tf.matmul(states, states, transpose_b=True))
+
+  return tf.map_fn(example_value, tf.range(tf.shape(row_lengths)[0]),
+                   fn_output_signature=grad_logits.dtype, parallel_iterations=1)
 
 
 def tied_embedding_norm_fn(ids, hidden, row_lengths, tied=True):
   """Norm function for `DPModel.extra_squared_norms`: maps the summed-loss gradients of
-  [lookup, packed logits] (the raw E[ids] and the scores of the packed `hidden`, from the step's
-  forward pass) to per-example squared norms. ∇e_s is taken w.r.t. the raw lookup, so later
-  masking or scaling of the lookup is included."""
+  [lookup, packed logits, hidden] (the raw E[ids], the scores of the packed `hidden` and
+  `hidden` itself, from the step's forward pass) to per-example squared norms. ∇e_s is taken
+  w.r.t. the raw lookup, so later masking or scaling of the lookup is included."""
   def squared_norm_fn(grads):
-    grad_lookup, grad_logits = grads
+    grad_lookup, grad_logits, _ = grads
     return phantom_squared_norms(ids, grad_lookup, hidden, grad_logits, row_lengths, tied=tied)
 
   return squared_norm_fn
+
+
+def tied_embedding_clipped_loss_fn(hidden, row_lengths, output_table):
+  """`ExtraNorms.clipped_loss_fn` for logits = H·E_cᵀ (book-keeping): the loss depends on the
+  network only through H and the candidate matrix E_c = `output_table()` (read inside the
+  step's tape), so with c_τ the clip factor of row τ's example, Σ c_i·L_i has the gradients
+  c⊙∇H on H (∇H from the norm pass) and (c⊙G)ᵀH on E_c. No P×M tensor beyond G itself."""
+  def clipped_loss_fn(grads, clip_factors):
+    _, grad_logits, grad_hidden = grads
+    rows = tf.repeat(tf.range(tf.shape(row_lengths)[0]), row_lengths)
+    factors = tf.gather(tf.cast(clip_factors, hidden.dtype), rows)[:, None]
+    grad_table = tf.matmul(grad_logits, factors * hidden, transpose_a=True)  # (c⊙G)ᵀH, M×d
+    return (tf.reduce_sum(tf.stop_gradient(factors * grad_hidden) * hidden)
+            + tf.reduce_sum(tf.stop_gradient(grad_table) * output_table()))
+
+  return clipped_loss_fn

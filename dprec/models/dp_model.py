@@ -25,7 +25,7 @@ noise, mean over the epoch) and `gradient_size_reduction` (Σ V·d of the DP tab
 seed 001 §5.4).
 """
 import collections
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
 # Keras 2 exposes the functional-model class only internally.
@@ -43,7 +43,8 @@ from dprec.sparse import noise as noise_lib
 
 
 class ExtraNorms(collections.namedtuple("ExtraNorms",
-                                        ["variables", "watched", "squared_norm_fn"])):
+                                        ["variables", "watched", "squared_norm_fn",
+                                         "clipped_loss_fn"], defaults=[None])):
   """What `DPModel.extra_squared_norms` returns for variables it handles itself.
 
   variables: the `tf.Variable`s covered (excluded from the registry and DP-embedding paths;
@@ -52,15 +53,23 @@ class ExtraNorms(collections.namedtuple("ExtraNorms",
     lookup output and the input of its output projection.
   squared_norm_fn: maps the summed-loss gradients of `watched` (same structure) to the
     per-example squared gradient norms [batch] of all of `variables` together.
+  clipped_loss_fn: optional book-keeping (Bu et al., note 004): maps (the gradients of
+    `watched`, clip factors c [batch]) to a scalar whose gradient w.r.t. every variable that
+    the registry does not book-keep equals that of Σ c_i·L_i, e.g. Σ ⟨stop_gradient(c-weighted
+    gradient), t⟩ over tensors t through which alone the loss depends on those variables. The
+    second backward pass then starts there instead of re-running the backward pass of the
+    layers between t and the loss (for DPFormer, the P×M softmax). Called inside the step's
+    tape; at most one `ExtraNorms` of a model may set it.
   """
   variables: Sequence[tf.Variable]
   watched: Any
   squared_norm_fn: Callable[[Any], tf.Tensor]
+  clipped_loss_fn: Optional[Callable[[Any, tf.Tensor], tf.Tensor]]
 
 
 _Forward = collections.namedtuple(
     "_Forward", ["tape", "y_pred", "losses", "squared", "tables", "pairs", "pair_grads", "kept",
-                 "records", "record_grads"])
+                 "records", "record_grads", "extras", "extra_grads"])
 
 
 def _unique(items):
@@ -242,7 +251,7 @@ class DPModel(tf.keras.Model):
       squared += embedding_norms.squared_norms(pairs[f], pair_grads[f], kept[f].pair_kept,
                                                batch_size)
     return _Forward(tape, y_pred, losses, squared, tables, pairs, pair_grads, kept,
-                    recorder.records, record_grads)
+                    recorder.records, record_grads, extras, extra_grads)
 
   def _dp_gradients(self, config, x, y, sample_weight):
     """Noisy, normalised gradients of one DP step (module docstring, steps 1–5)."""
@@ -263,7 +272,7 @@ class DPModel(tf.keras.Model):
     remaining = [v for v in dense_vars if id(v) not in clipped]
     if remaining:
       with tape:
-        weighted_loss = tf.reduce_sum(clip_factors * losses)
+        weighted_loss = self._clipped_loss(forward, clip_factors)
       clipped.update(zip(map(id, remaining), tape.gradient(
           weighted_loss, remaining, unconnected_gradients=tf.UnconnectedGradients.ZERO)))
     dense_grads = [clipped[id(v)] for v in dense_vars]
@@ -290,6 +299,20 @@ class DPModel(tf.keras.Model):
         grad = tf.IndexedSlices(grad.values / normaliser, grad.indices, grad.dense_shape)
       grads_and_vars.append((grad, table.embeddings))
     return grads_and_vars, y_pred
+
+  @staticmethod
+  def _clipped_loss(forward, clip_factors):
+    """Σ c_i·L_i, or the book-kept scalar with its gradient of an `ExtraNorms.clipped_loss_fn`."""
+    book_kept = [(extra.clipped_loss_fn, grads)
+                 for extra, grads in zip(forward.extras, forward.extra_grads)
+                 if extra.clipped_loss_fn is not None]
+    if len(book_kept) > 1:
+      raise DprecError("at most one ExtraNorms may set clipped_loss_fn: each stands for the "
+                       "whole Σ c_i·L_i")
+    if book_kept:
+      clipped_loss_fn, grads = book_kept[0]
+      return clipped_loss_fn(grads, clip_factors)
+    return tf.reduce_sum(clip_factors * forward.losses)
 
   def _kept_rows(self, config, layout, tables, pairs, batch_size):
     """Per-table kept rows; unused tables get empty pair sets."""

@@ -19,7 +19,8 @@ import numpy as np
 import tensorflow as tf
 
 from dprec.clipping import registry as registry_lib
-from dprec.clipping.phantom import scored_positions, tied_embedding_norm_fn
+from dprec.clipping.phantom import (scored_positions, tied_embedding_clipped_loss_fn,
+                                    tied_embedding_norm_fn)
 from dprec.layers import variance as variance_lib
 from dprec.layers.positional import PositionalEmbedding, positional_embedding_computation
 from dprec.layers.reattention import ReAttentionConfig
@@ -176,12 +177,16 @@ class SeqRecModel(DPModel):
     return logits
 
   def extra_squared_norms(self):
-    """Phantom norms of the tied (or untied) item embedding from the step's forward pass."""
+    """Phantom norms of the tied (or untied) item embedding from the step's forward pass, and
+    the clipped sum book-kept from the same gradients (no second softmax backward pass)."""
     last = self._last_forward
-    logits = last["logits"]
-    return [ExtraNorms(self.item_embedding.trainable_weights, [last["lookup"], logits.flat_values],
-                       tied_embedding_norm_fn(last["items"], last["hidden"], logits.row_lengths(),
-                                              self.config.tied))]
+    logits, hidden = last["logits"], last["hidden"]
+    row_lengths = logits.row_lengths()
+    return [ExtraNorms(
+        self.item_embedding.trainable_weights, [last["lookup"], logits.flat_values, hidden],
+        tied_embedding_norm_fn(last["items"], hidden, row_lengths, self.config.tied),
+        tied_embedding_clipped_loss_fn(hidden, row_lengths,
+                                       lambda: self.item_embedding.output_table))]
 
   def score_items(self, items):
     """Scores [B, M] of items 1..M as the next item after each (left-padded) history."""

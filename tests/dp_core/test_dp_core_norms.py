@@ -105,3 +105,57 @@ def test_uncovered_variables_are_refused(lib):
   model.compile(DPOptimizer(DPSGD(1.0, 1.0), SparseSGD(0.1)), loss=lib.loss)
   with pytest.raises(DprecError, match="no per-example gradient norm"):
     model.per_example_squared_norms(tf.ones([2, 4]), tf.ones([2, 1]))
+
+
+class _BookKeptHookModel(_HookModel):
+  """`_HookModel` whose hook also book-keeps the clipped sum: the loss reaches `scale` only
+  through its output t, so Σ_i ⟨stop_gradient(c_i·∂L/∂t_i), t_i⟩ has the gradient of Σ c_i·L_i.
+  `copies` ExtraNorms carry the function; `calls` counts its uses."""
+
+  def __init__(self, copies=1):
+    super().__init__()
+    self.copies, self.calls = copies, 0
+
+  def clipped_loss(self, grad, clip_factors):
+    self.calls += 1
+    outputs = self.scale.last[1]
+    return tf.reduce_sum(tf.stop_gradient(clip_factors[:, None] * grad) * outputs)
+
+  def extra_squared_norms(self):
+    (norms,) = super().extra_squared_norms()
+    return [norms._replace(clipped_loss_fn=self.clipped_loss)] * self.copies
+
+
+def _book_kept_model(lib, clip, copies=1):
+  tf.keras.utils.set_random_seed(2)
+  model = _BookKeptHookModel(copies)
+  x = tf.constant([[1, 1], [2, 5], [0, 3], [4, 4]], tf.int64)
+  y = tf.constant([[1.0], [0.0], [1.0], [0.0]])
+  model(x)
+  model.scale.scale.assign([0.05, -0.1, 0.08, 0.2])
+  model.compile(DPOptimizer(DPSGD(clip, 0.0), SparseSGD(0.1), expected_batch_size=1.0),
+                loss=lib.loss)
+  return model, x, y
+
+
+def test_extra_clipped_loss_hook_gives_the_clipped_sum(lib):
+  """The step's second backward pass starts at the hook's scalar (used once per step) and the
+  clipped sum still equals Σ_i c_i·g_i of brute-force per-example gradients."""
+  clip = 0.05
+  model, x, y = _book_kept_model(lib, clip)
+  per_example = lib.brute_force_gradients(model, [x], y)
+  norms = np.sqrt(lib.squared_norms(per_example))
+  assert np.all(norms > clip)
+  factors = clip / norms
+  got = {v.name: tf.convert_to_tensor(g).numpy() for g, v in model.dp_gradients(x, y)}
+  assert model.calls == 1
+  for name, grads in per_example.items():
+    np.testing.assert_allclose(got[name], np.tensordot(factors, grads, axes=1),
+                               rtol=1e-4, atol=1e-7, err_msg=name)
+  assert np.abs(got[model.scale.scale.name]).max() > 1e-4  # the hook's variable is updated
+
+
+def test_two_clipped_loss_hooks_are_refused(lib):
+  model, x, y = _book_kept_model(lib, 0.05, copies=2)
+  with pytest.raises(DprecError, match="at most one ExtraNorms"):
+    model.dp_gradients(x, y)

@@ -1,6 +1,7 @@
 """DPFormer through the shared DP step: C = ∞ and σ = 0 is the non-private step; with clipping
 the update equals brute-force per-example clipping (Opacus-style reference, note 000 §9.3)."""
 import numpy as np
+import pytest
 import tensorflow as tf
 
 from dprec.models.seqrec import NextItemLoss, SeqRecConfig, SeqRecModel
@@ -13,10 +14,10 @@ LABELS = np.array([[0, 0, 5, 3, 3, 5], [2, 4, 2, 7, 8, 2], [0, 0, 0, 0, 0, 9],
                    [12, 13, 1, 5, 6, 13]], np.int32)
 
 
-def _model(weights=None, noise_multiplier=1.0):
+def _model(weights=None, noise_multiplier=1.0, **config):
   tf.keras.utils.set_random_seed(0)
   model = SeqRecModel(SeqRecConfig(num_items=13, max_len=6, dim=8, ffn_dim=12, dropout=0.0,
-                                   score_padding=False))
+                                   **config))
   model({"items": ITEMS})
   if weights is None:
     rng = np.random.default_rng(1)
@@ -45,9 +46,14 @@ def test_dp_step_without_clipping_or_noise_is_the_non_private_step():
   assert max(np.abs(a).max() for a in plain) > 1e-3
 
 
-def test_clipped_dp_step_equals_brute_force_per_example_clipping():
+@pytest.mark.parametrize("config", [
+    {}, {"score_padding": True}, {"loss_positions": "last"}, {"tied": False}],
+                         ids=["packed", "padded", "last", "untied"])
+def test_clipped_dp_step_equals_brute_force_per_example_clipping(config):
+  """The clipped sum is book-kept from the norm pass (`tied_embedding_clipped_loss_fn`):
+  no second backward pass through the softmax, same update."""
   clip = 1.0
-  model = _model()
+  model = _model(**config)
   weights = model.get_weights()
   per_example = []
   for i in range(len(ITEMS)):
@@ -61,7 +67,8 @@ def test_clipped_dp_step_equals_brute_force_per_example_clipping():
   factors = np.minimum(1.0, clip / norms)
   expected = [sum(f * grads[k] for f, grads in zip(factors, per_example)) / len(ITEMS)
               for k in range(len(per_example[0]))]
-  update = _step(_model(weights), DPOptimizer(DPSGD(clip, 0.0), tf.keras.optimizers.SGD(1.0),
-                                              expected_batch_size=len(ITEMS), seed=0))
+  optimizer = DPOptimizer(DPSGD(clip, 0.0), tf.keras.optimizers.SGD(1.0),
+                          expected_batch_size=len(ITEMS), seed=0)
+  update = _step(_model(weights, **config), optimizer)
   for got, want in zip(update, expected):
     np.testing.assert_allclose(got, want, atol=2e-6)
