@@ -81,12 +81,13 @@ def dp_sgd_event(noise_multiplier, sampling_rate, steps):
           sampling_rate, dp_accounting.GaussianDpEvent(noise_multiplier)), int(steps))
 
 
-def make_accountant(accountant="pld"):
-  """A fresh `dp_accounting` accountant with add/remove-one adjacency."""
+def make_accountant(accountant="pld", pld_discretization=PLD_DISCRETIZATION):
+  """A fresh `dp_accounting` accountant with add/remove-one adjacency. A coarser PLD grid is
+  faster and pessimistic (its ε is an upper bound on the default grid's)."""
   check_accountant(accountant)
   relation = dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE
   if accountant == "pld":
-    return dp_accounting.pld.PLDAccountant(relation, PLD_DISCRETIZATION)
+    return dp_accounting.pld.PLDAccountant(relation, pld_discretization)
   return dp_accounting.rdp.RdpAccountant(neighboring_relation=relation)
 
 

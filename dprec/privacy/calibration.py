@@ -11,11 +11,16 @@ from dprec.privacy import composition
 # Below this σ the guarantee is meaningless; above it an absolute tolerance of rtol·σ_min is
 # a relative tolerance of rtol.
 MIN_NOISE_MULTIPLIER = 1e-2
+# The σ search's PLD grid, in multiples of the accounting grid (see `_calibrate`).
+COARSE_PLD_FACTOR = 10
 
 
 def _calibrate(make_event, target_epsilon, delta, accountant, rtol, progress=None):
   """Smallest σ with ε(σ) <= target, within rtol: dp_accounting's bracketing (Brent) search.
 
+  With PLD the search runs on a grid 10× coarser than the accounting one (10–15× faster per σ;
+  its ε is pessimistic, so its σ is valid), then two evaluations on the accounting grid confirm
+  that σ meets the target and that σ·(1 − rtol) does not; else the search reruns on that grid.
   `progress(sigma)`, if given, is called for every σ the search accounts (each can take seconds).
   """
   accounting.check_accountant(accountant)
@@ -29,9 +34,21 @@ def _calibrate(make_event, target_epsilon, delta, accountant, rtol, progress=Non
       progress(sigma)
     return make_event(sigma)
 
-  sigma = dp_accounting.calibrate_dp_mechanism(
-      lambda: accounting.make_accountant(accountant), make_reported_event, target_epsilon, delta,
-      tol=rtol * MIN_NOISE_MULTIPLIER)
+  def search(pld_discretization):
+    return dp_accounting.calibrate_dp_mechanism(
+        lambda: accounting.make_accountant(accountant, pld_discretization), make_reported_event,
+        target_epsilon, delta, tol=rtol * MIN_NOISE_MULTIPLIER)
+
+  def meets_target(sigma):
+    fresh = accounting.make_accountant(accountant)
+    return fresh.compose(make_reported_event(sigma)).get_epsilon(delta) <= target_epsilon
+
+  if accountant == "pld":
+    sigma = search(COARSE_PLD_FACTOR * accounting.PLD_DISCRETIZATION)
+    if not (meets_target(sigma) and not meets_target(sigma * (1 - rtol))):
+      sigma = search(accounting.PLD_DISCRETIZATION)
+  else:
+    sigma = search(None)
   if sigma < MIN_NOISE_MULTIPLIER:
     raise DprecError(
         f"the target epsilon {target_epsilon} is met with noise multiplier {sigma:.3g} < "

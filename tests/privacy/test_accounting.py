@@ -67,7 +67,7 @@ def test_criteo_known_value_sigma():
   q, steps = privacy.dataset_sampling(CRITEO_N, 2048, 1)
   assert steps == 22384
   sigma = privacy.calibrate_noise_multiplier(1.0, 1 / CRITEO_N, q, steps)
-  assert sigma == pytest.approx(0.5765, abs=1e-4)
+  assert sigma == pytest.approx(0.5765, rel=1e-3)
   epsilon = _pld_direct(sigma, q, steps, 1 / CRITEO_N)
   assert epsilon <= 1.0
   # Within 1e-3 relative of the optimum: 0.1% less noise already overspends.
@@ -86,6 +86,20 @@ def test_calibrated_sigma_reproduces_target(accountant, q, steps, target):
   assert epsilon <= target
   worse = privacy.compute_epsilon(sigma * (1 - 1e-3), q, steps, delta, accountant=accountant)
   assert worse.epsilon > target
+
+
+def test_calibration_falls_back_to_the_accounting_grid(monkeypatch):
+  """A search grid so coarse that its σ is valid but not within rtol of the optimum must not be
+  returned: the search reruns on the accounting grid."""
+  q, steps, delta, target = 1024 / 67349, 66, 1e-5, 3.0
+  monkeypatch.setattr("dprec.privacy.calibration.COARSE_PLD_FACTOR", 2000)  # a grid of 0.2
+  coarse = dp_accounting.calibrate_dp_mechanism(
+      lambda: privacy.make_accountant("pld", 0.2),
+      lambda s: privacy.dp_sgd_event(s, q, steps), target, delta)
+  sigma = privacy.calibrate_noise_multiplier(target, delta, q, steps)
+  assert coarse * (1 - 1e-3) > sigma  # the coarse answer alone was not within rtol
+  assert _pld_direct(sigma, q, steps, delta) <= target
+  assert _pld_direct(sigma * (1 - 1e-3), q, steps, delta) > target
 
 
 def test_adafest_split_composes_back():
