@@ -7,14 +7,15 @@ For each vocabulary size M and variant, a fresh worker process builds the DPForm
 reports seconds per step and its peak resident memory (ru_maxrss). Variants:
   non_private   the ordinary Keras step (`DPModel` with `NonPrivate`);
   phantom       the DP step (`DPModel` + DPSGD): registry ghost norms + Phantom norms of the tied
-                embedding, clipped sum by a second backward pass, noise;
+                embedding, clipped sum book-kept from the norm pass, noise;
   brute_force   per-example gradients by `tf.vectorized_map` over one-example backward
                 passes, their norms, clipping, sum and noise.
 Next-item loss at every position for M ≤ `--all-positions-max` and at the last position above it
 (the B×L×M logits alone would not fit). With the all-positions loss, non_private and phantom run in
 two layouts: all L positions scored (fixed shapes, as brute force needs) and, as `*_packed`, only
 the positions with a target (the default of `SeqRecConfig` and `dprec train seqrec`). Brute force is skipped above `--brute-force-max`.
-The table gives each variant's time and memory, and ratios to the non-private run of the same M.
+The table gives each variant's time and memory, their ratios to the non-private run of the same M
+and layout, and the extra peak memory over it (MB).
 """
 import argparse
 import json
@@ -137,19 +138,22 @@ def main(argv=None):
 def table(rows, args):
   base = "non_private"
   lines = [f"B={args.batch_size} L={args.max_len} d=64 2 blocks, {args.steps} timed steps", "",
-           "| M | loss | variant | s/step | × non-private | peak RSS MB | × non-private |",
-           "|---|---|---|---|---|---|---|"]
+           "| M | loss | variant | s/step | × non-private | peak RSS MB | × non-private "
+           "| extra MB |",
+           "|---|---|---|---|---|---|---|---|"]
   for num_items, positions, results in rows:
     for variant, result in results.items():
       if "error" in result:
-        lines.append(f"| {num_items:,} | {positions} | {variant} | failed (OOM?) | | | |")
+        lines.append(f"| {num_items:,} | {positions} | {variant} | failed (OOM?) | | | | |")
         continue
       ref = results.get(base + PACKED if variant.endswith(PACKED) else base, {})
       nan = float("nan")
       time_ratio = result["seconds_per_step"] / ref.get("seconds_per_step", nan)
       mem_ratio = result["peak_rss_mb"] / ref.get("peak_rss_mb", nan)
+      extra_mb = result["peak_rss_mb"] - ref.get("peak_rss_mb", nan)
       lines.append(f"| {num_items:,} | {positions} | {variant} | {result['seconds_per_step']:.3f} | "
-                   f"{time_ratio:.2f} | {result['peak_rss_mb']:.0f} | {mem_ratio:.2f} |")
+                   f"{time_ratio:.2f} | {result['peak_rss_mb']:.0f} | {mem_ratio:.2f} | "
+                   f"{extra_mb:+.0f} |")
   return "\n".join(lines)
 
 

@@ -11,11 +11,14 @@ the per-example squared norm is the corrected Eq. 16 (note 000 §2.6–2.7):
 
 Only positions with a target are scored, so H and G come packed: [P, d] and [P, M] with
 P = Σ_i T_i, example i's rows contiguous and being its last T_i positions (left padding). The
-output side needs each example's own T_i×T_i Gram of G; examples are sorted by T_i and split into
-a few chunks, each padded to its own longest T (chunk sizes halve towards the longest examples,
-so the padding stays small on long-tailed lengths). Cost O(Σ_i T_i²·M) instead of B·L²·M; extra
-memory O(P·M) like G itself, nothing of size B×M×d. Padded input positions are excluded. With
-untied tables the cross term vanishes and the two sides are the norms of the two tables.
+output side needs each example's own T_i×T_i Gram of G: one example at a time (a serial
+`map_fn` over its rows of G), cost O(Σ_i T_i²·M) instead of B·L²·M and extra memory O(L·M)
+for the example in flight. Padded input positions are excluded. With untied tables the cross
+term vanishes and the two sides are the norms of the two tables.
+
+The clipped sum is book-kept from the same G (`tied_embedding_clipped_loss_fn`): the candidate
+matrix gets (c⊙G)ᵀH and the network below H gets c⊙∇H, so the DP step keeps no P×M tensor but
+G, as the non-private step does, and nothing of size B×M×d.
 """
 import tensorflow as tf
 

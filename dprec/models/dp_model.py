@@ -16,7 +16,7 @@ One step, with one forward pass:
    c_i = min(1, C2/‖g_i‖) over all of them jointly.
 4. Clipped sum book-kept from that pass for Dense layers (a_iᵀ·c_i·g_i) and embedding rows
    (c_i times the per-(example, row) gradients of kept rows); other variables by a second
-   backward pass of Σ c_i·L_i.
+   backward pass of Σ c_i·L_i, or of the book-kept scalar of `ExtraNorms.clipped_loss_fn`.
 5. Noise σ2·C2 on dense variables and kept rows only (`dprec.sparse.noise`), divided by the
    expected batch size; the inner optimizer applies IndexedSlices row-sparsely.
 The non-private configuration is the ordinary Keras step (sparse embedding gradients).
@@ -54,12 +54,12 @@ class ExtraNorms(collections.namedtuple("ExtraNorms",
   squared_norm_fn: maps the summed-loss gradients of `watched` (same structure) to the
     per-example squared gradient norms [batch] of all of `variables` together.
   clipped_loss_fn: optional book-keeping (Bu et al., note 004): maps (the gradients of
-    `watched`, clip factors c [batch]) to a scalar whose gradient w.r.t. every variable that
-    the registry does not book-keep equals that of Σ c_i·L_i, e.g. Σ ⟨stop_gradient(c-weighted
-    gradient), t⟩ over tensors t through which alone the loss depends on those variables. The
-    second backward pass then starts there instead of re-running the backward pass of the
-    layers between t and the loss (for DPFormer, the P×M softmax). Called inside the step's
-    tape; at most one `ExtraNorms` of a model may set it.
+    `watched`, clip factors c [batch]) to a scalar whose gradient w.r.t. every variable not
+    book-kept elsewhere (registry Dense layers, `DPEmbedding`) equals that of Σ c_i·L_i,
+    e.g. Σ ⟨stop_gradient(c-weighted gradient), t⟩ over tensors t through which alone the
+    loss depends on those variables. The second backward pass then starts there instead of
+    re-running the backward pass of the layers between t and the loss (for DPFormer, the
+    P×M softmax). Called inside the step's tape; at most one `ExtraNorms` of a model may set it.
   """
   variables: Sequence[tf.Variable]
   watched: Any
@@ -302,7 +302,7 @@ class DPModel(tf.keras.Model):
 
   @staticmethod
   def _clipped_loss(forward, clip_factors):
-    """Σ c_i·L_i, or the book-kept scalar with its gradient of an `ExtraNorms.clipped_loss_fn`."""
+    """Σ c_i·L_i, or the scalar of an `ExtraNorms.clipped_loss_fn` with the same gradient."""
     book_kept = [(extra.clipped_loss_fn, grads)
                  for extra, grads in zip(forward.extras, forward.extra_grads)
                  if extra.clipped_loss_fn is not None]
