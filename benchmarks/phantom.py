@@ -4,7 +4,8 @@
 
 For each vocabulary size M and variant, a fresh worker process builds the DPFormer model
 (d = 64, 2 blocks, 1 head, tied embedding), runs one warm-up step and `--steps` timed steps, and
-reports seconds per step and its peak resident memory (ru_maxrss). Variants:
+reports wall and CPU seconds per step (CPU time, summed over threads, is less sensitive to other
+jobs on a shared machine) and its peak resident memory (ru_maxrss). Variants:
   non_private   the ordinary Keras step (`DPModel` with `NonPrivate`);
   phantom       the DP step (`DPModel` + DPSGD): registry ghost norms + Phantom norms of the tied
                 embedding, clipped sum book-kept from the norm pass, noise;
@@ -60,12 +61,14 @@ def worker(args):
     model.compile(optimizer=optimizer)
     run = lambda: model.train_on_batch(*batch)  # pylint: disable=unnecessary-lambda-assignment
   run()
-  start = time.perf_counter()
+  start, cpu_start = time.perf_counter(), time.process_time()
   for _ in range(args.steps):
     run()
   seconds = (time.perf_counter() - start) / args.steps
+  cpu_seconds = (time.process_time() - cpu_start) / args.steps
   peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-  print(json.dumps({"seconds_per_step": seconds, "peak_rss_mb": peak_mb}))
+  print(json.dumps({"seconds_per_step": seconds, "cpu_seconds_per_step": cpu_seconds,
+                    "peak_rss_mb": peak_mb}))
 
 
 def _brute_force_step(model, loss_fn, batch_size):
@@ -138,21 +141,23 @@ def main(argv=None):
 def table(rows, args):
   base = "non_private"
   lines = [f"B={args.batch_size} L={args.max_len} d=64 2 blocks, {args.steps} timed steps", "",
-           "| M | loss | variant | s/step | × non-private | peak RSS MB | × non-private "
-           "| extra MB |",
-           "|---|---|---|---|---|---|---|---|"]
+           "| M | loss | variant | s/step | × non-private | CPU s/step | × non-private "
+           "| peak RSS MB | × non-private | extra MB |",
+           "|---|---|---|---|---|---|---|---|---|---|"]
   for num_items, positions, results in rows:
     for variant, result in results.items():
       if "error" in result:
-        lines.append(f"| {num_items:,} | {positions} | {variant} | failed (OOM?) | | | | |")
+        lines.append(f"| {num_items:,} | {positions} | {variant} | failed (OOM?) | | | | | | |")
         continue
       ref = results.get(base + PACKED if variant.endswith(PACKED) else base, {})
       nan = float("nan")
       time_ratio = result["seconds_per_step"] / ref.get("seconds_per_step", nan)
+      cpu_ratio = result["cpu_seconds_per_step"] / ref.get("cpu_seconds_per_step", nan)
       mem_ratio = result["peak_rss_mb"] / ref.get("peak_rss_mb", nan)
       extra_mb = result["peak_rss_mb"] - ref.get("peak_rss_mb", nan)
       lines.append(f"| {num_items:,} | {positions} | {variant} | {result['seconds_per_step']:.3f} | "
-                   f"{time_ratio:.2f} | {result['peak_rss_mb']:.0f} | {mem_ratio:.2f} | "
+                   f"{time_ratio:.2f} | {result['cpu_seconds_per_step']:.3f} | {cpu_ratio:.2f} | "
+                   f"{result['peak_rss_mb']:.0f} | {mem_ratio:.2f} | "
                    f"{extra_mb:+.0f} |")
   return "\n".join(lines)
 
