@@ -148,6 +148,8 @@ def main(argv=None):
   parser.add_argument("--l2-norm-clip", type=float, default=defaults.l2_norm_clip,
                       help="C2, every DP run")
   parser.add_argument("--top-k-epsilon", type=float, default=0.1)
+  parser.add_argument("--seed", type=int, default=defaults.seed,
+                      help="every run's seed (initialisation, batches, noise)")
   parser.add_argument("--grid", choices=("reduced", "small", "full", "frontier"),
                       default="reduced")
   parser.add_argument("--only", nargs="*", metavar="LABEL",
@@ -185,7 +187,7 @@ def main(argv=None):
   base = ctr_cli.CTRTrainOptions(data=data_dir, epsilon=args.epsilon, batch_size=args.batch_size,
                                  steps=args.steps, top_k_epsilon=args.top_k_epsilon,
                                  optimizer=args.optimizer, learning_rate=args.learning_rate,
-                                 l2_norm_clip=args.l2_norm_clip, progress=False)
+                                 l2_norm_clip=args.l2_norm_clip, seed=args.seed, progress=False)
   print(f"# {len(data.train['label']):,} training rows, {len(data.eval['label']):,} held out, "
         f"{sum(data.vocab_sizes):,} embedding rows", file=sys.stderr)
   print("| run | AUC | ε | gradient size reduction | steps/s |")
@@ -200,7 +202,7 @@ def main(argv=None):
   repeats = []
   if adafest and args.repeat_best:
     best = max(adafest, key=lambda r: r["auc"])
-    for seed in range(1, args.repeat_best + 1):
+    for seed in range(args.seed + 1, args.seed + args.repeat_best + 1):
       summary = ctr_cli.train_ctr(dataclasses.replace(base, seed=seed, **best["overrides"]), data)
       summary.update(label=f"{best['label']} seed={seed}", overrides=best["overrides"])
       repeats.append(summary)
