@@ -29,6 +29,7 @@ def _calibrate(make_event, target_epsilon, delta, accountant, rtol, progress=Non
     raise DprecError(f"target epsilon must be > 0, got {target_epsilon}")
   if not 0 < rtol < 1:
     raise DprecError(f"rtol must be in (0, 1), got {rtol}")
+
   def make_reported_event(sigma):
     if progress is not None:
       progress(sigma)
@@ -43,12 +44,14 @@ def _calibrate(make_event, target_epsilon, delta, accountant, rtol, progress=Non
     fresh = accounting.make_accountant(accountant)
     return fresh.compose(make_reported_event(sigma)).get_epsilon(delta) <= target_epsilon
 
+  fine = accounting.PLD_DISCRETIZATION  # RDP ignores the grid
   if accountant == "pld":
-    sigma = search(COARSE_PLD_FACTOR * accounting.PLD_DISCRETIZATION)
-    if not (meets_target(sigma) and not meets_target(sigma * (1 - rtol))):
-      sigma = search(accounting.PLD_DISCRETIZATION)
+    sigma = search(COARSE_PLD_FACTOR * fine)
+    within_rtol = meets_target(sigma) and not meets_target(sigma * (1 - rtol))
+    if not within_rtol:
+      sigma = search(fine)
   else:
-    sigma = search(None)
+    sigma = search(fine)
   if sigma < MIN_NOISE_MULTIPLIER:
     raise DprecError(
         f"the target epsilon {target_epsilon} is met with noise multiplier {sigma:.3g} < "
