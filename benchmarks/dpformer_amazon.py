@@ -2,13 +2,15 @@
 
     python benchmarks/dpformer_amazon.py [--data ../shared/data/amazon-video-games/Video.txt]
         [--epsilons 5 8 10] [--methods dpformer vanilla untied] [--seeds 0 1 2] [--non-private]
-        [--epochs 100] [--batch-size 1024] [--learning-rate 5e-3]
+        [--epochs 100] [--batch-size 1024] [--learning-rate 5e-3] [--runs-dir DIR]
 
 Preprocesses `Video.txt` once with the Beam sequences job (SASRec format, no k-core, last item
 held out for testing, no validation: the paper's split) into `--work-dir`, then trains each
 (method, ε, seed) with `dprec train seqrec`'s library entry point and prints NDCG@10 / HIT@10 (%)
 overall and per popularity bucket next to the paper's Table 2, with the popularity baseline
-(items ranked by training frequency). δ = 1/N users.
+(items ranked by training frequency). δ = 1/N users. With `--runs-dir`, every run checkpoints
+into its own subdirectory there, and the same command resumes killed runs (a 100-epoch run takes
+well over an hour on 2 CPU cores).
 
     python benchmarks/dpformer_amazon.py --time-steps [--batch-size 256] [--steps 3]
 
@@ -72,6 +74,9 @@ def main(argv=None):
                       help="no Re-Attention correction at evaluation")
   parser.add_argument("--max-len", type=int, default=50)
   parser.add_argument("--results", default=None, help="append one JSON line per run here")
+  parser.add_argument("--runs-dir", default=None,
+                      help="checkpoint each run in a subdirectory here; rerun to resume")
+  parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
   parser.add_argument("--time-steps", action="store_true",
                       help="time the DP step with and without scoring the padding, then exit")
   parser.add_argument("--steps", type=int, default=3, help="timed steps for --time-steps")
@@ -94,7 +99,10 @@ def main(argv=None):
         normalization_offset=args.normalize, variance_scale=args.variance_scale,
         reattention_scale_by_dim=not args.no_reattention_scale_by_dim,
         reattention_at_eval=not args.reattention_train_only,
-        max_len=args.max_len, seed=seed, **METHODS[method])
+        max_len=args.max_len, seed=seed, checkpoint_every=args.checkpoint_every,
+        run_dir=args.runs_dir and os.path.join(args.runs_dir, (
+            f"{method}-eps{eps:g}-seed{seed}-ep{args.epochs:g}-B{args.batch_size}"
+            f"-lr{args.learning_rate:g}-{args.loss_positions}")), **METHODS[method])
     start = time.perf_counter()
     summary = train_seqrec(options, data)
     summary.update(method=method, wall_seconds=time.perf_counter() - start)

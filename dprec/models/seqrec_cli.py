@@ -8,6 +8,11 @@ The test item is ranked against all M items from the full history (train + valid
 σ is calibrated from ε (δ = 1/N by default) for Poisson sampling at q = B/N over the planned steps
 (`dprec.privacy`), charged to a ledger as training runs; `--epsilon inf` trains without privacy.
 Adam (decoupled weight decay 1e-5) with 20% linear warm-up then linear decay, as in the paper.
+
+With `--run-dir DIR` the run checkpoints atomically every `--checkpoint-every` steps (model,
+Adam slots, noise generator, data position) and keeps its ledger there; the same command resumes
+a killed run from its last checkpoint on the very batches and noise stream an uninterrupted run
+would have used, paying no step twice (the 100-epoch paper schedule takes hours on a CPU).
 """
 import argparse
 import dataclasses
@@ -16,6 +21,7 @@ import math
 import os
 import sys
 import tempfile
+import uuid
 from typing import Optional
 
 import numpy as np
@@ -29,6 +35,7 @@ from dprec.models.seqrec import SeqRecConfig, SeqRecModel, warmup_linear_decay
 from dprec.optimizers import config as config_lib
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.training import callbacks as callbacks_lib
+from dprec.training import checkpoint as ckpt_lib
 from dprec.training import poisson
 
 
@@ -60,6 +67,8 @@ class SeqRecTrainOptions:
   accountant: str = "pld"
   ledger: Optional[str] = None
   charge_every: int = 100
+  run_dir: Optional[str] = None
+  checkpoint_every: int = 100
   exclude_history: bool = False
   eval_batch_size: int = 256
   seed: int = 0
@@ -78,6 +87,15 @@ class SeqRecTrainOptions:
                        f"{self.batch_size}")
     if self.dim % self.num_heads:
       raise DprecError(f"--dim {self.dim} must be divisible by --heads {self.num_heads}")
+    if self.checkpoint_every < 1:
+      raise DprecError(f"--checkpoint-every must be >= 1, got {self.checkpoint_every}")
+
+  def run_fingerprint(self):
+    """The options a resumed run must share with the run it continues (not where files go,
+    how it reports, or how it evaluates)."""
+    ignored = {"data", "ledger", "run_dir", "checkpoint_every", "exclude_history",
+               "eval_batch_size", "progress", "summary_json", "reattention_at_eval"}
+    return {k: v for k, v in dataclasses.asdict(self).items() if k not in ignored}
 
   def model_config(self, num_items):
     return SeqRecConfig(
@@ -160,8 +178,9 @@ def build_model(options, examples, plan):
   adam = tf.keras.optimizers.AdamW(
       learning_rate=warmup_linear_decay(options.learning_rate, plan.steps),
       weight_decay=options.weight_decay)
+  adam.build(model.trainable_variables)  # slots exist before a checkpoint is restored into them
   model.compile(optimizer=DPOptimizer(algorithm, adam, expected_batch_size=options.batch_size,
-                                      seed=options.seed))
+                                      generator=tf.random.Generator.from_seed(options.seed)))
   return model
 
 
@@ -179,7 +198,10 @@ def evaluate(model, examples, options):
 
 
 def train_seqrec(options, data=None):
-  """Trains and evaluates; returns the JSON summary (also written to `options.summary_json`)."""
+  """Trains and evaluates; returns the JSON summary (also written to `options.summary_json`).
+
+  With `options.run_dir`, resumes from the newest checkpoint there (see the module docstring).
+  """
   from dprec.data.sequences import load_sequences  # pylint: disable=import-outside-toplevel
   options.validate()
   data = data or load_sequences(options.data)
@@ -187,48 +209,104 @@ def train_seqrec(options, data=None):
   plan = plan_privacy(options, len(examples.items))
   tf.keras.utils.set_random_seed(options.seed)
   model = build_model(options, examples, plan)
-  sampling = poisson.BatchSampling(options.batch_size, options.private and not
-                                   options.fixed_batches, options.seed)
-  dataset = poisson.sampled_dataset({"items": examples.items}, examples.labels, sampling,
-                                    plan.steps)
-  timer = callbacks_lib.StepTimer()
-  callbacks = [timer]
   with tempfile.TemporaryDirectory() as work_dir:
-    ledger = budget = None
+    run = _RunState(options, examples, model, work_dir)
+    remaining = plan.steps - run.step
+    sampling = poisson.BatchSampling(options.batch_size, options.private and not
+                                     options.fixed_batches, options.seed)
+    dataset = poisson.sampled_dataset({"items": examples.items}, examples.labels, sampling,
+                                      plan.steps, start=run.step)
+    timer = callbacks_lib.StepTimer()
+    callbacks = [timer]
+    ledger = None
     if options.private:
-      ledger = _open_ledger(options, plan, work_dir)
-      budget = callbacks_lib.PrivacyBudgetCallback(
+      ledger = _open_ledger(options, plan, run)
+      callbacks.append(callbacks_lib.PrivacyBudgetCallback(
           ledger, plan.noise_multiplier, plan.sampling_rate, poisson=not options.fixed_batches,
-          charge_every=options.charge_every, label="train seqrec")
-      callbacks.append(budget)
+          charge_every=options.charge_every, label=run.ledger_label, steps_taken=run.step,
+          steps_charged=run.steps_paid(ledger)))
+    if run.checkpoints is not None:
+      callbacks.append(run.checkpoint_callback(options.checkpoint_every))
     if options.progress:
-      callbacks.append(callbacks_lib.ProgressBar(desc="train seqrec"))
-    history = model.fit(dataset, epochs=1, steps_per_epoch=plan.steps, callbacks=callbacks,
-                        verbose=0)
+      callbacks.append(callbacks_lib.ProgressBar(desc="train seqrec", initial=run.step))
+    history = {}
+    if remaining > 0:
+      history = model.fit(dataset, epochs=1, steps_per_epoch=remaining, callbacks=callbacks,
+                          verbose=0).history
     metrics = evaluate(model, examples, options)
-    summary = _summary(options, examples, plan, history.history, metrics, timer, ledger)
+    summary = _summary(options, examples, plan, history, metrics, timer, ledger, run)
   if options.summary_json:
     with open(options.summary_json, "w", encoding="utf-8") as out:
       json.dump(summary, out, indent=2, sort_keys=True)
   return summary
 
 
-def _open_ledger(options, plan, work_dir):
+class _RunState:
+  """Where a run stands: a fresh start, or the newest checkpoint in `options.run_dir` restored
+  into `model` (weights, Adam slots and step, noise generator)."""
+
+  def __init__(self, options, examples, model, work_dir):
+    self.fingerprint = dict(options.run_fingerprint(), train_examples=len(examples.items),
+                            items=examples.num_items)
+    self.objects = tf.train.Checkpoint(model=model, optimizer=model.optimizer,
+                                       generator=model.dp_optimizer.generator)
+    self.ledger_path = options.ledger or os.path.join(options.run_dir or work_dir, "ledger.json")
+    self.checkpoints = None
+    self.step, self.loss = 0, None
+    self.ledger_label = "train seqrec"
+    if options.run_dir is None:
+      return
+    self.checkpoints = ckpt_lib.CheckpointManager(os.path.join(options.run_dir, "checkpoints"))
+    latest = self.checkpoints.latest()
+    if latest is None:  # commit step 0 now, so the ledger label survives an early crash
+      self.ledger_label = f"train seqrec {uuid.uuid4().hex[:8]}"
+      self.checkpoint_callback(1).commit()
+      return
+    state = self.checkpoints.read_state(latest)
+    changed = {k: (state["fingerprint"].get(k), v) for k, v in self.fingerprint.items()
+               if state["fingerprint"].get(k) != v}
+    if changed:
+      raise DprecError(
+          f"{options.run_dir}: its checkpoints belong to a run with other settings ("
+          + ", ".join(f"{k}: {old!r} there, {new!r} now" for k, (old, new) in changed.items())
+          + "); resume with the same settings or use another --run-dir")
+    self.objects.read(os.path.join(latest, ckpt_lib.MODEL_PREFIX)).assert_consumed()
+    self.step, self.loss, self.ledger_label = state["step"], state["loss"], state["ledger_label"]
+
+  def checkpoint_callback(self, every):
+    state = {"fingerprint": self.fingerprint, "ledger_label": self.ledger_label,
+             "loss": self.loss}
+    return callbacks_lib.CheckpointCallback(self.checkpoints, self.objects, every, state,
+                                            start_step=self.step)
+
+  def steps_paid(self, ledger):
+    """Steps of this run the ledger already holds: 0 for a run without --run-dir, else those
+    charged under the run's own label (charges of other runs in a shared ledger do not count)."""
+    if self.checkpoints is None:
+      return 0
+    return sum(charge["steps"] for charge in ledger.charges
+               if charge.get("label") == self.ledger_label and "steps" in charge)
+
+
+def _open_ledger(options, plan, run):
+  """The run's ledger; raises if the steps still to pay for do not fit its budget."""
   from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
-  path = options.ledger or os.path.join(work_dir, "ledger.json")
-  ledger = PrivacyLedger(path, epsilon_budget=options.epsilon, delta=plan.delta,
+  ledger = PrivacyLedger(run.ledger_path, epsilon_budget=options.epsilon, delta=plan.delta,
                          accountant=options.accountant)
-  planned = ledger.epsilon_if_charged(plan.noise_multiplier, plan.sampling_rate, plan.steps,
+  unpaid = plan.steps - run.steps_paid(ledger)
+  if unpaid <= 0:
+    return ledger
+  planned = ledger.epsilon_if_charged(plan.noise_multiplier, plan.sampling_rate, unpaid,
                                       poisson=not options.fixed_batches)
   if planned > options.epsilon * (1 + 1e-6):
     raise BudgetExceededError(
-        f"{path}: the planned run would bring the ledger to ε={planned:.4g} > budget "
+        f"{run.ledger_path}: the planned run would bring the ledger to ε={planned:.4g} > budget "
         f"{options.epsilon:g} (already spent {ledger.epsilon_spent():.4g})")
   return ledger
 
 
-def _summary(options, examples, plan, history, metrics, timer, ledger):
-  losses = history.get("loss") or [float("nan")]
+def _summary(options, examples, plan, history, metrics, timer, ledger, run):
+  losses = history.get("loss") or [run.loss if run.loss is not None else float("nan")]
   summary = {
       "model": "dpformer" if options.reattention else "vanilla",
       "tied": options.tied, "reattention": options.reattention,
@@ -245,6 +323,7 @@ def _summary(options, examples, plan, history, metrics, timer, ledger):
       "steps_per_second": timer.steps_per_second, "seed": options.seed,
       "accountant": options.accountant if ledger else None,
       "poisson": bool(ledger is not None and not options.fixed_batches),
+      "run_dir": options.run_dir, "resumed_from_step": run.step,
   }
   if options.private and options.fixed_batches:
     summary["privacy_note"] = "fixed-size batches: not Poisson, accounted as if Poisson"
@@ -293,7 +372,13 @@ def register(subparsers):
   add("--fixed-batches", action="store_true",
       help="fixed-size shuffled batches instead of Poisson sampling (ledger flags it)")
   add("--accountant", choices=("pld", "rdp"), default="pld", help="privacy accountant")
-  add("--ledger", help="privacy ledger JSON file (default: a temporary one)")
+  add("--ledger", help="privacy ledger JSON file (default: DIR/ledger.json with --run-dir, "
+      "else a temporary one)")
+  add("--run-dir", metavar="DIR",
+      help="checkpoint here and keep the ledger here; rerunning the same command resumes a "
+           "killed run from its last checkpoint (same batches and noise, no step paid twice)")
+  add("--checkpoint-every", type=int, default=100, metavar="N",
+      help="steps between checkpoints with --run-dir (one is always written at the end)")
   add("--exclude-history", action="store_true", help="do not rank items already in the history")
   add("--eval-batch-size", type=int, default=256, help="users scored per evaluation batch")
   add("--seed", type=int, default=0, help="random seed")
@@ -313,6 +398,7 @@ def run(args):
       loss_positions=args.loss_positions, score_padding=args.score_padding,
       variance_scale=args.variance_scale,
       fixed_batches=args.fixed_batches, accountant=args.accountant, ledger=args.ledger,
+      run_dir=args.run_dir, checkpoint_every=args.checkpoint_every,
       exclude_history=args.exclude_history, eval_batch_size=args.eval_batch_size,
       seed=args.seed, progress=not args.no_progress, summary_json=args.summary_json)
   return train_seqrec(options)

@@ -1,5 +1,5 @@
 """Keras callbacks for DP training: pay the privacy ledger before steps run, stop at the budget;
-a tqdm progress bar and a step timer.
+checkpoints to resume from, a tqdm progress bar and a step timer.
 
 Each DP step releases a noisy gradient, so its privacy cost must be recorded before it runs.
 `PrivacyBudgetCallback` therefore charges the ledger in chunks of `charge_every` steps ahead of
@@ -33,21 +33,28 @@ class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
     charge_every: steps paid per ledger charge.
     label: recorded with each charge.
     log_dir: optional TensorBoard directory.
+    steps_taken, steps_charged: where a resumed run stands: the steps it has trained, and the
+      steps of this run the ledger already holds (prepaid steps that a crash discarded are
+      trained again without being paid again).
   """
 
   def __init__(self, ledger, noise_multiplier: float, sampling_rate: float, poisson: bool = True,
-               charge_every: int = 100, label: str = "", log_dir: Optional[str] = None):
+               charge_every: int = 100, label: str = "", log_dir: Optional[str] = None,
+               steps_taken: int = 0, steps_charged: int = 0):
     super().__init__()
     if charge_every < 1:
       raise ValueError(f"charge_every must be >= 1, got {charge_every}")
+    if not 0 <= steps_taken <= steps_charged:
+      raise ValueError(f"need 0 <= steps_taken <= steps_charged, got {steps_taken}, "
+                       f"{steps_charged}")
     self.ledger = ledger
     self.noise_multiplier = noise_multiplier
     self.sampling_rate = sampling_rate
     self.poisson = poisson
     self.charge_every = charge_every
     self.label = label
-    self.steps_taken = 0
-    self.steps_charged = 0
+    self.steps_taken = steps_taken
+    self.steps_charged = steps_charged
     self.stopped_at_budget = False
     self.epsilon = ledger.epsilon_spent()
     self._planned_steps = None
@@ -92,7 +99,7 @@ class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
 
   def on_train_begin(self, logs=None):
     steps, epochs = self.params.get("steps"), self.params.get("epochs")
-    self._planned_steps = steps * epochs + self.steps_charged if steps and epochs else None
+    self._planned_steps = steps * epochs + self.steps_taken if steps and epochs else None
     if self.steps_taken == self.steps_charged and not self._prepay():
       raise BudgetExceededError(
           f"the privacy budget cannot pay for a single step (spent "
@@ -121,6 +128,42 @@ class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
   def on_train_end(self, logs=None):
     if self._writer is not None:
       self._writer.flush()
+
+
+class CheckpointCallback(tf.keras.callbacks.Callback):
+  """Commits an atomic checkpoint (`dprec.training.checkpoint`) every `every` steps of
+  `model.fit` and at its end, so a killed run resumes from the last one.
+
+  Each checkpoint holds the objects of `tf_checkpoint` (model, optimizer slots, noise generator)
+  and the JSON `state` with `step` (steps trained so far, counting from `start_step`) and
+  `loss` (the last logged loss) filled in.
+  """
+
+  def __init__(self, manager, tf_checkpoint: tf.train.Checkpoint, every: int, state: dict,
+               start_step: int = 0):
+    super().__init__()
+    if every < 1:
+      raise ValueError(f"checkpoint every must be >= 1, got {every}")
+    self.manager = manager
+    self.tf_checkpoint = tf_checkpoint
+    self.every = every
+    self.state = dict(state, step=start_step)
+    self._committed_step = start_step
+
+  def commit(self):
+    self.manager.commit(self.state, self.tf_checkpoint.write)
+    self._committed_step = self.state["step"]
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.state["step"] += 1
+    if logs and "loss" in logs:
+      self.state["loss"] = float(logs["loss"])
+    if self.state["step"] % self.every == 0:
+      self.commit()
+
+  def on_train_end(self, logs=None):
+    if self.state["step"] != self._committed_step:
+      self.commit()
 
 
 class StepTimer(tf.keras.callbacks.Callback):
@@ -154,14 +197,17 @@ class ProgressBar(tf.keras.callbacks.Callback):
 
   SHOWN = ("loss", "auc", "epsilon", "gradient_size_reduction")
 
-  def __init__(self, desc: str = "train"):
+  def __init__(self, desc: str = "train", initial: int = 0):
+    """`initial`: steps already trained (a resumed run's bar starts there)."""
     super().__init__()
     self.desc = desc
+    self.initial = initial
     self._bar = None
 
   def on_train_begin(self, logs=None):
     steps, epochs = self.params.get("steps"), self.params.get("epochs") or 1
-    self._bar = tqdm.tqdm(total=steps * epochs if steps else None, desc=self.desc, unit="step")
+    self._bar = tqdm.tqdm(total=self.initial + steps * epochs if steps else None,
+                          initial=self.initial, desc=self.desc, unit="step")
 
   def on_train_batch_end(self, batch, logs=None):
     self._bar.update(1)

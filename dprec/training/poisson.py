@@ -8,6 +8,7 @@ step instead of O(N). Fixed-size shuffled batches (what most code does, and what
 experiments did) are available as an option; the ledger must then say "accounted as if Poisson".
 """
 import dataclasses
+import itertools
 from typing import Dict, Iterator, Mapping, Optional
 
 import numpy as np
@@ -66,12 +67,18 @@ def fixed_batch_indices(num_examples: int, batch_size: int, steps: int,
     produced += min(per_epoch, steps - produced)
 
 
-def batch_indices(num_examples: int, sampling: BatchSampling, steps: int) -> Iterator[np.ndarray]:
-  """Index arrays for `steps` batches drawn as `sampling` says."""
+def batch_indices(num_examples: int, sampling: BatchSampling, steps: int,
+                  start: int = 0) -> Iterator[np.ndarray]:
+  """Index arrays for batches `start`..`steps - 1` of the sequence `sampling` draws.
+
+  A run resumed at step `start` therefore sees the very batches an uninterrupted run would.
+  """
   rng = np.random.default_rng(sampling.seed)
   if sampling.poisson:
-    return poisson_batch_indices(num_examples, sampling.sampling_rate(num_examples), steps, rng)
-  return fixed_batch_indices(num_examples, sampling.batch_size, steps, rng)
+    batches = poisson_batch_indices(num_examples, sampling.sampling_rate(num_examples), steps, rng)
+  else:
+    batches = fixed_batch_indices(num_examples, sampling.batch_size, steps, rng)
+  return itertools.islice(batches, start, None)
 
 
 def _num_examples(arrays: Mapping[str, np.ndarray]) -> int:
@@ -82,8 +89,8 @@ def _num_examples(arrays: Mapping[str, np.ndarray]) -> int:
 
 
 def sampled_dataset(features: Mapping[str, np.ndarray], labels: Optional[np.ndarray],
-                    sampling: BatchSampling, steps: int) -> tf.data.Dataset:
-  """A `tf.data.Dataset` of `steps` batches `(features_dict, labels)` for `model.fit`.
+                    sampling: BatchSampling, steps: int, start: int = 0) -> tf.data.Dataset:
+  """A `tf.data.Dataset` of batches `start`..`steps - 1` `(features_dict, labels)` for `model.fit`.
 
   The batch dimension is `None` in the element spec, so a `tf.function` train step traces once
   however the Poisson batch size varies. Pass `labels=None` for feature-only batches.
@@ -99,7 +106,7 @@ def sampled_dataset(features: Mapping[str, np.ndarray], labels: Optional[np.ndar
   feature_spec = {name: spec(arrays[name]) for name in features}
 
   def generate():
-    for indices in batch_indices(num_examples, sampling, steps):
+    for indices in batch_indices(num_examples, sampling, steps, start):
       batch = {name: arrays[name][indices] for name in features}
       yield (batch, arrays["__label__"][indices]) if labels is not None else batch
 
