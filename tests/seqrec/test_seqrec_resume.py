@@ -1,0 +1,90 @@
+"""`train seqrec --run-dir`: a killed run resumes to the uninterrupted result, paying no step twice."""
+import os
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dprec.data.synthetic import generate_sequences
+from dprec.errors import BudgetExceededError, DprecError
+from dprec.models.seqrec_cli import SeqRecTrainOptions, train_seqrec
+from dprec.privacy import PrivacyLedger
+from dprec.training import callbacks as callbacks_lib
+from pipelines import sequences as sequences_job
+
+KILL_AFTER_STEP = 5
+
+
+@pytest.fixture(scope="module")
+def data_dir(tmp_path_factory):
+  root = tmp_path_factory.mktemp("seqrec_resume")
+  generate_sequences(str(root / "seq.txt"), users=120, items=40, seed=1, progress=False)
+  out = str(root / "out")
+  sequences_job.run(sequences_job.SequencesJob(inputs=(str(root / "seq.txt"),),
+                                               input_format="sasrec", output=out))
+  return out
+
+
+def _options(data_dir, **overrides):
+  # dropout 0: Keras' dropout masks are not part of the checkpoint; everything else is.
+  options = dict(data=data_dir, epsilon=5.0, epochs=2, batch_size=32, max_len=8, dim=8,
+                 num_blocks=1, dropout=0.0, progress=False, checkpoint_every=3, charge_every=2)
+  return SeqRecTrainOptions(**dict(options, **overrides))
+
+
+def _final_variables(run_dir):
+  with open(os.path.join(run_dir, "checkpoints", "LATEST"), encoding="utf-8") as f:
+    prefix = os.path.join(run_dir, "checkpoints", f.read().strip(), "model")
+  reader = tf.train.load_checkpoint(prefix)
+  return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+          if name.startswith(("model/", "optimizer/", "generator/"))}
+
+
+def _steps_in_ledger(run_dir):
+  ledger = PrivacyLedger(os.path.join(run_dir, "ledger.json"))
+  return sum(charge["steps"] for charge in ledger.charges)
+
+
+def test_killed_run_resumes_to_the_uninterrupted_result(data_dir, tmp_path, monkeypatch):
+  whole = train_seqrec(_options(data_dir, run_dir=str(tmp_path / "whole")))
+  assert whole["steps"] > KILL_AFTER_STEP and whole["resumed_from_step"] == 0
+
+  timer_step_end = callbacks_lib.StepTimer.on_train_batch_end
+
+  def killed_after_step(timer, batch, logs=None):
+    timer_step_end(timer, batch, logs)
+    if timer.steps == KILL_AFTER_STEP:
+      raise KeyboardInterrupt("killed")
+
+  monkeypatch.setattr(callbacks_lib.StepTimer, "on_train_batch_end", killed_after_step)
+  killed_dir = str(tmp_path / "killed")
+  with pytest.raises(KeyboardInterrupt):
+    train_seqrec(_options(data_dir, run_dir=killed_dir))
+  # Steps 4 and 5 were trained and paid for (in blocks of 2: through step 6) after the last
+  # checkpoint (step 3); the resumed run trains them again without paying again.
+  assert _steps_in_ledger(killed_dir) == 6
+  monkeypatch.undo()
+
+  resumed = train_seqrec(_options(data_dir, run_dir=killed_dir))
+  assert resumed["resumed_from_step"] == 3
+  assert _steps_in_ledger(killed_dir) == whole["steps"]
+  assert resumed["epsilon"] == pytest.approx(whole["epsilon"], rel=1e-12)
+  expected, got = _final_variables(str(tmp_path / "whole")), _final_variables(killed_dir)
+  assert expected.keys() == got.keys() and any(k.startswith("model/") for k in got)
+  for name, value in expected.items():
+    np.testing.assert_allclose(got[name], value, atol=1e-5, err_msg=name)
+  assert resumed["ndcg_at_10"] == pytest.approx(whole["ndcg_at_10"])
+
+  again = train_seqrec(_options(data_dir, run_dir=killed_dir))  # finished: evaluates only
+  assert again["resumed_from_step"] == whole["steps"] and again["epsilon"] == resumed["epsilon"]
+  with pytest.raises(DprecError, match="epochs: 2 there, 3 now"):
+    train_seqrec(_options(data_dir, run_dir=killed_dir, epochs=3))
+
+
+def test_runs_sharing_a_ledger_without_run_dir_each_pay(data_dir, tmp_path):
+  ledger = str(tmp_path / "ledger.json")
+  options = _options(data_dir, epochs=0.5, ledger=ledger)
+  first = train_seqrec(options)
+  assert first["epsilon"] <= 5.0 + 1e-6
+  with pytest.raises(BudgetExceededError, match="already spent"):
+    train_seqrec(options)
