@@ -5,19 +5,6 @@ import dp_accounting
 import pytest
 
 from dprec import cli
-from dprec.data.synthetic import generate_sequences
-from pipelines import sequences as sequences_job
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  root = tmp_path_factory.mktemp("seqrec")
-  generate_sequences(str(root / "seq.txt"), users=120, items=40, seed=0, progress=False)
-  out = str(root / "out")
-  sequences_job.run(sequences_job.SequencesJob(inputs=(str(root / "seq.txt"),),
-                                               input_format="sasrec", output=out))
-  return out
-
 
 TINY = ["--epochs", "1", "--batch-size", "32", "--max-len", "8", "--dim", "8", "--blocks", "1",
         "--no-progress"]

@@ -5,24 +5,12 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dprec.data.synthetic import generate_sequences
 from dprec.errors import BudgetExceededError, DprecError
 from dprec.models.seqrec_cli import SeqRecTrainOptions, train_seqrec
 from dprec.privacy import PrivacyLedger
 from dprec.training import callbacks as callbacks_lib
-from pipelines import sequences as sequences_job
 
 KILL_AFTER_STEP = 5
-
-
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  root = tmp_path_factory.mktemp("seqrec_resume")
-  generate_sequences(str(root / "seq.txt"), users=120, items=40, seed=1, progress=False)
-  out = str(root / "out")
-  sequences_job.run(sequences_job.SequencesJob(inputs=(str(root / "seq.txt"),),
-                                               input_format="sasrec", output=out))
-  return out
 
 
 def _options(data_dir, **overrides):
