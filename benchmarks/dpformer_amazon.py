@@ -12,12 +12,19 @@ overall and per popularity bucket next to the paper's Table 2, with the populari
 into its own subdirectory there, and the same command resumes killed runs (a 100-epoch run takes
 well over an hour on 2 CPU cores).
 
+    python benchmarks/dpformer_amazon.py --curve DIR [DIR ...] [--curve-every 3]
+
+instead evaluates the checkpoints `ckpt-<n>` in each DIR (a run's `checkpoints/` or copies of
+them) and prints NDCG@10 / HIT@10 by training step: the learning curve of the paper's Fig. 6,
+and what a "best epoch" selection on the test set (which the paper may have used) would report.
+
     python benchmarks/dpformer_amazon.py --time-steps [--batch-size 256] [--steps 3]
 
 instead times one DP step (σ from ε = 5, DPFormer) on the same real batches, scoring only the
 positions with a target (the default) vs all L positions (`--score-padding`), in one process.
 """
 import argparse
+import glob
 import json
 import os
 import sys
@@ -27,8 +34,10 @@ import numpy as np
 
 from dprec.data.sequences import load_sequences
 from dprec.models import ranking_metrics
-from dprec.models.seqrec_cli import (SeqRecTrainOptions, build_model, make_examples, plan_privacy,
-                                     train_seqrec)
+from dprec.models.seqrec_cli import (SeqRecTrainOptions, build_model, checkpoint_objects,
+                                     evaluate, make_examples, options_from_checkpoint,
+                                     plan_privacy, train_seqrec)
+from dprec.training.checkpoint import MODEL_PREFIX, CheckpointManager
 
 PAPER_TABLE2 = {  # (ε, method) -> (NDCG@10, HIT@10) in %, note 000 §8
     (5.0, "dpformer"): (1.64, 3.01), (8.0, "dpformer"): (1.98, 3.70),
@@ -80,12 +89,19 @@ def main(argv=None):
   parser.add_argument("--time-steps", action="store_true",
                       help="time the DP step with and without scoring the padding, then exit")
   parser.add_argument("--steps", type=int, default=3, help="timed steps for --time-steps")
+  parser.add_argument("--curve", nargs="+", metavar="DIR",
+                      help="evaluate the checkpoints in these directories, then exit")
+  parser.add_argument("--curve-every", type=int, default=1,
+                      help="with --curve, every k-th checkpoint (the last one always)")
   args = parser.parse_args(argv)
   data = load_sequences(preprocess(args.data, args.work_dir))
   print(f"Amazon Games: {data.num_users} users, {data.num_items} items, "
         f"{data.stats['actions']} actions", file=sys.stderr)
   if args.time_steps:
     print(time_steps(data, args))
+    return
+  if args.curve:
+    print(learning_curve(data, args))
     return
   runs = [(eps, method, seed) for eps in args.epsilons for method in args.methods
           for seed in args.seeds]
@@ -156,6 +172,35 @@ def time_steps(data, args):
     seconds[name] = float(np.median(times[1:]))
     lines.append(f"| {name} | {seconds[name]:.2f} | "
                  f"{seconds[name] / seconds['with a target (packed)']:.1f} |")
+  return "\n".join(lines)
+
+
+def learning_curve(data, args):
+  """NDCG@10 / HIT@10 (%) of every `--curve-every`-th checkpoint of each run directory."""
+  lines = ["| run | step | epoch | NDCG@10 | HIT@10 | head / torso / tail NDCG |",
+           "|---|---|---|---|---|---|"]
+  for directory in args.curve:
+    paths = sorted(glob.glob(os.path.join(directory, "ckpt-*")))
+    paths = [p for i, p in enumerate(paths) if i % args.curve_every == 0 or p == paths[-1]]
+    if not paths:
+      raise SystemExit(f"{directory}: no ckpt-* checkpoints")
+    name = os.path.normpath(directory)
+    name = os.path.basename(os.path.dirname(name) if name.endswith("checkpoints") else name)
+    options = options_from_checkpoint(paths[0], progress=False)
+    examples = make_examples(data, options.max_len)
+    plan = plan_privacy(options, len(examples.items))
+    model = build_model(options, examples, plan)
+    for path in paths:
+      checkpoint_objects(model).read(os.path.join(path, MODEL_PREFIX)).assert_consumed()
+      step = CheckpointManager.read_state(path)["step"]
+      metrics = evaluate(model, examples, options)
+      buckets = " / ".join(f"{100 * metrics['by_popularity'][b]['ndcg_at_10']:.2f}"
+                           for b in ranking_metrics.BUCKETS)
+      lines.append(f"| {name} | {step} | "
+                   f"{step * options.batch_size / len(examples.items):.1f} | "
+                   f"{100 * metrics['ndcg_at_10']:.2f} | {100 * metrics['hit_at_10']:.2f} | "
+                   f"{buckets} |")
+      print(lines[-1], file=sys.stderr, flush=True)
   return "\n".join(lines)
 
 

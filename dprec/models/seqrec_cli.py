@@ -241,6 +241,20 @@ def train_seqrec(options, data=None):
   return summary
 
 
+def checkpoint_objects(model):
+  """What a run's checkpoint holds: the model, its Adam slots and step, the DP noise generator."""
+  return tf.train.Checkpoint(model=model, optimizer=model.optimizer,
+                             generator=model.dp_optimizer.generator)
+
+
+def options_from_checkpoint(path, **overrides):
+  """The `SeqRecTrainOptions` of the run that wrote checkpoint directory `path` (`--run-dir`'s
+  `checkpoints/ckpt-<n>`), e.g. to evaluate it: `overrides` set what the fingerprint omits."""
+  fingerprint = ckpt_lib.CheckpointManager.read_state(path)["fingerprint"]
+  fields = {f.name for f in dataclasses.fields(SeqRecTrainOptions)}
+  return SeqRecTrainOptions(**{k: v for k, v in fingerprint.items() if k in fields}, **overrides)
+
+
 class _RunState:
   """Where a run stands: a fresh start, or the newest checkpoint in `options.run_dir` restored
   into `model` (weights, Adam slots and step, noise generator)."""
@@ -248,8 +262,7 @@ class _RunState:
   def __init__(self, options, examples, model, work_dir):
     self.fingerprint = dict(options.run_fingerprint(), train_examples=len(examples.items),
                             items=examples.num_items)
-    self.objects = tf.train.Checkpoint(model=model, optimizer=model.optimizer,
-                                       generator=model.dp_optimizer.generator)
+    self.objects = checkpoint_objects(model)
     self.ledger_path = options.ledger or os.path.join(options.run_dir or work_dir, "ledger.json")
     self.checkpoints = None
     self.step, self.loss = 0, None

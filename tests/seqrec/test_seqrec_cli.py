@@ -2,7 +2,6 @@
 import json
 
 import dp_accounting
-import pytest
 
 from dprec import cli
 

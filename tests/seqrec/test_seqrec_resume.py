@@ -6,7 +6,7 @@ import pytest
 import tensorflow as tf
 
 from dprec.errors import BudgetExceededError, DprecError
-from dprec.models.seqrec_cli import SeqRecTrainOptions, train_seqrec
+from dprec.models.seqrec_cli import SeqRecTrainOptions, options_from_checkpoint, train_seqrec
 from dprec.privacy import PrivacyLedger
 from dprec.training import callbacks as callbacks_lib
 
@@ -20,10 +20,13 @@ def _options(data_dir, **overrides):
   return SeqRecTrainOptions(**dict(options, **overrides))
 
 
-def _final_variables(run_dir):
+def _latest(run_dir):
   with open(os.path.join(run_dir, "checkpoints", "LATEST"), encoding="utf-8") as f:
-    prefix = os.path.join(run_dir, "checkpoints", f.read().strip(), "model")
-  reader = tf.train.load_checkpoint(prefix)
+    return os.path.join(run_dir, "checkpoints", f.read().strip())
+
+
+def _final_variables(run_dir):
+  reader = tf.train.load_checkpoint(os.path.join(_latest(run_dir), "model"))
   return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
           if name.startswith(("model/", "optimizer/", "generator/"))}
 
@@ -36,6 +39,8 @@ def _steps_in_ledger(run_dir):
 def test_killed_run_resumes_to_the_uninterrupted_result(data_dir, tmp_path, monkeypatch):
   whole = train_seqrec(_options(data_dir, run_dir=str(tmp_path / "whole")))
   assert whole["steps"] > KILL_AFTER_STEP and whole["resumed_from_step"] == 0
+  saved_options = options_from_checkpoint(_latest(str(tmp_path / "whole")))
+  assert saved_options.run_fingerprint() == _options(data_dir).run_fingerprint()
 
   timer_step_end = callbacks_lib.StepTimer.on_train_batch_end
 
