@@ -193,9 +193,14 @@ class StepTimer(tf.keras.callbacks.Callback):
 
 
 class ProgressBar(tf.keras.callbacks.Callback):
-  """A tqdm bar over training steps (on stderr) showing loss, ε and gradient-size reduction."""
+  """A tqdm bar over training steps (on stderr) showing loss, ε and gradient-size reduction.
 
-  SHOWN = ("loss", "auc", "epsilon", "gradient_size_reduction")
+  ε is shown as "eps_paid": the ledger is charged ahead in blocks (`PrivacyBudgetCallback`), so
+  it includes steps paid for but not yet trained.
+  """
+
+  SHOWN = {"loss": "loss", "auc": "auc", "epsilon": "eps_paid",
+           "gradient_size_reduction": "gradient_size_reduction"}
 
   def __init__(self, desc: str = "train", initial: int = 0):
     """`initial`: steps already trained (a resumed run's bar starts there)."""
@@ -212,7 +217,7 @@ class ProgressBar(tf.keras.callbacks.Callback):
   def on_train_batch_end(self, batch, logs=None):
     self._bar.update(1)
     if batch % 10 == 0:
-      self._bar.set_postfix({k: f"{float(v):.4g}" for k, v in (logs or {}).items()
+      self._bar.set_postfix({self.SHOWN[k]: f"{float(v):.4g}" for k, v in (logs or {}).items()
                              if k in self.SHOWN}, refresh=False)
 
   def on_train_end(self, logs=None):
