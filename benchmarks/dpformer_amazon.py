@@ -16,7 +16,8 @@ well over an hour on 2 CPU cores).
 
 instead evaluates the checkpoints `ckpt-<n>` in each DIR (a run's `checkpoints/` or copies of
 them) and prints NDCG@10 / HIT@10 by training step: the learning curve of the paper's Fig. 6,
-and what a "best epoch" selection on the test set (which the paper may have used) would report.
+what a "best epoch" selection on the test set (which the paper may have used) would report, and
+how personal the top-10s are (distinct items, overlap with the popularity top-10 and between users).
 
     python benchmarks/dpformer_amazon.py --time-steps [--batch-size 256] [--steps 3]
 
@@ -177,8 +178,9 @@ def time_steps(data, args):
 
 def learning_curve(data, args):
   """NDCG@10 / HIT@10 (%) of every `--curve-every`-th checkpoint of each run directory."""
-  lines = ["| run | step | epoch | NDCG@10 | HIT@10 | head / torso / tail NDCG |",
-           "|---|---|---|---|---|---|"]
+  lines = ["| run | step | epoch | NDCG@10 | HIT@10 | head / torso / tail NDCG | "
+           "distinct items in top-10s | top-10 ∩ popularity top-10 | top-10 ∩ other user's |",
+           "|---|---|---|---|---|---|---|---|---|"]
   for directory in args.curve:
     paths = sorted(glob.glob(os.path.join(directory, "ckpt-*")))
     paths = [p for i, p in enumerate(paths) if i % args.curve_every == 0 or p == paths[-1]]
@@ -199,9 +201,25 @@ def learning_curve(data, args):
       lines.append(f"| {name} | {step} | "
                    f"{step * options.batch_size / len(examples.items):.1f} | "
                    f"{100 * metrics['ndcg_at_10']:.2f} | {100 * metrics['hit_at_10']:.2f} | "
-                   f"{buckets} |")
+                   f"{buckets} | {personalisation(model, examples)} |")
       print(lines[-1], file=sys.stderr, flush=True)
   return "\n".join(lines)
+
+
+def personalisation(model, examples, users=2000, seed=0):
+  """How much the top-10 depends on the user, over a fixed sample of test users: the number of
+  distinct items in their top-10s, the mean share of a top-10 that is the popularity top-10,
+  and the mean share two random users' top-10s have in common ("1.00" = everyone gets the same)."""
+  rng = np.random.default_rng(seed)
+  sample = rng.choice(len(examples.test_histories), min(users, len(examples.test_histories)),
+                      replace=False)
+  scores = np.asarray(model.score_items(examples.test_histories[sample]))
+  top = np.argsort(-scores, axis=1)[:, :10]
+  popular = set(np.argsort(-examples.item_frequencies[1:])[:10])
+  pairs = rng.integers(0, len(sample), (len(sample), 2))
+  with_popular = np.mean([len(set(row) & popular) / 10 for row in top])
+  between = np.mean([len(set(top[a]) & set(top[b])) / 10 for a, b in pairs])
+  return f"{len(np.unique(top))} | {with_popular:.2f} | {between:.2f}"
 
 
 def table(rows, args):
