@@ -87,6 +87,8 @@ def main(argv=None):
   parser.add_argument("--runs-dir", default=None,
                       help="checkpoint each run in a subdirectory here; rerun to resume")
   parser.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
+  parser.add_argument("--keep-checkpoints", type=int, default=2,
+                      help="checkpoints kept per run (0: all, for --curve)")
   parser.add_argument("--time-steps", action="store_true",
                       help="time the DP step with and without scoring the padding, then exit")
   parser.add_argument("--steps", type=int, default=3, help="timed steps for --time-steps")
@@ -117,6 +119,7 @@ def main(argv=None):
         reattention_scale_by_dim=not args.no_reattention_scale_by_dim,
         reattention_at_eval=not args.reattention_train_only,
         max_len=args.max_len, seed=seed, checkpoint_every=args.checkpoint_every,
+        keep_checkpoints=args.keep_checkpoints or None,
         run_dir=args.runs_dir and os.path.join(args.runs_dir, (
             f"{method}-eps{eps:g}-seed{seed}-ep{args.epochs:g}-B{args.batch_size}"
             f"-lr{args.learning_rate:g}-{args.loss_positions}")), **METHODS[method])

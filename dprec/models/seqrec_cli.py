@@ -69,6 +69,7 @@ class SeqRecTrainOptions:
   charge_every: int = 100
   run_dir: Optional[str] = None
   checkpoint_every: int = 100
+  keep_checkpoints: Optional[int] = 2
   exclude_history: bool = False
   eval_batch_size: int = 256
   seed: int = 0
@@ -89,12 +90,15 @@ class SeqRecTrainOptions:
       raise DprecError(f"--dim {self.dim} must be divisible by --heads {self.num_heads}")
     if self.checkpoint_every < 1:
       raise DprecError(f"--checkpoint-every must be >= 1, got {self.checkpoint_every}")
+    if self.keep_checkpoints is not None and self.keep_checkpoints < 1:
+      raise DprecError(f"--keep-checkpoints must be >= 0, got {self.keep_checkpoints}")
 
   def run_fingerprint(self):
     """The options a resumed run must share with the run it continues (not where files go,
     how it reports, or how it evaluates)."""
-    ignored = {"data", "ledger", "run_dir", "checkpoint_every", "exclude_history",
-               "eval_batch_size", "progress", "summary_json", "reattention_at_eval"}
+    ignored = {"data", "ledger", "run_dir", "checkpoint_every", "keep_checkpoints",
+               "exclude_history", "eval_batch_size", "progress", "summary_json",
+               "reattention_at_eval"}
     return {k: v for k, v in dataclasses.asdict(self).items() if k not in ignored}
 
   def model_config(self, num_items):
@@ -269,7 +273,8 @@ class _RunState:
     self.ledger_label = "train seqrec"
     if options.run_dir is None:
       return
-    self.checkpoints = ckpt_lib.CheckpointManager(os.path.join(options.run_dir, "checkpoints"))
+    self.checkpoints = ckpt_lib.CheckpointManager(os.path.join(options.run_dir, "checkpoints"),
+                                                  keep=options.keep_checkpoints)
     latest = self.checkpoints.latest()
     if latest is None:  # commit step 0 now, so the ledger label survives an early crash
       self.ledger_label = f"train seqrec {uuid.uuid4().hex[:8]}"
@@ -392,6 +397,9 @@ def register(subparsers):
            "killed run from its last checkpoint (same batches and noise, no step paid twice)")
   add("--checkpoint-every", type=int, default=100, metavar="N",
       help="steps between checkpoints with --run-dir (one is always written at the end)")
+  add("--keep-checkpoints", type=int, default=2, metavar="K",
+      help="keep the newest K checkpoints (0: all, e.g. for a learning curve with "
+           "benchmarks/dpformer_amazon.py --curve)")
   add("--exclude-history", action="store_true", help="do not rank items already in the history")
   add("--eval-batch-size", type=int, default=256, help="users scored per evaluation batch")
   add("--seed", type=int, default=0, help="random seed")
@@ -412,6 +420,7 @@ def run(args):
       variance_scale=args.variance_scale,
       fixed_batches=args.fixed_batches, accountant=args.accountant, ledger=args.ledger,
       run_dir=args.run_dir, checkpoint_every=args.checkpoint_every,
+      keep_checkpoints=args.keep_checkpoints or None,
       exclude_history=args.exclude_history, eval_batch_size=args.eval_batch_size,
       seed=args.seed, progress=not args.no_progress, summary_json=args.summary_json)
   return train_seqrec(options)

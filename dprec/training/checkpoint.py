@@ -28,7 +28,8 @@ def atomic_copy(src, dst):
 
 
 class CheckpointManager:
-  """Commits and finds checkpoints in `directory`, keeping the newest `keep` of them."""
+  """Commits and finds checkpoints in `directory`, keeping the newest `keep` of them (None: all,
+  e.g. to evaluate a learning curve afterwards)."""
 
   def __init__(self, directory, keep=2):
     self.directory = directory
@@ -86,6 +87,6 @@ class CheckpointManager:
     os.rename(tmp, os.path.join(self.directory, name))
     atomic_io.fsync_directory(self.directory)
     atomic_io.write_text(os.path.join(self.directory, LATEST), name)
-    for old in committed[:max(0, len(committed) + 1 - self.keep)]:
+    for old in committed[:max(0, len(committed) + 1 - self.keep)] if self.keep else []:
       shutil.rmtree(os.path.join(self.directory, f"ckpt-{old:06d}"), ignore_errors=True)
     return os.path.join(self.directory, name)

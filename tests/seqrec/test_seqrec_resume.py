@@ -37,8 +37,10 @@ def _steps_in_ledger(run_dir):
 
 
 def test_killed_run_resumes_to_the_uninterrupted_result(data_dir, tmp_path, monkeypatch):
-  whole = train_seqrec(_options(data_dir, run_dir=str(tmp_path / "whole")))
-  assert whole["steps"] > KILL_AFTER_STEP and whole["resumed_from_step"] == 0
+  whole = train_seqrec(_options(data_dir, run_dir=str(tmp_path / "whole"), keep_checkpoints=None))
+  assert whole["steps"] == 8 and whole["resumed_from_step"] == 0
+  kept = sorted(os.listdir(tmp_path / "whole" / "checkpoints"))
+  assert kept == ["LATEST"] + [f"ckpt-{n:06d}" for n in range(4)]  # steps 0, 3, 6, 8
   saved_options = options_from_checkpoint(_latest(str(tmp_path / "whole")))
   assert saved_options.run_fingerprint() == _options(data_dir).run_fingerprint()
 
@@ -60,6 +62,7 @@ def test_killed_run_resumes_to_the_uninterrupted_result(data_dir, tmp_path, monk
 
   resumed = train_seqrec(_options(data_dir, run_dir=killed_dir))
   assert resumed["resumed_from_step"] == 3
+  assert len(os.listdir(os.path.join(killed_dir, "checkpoints"))) == 1 + 2  # LATEST, newest 2
   assert _steps_in_ledger(killed_dir) == whole["steps"]
   assert resumed["epsilon"] == pytest.approx(whole["epsilon"], rel=1e-12)
   expected, got = _final_variables(str(tmp_path / "whole")), _final_variables(killed_dir)
