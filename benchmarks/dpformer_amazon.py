@@ -119,7 +119,7 @@ def main(argv=None):
         reattention_scale_by_dim=not args.no_reattention_scale_by_dim,
         reattention_at_eval=not args.reattention_train_only,
         max_len=args.max_len, seed=seed, checkpoint_every=args.checkpoint_every,
-        keep_checkpoints=args.keep_checkpoints or None,
+        keep_checkpoints=args.keep_checkpoints,
         run_dir=args.runs_dir and os.path.join(args.runs_dir, (
             f"{method}-eps{eps:g}-seed{seed}-ep{args.epochs:g}-B{args.batch_size}"
             f"-lr{args.learning_rate:g}-{args.loss_positions}")), **METHODS[method])

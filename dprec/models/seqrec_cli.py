@@ -69,7 +69,7 @@ class SeqRecTrainOptions:
   charge_every: int = 100
   run_dir: Optional[str] = None
   checkpoint_every: int = 100
-  keep_checkpoints: Optional[int] = 2
+  keep_checkpoints: Optional[int] = 2  # None or 0: keep all
   exclude_history: bool = False
   eval_batch_size: int = 256
   seed: int = 0
@@ -90,7 +90,7 @@ class SeqRecTrainOptions:
       raise DprecError(f"--dim {self.dim} must be divisible by --heads {self.num_heads}")
     if self.checkpoint_every < 1:
       raise DprecError(f"--checkpoint-every must be >= 1, got {self.checkpoint_every}")
-    if self.keep_checkpoints is not None and self.keep_checkpoints < 1:
+    if self.keep_checkpoints is not None and self.keep_checkpoints < 0:
       raise DprecError(f"--keep-checkpoints must be >= 0, got {self.keep_checkpoints}")
 
   def run_fingerprint(self):
@@ -274,7 +274,7 @@ class _RunState:
     if options.run_dir is None:
       return
     self.checkpoints = ckpt_lib.CheckpointManager(os.path.join(options.run_dir, "checkpoints"),
-                                                  keep=options.keep_checkpoints)
+                                                  keep=options.keep_checkpoints or None)
     latest = self.checkpoints.latest()
     if latest is None:  # commit step 0 now, so the ledger label survives an early crash
       self.ledger_label = f"train seqrec {uuid.uuid4().hex[:8]}"
@@ -420,7 +420,7 @@ def run(args):
       variance_scale=args.variance_scale,
       fixed_batches=args.fixed_batches, accountant=args.accountant, ledger=args.ledger,
       run_dir=args.run_dir, checkpoint_every=args.checkpoint_every,
-      keep_checkpoints=args.keep_checkpoints or None,
+      keep_checkpoints=args.keep_checkpoints,
       exclude_history=args.exclude_history, eval_batch_size=args.eval_batch_size,
       seed=args.seed, progress=not args.no_progress, summary_json=args.summary_json)
   return train_seqrec(options)
