@@ -156,8 +156,8 @@ def reindex(ids: np.ndarray) -> Tuple[np.ndarray, np.ndarray]:
 
 def build_sequences(actions: Actions, job: SequencesJob) -> dict:
   """k-core, per-user time-ordered sequences, leave-last-out split, item frequencies."""
-  keep, rounds = iterative_k_core(reindex(actions.users)[0], reindex(actions.items)[0],
-                                  job.k_core)
+  all_users, all_items = reindex(actions.users)[0], reindex(actions.items)[0]
+  keep, rounds = iterative_k_core(all_users, all_items, job.k_core)
   items, item_ids = reindex(actions.items[keep])
   users, user_ids = reindex(actions.users[keep])
   order = np.lexsort((actions.lines[keep], actions.path_index[keep], actions.times[keep], users))
@@ -183,11 +183,30 @@ def build_sequences(actions: Actions, job: SequencesJob) -> dict:
           "item_frequencies": contains / max(len(train), 1),
           "user_ids": user_ids, "item_ids": item_ids,
           "stats": {"users": len(train), "items": len(item_ids), "actions": int(len(items)),
-                    "input_actions": int(len(actions.users)), "k_core": job.k_core,
+                    "input_actions": int(len(actions.users)),
+                    "input_users": int(all_users.max(initial=0)),
+                    "input_items": int(all_items.max(initial=0)), "k_core": job.k_core,
                     "k_core_rounds": rounds, "validation": job.validation,
                     "train_actions": int(sum(len(s) for s in train)),
                     "valid_users": int((valid > 0).sum()), "test_users": int((test > 0).sum()),
                     "item_frequencies_from": "train_items"}}
+
+
+def check_not_empty(stats: dict) -> None:
+  """Refuses a job whose filters left no user (its manifest was withheld), with the counts
+  before and after each filter and the option that would keep more."""
+  if stats["users"]:
+    return
+  parsed = (f"{stats['lines_in']} lines, {stats['dead_letters']} malformed → "
+            f"{stats['input_actions']} actions of {stats['input_users']} users and "
+            f"{stats['input_items']} items")
+  if not stats["input_actions"]:
+    raise DprecError(f"no sequences: {parsed}; nothing to write (check --input and --format)")
+  raise DprecError(
+      f"no sequences: {parsed}; the {stats['k_core']}-core (users and items with fewer than "
+      f"{stats['k_core']} actions removed until none is left) leaves 0 actions, "
+      f"0 users, 0 items; lower --min-count (e.g. --min-count 2, or 1 for no filtering); no "
+      "manifest written")
 
 
 class ParseBlocks(beam.DoFn):
@@ -230,7 +249,7 @@ class WriteSequences(beam.DoFn):
     beam_io.write_dead_letters(os.path.join(out, "dead_letters.jsonl"),
                                sorted(letters, key=lambda l: (l.path, l.line)))
     beam_io.write_json(os.path.join(out, sequence_data.STATS), stats)
-    if bad_fraction > job.max_bad_fraction:
+    if bad_fraction > job.max_bad_fraction or not stats["users"]:
       yield stats
       return
     files = sequence_data.write_sequences(out, result, SHARD_USERS)
@@ -257,7 +276,8 @@ def build_pipeline(pipeline: beam.Pipeline, job: SequencesJob, paths: Sequence[s
 
 
 def run(job: SequencesJob, beam_args: Sequence[str] = ()) -> dict:
-  """Runs the job; returns `stats.json`. Fails (no manifest) above `max_bad_fraction`."""
+  """Runs the job; returns `stats.json`. Fails (no manifest) above `max_bad_fraction` or when
+  the filters leave no user."""
   paths = beam_io.match_inputs(job.inputs)
   beam_io.makedirs(job.output)
   beam_io.remove_stale(os.path.join(job.output, sequence_data.MANIFEST))
@@ -268,6 +288,7 @@ def run(job: SequencesJob, beam_args: Sequence[str] = ()) -> dict:
   stats["beam_counters"] = counters
   beam_io.check_bad_fraction(stats["dead_letters"], stats["lines_in"], job.max_bad_fraction,
                              "lines", os.path.join(job.output, "dead_letters.jsonl"))
+  check_not_empty(stats)
   stats["output"] = job.output
   return stats
 

@@ -75,6 +75,23 @@ def test_too_many_bad_lines_fail(tmp_path, in_process):
     _run(tmp_path, "bad.txt", "1 2\n1 3\nnonsense\n", "sasrec", in_process)
 
 
+def test_filtering_everything_away_is_refused_in_one_line(tmp_path, in_process, capsys):
+  from dprec import cli  # pylint: disable=import-outside-toplevel
+  # Three users with two ratings each: the default 5-core of movielens leaves nothing.
+  path = tmp_path / "u.data"
+  path.write_text("".join(f"{u}\t{i}\t5\t{u * 10 + i}\n" for u in (1, 2, 3) for i in (7, 8)))
+  out = tmp_path / "empty"
+  code = cli.main(["preprocess", "sequences", "--input", str(path), "--format", "movielens",
+                   "--output", str(out)] + in_process)
+  assert code == 2
+  err = capsys.readouterr().err.strip()
+  assert "\n" not in err and "--min-count" in err
+  assert "6 actions of 3 users and 2 items" in err and "5-core" in err and "leaves 0" in err
+  assert not (out / "manifest.json").exists()
+  stats, data = _run(tmp_path, "u2.data", path.read_text(), "movielens", in_process, min_count=2)
+  assert stats["users"] == 3 and data.num_items == 2
+
+
 def test_a_model_trains_on_the_sequences(tmp_path, in_process):
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   rng = np.random.default_rng(0)
