@@ -46,7 +46,7 @@ class SeqRecTrainOptions:
   epsilon: float = 5.0
   delta: Optional[float] = None
   epochs: float = 100.0
-  batch_size: int = 1024
+  batch_size: Optional[int] = None  # None: chosen from N (poisson.default_batch_size)
   learning_rate: float = 5e-3
   weight_decay: float = 1e-5
   l2_norm_clip: float = 1.0
@@ -83,7 +83,7 @@ class SeqRecTrainOptions:
   def validate(self):
     if not self.epsilon > 0:
       raise DprecError(f"--epsilon must be positive (or inf), got {self.epsilon}")
-    if not self.epochs > 0 or self.batch_size < 1:
+    if not self.epochs > 0 or (self.batch_size is not None and self.batch_size < 1):
       raise DprecError(f"--epochs and --batch-size must be positive, got {self.epochs}, "
                        f"{self.batch_size}")
     if self.dim % self.num_heads:
@@ -158,6 +158,9 @@ class PrivacyPlan:
 def plan_privacy(options, num_examples):
   """Steps = epochs·N/B; σ calibrated so the run spends exactly ε at δ (default 1/N)."""
   from dprec import privacy  # pylint: disable=import-outside-toplevel
+  if options.batch_size > num_examples:
+    raise DprecError(f"--batch-size {options.batch_size} exceeds the {num_examples} training "
+                     "users; give a smaller one or none (then it is chosen from N)")
   sampling = poisson.BatchSampling(options.batch_size, not options.fixed_batches, options.seed)
   q = sampling.sampling_rate(num_examples)
   steps = max(1, int(round(options.epochs * num_examples / options.batch_size)))
@@ -210,6 +213,10 @@ def train_seqrec(options, data=None):
   options.validate()
   data = data or load_sequences(options.data)
   examples = make_examples(data, options.max_len)
+  batch_size_chosen = options.batch_size is None
+  if batch_size_chosen:
+    options = dataclasses.replace(
+        options, batch_size=poisson.default_batch_size(len(examples.items)))
   plan = plan_privacy(options, len(examples.items))
   tf.keras.utils.set_random_seed(options.seed)
   model = build_model(options, examples, plan)
@@ -239,6 +246,7 @@ def train_seqrec(options, data=None):
                           verbose=0).history
     metrics = evaluate(model, examples, options)
     summary = _summary(options, examples, plan, history, metrics, timer, ledger, run)
+    summary["batch_size_chosen"] = batch_size_chosen
   if options.summary_json:
     with open(options.summary_json, "w", encoding="utf-8") as out:
       json.dump(summary, out, indent=2, sort_keys=True)
@@ -367,7 +375,8 @@ def register(subparsers):
   add("--epsilon", type=_epsilon, default=5.0, help="privacy budget ε; 'inf' trains non-privately")
   add("--delta", type=float, default=None, help="δ (default 1/N training users)")
   add("--epochs", type=float, default=100.0, help="epochs (expected passes over the users)")
-  add("--batch-size", type=int, default=1024, help="expected batch size B (q = B/N)")
+  add("--batch-size", type=int, default=None,
+      help="expected batch size B (q = B/N); default: min(1024, N/8) for the N training users")
   add("--learning-rate", type=float, default=5e-3, help="peak Adam learning rate")
   add("--l2-norm-clip", type=float, default=1.0, help="per-user gradient clip norm C")
   add("--normalize", type=float, nargs="?", const=0.01, default=None,

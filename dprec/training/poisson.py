@@ -15,6 +15,20 @@ import numpy as np
 import tensorflow as tf
 
 
+DEFAULT_BATCH_SIZE = 1024
+DEFAULT_MAX_SAMPLING_RATE = 1 / 8
+
+
+def default_batch_size(num_examples: int, preferred: int = DEFAULT_BATCH_SIZE,
+                       max_sampling_rate: float = DEFAULT_MAX_SAMPLING_RATE) -> int:
+  """A batch size that works for N examples when the user gives none: `preferred` (the DPFormer
+  paper's Amazon setting), but at most q·N with q = 1/8 (so an epoch is at least 8 steps) and at
+  least 1. N is public (it sets δ = 1/N too), so choosing B from it releases nothing."""
+  if num_examples < 1:
+    raise ValueError(f"need at least one training example, got {num_examples}")
+  return max(1, min(preferred, int(num_examples * max_sampling_rate)))
+
+
 @dataclasses.dataclass(frozen=True)
 class BatchSampling:
   """How to draw training batches from N in-memory examples.

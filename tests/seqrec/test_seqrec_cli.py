@@ -5,8 +5,8 @@ import dp_accounting
 
 from dprec import cli
 
-TINY = ["--epochs", "1", "--batch-size", "32", "--max-len", "8", "--dim", "8", "--blocks", "1",
-        "--no-progress"]
+SMALL = ["--epochs", "1", "--max-len", "8", "--dim", "8", "--blocks", "1", "--no-progress"]
+TINY = SMALL + ["--batch-size", "32"]
 
 
 def test_dp_run_summary_and_epsilon(data_dir, tmp_path, capsys):
@@ -46,3 +46,16 @@ def test_missing_data_is_a_one_line_error(tmp_path, capsys):
   assert code == 2
   err = capsys.readouterr().err.strip()
   assert err.startswith("dprec: error:") and "manifest" in err and "\n" not in err
+
+
+def test_default_batch_size_fits_tiny_data_and_an_impossible_one_is_refused(data_dir, capsys):
+  code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "inf"] + SMALL)
+  assert code == 0
+  summary = json.loads(capsys.readouterr().out)
+  assert summary["train_examples"] < 1024 and summary["batch_size_chosen"]
+  assert summary["batch_size"] == summary["train_examples"] // 8
+  code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "inf", "--batch-size",
+                   "1000"] + SMALL)
+  assert code == 2
+  err = capsys.readouterr().err.strip()
+  assert "--batch-size 1000 exceeds the" in err and "\n" not in err
