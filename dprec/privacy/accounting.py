@@ -81,6 +81,12 @@ def dp_sgd_event(noise_multiplier, sampling_rate, steps):
           sampling_rate, dp_accounting.GaussianDpEvent(noise_multiplier)), int(steps))
 
 
+def gaussian_mechanism_period(noise_multiplier):
+  """One release of the (unsampled) Gaussian mechanism, e.g. a DP histogram: the sampled
+  Gaussian at q = 1 for one step, whose PLD and RDP are exactly the Gaussian mechanism's."""
+  return TrainingPeriod(noise_multiplier, 1.0, 1)
+
+
 def make_accountant(accountant="pld", pld_discretization=PLD_DISCRETIZATION):
   """A fresh `dp_accounting` accountant with add/remove-one adjacency. A coarser PLD grid is
   faster and pessimistic (its ε is an upper bound on the default grid's)."""

@@ -70,6 +70,11 @@ def calibrate_noise_multiplier(target_epsilon, delta, sampling_rate, steps, acco
       target_epsilon, delta, accountant, rtol)
 
 
+def calibrate_gaussian_mechanism(target_epsilon, delta, accountant="pld", rtol=1e-3):
+  """σ of one (unsampled) Gaussian mechanism, e.g. a DP histogram, with ε <= target at δ."""
+  return _calibrate(dp_accounting.GaussianDpEvent, target_epsilon, delta, accountant, rtol)
+
+
 @dataclasses.dataclass(frozen=True)
 class TrainingPlan:
   """One σ for every planned period so that training plus selection fit the budget."""
@@ -86,11 +91,13 @@ class TrainingPlan:
 
 def plan_training(target_epsilon, delta, periods: Sequence[Tuple[float, int]],
                   selection_epsilon=0.0, accountant="pld", poisson=True, rtol=1e-3,
-                  selection_delta=0.0, progress=None):
+                  selection_delta=0.0, progress=None, gaussian_mechanisms=()):
   """Calibrate one σ for periods [(q_i, T_i)] after deducting the selection (note 001 C.3).
 
   Basic composition: ε_total = ε_train(δ − δ_select) + ε_select, so training gets the target
-  minus ε_select at δ − δ_select.
+  minus ε_select at δ − δ_select. `gaussian_mechanisms` (their noise multipliers, e.g. a DP
+  histogram's) are released once each before training and composed with it in the accountant
+  (PLD), so training's σ is calibrated for what they leave.
   """
   if not periods:
     raise DprecError("plan_training needs at least one (sampling_rate, steps) period")
@@ -103,12 +110,14 @@ def plan_training(target_epsilon, delta, periods: Sequence[Tuple[float, int]],
 
   def make_event(sigma):
     return dp_accounting.ComposedDpEvent(
-        [accounting.dp_sgd_event(sigma, q, steps) for q, steps in periods])
+        [dp_accounting.GaussianDpEvent(s) for s in gaussian_mechanisms]
+        + [accounting.dp_sgd_event(sigma, q, steps) for q, steps in periods])
 
   if not 0 <= selection_delta < delta:
     raise DprecError(f"selection delta {selection_delta} must be in [0, delta={delta})")
   sigma = _calibrate(make_event, target_epsilon - selection_epsilon, delta - selection_delta,
                      accountant, rtol, progress)
-  planned = [accounting.TrainingPeriod(sigma, q, int(steps), poisson) for q, steps in periods]
+  planned = [accounting.gaussian_mechanism_period(s) for s in gaussian_mechanisms]
+  planned += [accounting.TrainingPeriod(sigma, q, int(steps), poisson) for q, steps in periods]
   return TrainingPlan(sigma, composition.compose_periods(
       planned, delta, accountant, selections=[(selection_epsilon, selection_delta)]))

@@ -115,24 +115,31 @@ class PrivacyLedger:
   def remaining(self):
     return max(0.0, self.epsilon_budget - self.epsilon_spent())
 
-  def _with_gaussian(self, noise_multiplier, sampling_rate, steps, poisson, label):
-    """The charge list after a Gaussian charge; merged into the last entry when identical."""
+  def _with_gaussian(self, noise_multiplier, sampling_rate, steps, poisson, label, charges=None):
+    """The charge list (default: the ledger's) after a Gaussian charge; merged into the last
+    entry when identical."""
+    charges = self.charges if charges is None else charges
     accounting.check_gaussian_parameters(noise_multiplier, sampling_rate, steps)
     charge = {"mechanism": GAUSSIAN, "noise_multiplier": float(noise_multiplier),
               "sampling_rate": float(sampling_rate), "steps": int(steps), "poisson": bool(poisson),
               "label": label}
-    last = self.charges[-1] if self.charges else None
+    last = charges[-1] if charges else None
     if (last is not None and last["mechanism"] == GAUSSIAN and last["label"] == label
         and _gaussian_key(last) == _gaussian_key(charge)):
       merged = dict(last, steps=last["steps"] + charge["steps"], merged=last["merged"] + 1,
                     updated=_now())
-      return self.charges[:-1] + [merged]
+      return charges[:-1] + [merged]
     charge.update(time=_now(), updated=_now(), merged=1)
-    return self.charges + [charge]
+    return charges + [charge]
 
-  def epsilon_if_charged(self, noise_multiplier, sampling_rate, steps, poisson=True, label=""):
-    """ε the ledger would reach after this Gaussian charge (nothing is recorded)."""
-    charges = self._with_gaussian(noise_multiplier, sampling_rate, steps, poisson, label)
+  def epsilon_if_charged(self, noise_multiplier, sampling_rate, steps, poisson=True, label="",
+                         gaussian_mechanisms=()):
+    """ε the ledger would reach after this Gaussian charge, preceded by the Gaussian mechanisms
+    [(noise multiplier, label)] (`charge_gaussian_mechanism`); nothing is recorded."""
+    charges = self.charges
+    for mechanism_sigma, mechanism_label in gaussian_mechanisms:
+      charges = self._with_gaussian(mechanism_sigma, 1.0, 1, True, mechanism_label, charges)
+    charges = self._with_gaussian(noise_multiplier, sampling_rate, steps, poisson, label, charges)
     return self._compose(charges).epsilon
 
   def _commit(self, charges, description):
@@ -155,6 +162,13 @@ class PrivacyLedger:
     charges = self._with_gaussian(noise_multiplier, sampling_rate, steps, poisson, label)
     return self._commit(charges, f"charging {steps} steps (sigma {noise_multiplier:g}, "
                         f"q {sampling_rate:g}{', ' + label if label else ''})")
+
+  def charge_gaussian_mechanism(self, noise_multiplier, label=""):
+    """Record one release of the (unsampled) Gaussian mechanism, e.g. a DP histogram, composed
+    with training in the accountant (`accounting.gaussian_mechanism_period`); returns ε so far."""
+    period = accounting.gaussian_mechanism_period(noise_multiplier)
+    return self.charge_gaussian(period.noise_multiplier, period.sampling_rate, period.steps,
+                                period.poisson, label)
 
   def charge_pure(self, epsilon, label=""):
     """Record a pure ε-DP release (e.g. DP top-k selection); returns ε so far."""
