@@ -5,13 +5,19 @@ An output directory holds `manifest.json` (format `dprec-sequences-v1`), `stats.
 `train_items` int64 list in time order, `valid_item` and `test_item` int64, 0 = none), the item
 frequencies p_i (`item_frequencies.npy`, float64[M + 1], p_0 = 0) and the original ids of items
 and users (`item_ids.txt`, `user_ids.txt`: line i is the original id of index i). Items are
-1..M; 0 is padding.
+1..M; 0 is padding. The exact p_i are private data (evaluation buckets items by them); a model
+takes p_i from a DP histogram or from a public file (`read_item_frequencies`).
+
+Item frequency file (public p_i, e.g. a platform's published purchase shares): one item a line,
+`ITEM_ID FREQUENCY` separated by white space, the id as in the input logs (`item_ids.txt`), the
+frequency in [0, 1]; blank lines and `#` comments are skipped. It must cover every item of the
+data set; ids the data set does not hold are ignored.
 """
 import dataclasses
 import io
 import json
 import os
-from typing import List
+from typing import List, Optional
 
 import numpy as np
 
@@ -35,6 +41,7 @@ class SequenceData:
   test_items: np.ndarray  # int64[U], 0 = none
   item_frequencies: np.ndarray  # float64[M + 1]
   stats: dict
+  item_ids: Optional[List[str]] = None  # original id of items 1..M (None: not known)
 
   @property
   def num_items(self) -> int:
@@ -111,13 +118,54 @@ def load_sequences(directory: str) -> SequenceData:
     lengths = np.bincount(items.indices[:, 0].numpy(), minlength=len(users[-1]))
     train += np.split(items.values.numpy(), np.cumsum(lengths)[:-1])
   frequencies = np.load(os.path.join(directory, manifest["item_frequencies"]))
+  with open(os.path.join(directory, manifest["item_ids"]), encoding="utf-8") as stream:
+    item_ids = stream.read().split("\n")[1:frequencies.shape[0]]
   empty = np.zeros(0, np.int64)
   data = SequenceData(
       users=np.concatenate(users) if users else empty, train=train,
       valid_items=np.concatenate(valid) if valid else empty,
       test_items=np.concatenate(test) if test else empty,
-      item_frequencies=frequencies, stats=stats)
+      item_frequencies=frequencies, stats=stats, item_ids=item_ids)
   if data.num_users != manifest["users"] or data.num_items != manifest["items"]:
     raise DprecError(f"{path}: manifest says {manifest['users']} users / {manifest['items']} "
                      f"items, files hold {data.num_users} / {data.num_items}")
   return data
+
+
+def read_item_frequencies(path: str, item_ids: List[str]) -> np.ndarray:
+  """float64[M + 1] p_i from an item frequency file (module docstring) for items 1..M with the
+  original ids `item_ids` (p_0 = 0); bad lines and uncovered items raise `DprecError`."""
+  index = {item: position + 1 for position, item in enumerate(item_ids)}
+  frequencies = np.zeros(len(item_ids) + 1, np.float64)
+  first_line = {}
+  try:
+    with open(path, encoding="utf-8") as stream:
+      lines = stream.read().split("\n")
+  except (OSError, UnicodeDecodeError) as error:
+    raise DprecError(f"{path}: cannot read the item frequency file ({error})") from error
+  for number, raw in enumerate(lines, start=1):
+    fields = raw.split("#", 1)[0].split()
+    if not fields:
+      continue
+    where = f"{path}:{number}"
+    if len(fields) != 2:
+      raise DprecError(f"{where}: expected 2 fields (item frequency), found {len(fields)}")
+    item, text = fields
+    try:
+      value = float(text)
+    except ValueError:
+      raise DprecError(f"{where}: frequency: not a number: {text!r}") from None
+    if not 0.0 <= value <= 1.0:
+      raise DprecError(f"{where}: frequency: must be in [0, 1], got {text}")
+    if item in first_line:
+      raise DprecError(f"{where}: item {item!r} again (first on line {first_line[item]})")
+    first_line[item] = number
+    if item in index:
+      frequencies[index[item]] = value
+  missing = [item for item in item_ids if item not in first_line]
+  if missing:
+    raise DprecError(
+        f"{path}: no frequency for {len(missing)} of the {len(item_ids)} items of the data set "
+        f"(e.g. {', '.join(repr(m) for m in missing[:3])}); the file must list every item by "
+        "its id in the input logs")
+  return frequencies

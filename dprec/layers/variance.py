@@ -5,8 +5,10 @@ token, the variance that this noise induces in the activations, by moment matchi
 linear layers by Eq. 7, ReLU by the *corrected* Eq. 8 (the printed form subtracts c² instead of
 E[Z]², note 000 §3.7), GELU by the ReLU rule (Remark A.5). Means are the actual forward activations
 and the released weights (the paper's "noisy parameter as an estimate of its mean"). Everything here
-depends only on one example, the public frequencies p_i and the weights, so it keeps the DP claim
-(note 000 §4): no batch statistics.
+depends only on one example, the frequencies p_i and the weights: no batch statistics, so the
+forward pass adds no privacy cost of its own (note 000 §4). The p_i do: exact counts of the training
+users would be released with the model, so they must be public or DP themselves (a public file, or
+`dprec.privacy.user_histogram`'s DP histogram charged to the run's ledger).
 """
 import math
 

@@ -123,8 +123,11 @@ class SeqRecModel(DPModel):
                       num_examples, scale=1.0):
     """Re-Attention's effective errors (Eq. 5): σ_dp·C/(B·p_i) per item row, σ_dp·C/B for weights.
 
-    `frequencies` p_i (length M+1, p_0 unused) are treated as public (Remark A.2); p_i is clamped
-    to 1/N so unseen items get a large finite variance. σ_dp = 0 gives plain attention.
+    `frequencies` p_i (length M+1, p_0 unused) are stored, through the variances, in the model and
+    every checkpoint, so they must be public or DP (Remark A.2 assumes them public; `train seqrec`
+    takes a public file or `dprec.privacy.user_histogram`'s DP histogram), never exact counts of
+    the training data. p_i is clamped to 1/N so unseen items get a large finite variance.
+    σ_dp = 0 gives plain attention.
     """
     self.item_variance.assign(variance_lib.item_error_variances(
         np.asarray(frequencies, np.float32), noise_multiplier, l2_norm_clip, batch_size,

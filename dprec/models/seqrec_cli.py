@@ -7,6 +7,10 @@ validation item appended when the job held one out, predicts the next item at ev
 The test item is ranked against all M items from the full history (train + validation items).
 σ is calibrated from ε (δ = 1/N by default) for Poisson sampling at q = B/N over the planned steps
 (`dprec.privacy`), charged to a ledger as training runs; `--epsilon inf` trains without privacy.
+Re-Attention's p_i come from a public file (`--item-frequencies`) or, by default, from a DP
+histogram of users per item (`dprec.privacy.user_histogram`) drawn once before training, charged
+to the same ledger and composed with training by the accountant: it gets `--item-frequency-share`
+of ε and training's σ is calibrated for the rest.
 Adam (decoupled weight decay 1e-5) with 20% linear warm-up then linear decay, as in the paper.
 
 With `--run-dir DIR` the run checkpoints atomically every `--checkpoint-every` steps (model,
@@ -63,6 +67,8 @@ class SeqRecTrainOptions:
   reattention_scale_by_dim: bool = True
   reattention_at_eval: bool = True
   variance_scale: float = 1.0
+  item_frequencies: Optional[str] = None  # public p_i file; None: DP histogram
+  item_frequency_share: float = 0.05
   fixed_batches: bool = False
   accountant: str = "pld"
   ledger: Optional[str] = None
@@ -88,6 +94,9 @@ class SeqRecTrainOptions:
                        f"{self.batch_size}")
     if self.dim % self.num_heads:
       raise DprecError(f"--dim {self.dim} must be divisible by --heads {self.num_heads}")
+    if not 0 < self.item_frequency_share < 1:
+      raise DprecError(f"--item-frequency-share must be in (0, 1), got "
+                       f"{self.item_frequency_share}")
     if self.checkpoint_every < 1:
       raise DprecError(f"--checkpoint-every must be >= 1, got {self.checkpoint_every}")
     if self.keep_checkpoints is not None and self.keep_checkpoints < 0:
@@ -153,6 +162,7 @@ class PrivacyPlan:
   delta: Optional[float]
   sampling_rate: float
   steps: int
+  frequency_noise_multiplier: Optional[float] = None  # of the DP histogram of p_i, if any
 
 
 def plan_privacy(options, num_examples):
@@ -167,17 +177,38 @@ def plan_privacy(options, num_examples):
   if not options.private:
     return PrivacyPlan(None, None, q, steps)
   delta = options.delta if options.delta is not None else 1.0 / num_examples
+  histogram = []
+  if options.reattention and options.item_frequencies is None:
+    histogram = [privacy.calibrate_gaussian_mechanism(
+        options.item_frequency_share * options.epsilon, delta, options.accountant)]
   plan = privacy.plan_training(options.epsilon, delta, [(q, steps)],
-                               accountant=options.accountant, poisson=not options.fixed_batches)
-  return PrivacyPlan(plan.noise_multiplier, delta, q, steps)
+                               accountant=options.accountant, poisson=not options.fixed_batches,
+                               gaussian_mechanisms=histogram)
+  return PrivacyPlan(plan.noise_multiplier, delta, q, steps, *histogram)
 
 
-def build_model(options, examples, plan):
-  """A compiled `SeqRecModel` with Re-Attention's error model set from the plan."""
+def item_frequencies(options, data, examples, plan, generator):
+  """Re-Attention's p_i (None without DP or Re-Attention): the public `--item-frequencies` file,
+  else a DP histogram of users per item over the training rows (noise from `generator`)."""
+  from dprec.data import sequences  # pylint: disable=import-outside-toplevel
+  from dprec.privacy import user_histogram  # pylint: disable=import-outside-toplevel
+  if not (options.private and options.reattention):
+    return None
+  if options.item_frequencies is not None:
+    if data.item_ids is None:
+      raise DprecError("--item-frequencies needs the data set's item ids (item_ids.txt)")
+    return sequences.read_item_frequencies(options.item_frequencies, data.item_ids)
+  return user_histogram.dp_item_frequencies(examples.items, examples.num_items,
+                                            plan.frequency_noise_multiplier, generator)
+
+
+def build_model(options, examples, plan, frequencies=None):
+  """A compiled `SeqRecModel`; Re-Attention's error model is set from the plan and `frequencies`
+  (`item_frequencies`; None leaves it to a checkpoint restored into the model)."""
   model = SeqRecModel(options.model_config(examples.num_items))
   model({"items": examples.items[:1]})
-  if options.private and options.reattention:
-    model.set_error_model(examples.item_frequencies, plan.noise_multiplier, options.l2_norm_clip,
+  if frequencies is not None:
+    model.set_error_model(frequencies, plan.noise_multiplier, options.l2_norm_clip,
                           options.batch_size, len(examples.items), options.variance_scale)
   algorithm = (config_lib.DPSGD(options.l2_norm_clip, plan.noise_multiplier,
                                 normalization_offset=options.normalization_offset)
@@ -219,7 +250,11 @@ def train_seqrec(options, data=None):
         options, batch_size=poisson.default_batch_size(len(examples.items)))
   plan = plan_privacy(options, len(examples.items))
   tf.keras.utils.set_random_seed(options.seed)
-  model = build_model(options, examples, plan)
+  # Secret noise for the histogram (the run's key will seed it; a resumed run's p_i come back
+  # from its checkpoint).
+  frequencies = item_frequencies(options, data, examples, plan,
+                                 np.random.default_rng(int.from_bytes(os.urandom(32), "little")))
+  model = build_model(options, examples, plan, frequencies)
   with tempfile.TemporaryDirectory() as work_dir:
     run = _RunState(options, examples, model, work_dir)
     remaining = plan.steps - run.step
@@ -247,6 +282,7 @@ def train_seqrec(options, data=None):
     metrics = evaluate(model, examples, options)
     summary = _summary(options, examples, plan, history, metrics, timer, ledger, run)
     summary["batch_size_chosen"] = batch_size_chosen
+    summary["item_frequencies"] = _frequency_source(options, plan, frequencies, run)
   if options.summary_json:
     with open(options.summary_json, "w", encoding="utf-8") as out:
       json.dump(summary, out, indent=2, sort_keys=True)
@@ -279,6 +315,7 @@ class _RunState:
     self.checkpoints = None
     self.step, self.loss = 0, None
     self.ledger_label = "train seqrec"
+    self.frequencies_label = f"{self.ledger_label} item frequencies"
     if options.run_dir is None:
       return
     self.checkpoints = ckpt_lib.CheckpointManager(os.path.join(options.run_dir, "checkpoints"),
@@ -286,6 +323,7 @@ class _RunState:
     latest = self.checkpoints.latest()
     if latest is None:  # commit step 0 now, so the ledger label survives an early crash
       self.ledger_label = f"train seqrec {uuid.uuid4().hex[:8]}"
+      self.frequencies_label = f"{self.ledger_label} item frequencies"
       self.checkpoint_callback(1).commit()
       return
     state = self.checkpoints.read_state(latest)
@@ -298,6 +336,7 @@ class _RunState:
           + "); resume with the same settings or use another --run-dir")
     self.objects.read(os.path.join(latest, ckpt_lib.MODEL_PREFIX)).assert_consumed()
     self.step, self.loss, self.ledger_label = state["step"], state["loss"], state["ledger_label"]
+    self.frequencies_label = f"{self.ledger_label} item frequencies"
 
   def checkpoint_callback(self, every):
     state = {"fingerprint": self.fingerprint, "ledger_label": self.ledger_label,
@@ -313,6 +352,12 @@ class _RunState:
     return sum(charge["steps"] for charge in ledger.charges
                if charge.get("label") == self.ledger_label and "steps" in charge)
 
+  def frequencies_paid(self, ledger):
+    """Whether the ledger holds this run's DP histogram charge (never for a run without
+    --run-dir: its histogram is new)."""
+    return self.checkpoints is not None and any(
+        charge.get("label") == self.frequencies_label for charge in ledger.charges)
+
 
 def _open_ledger(options, plan, run):
   """The run's ledger; raises if the steps still to pay for do not fit its budget."""
@@ -320,15 +365,32 @@ def _open_ledger(options, plan, run):
   ledger = PrivacyLedger(run.ledger_path, epsilon_budget=options.epsilon, delta=plan.delta,
                          accountant=options.accountant)
   unpaid = plan.steps - run.steps_paid(ledger)
-  if unpaid <= 0:
+  histogram = []
+  if plan.frequency_noise_multiplier is not None and not run.frequencies_paid(ledger):
+    histogram = [(plan.frequency_noise_multiplier, run.frequencies_label)]
+  if unpaid <= 0 and not histogram:
     return ledger
-  planned = ledger.epsilon_if_charged(plan.noise_multiplier, plan.sampling_rate, unpaid,
-                                      poisson=not options.fixed_batches)
+  planned = ledger.epsilon_if_charged(plan.noise_multiplier, plan.sampling_rate, max(unpaid, 0),
+                                      poisson=not options.fixed_batches,
+                                      gaussian_mechanisms=histogram)
   if planned > options.epsilon * (1 + 1e-6):
     raise BudgetExceededError(
         f"{run.ledger_path}: the planned run would bring the ledger to ε={planned:.4g} > budget "
         f"{options.epsilon:g} (already spent {ledger.epsilon_spent():.4g})")
+  for sigma, label in histogram:  # released (into the model) before the first step
+    ledger.charge_gaussian_mechanism(sigma, label)
   return ledger
+
+
+def _frequency_source(options, plan, frequencies, run):
+  """Where Re-Attention's p_i came from, for the summary."""
+  if frequencies is None:
+    return None
+  if options.item_frequencies is not None:
+    return {"source": "public file", "path": options.item_frequencies, "public": True}
+  return {"source": "dp histogram", "epsilon_share": options.item_frequency_share,
+          "noise_multiplier": plan.frequency_noise_multiplier,
+          "max_items_per_user": options.max_len, "ledger_label": run.frequencies_label}
 
 
 def _summary(options, examples, plan, history, metrics, timer, ledger, run):
@@ -396,6 +458,11 @@ def register(subparsers):
       help="score the padding positions too (fixed shapes; same loss, slower)")
   add("--variance-scale", type=float, default=1.0,
       help="multiplier of Re-Attention's effective-error variances σ_eff²")
+  add("--item-frequencies", metavar="FILE",
+      help="public Re-Attention frequencies p_i, lines 'ITEM_ID P' (ids as in the input logs); "
+           "default: a DP histogram of users per item, charged to the ledger")
+  add("--item-frequency-share", type=float, default=0.05, metavar="FRACTION",
+      help="share of ε for the DP histogram of p_i (training's σ is calibrated for the rest)")
   add("--fixed-batches", action="store_true",
       help="fixed-size shuffled batches instead of Poisson sampling (ledger flags it)")
   add("--accountant", choices=("pld", "rdp"), default="pld", help="privacy accountant")
@@ -426,7 +493,8 @@ def run(args):
       num_blocks=args.num_blocks, num_heads=args.num_heads, dropout=args.dropout,
       reattention=not args.no_reattention, tied=not args.untied,
       loss_positions=args.loss_positions, score_padding=args.score_padding,
-      variance_scale=args.variance_scale,
+      variance_scale=args.variance_scale, item_frequencies=args.item_frequencies,
+      item_frequency_share=args.item_frequency_share,
       fixed_batches=args.fixed_batches, accountant=args.accountant, ledger=args.ledger,
       run_dir=args.run_dir, checkpoint_every=args.checkpoint_every,
       keep_checkpoints=args.keep_checkpoints,

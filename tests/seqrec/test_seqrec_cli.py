@@ -1,9 +1,17 @@
 """`dprec train seqrec` end to end on a tiny synthetic sequences job output."""
 import json
+import os
 
 import dp_accounting
+import numpy as np
+import pytest
+import tensorflow as tf
 
 from dprec import cli
+from dprec.data.sequences import load_sequences, read_item_frequencies
+from dprec.errors import DprecError
+from dprec.models import seqrec_cli
+from dprec.privacy import PrivacyLedger, user_histogram
 
 SMALL = ["--epochs", "1", "--max-len", "8", "--dim", "8", "--blocks", "1", "--no-progress"]
 TINY = SMALL + ["--batch-size", "32"]
@@ -22,7 +30,13 @@ def test_dp_run_summary_and_epsilon(data_dir, tmp_path, capsys):
     assert set(summary["by_popularity"][bucket]) >= {"ndcg_at_10", "hit_at_10"}
   assert summary["model"] == "dpformer" and summary["delta"] == 1 / summary["train_examples"]
   assert summary["normalization_offset"] == 0.01
+  # ε is the DP histogram of p_i (one Gaussian mechanism) composed with the T sampled steps.
+  frequencies = summary["item_frequencies"]
+  assert frequencies["source"] == "dp histogram" and frequencies["epsilon_share"] == 0.05
   accountant = dp_accounting.pld.PLDAccountant()
+  accountant.compose(dp_accounting.GaussianDpEvent(frequencies["noise_multiplier"]))
+  alone = accountant.get_epsilon(summary["delta"])
+  assert abs(alone - 0.05 * 5) <= 1e-3 * 0.25
   accountant.compose(dp_accounting.PoissonSampledDpEvent(
       summary["sampling_rate"], dp_accounting.GaussianDpEvent(summary["noise_multiplier"])),
       summary["steps"])
@@ -59,3 +73,74 @@ def test_default_batch_size_fits_tiny_data_and_an_impossible_one_is_refused(data
   assert code == 2
   err = capsys.readouterr().err.strip()
   assert "--batch-size 1000 exceeds the" in err and "\n" not in err
+
+
+def _trained_frequencies(run_dir, summary):
+  """p_i read back from the final checkpoint's Re-Attention variances σ_eff² = (σ·C/(B·p_i))²."""
+  with open(os.path.join(run_dir, "checkpoints", "LATEST"), encoding="utf-8") as f:
+    latest = os.path.join(run_dir, "checkpoints", f.read().strip(), "model")
+  reader = tf.train.load_checkpoint(latest)
+  name = next(n for n in reader.get_variable_to_shape_map() if "item_variance" in n)
+  variance = reader.get_tensor(name)[1:]
+  return summary["noise_multiplier"] * summary["l2_norm_clip"] / (
+      summary["batch_size"] * np.sqrt(variance))
+
+
+def test_trained_model_holds_dp_frequencies_charged_to_the_ledger(data_dir, tmp_path, capsys):
+  run_dir = str(tmp_path / "run")
+  code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "5", "--run-dir",
+                   run_dir] + TINY)
+  assert code == 0
+  summary = json.loads(capsys.readouterr().out)
+  data = load_sequences(data_dir)
+  examples = seqrec_cli.make_examples(data, 8)
+  n = len(examples.items)
+  exact = user_histogram.users_per_item(examples.items, data.num_items) / n
+  trained = _trained_frequencies(run_dir, summary)
+  assert np.all(trained >= 1 / n - 1e-6) and np.all(trained <= 1 + 1e-6)
+  assert not np.allclose(trained, np.maximum(exact[1:], 1 / n), rtol=1e-3)
+  assert not np.allclose(trained, np.maximum(data.item_frequencies[1:], 1 / n), rtol=1e-3)
+  charges = PrivacyLedger(os.path.join(run_dir, "ledger.json")).charges
+  histogram = [c for c in charges if c["label"] == summary["item_frequencies"]["ledger_label"]]
+  assert len(histogram) == 1 and histogram[0]["sampling_rate"] == 1.0
+  assert histogram[0]["steps"] == 1
+  assert histogram[0]["noise_multiplier"] == summary["item_frequencies"]["noise_multiplier"]
+
+
+def test_public_frequency_file_is_used_as_is_and_not_charged(data_dir, frequency_file, tmp_path,
+                                                             capsys):
+  run_dir, (path, values) = str(tmp_path / "run"), frequency_file
+  code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "5", "--run-dir",
+                   run_dir, "--item-frequencies", path] + TINY)
+  assert code == 0
+  summary = json.loads(capsys.readouterr().out)
+  assert summary["item_frequencies"] == {"source": "public file", "path": path, "public": True}
+  np.testing.assert_allclose(_trained_frequencies(run_dir, summary), values, rtol=1e-4)
+  charges = PrivacyLedger(os.path.join(run_dir, "ledger.json")).charges
+  assert all(c["sampling_rate"] == summary["sampling_rate"] for c in charges)
+
+
+@pytest.mark.parametrize("line, message", [
+    ("x 0.1 2", ":3: expected 2 fields"), ("x half", ":3: frequency: not a number"),
+    ("x 1.5", ":3: frequency: must be in [0, 1]")])
+def test_bad_frequency_file_is_a_one_line_error_with_file_and_line(data_dir, tmp_path, capsys,
+                                                                   line, message):
+  path = tmp_path / "bad.txt"
+  path.write_text(f"# header\n\n{line}\n")
+  code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "5",
+                   "--item-frequencies", str(path)] + TINY)
+  assert code == 2
+  err = capsys.readouterr().err.strip()
+  assert f"{path}{message}" in err and "\n" not in err
+
+
+def test_frequency_file_must_cover_every_item(data_dir, tmp_path):
+  path = tmp_path / "partial.txt"
+  data = load_sequences(data_dir)
+  path.write_text(f"{data.item_ids[0]} 0.5\n{data.item_ids[0]} 0.25\n")
+  with pytest.raises(DprecError, match=r"partial.txt:2: item .* again \(first on line 1\)"):
+    read_item_frequencies(str(path), data.item_ids)
+  path.write_text(f"{data.item_ids[0]} 0.5\n")
+  with pytest.raises(DprecError, match=f"no frequency for {data.num_items - 1} of the "
+                                       f"{data.num_items} items"):
+    read_item_frequencies(str(path), data.item_ids)

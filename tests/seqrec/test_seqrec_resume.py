@@ -31,36 +31,49 @@ def _final_variables(run_dir):
           if name.startswith(("model/", "optimizer/", "generator/"))}
 
 
+def _charges(run_dir):
+  return PrivacyLedger(os.path.join(run_dir, "ledger.json")).charges
+
+
 def _steps_in_ledger(run_dir):
-  ledger = PrivacyLedger(os.path.join(run_dir, "ledger.json"))
-  return sum(charge["steps"] for charge in ledger.charges)
+  return sum(charge["steps"] for charge in _charges(run_dir)
+             if not charge["label"].endswith("item frequencies"))
 
 
-def test_killed_run_resumes_to_the_uninterrupted_result(data_dir, tmp_path, monkeypatch):
-  whole = train_seqrec(_options(data_dir, run_dir=str(tmp_path / "whole"), keep_checkpoints=None))
-  assert whole["steps"] == 8 and whole["resumed_from_step"] == 0
-  kept = sorted(os.listdir(tmp_path / "whole" / "checkpoints"))
-  assert kept == ["LATEST"] + [f"ckpt-{n:06d}" for n in range(4)]  # steps 0, 3, 6, 8
-  saved_options = options_from_checkpoint(_latest(str(tmp_path / "whole")))
-  assert saved_options.run_fingerprint() == _options(data_dir).run_fingerprint()
-
+def _kill_after_step(monkeypatch, step):
   timer_step_end = callbacks_lib.StepTimer.on_train_batch_end
 
   def killed_after_step(timer, batch, logs=None):
     timer_step_end(timer, batch, logs)
-    if timer.steps == KILL_AFTER_STEP:
+    if timer.steps == step:
       raise KeyboardInterrupt("killed")
 
   monkeypatch.setattr(callbacks_lib.StepTimer, "on_train_batch_end", killed_after_step)
+
+
+def test_killed_run_resumes_to_the_uninterrupted_result(data_dir, frequency_file, tmp_path,
+                                                        monkeypatch):
+  # Public p_i: the DP histogram's noise is secret, so two runs would differ (see below).
+  path = frequency_file[0]
+  whole = train_seqrec(_options(data_dir, run_dir=str(tmp_path / "whole"), keep_checkpoints=None,
+                                item_frequencies=path))
+  assert whole["steps"] == 8 and whole["resumed_from_step"] == 0
+  kept = sorted(os.listdir(tmp_path / "whole" / "checkpoints"))
+  assert kept == ["LATEST"] + [f"ckpt-{n:06d}" for n in range(4)]  # steps 0, 3, 6, 8
+  saved_options = options_from_checkpoint(_latest(str(tmp_path / "whole")))
+  assert saved_options.run_fingerprint() == _options(
+      data_dir, item_frequencies=path).run_fingerprint()
+
+  _kill_after_step(monkeypatch, KILL_AFTER_STEP)
   killed_dir = str(tmp_path / "killed")
   with pytest.raises(KeyboardInterrupt):
-    train_seqrec(_options(data_dir, run_dir=killed_dir))
+    train_seqrec(_options(data_dir, run_dir=killed_dir, item_frequencies=path))
   # Steps 4 and 5 were trained and paid for (in blocks of 2: through step 6) after the last
   # checkpoint (step 3); the resumed run trains them again without paying again.
   assert _steps_in_ledger(killed_dir) == 6
   monkeypatch.undo()
 
-  resumed = train_seqrec(_options(data_dir, run_dir=killed_dir))
+  resumed = train_seqrec(_options(data_dir, run_dir=killed_dir, item_frequencies=path))
   assert resumed["resumed_from_step"] == 3
   assert len(os.listdir(os.path.join(killed_dir, "checkpoints"))) == 1 + 2  # LATEST, newest 2
   assert _steps_in_ledger(killed_dir) == whole["steps"]
@@ -71,10 +84,29 @@ def test_killed_run_resumes_to_the_uninterrupted_result(data_dir, tmp_path, monk
     np.testing.assert_allclose(got[name], value, atol=1e-5, err_msg=name)
   assert resumed["ndcg_at_10"] == pytest.approx(whole["ndcg_at_10"])
 
-  again = train_seqrec(_options(data_dir, run_dir=killed_dir))  # finished: evaluates only
+  again = train_seqrec(_options(data_dir, run_dir=killed_dir, item_frequencies=path))  # evaluates
   assert again["resumed_from_step"] == whole["steps"] and again["epsilon"] == resumed["epsilon"]
   with pytest.raises(DprecError, match="epochs: 2 there, 3 now"):
-    train_seqrec(_options(data_dir, run_dir=killed_dir, epochs=3))
+    train_seqrec(_options(data_dir, run_dir=killed_dir, item_frequencies=path, epochs=3))
+
+
+def test_resumed_run_keeps_its_dp_frequencies_and_pays_for_them_once(data_dir, tmp_path,
+                                                                     monkeypatch):
+  run_dir = str(tmp_path / "run")
+  _kill_after_step(monkeypatch, KILL_AFTER_STEP)
+  with pytest.raises(KeyboardInterrupt):
+    train_seqrec(_options(data_dir, run_dir=run_dir, keep_checkpoints=None))
+  monkeypatch.undo()
+  resumed = train_seqrec(_options(data_dir, run_dir=run_dir, keep_checkpoints=None))
+  assert resumed["resumed_from_step"] == 3
+  histogram = [c for c in _charges(run_dir)
+               if c["label"] == resumed["item_frequencies"]["ledger_label"]]
+  assert len(histogram) == 1 and _steps_in_ledger(run_dir) == resumed["steps"]
+  first = tf.train.load_checkpoint(os.path.join(run_dir, "checkpoints", "ckpt-000000", "model"))
+  last = tf.train.load_checkpoint(os.path.join(_latest(run_dir), "model"))
+  name = next(n for n in last.get_variable_to_shape_map() if "item_variance" in n)
+  np.testing.assert_array_equal(first.get_tensor(name), last.get_tensor(name))
+  assert resumed["epsilon"] <= 5.0 + 1e-6
 
 
 def test_runs_sharing_a_ledger_without_run_dir_each_pay(data_dir, tmp_path):
