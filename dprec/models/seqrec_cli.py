@@ -462,7 +462,8 @@ def register(subparsers):
       help="public Re-Attention frequencies p_i, lines 'ITEM_ID P' (ids as in the input logs); "
            "default: a DP histogram of users per item, charged to the ledger")
   add("--item-frequency-share", type=float, default=0.05, metavar="FRACTION",
-      help="share of ε for the DP histogram of p_i (training's σ is calibrated for the rest)")
+      help="share of ε for the DP histogram of p_i (default 0.05; training's σ is calibrated "
+           "for the rest)")
   add("--fixed-batches", action="store_true",
       help="fixed-size shuffled batches instead of Poisson sampling (ledger flags it)")
   add("--accountant", choices=("pld", "rdp"), default="pld", help="privacy accountant")
