@@ -8,12 +8,16 @@ pCTR model trained with the real DP step (`DPModel` + `DPOptimizer`, planned fro
 the one-run ε lower bound of Steinke, Nasr & Jagielski 2023 (`bounds.py`) at --confidence.
 DP-AdaFEST is audited as it runs: a canary row moves only if its noisy count passes τ or it is
 drawn as a false positive, and then by its clipped gradient plus noise.
+
+The data, model and privacy options are `train ctr`'s; the audit writes no ledger, logs or
+evaluation, so --ledger and --log-dir are refused and --charge-every, --eval-batch-size ignored.
+The scores file says which canaries were inserted; it is a private artefact of the audit.
 """
 import argparse
 import dataclasses
 import json
 import os
-from typing import Callable, Optional
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -53,7 +57,7 @@ class CTRAuditOptions:
       raise DprecError(f"--score must be one of {', '.join(scores_lib.SCORES)}")
 
 
-def _train_with_canaries(options, data, canaries, make_config):
+def _train_with_canaries(options, data, canaries):
   """One training run of `train ctr`'s configuration on data + included canaries; returns the
   canary scores and the plan."""
   train_options = options.train
@@ -64,7 +68,7 @@ def _train_with_canaries(options, data, canaries, make_config):
   if train_options.algorithm in ("dp_fest", "dp_adafest_plus"):
     # Selection charged by the plan (ε_select); no ledger: the audit releases only its bound.
     selected = train_ctr._selected_rows(train_options, model.config, train, None)  # pylint: disable=protected-access
-  config = make_config(train_options, plan, selected)
+  config = train_ctr.algorithm_config(train_options, plan, selected)
   private = train_options.algorithm != "non_private"
   model.compile(optimizer=DPOptimizer(config,
                                       train_ctr.OPTIMIZERS[train_options.optimizer](
@@ -81,11 +85,8 @@ def _train_with_canaries(options, data, canaries, make_config):
   return scorer.scores(model), plan
 
 
-def audit_ctr(options: CTRAuditOptions, data=None,
-              make_config: Callable = train_ctr.algorithm_config) -> dict:
-  """Runs the audit; returns (and writes to `options.summary_json`) its JSON summary.
-  `make_config(train_options, plan, selected_rows)` builds the DP configuration (tests pass a
-  deliberately broken one)."""
+def audit_ctr(options: CTRAuditOptions, data: Optional[train_ctr.CTRData] = None) -> dict:
+  """Runs the audit; returns (and writes to `options.summary_json`) its JSON summary."""
   options.validate()
   train_options = options.train
   data = data or train_ctr.load_data(train_options.data, train_options.vocab,
@@ -99,7 +100,7 @@ def audit_ctr(options: CTRAuditOptions, data=None,
   for run in range(options.runs):
     canaries = canaries_lib.make_ctr_canaries(data.vocab_sizes, data.train[ctr.INT_FEATURES].shape[1],
                                               m, rng)
-    scores, plan = _train_with_canaries(options, data, canaries, make_config)
+    scores, plan = _train_with_canaries(options, data, canaries)
     r, v = bounds.guess_membership(scores, canaries.included, per_side, per_side, rng)
     guesses, right = guesses + r, right + v
     records += [{"run": run, "canary": i, "included": bool(inc), "score": float(s)}
@@ -148,7 +149,7 @@ class _AuditParserAsSubparsers:
 
 AUDIT_ONLY = ("canaries", "runs", "guesses", "confidence", "score", "scores_file",
               "summary_json")
-NOT_USED = ("ledger", "charge_every", "log_dir")  # `train ctr` options the audit ignores
+NOT_USED = ("ledger", "charge_every", "log_dir", "eval_batch_size")  # `train ctr`-only
 
 
 def register(subparsers):
@@ -170,6 +171,8 @@ def register(subparsers):
 
 
 def run(args) -> dict:
+  if args.ledger or args.log_dir:
+    raise DprecError("dprec audit writes no ledger or TensorBoard logs: drop --ledger/--log-dir")
   fields = {f.name for f in dataclasses.fields(train_ctr.CTRTrainOptions)}
   values = {key: value for key, value in vars(args).items()
             if key in fields and key not in AUDIT_ONLY + NOT_USED}
