@@ -15,15 +15,14 @@ The scores file says which canaries were inserted; it is a private artefact of t
 """
 import argparse
 import dataclasses
-import json
 import os
 from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
-from dprec.audit import bounds
 from dprec.audit import canaries as canaries_lib
+from dprec.audit import runner
 from dprec.audit import scores as scores_lib
 from dprec.errors import DprecError
 from dprec.models import ctr
@@ -91,48 +90,39 @@ def audit_ctr(options: CTRAuditOptions, data: Optional[train_ctr.CTRData] = None
   train_options = options.train
   data = data or train_ctr.load_data(train_options.data, train_options.vocab,
                                      train_options.vocab_min_count)
-  rng = np.random.default_rng()
   tf.keras.utils.set_random_seed(train_options.seed)  # public: initialisation only
-  m = options.canaries
-  per_side = options.guesses or m // 4
-  guesses = right = 0
-  records, plan = [], None
-  for run in range(options.runs):
-    canaries = canaries_lib.make_ctr_canaries(data.vocab_sizes, data.train[ctr.INT_FEATURES].shape[1],
-                                              m, rng)
+  num_integer_features = data.train[ctr.INT_FEATURES].shape[1]
+
+  def train_and_score(rng):
+    canaries = canaries_lib.make_ctr_canaries(data.vocab_sizes, num_integer_features,
+                                              options.canaries, rng)
     scores, plan = _train_with_canaries(options, data, canaries)
-    r, v = bounds.guess_membership(scores, canaries.included, per_side, per_side, rng)
-    guesses, right = guesses + r, right + v
-    records += [{"run": run, "canary": i, "included": bool(inc), "score": float(s)}
-                for i, (inc, s) in enumerate(zip(canaries.included, scores))]
-  delta = plan.delta or 0.0
+    return scores, canaries.included, plan
+
+  result = runner.run_audit(train_and_score, options.canaries, options.runs,
+                            options.guesses or options.canaries // 4, options.confidence,
+                            np.random.default_rng())
+  plan = result.plan
   summary = {
       "algorithm": train_options.algorithm,
       "claimed_epsilon": train_options.epsilon if train_options.algorithm != "non_private"
                          else None,
       "delta": plan.delta,
-      "epsilon_lower_bound": bounds.epsilon_lower_bound(m * options.runs, guesses, right, delta,
-                                                        options.confidence),
+      "epsilon_lower_bound": result.epsilon_lower_bound,
       "confidence": options.confidence,
-      "canaries": m,
+      "canaries": options.canaries,
       "runs": options.runs,
-      "guesses": guesses,
-      "correct_guesses": right,
+      "guesses": result.guesses,
+      "correct_guesses": result.correct_guesses,
       "score": options.score,
-      "method": "one-run audit (Steinke, Nasr & Jagielski 2023), guesses of all runs pooled",
+      "method": runner.METHOD,
       "noise_multiplier": plan.noise_multiplier,
       "steps": train_options.steps,
       "batch_size": train_options.batch_size,
       "scores_file": options.scores_file,
-      "note": ("a lower bound on the ε of this configuration, valid with the stated confidence; "
-               "the scores file holds which canaries were inserted: keep it private"),
+      "note": runner.NOTE,
   }
-  if options.scores_file:
-    with open(options.scores_file, "w", encoding="utf-8") as out:
-      out.writelines(json.dumps(record) + "\n" for record in records)
-  if options.summary_json:
-    with open(options.summary_json, "w", encoding="utf-8") as out:
-      json.dump(summary, out, indent=2, sort_keys=True)
+  runner.write_outputs(summary, result.records, options.scores_file, options.summary_json)
   return summary
 
 
