@@ -169,5 +169,6 @@ def run(args) -> dict:
   train = train_ctr.CTRTrainOptions(progress=False, **values)
   audit_values = {key: getattr(args, key) for key in AUDIT_ONLY}
   if audit_values["scores_file"] is None and audit_values["summary_json"]:
-    audit_values["scores_file"] = os.path.splitext(audit_values["summary_json"])[0] + ".scores.jsonl"
+    stem = os.path.splitext(audit_values["summary_json"])[0]
+    audit_values["scores_file"] = stem + ".scores.jsonl"
   return audit_ctr(CTRAuditOptions(train=train, **audit_values))
