@@ -31,6 +31,8 @@ COMMANDS = {
               ("dprec.models.ctr_cli", "dprec.models.seqrec_cli")),
     "stream": ("online training period by period on a growing Criteo time series",
                ("dprec.training.stream_cli",)),
+    "audit": ("empirical privacy audit: an ε lower bound from canaries",
+              ("dprec.audit.ctr",)),
 }
 GROUPS = ("train",)
 

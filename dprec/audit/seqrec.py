@@ -1,0 +1,92 @@
+"""Canary audit of a `train seqrec` configuration (DPFormer): an empirical ε lower bound.
+
+Canary user i (of m) has the two-item history (a_i, b_i) of fresh items only it holds (items
+M + 2i + 1 and M + 2i + 2), so it trains "after a_i comes b_i". A random half of the canary users
+join the training users; the model is trained by `train seqrec`'s model and DP step; a canary's
+score is the rise of log softmax(b_i | history a_i) over all items from initialisation to the end
+of training. Canary items get the public frequency of one user (1/N) in Re-Attention's p_i,
+whether inserted or not. The bound is the one-run method of `bounds.py`, guesses pooled over runs.
+
+    from dprec.audit import seqrec
+    seqrec.audit_seqrec(SeqRecTrainOptions(data=..., epsilon=2, epochs=5), canaries=500)
+"""
+import dataclasses
+
+import numpy as np
+import tensorflow as tf
+
+from dprec.audit import runner
+from dprec.data.sequences import load_sequences
+from dprec.models import seqrec_cli as train_seqrec
+from dprec.training import poisson
+
+
+def _with_canaries(examples, count, rng):
+  """(examples with the included canaries and m new item pairs, canary histories [m, L],
+  canary targets [m], included [m])."""
+  m_items, length = examples.num_items, examples.items.shape[1]
+  first = m_items + 1 + 2 * np.arange(count)
+  histories = np.zeros([count, length], np.int32)
+  histories[:, -1] = first
+  labels = np.zeros([count, length], np.int32)
+  labels[:, -1] = first + 1
+  included = rng.random(count) < 0.5
+  users = len(examples.items) + int(included.sum())
+  frequencies = np.append(examples.item_frequencies, np.full(2 * count, 1.0 / users))
+  grown = dataclasses.replace(
+      examples, items=np.concatenate([examples.items, histories[included]]),
+      labels=np.concatenate([examples.labels, labels[included]]), item_frequencies=frequencies)
+  return grown, histories, first + 1, included
+
+
+def _target_log_probabilities(model, histories, targets):
+  scores = model.score_items(tf.constant(histories))
+  log_probabilities = tf.nn.log_softmax(scores, axis=-1).numpy()
+  return log_probabilities[np.arange(len(targets)), targets - 1]  # score column j: item j + 1
+
+
+def audit_seqrec(options: train_seqrec.SeqRecTrainOptions, canaries: int = 500, runs: int = 1,
+                 confidence: float = 0.95, guesses=None, data=None, scores_file=None,
+                 summary_json=None) -> dict:
+  """Runs the seqrec audit; returns (and writes) its JSON summary."""
+  options.validate()
+  examples = train_seqrec.make_examples(data or load_sequences(options.data), options.max_len)
+
+  def train_and_score(rng):
+    # A fresh seed per run: `train seqrec` seeds its noise generator from --seed (until the
+    # secret-noise change lands), and the runs' noise must be independent for the bound.
+    run_options = dataclasses.replace(options, seed=int(rng.integers(2**31)))
+    tf.keras.utils.set_random_seed(run_options.seed)
+    grown, histories, targets, included = _with_canaries(examples, canaries, rng)
+    plan = train_seqrec.plan_privacy(run_options, len(grown.items))
+    model = train_seqrec.build_model(run_options, grown, plan)
+    before = _target_log_probabilities(model, histories, targets)
+    sampling = poisson.BatchSampling(options.batch_size,
+                                     options.private and not options.fixed_batches,
+                                     int(rng.integers(2**31)))
+    dataset = poisson.sampled_dataset({"items": grown.items}, grown.labels, sampling, plan.steps)
+    model.fit(dataset, epochs=1, steps_per_epoch=plan.steps, verbose=0)
+    return _target_log_probabilities(model, histories, targets) - before, included, plan
+
+  result = runner.run_audit(train_and_score, canaries, runs, guesses or canaries // 4,
+                            confidence, np.random.default_rng())
+  summary = {
+      "algorithm": "dpformer_dp_sgd" if options.private else "non_private",
+      "claimed_epsilon": options.epsilon if options.private else None,
+      "delta": result.plan.delta,
+      "epsilon_lower_bound": result.epsilon_lower_bound,
+      "confidence": confidence,
+      "canaries": canaries,
+      "runs": runs,
+      "guesses": result.guesses,
+      "correct_guesses": result.correct_guesses,
+      "score": "log-probability rise of the canary's next item",
+      "method": runner.METHOD,
+      "noise_multiplier": result.plan.noise_multiplier,
+      "steps": result.plan.steps,
+      "batch_size": options.batch_size,
+      "scores_file": scores_file,
+      "note": runner.NOTE,
+  }
+  runner.write_outputs(summary, result.records, scores_file, summary_json)
+  return summary

@@ -1,0 +1,67 @@
+"""The one-run ε lower bound (Steinke, Nasr & Jagielski 2023) against values computed by hand."""
+import math
+
+import numpy as np
+import pytest
+from scipy import stats
+
+from dprec.audit import bounds
+
+
+def test_p_value_without_delta_is_the_binomial_tail():
+  q = math.exp(1.0) / (1 + math.exp(1.0))
+  assert bounds.one_run_p_value(100, 40, 30, 1.0) == pytest.approx(
+      sum(math.comb(40, j) * q**j * (1 - q)**(40 - j) for j in range(30, 41)), rel=1e-12)
+  assert bounds.one_run_p_value(10, 4, 0, 3.0) == 1.0
+
+
+def test_p_value_delta_term_by_hand():
+  # m = 10, r = 3, v = 2, ε = 0: q = 1/2; β = Pr[Bin ≥ 2] = 1/2;
+  # α = max(Pr[Bin = 1]/1, (Pr[Bin = 1] + Pr[Bin = 0])/2) = max(3/8, 1/4) = 3/8.
+  assert bounds.one_run_p_value(10, 3, 2, 0.0, delta=0.01) == pytest.approx(
+      0.5 + 2 * 10 * 0.01 * 3 / 8, rel=1e-12)
+
+
+def test_all_guesses_right_gives_the_closed_form():
+  # v = r, δ = 0: q^r = 1 − c at the bound, ε = log(q/(1 − q)).
+  for r in (20, 100):
+    q = 0.05 ** (1 / r)
+    assert bounds.epsilon_lower_bound(4 * r, r, r, confidence=0.95) == pytest.approx(
+        math.log(q / (1 - q)), abs=1e-5)
+  assert bounds.epsilon_lower_bound(400, 100, 100, confidence=0.95) == pytest.approx(3.4930,
+                                                                                     abs=1e-3)
+
+
+def test_bound_is_the_boundary_of_rejection():
+  m, r, v, delta = 1000, 200, 150, 1e-5
+  epsilon = bounds.epsilon_lower_bound(m, r, v, delta, confidence=0.95)
+  assert 0 < epsilon < 2
+  assert bounds.one_run_p_value(m, r, v, epsilon - 1e-4, delta) < 0.05
+  assert bounds.one_run_p_value(m, r, v, epsilon + 1e-4, delta) >= 0.05
+  # δ only weakens it; chance-level guessing proves nothing.
+  assert epsilon <= bounds.epsilon_lower_bound(m, r, v, 0.0, confidence=0.95)
+  assert bounds.epsilon_lower_bound(m, r, 100, delta) == 0.0
+
+
+def test_bound_is_valid_for_randomized_response():
+  # ε-DP randomised response on each canary's membership: the 95% bound exceeds ε in at most
+  # ~5% of trials (here: count them over 200 trials, Binomial(200, 0.05) tail at 20 is < 1e-3).
+  rng = np.random.default_rng(0)
+  epsilon, m, over = 1.0, 200, 0
+  for _ in range(200):
+    included = rng.random(m) < 0.5
+    truthful = rng.random(m) < math.exp(epsilon) / (1 + math.exp(epsilon))
+    scores = np.where(truthful, included, ~included).astype(float)
+    r, v = bounds.guess_membership(scores, included, 50, 50, rng)
+    over += bounds.epsilon_lower_bound(m, r, v, confidence=0.95) > epsilon
+  assert over <= stats.binom.isf(1e-3, 200, 0.05)
+
+
+def test_guesses_break_ties_at_random():
+  included = np.array([True, False] * 50)
+  r, v = bounds.guess_membership(np.zeros(100), included, 25, 25, np.random.default_rng(1))
+  assert r == 50 and 10 <= v <= 40
+  r, v = bounds.guess_membership(included.astype(float), included, 25, 25)
+  assert (r, v) == (50, 50)
+  with pytest.raises(ValueError):
+    bounds.guess_membership(np.zeros(4), np.zeros(4, bool), 3, 3)
