@@ -9,6 +9,9 @@ from dprec.privacy.accounting import make_accountant
 from dprec.privacy.accounting import NOT_POISSON_NOTE
 from dprec.privacy.accounting import PrivacyResult
 from dprec.privacy.accounting import TrainingPeriod
+from dprec.privacy.analytic_gaussian import analytic_gaussian_sigma
+from dprec.privacy.analytic_gaussian import classical_gaussian_sigma
+from dprec.privacy.analytic_gaussian import matrix_gaussian
 from dprec.privacy.calibration import calibrate_noise_multiplier
 from dprec.privacy.calibration import plan_training
 from dprec.privacy.calibration import TrainingPlan
