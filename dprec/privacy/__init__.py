@@ -16,6 +16,10 @@ from dprec.privacy.calibration import calibrate_noise_multiplier
 from dprec.privacy.calibration import plan_training
 from dprec.privacy.calibration import TrainingPlan
 from dprec.privacy.composition import compose_periods
+from dprec.privacy.forward import plan_forward
+from dprec.privacy.forward import ForwardPlan
+from dprec.privacy.forward import seqldp_epsilon
+from dprec.privacy.label_rr import rr_with_prior
 from dprec.privacy.composition import CompositionResult
 from dprec.privacy.top_k import feature_counts
 from dprec.privacy.top_k import gumbel_top_k
