@@ -57,14 +57,27 @@ def test_inference_noise_is_optional():
   assert not np.allclose(loud(x, training=False), loud.bounded(x))
 
 
+def test_no_gradient_reaches_the_user_side_unless_asked():
+  x = tf.constant([[1.0, 2.0, 3.0]])
+  for user_gradients in (False, True):
+    layer = ForwardNoise(1.0, 0.5, user_gradients=user_gradients, generator=seeded())
+    with tf.GradientTape() as tape:
+      tape.watch(x)
+      y = tf.reduce_sum(layer(x, training=True))
+    assert (tape.gradient(y, x) is not None) == user_gradients
+
+
 def test_dimension_reduction_bounds_the_reduced_vector_and_restores_dim():
-  layer = ForwardNoise(1.0, 0.5, reduced_dim=2, generator=seeded())
+  layer = ForwardNoise(1.0, 0.5, reduced_dim=2, user_gradients=True, generator=seeded())
   x = tf.random.stateless_normal([4, 6], [5, 6])
   assert layer(x, training=True).shape == (4, 6)
   bounded = layer.bounded(x).numpy()
   assert bounded.shape == (4, 2)
   np.testing.assert_allclose(np.linalg.norm(bounded, axis=1), 1.0, rtol=1e-5)
   assert {w.name.split("/")[-2] for w in layer.trainable_weights} == {"reduce", "restore"}
+  fixed = ForwardNoise(1.0, 0.5, reduced_dim=2, generator=seeded())
+  fixed(x)
+  assert {w.name.split("/")[-2] for w in fixed.trainable_weights} == {"restore"}
 
 
 def test_default_generator_is_not_deterministic():
