@@ -11,11 +11,14 @@ response). Only the last label of each sequence is kept: the earlier ones are it
 The guarantee is SeqLDP, per user and local, not central DP: it must never be read as DP-SGD's.
 """
 import dataclasses
+import io
+import os
 from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
+from dprec import atomic_io
 from dprec.errors import BudgetExceededError, DprecError
 from dprec.layers.forward_noise import DPForwardConfig
 from dprec.privacy import forward as forward_privacy
@@ -57,13 +60,29 @@ def plan(target_epsilon, delta, epochs, options: DPForwardOptions, accountant="p
                                       options.label_epsilon, accountant)
 
 
-def training_labels(labels, item_frequencies, label_epsilon=0.0, rng=None):
+def training_labels(labels, item_frequencies, label_epsilon=0.0, rng=None, saved=None):
   """Labels [N, L] with only the last position kept (randomised with RR-with-prior at ε2 > 0,
-  once per user, from the OS CSPRNG unless `rng` is given)."""
+  once per user, from the OS CSPRNG unless `rng` is given).
+
+  `saved` (a file in the private run directory) keeps the randomised labels, so that a resumed
+  run reuses them: a second draw would be a second release of every label.
+  """
   kept = np.zeros_like(labels)
   kept[:, -1] = labels[:, -1]
-  if label_epsilon > 0:
-    kept[:, -1] = label_rr.rr_with_prior(item_frequencies, label_epsilon).apply(kept[:, -1], rng)
+  if label_epsilon <= 0:
+    return kept
+  if saved is not None and os.path.exists(saved):
+    last = np.load(saved)
+    if last.shape != kept[:, -1].shape:
+      raise DprecError(f"{saved}: randomised labels of another data set ({last.shape[0]} users, "
+                       f"not {len(kept)})")
+  else:
+    last = label_rr.rr_with_prior(item_frequencies, label_epsilon).apply(kept[:, -1], rng)
+    if saved is not None:
+      buffer = io.BytesIO()
+      np.save(buffer, last)
+      atomic_io.write_bytes(saved, buffer.getvalue())
+  kept[:, -1] = last
   return kept
 
 

@@ -236,8 +236,11 @@ def train_seqrec(options, data=None):
   examples = make_examples(data, options.max_len)
   plan = plan_privacy(options, len(examples.items))
   if plan.forward is not None:
+    if options.run_dir:
+      os.makedirs(options.run_dir, exist_ok=True)
     examples = dataclasses.replace(examples, labels=dp_forward_lib.training_labels(
-        examples.labels, examples.item_frequencies, plan.forward.label_epsilon))
+        examples.labels, examples.item_frequencies, plan.forward.label_epsilon,
+        saved=options.run_dir and os.path.join(options.run_dir, "rr_labels.npy")))
   tf.keras.utils.set_random_seed(options.seed)
   model = build_model(options, examples, plan)
   with tempfile.TemporaryDirectory() as work_dir:

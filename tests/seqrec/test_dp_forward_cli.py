@@ -2,6 +2,7 @@
 import json
 
 import dp_accounting
+import numpy as np
 import pytest
 
 from dprec import cli
@@ -67,3 +68,14 @@ def test_rerun_with_run_dir_pays_no_epoch_twice(data_dir, tmp_path, capsys):
   assert second["epsilon"] == first["epsilon"]
   charges = PrivacyLedger(tmp_path / "run" / "ledger.json").charges
   assert sum(c["steps"] for c in charges) == 2
+
+
+def test_randomised_labels_are_drawn_once_per_run_dir(tmp_path):
+  from dprec.models import dp_forward  # pylint: disable=import-outside-toplevel
+  labels = np.tile(np.arange(1, 6), (400, 1))
+  prior = np.array([0, 5, 4, 3, 2, 1])
+  saved = str(tmp_path / "rr_labels.npy")
+  first = dp_forward.training_labels(labels, prior, 1.0, saved=saved)
+  assert (first[:, :-1] == 0).all() and (first[:, -1] != 5).any()
+  again = dp_forward.training_labels(labels, prior, 1.0, saved=saved)
+  np.testing.assert_array_equal(first, again)
