@@ -12,7 +12,9 @@ mean the same thing: DP-SGD's ε is **central** user-level (ε, δ)-DP of the tr
 DP-Forward's is **SeqLDP**, local DP of each user's sequence given its next-item label (sent in
 the clear), over all its epoch releases, and evaluation queries are noised too (each its own
 (ε_query, δ)-LDP release). `dp-forward-trusted` updates the encoder from raw-sequence gradients
-as the paper's experiments do (needs a trusted party; not covered by SeqLDP).
+as the paper's experiments do (needs a trusted party; not covered by SeqLDP);
+`dp-forward-on-device` evaluates on clean representations, which is private only if the user
+scores the items on their own device.
 
     python benchmarks/dp_forward.py --inversion [--epsilons 1 4 8]
 
@@ -38,6 +40,9 @@ METHODS = {
     "dp-forward-trusted": (["--dp-forward", "--forward-encoder-updates", "trusted"],
                            "SeqLDP of the representations; encoder gradients need a trusted "
                            "party"),
+    "dp-forward-on-device": (["--dp-forward", "--no-inference-noise"],
+                             "SeqLDP in training; test users scored on their device (the item "
+                             "table sent to them), else inference is not private"),
     "dp-sgd": (["--no-reattention", "--normalize"], "central user-level (ε, δ)-DP"),
     "non-private": (["--no-reattention"], "none"),
 }
@@ -68,7 +73,7 @@ def run_training(argv):
 def utility(args):
   data_dir = preprocess(args.data, args.work_dir)
   lines = [f"epochs={args.epochs} B={args.batch_size} lr={args.learning_rate:g} L={args.max_len} "
-           f"d={args.dim}; DP-SGD: all positions, normalisation C/(‖g‖+0.01), Poisson; "
+           f"d={args.dim} reduced_dim={args.reduced_dim}; DP-SGD: all positions, normalisation C/(‖g‖+0.01), Poisson; "
            "DP-Forward: last position, C = 1, noise on the user representation, noised "
            "evaluation", "",
            "| method | guarantee | ε | NDCG@10 | HIT@10 | s/step | steps | wall s | peak RSS MiB |",
@@ -77,6 +82,8 @@ def utility(args):
   runs += [("non-private", float("inf"))] if "non-private" in args.methods else []
   for method, eps in runs:
     extra, guarantee = METHODS[method]
+    if args.reduced_dim and "--dp-forward" in extra:
+      extra = extra + ["--forward-reduced-dim", str(args.reduced_dim)]
     argv = ["--data", data_dir, "--epsilon", f"{eps:g}", "--epochs", str(args.epochs),
             "--batch-size", str(args.batch_size), "--learning-rate", str(args.learning_rate),
             "--max-len", str(args.max_len), "--dim", str(args.dim), "--seed", str(args.seed),
@@ -171,6 +178,8 @@ def main(argv=None):
   parser.add_argument("--max-len", type=int, default=50)
   parser.add_argument("--dim", type=int, default=64)
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--reduced-dim", type=int, default=None,
+                      help="DP-Forward: trainable projection to this dimension before the noise")
   parser.add_argument("--results", default=None, help="append one JSON summary per run here")
   parser.add_argument("--inversion", action="store_true",
                       help="run the inversion check on tiny synthetic data instead")

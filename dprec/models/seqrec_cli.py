@@ -255,9 +255,8 @@ def train_seqrec(options, data=None):
     callbacks = [timer]
     ledger = None
     if plan.forward is not None:
-      ledger = _open_forward_ledger(options, plan, run, len(examples.items))
-      callbacks.append(ledger[1])
-      ledger = ledger[0]
+      ledger, release_charges = _open_forward_ledger(options, plan, run, len(examples.items))
+      callbacks.append(release_charges)
     elif options.private:
       ledger = _open_ledger(options, plan, run)
       callbacks.append(callbacks_lib.PrivacyBudgetCallback(
