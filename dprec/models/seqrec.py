@@ -9,8 +9,9 @@ takes the last one only (`"last"`, the paper's Eq. 12 formalism). Both are optio
 
 With `SeqRecConfig.dp_forward` (seed 003, `dprec.layers.forward_noise`) the model is split at a
 `ForwardNoise` layer: the encoder up to the noised representation is the user's side, the scoring
-against the item table the service's, trained with ordinary (non-private) steps; only the last
-position is scored, since every earlier label is an item of the input sequence.
+against the item table (plus a per-item bias, the service's popularity prior) the service's,
+trained with ordinary (non-private) steps; only the last position is scored, since every earlier
+label is an item of the input sequence.
 
 Training is `DPModel`'s step (shared with the CTR models): per-example squared norms without
 per-example gradients come from tensorflow_privacy registry functions for the Dense/LayerNorm
@@ -135,6 +136,9 @@ class SeqRecModel(DPModel):
       if self._noise_at("output"):
         for layer in self.blocks + [self.final_norm]:
           layer.trainable = False
+    if self.forward_noise is not None:
+      # The service's own popularity prior: a bias per item, learned from the labels it receives.
+      self.item_bias = tf.Variable(tf.zeros([config.num_items]), name="item_bias")
     self.item_variance = tf.Variable(tf.zeros([config.num_items + 1]), trainable=False,
                                      name="item_variance")
     self.weight_variance = tf.Variable(0.0, trainable=False, name="weight_variance")
@@ -196,6 +200,8 @@ class SeqRecModel(DPModel):
                                           tf.int32), axis=1)
       hidden = tf.boolean_mask(hidden, scored_positions(row_lengths, tf.shape(items)[1]))
     scores = self.item_embedding.scores(hidden)
+    if self.forward_noise is not None:
+      scores += self.item_bias
     if row_length is None:
       logits = tf.RaggedTensor.from_row_lengths(scores, row_lengths, validate=False)
     else:
