@@ -5,6 +5,10 @@ pre-LN, note 000 §5 leaves placement open). Alongside the activations it propag
 variance per token (note 000 §3.8): LayerNorm scales it by γ²/Var_feat, Dense layers follow Eq. 7,
 the activation the corrected Eq. 8, residual connections add variances. Dropout is treated as the
 identity for variances (its inference behaviour).
+
+With `attention_noise` (a `ForwardNoise` layer, DP-Forward after the first attention sub-layer,
+note 003 §3.2) the residual is removed: x ← noise(Dropout(Attention(LN(x)))·mask), so nothing after
+the noise re-reads x; without user gradients the attention sub-layer is the user's fixed side.
 """
 import tensorflow as tf
 
@@ -18,8 +22,9 @@ class TransformerBlock(tf.keras.layers.Layer):
   """One encoder block; `call` returns (outputs [B, L, d], variances [B, L] or None)."""
 
   def __init__(self, num_heads, ffn_dim, dropout=0.0, activation="relu",
-               reattention=ReAttentionConfig(), **kwargs):
+               reattention=ReAttentionConfig(), attention_noise=None, **kwargs):
     super().__init__(**kwargs)
+    self.attention_noise = attention_noise
     if activation not in _ACTIVATIONS:
       raise ValueError(f"activation must be one of {sorted(_ACTIVATIONS)}, got {activation!r}")
     self.num_heads, self.ffn_dim, self.dropout_rate = num_heads, ffn_dim, dropout
@@ -36,6 +41,8 @@ class TransformerBlock(tf.keras.layers.Layer):
     self.ffn_in = tf.keras.layers.Dense(self.ffn_dim, name="ffn_in")
     self.ffn_out = tf.keras.layers.Dense(dim, name="ffn_out")
     self.dropout = tf.keras.layers.Dropout(self.dropout_rate)
+    if self.attention_noise is not None and not self.attention_noise.user_gradients:
+      self.attention_norm.trainable = self.attention.trainable = False
     super().build(input_shape)
 
   def call(self, x, valid, variance=None, weight_variance=0.0, training=False,
@@ -44,7 +51,11 @@ class TransformerBlock(tf.keras.layers.Layer):
     attended = self.attention(
         h, valid, self._norm_variance(self.attention_norm, x, variance), weight_variance,
         training=training, return_weights=return_weights)
-    x = x + self.dropout(attended[0], training=training)
+    if self.attention_noise is None:
+      x = x + self.dropout(attended[0], training=training)
+    else:
+      masked = self.dropout(attended[0], training=training) * tf.cast(valid, x.dtype)[..., None]
+      x = self.attention_noise(masked, training=training)
     if variance is not None and attended[1] is not None:
       variance = variance + attended[1]
     h = self.ffn_norm(x)

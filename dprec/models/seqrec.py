@@ -7,6 +7,12 @@ its loss sums the next-item losses at every position (`loss_positions="all"`, SA
 takes the last one only (`"last"`, the paper's Eq. 12 formalism). Both are options because note 000
 §11 leaves the choice open.
 
+With `SeqRecConfig.dp_forward` (seed 003, `dprec.layers.forward_noise`) the model is split at a
+`ForwardNoise` layer: the encoder up to the noised representation is the user's side, the scoring
+against the item table (plus a per-item bias, the service's popularity prior) the service's,
+trained with ordinary (non-private) steps; only the last position is scored, since every earlier
+label is an item of the input sequence.
+
 Training is `DPModel`'s step (shared with the CTR models): per-example squared norms without
 per-example gradients come from tensorflow_privacy registry functions for the Dense/LayerNorm
 sublayers, dprec's positional rule (`seqrec_layer_registry`) and, through the
@@ -14,6 +20,7 @@ sublayers, dprec's positional rule (`seqrec_layer_registry`) and, through the
 """
 import dataclasses
 import math
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -22,6 +29,7 @@ from dprec.clipping import registry as registry_lib
 from dprec.clipping.phantom import (scored_positions, tied_embedding_clipped_loss_fn,
                                     tied_embedding_norm_fn)
 from dprec.layers import variance as variance_lib
+from dprec.layers.forward_noise import DPForwardConfig
 from dprec.layers.positional import PositionalEmbedding, positional_embedding_computation
 from dprec.layers.reattention import ReAttentionConfig
 from dprec.layers.tied_embedding import TiedItemEmbedding
@@ -49,6 +57,7 @@ class SeqRecConfig:
   loss_positions: str = "all"
   score_padding: bool = False
   reattention: ReAttentionConfig = ReAttentionConfig()
+  dp_forward: Optional[DPForwardConfig] = None
 
   def __post_init__(self):
     if self.num_items < 1 or self.max_len < 2:
@@ -56,6 +65,9 @@ class SeqRecConfig:
                        f"{self.max_len}")
     if self.loss_positions not in ("all", "last"):
       raise ValueError(f"loss_positions must be 'all' or 'last', got {self.loss_positions!r}")
+    if self.dp_forward is not None and self.loss_positions != "last":
+      raise ValueError("DP-Forward needs loss_positions='last': the labels of earlier positions "
+                       "are the input items themselves and would reveal the sequence")
 
 
 def seqrec_layer_registry():
@@ -98,22 +110,43 @@ class SeqRecModel(DPModel):
   the tied embedding's Phantom norm from `extra_squared_norms`.
   """
 
-  def __init__(self, config, **kwargs):
+  def __init__(self, config, forward_noise_generator=None, **kwargs):
+    """`forward_noise_generator`: the secret `tf.random.Generator` of DP-Forward's noise
+    (default: seeded from the OS)."""
     super().__init__(**kwargs)
     self.config = config
+    self.forward_noise = None
+    if config.dp_forward is not None:
+      self.forward_noise = config.dp_forward.make_layer(forward_noise_generator)
+    noise_in_block = self._noise_at("attention")
     self.item_embedding = TiedItemEmbedding(config.num_items, config.dim, config.tied,
                                             name="item_embedding")
     self.positions = PositionalEmbedding(config.max_len, config.dim, name="positions")
     self.input_dropout = tf.keras.layers.Dropout(config.dropout)
     self.blocks = [TransformerBlock(config.num_heads, config.ffn_dim, config.dropout,
-                                    config.activation, config.reattention, name=f"block_{i}")
+                                    config.activation, config.reattention,
+                                    attention_noise=self.forward_noise if noise_in_block and i == 0
+                                    else None, name=f"block_{i}")
                    for i in range(config.num_blocks)]
     self.final_norm = tf.keras.layers.LayerNormalization(epsilon=1e-6, name="final_norm")
+    if self.forward_noise is not None and not self.forward_noise.user_gradients:
+      # The user's side before the noise gets no gradient: fixed (the tied table still learns
+      # from the service's scores).
+      self.positions.trainable = False
+      if self._noise_at("output"):
+        for layer in self.blocks + [self.final_norm]:
+          layer.trainable = False
+    if self.forward_noise is not None:
+      # The service's own popularity prior: a bias per item, learned from the labels it receives.
+      self.item_bias = tf.Variable(tf.zeros([config.num_items]), name="item_bias")
     self.item_variance = tf.Variable(tf.zeros([config.num_items + 1]), trainable=False,
                                      name="item_variance")
     self.weight_variance = tf.Variable(0.0, trainable=False, name="weight_variance")
     object.__setattr__(self, "layer_registry", seqrec_layer_registry())
     object.__setattr__(self, "_last_forward", {})
+
+  def _noise_at(self, position):
+    return self.config.dp_forward is not None and self.config.dp_forward.position == position
 
   def compile(self, optimizer="adam", loss=None, metrics=None, **kwargs):
     """As `DPModel.compile`, with `NextItemLoss` as the default loss."""
@@ -153,11 +186,15 @@ class SeqRecModel(DPModel):
     for block in self.blocks:
       outputs = block(x, valid, variance, self.weight_variance, training=training,
                       return_weights=return_weights)
+      if block.attention_noise is not None:  # the service's side: no mask (length private)
+        valid, mask = tf.ones_like(valid), tf.ones_like(mask)
       x, variance = outputs[0] * mask, outputs[1]
       weights.extend(outputs[2:])
     hidden = self.final_norm(x)
     if last_only or self.config.loss_positions == "last":
       hidden, row_length = hidden[:, -1], 1
+      if self._noise_at("output"):
+        hidden = self.forward_noise(hidden, training=training)
     elif self.config.score_padding:
       hidden, row_length = tf.reshape(hidden, [-1, self.config.dim]), tf.shape(items)[1]
     else:
@@ -166,6 +203,8 @@ class SeqRecModel(DPModel):
                                           tf.int32), axis=1)
       hidden = tf.boolean_mask(hidden, scored_positions(row_lengths, tf.shape(items)[1]))
     scores = self.item_embedding.scores(hidden)
+    if self.forward_noise is not None:
+      scores += self.item_bias
     if row_length is None:
       logits = tf.RaggedTensor.from_row_lengths(scores, row_lengths, validate=False)
     else:

@@ -17,6 +17,9 @@ With `--run-dir DIR` the run checkpoints atomically every `--checkpoint-every` s
 Adam slots, noise generator, data position) and keeps its ledger there; the same command resumes
 a killed run from its last checkpoint on the very batches and noise stream an uninterrupted run
 would have used, paying no step twice (the 100-epoch paper schedule takes hours on a CPU).
+
+`--dp-forward` trains DP-Forward instead (seed 003, `dprec.models.dp_forward`): noise on each
+user's representation, SeqLDP (local, per user), non-private steps on the service's side.
 """
 import argparse
 import dataclasses
@@ -34,6 +37,7 @@ import tqdm
 
 from dprec.errors import BudgetExceededError, DprecError
 from dprec.layers.reattention import ReAttentionConfig
+from dprec.models import dp_forward as dp_forward_lib
 from dprec.models import ranking_metrics
 from dprec.models.seqrec import SeqRecConfig, SeqRecModel, warmup_linear_decay
 from dprec.optimizers import config as config_lib
@@ -81,6 +85,11 @@ class SeqRecTrainOptions:
   seed: int = 0
   progress: bool = True
   summary_json: Optional[str] = None
+  dp_forward: Optional[dp_forward_lib.DPForwardOptions] = None
+
+  def __post_init__(self):
+    if isinstance(self.dp_forward, dict):  # from a checkpoint's fingerprint
+      self.dp_forward = dp_forward_lib.DPForwardOptions(**self.dp_forward)
 
   @property
   def private(self):
@@ -101,6 +110,8 @@ class SeqRecTrainOptions:
       raise DprecError(f"--checkpoint-every must be >= 1, got {self.checkpoint_every}")
     if self.keep_checkpoints is not None and self.keep_checkpoints < 0:
       raise DprecError(f"--keep-checkpoints must be >= 0, got {self.keep_checkpoints}")
+    if self.dp_forward is not None and (not self.private or self.loss_positions != "last"):
+      raise DprecError("--dp-forward needs a finite --epsilon and --loss-positions last")
 
   def run_fingerprint(self):
     """The options a resumed run must share with the run it continues (not where files go,
@@ -163,6 +174,7 @@ class PrivacyPlan:
   sampling_rate: float
   steps: int
   frequency_noise_multiplier: Optional[float] = None  # of the DP histogram of p_i, if any
+  forward: Optional[object] = None  # DP-Forward's `dprec.privacy.ForwardPlan`
 
 
 def plan_privacy(options, num_examples):
@@ -171,6 +183,13 @@ def plan_privacy(options, num_examples):
   if options.batch_size > num_examples:
     raise DprecError(f"--batch-size {options.batch_size} exceeds the {num_examples} training "
                      "users; give a smaller one or none (then it is chosen from N)")
+  if options.dp_forward is not None:
+    delta = options.delta if options.delta is not None else 1.0 / num_examples
+    forward = dp_forward_lib.plan(options.epsilon, delta, options.epochs, options.dp_forward,
+                                  options.accountant)
+    steps = forward.epochs * dp_forward_lib.steps_per_epoch(num_examples, options.batch_size)
+    return PrivacyPlan(forward.noise_multiplier, delta, options.batch_size / num_examples, steps,
+                       forward=forward)
   sampling = poisson.BatchSampling(options.batch_size, not options.fixed_batches, options.seed)
   q = sampling.sampling_rate(num_examples)
   steps = max(1, int(round(options.epochs * num_examples / options.batch_size)))
@@ -192,7 +211,7 @@ def item_frequencies(options, data, examples, plan, generator):
   else a DP histogram of users per item over the training rows (noise from `generator`)."""
   from dprec.data import sequences  # pylint: disable=import-outside-toplevel
   from dprec.privacy import user_histogram  # pylint: disable=import-outside-toplevel
-  if not (options.private and options.reattention):
+  if not (options.private and options.reattention) or options.dp_forward is not None:
     return None
   if options.item_frequencies is not None:
     if data.item_ids is None:
@@ -202,17 +221,31 @@ def item_frequencies(options, data, examples, plan, generator):
                                             plan.frequency_noise_multiplier, generator)
 
 
+def _label_prior(options, data, examples):
+  """RR-with-prior's prior over items (note 003 §3.4): it must not come from the private labels,
+  so the public `--item-frequencies` file, else uniform."""
+  from dprec.data import sequences  # pylint: disable=import-outside-toplevel
+  if options.item_frequencies is not None:
+    return sequences.read_item_frequencies(options.item_frequencies, data.item_ids)
+  return np.full(examples.num_items + 1, 1.0 / examples.num_items)
+
+
 def build_model(options, examples, plan, frequencies=None):
   """A compiled `SeqRecModel`; Re-Attention's error model is set from the plan and `frequencies`
   (`item_frequencies`; None leaves it to a checkpoint restored into the model)."""
-  model = SeqRecModel(options.model_config(examples.num_items))
+  config = options.model_config(examples.num_items)
+  if plan.forward is not None:  # the noise key is secret: from the OS, saved in checkpoints
+    config = dataclasses.replace(
+        config, dp_forward=options.dp_forward.model_config(plan.noise_multiplier))
+  model = SeqRecModel(config,
+                      forward_noise_generator=tf.random.Generator.from_non_deterministic_state())
   model({"items": examples.items[:1]})
   if frequencies is not None:
     model.set_error_model(frequencies, plan.noise_multiplier, options.l2_norm_clip,
                           options.batch_size, len(examples.items), options.variance_scale)
   algorithm = (config_lib.DPSGD(options.l2_norm_clip, plan.noise_multiplier,
                                 normalization_offset=options.normalization_offset)
-               if options.private else config_lib.NonPrivate())
+               if options.private and plan.forward is None else config_lib.NonPrivate())
   adam = tf.keras.optimizers.AdamW(
       learning_rate=warmup_linear_decay(options.learning_rate, plan.steps),
       weight_decay=options.weight_decay)
@@ -249,6 +282,12 @@ def train_seqrec(options, data=None):
     options = dataclasses.replace(
         options, batch_size=poisson.default_batch_size(len(examples.items)))
   plan = plan_privacy(options, len(examples.items))
+  if plan.forward is not None:
+    if options.run_dir:
+      os.makedirs(options.run_dir, exist_ok=True)
+    examples = dataclasses.replace(examples, labels=dp_forward_lib.training_labels(
+        examples.labels, _label_prior(options, data, examples), plan.forward.label_epsilon,
+        saved=options.run_dir and os.path.join(options.run_dir, "rr_labels.npy")))
   tf.keras.utils.set_random_seed(options.seed)
   # Secret noise for the histogram (the run's key will seed it; a resumed run's p_i come back
   # from its checkpoint).
@@ -259,13 +298,17 @@ def train_seqrec(options, data=None):
     run = _RunState(options, examples, model, work_dir)
     remaining = plan.steps - run.step
     sampling = poisson.BatchSampling(options.batch_size, options.private and not
-                                     options.fixed_batches, options.seed)
+                                     options.fixed_batches and plan.forward is None,
+                                     options.seed)
     dataset = poisson.sampled_dataset({"items": examples.items}, examples.labels, sampling,
                                       plan.steps, start=run.step)
     timer = callbacks_lib.StepTimer()
     callbacks = [timer]
     ledger = None
-    if options.private:
+    if plan.forward is not None:
+      ledger, release_charges = _open_forward_ledger(options, plan, run, len(examples.items))
+      callbacks.append(release_charges)
+    elif options.private:
       ledger = _open_ledger(options, plan, run)
       callbacks.append(callbacks_lib.PrivacyBudgetCallback(
           ledger, plan.noise_multiplier, plan.sampling_rate, poisson=not options.fixed_batches,
@@ -359,6 +402,20 @@ class _RunState:
         charge.get("label") == self.frequencies_label for charge in ledger.charges)
 
 
+def _open_forward_ledger(options, plan, run, num_examples):
+  """DP-Forward's ledger (budget checked, ε2 charged once) and its per-epoch release charges."""
+  from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
+  ledger = PrivacyLedger(run.ledger_path, epsilon_budget=options.epsilon, delta=plan.delta,
+                         accountant=options.accountant)
+  epochs_paid = run.steps_paid(ledger)
+  label_paid = run.checkpoints is not None and any(
+      c.get("label") == run.ledger_label + " labels" for c in ledger.charges)
+  dp_forward_lib.prepare_ledger(ledger, plan.forward, epochs_paid, label_paid, run.ledger_label)
+  return ledger, dp_forward_lib.EpochReleaseCallback(
+      ledger, plan.forward, dp_forward_lib.steps_per_epoch(num_examples, options.batch_size),
+      run.ledger_label, run.step, epochs_paid)
+
+
 def _open_ledger(options, plan, run):
   """The run's ledger; raises if the steps still to pay for do not fit its budget."""
   from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
@@ -415,6 +472,10 @@ def _summary(options, examples, plan, history, metrics, timer, ledger, run):
   }
   if options.private and options.fixed_batches:
     summary["privacy_note"] = "fixed-size batches: not Poisson, accounted as if Poisson"
+  if plan.forward is not None:
+    forward = dp_forward_lib.summary(plan.forward, options.dp_forward)
+    summary.update(model="dp-forward", poisson=False, dp_forward=forward,
+                   privacy_notion=forward["privacy_notion"], privacy_note=forward["privacy_note"])
   return summary
 
 
@@ -480,6 +541,7 @@ def register(subparsers):
   add("--exclude-history", action="store_true", help="do not rank items already in the history")
   add("--eval-batch-size", type=int, default=256, help="users scored per evaluation batch")
   add("--seed", type=int, default=0, help="random seed")
+  dp_forward_lib.add_arguments(parser)
   add("--no-progress", action="store_true", help="no progress bars")
   add("--summary-json", help="also write the JSON summary to this file")
   parser.set_defaults(func=run)
@@ -501,4 +563,7 @@ def run(args):
       keep_checkpoints=args.keep_checkpoints,
       exclude_history=args.exclude_history, eval_batch_size=args.eval_batch_size,
       seed=args.seed, progress=not args.no_progress, summary_json=args.summary_json)
+  if args.dp_forward:
+    options = dataclasses.replace(options, dp_forward=dp_forward_lib.options_from_args(args),
+                                  loss_positions="last", reattention=False)
   return train_seqrec(options)

@@ -12,10 +12,17 @@ from dprec.privacy.accounting import NOT_POISSON_NOTE
 from dprec.privacy.accounting import PrivacyResult
 from dprec.privacy.accounting import TrainingPeriod
 from dprec.privacy.calibration import calibrate_gaussian_mechanism
+from dprec.privacy.analytic_gaussian import analytic_gaussian_sigma
+from dprec.privacy.analytic_gaussian import classical_gaussian_sigma
+from dprec.privacy.analytic_gaussian import matrix_gaussian
 from dprec.privacy.calibration import calibrate_noise_multiplier
 from dprec.privacy.calibration import plan_training
 from dprec.privacy.calibration import TrainingPlan
 from dprec.privacy.composition import compose_periods
+from dprec.privacy.forward import plan_forward
+from dprec.privacy.forward import ForwardPlan
+from dprec.privacy.forward import seqldp_epsilon
+from dprec.privacy.label_rr import rr_with_prior
 from dprec.privacy.composition import CompositionResult
 from dprec.privacy.top_k import feature_counts
 from dprec.privacy.top_k import gumbel_top_k

@@ -1,4 +1,4 @@
-"""`dprec privacy epsilon|sigma|ledger`: accounting from the command line, printed as JSON."""
+"""`dprec privacy epsilon|sigma|agm|ledger`: accounting from the command line, printed as JSON."""
 import argparse
 import os
 import sys
@@ -7,6 +7,7 @@ import tqdm
 
 from dprec.errors import DprecError
 from dprec.privacy import accounting
+from dprec.privacy import analytic_gaussian
 from dprec.privacy import calibration
 from dprec.privacy import composition
 from dprec.privacy import ledger as ledger_lib
@@ -125,6 +126,10 @@ def run_sigma(args):
   return report
 
 
+def run_agm(args):
+  return analytic_gaussian.calibration_report(args.epsilon, args.delta, args.sensitivity)
+
+
 def run_ledger(args):
   if not os.path.exists(args.path):
     raise DprecError(f"{args.path}: no such privacy ledger")
@@ -162,6 +167,20 @@ def register(subparsers):
   sigma.add_argument("--adafest-ratio", type=float, metavar="R",
                      help="also split sigma for DP-AdaFEST: sigma1 = R*sigma2, composed = sigma")
   sigma.set_defaults(func=run_sigma)
+
+  agm = commands.add_parser(
+      "agm", help="sigma of one Gaussian release: analytic (Balle & Wang) and classical",
+      description="Smallest sigma of i.i.d. Gaussian noise making one release of a query with "
+                  "L2 sensitivity S (epsilon, delta)-DP, from the exact condition (analytic "
+                  "Gaussian mechanism, Algorithm 1 of DP-Forward), beside the classical "
+                  "sqrt(2 ln(1.25/delta)) S/epsilon (valid only for epsilon < 1) and the exact "
+                  "delta each achieves. Multi-step training composes: use `sigma`.")
+  agm.add_argument("--epsilon", type=float, required=True, metavar="E", help="target epsilon")
+  agm.add_argument("--delta", type=float, required=True, metavar="D", help="target delta")
+  agm.add_argument("--sensitivity", type=float, default=1.0, metavar="S",
+                   help="L2 sensitivity of the query (default 1; 2C for a representation "
+                        "normalised to norm C, replace-one)")
+  agm.set_defaults(func=run_agm)
 
   ledger = commands.add_parser(
       "ledger", help="show a privacy ledger: budget, epsilon spent and left",

@@ -1,0 +1,187 @@
+"""DP-Forward training of the sequential recommender (seed 003): data, plan, ledger, summary.
+
+The user's side (encoder up to the `ForwardNoise` layer, `SeqRecConfig.dp_forward`) releases one
+noised representation per user per epoch, with its next-item label; the service trains the rest
+with ordinary steps. Each epoch is one pass over the users in fixed-size shuffled batches, so
+every user is released at most once per epoch (the remainder of N/B waits for the next epoch),
+and E epochs cost the E-fold Gaussian composition (`dprec.privacy.forward`). The ledger is
+charged one release at the start of each epoch (plus ε2 once if labels go through randomized
+response). Only the last label of each sequence is kept: the earlier ones are its own items.
+
+The guarantee is SeqLDP, per user and local, not central DP: it must never be read as DP-SGD's.
+"""
+import dataclasses
+import io
+import os
+from typing import Optional
+
+import numpy as np
+import tensorflow as tf
+
+from dprec import atomic_io
+from dprec.errors import BudgetExceededError, DprecError
+from dprec.layers.forward_noise import DPForwardConfig
+from dprec.privacy import forward as forward_privacy
+from dprec.privacy import label_rr
+
+PRIOR_NOTE = ("label prior: the training item frequencies, treated as public as Re-Attention "
+              "treats them (note 000 Remark A.2); a private prior is not covered by epsilon2")
+
+
+@dataclasses.dataclass(frozen=True)
+class DPForwardOptions:
+  """The user-facing DP-Forward settings (`dprec train seqrec --dp-forward ...`)."""
+  position: str = "output"
+  norm_bound: float = 1.0
+  bound: str = "normalize"
+  at_inference: bool = True
+  reduced_dim: Optional[int] = None
+  encoder_updates: str = "none"
+  label_epsilon: float = 0.0
+
+  def model_config(self, noise_multiplier):
+    return DPForwardConfig(noise_multiplier, self.norm_bound, self.position, self.bound,
+                           self.at_inference, self.reduced_dim, self.encoder_updates)
+
+
+def steps_per_epoch(num_examples, batch_size):
+  if batch_size > num_examples:
+    raise DprecError(f"--batch-size {batch_size} exceeds the {num_examples} training users")
+  return num_examples // batch_size
+
+
+def plan(target_epsilon, delta, epochs, options: DPForwardOptions, accountant="pld"):
+  """σ for E epoch releases after deducting ε2 (`dprec.privacy.forward.plan_forward`)."""
+  try:
+    options.model_config(1.0)
+  except ValueError as error:
+    raise DprecError(str(error)) from error
+  return forward_privacy.plan_forward(target_epsilon, delta, epochs, options.norm_bound,
+                                      options.label_epsilon, accountant)
+
+
+def training_labels(labels, item_frequencies, label_epsilon=0.0, rng=None, saved=None):
+  """Labels [N, L] with only the last position kept (randomised with RR-with-prior at ε2 > 0,
+  once per user, from the OS CSPRNG unless `rng` is given).
+
+  `saved` (a file in the private run directory) keeps the randomised labels, so that a resumed
+  run reuses them: a second draw would be a second release of every label.
+  """
+  kept = np.zeros_like(labels)
+  kept[:, -1] = labels[:, -1]
+  if label_epsilon <= 0:
+    return kept
+  if saved is not None and os.path.exists(saved):
+    last = np.load(saved)
+    if last.shape != kept[:, -1].shape:
+      raise DprecError(f"{saved}: randomised labels of another data set ({last.shape[0]} users, "
+                       f"not {len(kept)})")
+  else:
+    last = label_rr.rr_with_prior(item_frequencies, label_epsilon).apply(kept[:, -1], rng)
+    if saved is not None:
+      buffer = io.BytesIO()
+      np.save(buffer, last)
+      atomic_io.write_bytes(saved, buffer.getvalue())
+  kept[:, -1] = last
+  return kept
+
+
+class EpochReleaseCallback(tf.keras.callbacks.Callback):
+  """Charges the ledger one Gaussian release per user at the first step of each epoch.
+
+  `step` is where the run starts (a resumed run), `epochs_paid` the releases this run's label
+  already holds; an epoch is never paid twice. Over the budget: raises before the epoch runs.
+  """
+
+  def __init__(self, ledger, forward_plan, steps_per_epoch, label, step=0, epochs_paid=0):
+    super().__init__()
+    self.ledger, self.plan, self.per_epoch, self.label = ledger, forward_plan, steps_per_epoch, label
+    self.step, self.epochs_paid = step, epochs_paid
+
+  def on_train_batch_begin(self, batch, logs=None):
+    if self.step // self.per_epoch >= self.epochs_paid:
+      self.ledger.charge_gaussian(self.plan.noise_multiplier,
+                                  forward_privacy.RELEASE_SAMPLING_RATE, 1, label=self.label)
+      self.epochs_paid += 1
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.step += 1
+    if logs is not None:
+      logs["epsilon"] = self.ledger.epsilon_spent()
+
+
+def prepare_ledger(ledger, forward_plan, epochs_paid, label_paid, label):
+  """Refuses a run whose unpaid releases do not fit the budget; charges ε2 once."""
+  unpaid = forward_plan.epochs - epochs_paid
+  planned = ledger.epsilon_spent()
+  if unpaid > 0:
+    planned = ledger.epsilon_if_charged(forward_plan.noise_multiplier,
+                                        forward_privacy.RELEASE_SAMPLING_RATE, unpaid, label=label)
+  if not label_paid:
+    planned += forward_plan.label_epsilon
+  if planned > ledger.epsilon_budget * (1 + 1e-6):
+    raise BudgetExceededError(
+        f"{ledger.path}: the planned DP-Forward run would bring the ledger to ε={planned:.4g} > "
+        f"budget {ledger.epsilon_budget:g} (already spent {ledger.epsilon_spent():.4g})")
+  if forward_plan.label_epsilon and not label_paid:
+    ledger.charge_pure(forward_plan.label_epsilon, label=label + " labels")
+
+
+def summary(forward_plan, options: DPForwardOptions):
+  """What the run's JSON summary says about DP-Forward: the notion, both ε, the noise."""
+  report = forward_plan.to_dict()
+  report.update(
+      position=options.position, bound=options.bound, encoder_updates=options.encoder_updates,
+      reduced_dim=options.reduced_dim, noise_at_inference=options.at_inference,
+      service_steps="non-private (the service trains on noised representations)")
+  if options.encoder_updates == "trusted":
+    report["encoder_note"] = (
+        "encoder gradients were computed from raw sequences (the paper's experiments): SeqLDP "
+        "covers the representations only; those gradients need a trusted party or secure "
+        "aggregation")
+  if options.label_epsilon:
+    report["label_prior_note"] = PRIOR_NOTE
+  if options.at_inference:
+    report["inference_epsilon_per_query"] = forward_privacy.seqldp_epsilon(
+        forward_plan.noise_multiplier, 1, forward_plan.delta, forward_plan.accountant)
+    report["inference_note"] = ("each evaluation query releases one noised representation: "
+                                "(inference_epsilon_per_query, delta)-LDP per query, on top of "
+                                "training")
+  return report
+
+
+def add_arguments(parser):
+  """`--dp-forward` and its settings, for `dprec train seqrec`."""
+  group = parser.add_argument_group(
+      "DP-Forward (seed 003)", "noise on each user's representation instead of on gradients: "
+      "SeqLDP per user (local DP of the sequence; the next-item label is sent in the clear "
+      "unless --label-epsilon), not central DP; the service trains with non-private steps. "
+      "Implies --loss-positions last and no Re-Attention; --epochs must be whole")
+  add = group.add_argument
+  add("--dp-forward", action="store_true", help="train with DP-Forward instead of DP-SGD")
+  add("--forward-position", choices=("output", "attention"), default="output",
+      help="noise the user representation (output) or the first attention output, residual "
+           "removed (attention) (default: output)")
+  add("--forward-norm-bound", type=float, default=1.0, metavar="C",
+      help="Frobenius norm C of the representation; sensitivity 2C (default: 1)")
+  add("--forward-clip", action="store_true",
+      help="clip the representation to norm <= C instead of normalising it to C")
+  add("--forward-reduced-dim", type=int, metavar="D",
+      help="trainable projection to D dimensions before the noise (default: none)")
+  add("--forward-encoder-updates", choices=("none", "trusted"), default="none",
+      help="none: the user's side gets no gradients (covered by SeqLDP); trusted: the paper's "
+           "experiments, encoder gradients from raw sequences (needs a trusted party) "
+           "(default: none)")
+  add("--no-inference-noise", action="store_true",
+      help="evaluate on clean representations (default: noised, each query (eps, delta)-LDP)")
+  add("--label-epsilon", type=float, default=0.0, metavar="E2",
+      help="randomized response with a prior on the label at epsilon2, deducted from --epsilon "
+           "(full LDP, epsilon1 + epsilon2; default 0: label in the clear)")
+
+
+def options_from_args(args):
+  return DPForwardOptions(
+      position=args.forward_position, norm_bound=args.forward_norm_bound,
+      bound="clip" if args.forward_clip else "normalize",
+      at_inference=not args.no_inference_noise, reduced_dim=args.forward_reduced_dim,
+      encoder_updates=args.forward_encoder_updates, label_epsilon=args.label_epsilon)
