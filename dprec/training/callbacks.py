@@ -1,5 +1,5 @@
 """Keras callbacks for DP training: pay the privacy ledger before steps run, stop at the budget;
-checkpoints to resume from, a tqdm progress bar and a step timer.
+key each step's noise, checkpoints to resume from, a tqdm progress bar and a step timer.
 
 Each DP step releases a noisy gradient, so its privacy cost must be recorded before it runs.
 `PrivacyBudgetCallback` therefore charges the ledger in chunks of `charge_every` steps ahead of
@@ -9,7 +9,7 @@ before that step. If training ends early for another reason, up to `charge_every
 steps stay charged: the ledger only ever over-states what was spent, never under-states it.
 """
 import time
-from typing import Optional
+from typing import Mapping, Optional
 
 import tensorflow as tf
 import tqdm
@@ -128,6 +128,28 @@ class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
   def on_train_end(self, logs=None):
     if self._writer is not None:
       self._writer.flush()
+
+
+class KeyedNoiseCallback(tf.keras.callbacks.Callback):
+  """Before every step, puts each `{purpose: tf.random.Generator}` on the state a
+  `dprec.privacy.noise_key.NoiseKey` derives for (purpose, *index, step).
+
+  A step's noise then depends only on the secret key and the step: a resumed run draws exactly
+  what the uninterrupted one would, and no checkpoint needs (or holds) generator state.
+  """
+
+  def __init__(self, noise_key, generators: Mapping[str, tf.random.Generator],
+               start_step: int = 0, index=()):
+    super().__init__()
+    self.noise_key, self.generators = noise_key, dict(generators)
+    self.step, self.index = start_step, tuple(index)
+
+  def on_train_batch_begin(self, batch, logs=None):
+    for purpose, generator in self.generators.items():
+      self.noise_key.reset(generator, purpose, *self.index, self.step)
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.step += 1
 
 
 class CheckpointCallback(tf.keras.callbacks.Callback):
