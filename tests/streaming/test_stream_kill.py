@@ -125,3 +125,24 @@ def test_sigkill_mid_period_and_restart_equals_an_uninterrupted_run(stream_outpu
                                                            rel=1e-5)
   assert killed_summary["holdout"]["auc"] == pytest.approx(plain_summary["holdout"]["auc"],
                                                            rel=1e-5)
+
+
+def test_cli_runs_with_the_same_arguments_differ_unless_given_an_insecure_seed(stream_output,
+                                                                                tmp_path):
+  from dprec import cli  # pylint: disable=import-outside-toplevel
+
+  def run(name, *extra):
+    run_dir = str(tmp_path / name)
+    command = _command(stream_output, run_dir)[3:] + ["--train-days", "1", "--seed", "7",
+                                                       *extra]
+    assert cli.main(command) == 0
+    return _summary(run_dir), _weights(run_dir)
+
+  (first, first_weights), (second, second_weights) = run("a"), run("b")
+  assert first["private"] and second["private"]
+  assert any(not np.array_equal(first_weights[k], second_weights[k]) for k in first_weights)
+  (third, third_weights), (fourth, fourth_weights) = [
+      run(name, "--insecure-noise-seed", "3") for name in ("c", "d")]
+  for name, value in third_weights.items():
+    np.testing.assert_array_equal(fourth_weights[name], value, err_msg=name)
+  assert third["private"] is False and "--insecure-noise-seed 3" in third["privacy_note"]
