@@ -273,7 +273,8 @@ def train_ctr(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
       callbacks.append(tf.keras.callbacks.TensorBoard(
           os.path.join(options.log_dir, "diagnostics_nonprivate"), update_freq=100))
     if options.progress:
-      callbacks.append(callbacks_lib.ProgressBar(desc=f"train ctr {options.algorithm}"))
+      callbacks.append(callbacks_lib.ProgressBar(desc=f"train ctr {options.algorithm}",
+                                                 diagnostics=options.diagnostics))
     history = model.fit(dataset, epochs=1, steps_per_epoch=options.steps, callbacks=callbacks,
                         verbose=0)
     evaluation = model.evaluate(

@@ -347,7 +347,8 @@ def train_seqrec(options, data=None):
     if state.checkpoints is not None:
       callbacks.append(state.checkpoint_callback(options.checkpoint_every))
     if options.progress:
-      callbacks.append(callbacks_lib.ProgressBar(desc="train seqrec", initial=state.step))
+      callbacks.append(callbacks_lib.ProgressBar(desc="train seqrec", initial=state.step,
+                                                 diagnostics=options.diagnostics))
     history = {}
     if remaining > 0:
       history = model.fit(dataset, epochs=1, steps_per_epoch=remaining, callbacks=callbacks,

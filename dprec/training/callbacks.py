@@ -215,20 +215,22 @@ class StepTimer(tf.keras.callbacks.Callback):
 
 
 class ProgressBar(tf.keras.callbacks.Callback):
-  """A tqdm bar over training steps (on stderr) showing loss, ε and gradient-size reduction.
+  """A tqdm bar over training steps (on stderr) showing ε and gradient-size reduction, and with
+  `diagnostics` the (non-private: exact, unclipped) training loss and AUC.
 
   ε is shown as "eps_paid": the ledger is charged ahead in blocks (`PrivacyBudgetCallback`), so
   it includes steps paid for but not yet trained.
   """
 
-  SHOWN = {"loss": "loss", "auc": "auc", "epsilon": "eps_paid",
-           "gradient_size_reduction": "gradient_size_reduction"}
+  SHOWN = {"epsilon": "eps_paid", "gradient_size_reduction": "gradient_size_reduction"}
+  DIAGNOSTICS = {"loss": "loss", "auc": "auc"}
 
-  def __init__(self, desc: str = "train", initial: int = 0):
+  def __init__(self, desc: str = "train", initial: int = 0, diagnostics: bool = False):
     """`initial`: steps already trained (a resumed run's bar starts there)."""
     super().__init__()
     self.desc = desc
     self.initial = initial
+    self.shown = dict(self.SHOWN, **(self.DIAGNOSTICS if diagnostics else {}))
     self._bar = None
 
   def on_train_begin(self, logs=None):
@@ -239,8 +241,8 @@ class ProgressBar(tf.keras.callbacks.Callback):
   def on_train_batch_end(self, batch, logs=None):
     self._bar.update(1)
     if batch % 10 == 0:
-      self._bar.set_postfix({self.SHOWN[k]: f"{float(v):.4g}" for k, v in (logs or {}).items()
-                             if k in self.SHOWN}, refresh=False)
+      self._bar.set_postfix({self.shown[k]: f"{float(v):.4g}" for k, v in (logs or {}).items()
+                             if k in self.shown}, refresh=False)
 
   def on_train_end(self, logs=None):
     self._bar.close()

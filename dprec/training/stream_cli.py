@@ -137,14 +137,16 @@ def build_trainer(args):
       ledger_path=args.ledger, headroom=args.headroom,
       insecure_noise_seed=args.insecure_noise_seed, diagnostics=args.diagnostics)
   return StreamingTrainer(model, source, plan, config,
-                          progress=None if args.no_progress else _ProgressBars(plan))
+                          progress=None if args.no_progress else _ProgressBars(plan,
+                                                                               args.diagnostics))
 
 
 class _ProgressBars:
-  """One tqdm bar per period (steps), on stderr."""
+  """One tqdm bar per period (steps), on stderr; the (non-private) loss only with diagnostics."""
 
-  def __init__(self, plan):
+  def __init__(self, plan, diagnostics=False):
     self.total, self.bar, self.period = plan.steps_per_period, None, None
+    self.diagnostics = diagnostics
 
   def __call__(self, period, step, logs):
     if period != self.period:
@@ -153,7 +155,8 @@ class _ProgressBars:
       self.period = period
       self.bar = tqdm(total=self.total, initial=step, desc=f"period {period}", unit="step")
     self.bar.update(1)
-    self.bar.set_postfix(loss=f"{logs.get('loss', float('nan')):.4f}")
+    if self.diagnostics:
+      self.bar.set_postfix(loss=f"{logs.get('loss', float('nan')):.4f}")
     if step + 1 == self.total:
       self.bar.close()
       self.bar, self.period = None, None
