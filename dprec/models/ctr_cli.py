@@ -220,7 +220,8 @@ def _open_ledger(options, plan, run):
   ledger = run.open_ledger(options.epsilon, plan.delta, options.accountant)
   if ledger.epsilon_spent() > 0:
     raise BudgetExceededError(
-        f"{ledger.path}: the ledger has already spent ε={ledger.epsilon_spent():.4g} of its budget; "
+        f"{ledger.path}: the ledger has already spent ε={ledger.epsilon_spent():.4g} of its "
+        "budget; "
         "`train ctr` plans a whole run from --epsilon, so start it with a fresh --ledger")
   return ledger
 

@@ -60,7 +60,7 @@ def test_sampling_rate_and_validation():
 def test_sampled_dataset_has_variable_batch_and_matching_rows():
   features = {"x": np.arange(100, dtype=np.int64)[:, None] * np.ones((1, 3), np.int64)}
   labels = np.arange(100, dtype=np.float32)
-  dataset = poisson.sampled_dataset(features, labels, poisson.BatchSampling(batch_size=10, entropy=4),
+  dataset = poisson.sampled_dataset(features, labels, poisson.BatchSampling(10, entropy=4),
                                     steps=20)
   assert dataset.element_spec[0]["x"].shape.as_list() == [None, 3]
   sizes = []

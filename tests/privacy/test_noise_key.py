@@ -85,7 +85,8 @@ def test_a_run_counts_only_its_own_charges(tmp_path):
       Run("stream", str(tmp_path / "b"), ledger_path) as second:
     ledger = first.open_ledger(10.0, 1e-5, "rdp")
     ledger.charge_gaussian(1.0, 0.1, 5, label="stream period 0")
-    assert first.paid(ledger, "stream period 0") and first.steps_paid(ledger, "stream period 0") == 5
+    assert first.paid(ledger, "stream period 0")
+    assert first.steps_paid(ledger, "stream period 0") == 5
     theirs = second.open_ledger(10.0, 1e-5, "rdp")
     assert not second.paid(theirs, "stream period 0")
     assert second.steps_paid(theirs, "stream period 0") == 0
