@@ -246,6 +246,9 @@ def train_ctr(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
   model = ctr.build_ctr_model(data.vocab_sizes, hidden_units=options.hidden_units)
   private = options.algorithm != "non_private"
   with Run("train ctr", options.run_dir, options.ledger, options.insecure_noise_seed) as run:
+    if run.resumed:  # a second run on the same key would reuse its noise
+      raise DprecError(f"{options.run_dir}: already holds a run (its run.json and noise key); "
+                       "`train ctr` does not resume yet: use a new --run-dir")
     ledger = _open_ledger(options, plan, run) if private else None
     selected = None
     if options.algorithm in ("dp_fest", "dp_adafest_plus"):

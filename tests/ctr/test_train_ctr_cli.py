@@ -207,3 +207,12 @@ def test_a_second_run_on_a_shared_ledger_pays_and_is_refused_at_the_budget(data_
                         "4", "--ledger", str(tmp_path / "ledger.json"), "--run-dir",
                         str(tmp_path / "b")])
   assert "already spent" in err
+
+
+def test_a_run_dir_is_not_reused_for_a_second_run(data_dir, tmp_path, capsys):
+  _train(data_dir, tmp_path, "non_private", "--run-dir", str(tmp_path / "run"))
+  err = _error(capsys, ["train", "ctr", "--data", data_dir, "--algorithm", "non_private",
+                        "--steps", "2", "--batch-size", "64", "--hidden-units", "4",
+                        "--no-progress", "--run-dir",
+                        str(tmp_path / "run")])
+  assert "does not resume yet" in err
