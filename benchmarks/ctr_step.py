@@ -56,7 +56,7 @@ def make_batches(vocab_sizes, batch_size, count, seed=0):
 def _dprec_model(vocab_sizes, algorithm, batch_size):
   model = ctr.build_ctr_model(vocab_sizes)
   model.compile(optimizer=DPOptimizer(algorithm, SparseSGD(LEARNING_RATE),
-                                      expected_batch_size=batch_size, seed=0))
+                                      expected_batch_size=batch_size))
   model.optimizer.build(model.trainable_variables)
   return model
 

@@ -56,8 +56,7 @@ def worker(args):
   else:
     optimizer = tf.keras.optimizers.SGD(1e-3)
     if args.variant.startswith("phantom"):
-      optimizer = DPOptimizer(DPSGD(1.0, 1.0), optimizer, expected_batch_size=args.batch_size,
-                              seed=0)
+      optimizer = DPOptimizer(DPSGD(1.0, 1.0), optimizer, expected_batch_size=args.batch_size)
     model.compile(optimizer=optimizer)
     run = lambda: model.train_on_batch(*batch)  # pylint: disable=unnecessary-lambda-assignment
   run()

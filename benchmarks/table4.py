@@ -41,7 +41,7 @@ def make_batches(vocab, count, seed=0):
 def time_steps(config, vocab, batches, steps):
   """Seconds per step of `steps` steps after two warm-up steps (tracing excluded)."""
   model = make_model(vocab)
-  model.compile(DPOptimizer(config, SparseSGD(0.1), expected_batch_size=BATCH, seed=0),
+  model.compile(DPOptimizer(config, SparseSGD(0.1), expected_batch_size=BATCH),
                 loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
   model.fit(batches.take(2), epochs=1, verbose=0)
   start = time.perf_counter()

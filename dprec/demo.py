@@ -24,18 +24,23 @@ def register(subparsers):
   parser.add_argument("--steps", type=int, default=200, help="DP-AdaFEST training steps")
   parser.add_argument("--batch-size", type=int, default=1024, help="expected batch size")
   parser.add_argument("--epsilon", type=float, default=1.0, help="privacy budget ε")
-  parser.add_argument("--seed", type=int, default=0, help="random seed")
+  parser.add_argument("--seed", type=int, default=0,
+                      help="seed of the generated data and the initialisation (public)")
+  parser.add_argument("--insecure-noise-seed", type=int, default=None, metavar="N",
+                      help="derive the training noise and batches from N: reproducible, NOT "
+                      "private (the summary and ledger say so)")
   parser.set_defaults(func=run)
 
 
 def demo_options(data_dir: str, out_dir: str, steps: int, batch_size: int, epsilon: float,
-                 seed: int) -> ctr_cli.CTRTrainOptions:
+                 seed: int, insecure_noise_seed=None) -> ctr_cli.CTRTrainOptions:
   """The demo's DP-AdaFEST run with `train ctr`'s defaults: r = 5, τ = 15, C1 = 1 (false
   positives stay rare), C2 = 1 (every example clipped), lazy Adam at lr 3e-3."""
   return ctr_cli.CTRTrainOptions(
       data=data_dir, algorithm="dp_adafest", epsilon=epsilon, batch_size=batch_size,
       steps=steps, ledger=os.path.join(out_dir, "ledger.json"),
-      summary_json=os.path.join(out_dir, "summary.json"), seed=seed, charge_every=100)
+      summary_json=os.path.join(out_dir, "summary.json"), seed=seed, charge_every=100,
+      insecure_noise_seed=insecure_noise_seed)
 
 
 def privacy_calculation(options: ctr_cli.CTRTrainOptions, num_examples: int) -> dict:
@@ -59,7 +64,8 @@ def run(args) -> dict:
   print(f"[1/3] generating {args.rows} Criteo-like rows in {data_dir}", file=sys.stderr)
   generated = synthetic.generate_criteo(data_dir, args.rows, days=DAYS, seed=args.seed)
   print("[2/3] privacy calculation", file=sys.stderr)
-  options = demo_options(data_dir, args.out, args.steps, args.batch_size, args.epsilon, args.seed)
+  options = demo_options(data_dir, args.out, args.steps, args.batch_size, args.epsilon, args.seed,
+                         args.insecure_noise_seed)
   data = ctr_cli.load_data(data_dir)
   privacy = privacy_calculation(options, len(data.train["label"]))
   print(f"      σ = {privacy['dp_sgd_noise_multiplier']:.4f} → σ1 = {privacy['sigma1']:.4f}, "

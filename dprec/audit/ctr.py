@@ -75,9 +75,10 @@ def _train_with_canaries(options, data, canaries):
                                       expected_batch_size=train_options.batch_size))
   model.optimizer.build(model.trainable_variables)
   scorer = scores_lib.CanaryScorer(model, canaries, options.score)
+  # Fresh secret randomness per run (the runs' noise and batches must be independent): the
+  # DPOptimizer's default key and BatchSampling's default entropy both come from the OS CSPRNG.
   sampling = poisson.BatchSampling(train_options.batch_size,
-                                   private and not train_options.fixed_batches,
-                                   int(np.random.default_rng().integers(2**31)))
+                                   private and not train_options.fixed_batches)
   features = {key: train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}
   dataset = poisson.sampled_dataset(features, train["label"], sampling, train_options.steps)
   model.fit(dataset, epochs=1, steps_per_epoch=train_options.steps, verbose=0)

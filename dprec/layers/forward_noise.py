@@ -17,7 +17,8 @@ paper's experiments do (f updated through the noise); SeqLDP does not cover thos
 need a trusted party or secure aggregation (note 003 §3.3, §8.5).
 
 The noise comes from the `tf.random.Generator` passed in, which the proof needs to be secret: by
-default one seeded from the OS (non-deterministic); a run passes its own keyed generator.
+default one keyed from the OS CSPRNG (`dprec.privacy.noise_key`); a run passes its own keyed
+generator. The layer does not track it, so it is in no checkpoint.
 """
 import dataclasses
 from typing import Optional
@@ -45,7 +46,12 @@ class ForwardNoise(tf.keras.layers.Layer):
     self.norm_bound, self.noise_multiplier = float(norm_bound), float(noise_multiplier)
     self.bound, self.at_inference, self.reduced_dim = bound, at_inference, reduced_dim
     self.user_gradients = user_gradients
-    self.generator = generator or tf.random.Generator.from_non_deterministic_state()
+    if generator is None:
+      from dprec.privacy.noise_key import NoiseKey  # pylint: disable=import-outside-toplevel
+      generator = NoiseKey.fresh().tf_generator("forward noise")
+    # Not tracked: its state is secret and stays out of weights and checkpoints (a run re-keys
+    # it at every step from its key).
+    object.__setattr__(self, "generator", generator)
 
   @property
   def sensitivity(self):

@@ -6,13 +6,16 @@
 training days; the last day is held out for evaluation) or a Beam preprocessing output directory
 (its `manifest.json`). σ comes from ε via `dprec.privacy` (σ1, σ2 at ratio r for DP-AdaFEST); the
 ledger is charged as training proceeds and training stops at the budget. Prints a JSON summary.
+
+The noise, false positives, Poisson batches and DP top-k draws come from the run's secret key
+(`dprec.workflows.run.Run`; kept in `--run-dir`'s `secret/` if one is given); `--seed` seeds only
+initialisation. `--insecure-noise-seed N` makes them reproducible, and the run not private.
 """
 import argparse
 import dataclasses
 import functools
 import json
 import os
-import tempfile
 from typing import Dict, Optional, Tuple
 
 import numpy as np
@@ -25,6 +28,7 @@ from dprec.optimizers import sparse as sparse_optimizers
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.training import callbacks as callbacks_lib
 from dprec.training import poisson
+from dprec.workflows.run import Run
 
 ALGORITHMS = ("non_private", "dp_sgd", "dp_fest", "dp_adafest", "dp_adafest_plus")
 OPTIMIZERS = {"sgd": sparse_optimizers.SparseSGD, "adagrad": sparse_optimizers.SparseAdagrad,
@@ -32,6 +36,17 @@ OPTIMIZERS = {"sgd": sparse_optimizers.SparseSGD, "adagrad": sparse_optimizers.S
 VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-k-epsilon 0) are "
                    "treated as public, as seed 001 does; build them from public data for a "
                    "guarantee that covers them")
+EPSILON_COVERS = {
+    "epsilon": "(epsilon, delta)-DP for adding or removing one training example (row), "
+               "covering the model, the DP top-k rows and every field listed under 'covered'",
+    "covered": ["auc", "eval_loss", "gradient_size", "gradient_size_reduction", "steps",
+                "stopped_at_budget"],
+    "public": ["settings", "noise multipliers", "train_rows and eval_rows (N, assumed public)",
+               "dense_embedding_size", "timings"],
+    "held_out_evaluation": "auc and eval_loss are computed on the last day, which is not "
+                           "training data of this run (that day itself is not protected)",
+    "not_covered": "diagnostics_nonprivate (only with --diagnostics): exact training loss/AUC",
+}
 
 
 @dataclasses.dataclass
@@ -62,6 +77,9 @@ class CTRTrainOptions:
   charge_every: int = 100
   log_dir: Optional[str] = None
   seed: int = 0
+  insecure_noise_seed: Optional[int] = None
+  run_dir: Optional[str] = None
+  diagnostics: bool = False
   progress: bool = True
 
   def validate(self):
@@ -151,8 +169,7 @@ def plan_privacy(options: CTRTrainOptions, num_examples: int) -> PrivacyPlan:
   """σ from the target ε (note 001 §2.2): DP-SGD's σ at (ε − ε_select, δ, q, T), split into
   σ1 = r·σ2 and σ2 for DP-AdaFEST so that (σ1⁻² + σ2⁻²)^(−1/2) = σ."""
   from dprec import privacy  # pylint: disable=import-outside-toplevel
-  sampling = poisson.BatchSampling(options.batch_size, not options.fixed_batches, options.seed)
-  q = sampling.sampling_rate(num_examples)
+  q = poisson.BatchSampling(options.batch_size).sampling_rate(num_examples)
   if options.algorithm == "non_private":
     return PrivacyPlan(None, None, None, 0.0, None, q)
   delta = options.delta if options.delta is not None else 1.0 / num_examples
@@ -167,8 +184,9 @@ def plan_privacy(options: CTRTrainOptions, num_examples: int) -> PrivacyPlan:
   return PrivacyPlan(sigma, sigma1, sigma2, selection_epsilon, delta, q)
 
 
-def _selected_rows(options, model_config, train, ledger):
-  """DP-FEST rows per table: top int(k/F) by count, DP (Gumbel, charged) unless ε_select = 0."""
+def _selected_rows(options, model_config, train, ledger, run):
+  """DP-FEST rows per table: top int(k/F) by count, DP (Gumbel, from the run's key, charged)
+  unless ε_select = 0."""
   from dprec.sparse import fest  # pylint: disable=import-outside-toplevel
   columns = train[ctr.CAT_FEATURES]
   counts = {name: np.bincount(columns[:, f], minlength=size)
@@ -177,7 +195,7 @@ def _selected_rows(options, model_config, train, ledger):
   per_table = max(1, options.top_k // len(counts))
   k = {name: min(per_table, len(c)) for name, c in counts.items()}
   epsilon = options.top_k_epsilon or None
-  return fest.fest_rows(counts, k, epsilon=epsilon, rng=np.random.default_rng(options.seed),
+  return fest.fest_rows(counts, k, epsilon=epsilon, rng=run.numpy_rng("dp top-k"),
                         ledger=ledger if epsilon else None).rows
 
 
@@ -198,14 +216,12 @@ def algorithm_config(options: CTRTrainOptions, plan: PrivacyPlan, selected_rows=
   return config_lib.DPAdaFESTPlus(selected_rows=selected_rows, **adafest)
 
 
-def _open_ledger(options, plan, work_dir):
-  from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
-  path = options.ledger or os.path.join(work_dir, "ledger.json")
-  ledger = PrivacyLedger(path, epsilon_budget=options.epsilon, delta=plan.delta,
-                         accountant=options.accountant)
+def _open_ledger(options, plan, run):
+  ledger = run.open_ledger(options.epsilon, plan.delta, options.accountant)
   if ledger.epsilon_spent() > 0:
     raise BudgetExceededError(
-        f"{path}: the ledger has already spent ε={ledger.epsilon_spent():.4g} of its budget; "
+        f"{ledger.path}: the ledger has already spent ε={ledger.epsilon_spent():.4g} of its "
+        "budget; "
         "`train ctr` plans a whole run from --epsilon, so start it with a fresh --ledger")
   return ledger
 
@@ -229,23 +245,27 @@ def train_ctr(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
   tf.keras.utils.set_random_seed(options.seed)
   model = ctr.build_ctr_model(data.vocab_sizes, hidden_units=options.hidden_units)
   private = options.algorithm != "non_private"
-  with tempfile.TemporaryDirectory() as work_dir:
-    ledger = _open_ledger(options, plan, work_dir) if private else None
+  with Run("train ctr", options.run_dir, options.ledger, options.insecure_noise_seed) as run:
+    if run.resumed:  # a second run on the same key would reuse its noise
+      raise DprecError(f"{options.run_dir}: already holds a run (its run.json and noise key); "
+                       "`train ctr` does not resume yet: use a new --run-dir")
+    ledger = _open_ledger(options, plan, run) if private else None
     selected = None
     if options.algorithm in ("dp_fest", "dp_adafest_plus"):
-      selected = _selected_rows(options, model.config, data.train, ledger)
+      selected = _selected_rows(options, model.config, data.train, ledger, run)
     config = algorithm_config(options, plan, selected)
     if private:
       _check_budget(ledger, plan, options)
     model.compile(optimizer=DPOptimizer(config, OPTIMIZERS[options.optimizer](options.learning_rate),
-                                        expected_batch_size=options.batch_size, seed=options.seed))
+                                        expected_batch_size=options.batch_size,
+                                        noise_key=run.noise_key))
     model.optimizer.build(model.trainable_variables)  # slots now: the step is traced only once
     sampling = poisson.BatchSampling(options.batch_size, private and not options.fixed_batches,
-                                     options.seed)
+                                     run.entropy("poisson"))
     features = {key: data.train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}
     dataset = poisson.sampled_dataset(features, data.train["label"], sampling, options.steps)
     timer = callbacks_lib.StepTimer()
-    callbacks = [timer]
+    callbacks = [timer, run.noise_callback({"dp step": model.dp_optimizer.generator})]
     budget = None
     if private:
       budget = callbacks_lib.PrivacyBudgetCallback(
@@ -253,31 +273,33 @@ def train_ctr(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
           charge_every=options.charge_every, label=f"train ctr {options.algorithm}",
           log_dir=options.log_dir)
       callbacks.append(budget)
-    if options.log_dir:
-      callbacks.append(tf.keras.callbacks.TensorBoard(options.log_dir, update_freq=100))
+    if options.log_dir and options.diagnostics:  # Keras' scalars: the exact training loss/AUC
+      callbacks.append(tf.keras.callbacks.TensorBoard(
+          os.path.join(options.log_dir, "diagnostics_nonprivate"), update_freq=100))
     if options.progress:
-      callbacks.append(callbacks_lib.ProgressBar(desc=f"train ctr {options.algorithm}"))
+      callbacks.append(callbacks_lib.ProgressBar(desc=f"train ctr {options.algorithm}",
+                                                 diagnostics=options.diagnostics))
     history = model.fit(dataset, epochs=1, steps_per_epoch=options.steps, callbacks=callbacks,
                         verbose=0)
     evaluation = model.evaluate(
         {key: data.eval[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)},
         data.eval["label"], batch_size=options.eval_batch_size, verbose=0, return_dict=True)
     summary = _summary(options, data, model, plan, history.history, evaluation, timer, ledger,
-                       budget)
+                       budget, run)
   if options.summary_json:
     with open(options.summary_json, "w", encoding="utf-8") as out:
       json.dump(summary, out, indent=2, sort_keys=True)
   return summary
 
 
-def _summary(options, data, model, plan, history, evaluation, timer, ledger, budget):
+def _summary(options, data, model, plan, history, evaluation, timer, ledger, budget, run):
   last = {key: float(values[-1]) for key, values in history.items()}
+  notes = ["fixed-size batches: not Poisson, accounted as if Poisson"] if (
+      options.fixed_batches and ledger is not None) else []
   summary = {
       "algorithm": options.algorithm,
       "auc": float(evaluation["auc"]),
       "eval_loss": float(evaluation["loss"]),
-      "train_loss": last.get("loss"),
-      "train_auc": last.get("auc"),
       "epsilon": ledger.epsilon_spent() if ledger else None,
       "epsilon_budget": options.epsilon if ledger else None,
       "delta": plan.delta,
@@ -301,10 +323,14 @@ def _summary(options, data, model, plan, history, evaluation, timer, ledger, bud
       "eval_rows": int(len(data.eval["label"])),
       "data_source": data.source,
       "ledger": options.ledger,
-      "note": VOCABULARY_NOTE,
+      "run_dir": options.run_dir,
+      "note": "; ".join([VOCABULARY_NOTE] + notes),
+      **run.privacy_fields(ledger is not None, EPSILON_COVERS, notes),
   }
-  if options.fixed_batches and ledger is not None:
-    summary["note"] += "; fixed-size batches: not Poisson, accounted as if Poisson"
+  if options.diagnostics:
+    summary["diagnostics_nonprivate"] = {
+        "train_loss": last.get("loss"), "train_auc": last.get("auc"),
+        "note": "NOT covered by ε: exact (unclipped) training loss and AUC of the last steps"}
   return summary
 
 
@@ -363,7 +389,15 @@ def register(subparsers):
   add("--charge-every", type=int, default=defaults.charge_every,
       help="steps prepaid per ledger charge")
   add("--log-dir", help="TensorBoard directory (loss, AUC, ε, gradient size)")
-  add("--seed", type=int, default=defaults.seed, help="seed of batches, noise and initialisation")
+  add("--seed", type=int, default=defaults.seed,
+      help="seed of initialisation only (public); noise and batches come from a secret key")
+  add("--insecure-noise-seed", type=int, metavar="N",
+      help="derive noise, batches and DP top-k draws from N: reproducible, NOT private (the "
+           "summary and ledger say so)")
+  add("--run-dir", metavar="DIR",
+      help="keep the run's id, secret noise key (DIR/secret: keep it private) and ledger here")
+  add("--diagnostics", action="store_true",
+      help="also report non-private diagnostics (exact training loss/AUC), labelled so")
   add("--no-progress", action="store_true", help="no progress bar")
   parser.set_defaults(func=run)
 

@@ -13,10 +13,15 @@ to the same ledger and composed with training by the accountant: it gets `--item
 of ε and training's σ is calibrated for the rest.
 Adam (decoupled weight decay 1e-5) with 20% linear warm-up then linear decay, as in the paper.
 
+The noise, the Poisson batches and the histogram's noise come from the run's secret key
+(`dprec.workflows.run.Run`); `--seed` seeds only initialisation and dropout;
+`--insecure-noise-seed N` makes the noise reproducible and the run not private.
+
 With `--run-dir DIR` the run checkpoints atomically every `--checkpoint-every` steps (model,
-Adam slots, noise generator, data position) and keeps its ledger there; the same command resumes
-a killed run from its last checkpoint on the very batches and noise stream an uninterrupted run
-would have used, paying no step twice (the 100-epoch paper schedule takes hours on a CPU).
+Adam slots, data position) and keeps its ledger and secret key there; the same command resumes
+a killed run from its last checkpoint on the very batches and noise an uninterrupted run would
+have used (a step's noise is derived from the key and the step), paying no step twice (the
+100-epoch paper schedule takes hours on a CPU).
 
 `--dp-forward` trains DP-Forward instead (seed 003, `dprec.models.dp_forward`): noise on each
 user's representation, SeqLDP (local, per user), non-private steps on the service's side.
@@ -27,8 +32,6 @@ import json
 import math
 import os
 import sys
-import tempfile
-import uuid
 from typing import Optional
 
 import numpy as np
@@ -45,6 +48,20 @@ from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.training import callbacks as callbacks_lib
 from dprec.training import checkpoint as ckpt_lib
 from dprec.training import poisson
+from dprec.workflows.run import Run
+
+LEDGER_LABEL = "train seqrec"
+FREQUENCIES_LABEL = f"{LEDGER_LABEL} item frequencies"
+EPSILON_COVERS = {
+    "epsilon": "(epsilon, delta)-DP for adding or removing one user (all of their training "
+               "sequence), covering the model (weights and Re-Attention's p_i)",
+    "public": ["settings", "noise multipliers", "train_examples (N) and items (M), assumed "
+               "public", "steps_per_second"],
+    "held_out_evaluation": "ndcg_at_10, hit_at_10, by_popularity and test_users rank each test "
+                           "user's held-out last item given their history, which IS training "
+                           "data of this run: these metrics are not covered by ε",
+    "not_covered": "diagnostics_nonprivate (only with --diagnostics): the exact training loss",
+}
 
 
 @dataclasses.dataclass
@@ -83,6 +100,8 @@ class SeqRecTrainOptions:
   exclude_history: bool = False
   eval_batch_size: int = 256
   seed: int = 0
+  insecure_noise_seed: Optional[int] = None
+  diagnostics: bool = False
   progress: bool = True
   summary_json: Optional[str] = None
   dp_forward: Optional[dp_forward_lib.DPForwardOptions] = None
@@ -118,7 +137,7 @@ class SeqRecTrainOptions:
     how it reports, or how it evaluates)."""
     ignored = {"data", "ledger", "run_dir", "checkpoint_every", "keep_checkpoints",
                "exclude_history", "eval_batch_size", "progress", "summary_json",
-               "reattention_at_eval"}
+               "reattention_at_eval", "diagnostics"}
     return {k: v for k, v in dataclasses.asdict(self).items() if k not in ignored}
 
   def model_config(self, num_items):
@@ -190,8 +209,7 @@ def plan_privacy(options, num_examples):
     steps = forward.epochs * dp_forward_lib.steps_per_epoch(num_examples, options.batch_size)
     return PrivacyPlan(forward.noise_multiplier, delta, options.batch_size / num_examples, steps,
                        forward=forward)
-  sampling = poisson.BatchSampling(options.batch_size, not options.fixed_batches, options.seed)
-  q = sampling.sampling_rate(num_examples)
+  q = poisson.BatchSampling(options.batch_size).sampling_rate(num_examples)
   steps = max(1, int(round(options.epochs * num_examples / options.batch_size)))
   if not options.private:
     return PrivacyPlan(None, None, q, steps)
@@ -230,15 +248,17 @@ def _label_prior(options, data, examples):
   return np.full(examples.num_items + 1, 1.0 / examples.num_items)
 
 
-def build_model(options, examples, plan, frequencies=None):
+def build_model(options, examples, plan, frequencies=None, noise_key=None):
   """A compiled `SeqRecModel`; Re-Attention's error model is set from the plan and `frequencies`
-  (`item_frequencies`; None leaves it to a checkpoint restored into the model)."""
+  (`item_frequencies`; None leaves it to a checkpoint restored into the model). The DP and
+  DP-Forward noise generators are keyed from `noise_key` (a run's; None: a fresh secret one)."""
+  from dprec.privacy.noise_key import NoiseKey  # pylint: disable=import-outside-toplevel
+  noise_key = noise_key or NoiseKey.fresh()
   config = options.model_config(examples.num_items)
-  if plan.forward is not None:  # the noise key is secret: from the OS, saved in checkpoints
+  if plan.forward is not None:
     config = dataclasses.replace(
         config, dp_forward=options.dp_forward.model_config(plan.noise_multiplier))
-  model = SeqRecModel(config,
-                      forward_noise_generator=tf.random.Generator.from_non_deterministic_state())
+  model = SeqRecModel(config, forward_noise_generator=noise_key.tf_generator(FORWARD_NOISE))
   model({"items": examples.items[:1]})
   if frequencies is not None:
     model.set_error_model(frequencies, plan.noise_multiplier, options.l2_norm_clip,
@@ -251,8 +271,19 @@ def build_model(options, examples, plan, frequencies=None):
       weight_decay=options.weight_decay)
   adam.build(model.trainable_variables)  # slots exist before a checkpoint is restored into them
   model.compile(optimizer=DPOptimizer(algorithm, adam, expected_batch_size=options.batch_size,
-                                      generator=tf.random.Generator.from_seed(options.seed)))
+                                      noise_key=noise_key))
   return model
+
+
+FORWARD_NOISE = "forward noise"
+
+
+def noise_generators(model):
+  """{purpose: generator} of the model's secret noise, re-keyed at every step."""
+  generators = {"dp step": model.dp_optimizer.generator}
+  if model.forward_noise is not None:
+    generators[FORWARD_NOISE] = model.forward_noise.generator
+  return generators
 
 
 def evaluate(model, examples, options):
@@ -282,50 +313,50 @@ def train_seqrec(options, data=None):
     options = dataclasses.replace(
         options, batch_size=poisson.default_batch_size(len(examples.items)))
   plan = plan_privacy(options, len(examples.items))
-  if plan.forward is not None:
-    if options.run_dir:
-      os.makedirs(options.run_dir, exist_ok=True)
-    examples = dataclasses.replace(examples, labels=dp_forward_lib.training_labels(
-        examples.labels, _label_prior(options, data, examples), plan.forward.label_epsilon,
-        saved=options.run_dir and os.path.join(options.run_dir, "rr_labels.npy")))
   tf.keras.utils.set_random_seed(options.seed)
-  # Secret noise for the histogram (the run's key will seed it; a resumed run's p_i come back
-  # from its checkpoint).
-  frequencies = item_frequencies(options, data, examples, plan,
-                                 np.random.default_rng(int.from_bytes(os.urandom(32), "little")))
-  model = build_model(options, examples, plan, frequencies)
-  with tempfile.TemporaryDirectory() as work_dir:
-    run = _RunState(options, examples, model, work_dir)
-    remaining = plan.steps - run.step
-    sampling = poisson.BatchSampling(options.batch_size, options.private and not
-                                     options.fixed_batches and plan.forward is None,
-                                     options.seed)
-    dataset = poisson.sampled_dataset({"items": examples.items}, examples.labels, sampling,
-                                      plan.steps, start=run.step)
-    timer = callbacks_lib.StepTimer()
-    callbacks = [timer]
-    ledger = None
+  with Run("train seqrec", options.run_dir, options.ledger, options.insecure_noise_seed) as run:
     if plan.forward is not None:
-      ledger, release_charges = _open_forward_ledger(options, plan, run, len(examples.items))
+      examples = dataclasses.replace(examples, labels=dp_forward_lib.training_labels(
+          examples.labels, _label_prior(options, data, examples), plan.forward.label_epsilon,
+          rng=run.numpy_rng("label rr"),
+          saved=options.run_dir and os.path.join(options.run_dir, "rr_labels.npy")))
+    # The histogram's noise comes from the run's key, so a resumed run draws the same p_i.
+    frequencies = item_frequencies(options, data, examples, plan,
+                                   run.numpy_rng("item histogram"))
+    model = build_model(options, examples, plan, frequencies, run.noise_key)
+    state = _RunState(options, examples, model)
+    remaining = plan.steps - state.step
+    timer = callbacks_lib.StepTimer()
+    callbacks = [timer, run.noise_callback(noise_generators(model), start_step=state.step)]
+    ledger = None  # opened (the histogram charged) before the first checkpoint holds p_i
+    if plan.forward is not None:
+      ledger, release_charges = _open_forward_ledger(options, plan, run, state,
+                                                     len(examples.items))
       callbacks.append(release_charges)
     elif options.private:
       ledger = _open_ledger(options, plan, run)
       callbacks.append(callbacks_lib.PrivacyBudgetCallback(
           ledger, plan.noise_multiplier, plan.sampling_rate, poisson=not options.fixed_batches,
-          charge_every=options.charge_every, label=run.ledger_label, steps_taken=run.step,
-          steps_charged=run.steps_paid(ledger)))
-    if run.checkpoints is not None:
-      callbacks.append(run.checkpoint_callback(options.checkpoint_every))
+          charge_every=options.charge_every, label=LEDGER_LABEL, steps_taken=state.step,
+          steps_charged=run.steps_paid(ledger, LEDGER_LABEL)))
+    sampling = poisson.BatchSampling(options.batch_size, options.private and not
+                                     options.fixed_batches and plan.forward is None,
+                                     run.entropy("poisson"))
+    dataset = poisson.sampled_dataset({"items": examples.items}, examples.labels, sampling,
+                                      plan.steps, start=state.step)
+    if state.checkpoints is not None:
+      callbacks.append(state.checkpoint_callback(options.checkpoint_every))
     if options.progress:
-      callbacks.append(callbacks_lib.ProgressBar(desc="train seqrec", initial=run.step))
+      callbacks.append(callbacks_lib.ProgressBar(desc="train seqrec", initial=state.step,
+                                                 diagnostics=options.diagnostics))
     history = {}
     if remaining > 0:
       history = model.fit(dataset, epochs=1, steps_per_epoch=remaining, callbacks=callbacks,
                           verbose=0).history
     metrics = evaluate(model, examples, options)
-    summary = _summary(options, examples, plan, history, metrics, timer, ledger, run)
+    summary = _summary(options, examples, plan, history, metrics, timer, ledger, run, state)
     summary["batch_size_chosen"] = batch_size_chosen
-    summary["item_frequencies"] = _frequency_source(options, plan, frequencies, run)
+    summary["item_frequencies"] = _frequency_source(options, plan, frequencies)
   if options.summary_json:
     with open(options.summary_json, "w", encoding="utf-8") as out:
       json.dump(summary, out, indent=2, sort_keys=True)
@@ -333,9 +364,9 @@ def train_seqrec(options, data=None):
 
 
 def checkpoint_objects(model):
-  """What a run's checkpoint holds: the model, its Adam slots and step, the DP noise generator."""
-  return tf.train.Checkpoint(model=model, optimizer=model.optimizer,
-                             generator=model.dp_optimizer.generator)
+  """What a run's checkpoint holds: the model, its Adam slots and step (no generator state: the
+  noise is re-derived from the run's secret key and the step)."""
+  return tf.train.Checkpoint(model=model, optimizer=model.optimizer)
 
 
 def options_from_checkpoint(path, **overrides):
@@ -348,26 +379,20 @@ def options_from_checkpoint(path, **overrides):
 
 class _RunState:
   """Where a run stands: a fresh start, or the newest checkpoint in `options.run_dir` restored
-  into `model` (weights, Adam slots and step, noise generator)."""
+  into `model` (weights, Adam slots and step)."""
 
-  def __init__(self, options, examples, model, work_dir):
+  def __init__(self, options, examples, model):
     self.fingerprint = dict(options.run_fingerprint(), train_examples=len(examples.items),
                             items=examples.num_items)
     self.objects = checkpoint_objects(model)
-    self.ledger_path = options.ledger or os.path.join(options.run_dir or work_dir, "ledger.json")
     self.checkpoints = None
     self.step, self.loss = 0, None
-    self.ledger_label = "train seqrec"
-    self.frequencies_label = f"{self.ledger_label} item frequencies"
     if options.run_dir is None:
       return
     self.checkpoints = ckpt_lib.CheckpointManager(os.path.join(options.run_dir, "checkpoints"),
                                                   keep=options.keep_checkpoints or None)
     latest = self.checkpoints.latest()
-    if latest is None:  # commit step 0 now, so the ledger label survives an early crash
-      self.ledger_label = f"train seqrec {uuid.uuid4().hex[:8]}"
-      self.frequencies_label = f"{self.ledger_label} item frequencies"
-      self.checkpoint_callback(1).commit()
+    if latest is None:
       return
     state = self.checkpoints.read_state(latest)
     changed = {k: (state["fingerprint"].get(k), v) for k, v in self.fingerprint.items()
@@ -378,53 +403,33 @@ class _RunState:
           + ", ".join(f"{k}: {old!r} there, {new!r} now" for k, (old, new) in changed.items())
           + "); resume with the same settings or use another --run-dir")
     self.objects.read(os.path.join(latest, ckpt_lib.MODEL_PREFIX)).assert_consumed()
-    self.step, self.loss, self.ledger_label = state["step"], state["loss"], state["ledger_label"]
-    self.frequencies_label = f"{self.ledger_label} item frequencies"
+    self.step, self.loss = state["step"], state["loss"]
 
   def checkpoint_callback(self, every):
-    state = {"fingerprint": self.fingerprint, "ledger_label": self.ledger_label,
-             "loss": self.loss}
+    state = {"fingerprint": self.fingerprint, "loss": self.loss}
     return callbacks_lib.CheckpointCallback(self.checkpoints, self.objects, every, state,
                                             start_step=self.step)
 
-  def steps_paid(self, ledger):
-    """Steps of this run the ledger already holds: 0 for a run without --run-dir, else those
-    charged under the run's own label (charges of other runs in a shared ledger do not count)."""
-    if self.checkpoints is None:
-      return 0
-    return sum(charge["steps"] for charge in ledger.charges
-               if charge.get("label") == self.ledger_label and "steps" in charge)
 
-  def frequencies_paid(self, ledger):
-    """Whether the ledger holds this run's DP histogram charge (never for a run without
-    --run-dir: its histogram is new)."""
-    return self.checkpoints is not None and any(
-        charge.get("label") == self.frequencies_label for charge in ledger.charges)
-
-
-def _open_forward_ledger(options, plan, run, num_examples):
+def _open_forward_ledger(options, plan, run, state, num_examples):
   """DP-Forward's ledger (budget checked, ε2 charged once) and its per-epoch release charges."""
-  from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
-  ledger = PrivacyLedger(run.ledger_path, epsilon_budget=options.epsilon, delta=plan.delta,
-                         accountant=options.accountant)
-  epochs_paid = run.steps_paid(ledger)
-  label_paid = run.checkpoints is not None and any(
-      c.get("label") == run.ledger_label + " labels" for c in ledger.charges)
-  dp_forward_lib.prepare_ledger(ledger, plan.forward, epochs_paid, label_paid, run.ledger_label)
+  ledger = run.open_ledger(options.epsilon, plan.delta, options.accountant)
+  epochs_paid = run.steps_paid(ledger, LEDGER_LABEL)
+  label_paid = run.paid(ledger, LEDGER_LABEL + " labels")
+  dp_forward_lib.prepare_ledger(ledger, plan.forward, epochs_paid, label_paid, LEDGER_LABEL)
   return ledger, dp_forward_lib.EpochReleaseCallback(
       ledger, plan.forward, dp_forward_lib.steps_per_epoch(num_examples, options.batch_size),
-      run.ledger_label, run.step, epochs_paid)
+      LEDGER_LABEL, state.step, epochs_paid)
 
 
 def _open_ledger(options, plan, run):
-  """The run's ledger; raises if the steps still to pay for do not fit its budget."""
-  from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
-  ledger = PrivacyLedger(run.ledger_path, epsilon_budget=options.epsilon, delta=plan.delta,
-                         accountant=options.accountant)
-  unpaid = plan.steps - run.steps_paid(ledger)
+  """The run's ledger, the DP histogram charged; raises if the steps still to pay for do not
+  fit its budget. Only this run's own charges count as paid."""
+  ledger = run.open_ledger(options.epsilon, plan.delta, options.accountant)
+  unpaid = plan.steps - run.steps_paid(ledger, LEDGER_LABEL)
   histogram = []
-  if plan.frequency_noise_multiplier is not None and not run.frequencies_paid(ledger):
-    histogram = [(plan.frequency_noise_multiplier, run.frequencies_label)]
+  if plan.frequency_noise_multiplier is not None and not run.paid(ledger, FREQUENCIES_LABEL):
+    histogram = [(plan.frequency_noise_multiplier, FREQUENCIES_LABEL)]
   if unpaid <= 0 and not histogram:
     return ledger
   planned = ledger.epsilon_if_charged(plan.noise_multiplier, plan.sampling_rate, max(unpaid, 0),
@@ -432,14 +437,14 @@ def _open_ledger(options, plan, run):
                                       gaussian_mechanisms=histogram)
   if planned > options.epsilon * (1 + 1e-6):
     raise BudgetExceededError(
-        f"{run.ledger_path}: the planned run would bring the ledger to ε={planned:.4g} > budget "
+        f"{ledger.path}: the planned run would bring the ledger to ε={planned:.4g} > budget "
         f"{options.epsilon:g} (already spent {ledger.epsilon_spent():.4g})")
   for sigma, label in histogram:  # released (into the model) before the first step
     ledger.charge_gaussian_mechanism(sigma, label)
   return ledger
 
 
-def _frequency_source(options, plan, frequencies, run):
+def _frequency_source(options, plan, frequencies):
   """Where Re-Attention's p_i came from, for the summary."""
   if frequencies is None:
     return None
@@ -447,11 +452,13 @@ def _frequency_source(options, plan, frequencies, run):
     return {"source": "public file", "path": options.item_frequencies, "public": True}
   return {"source": "dp histogram", "epsilon_share": options.item_frequency_share,
           "noise_multiplier": plan.frequency_noise_multiplier,
-          "max_items_per_user": options.max_len, "ledger_label": run.frequencies_label}
+          "max_items_per_user": options.max_len, "ledger_label": FREQUENCIES_LABEL}
 
 
-def _summary(options, examples, plan, history, metrics, timer, ledger, run):
-  losses = history.get("loss") or [run.loss if run.loss is not None else float("nan")]
+def _summary(options, examples, plan, history, metrics, timer, ledger, run, state):
+  losses = history.get("loss") or [state.loss if state.loss is not None else float("nan")]
+  notes = ["fixed-size batches: not Poisson, accounted as if Poisson"] if (
+      options.private and options.fixed_batches) else []
   summary = {
       "model": "dpformer" if options.reattention else "vanilla",
       "tied": options.tied, "reattention": options.reattention,
@@ -464,18 +471,22 @@ def _summary(options, examples, plan, history, metrics, timer, ledger, run):
       "learning_rate": options.learning_rate, "l2_norm_clip": options.l2_norm_clip,
       "normalization_offset": options.normalization_offset,
       "loss_positions": options.loss_positions, "train_examples": int(len(examples.items)),
-      "items": examples.num_items, "final_loss": float(losses[-1]),
+      "items": examples.num_items,
       "steps_per_second": timer.steps_per_second, "seed": options.seed,
       "accountant": options.accountant if ledger else None,
       "poisson": bool(ledger is not None and not options.fixed_batches),
-      "run_dir": options.run_dir, "resumed_from_step": run.step,
+      "run_dir": options.run_dir, "resumed_from_step": state.step,
   }
-  if options.private and options.fixed_batches:
-    summary["privacy_note"] = "fixed-size batches: not Poisson, accounted as if Poisson"
   if plan.forward is not None:
     forward = dp_forward_lib.summary(plan.forward, options.dp_forward)
     summary.update(model="dp-forward", poisson=False, dp_forward=forward,
-                   privacy_notion=forward["privacy_notion"], privacy_note=forward["privacy_note"])
+                   privacy_notion=forward["privacy_notion"])
+    notes.append(forward["privacy_note"])
+  summary.update(run.privacy_fields(options.private, EPSILON_COVERS, notes))
+  if options.diagnostics:
+    summary["diagnostics_nonprivate"] = {
+        "final_loss": float(losses[-1]),
+        "note": "NOT covered by ε: the exact (unclipped) training loss of the last step"}
   return summary
 
 
@@ -540,7 +551,14 @@ def register(subparsers):
            "benchmarks/dpformer_amazon.py --curve)")
   add("--exclude-history", action="store_true", help="do not rank items already in the history")
   add("--eval-batch-size", type=int, default=256, help="users scored per evaluation batch")
-  add("--seed", type=int, default=0, help="random seed")
+  add("--seed", type=int, default=0,
+      help="seed of initialisation and dropout only (public); noise and batches come from a "
+           "secret key")
+  add("--insecure-noise-seed", type=int, metavar="N",
+      help="derive noise, batches and the histogram's noise from N: reproducible, NOT private "
+           "(the summary and ledger say so)")
+  add("--diagnostics", action="store_true",
+      help="also report non-private diagnostics (the exact training loss), labelled so")
   dp_forward_lib.add_arguments(parser)
   add("--no-progress", action="store_true", help="no progress bars")
   add("--summary-json", help="also write the JSON summary to this file")
@@ -562,7 +580,9 @@ def run(args):
       run_dir=args.run_dir, checkpoint_every=args.checkpoint_every,
       keep_checkpoints=args.keep_checkpoints,
       exclude_history=args.exclude_history, eval_batch_size=args.eval_batch_size,
-      seed=args.seed, progress=not args.no_progress, summary_json=args.summary_json)
+      seed=args.seed, insecure_noise_seed=args.insecure_noise_seed,
+      diagnostics=args.diagnostics, progress=not args.no_progress,
+      summary_json=args.summary_json)
   if args.dp_forward:
     options = dataclasses.replace(options, dp_forward=dp_forward_lib.options_from_args(args),
                                   loss_positions="last", reattention=False)

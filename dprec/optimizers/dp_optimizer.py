@@ -1,11 +1,18 @@
 """The DP optimizer object passed to `DPModel.compile` (in the spirit of tensorflow_privacy's
 `DPKeras*Optimizer`): an algorithm configuration plus the optimizer that applies the update."""
 import dataclasses
+import warnings
 from typing import Any, Optional
 
 import tensorflow as tf
 
 from dprec.optimizers import config as config_lib
+from dprec.privacy.noise_key import InsecureNoiseWarning
+from dprec.privacy.noise_key import NoiseKey
+
+NOISE_PURPOSE = "dp step"  # the derivation label of the step's generator (`NoiseKey.derive`)
+GENERATOR_NOTE = ("a caller-supplied noise generator: the noise is only as secret as its seed; "
+                  "treat the run as NOT differentially private")
 
 
 @dataclasses.dataclass
@@ -14,14 +21,20 @@ class DPOptimizer:
   applies the noisy gradient (use `SparseSGD`, `SparseAdagrad` or `LazyAdam` so sparse updates
   stay sparse). `expected_batch_size`: the normaliser of the noisy sum (q·N for Poisson
   sampling; None divides by the actual batch size, right for fixed-size batches only).
-  `seed`: seeds the noise and selection generator (None: non-deterministic). `generator`: a
-  `tf.random.Generator` to draw from instead (e.g. one restored from a checkpoint, so a resumed
-  run continues the same noise stream)."""
+
+  The noise and selection randomness is secret by default: a generator keyed from a fresh
+  `NoiseKey` (the OS CSPRNG). At most one of these replaces it:
+    `noise_key`: a run's key (`dprec.workflows.run.Run.noise_key`); private unless the key is
+      an insecure one.
+    `insecure_noise_seed`: deterministic noise from a public seed (warns; `private` is False).
+    `generator`: a `tf.random.Generator` of the caller's (tests), flagged like an insecure seed.
+  `private` says whether the noise is secret; `privacy_note` why not."""
   config: Any
   inner: tf.keras.optimizers.Optimizer
   expected_batch_size: Optional[float] = None
-  seed: Optional[int] = None
-  generator: Optional[tf.random.Generator] = None
+  noise_key: Optional[NoiseKey] = dataclasses.field(default=None, repr=False)
+  insecure_noise_seed: Optional[int] = None
+  generator: Optional[tf.random.Generator] = dataclasses.field(default=None, repr=False)
 
   def __post_init__(self):
     if not isinstance(self.config, tuple(config_lib.ALGORITHMS.values())):
@@ -30,3 +43,23 @@ class DPOptimizer:
     self.inner = tf.keras.optimizers.get(self.inner)
     if self.expected_batch_size is not None and not self.expected_batch_size > 0:
       raise ValueError(f"expected_batch_size must be positive, got {self.expected_batch_size}")
+    given = [name for name in ("noise_key", "insecure_noise_seed", "generator")
+             if getattr(self, name) is not None]
+    if len(given) > 1:
+      raise ValueError(f"give at most one of noise_key, insecure_noise_seed, generator; got "
+                       f"{', '.join(given)}")
+    self.privacy_note = None
+    if self.generator is not None:
+      warnings.warn(GENERATOR_NOTE, InsecureNoiseWarning, stacklevel=3)
+      self.privacy_note = GENERATOR_NOTE
+      return
+    if self.insecure_noise_seed is not None:
+      self.noise_key = NoiseKey.insecure(self.insecure_noise_seed)
+    self.noise_key = self.noise_key or NoiseKey.fresh()
+    self.privacy_note = self.noise_key.note
+    self.generator = self.noise_key.tf_generator(NOISE_PURPOSE)
+
+  @property
+  def private(self) -> bool:
+    """Whether the noise randomness is secret."""
+    return self.privacy_note is None

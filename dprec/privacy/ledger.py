@@ -4,7 +4,9 @@ The file is JSON: the budget, δ, the accountant and the list of charges (mechan
 time, ε so far). Each write goes to a temporary file in the same directory, is fsynced and renamed
 over the ledger, so a crash leaves either the old or the new ledger, never a torn one. ε is always
 recomputed from the charges (Gaussian periods in the accountant, selection charges added: see
-`composition`), so a reloaded ledger knows exactly what was spent. One ledger has one writer.
+`composition`), so a reloaded ledger knows exactly what was spent. One ledger has one writer at a
+time; runs that share it stamp their charges with their `run_id`, and a run only ever counts its
+own charges as paid (`charges_of`).
 """
 import datetime
 import json
@@ -35,11 +37,15 @@ class PrivacyLedger:
 
   If `path` exists it is reloaded, and `epsilon_budget`/`delta`/`accountant`, when given, must
   match it; otherwise `epsilon_budget` and `delta` are required, the accountant defaults to PLD,
-  and the file is created.
+  and the file is created. `run_id`: the run this instance charges for, recorded in each of its
+  charges; `marks`: more fields recorded in each charge (e.g. `private: False` for a run with
+  insecure noise).
   """
 
-  def __init__(self, path, epsilon_budget=None, delta=None, accountant=None):
+  def __init__(self, path, epsilon_budget=None, delta=None, accountant=None, run_id=None,
+               marks=None):
     self.path = os.fspath(path)
+    self.stamp = dict(marks or {}, **({"run_id": run_id} if run_id is not None else {}))
     if os.path.exists(self.path):
       self._load(epsilon_budget, delta, accountant)
     else:
@@ -122,9 +128,10 @@ class PrivacyLedger:
     accounting.check_gaussian_parameters(noise_multiplier, sampling_rate, steps)
     charge = {"mechanism": GAUSSIAN, "noise_multiplier": float(noise_multiplier),
               "sampling_rate": float(sampling_rate), "steps": int(steps), "poisson": bool(poisson),
-              "label": label}
+              "label": label, **self.stamp}
     last = charges[-1] if charges else None
     if (last is not None and last["mechanism"] == GAUSSIAN and last["label"] == label
+        and last.get("run_id") == charge.get("run_id")
         and _gaussian_key(last) == _gaussian_key(charge)):
       merged = dict(last, steps=last["steps"] + charge["steps"], merged=last["merged"] + 1,
                     updated=_now())
@@ -180,10 +187,15 @@ class PrivacyLedger:
       raise DprecError(f"selection charge needs epsilon >= 0 and 0 <= delta < {self.delta:g}, "
                        f"got ({epsilon}, {delta})")
     charge = {"mechanism": APPROXIMATE if delta else PURE, "epsilon": float(epsilon),
-              "delta": float(delta), "label": label, "time": _now()}
+              "delta": float(delta), "label": label, "time": _now(), **self.stamp}
     what = f"epsilon {epsilon:g}" + (f", delta {delta:g}" if delta else "")
     return self._commit(self.charges + [charge],
                         f"charging {what}{' (' + label + ')' if label else ''}")
+
+  def charges_of(self, run_id, label=None):
+    """The charges recorded by run `run_id` (with `label`, if given): what that run has paid."""
+    return [c for c in self.charges if c.get("run_id") == run_id
+            and (label is None or c.get("label") == label)]
 
   def summary(self):
     result = self.composition()

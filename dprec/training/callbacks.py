@@ -1,5 +1,5 @@
 """Keras callbacks for DP training: pay the privacy ledger before steps run, stop at the budget;
-checkpoints to resume from, a tqdm progress bar and a step timer.
+key each step's noise, checkpoints to resume from, a tqdm progress bar and a step timer.
 
 Each DP step releases a noisy gradient, so its privacy cost must be recorded before it runs.
 `PrivacyBudgetCallback` therefore charges the ledger in chunks of `charge_every` steps ahead of
@@ -9,7 +9,7 @@ before that step. If training ends early for another reason, up to `charge_every
 steps stay charged: the ledger only ever over-states what was spent, never under-states it.
 """
 import time
-from typing import Optional
+from typing import Mapping, Optional
 
 import tensorflow as tf
 import tqdm
@@ -130,6 +130,28 @@ class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
       self._writer.flush()
 
 
+class KeyedNoiseCallback(tf.keras.callbacks.Callback):
+  """Before every step, puts each `{purpose: tf.random.Generator}` on the state a
+  `dprec.privacy.noise_key.NoiseKey` derives for (purpose, *index, step).
+
+  A step's noise then depends only on the secret key and the step: a resumed run draws exactly
+  what the uninterrupted one would, and no checkpoint needs (or holds) generator state.
+  """
+
+  def __init__(self, noise_key, generators: Mapping[str, tf.random.Generator],
+               start_step: int = 0, index=()):
+    super().__init__()
+    self.noise_key, self.generators = noise_key, dict(generators)
+    self.step, self.index = start_step, tuple(index)
+
+  def on_train_batch_begin(self, batch, logs=None):
+    for purpose, generator in self.generators.items():
+      self.noise_key.reset(generator, purpose, *self.index, self.step)
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.step += 1
+
+
 class CheckpointCallback(tf.keras.callbacks.Callback):
   """Commits an atomic checkpoint (`dprec.training.checkpoint`) every `every` steps of
   `model.fit` and at its end, so a killed run resumes from the last one.
@@ -193,20 +215,22 @@ class StepTimer(tf.keras.callbacks.Callback):
 
 
 class ProgressBar(tf.keras.callbacks.Callback):
-  """A tqdm bar over training steps (on stderr) showing loss, ε and gradient-size reduction.
+  """A tqdm bar over training steps (on stderr) showing ε and gradient-size reduction, and with
+  `diagnostics` the (non-private: exact, unclipped) training loss and AUC.
 
   ε is shown as "eps_paid": the ledger is charged ahead in blocks (`PrivacyBudgetCallback`), so
   it includes steps paid for but not yet trained.
   """
 
-  SHOWN = {"loss": "loss", "auc": "auc", "epsilon": "eps_paid",
-           "gradient_size_reduction": "gradient_size_reduction"}
+  SHOWN = {"epsilon": "eps_paid", "gradient_size_reduction": "gradient_size_reduction"}
+  DIAGNOSTICS = {"loss": "loss", "auc": "auc"}
 
-  def __init__(self, desc: str = "train", initial: int = 0):
+  def __init__(self, desc: str = "train", initial: int = 0, diagnostics: bool = False):
     """`initial`: steps already trained (a resumed run's bar starts there)."""
     super().__init__()
     self.desc = desc
     self.initial = initial
+    self.shown = dict(self.SHOWN, **(self.DIAGNOSTICS if diagnostics else {}))
     self._bar = None
 
   def on_train_begin(self, logs=None):
@@ -217,8 +241,8 @@ class ProgressBar(tf.keras.callbacks.Callback):
   def on_train_batch_end(self, batch, logs=None):
     self._bar.update(1)
     if batch % 10 == 0:
-      self._bar.set_postfix({self.SHOWN[k]: f"{float(v):.4g}" for k, v in (logs or {}).items()
-                             if k in self.SHOWN}, refresh=False)
+      self._bar.set_postfix({self.shown[k]: f"{float(v):.4g}" for k, v in (logs or {}).items()
+                             if k in self.shown}, refresh=False)
 
   def on_train_end(self, logs=None):
     self._bar.close()

@@ -9,6 +9,7 @@ experiments did) are available as an option; the ledger must then say "accounted
 """
 import dataclasses
 import itertools
+import os
 from typing import Dict, Iterator, Mapping, Optional
 
 import numpy as np
@@ -37,15 +38,20 @@ class BatchSampling:
     batch_size: expected batch size B (Poisson) or exact batch size (fixed batches).
     poisson: True draws Poisson batches at rate q = B/N; False draws shuffled fixed-size batches
       (epoch by epoch, the last incomplete batch of an epoch is dropped).
-    seed: seed of the numpy generator that picks batches.
+    entropy: seed of the numpy generator that picks batches. The batches are part of the
+      privacy proof (amplification by sampling), so this must be secret: a run passes bits
+      derived from its noise key (`dprec.workflows.run.Run.entropy`); None draws 256 bits from
+      the OS CSPRNG. Never a public seed, unless the run is flagged as not private.
   """
   batch_size: int
   poisson: bool = True
-  seed: int = 0
+  entropy: Optional[int] = dataclasses.field(default=None, repr=False)
 
   def __post_init__(self):
     if self.batch_size < 1:
       raise ValueError(f"batch_size must be >= 1, got {self.batch_size}")
+    if self.entropy is None:
+      object.__setattr__(self, "entropy", int.from_bytes(os.urandom(32), "little"))
 
   def sampling_rate(self, num_examples: int) -> float:
     """q = B/N, the rate the accountant uses for either kind of batch."""
@@ -87,7 +93,7 @@ def batch_indices(num_examples: int, sampling: BatchSampling, steps: int,
 
   A run resumed at step `start` therefore sees the very batches an uninterrupted run would.
   """
-  rng = np.random.default_rng(sampling.seed)
+  rng = np.random.default_rng(sampling.entropy)
   if sampling.poisson:
     batches = poisson_batch_indices(num_examples, sampling.sampling_rate(num_examples), steps, rng)
   else:

@@ -7,6 +7,8 @@
 Trains period by period as they appear (evaluating each new period before training on it), one
 privacy ledger for the whole run, a checkpoint every --checkpoint-every steps and at every
 period's end; rerunning the same command after a crash (or kill -9) resumes where it stopped.
+Batches, noise and DP top-k draws come from the run's secret key (RUN_DIR/secret: keep the run
+directory private); `--insecure-noise-seed N` makes them reproducible and the run not private.
 """
 import math
 import os
@@ -44,6 +46,9 @@ def register(subparsers):
                     help="seconds between looks for a new period while waiting")
   data.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
   data.add_argument("--summary-json", default=None, help="also write the JSON summary here")
+  data.add_argument("--diagnostics", action="store_true",
+                    help="also keep non-private diagnostics (exact period sizes, batch sizes, "
+                    "training losses) under 'diagnostics_nonprivate'")
   dp = parser.add_argument_group("privacy")
   dp.add_argument("--algorithm", default="dp_adafest", choices=ctr_cli.ALGORITHMS)
   dp.add_argument("--epsilon-total", type=float, default=None,
@@ -77,7 +82,11 @@ def register(subparsers):
                      help="comma-separated Dense widths (default: App. D.1.1's four of 598)")
   model.add_argument("--headroom", type=float, default=1.5,
                      help="spare table rows for new ids, as a factor (default 1.5)")
-  model.add_argument("--seed", type=int, default=0)
+  model.add_argument("--seed", type=int, default=0,
+                     help="seed of initialisation only (public; default %(default)s)")
+  model.add_argument("--insecure-noise-seed", type=int, default=None, metavar="N",
+                     help="derive batches, noise and DP top-k draws from N: reproducible, NOT "
+                     "private (the summary and ledger say so)")
   model.add_argument("--no-progress", action="store_true", help="no progress bars")
   parser.set_defaults(func=run)
 
@@ -125,16 +134,19 @@ def build_trainer(args):
       train_periods=None if args.train_days is None else expected,
       idle_timeout=args.idle_timeout, poll_interval=args.poll_interval,
       top_k=args.top_k if args.algorithm in FEST_ALGORITHMS else None,
-      ledger_path=args.ledger, headroom=args.headroom)
+      ledger_path=args.ledger, headroom=args.headroom,
+      insecure_noise_seed=args.insecure_noise_seed, diagnostics=args.diagnostics)
   return StreamingTrainer(model, source, plan, config,
-                          progress=None if args.no_progress else _ProgressBars(plan))
+                          progress=None if args.no_progress else _ProgressBars(plan,
+                                                                               args.diagnostics))
 
 
 class _ProgressBars:
-  """One tqdm bar per period (steps), on stderr."""
+  """One tqdm bar per period (steps), on stderr; the (non-private) loss only with diagnostics."""
 
-  def __init__(self, plan):
+  def __init__(self, plan, diagnostics=False):
     self.total, self.bar, self.period = plan.steps_per_period, None, None
+    self.diagnostics = diagnostics
 
   def __call__(self, period, step, logs):
     if period != self.period:
@@ -143,7 +155,8 @@ class _ProgressBars:
       self.period = period
       self.bar = tqdm(total=self.total, initial=step, desc=f"period {period}", unit="step")
     self.bar.update(1)
-    self.bar.set_postfix(loss=f"{logs.get('loss', float('nan')):.4f}")
+    if self.diagnostics:
+      self.bar.set_postfix(loss=f"{logs.get('loss', float('nan')):.4f}")
     if step + 1 == self.total:
       self.bar.close()
       self.bar, self.period = None, None

@@ -18,10 +18,13 @@ from dprec import atomic_io
 CSV_NAME = "metrics.csv"
 PLOT_NAME = "auc_epsilon.png"
 SUMMARY_NAME = "summary.json"
-COLUMNS = ("period", "eval_period", "auc", "eval_loss", "train_loss", "epsilon_so_far",
-           "gradient_size_reduction", "steps", "examples", "mean_batch_size", "new_ids",
-           "vocab_size", "noise_multiplier", "sampling_rate", "train_seconds")
-SCALARS = ("auc", "eval_loss", "train_loss", "epsilon_so_far", "gradient_size_reduction")
+# ε-covered or public fields only (`streaming.EPSILON_COVERS`); the exact sizes and losses are
+# in a row's `diagnostics_nonprivate` (only with diagnostics on), shown under that name.
+COLUMNS = ("period", "eval_period", "auc", "eval_loss", "epsilon_so_far",
+           "gradient_size_reduction", "steps", "new_ids", "vocab_size", "noise_multiplier",
+           "sampling_rate", "train_seconds")
+SCALARS = ("auc", "eval_loss", "epsilon_so_far", "gradient_size_reduction")
+DIAGNOSTICS = "diagnostics_nonprivate"
 
 
 class MetricsWriter:
@@ -46,10 +49,12 @@ class MetricsWriter:
         if key in self._emitted:
           continue
         self._emitted.add(key)
-        for name in SCALARS:
-          value = row.get(name)
+        scalars = [(f"stream/{name}", row.get(name)) for name in SCALARS]
+        scalars += [(f"{DIAGNOSTICS}/{name}", value)
+                    for name, value in (row.get(DIAGNOSTICS) or {}).items()]
+        for name, value in scalars:
           if value is not None and math.isfinite(value):
-            tf.summary.scalar(f"stream/{name}", value, step=row["period"])
+            tf.summary.scalar(name, value, step=row["period"])
     self._writer.flush()
 
   def finish(self, rows, summary):

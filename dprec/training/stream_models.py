@@ -1,8 +1,9 @@
 """The pCTR model and the DP step of `DPModel`, behind the streaming trainer's `PeriodModel`.
 
 Streaming adds two things to `dprec train ctr`'s model: tables that grow as the Beam job assigns
-ids to new buckets (a new `CTRModel` with more rows; every learned row, optimizer slot and the
-noise generator carried over, new rows freshly initialised), and a DP-FEST row set refreshed at
+ids to new buckets (a new `CTRModel` with more rows; every learned row and optimizer slot
+carried over, new rows freshly initialised; the noise generator is re-keyed by the trainer at
+every step from the run's secret key), and a DP-FEST row set refreshed at
 period boundaries (rows stay where they are, so buckets that stay selected keep what they
 learned). Embedding widths are fixed by the first period's vocabulary so rows keep their shape.
 """
@@ -39,7 +40,7 @@ class CTRPeriodModel(PeriodModel):
   Args:
     options: `dprec train ctr`'s options; the algorithm and model/step hyper-parameters are used
       (algorithm, l2_norm_clip, ratio, threshold, contribution_clip, learning_rate, optimizer,
-      hidden_units, eval_batch_size, seed).
+      hidden_units, eval_batch_size, seed: public, initialisation only).
     noise_multiplier: the plan's composed σ (split into σ1 = r·σ2 and σ2 for DP-AdaFEST).
     expected_batch_size: q · N_period, the normaliser of the noisy sum (DESIGN §4 step 5).
   """
@@ -54,8 +55,6 @@ class CTRPeriodModel(PeriodModel):
       sigma1, sigma2 = privacy.adafest_noise_multipliers(noise_multiplier, options.ratio)
       plan = dataclasses.replace(plan, sigma1=sigma1, sigma2=sigma2)
     self._plan = plan
-    # The noise/selection generator outlives the models the tables grow into; checkpointed.
-    self.generator = tf.random.Generator.from_seed(options.seed)
     self.model = None
     self.optimizer = None
     self.embedding_dims = None
@@ -79,7 +78,10 @@ class CTRPeriodModel(PeriodModel):
     self.model, self.optimizer = model, optimizer
 
   def trackables(self):
-    return {"model": self.model, "optimizer": self.optimizer, "generator": self.generator}
+    return {"model": self.model, "optimizer": self.optimizer}
+
+  def noise_generators(self):
+    return {"dp step": self.model.dp_optimizer.generator}
 
   def set_selected_rows(self, selected_rows: Optional[Mapping[str, np.ndarray]]):
     key = (id(self.model), None if selected_rows is None
@@ -88,10 +90,9 @@ class CTRPeriodModel(PeriodModel):
       return  # same step: keep the traced function (retracing costs seconds)
     self._compiled_for = key
     config = ctr_cli.algorithm_config(self.options, self._plan, selected_rows)
-    # One noise stream for the whole run, restored from checkpoints.
+    # A secret generator, re-keyed by the trainer before every step (`noise_generators`).
     self.model.compile(optimizer=DPOptimizer(config, self.optimizer,
-                                             expected_batch_size=self.expected_batch_size,
-                                             generator=self.generator))
+                                             expected_batch_size=self.expected_batch_size))
 
   def train_steps(self, batches, steps, on_step):
     def generate():

@@ -8,16 +8,26 @@ The third way in (DESIGN §1.4; seed 001 §4.3 and Table 5). `StreamingTrainer` 
   3. grows the embedding tables for ids first seen in p (learned rows stay where they are) and,
      for DP-FEST / DP-AdaFEST+, refreshes the top-k rows from the running counts (DP top-k when
      the selection must be private), rows that stay selected keeping what they learned;
-  4. trains its Poisson-sampled steps (the plan's T, scaled down for a period shorter than
-     expected, e.g. the last of 18 days cut into 4-day periods), checkpointing atomically every
-     `checkpoint_every` steps and at the end of the period.
+  4. trains its Poisson-sampled steps (the plan's T, scaled down for a period of fewer days than
+     planned, e.g. the last of 18 days cut into 4-day periods: a public count, never the exact
+     number of rows), checkpointing atomically every `checkpoint_every` steps and at the end of
+     the period.
 
-Crash safety: the batch of step (p, s) and every random draw depend only on (seed, p, s) and on
-state inside the checkpoint (model, optimizer slots, random generators), so a `kill -9` and a
+Secret randomness: the batch of step (p, s), its noise and the DP top-k draws of period p come
+from the run's secret key (`dprec.workflows.run.Run`, kept in `run_dir/secret/`) and (p, s) only;
+`seed` seeds only the initialisation of new rows.
+
+Crash safety: the batch of step (p, s) and every random draw depend only on (key, p, s) and on
+state inside the checkpoint (model, optimizer slots; no generator state), so a `kill -9` and a
 restart replay the uncommitted steps exactly: no period is trained twice or skipped, the final
 model and ledger equal an uninterrupted run's, and the budget paid before the crash is never
-paid again nor forgotten (the ledger file is never rolled back; a period counts as paid once its
-charge is in it). A journal (`steps.jsonl`) lists the committed (period, step) pairs.
+paid again nor forgotten (the ledger file is never rolled back; a period counts as paid once
+this run's charge is in it, whatever other runs sharing the ledger paid). A journal
+(`steps.jsonl`) lists the committed (period, step) pairs.
+
+Released outputs hold no exact private quantity by default: per-period rows report the plan's
+sizes, ε, and AUC; the exact row counts, Poisson batch sizes and unclipped training losses are
+non-private diagnostics, kept only with `diagnostics=True` under `diagnostics_nonprivate`.
 """
 import abc
 import collections
@@ -32,7 +42,6 @@ import numpy as np
 import tensorflow as tf
 
 from dprec import atomic_io
-from dprec import privacy
 from dprec.errors import BudgetExceededError
 from dprec.sparse import fest
 from dprec.training import checkpoint as ckpt_lib
@@ -40,8 +49,22 @@ from dprec.training import stream_metrics
 from dprec.training.period_source import CATEGORICAL_KEY, Period, PeriodSource
 from dprec.training.plan import StreamPlan
 from dprec.training.poisson import poisson_batch_indices
+from dprec.workflows.run import Run
 
 JOURNAL = "steps.jsonl"
+EPSILON_COVERS = {
+    "epsilon": "(epsilon, delta)-DP for adding or removing one training example (row) of the "
+               "whole stream, all periods and DP top-k refreshes composed in one ledger",
+    "covered": ["the model", "steps", "gradient_size_reduction", "epsilon_so_far", "stopped",
+                "holdout (final model on the hold-out days, not training data of this run)"],
+    "public": ["plan", "settings", "days", "vocab_size and new_ids (vocabularies treated as "
+               "public)", "timings"],
+    "held_out_evaluation": "each period's auc and eval_loss evaluate the model trained before "
+                           "it on period p, which IS training data of this run (trained on "
+                           "next): not covered by ε; holdout evaluates days never trained on",
+    "not_covered": "diagnostics_nonprivate (only with --diagnostics): exact period sizes, "
+                   "Poisson batch sizes and training losses",
+}
 MIN_SPARE_ROWS = 8  # tiny tables (e.g. 3 buckets) would otherwise need a rebuild per new id
 
 
@@ -59,7 +82,12 @@ class PeriodModel(abc.ABC):
 
   @abc.abstractmethod
   def trackables(self) -> Dict[str, tf.Module]:
-    """Objects saved in checkpoints: model, optimizer (slots), random generators."""
+    """Objects saved in checkpoints: model, optimizer (slots); never the noise generators."""
+
+  @abc.abstractmethod
+  def noise_generators(self) -> Dict[str, tf.random.Generator]:
+    """{purpose: generator} of the step's secret noise; the trainer puts each on the state its
+    run key derives for (purpose, period, step) before every step."""
 
   @abc.abstractmethod
   def set_selected_rows(self, selected_rows: Optional[Mapping[str, np.ndarray]]):
@@ -81,8 +109,10 @@ class StreamConfig:
   """How a streaming run proceeds (the privacy side is the `StreamPlan`).
 
   Attributes:
-    run_dir: checkpoints, ledger, journal, metrics CSV, TensorBoard logs and the plot.
-    seed: every batch and random draw derives from (seed, period, step).
+    run_dir: run id, secret key, checkpoints, ledger, journal, metrics CSV, TensorBoard logs
+      and the plot.
+    seed: public: seeds the initialisation of table rows (batches and noise come from the
+      run's secret key).
     checkpoint_every: steps between mid-period checkpoints (one is always written at period end).
     train_periods: periods to train (later complete periods are the final hold-out); None: all.
     idle_timeout: seconds to wait for the next period before finishing (0: stop when caught up).
@@ -93,6 +123,9 @@ class StreamConfig:
     ledger_path: the privacy ledger (default run_dir/ledger.json); may hold earlier charges.
     headroom: tables are allocated with this factor of spare rows and grown by it when new ids
       outrun them, so a model is rebuilt (and its step retraced) rarely, not every period.
+    insecure_noise_seed: derive the key from this public seed: reproducible, NOT private.
+    diagnostics: also keep the non-private diagnostics (exact period sizes, batch sizes, training
+      loss) under `diagnostics_nonprivate`.
   """
   run_dir: str
   seed: int = 0
@@ -103,6 +136,8 @@ class StreamConfig:
   top_k: Optional[Union[int, Mapping[str, int]]] = None
   ledger_path: Optional[str] = None
   headroom: float = 1.5
+  insecure_noise_seed: Optional[int] = None
+  diagnostics: bool = False
 
   def __post_init__(self):
     if self.checkpoint_every < 1:
@@ -132,14 +167,13 @@ class StreamingTrainer:
     """
     self.model, self.source, self.plan, self.config = model, source, plan, config
     self.progress = progress
-    os.makedirs(config.run_dir, exist_ok=True)
+    self.run_state = Run("stream", config.run_dir, config.ledger_path, config.insecure_noise_seed)
     self.checkpoints = ckpt_lib.CheckpointManager(os.path.join(config.run_dir, "checkpoints"))
     self.journal_path = os.path.join(config.run_dir, JOURNAL)
-    self.ledger_path = config.ledger_path or os.path.join(config.run_dir, "ledger.json")
+    self.ledger_path = self.run_state.ledger_path
     self.ledger = None
     if plan.private:
-      self.ledger = privacy.PrivacyLedger(self.ledger_path, plan.epsilon_total, plan.delta,
-                                          accountant=plan.accountant)
+      self.ledger = self.run_state.open_ledger(plan.epsilon_total, plan.delta, plan.accountant)
     self.metrics = stream_metrics.MetricsWriter(config.run_dir)
     self.state = _fresh_state()
     self._tf_checkpoint = None
@@ -182,8 +216,11 @@ class StreamingTrainer:
     self.checkpoints.commit(self.state, write, files)
 
   def _journal(self, period, step, batch_size):
+    entry = {"period": period, "step": step}
+    if self.config.diagnostics:
+      entry["diagnostics_nonprivate"] = {"batch_size": batch_size}
     with open(self.journal_path, "a", encoding="utf-8") as f:
-      f.write(json.dumps({"period": period, "step": step, "batch_size": batch_size}) + "\n")
+      f.write(json.dumps(entry) + "\n")
     self.state["journal_lines"] += 1
 
   # ---- privacy ---------------------------------------------------------------------------
@@ -196,10 +233,12 @@ class StreamingTrainer:
     return self.ledger.epsilon_spent() if self.ledger is not None else None
 
   def _period_steps(self, period: Period):
-    """The plan's T for a period of the expected size; proportionally fewer steps (same epochs,
-    less ε) for a smaller one; never more than planned, so the budget holds for larger ones."""
+    """The plan's T for a period of the planned number of days; proportionally fewer steps
+    (same epochs, less ε) for one of fewer days (the last of a cut). From public day counts,
+    never from the exact number of rows, which is private."""
     plan = self.plan
-    scaled = math.ceil(plan.steps_per_period * period.examples / plan.examples_per_period)
+    planned_days = getattr(self.source, "period_days", len(period.days))
+    scaled = math.ceil(plan.steps_per_period * len(period.days) / planned_days)
     return max(1, min(plan.steps_per_period, scaled))
 
   def _pay_for_period(self, period, steps):
@@ -209,11 +248,11 @@ class StreamingTrainer:
     """
     if self.ledger is None:
       return None
-    labels = {charge.get("label") for charge in self.ledger.charges}
     plan = self.plan
     pure_label, gauss_label = self._label(period) + " selection", self._label(period)
-    need_pure = plan.selection_epsilon_per_period > 0 and pure_label not in labels
-    need_gauss = gauss_label not in labels
+    need_pure = (plan.selection_epsilon_per_period > 0
+                 and not self.run_state.paid(self.ledger, pure_label))
+    need_gauss = not self.run_state.paid(self.ledger, gauss_label)
     if not need_gauss:
       return None
     projected = self.ledger.epsilon_if_charged(plan.noise_multiplier, plan.sampling_rate, steps)
@@ -272,18 +311,23 @@ class StreamingTrainer:
     if self.config.top_k:
       epsilon = self.plan.selection_epsilon_per_period or None  # paid in _pay_for_period
       selected = fest.fest_rows(period.counts(), self.config.top_k, epsilon=epsilon,
-                                rng=np.random.default_rng([self.config.seed, period.index, 1])).rows
+                                rng=self.run_state.numpy_rng("dp top-k", period.index)).rows
     self.model.set_selected_rows(selected)
     self.state["selected_rows"] = _rows_to_json(selected)
     return sum(sizes[n] - old.get(n, 0) for n in sizes) if old else 0
 
   def _batches(self, period, features, labels, start, stop, sizes):
-    """Poisson batches of steps [start, stop): step (p, s) always draws the same batch."""
+    """Poisson batches of steps [start, stop): step (p, s) always draws the same (secret) batch."""
     for step in range(start, stop):
-      rng = np.random.default_rng([self.config.seed, period.index, step, 0])
+      rng = self.run_state.numpy_rng("poisson", period.index, step)
       indices = next(poisson_batch_indices(len(labels), self.plan.sampling_rate, 1, rng))
       sizes.append(len(indices))
       yield {k: v[indices] for k, v in features.items()}, labels[indices]
+
+  def _key_noise(self, period, step):
+    """Puts the model's noise generators on their states for step (p, s) of the run's key."""
+    for purpose, generator in self.model.noise_generators().items():
+      self.run_state.noise_key.reset(generator, purpose, period, step)
 
   def _train_period(self, period: Period):
     """Trains the rest of period p in chunks that end at checkpoints."""
@@ -300,6 +344,7 @@ class StreamingTrainer:
       running["steps"] += 1
       self._journal(period.index, step, batch_size)
       self.state["step"] = step + 1
+      self._key_noise(period.index, step + 1)
       if self.progress is not None:
         self.progress(period.index, step, logs)
 
@@ -307,6 +352,7 @@ class StreamingTrainer:
       start = self.state["step"]
       stop = min(total, (start // every + 1) * every)
       sizes = collections.deque()
+      self._key_noise(period.index, start)
       self.model.train_steps(self._batches(period, features, labels, start, stop, sizes),
                              stop - start, on_step)
       if stop < total:
@@ -355,17 +401,20 @@ class StreamingTrainer:
       started = time.monotonic()
       running, n = self._train_period(period)
       steps = max(1, running["steps"])
-      self.state["rows"].append({
-          "period": index, "days": list(period.days), "examples": n,
-          "steps": running["steps"], "train_loss": running["loss"] / steps,
-          "mean_batch_size": running["batch"] / steps,
+      row = {
+          "period": index, "days": list(period.days),
+          "steps": running["steps"],
           "gradient_size_reduction": running["reduction"] / steps,
           "epsilon_so_far": self.epsilon_spent(), "new_ids": running.get("new_ids", 0),
           "vocab_size": int(sum(self.state["vocab_sizes"].values())),
           "noise_multiplier": self.plan.noise_multiplier,
           "sampling_rate": self.plan.sampling_rate,
           "train_seconds": time.monotonic() - started,
-          "auc": None, "eval_loss": None, "eval_period": None})
+          "auc": None, "eval_loss": None, "eval_period": None}
+      if self.config.diagnostics:
+        row["diagnostics_nonprivate"] = {"examples": n, "train_loss": running["loss"] / steps,
+                                         "mean_batch_size": running["batch"] / steps}
+      self.state["rows"].append(row)
       self.state.update(period=index + 1, step=0, evaluated=False, running=None)
       self._commit()
       self.metrics.write(self.state["rows"])
@@ -395,6 +444,7 @@ class StreamingTrainer:
   def summary(self, resumed=False):
     rows = self.state["rows"]
     return {
+        **self.run_state.privacy_fields(self.plan.private, EPSILON_COVERS),
         "periods": rows,
         "periods_trained": len(rows),
         "epsilon": self.epsilon_spent(),

@@ -19,6 +19,7 @@ def test_demo_trains_dp_adafest_and_spends_the_planned_epsilon(tmp_path, capsys)
   assert training["algorithm"] == "dp_adafest" and training["steps"] == 3
   assert 0.0 <= training["auc"] <= 1.0
   assert 0.95 < training["epsilon"] <= 1.0 * (1 + 1e-6)
+  assert training["private"] is True and training["privacy_note"] is None
   with open(os.path.join(out, "summary.json"), encoding="utf-8") as stream:
     assert json.load(stream)["auc"] == training["auc"]
   assert os.path.exists(os.path.join(out, "ledger.json"))

@@ -38,7 +38,7 @@ def test_poisson_batch_size_distribution():
 
 
 def test_fixed_batches_cover_each_epoch_exactly_once():
-  sampling = poisson.BatchSampling(batch_size=10, poisson=False, seed=3)
+  sampling = poisson.BatchSampling(batch_size=10, poisson=False, entropy=3)
   batches = list(poisson.batch_indices(35, sampling, steps=7))
   assert [len(b) for b in batches] == [10] * 7
   for epoch in range(2):  # 3 full batches per epoch; the 5 left over are dropped
@@ -60,7 +60,7 @@ def test_sampling_rate_and_validation():
 def test_sampled_dataset_has_variable_batch_and_matching_rows():
   features = {"x": np.arange(100, dtype=np.int64)[:, None] * np.ones((1, 3), np.int64)}
   labels = np.arange(100, dtype=np.float32)
-  dataset = poisson.sampled_dataset(features, labels, poisson.BatchSampling(batch_size=10, seed=4),
+  dataset = poisson.sampled_dataset(features, labels, poisson.BatchSampling(10, entropy=4),
                                     steps=20)
   assert dataset.element_spec[0]["x"].shape.as_list() == [None, 3]
   sizes = []

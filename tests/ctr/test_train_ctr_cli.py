@@ -133,3 +133,86 @@ def test_beam_manifest_directory_loads_like_the_tsv_days(data_dir, tmp_path):
   for split in ("train", "eval"):
     for key, value in getattr(from_tsv, split).items():
       np.testing.assert_array_equal(getattr(from_beam, split)[key], value)
+
+
+NOT_PRIVATE_FIELDS = {"train_loss", "train_auc"}
+
+
+def _train_keeping_model(data_dir, tmp_path, monkeypatch, *extra):
+  """`_train` (DP-AdaFEST) that also returns the trained model's weights."""
+  from dprec.models import ctr  # pylint: disable=import-outside-toplevel
+  built, build = [], ctr.build_ctr_model
+  monkeypatch.setattr(ctr, "build_ctr_model", lambda *a, **k: built.append(build(*a, **k))
+                      or built[-1])
+  tmp_path.mkdir(exist_ok=True)
+  summary = _train(data_dir, tmp_path, "dp_adafest", "--threshold", "2", *extra)
+  return summary, built[-1].get_weights()
+
+
+def test_same_arguments_and_seed_give_different_noise_unless_an_insecure_seed(
+    data_dir, tmp_path, monkeypatch):
+  runs = [_train_keeping_model(data_dir, tmp_path / name, monkeypatch, "--seed", "7")
+          for name in ("a", "b")]
+  (first, first_weights), (second, second_weights) = runs
+  assert first["private"] and second["private"] and first["run_id"] != second["run_id"]
+  assert not all(np.array_equal(a, b) for a, b in zip(first_weights, second_weights))
+
+  runs = [_train_keeping_model(data_dir, tmp_path / name, monkeypatch, "--seed", "7",
+                               "--insecure-noise-seed", "3") for name in ("c", "d")]
+  (third, third_weights), (fourth, fourth_weights) = runs
+  for a, b in zip(third_weights, fourth_weights):
+    np.testing.assert_array_equal(a, b)
+  assert third["private"] is False and "--insecure-noise-seed 3" in third["privacy_note"]
+  assert third["auc"] == fourth["auc"]
+  charges = privacy.PrivacyLedger(str(tmp_path / "c" / "ledger.json")).charges
+  assert charges and all(c["private"] is False and c["run_id"] == third["run_id"]
+                         for c in charges)
+
+
+def test_run_dir_keeps_a_private_key_that_no_output_contains(data_dir, tmp_path):
+  run_dir, logs = tmp_path / "run", tmp_path / "logs"
+  summary = _train(data_dir, tmp_path, "dp_sgd", "--run-dir", str(run_dir), "--log-dir",
+                   str(logs))
+  key_path = run_dir / "secret" / "noise_key"
+  assert os.stat(key_path).st_mode & 0o777 == 0o600 and len(key_path.read_bytes()) == 32
+  key = key_path.read_bytes()
+  run = json.loads((run_dir / "run.json").read_text())
+  assert run["run_id"] == summary["run_id"] and run["command"] == "train ctr"
+  outputs = [p for p in tmp_path.rglob("*") if p.is_file() and "secret" not in p.parts]
+  assert len(outputs) >= 4  # summary, ledger, run.json, TensorBoard events
+  for path in outputs:
+    content = path.read_bytes()
+    assert key not in content and key.hex().encode() not in content, path
+  # No class-(c) field by default; no Keras TensorBoard scalars of the training loss either.
+  assert not set(summary) & NOT_PRIVATE_FIELDS and "diagnostics_nonprivate" not in summary
+  assert set(summary["epsilon_covers"]) >= {"epsilon", "covered", "public",
+                                            "held_out_evaluation"}
+  assert not (logs / "diagnostics_nonprivate").exists()
+
+
+def test_diagnostics_are_reported_under_a_name_that_says_so(data_dir, tmp_path):
+  summary = _train(data_dir, tmp_path, "dp_sgd", "--diagnostics")
+  assert not set(summary) & NOT_PRIVATE_FIELDS
+  assert {"train_loss", "train_auc"} <= set(summary["diagnostics_nonprivate"])
+
+
+def test_a_second_run_on_a_shared_ledger_pays_and_is_refused_at_the_budget(data_dir, tmp_path,
+                                                                          capsys):
+  first = _train(data_dir, tmp_path, "dp_sgd", "--run-dir", str(tmp_path / "a"))
+  charges = privacy.PrivacyLedger(str(tmp_path / "ledger.json")).charges
+  assert {c["run_id"] for c in charges} == {first["run_id"]}
+  err = _error(capsys, ["train", "ctr", "--data", data_dir, "--algorithm", "dp_sgd",
+                        "--epsilon", str(EPSILON), "--batch-size", str(BATCH), "--steps",
+                        str(STEPS), "--hidden-units", "8", "--no-progress", "--charge-every",
+                        "4", "--ledger", str(tmp_path / "ledger.json"), "--run-dir",
+                        str(tmp_path / "b")])
+  assert "already spent" in err
+
+
+def test_a_run_dir_is_not_reused_for_a_second_run(data_dir, tmp_path, capsys):
+  _train(data_dir, tmp_path, "non_private", "--run-dir", str(tmp_path / "run"))
+  err = _error(capsys, ["train", "ctr", "--data", data_dir, "--algorithm", "non_private",
+                        "--steps", "2", "--batch-size", "64", "--hidden-units", "4",
+                        "--no-progress", "--run-dir",
+                        str(tmp_path / "run")])
+  assert "does not resume yet" in err

@@ -17,7 +17,8 @@ def _all_rows(lib):
 
 def _one_step(lib, config, optimizer):
   model = lib.build_model()
-  model.compile(DPOptimizer(config, optimizer, seed=0), loss=lib.loss, run_eagerly=True)
+  model.compile(DPOptimizer(config, optimizer, insecure_noise_seed=0), loss=lib.loss,
+                run_eagerly=True)
   x, y = lib.make_batch(n=10)
   model.fit(x, y, batch_size=10, epochs=1, verbose=0, shuffle=False)
   return [w.numpy() for w in model.trainable_variables]
@@ -92,7 +93,8 @@ def test_sparse_noise_on_kept_rows_only(lib):
   config = DPAdaFEST(clip2, sigma2, contribution_clip=1.0, contribution_noise_multiplier=1.0,
                      threshold=1.6449)  # Ψ(1.6449) = 5%: ≈ 5,000 false positives of 100,000
   model = _wide_model()
-  model.compile(DPOptimizer(config, SparseSGD(1.0), expected_batch_size=batch, seed=1),
+  model.compile(DPOptimizer(config, SparseSGD(1.0), expected_batch_size=batch,
+                            insecure_noise_seed=1),
                 loss=lib.loss)
   x = tf.constant([[1, 2], [3, 3], [1, 4], [5, 6]], tf.int64)
   y = tf.constant([[1.0], [0.0], [1.0], [0.0]])
@@ -118,7 +120,8 @@ def test_sparse_noise_on_kept_rows_only(lib):
 
 def test_dp_sgd_noise_is_dense(lib):
   model = _wide_model(vocab=2000, dim=8)
-  model.compile(DPOptimizer(DPSGD(0.5, 2.0), SparseSGD(1.0), expected_batch_size=1.0, seed=2),
+  model.compile(DPOptimizer(DPSGD(0.5, 2.0), SparseSGD(1.0), expected_batch_size=1.0,
+                            insecure_noise_seed=2),
                 loss=lib.loss)
   x = tf.constant([[1, 2], [3, 3]], tf.int64)
   grads = {v.name: g for g, v in model.dp_gradients(x, tf.constant([[1.0], [0.0]]))}
@@ -131,7 +134,7 @@ def test_gradient_size_metric_and_no_retracing(lib):
   """gradient_size = Σ |S_f|·d_f under DP-FEST; varying batch sizes do not retrace."""
   selected = {"a0": [0, 1], "a1": [2, 3, 4], "m": [5]}
   model = lib.build_model()
-  model.compile(DPOptimizer(DPFEST(1.0, 1.0, selected), SparseSGD(0.1), seed=3),
+  model.compile(DPOptimizer(DPFEST(1.0, 1.0, selected), SparseSGD(0.1), insecure_noise_seed=3),
                 loss=lib.loss)
   x, y = lib.make_batch(n=40)
   sizes = [7, 11, 9, 13]
@@ -186,7 +189,7 @@ def test_recompiling_keeps_one_gradient_size_metric(lib):
 def test_model_without_dp_tables_logs_no_gradient_size():
   inputs = tf.keras.Input((3,))
   model = DPModel(inputs, tf.keras.layers.Dense(1)(inputs))
-  model.compile(DPOptimizer(DPSGD(1.0, 1.0), SparseSGD(0.1), seed=0),
+  model.compile(DPOptimizer(DPSGD(1.0, 1.0), SparseSGD(0.1), insecure_noise_seed=0),
                 loss=tf.keras.losses.MeanSquaredError())
   history = model.fit(np.ones((4, 3), np.float32), np.zeros((4, 1), np.float32), batch_size=4,
                       epochs=1, verbose=0)

@@ -40,7 +40,8 @@ def test_dp_step_without_clipping_or_noise_is_the_non_private_step():
   plain = _step(reference, tf.keras.optimizers.SGD(0.1))
   private = _step(_model(weights), DPOptimizer(DPSGD(float("inf"), 0.0),
                                                tf.keras.optimizers.SGD(0.1),
-                                               expected_batch_size=len(ITEMS), seed=0))
+                                               expected_batch_size=len(ITEMS),
+                                               insecure_noise_seed=0))
   for a, b in zip(plain, private):
     np.testing.assert_allclose(a, b, atol=1e-6)
   assert max(np.abs(a).max() for a in plain) > 1e-3
@@ -68,7 +69,7 @@ def test_clipped_dp_step_equals_brute_force_per_example_clipping(config):
   expected = [sum(f * grads[k] for f, grads in zip(factors, per_example)) / len(ITEMS)
               for k in range(len(per_example[0]))]
   optimizer = DPOptimizer(DPSGD(clip, 0.0), tf.keras.optimizers.SGD(1.0),
-                          expected_batch_size=len(ITEMS), seed=0)
+                          expected_batch_size=len(ITEMS), insecure_noise_seed=0)
   update = _step(_model(weights, **config), optimizer)
   for got, want in zip(update, expected):
     np.testing.assert_allclose(got, want, atol=2e-6)

@@ -86,8 +86,18 @@ def _trained_frequencies(run_dir, summary):
       summary["batch_size"] * np.sqrt(variance))
 
 
-def test_trained_model_holds_dp_frequencies_charged_to_the_ledger(data_dir, tmp_path, capsys):
+def test_trained_model_holds_dp_frequencies_charged_to_the_ledger(data_dir, tmp_path, capsys,
+                                                                  monkeypatch):
   run_dir = str(tmp_path / "run")
+  ledger_path = os.path.join(run_dir, "ledger.json")
+  commit = seqrec_cli.ckpt_lib.CheckpointManager.commit
+
+  def commit_after_the_charge(manager, *args, **kwargs):  # every checkpoint holds the noisy p_i
+    labels = [c["label"] for c in PrivacyLedger(ledger_path).charges]
+    assert seqrec_cli.FREQUENCIES_LABEL in labels, "a checkpoint before the histogram's charge"
+    return commit(manager, *args, **kwargs)
+
+  monkeypatch.setattr(seqrec_cli.ckpt_lib.CheckpointManager, "commit", commit_after_the_charge)
   code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "5", "--run-dir",
                    run_dir] + TINY)
   assert code == 0

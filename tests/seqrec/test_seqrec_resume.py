@@ -1,5 +1,6 @@
 """`train seqrec --run-dir`: a killed run resumes to the uninterrupted result, paying no step twice."""
 import os
+import shutil
 
 import numpy as np
 import pytest
@@ -8,6 +9,7 @@ import tensorflow as tf
 from dprec.errors import BudgetExceededError, DprecError
 from dprec.models.seqrec_cli import SeqRecTrainOptions, options_from_checkpoint, train_seqrec
 from dprec.privacy import PrivacyLedger
+from dprec.privacy.noise_key import InsecureNoiseWarning
 from dprec.training import callbacks as callbacks_lib
 
 KILL_AFTER_STEP = 5
@@ -40,6 +42,14 @@ def _steps_in_ledger(run_dir):
              if not charge["label"].endswith("item frequencies"))
 
 
+def _clone_run(source, target):
+  """A new run directory holding `source`'s run id and secret key (nothing else): it draws the
+  same noise and batches, so it must end where `source` ended."""
+  os.makedirs(target)
+  shutil.copy(os.path.join(source, "run.json"), target)
+  shutil.copytree(os.path.join(source, "secret"), os.path.join(target, "secret"))
+
+
 def _kill_after_step(monkeypatch, step):
   timer_step_end = callbacks_lib.StepTimer.on_train_batch_end
 
@@ -59,13 +69,15 @@ def test_killed_run_resumes_to_the_uninterrupted_result(data_dir, frequency_file
                                 item_frequencies=path))
   assert whole["steps"] == 8 and whole["resumed_from_step"] == 0
   kept = sorted(os.listdir(tmp_path / "whole" / "checkpoints"))
-  assert kept == ["LATEST"] + [f"ckpt-{n:06d}" for n in range(4)]  # steps 0, 3, 6, 8
+  assert kept == ["LATEST"] + [f"ckpt-{n:06d}" for n in range(3)]  # steps 3, 6, 8
   saved_options = options_from_checkpoint(_latest(str(tmp_path / "whole")))
   assert saved_options.run_fingerprint() == _options(
       data_dir, item_frequencies=path).run_fingerprint()
 
+  # The secret key, reloaded from the run directory, is what makes the resumed noise exact.
   _kill_after_step(monkeypatch, KILL_AFTER_STEP)
   killed_dir = str(tmp_path / "killed")
+  _clone_run(str(tmp_path / "whole"), killed_dir)
   with pytest.raises(KeyboardInterrupt):
     train_seqrec(_options(data_dir, run_dir=killed_dir, item_frequencies=path))
   # Steps 4 and 5 were trained and paid for (in blocks of 2: through step 6) after the last
@@ -116,3 +128,57 @@ def test_runs_sharing_a_ledger_without_run_dir_each_pay(data_dir, tmp_path):
   assert first["epsilon"] <= 5.0 + 1e-6
   with pytest.raises(BudgetExceededError, match="already spent"):
     train_seqrec(options)
+
+
+def _run_privately(data_dir, run_dir, **overrides):
+  summary = train_seqrec(_options(data_dir, run_dir=run_dir, epochs=1, seed=7, **overrides))
+  return summary, _final_variables(run_dir)
+
+
+def test_same_arguments_give_different_noise_unless_an_insecure_seed(data_dir, tmp_path):
+  (first, first_weights), (second, second_weights) = [
+      _run_privately(data_dir, str(tmp_path / name)) for name in ("a", "b")]
+  assert first["private"] and second["private"] and first["run_id"] != second["run_id"]
+  assert any(not np.array_equal(first_weights[k], second_weights[k]) for k in first_weights)
+
+  with pytest.warns(InsecureNoiseWarning):
+    third, third_weights = _run_privately(data_dir, str(tmp_path / "c"), insecure_noise_seed=3)
+  fourth, fourth_weights = _run_privately(data_dir, str(tmp_path / "d"), insecure_noise_seed=3)
+  assert third_weights.keys() == fourth_weights.keys()
+  for name, value in third_weights.items():
+    np.testing.assert_array_equal(fourth_weights[name], value, err_msg=name)
+  assert third["private"] is False and "--insecure-noise-seed 3" in third["privacy_note"]
+  assert all(c["private"] is False and c["run_id"] == third["run_id"]
+             for c in _charges(str(tmp_path / "c")))
+  with pytest.raises(DprecError, match="insecure_noise_seed"):  # resumes only as it started
+    train_seqrec(_options(data_dir, run_dir=str(tmp_path / "c"), epochs=1, seed=7))
+
+
+def test_key_stays_in_the_secret_file_and_no_output_holds_a_class_c_field(data_dir, tmp_path):
+  run_dir = tmp_path / "run"
+  summary = train_seqrec(_options(data_dir, run_dir=str(run_dir), epochs=1,
+                                  summary_json=str(tmp_path / "summary.json")))
+  key_path = run_dir / "secret" / "noise_key"
+  assert os.stat(key_path).st_mode & 0o777 == 0o600
+  key = key_path.read_bytes()
+  outputs = [p for p in tmp_path.rglob("*") if p.is_file() and "secret" not in p.parts]
+  assert any("ckpt-" in str(p) for p in outputs) and len(outputs) > 5
+  for path in outputs:
+    content = path.read_bytes()
+    assert key not in content and key.hex().encode() not in content, path
+  variables = tf.train.list_variables(os.path.join(_latest(str(run_dir)), "model"))
+  assert not any("generator" in name or "/state/" in name
+                 for name, _ in variables)  # no Philox state in the checkpoint
+  assert "final_loss" not in summary and "diagnostics_nonprivate" not in summary
+  assert "training data of this run" in summary["epsilon_covers"]["held_out_evaluation"]
+  diagnosed = train_seqrec(_options(data_dir, epochs=0.5, diagnostics=True))
+  assert "final_loss" in diagnosed["diagnostics_nonprivate"]
+
+
+def test_runs_with_their_own_run_dirs_sharing_a_ledger_each_pay(data_dir, tmp_path):
+  ledger = str(tmp_path / "ledger.json")
+  first = train_seqrec(_options(data_dir, epochs=0.5, ledger=ledger,
+                                run_dir=str(tmp_path / "a")))
+  with pytest.raises(BudgetExceededError, match="already spent"):
+    train_seqrec(_options(data_dir, epochs=0.5, ledger=ledger, run_dir=str(tmp_path / "b")))
+  assert {c["run_id"] for c in PrivacyLedger(ledger).charges} == {first["run_id"]}

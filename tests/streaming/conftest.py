@@ -1,8 +1,9 @@
 """Fixtures of the streaming tests: the smallest `PeriodModel`, for fast tests of the trainer.
 
 A logistic model with one scalar embedding per categorical feature, trained by DP-SGD (per-example
-clip, Gaussian noise from a checkpointed `tf.random.Generator` on touched rows and the bias) with
-an Adagrad accumulator, so checkpoints must carry weights, optimizer slots and generator state.
+clip, Gaussian noise from a `tf.random.Generator` the trainer re-keys before every step, on touched
+rows and the bias) with an Adagrad accumulator, so checkpoints must carry weights and optimizer
+slots (and no generator state).
 """
 import sys
 
@@ -53,11 +54,14 @@ class StandInModel(PeriodModel):
       self.slots[name] = tf.Variable(slot)
 
   def trackables(self):
-    out = {"generator": self.generator, "dense": self.dense, "dense_slot": self.dense_slot}
+    out = {"dense": self.dense, "dense_slot": self.dense_slot}
     for name in self.tables:
       out[f"table_{name}"] = self.tables[name]
       out[f"slot_{name}"] = self.slots[name]
     return out
+
+  def noise_generators(self):
+    return {"noise": self.generator}
 
   def set_selected_rows(self, selected_rows):
     self.selected = selected_rows
@@ -114,14 +118,16 @@ class StandInModel(PeriodModel):
 
 
 def make_trainer(run_dir, epsilon_total, source, train_periods=None, checkpoint_every=7,
-                 expected_periods=3, noise_multiplier=2.0, batch_size=40, accountant="pld"):
+                 expected_periods=3, noise_multiplier=2.0, batch_size=40, accountant="pld",
+                 ledger_path=None, insecure_noise_seed=None, diagnostics=False):
   """A StreamingTrainer of the stand-in model over `source` (examples per period from day 0)."""
   plan = plan_stream(epsilon_total, 1e-5, expected_periods=expected_periods,
                      examples_per_period=source.period(0).examples, batch_size=batch_size,
                      noise_multiplier=noise_multiplier, accountant=accountant)
   model = StandInModel(noise_multiplier=plan.noise_multiplier)
   config = StreamConfig(run_dir=run_dir, seed=3, checkpoint_every=checkpoint_every,
-                        train_periods=train_periods)
+                        train_periods=train_periods, ledger_path=ledger_path,
+                        insecure_noise_seed=insecure_noise_seed, diagnostics=diagnostics)
   return StreamingTrainer(model, source, plan, config)
 
 

@@ -10,7 +10,8 @@ def test_help_names_the_interface(capsys):
   assert exit_info.value.code == 0
   out = capsys.readouterr().out
   for flag in ("--data", "--algorithm", "--epsilon-total", "--period-days", "--summary-json",
-               "--train-days", "--checkpoint-every", "--top-k"):
+               "--train-days", "--checkpoint-every", "--top-k", "--insecure-noise-seed",
+               "--diagnostics"):
     assert flag in out
 
 

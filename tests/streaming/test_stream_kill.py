@@ -2,10 +2,13 @@
 
 Both runs train the pCTR model with DP-AdaFEST on periods written by the Beam streaming job. The
 killed run is restarted with the same command; its final ledger, the (period, step) pairs it
-trained, its final weights and its per-period metrics must equal the uninterrupted run's.
+trained, its final weights and its per-period metrics must equal the uninterrupted run's. Both
+run directories hold the same run id and secret noise key (one run started, then its directory
+cloned before training): the key, reloaded on restart, is what makes the resumed noise exact.
 """
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,6 +19,7 @@ import pytest
 import tensorflow as tf
 
 from dprec.data.synthetic import generate_criteo
+from dprec.workflows.run import Run
 from pipelines import criteo_stream
 
 STEPS = 100  # 1,000 rows per day at an expected batch of 10
@@ -39,7 +43,7 @@ def _command(data, run_dir):
   return [sys.executable, "-m", "dprec.cli", "stream", "--data", data, "--run-dir", run_dir,
           "--algorithm", "dp_adafest", "--epsilon-total", "20", "--noise-multiplier", "1.0",
           "--accountant", "rdp", "--train-days", "2", "--batch-size", "10", "--hidden-units", "8",
-          "--checkpoint-every", "7", "--no-progress",
+          "--checkpoint-every", "7", "--no-progress", "--diagnostics",
           "--summary-json", os.path.join(run_dir, "cli_summary.json")]
 
 
@@ -71,6 +75,9 @@ def _summary(run_dir):
 
 def test_sigkill_mid_period_and_restart_equals_an_uninterrupted_run(stream_output, tmp_path):
   plain, killed = str(tmp_path / "plain"), str(tmp_path / "killed")
+  Run("stream", plain).close()  # run id and secret key, shared by both directories
+  shutil.copytree(plain, killed)
+  assert os.stat(os.path.join(killed, "secret", "noise_key")).st_mode & 0o777 == 0o600
   # The uninterrupted run and the run to be killed side by side (one core each).
   errors = open(tmp_path / "plain.err", "wb")  # pylint: disable=consider-using-with
   reference = subprocess.Popen(_command(stream_output, plain), env=ENV,
@@ -97,10 +104,13 @@ def test_sigkill_mid_period_and_restart_equals_an_uninterrupted_run(stream_outpu
   assert _ledger(killed) == _ledger(plain)
   assert [c["label"] for c in _ledger(plain)] == ["stream period 0", "stream period 1"]
   # Every (period, step) trained once, none skipped, with the same Poisson batch.
-  steps = [(r["period"], r["step"], r["batch_size"]) for r in _journal(killed)]
-  assert steps == [(r["period"], r["step"], r["batch_size"]) for r in _journal(plain)]
+  def batches(run_dir):
+    return [(r["period"], r["step"], r["diagnostics_nonprivate"]["batch_size"])
+            for r in _journal(run_dir)]
+  steps = batches(killed)
+  assert steps == batches(plain)
   assert [(p, s) for p, s, _ in steps] == [(p, s) for p in range(2) for s in range(STEPS)]
-  # The same model (weights, optimizer slots, noise generator state) and the same metrics.
+  # The same model (weights, optimizer slots; no generator state) and the same metrics.
   plain_weights, killed_weights = _weights(plain), _weights(killed)
   assert plain_weights.keys() == killed_weights.keys()
   for name, value in plain_weights.items():
@@ -109,7 +119,30 @@ def test_sigkill_mid_period_and_restart_equals_an_uninterrupted_run(stream_outpu
   assert killed_summary["resumed"] and not plain_summary["resumed"]
   for mine, theirs in zip(killed_summary["periods"], plain_summary["periods"]):
     assert {"period", "auc", "epsilon_so_far", "gradient_size_reduction"} <= mine.keys()
-    for key in ("period", "auc", "epsilon_so_far", "gradient_size_reduction", "train_loss"):
+    for key in ("period", "auc", "epsilon_so_far", "gradient_size_reduction"):
       assert mine[key] == pytest.approx(theirs[key], rel=1e-5), key
+    assert mine["diagnostics_nonprivate"] == pytest.approx(theirs["diagnostics_nonprivate"],
+                                                           rel=1e-5)
   assert killed_summary["holdout"]["auc"] == pytest.approx(plain_summary["holdout"]["auc"],
                                                            rel=1e-5)
+
+
+def test_cli_runs_with_the_same_arguments_differ_unless_given_an_insecure_seed(stream_output,
+                                                                                tmp_path):
+  from dprec import cli  # pylint: disable=import-outside-toplevel
+
+  def run(name, *extra):
+    run_dir = str(tmp_path / name)
+    command = _command(stream_output, run_dir)[3:] + ["--train-days", "1", "--seed", "7",
+                                                       *extra]
+    assert cli.main(command) == 0
+    return _summary(run_dir), _weights(run_dir)
+
+  (first, first_weights), (second, second_weights) = run("a"), run("b")
+  assert first["private"] and second["private"]
+  assert any(not np.array_equal(first_weights[k], second_weights[k]) for k in first_weights)
+  (third, third_weights), (fourth, fourth_weights) = [
+      run(name, "--insecure-noise-seed", "3") for name in ("c", "d")]
+  for name, value in third_weights.items():
+    np.testing.assert_array_equal(fourth_weights[name], value, err_msg=name)
+  assert third["private"] is False and "--insecure-noise-seed 3" in third["privacy_note"]

@@ -98,11 +98,15 @@ def test_new_ids_get_rows_and_unseen_ids_evaluate_as_oov(tmp_path, standin):
 
 
 def test_a_shorter_period_trains_and_pays_proportionally_fewer_steps(tmp_path, standin):
-  days = standin.make_days(3)
+  # Two-day periods over five days: the last period has one day, so half the plan's steps. A
+  # period with fewer rows but all its days trains the full plan: step counts come from public
+  # day counts, never from the exact (private) number of rows.
+  days = standin.make_days(5)
   features, labels = days[2]
-  days[2] = ({k: v[:200] for k, v in features.items()}, labels[:200])  # half a period
-  summary = standin.make_trainer(str(tmp_path), 50.0, ArrayPeriodSource(days)).run()
-  assert [r["steps"] for r in summary["periods"]] == [10, 10, 5]
+  days[2] = ({k: v[:200] for k, v in features.items()}, labels[:200])  # half a day
+  source = ArrayPeriodSource(days, period_days=2, train_days=5)
+  summary = standin.make_trainer(str(tmp_path), 50.0, source, train_periods=3).run()
+  assert [r["steps"] for r in summary["periods"]] == [20, 20, 10]
   charges = json.loads((tmp_path / "ledger.json").read_text())["charges"]
-  assert [c["steps"] for c in charges] == [10, 10, 5]
-  assert {c["sampling_rate"] for c in charges} == {0.1}  # q fixed by the plan
+  assert [c["steps"] for c in charges] == [20, 20, 10]
+  assert {c["sampling_rate"] for c in charges} == {0.05}  # q fixed by the plan
