@@ -121,13 +121,10 @@ class DPModel(tf.keras.Model):
       optimizer = DPOptimizer(config_lib.NonPrivate(), optimizer)
     kwargs["jit_compile"] = False
     super().compile(optimizer=optimizer.inner, loss=loss, metrics=metrics, **kwargs)
-    generator = optimizer.generator
-    if generator is None:
-      generator = (tf.random.Generator.from_non_deterministic_state() if optimizer.seed is None
-                   else tf.random.Generator.from_seed(optimizer.seed))
-    # Plain attributes, not tracked weights: get_weights()/save_weights() are unchanged.
+    # Plain attributes, not tracked weights: get_weights(), save_weights() and checkpoints never
+    # hold the generator (its state would reveal the noise key).
     object.__setattr__(self, "dp_optimizer", optimizer)
-    object.__setattr__(self, "_dp_generator", generator)
+    object.__setattr__(self, "_dp_generator", optimizer.generator)
     if self.dp_tables and getattr(self, "gradient_size_tracker", None) is None:
       # Once: recompiling keeps one. Models without DP tables log no gradient size.
       self.gradient_size_tracker = tf.keras.metrics.Mean(name="gradient_size")
