@@ -1,17 +1,27 @@
 # The README's two commands: `make demo` and `make test`. Both set up .venv themselves.
+# `make test-legacy` runs the suite on the peer stack (TF 2.15 + tensorflow-privacy) in .venv-legacy,
+# where the peer tests must run, not skip; CI (.ci/run) runs both.
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
 VENV := .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
+LEGACY_VENV := .venv-legacy
+LEGACY_STAMP := $(LEGACY_VENV)/.installed
 DEMO_DIR ?= demo_out
 
-.PHONY: demo test install clean
+.PHONY: demo test test-legacy install clean
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip wheel setuptools
 	$(PY) -m pip install -q -e ".[test]"
 	touch $(STAMP)
+
+$(LEGACY_STAMP): setup.py
+	test -x $(LEGACY_VENV)/bin/python || $(PYTHON) -m venv $(LEGACY_VENV)
+	$(LEGACY_VENV)/bin/python -m pip install -q --upgrade pip wheel setuptools
+	$(LEGACY_VENV)/bin/python -m pip install -q -e ".[tfp,test]"
+	touch $(LEGACY_STAMP)
 
 install: $(STAMP)
 
@@ -21,5 +31,8 @@ demo: $(STAMP)
 test: $(STAMP)
 	$(PY) -m pytest -n 2 -q tests
 
+test-legacy: $(LEGACY_STAMP)
+	DPREC_REQUIRE_PEERS=1 $(LEGACY_VENV)/bin/python -m pytest -n 2 -q tests
+
 clean:
-	rm -rf $(VENV) $(DEMO_DIR) build *.egg-info
+	rm -rf $(VENV) $(LEGACY_VENV) $(DEMO_DIR) build *.egg-info

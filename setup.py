@@ -1,31 +1,45 @@
 """Installs dprec: sparse-gradient differentially private training for embedding models."""
 from setuptools import find_packages, setup
 
+# The current TensorFlow stack: Keras 2 through tf-keras (dprec sets TF_USE_LEGACY_KERAS=1).
+# Lower bounds admit TF 2.15, so that the `tfp` extra below can select the stack on which our peer,
+# tensorflow-privacy (last release 0.9.0, Feb. 2024, imports only on TF <= 2.15), runs; a plain
+# install resolves the newest releases (TF 2.21, numpy 2, dp-accounting 0.6 today). No upper pins:
+# none is needed by a measured failure.
 REQUIRES = [
-    "tensorflow==2.15.1",
-    "tf-keras==2.15.1",
-    "tensorflow-privacy==0.9.0",
-    "tensorflow-recommenders==0.7.7",
-    "dp-accounting==0.4.3",
-    "apache-beam==2.77.0",
-    "numpy==1.26.4",
+    "tensorflow>=2.15.1",
+    "tf-keras>=2.15.1",
+    "tensorflow-recommenders>=0.7.3",
+    "dp-accounting>=0.4.3",
+    "apache-beam>=2.60",
+    "numpy>=1.26",
     "scipy",
     "pandas",
     "pyarrow",
     "tqdm",
     "matplotlib",
+    "tensorboard",
+]
+# The peer stack of the legacy CI leg (`pip install -e .[tfp,test]`): tensorflow-privacy's pins.
+PEERS = [
+    "tensorflow-privacy==0.9.0",
+    "tensorflow==2.15.1",
+    "tf-keras==2.15.1",
+    "dp-accounting==0.4.3",
+    "numpy<2",
 ]
 
 setup(
     name="dprec",
     version="0.1.0",
     description="Differentially private training for large-embedding recommender models",
-    python_requires=">=3.11,<3.12",
+    python_requires=">=3.10",  # what TF 2.21 and Beam 2.77 support; CI tests 3.11
     packages=find_packages(include=["dprec", "dprec.*", "pipelines", "pipelines.*"]),
     install_requires=REQUIRES,
     extras_require={
         "test": ["pytest", "pytest-xdist", "nbformat", "nbclient", "ipykernel"],
         "notebooks": ["jupyter", "nbformat", "nbclient", "ipykernel"],
+        "tfp": PEERS,
     },
     entry_points={"console_scripts": ["dprec = dprec.cli:main"]},
 )

@@ -7,7 +7,9 @@ Variants, run one after another in this process on the same batches:
                 need a larger τ (15 → ~460 rows of table3's 0.34M, ~13,500 of 10M; 25 → ~0)
   dp_sgd        dprec DP-SGD (dense noise on every embedding row)
   tfp_dpmodel   tensorflow_privacy's DPModel (`make_dp_model_class`) with its fast gradient
-                clipping layer registry and stock Keras SGD: the tool users have today
+                clipping layer registry and stock Keras SGD: the tool users have today (only
+                where tensorflow_privacy imports, TF <= 2.15: `pip install -e .[tfp]`; skipped
+                with a note elsewhere)
   keras         stock Keras functional model and SGD, non-private (what tfp_dpmodel adds to)
 
 Batches: Zipf-like ids (P(rank r) ∝ 1/r) per table, heavy-tailed integers; vocabularies of note
@@ -24,9 +26,8 @@ import sys
 
 import numpy as np
 import tensorflow as tf
-from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry
-from tensorflow_privacy.privacy.keras_models import dp_keras_model
 
+import dprec  # pylint: disable=unused-import  (Keras 2 before TensorFlow binds tf.keras)
 from dprec.data import synthetic
 from dprec.models import ctr
 from dprec.optimizers import config as config_lib
@@ -75,6 +76,9 @@ def _keras_model(vocab_sizes, dp):
   logits = tf.keras.layers.Dense(1)(activations)
   inputs = cat_inputs + [int_input]
   if dp:
+    # pylint: disable=import-outside-toplevel
+    from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry
+    from tensorflow_privacy.privacy.keras_models import dp_keras_model
     model_class = dp_keras_model.make_dp_model_class(tf.keras.Model)
     model = model_class(l2_norm_clip=C2, noise_multiplier=SIGMA2, use_xla=False,
                         layer_registry=layer_registry.make_default_layer_registry(),
@@ -128,6 +132,14 @@ def time_variant(variant, vocab_sizes, batches, steps, threshold):
   return seconds, extra
 
 
+def _tensorflow_privacy_imports():
+  try:
+    import tensorflow_privacy  # pylint: disable=import-outside-toplevel,unused-import
+  except ImportError:
+    return False
+  return True
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -141,6 +153,10 @@ def main(argv=None):
   parser.add_argument("--threshold", type=float, default=15.0, help="DP-AdaFEST τ")
   parser.add_argument("--json", help="also write the results here")
   args = parser.parse_args(argv)
+  if "tfp_dpmodel" in args.variants and not _tensorflow_privacy_imports():
+    args.variants.remove("tfp_dpmodel")
+    print("# tfp_dpmodel skipped: tensorflow_privacy does not import on this TensorFlow "
+          f"({tf.__version__}); run on the [tfp] stack for it", file=sys.stderr)
   results = []
   print("| vocabulary | rows | variant | ms/step | × non_private | tfp_dpmodel / variant |")
   print("|---|---:|---|---:|---:|---:|")

@@ -1,36 +1,19 @@
-"""Per-example gradient norms of ordinary layers through tensorflow_privacy's layer registry.
+"""Per-example gradient norms of ordinary layers, routed through a layer registry.
 
-`tensorflow_privacy.privacy.fast_gradient_clipping` maps a layer class to a function that runs
-the layer, watches an intermediate tensor Z and returns `F(dL/dZ)` = the per-example squared
-gradient norms of the layer's weights (Goodfellow's trick / ghost norms, note 004 §3.1–3.2).
-tensorflow_privacy drives those functions by re-walking a functional model's graph; here every
-call of a registered layer is routed through its registry function during the one forward pass
-of the DP step, so the same functions also serve layers nested inside subclassed layers and
-models (the DPFormer encoder blocks).
+A registry (`dprec.clipping.layer_norms`) maps a layer class to a function that runs the layer,
+watches an intermediate tensor Z and returns `F(dL/dZ)` = the per-example squared gradient norms
+of the layer's weights (Goodfellow's trick / ghost norms, note 004 §3.1–3.2). tensorflow_privacy
+drives such functions by re-walking a functional model's graph; here every call of a registered
+layer is routed through its function during the one forward pass of the DP step, so the same
+functions also serve layers nested inside subclassed layers and models (the DPFormer encoder
+blocks). Functions written for tensorflow_privacy's registry have the same signature and can be
+inserted as they are.
 """
 import collections
 
 import tensorflow as tf
-from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry as tfp_registry
-from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import einsum_dense
-from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import \
-    layer_normalization
-from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import \
-    multi_head_attention
 
 from dprec.errors import DprecError
-
-
-def make_layer_registry():
-  """tensorflow_privacy's default registry (Dense, Embedding) plus its LayerNormalization,
-  EinsumDense and MultiHeadAttention functions."""
-  registry = tfp_registry.make_default_layer_registry()
-  registry.insert(tf.keras.layers.LayerNormalization,
-                  layer_normalization.layer_normalization_computation)
-  registry.insert(tf.keras.layers.EinsumDense, einsum_dense.einsum_layer_computation)
-  registry.insert(tf.keras.layers.MultiHeadAttention,
-                  multi_head_attention.multi_head_attention_layer_computation)
-  return registry
 
 
 # One routed call: the layer, its call arguments, the tensors its registry function watched and

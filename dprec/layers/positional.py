@@ -22,7 +22,7 @@ class PositionalEmbedding(tf.keras.layers.Layer):
 
 def positional_embedding_computation(layer_instance, input_args, input_kwargs, tape,
                                      num_microbatches=None):
-  """tensorflow_privacy registry function for `PositionalEmbedding`.
+  """Registry function (`dprec.clipping.layer_norms` convention) for `PositionalEmbedding`.
 
   Each row is used once per example, so the per-example gradient of P is the gradient of the
   example's loss w.r.t. its tiled copy (note 000 §2.7 item 5): its squared norm is a plain sum.

@@ -25,14 +25,13 @@ noise, mean over the epoch) and `gradient_size_reduction` (Σ V·d of the DP tab
 seed 001 §5.4).
 """
 import collections
+import functools
 from typing import Any, Callable, Optional, Sequence
 
 import tensorflow as tf
-# Keras 2 exposes the functional-model class only internally.
-from keras.src.engine import functional as keras_functional
-from keras.src.engine import training as keras_training
 
 from dprec.clipping import embedding as embedding_norms
+from dprec.clipping import layer_norms
 from dprec.clipping import registry as registry_lib
 from dprec.errors import DprecError
 from dprec.layers.embedding import DPEmbedding
@@ -96,6 +95,20 @@ def _gradient_size(gradient, noised):
 _FUNCTIONAL_VARIANTS = {}
 
 
+@functools.lru_cache(maxsize=None)
+def _functional_class():
+  """Keras 2's functional-model class, which it does not export: the type of a functional
+  model built through the public API."""
+  inputs = tf.keras.Input((1,))
+  return type(tf.keras.Model(inputs, inputs))
+
+
+def _is_functional_init(args, kwargs):
+  """Whether Model(...) was called with inputs and outputs (Keras 2's functional signature)."""
+  return (len(args) == 2 or (len(args) == 1 and "outputs" in kwargs)
+          or ("inputs" in kwargs and "outputs" in kwargs))
+
+
 class DPModel(tf.keras.Model):
   """A `tf.keras.Model` trained by the DP step of the `DPOptimizer` given to `compile`.
 
@@ -106,10 +119,10 @@ class DPModel(tf.keras.Model):
   """
 
   def __new__(cls, *args, **kwargs):
-    if (keras_training.is_functional_model_init_params(args, kwargs)
-        and not issubclass(cls, keras_functional.Functional)):
+    functional = _functional_class()
+    if _is_functional_init(args, kwargs) and not issubclass(cls, functional):
       if cls not in _FUNCTIONAL_VARIANTS:
-        _FUNCTIONAL_VARIANTS[cls] = type(cls.__name__, (cls, keras_functional.Functional),
+        _FUNCTIONAL_VARIANTS[cls] = type(cls.__name__, (cls, functional),
                                          {"__module__": cls.__module__})
       cls = _FUNCTIONAL_VARIANTS[cls]
     return super().__new__(cls, *args, **kwargs)
@@ -132,7 +145,7 @@ class DPModel(tf.keras.Model):
       self.gradient_size_tracker.reset_state()
 
   # ---------------------------------------------------------------- hooks for subclasses
-  layer_registry = None  # a tensorflow_privacy LayerRegistry; None: registry.make_layer_registry()
+  layer_registry = None  # a dprec.clipping.LayerRegistry; None: layer_norms.make_layer_registry()
 
   def per_example_loss(self, y, y_pred, sample_weight=None):
     """Per-example losses [batch] (weighted); the compiled loss without reduction by default.
@@ -214,7 +227,7 @@ class DPModel(tf.keras.Model):
         table.start_recording()
       try:
         with registry_lib.RegistryRecorder(
-            layers, self.layer_registry or registry_lib.make_layer_registry(), tape) as recorder:
+            layers, self.layer_registry or layer_norms.make_layer_registry(), tape) as recorder:
           y_pred = self(x, training=True)
       finally:
         lookups = [table.stop_recording() for table in tables]

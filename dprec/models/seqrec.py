@@ -14,7 +14,7 @@ trained with ordinary (non-private) steps; only the last position is scored, sin
 label is an item of the input sequence.
 
 Training is `DPModel`'s step (shared with the CTR models): per-example squared norms without
-per-example gradients come from tensorflow_privacy registry functions for the Dense/LayerNorm
+per-example gradients come from dprec's layer registry functions for the Dense/LayerNorm
 sublayers, dprec's positional rule (`seqrec_layer_registry`) and, through the
 `extra_squared_norms` hook, Phantom Clipping for the tied embedding (note 000 §2.7).
 """
@@ -25,7 +25,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
-from dprec.clipping import registry as registry_lib
+from dprec.clipping import layer_norms
 from dprec.clipping.phantom import (scored_positions, tied_embedding_clipped_loss_fn,
                                     tied_embedding_norm_fn)
 from dprec.layers import variance as variance_lib
@@ -72,7 +72,7 @@ class SeqRecConfig:
 
 def seqrec_layer_registry():
   """dprec's layer registry plus the learned positional embedding."""
-  registry = registry_lib.make_layer_registry()
+  registry = layer_norms.make_layer_registry()
   registry.insert(PositionalEmbedding, positional_embedding_computation)
   return registry
 

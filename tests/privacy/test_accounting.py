@@ -30,14 +30,28 @@ def test_pld_epsilon_equals_dp_accounting(sigma, q, steps, delta):
   assert result.epsilon == pytest.approx(_pld_direct(sigma, q, steps, delta), rel=1e-9)
 
 
-def test_rdp_epsilon_equals_dp_accounting_and_tensorflow_privacy():
-  from tensorflow_privacy.privacy.analysis import compute_dp_sgd_privacy_lib as tfp_lib
-  n, batch, epochs, sigma, delta = 60000, 256, 3, 1.1, 1e-5
+RDP_CASE = (60000, 256, 3, 1.1, 1e-5)  # n, batch, epochs, σ, δ
+
+
+def _rdp_epsilon(n, batch, epochs, sigma, delta):
   q, steps = privacy.dataset_sampling(n, batch, epochs)
-  ours = privacy.compute_epsilon(sigma, q, steps, delta, accountant="rdp").epsilon
+  return privacy.compute_epsilon(sigma, q, steps, delta, accountant="rdp").epsilon
+
+
+def test_rdp_epsilon_equals_dp_accounting():
+  n, batch, epochs, sigma, delta = RDP_CASE
+  q, steps = privacy.dataset_sampling(n, batch, epochs)
   direct = dp_accounting.rdp.RdpAccountant().compose(
       privacy.dp_sgd_event(sigma, q, steps)).get_epsilon(delta)
-  assert ours == pytest.approx(direct, rel=1e-12)
+  assert _rdp_epsilon(*RDP_CASE) == pytest.approx(direct, rel=1e-12)
+
+
+def test_rdp_epsilon_equals_tensorflow_privacy(tensorflow_privacy):
+  """Peer test (TF 2.15 + tensorflow_privacy)."""
+  del tensorflow_privacy  # imported: its submodule below loads
+  from tensorflow_privacy.privacy.analysis import compute_dp_sgd_privacy_lib as tfp_lib
+  n, batch, epochs, sigma, delta = RDP_CASE
+  ours = _rdp_epsilon(*RDP_CASE)
   # The statement uses dp_accounting's default orders, as we do: equal to its printed digits.
   statement = tfp_lib.compute_dp_sgd_privacy_statement(
       n, batch, epochs, sigma, delta, used_microbatching=False)

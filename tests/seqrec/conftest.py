@@ -27,7 +27,7 @@ def frequency_file(data_dir, tmp_path_factory):
   data = load_sequences(data_dir)
   values = np.linspace(0.5, 1.0, data.num_items)
   lines = ["# public purchase shares", ""] + [
-      f"{item}\t{value!r}  # item {index}" for index, (item, value)
+      f"{item}\t{float(value)!r}  # item {index}" for index, (item, value)
       in enumerate(zip(data.item_ids, values), start=1)] + ["not-in-the-data 0.5"]
   path = tmp_path_factory.mktemp("frequencies") / "p.txt"
   path.write_text("\n".join(lines) + "\n")

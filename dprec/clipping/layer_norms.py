@@ -1,0 +1,216 @@
+"""Per-example squared gradient norms of Keras' standard layers, without per-example gradients.
+
+One function per layer class, each with the calling convention of tensorflow_privacy's
+fast-gradient-clipping registry (so a user's own registry functions plug in unchanged):
+`fn(layer, args, kwargs, tape, num_microbatches) -> (watched, outputs, squared_norm_fn)`. The
+function runs the layer's forward pass, watches an intermediate tensor Z on `tape` and returns
+`squared_norm_fn(dL/dZ) -> [batch]`, the per-example squared norms of the layer's weights, from
+the gradient of the summed loss with respect to Z (note 004 §3.1–3.2):
+
+- Dense: Z = aW + b; ‖∇_W L_i‖² = ⟨a_i a_iᵀ, g_i g_iᵀ⟩ over positions (Eq. 2; ‖a_i‖²‖g_i‖² for
+  one position, Goodfellow's trick), ‖∇_b L_i‖² = ‖Σ_t g_i,t‖².
+- EinsumDense: the same Gram form when every kernel axis is either contracted with the input or
+  kept in the output (the axes they share are the positions), else Eq. 1 instantiated per example.
+- Embedding: ‖∇_E L_i‖² = Σ_v ‖Σ_{t: x_i,t = v} g_i,t‖² (note 004 §3.2, footnote 4), by summing
+  the gradients of each example's repeated ids.
+- LayerNormalization: γ and β are copied per example (B·d numbers) and the copies watched, so
+  their gradients are the per-example gradients.
+MultiHeadAttention needs no function of its own: its projections are EinsumDense layers, each
+used once per call, whose norms the DP step collects separately.
+"""
+import tensorflow as tf
+
+from dprec.errors import DprecError
+
+
+class LayerRegistry:
+  """Layer class → norm function (exact class match, like tensorflow_privacy's registry)."""
+
+  def __init__(self):
+    self._functions = {}
+
+  def insert(self, layer_class, function):
+    self._functions[layer_class] = function
+
+  def is_elem(self, layer):
+    return type(layer) in self._functions
+
+  def lookup(self, layer):
+    return self._functions[type(layer)]
+
+
+def make_layer_registry():
+  """The functions of this module for Dense, EinsumDense, Embedding and LayerNormalization."""
+  registry = LayerRegistry()
+  registry.insert(tf.keras.layers.Dense, dense_computation)
+  registry.insert(tf.keras.layers.EinsumDense, einsum_dense_computation)
+  registry.insert(tf.keras.layers.Embedding, embedding_computation)
+  registry.insert(tf.keras.layers.LayerNormalization, layer_normalization_computation)
+  return registry
+
+
+def _no_microbatches(num_microbatches, layer):
+  if num_microbatches is not None:
+    raise NotImplementedError(f"microbatches are not supported for {type(layer).__name__}")
+
+
+def _per_position(tensor):
+  """[B, ..., k] → [B, T, k]: every axis between the first and the last is a position."""
+  if tensor.shape.rank == 2:
+    return tensor[:, tf.newaxis]
+  return tf.reshape(tensor, [tf.shape(tensor)[0], -1, tf.shape(tensor)[-1]])
+
+
+def gram_squared_norms(inputs, grads):
+  """‖Σ_t a_i,t g_i,tᵀ‖_F² = Σ_{t,s} ⟨a_i,t, a_i,s⟩⟨g_i,t, g_i,s⟩ (note 004 Eq. 2), a [B, T, d],
+  g [B, T, p]; with T = 1 it is ‖a_i‖²‖g_i‖²."""
+  if inputs.shape[1] == 1:
+    return tf.reduce_sum(tf.square(inputs), [1, 2]) * tf.reduce_sum(tf.square(grads), [1, 2])
+  return tf.reduce_sum(tf.matmul(inputs, inputs, transpose_b=True)
+                       * tf.matmul(grads, grads, transpose_b=True), axis=[1, 2])
+
+
+def _squared_sum(tensor):
+  """Σ over all axes but the batch axis of tensor²."""
+  return tf.reduce_sum(tf.square(tf.reshape(tensor, [tf.shape(tensor)[0], -1])), axis=1)
+
+
+def dense_computation(layer, args, kwargs, tape, num_microbatches=None):
+  """Dense: watches the pre-activation Z = aW + b."""
+  del kwargs
+  _no_microbatches(num_microbatches, layer)
+  inputs = tf.cast(args[0], layer.compute_dtype)
+  preactivation = tf.tensordot(inputs, layer.kernel, [[inputs.shape.rank - 1], [0]])
+  if layer.use_bias:
+    preactivation = tf.nn.bias_add(preactivation, layer.bias)
+  tape.watch(preactivation)
+  outputs = layer.activation(preactivation) if layer.activation else preactivation
+
+  def squared_norm_fn(grads):
+    grads = _per_position(grads)
+    squared = gram_squared_norms(_per_position(inputs), grads)
+    if layer.use_bias:
+      squared += tf.reduce_sum(tf.square(tf.reduce_sum(grads, axis=1)), axis=1)
+    return squared
+
+  return preactivation, outputs, squared_norm_fn
+
+
+def _einsum_specs(equation):
+  """'ab,bc->ac' → ('ab', 'bc', 'ac'), the batch axis first in the input and the output."""
+  if "..." in equation:
+    raise DprecError(f"EinsumDense equation {equation!r}: ellipses are not supported; name "
+                     "every axis")
+  inputs, output = equation.replace(" ", "").split("->")
+  inputs, kernel = inputs.split(",")
+  if inputs[0] != output[0] or inputs[0] in kernel:
+    raise DprecError(f"EinsumDense equation {equation!r}: the first axis of the input and the "
+                     "output must be the batch axis, which the kernel must not have")
+  return inputs, kernel, output
+
+
+def einsum_kernel_squared_norms(equation, inputs, grads):
+  """‖∇_K L_i‖² for Z = einsum(equation, a, K), from a and g = dL/dZ."""
+  in_spec, kernel_spec, out_spec = _einsum_specs(equation)
+  batch = in_spec[0]
+  contracted = "".join(c for c in kernel_spec if c in in_spec and c not in out_spec)
+  kept = "".join(c for c in kernel_spec if c in out_spec and c not in in_spec)
+  if len(contracted) + len(kept) < len(kernel_spec):  # a kernel axis shared by a and Z: Eq. 1
+    return _squared_sum(tf.einsum(f"{in_spec},{out_spec}->{batch}{kernel_spec}", inputs, grads))
+  positions = "".join(c for c in in_spec[1:] if c in out_spec and c not in kernel_spec)
+
+  def per_position(tensor):  # [B, positions..., kernel axes...] → [B, T, K]
+    size = tf.reduce_prod(tf.shape(tensor)[1 + len(positions):])
+    return tf.reshape(tensor, [tf.shape(tensor)[0], -1, size])
+
+  return gram_squared_norms(
+      per_position(tf.einsum(f"{in_spec}->{batch}{positions}{contracted}", inputs)),
+      per_position(tf.einsum(f"{out_spec}->{batch}{positions}{kept}", grads)))
+
+
+def _bias_gradients(bias, grads):
+  """Per-example gradient of a bias broadcast against Z [B, ...]: g summed over the axes the
+  bias does not have (leading ones, and its size-1 axes)."""
+  rank, bias_rank = grads.shape.rank, bias.shape.rank
+  leading = list(range(1, rank - bias_rank))
+  grads = tf.reduce_sum(grads, axis=leading) if leading else grads
+  broadcast = [1 + j for j, size in enumerate(bias.shape) if size == 1]
+  return tf.reduce_sum(grads, axis=broadcast) if broadcast else grads
+
+
+def einsum_dense_computation(layer, args, kwargs, tape, num_microbatches=None):
+  """EinsumDense: watches the pre-activation Z = einsum(equation, a, K) + b."""
+  del kwargs
+  _no_microbatches(num_microbatches, layer)
+  inputs = tf.cast(args[0], layer.compute_dtype)
+  preactivation = tf.einsum(layer.equation, inputs, layer.kernel)
+  if layer.bias is not None:
+    preactivation += layer.bias
+  tape.watch(preactivation)
+  outputs = layer.activation(preactivation) if layer.activation else preactivation
+
+  def squared_norm_fn(grads):
+    squared = einsum_kernel_squared_norms(layer.equation, inputs, grads)
+    if layer.bias is not None:
+      squared += _squared_sum(_bias_gradients(layer.bias, grads))
+    return squared
+
+  return preactivation, outputs, squared_norm_fn
+
+
+def embedding_computation(layer, args, kwargs, tape, num_microbatches=None):
+  """Embedding (dense [B, ...] or ragged ids): watches the looked-up vectors."""
+  del kwargs
+  _no_microbatches(num_microbatches, layer)
+  ids = args[0]
+  if isinstance(ids, tf.RaggedTensor):
+    ids = ids.merge_dims(1, -1) if ids.ragged_rank > 1 else ids
+    flat_ids, example = ids.flat_values, ids.value_rowids()
+    batch_size = ids.nrows()
+  else:
+    flat_ids = tf.reshape(ids, [-1])
+    batch_size = tf.shape(ids, out_type=tf.int64)[0]
+    example = tf.repeat(tf.range(batch_size), tf.size(flat_ids, tf.int64) // batch_size)
+  flat_ids = tf.cast(flat_ids, tf.int64)
+  vectors = tf.gather(layer.embeddings, flat_ids)
+  tape.watch(vectors)
+  if isinstance(args[0], tf.RaggedTensor):
+    outputs = ids.with_flat_values(vectors)
+  else:
+    outputs = tf.reshape(vectors, tf.concat([tf.shape(args[0]), [-1]], 0))
+
+  def squared_norm_fn(grads):
+    # Rows are per (example, id) pair: the gradients of an id repeated in one example add up.
+    pairs, pair_of_lookup = tf.unique(example * layer.input_dim + flat_ids)
+    summed = tf.math.unsorted_segment_sum(grads, pair_of_lookup, tf.size(pairs))
+    return tf.math.unsorted_segment_sum(tf.reduce_sum(tf.square(summed), axis=1),
+                                        pairs // layer.input_dim, batch_size)
+
+  return vectors, outputs, squared_norm_fn
+
+
+def layer_normalization_computation(layer, args, kwargs, tape, num_microbatches=None):
+  """LayerNormalization: watches per-example copies of γ and β."""
+  del kwargs
+  _no_microbatches(num_microbatches, layer)
+  inputs = tf.cast(args[0], layer.compute_dtype)
+  rank = inputs.shape.rank
+  axes = sorted(a % rank for a in layer.axis)
+  if 0 in axes:
+    raise DprecError(f"LayerNormalization {layer.name!r} normalises over the batch axis: not "
+                     "a per-example computation")
+  mean, variance = tf.nn.moments(inputs, axes, keepdims=True)
+  outputs = (inputs - mean) * tf.math.rsqrt(variance + layer.epsilon)
+  shape = [tf.shape(inputs)[0]] + [inputs.shape[a] if a in axes else 1 for a in range(1, rank)]
+  watched = []
+  for weight, combine in ((layer.gamma, tf.multiply), (layer.beta, tf.add)):
+    if weight is not None:
+      copies = tf.broadcast_to(tf.reshape(weight, [1] + shape[1:]), shape)
+      tape.watch(copies)
+      watched.append(copies)
+      outputs = combine(outputs, copies)
+
+  def squared_norm_fn(grads):
+    return tf.add_n([_squared_sum(g) for g in grads])
+
+  return watched, outputs, squared_norm_fn

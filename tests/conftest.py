@@ -1,0 +1,20 @@
+"""Suite-wide setup: Keras 2 (tf-keras) before TensorFlow loads, and the peer-test switch."""
+import os
+
+os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
+
+import pytest  # pylint: disable=wrong-import-position
+
+
+@pytest.fixture
+def tensorflow_privacy():
+  """tensorflow_privacy, our peer (it imports only on TF ≤ 2.15: `pip install -e .[tfp]` in a
+  Python 3.11 venv). Its tests are skipped without it, unless DPREC_REQUIRE_PEERS=1 (the legacy CI
+  leg), where a missing peer fails them."""
+  try:
+    import tensorflow_privacy as tfp  # pylint: disable=import-outside-toplevel
+  except ImportError as error:
+    if os.environ.get("DPREC_REQUIRE_PEERS") == "1":
+      pytest.fail(f"DPREC_REQUIRE_PEERS=1 but tensorflow_privacy does not import: {error}")
+    pytest.skip(f"peer test: tensorflow_privacy does not import here ({error})")
+  return tfp
