@@ -25,6 +25,7 @@ noise, mean over the epoch) and `gradient_size_reduction` (Σ V·d of the DP tab
 seed 001 §5.4).
 """
 import collections
+import contextlib
 import functools
 from typing import Any, Callable, Optional, Sequence
 
@@ -93,6 +94,31 @@ def _gradient_size(gradient, noised):
 
 
 _FUNCTIONAL_VARIANTS = {}
+
+
+_VARIABLE_WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
+
+
+@contextlib.contextmanager
+def _refusing_variable_updates():
+  """Refuses a training forward pass that writes variables (BatchNormalization's moving
+  statistics, a layer's `assign` or `add_update`): their new values would come from the batch
+  with neither clipping nor noise. Checked in the traced step's graph (eager steps: unchecked)."""
+  if tf.executing_eagerly():
+    yield
+    return
+  graph = tf.compat.v1.get_default_graph()
+  start = len(graph.get_operations())
+  yield
+  writes = [op.name for op in graph.get_operations()[start:]
+            if op.type in _VARIABLE_WRITES or op.type.startswith("ResourceScatter")]
+  if writes:
+    layers = sorted({name.split("/")[0] for name in writes})
+    raise DprecError(
+        f"the training forward pass updates variables from the batch in layer(s) "
+        f"{', '.join(layers)} ({writes[0]}): such updates are neither clipped nor noised, so a DP "
+        "model cannot have them; freeze the layer (trainable=False, e.g. a BatchNormalization "
+        "with fixed statistics) or remove it (LayerNormalization needs no batch statistics)")
 
 
 @functools.lru_cache(maxsize=None)
@@ -228,7 +254,8 @@ class DPModel(tf.keras.Model):
       try:
         with registry_lib.RegistryRecorder(
             layers, self.layer_registry or layer_norms.make_layer_registry(), tape) as recorder:
-          y_pred = self(x, training=True)
+          with _refusing_variable_updates():
+            y_pred = self(x, training=True)
       finally:
         lookups = [table.stop_recording() for table in tables]
       losses = self.per_example_loss(y, y_pred, sample_weight)

@@ -3,6 +3,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from dprec.errors import DprecError
 from dprec.layers.embedding import DPEmbedding
 from dprec.models.dp_model import DPModel
 from dprec.optimizers import (DPAdaFEST, DPAdaFESTPlus, DPFEST, DPSGD, DPOptimizer, LazyAdam,
@@ -195,3 +196,42 @@ def test_model_without_dp_tables_logs_no_gradient_size():
                       epochs=1, verbose=0)
   assert "loss" in history.history
   assert not {"gradient_size", "gradient_size_reduction"} & set(history.history)
+
+
+class _RunningMean(tf.keras.layers.Layer):
+  """A custom layer that keeps a running mean of its inputs by `assign` in training."""
+
+  def build(self, input_shape):
+    self.mean = self.add_weight(name="mean", shape=input_shape[-1:], trainable=False,
+                                initializer="zeros")
+
+  def call(self, inputs, training=False):
+    if training:
+      self.mean.assign(0.9 * self.mean + 0.1 * tf.reduce_mean(inputs, axis=0))
+    return inputs - self.mean
+
+
+def _fit_with(layer):
+  inputs = tf.keras.Input((3,))
+  model = DPModel(inputs, tf.keras.layers.Dense(1)(layer(tf.keras.layers.Dense(4)(inputs))))
+  model.compile(DPOptimizer(DPSGD(1.0, 1.0), SparseSGD(0.1)), loss="mse")
+  x, y = np.ones((8, 3), np.float32), np.zeros((8, 1), np.float32)
+  model.fit(x, y, batch_size=8, epochs=1, verbose=0)
+  return model
+
+
+@pytest.mark.parametrize("make_layer", [
+    lambda: tf.keras.layers.BatchNormalization(name="batch_norm"),
+    lambda: _RunningMean(name="batch_norm")], ids=["batch_normalization", "assigning_layer"])
+def test_layers_updating_variables_from_the_batch_are_refused(make_layer):
+  with pytest.raises(DprecError, match="updates variables from the batch in layer.*batch_norm"):
+    _fit_with(make_layer())
+
+
+def test_frozen_batch_normalization_is_accepted():
+  frozen = tf.keras.layers.BatchNormalization(trainable=False)
+  model = _fit_with(frozen)
+  before = [w.numpy() for w in frozen.non_trainable_weights]
+  model.fit(np.ones((8, 3), np.float32), np.zeros((8, 1), np.float32), batch_size=8, verbose=0)
+  for old, new in zip(before, frozen.non_trainable_weights):
+    np.testing.assert_array_equal(old, new.numpy())
