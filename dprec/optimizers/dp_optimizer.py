@@ -11,8 +11,9 @@ from dprec.optimizers import config as config_lib
 @dataclasses.dataclass
 class DPOptimizer:
   """`config`: one of `dprec.optimizers.config`'s algorithms. `inner`: the Keras optimizer that
-  applies the noisy gradient (use `SparseSGD`, `SparseAdagrad` or `LazyAdam` so sparse updates
-  stay sparse). `expected_batch_size`: the normaliser of the noisy sum (q·N for Poisson
+  applies the noisy gradient (use `SparseSGD`, `SparseAdagrad`, `LazyAdam` or `AdamBC` so sparse
+  updates stay sparse; the DP step tells `AdamBC` the noise variance it subtracts).
+  `expected_batch_size`: the normaliser of the noisy sum (q·N for Poisson
   sampling; None divides by the actual batch size, right for fixed-size batches only).
   `seed`: seeds the noise and selection generator (None: non-deterministic). `generator`: a
   `tf.random.Generator` to draw from instead (e.g. one restored from a checkpoint, so a resumed
