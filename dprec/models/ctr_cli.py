@@ -28,7 +28,7 @@ from dprec.training import poisson
 
 ALGORITHMS = ("non_private", "dp_sgd", "dp_fest", "dp_adafest", "dp_adafest_plus")
 OPTIMIZERS = {"sgd": sparse_optimizers.SparseSGD, "adagrad": sparse_optimizers.SparseAdagrad,
-              "adam": sparse_optimizers.LazyAdam}
+              "adam": sparse_optimizers.LazyAdam, "adambc": sparse_optimizers.AdamBC}
 VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-k-epsilon 0) are "
                    "treated as public, as seed 001 does; build them from public data for a "
                    "guarantee that covers them")
@@ -49,6 +49,7 @@ class CTRTrainOptions:
   l2_norm_clip: float = 1.0
   learning_rate: float = 3e-3
   optimizer: str = "adam"
+  adambc_floor: float = sparse_optimizers.ADAMBC_FLOOR
   top_k: Optional[int] = None
   top_k_epsilon: float = 0.1
   fixed_batches: bool = False
@@ -69,6 +70,8 @@ class CTRTrainOptions:
       raise DprecError(f"--algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm}")
     if self.optimizer not in OPTIMIZERS:
       raise DprecError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer}")
+    if not self.adambc_floor > 0:
+      raise DprecError(f"--adambc-floor must be positive, got {self.adambc_floor}")
     if self.batch_size < 1 or self.steps < 1:
       raise DprecError("--batch-size and --steps must be positive")
     private = self.algorithm != "non_private"
@@ -198,6 +201,13 @@ def algorithm_config(options: CTRTrainOptions, plan: PrivacyPlan, selected_rows=
   return config_lib.DPAdaFESTPlus(selected_rows=selected_rows, **adafest)
 
 
+def make_optimizer(options: CTRTrainOptions):
+  """The row-sparse optimizer of `options.optimizer` at `options.learning_rate`."""
+  if options.optimizer == "adambc":
+    return sparse_optimizers.AdamBC(options.learning_rate, floor=options.adambc_floor)
+  return OPTIMIZERS[options.optimizer](options.learning_rate)
+
+
 def _open_ledger(options, plan, work_dir):
   from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
   path = options.ledger or os.path.join(work_dir, "ledger.json")
@@ -237,7 +247,7 @@ def train_ctr(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
     config = algorithm_config(options, plan, selected)
     if private:
       _check_budget(ledger, plan, options)
-    model.compile(optimizer=DPOptimizer(config, OPTIMIZERS[options.optimizer](options.learning_rate),
+    model.compile(optimizer=DPOptimizer(config, make_optimizer(options),
                                         expected_batch_size=options.batch_size, seed=options.seed))
     model.optimizer.build(model.trainable_variables)  # slots now: the step is traced only once
     sampling = poisson.BatchSampling(options.batch_size, private and not options.fixed_batches,
@@ -342,7 +352,10 @@ def register(subparsers):
   add("--learning-rate", type=float, default=defaults.learning_rate,
       help="learning rate (the default suits --optimizer adam; SGD wants ~1 at C2 = 1)")
   add("--optimizer", choices=sorted(OPTIMIZERS), default=defaults.optimizer,
-      help="row-sparse optimizer applying the noisy gradient (adam = lazy Adam)")
+      help="row-sparse optimizer applying the noisy gradient (adam = lazy Adam; adambc = "
+           "DP-AdamBC, seed 002: Adam with the noise variance subtracted)")
+  add("--adambc-floor", type=float, default=defaults.adambc_floor,
+      help="γ' of --optimizer adambc: floor of the corrected second moment")
   add("--top-k", type=int, help="DP-FEST / DP-AdaFEST+: rows kept over all tables (k/F each)")
   add("--top-k-epsilon", type=float, default=defaults.top_k_epsilon,
       help="pure ε of the DP top-k (Gumbel) selection, deducted from --epsilon; 0 = treat "

@@ -4,9 +4,11 @@ Stock Keras 2.15 optimizers compile their update with XLA by default, which turn
 scatter into a copy of the whole table (a 10M×55 embedding: SGD 11.7 s, Adam 16.4 s per step
 here), and Adam decays every row's moments on every step. These run without XLA: SGD with a
 row scatter, Keras' own row-sparse Adagrad update, and a lazy Adam that updates the moments
-of the gradient's rows only (dense variables get the ordinary Adam update).
+of the gradient's rows only (dense variables get the ordinary Adam update), and DP-AdamBC.
 """
 import tensorflow as tf
+
+ADAMBC_FLOOR = 5e-8  # γ' of `AdamBC`: the ε2 of Tang et al.'s DP-AdamBC reference code
 
 
 class SparseSGD(tf.keras.optimizers.SGD):
@@ -86,11 +88,12 @@ class AdamBC(tf.keras.optimizers.Optimizer):
 
   `floor` is γ', a floor on the corrected variance, not an ε added to the root: coordinates
   whose signal is below the noise take steps η·m̂/sqrt(γ'), so tune it with the learning rate
-  (note 002 §6.2). Default 5e-8, the γ' of Tang et al.'s reference code (their ε2). Bias
+  (note 002 §6.2). Default `ADAMBC_FLOOR`. Bias
   correction uses only the public σ2, C2, B: post-processing, no privacy cost.
   """
 
-  def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, floor=5e-8, name="AdamBC",
+  def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, floor=ADAMBC_FLOOR,
+               name="AdamBC",
                **kwargs):
     if not floor > 0:
       raise ValueError(f"AdamBC floor (γ') must be positive, got {floor}")

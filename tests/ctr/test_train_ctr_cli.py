@@ -133,3 +133,19 @@ def test_beam_manifest_directory_loads_like_the_tsv_days(data_dir, tmp_path):
   for split in ("train", "eval"):
     for key, value in getattr(from_tsv, split).items():
       np.testing.assert_array_equal(getattr(from_beam, split)[key], value)
+
+
+def test_adambc_bias_correction_costs_no_privacy(data_dir, tmp_path):
+  """DP-AdamBC post-processes the noisy gradients: its run charges the ledger exactly what the
+  same run with DP-Adam charges."""
+  runs = {}
+  for optimizer in ("adam", "adambc"):
+    directory = tmp_path / optimizer
+    directory.mkdir()
+    summary = _train(data_dir, directory, "dp_adafest", "--optimizer", optimizer,
+                     "--adambc-floor", "1e-7", "--accountant", "rdp")
+    ledger = privacy.PrivacyLedger(str(directory / "ledger.json"))
+    charges = [{k: v for k, v in c.items() if k not in ("time", "updated")} for c in ledger.charges]
+    runs[optimizer] = (summary["epsilon"], ledger.epsilon_spent(), charges)
+    assert summary["steps"] == STEPS and np.isfinite(summary["eval_loss"])
+  assert runs["adam"] == runs["adambc"]
