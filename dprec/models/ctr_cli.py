@@ -29,6 +29,7 @@ from dprec.training import poisson
 ALGORITHMS = ("non_private", "dp_sgd", "dp_fest", "dp_adafest", "dp_adafest_plus")
 OPTIMIZERS = {"sgd": sparse_optimizers.SparseSGD, "adagrad": sparse_optimizers.SparseAdagrad,
               "adam": sparse_optimizers.LazyAdam, "adambc": sparse_optimizers.AdamBC}
+LOGIT_INITS = ("base_rate", "default")
 VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-k-epsilon 0) are "
                    "treated as public, as seed 001 does; build them from public data for a "
                    "guarantee that covers them")
@@ -50,6 +51,8 @@ class CTRTrainOptions:
   learning_rate: float = 3e-3
   optimizer: str = "adam"
   adambc_floor: float = sparse_optimizers.ADAMBC_FLOOR
+  logit_init: str = "base_rate"
+  base_rate_share: float = 0.01
   top_k: Optional[int] = None
   top_k_epsilon: float = 0.1
   fixed_batches: bool = False
@@ -72,6 +75,11 @@ class CTRTrainOptions:
       raise DprecError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer}")
     if not self.adambc_floor > 0:
       raise DprecError(f"--adambc-floor must be positive, got {self.adambc_floor}")
+    if self.logit_init not in LOGIT_INITS:
+      raise DprecError(f"--logit-init must be one of {', '.join(LOGIT_INITS)}, got "
+                       f"{self.logit_init}")
+    if not 0 < self.base_rate_share < 1:
+      raise DprecError(f"--base-rate-share must be in (0, 1), got {self.base_rate_share}")
     if self.batch_size < 1 or self.steps < 1:
       raise DprecError("--batch-size and --steps must be positive")
     private = self.algorithm != "non_private"
@@ -138,21 +146,30 @@ class PrivacyPlan:
   selection_epsilon: float
   delta: Optional[float]
   sampling_rate: float
+  base_rate_noise_multiplier: Optional[float] = None  # σ of the DP label sum (sensitivity 1)
 
 
 @functools.lru_cache(maxsize=64)
 def _training_noise_multiplier(epsilon, delta, sampling_rate, steps, selection_epsilon,
-                               accountant, poisson_batches):
+                               accountant, poisson_batches, gaussian_mechanisms=()):
   """Calibration is slow (PLD, seconds to a minute): reuse it across runs of one process."""
   from dprec import privacy  # pylint: disable=import-outside-toplevel
   return privacy.plan_training(epsilon, delta, [(sampling_rate, steps)],
                                selection_epsilon=selection_epsilon, accountant=accountant,
-                               poisson=poisson_batches).noise_multiplier
+                               poisson=poisson_batches,
+                               gaussian_mechanisms=gaussian_mechanisms).noise_multiplier
+
+
+@functools.lru_cache(maxsize=64)
+def _base_rate_noise_multiplier(epsilon, delta, accountant):
+  from dprec import privacy  # pylint: disable=import-outside-toplevel
+  return privacy.calibrate_gaussian_mechanism(epsilon, delta, accountant)
 
 
 def plan_privacy(options: CTRTrainOptions, num_examples: int) -> PrivacyPlan:
   """σ from the target ε (note 001 §2.2): DP-SGD's σ at (ε − ε_select, δ, q, T), split into
-  σ1 = r·σ2 and σ2 for DP-AdaFEST so that (σ1⁻² + σ2⁻²)^(−1/2) = σ."""
+  σ1 = r·σ2 and σ2 for DP-AdaFEST so that (σ1⁻² + σ2⁻²)^(−1/2) = σ. The DP base rate's Gaussian
+  mechanism (σ_b alone at `base_rate_share`·ε) is composed with training in the accountant."""
   from dprec import privacy  # pylint: disable=import-outside-toplevel
   sampling = poisson.BatchSampling(options.batch_size, not options.fixed_batches, options.seed)
   q = sampling.sampling_rate(num_examples)
@@ -161,13 +178,33 @@ def plan_privacy(options: CTRTrainOptions, num_examples: int) -> PrivacyPlan:
   delta = options.delta if options.delta is not None else 1.0 / num_examples
   selects = options.algorithm in ("dp_fest", "dp_adafest_plus")
   selection_epsilon = options.top_k_epsilon if selects else 0.0
+  base_sigma = _base_rate_noise_multiplier(options.base_rate_share * options.epsilon, delta,
+                                           options.accountant)
   sigma = _training_noise_multiplier(options.epsilon, delta, q, options.steps, selection_epsilon,
-                                     options.accountant, not options.fixed_batches)
+                                     options.accountant, not options.fixed_batches, (base_sigma,))
   if options.algorithm.startswith("dp_adafest"):
     sigma1, sigma2 = privacy.adafest_noise_multipliers(sigma, options.ratio)
   else:
     sigma1, sigma2 = None, sigma
-  return PrivacyPlan(sigma, sigma1, sigma2, selection_epsilon, delta, q)
+  return PrivacyPlan(sigma, sigma1, sigma2, selection_epsilon, delta, q, base_sigma)
+
+
+def base_rate(labels, plan: PrivacyPlan, ledger=None) -> float:
+  """The training click rate: exact for a non-private run; else the Gaussian mechanism on the
+  label sum (sensitivity 1, σ_b from the plan, secret noise) divided by the public row count,
+  charged to `ledger`. Clipped to [1/N, 1 − 1/N]."""
+  n = len(labels)
+  total = float(np.sum(labels))
+  if plan.base_rate_noise_multiplier is not None:
+    ledger.charge_gaussian_mechanism(plan.base_rate_noise_multiplier, label="train ctr base rate")
+    total += plan.base_rate_noise_multiplier * np.random.default_rng().normal()  # OS entropy
+  return float(np.clip(total / n, 1.0 / n, 1.0 - 1.0 / n))
+
+
+def log_loss_of_constant(labels, rate) -> float:
+  """Mean binary cross-entropy of predicting `rate` for every example."""
+  positive = float(np.mean(labels))
+  return -(positive * np.log(rate) + (1 - positive) * np.log1p(-rate))
 
 
 def _selected_rows(options, model_config, train, ledger):
@@ -236,11 +273,14 @@ def train_ctr(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
   data = data or load_data(options.data, options.vocab, options.vocab_min_count)
   num_examples = len(data.train["label"])
   plan = plan_privacy(options, num_examples)
-  tf.keras.utils.set_random_seed(options.seed)
-  model = ctr.build_ctr_model(data.vocab_sizes, hidden_units=options.hidden_units)
   private = options.algorithm != "non_private"
   with tempfile.TemporaryDirectory() as work_dir:
     ledger = _open_ledger(options, plan, work_dir) if private else None
+    rate = base_rate(data.train["label"], plan, ledger)
+    tf.keras.utils.set_random_seed(options.seed)
+    model = ctr.build_ctr_model(
+        data.vocab_sizes, hidden_units=options.hidden_units,
+        logit_bias=float(np.log(rate / (1 - rate))) if options.logit_init == "base_rate" else None)
     selected = None
     if options.algorithm in ("dp_fest", "dp_adafest_plus"):
       selected = _selected_rows(options, model.config, data.train, ledger)
@@ -273,19 +313,23 @@ def train_ctr(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
         {key: data.eval[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)},
         data.eval["label"], batch_size=options.eval_batch_size, verbose=0, return_dict=True)
     summary = _summary(options, data, model, plan, history.history, evaluation, timer, ledger,
-                       budget)
+                       budget, rate)
   if options.summary_json:
     with open(options.summary_json, "w", encoding="utf-8") as out:
       json.dump(summary, out, indent=2, sort_keys=True)
   return summary
 
 
-def _summary(options, data, model, plan, history, evaluation, timer, ledger, budget):
+def _summary(options, data, model, plan, history, evaluation, timer, ledger, budget, rate):
   last = {key: float(values[-1]) for key, values in history.items()}
   summary = {
       "algorithm": options.algorithm,
       "auc": float(evaluation["auc"]),
       "eval_loss": float(evaluation["loss"]),
+      "eval_log_loss": float(evaluation["loss"]),
+      "base_rate": rate,
+      "base_rate_log_loss": log_loss_of_constant(data.eval["label"], rate),
+      "base_rate_noise_multiplier": plan.base_rate_noise_multiplier,
       "train_loss": last.get("loss"),
       "train_auc": last.get("auc"),
       "epsilon": ledger.epsilon_spent() if ledger else None,
@@ -356,6 +400,13 @@ def register(subparsers):
            "DP-AdamBC, seed 002: Adam with the noise variance subtracted)")
   add("--adambc-floor", type=float, default=defaults.adambc_floor,
       help="γ' of --optimizer adambc: floor of the corrected second moment")
+  add("--logit-init", choices=LOGIT_INITS, default=defaults.logit_init,
+      help="base_rate: the logit layer starts at zero weights and the bias at the logit of the "
+           "training click rate (DP: a Gaussian estimate charged to the ledger), so the "
+           "untrained model predicts the base rate; default: Keras' Glorot init (p ≈ 0.5)")
+  add("--base-rate-share", type=float, default=defaults.base_rate_share,
+      help="share of --epsilon the DP base rate is calibrated for (composed with training in "
+           "the accountant, so it costs training far less)")
   add("--top-k", type=int, help="DP-FEST / DP-AdaFEST+: rows kept over all tables (k/F each)")
   add("--top-k-epsilon", type=float, default=defaults.top_k_epsilon,
       help="pure ε of the DP top-k (Gumbel) selection, deducted from --epsilon; 0 = treat "
