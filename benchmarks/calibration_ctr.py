@@ -28,7 +28,12 @@ RUNS = {
                                             logit_init="base_rate"),
     "old + lr 1e-3": dict(TODAY, learning_rate=1e-3),
     "old + lr 1e-3 + base_rate init": dict(TODAY, learning_rate=1e-3, logit_init="base_rate"),
-    "old + C2 0.3 + base_rate init": dict(TODAY, l2_norm_clip=0.3, logit_init="base_rate"),
+    "old + C2 10 + base_rate init": dict(TODAY, l2_norm_clip=10.0, logit_init="base_rate"),
+    "old + lr 3e-4 + base_rate init": dict(TODAY, learning_rate=3e-4, logit_init="base_rate"),
+    "old + C2 10 + lr 3e-4 + base_rate init": dict(TODAY, l2_norm_clip=10.0, learning_rate=3e-4,
+                                                   logit_init="base_rate"),
+    "old + C2 10 + sgd lr 0.1 + base_rate init": dict(TODAY, l2_norm_clip=10.0, optimizer="sgd",
+                                                      learning_rate=0.1, logit_init="base_rate"),
     "new defaults": {},
 }
 

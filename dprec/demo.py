@@ -31,7 +31,7 @@ def register(subparsers):
 def demo_options(data_dir: str, out_dir: str, steps: int, batch_size: int, epsilon: float,
                  seed: int) -> ctr_cli.CTRTrainOptions:
   """The demo's DP-AdaFEST run with `train ctr`'s defaults: r = 5, τ = 15, C1 = 1 (false
-  positives stay rare), C2 = 1 (every example clipped), lazy Adam at lr 3e-3."""
+  positives stay rare), C2 = 10, lazy Adam at lr 3e-4, logit bias at the DP base rate."""
   return ctr_cli.CTRTrainOptions(
       data=data_dir, algorithm="dp_adafest", epsilon=epsilon, batch_size=batch_size,
       steps=steps, ledger=os.path.join(out_dir, "ledger.json"),
