@@ -35,7 +35,7 @@ def register(subparsers):
 def demo_options(data_dir: str, out_dir: str, steps: int, batch_size: int, epsilon: float,
                  seed: int, insecure_noise_seed=None) -> ctr_cli.CTRTrainOptions:
   """The demo's DP-AdaFEST run with `train ctr`'s defaults: r = 5, τ = 15, C1 = 1 (false
-  positives stay rare), C2 = 1 (every example clipped), lazy Adam at lr 3e-3."""
+  positives stay rare), C2 = 10, lazy Adam at lr 3e-4, logit bias at the DP base rate."""
   return ctr_cli.CTRTrainOptions(
       data=data_dir, algorithm="dp_adafest", epsilon=epsilon, batch_size=batch_size,
       steps=steps, ledger=os.path.join(out_dir, "ledger.json"),
@@ -44,15 +44,19 @@ def demo_options(data_dir: str, out_dir: str, steps: int, batch_size: int, epsil
 
 
 def privacy_calculation(options: ctr_cli.CTRTrainOptions, num_examples: int) -> dict:
-  """σ, σ1, σ2 for the run and ε recomputed from the composed σ (should equal the target)."""
+  """σ, σ1, σ2 for the run and ε recomputed from the composed σ with the DP base rate's
+  Gaussian mechanism (should equal the target)."""
   from dprec import privacy  # pylint: disable=import-outside-toplevel
   plan = ctr_cli.plan_privacy(options, num_examples)
   composed = privacy.composed_noise_multiplier(plan.sigma1, plan.sigma2)
-  check = privacy.compute_epsilon(composed, plan.sampling_rate, options.steps, plan.delta)
+  check = privacy.gaussian_epsilon(
+      [privacy.gaussian_mechanism_period(plan.base_rate_noise_multiplier),
+       privacy.TrainingPeriod(composed, plan.sampling_rate, options.steps)], plan.delta)
   return {"target_epsilon": options.epsilon, "delta": plan.delta,
           "sampling_rate": plan.sampling_rate, "steps": options.steps,
           "dp_sgd_noise_multiplier": plan.noise_multiplier, "sigma1": plan.sigma1,
-          "sigma2": plan.sigma2, "epsilon_of_composed_sigma": check.epsilon}
+          "sigma2": plan.sigma2, "base_rate_noise_multiplier": plan.base_rate_noise_multiplier,
+          "epsilon_of_composed_sigma": check}
 
 
 def run(args) -> dict:

@@ -66,12 +66,11 @@ def _train_with_canaries(options, data, canaries):
   selected = None
   if train_options.algorithm in ("dp_fest", "dp_adafest_plus"):
     # Selection charged by the plan (ε_select); no ledger: the audit releases only its bound.
-    selected = train_ctr._selected_rows(train_options, model.config, train, None)  # pylint: disable=protected-access
+    selected = train_ctr._selected_rows(  # pylint: disable=protected-access
+        train_options, model.config, train, None, np.random.default_rng())  # OS entropy
   config = train_ctr.algorithm_config(train_options, plan, selected)
   private = train_options.algorithm != "non_private"
-  model.compile(optimizer=DPOptimizer(config,
-                                      train_ctr.OPTIMIZERS[train_options.optimizer](
-                                          train_options.learning_rate),
+  model.compile(optimizer=DPOptimizer(config, train_ctr.make_optimizer(train_options),
                                       expected_batch_size=train_options.batch_size))
   model.optimizer.build(model.trainable_variables)
   scorer = scores_lib.CanaryScorer(model, canaries, options.score)

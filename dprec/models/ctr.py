@@ -37,6 +37,9 @@ class CTRConfig:
     embedding_dims: per-table widths; default `embedding_dim(size - 1)`, V counting the known
       buckets but not the OOV row, which reproduces note 001's dims for Table 3.
     auc_thresholds: thresholds of the Keras AUC (evenly spaced, so updates stay O(batch)).
+    logit_bias: None: the logit layer starts as Keras' default (Glorot kernel, bias 0, so the
+      untrained model scores p ≈ 0.5). A number b: zero kernel and bias b, so the untrained
+      model predicts sigmoid(b) for every example, e.g. the logit of a (DP) base rate.
   """
   vocab_sizes: Tuple[int, ...]
   table_names: Optional[Tuple[str, ...]] = None
@@ -44,6 +47,7 @@ class CTRConfig:
   hidden_units: Tuple[int, ...] = (598, 598, 598, 598)
   embedding_dims: Optional[Tuple[int, ...]] = None
   auc_thresholds: int = 10000
+  logit_bias: Optional[float] = None
 
   def __post_init__(self):
     sizes = tuple(int(v) for v in self.vocab_sizes)
@@ -79,7 +83,12 @@ class CTRModel(DPModel):
                                       table_names=config.table_names, name="embedding")
     self.hidden = [tf.keras.layers.Dense(units, activation="relu", name=f"hidden_{i}")
                    for i, units in enumerate(config.hidden_units)]
-    self.logit = tf.keras.layers.Dense(1, name="logit")
+    if config.logit_bias is None:
+      self.logit = tf.keras.layers.Dense(1, name="logit")
+    else:
+      self.logit = tf.keras.layers.Dense(
+          1, kernel_initializer="zeros",
+          bias_initializer=tf.keras.initializers.Constant(config.logit_bias), name="logit")
     self.task = tfrs.tasks.Ranking(
         loss=tf.keras.losses.BinaryCrossentropy(from_logits=True),
         metrics=[tf.keras.metrics.AUC(num_thresholds=config.auc_thresholds, from_logits=True,

@@ -32,7 +32,8 @@ from dprec.workflows.run import Run
 
 ALGORITHMS = ("non_private", "dp_sgd", "dp_fest", "dp_adafest", "dp_adafest_plus")
 OPTIMIZERS = {"sgd": sparse_optimizers.SparseSGD, "adagrad": sparse_optimizers.SparseAdagrad,
-              "adam": sparse_optimizers.LazyAdam}
+              "adam": sparse_optimizers.LazyAdam, "adambc": sparse_optimizers.AdamBC}
+LOGIT_INITS = ("base_rate", "default")
 VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-k-epsilon 0) are "
                    "treated as public, as seed 001 does; build them from public data for a "
                    "guarantee that covers them")
@@ -61,9 +62,12 @@ class CTRTrainOptions:
   ratio: float = 5.0
   threshold: float = 15.0
   contribution_clip: float = 1.0
-  l2_norm_clip: float = 1.0
-  learning_rate: float = 3e-3
+  l2_norm_clip: float = 10.0  # calibration: see BENCHMARKS.md "Calibrated DP pCTR"
+  learning_rate: float = 3e-4
   optimizer: str = "adam"
+  adambc_floor: float = sparse_optimizers.ADAMBC_FLOOR
+  logit_init: str = "base_rate"
+  base_rate_share: float = 0.01
   top_k: Optional[int] = None
   top_k_epsilon: float = 0.1
   fixed_batches: bool = False
@@ -87,6 +91,13 @@ class CTRTrainOptions:
       raise DprecError(f"--algorithm must be one of {', '.join(ALGORITHMS)}, got {self.algorithm}")
     if self.optimizer not in OPTIMIZERS:
       raise DprecError(f"--optimizer must be one of {', '.join(OPTIMIZERS)}, got {self.optimizer}")
+    if not self.adambc_floor > 0:
+      raise DprecError(f"--adambc-floor must be positive, got {self.adambc_floor}")
+    if self.logit_init not in LOGIT_INITS:
+      raise DprecError(f"--logit-init must be one of {', '.join(LOGIT_INITS)}, got "
+                       f"{self.logit_init}")
+    if not 0 < self.base_rate_share < 1:
+      raise DprecError(f"--base-rate-share must be in (0, 1), got {self.base_rate_share}")
     if self.batch_size < 1 or self.steps < 1:
       raise DprecError("--batch-size and --steps must be positive")
     private = self.algorithm != "non_private"
@@ -153,21 +164,30 @@ class PrivacyPlan:
   selection_epsilon: float
   delta: Optional[float]
   sampling_rate: float
+  base_rate_noise_multiplier: Optional[float] = None  # σ of the DP label sum (sensitivity 1)
 
 
 @functools.lru_cache(maxsize=64)
 def _training_noise_multiplier(epsilon, delta, sampling_rate, steps, selection_epsilon,
-                               accountant, poisson_batches):
+                               accountant, poisson_batches, gaussian_mechanisms=()):
   """Calibration is slow (PLD, seconds to a minute): reuse it across runs of one process."""
   from dprec import privacy  # pylint: disable=import-outside-toplevel
   return privacy.plan_training(epsilon, delta, [(sampling_rate, steps)],
                                selection_epsilon=selection_epsilon, accountant=accountant,
-                               poisson=poisson_batches).noise_multiplier
+                               poisson=poisson_batches,
+                               gaussian_mechanisms=gaussian_mechanisms).noise_multiplier
+
+
+@functools.lru_cache(maxsize=64)
+def _base_rate_noise_multiplier(epsilon, delta, accountant):
+  from dprec import privacy  # pylint: disable=import-outside-toplevel
+  return privacy.calibrate_gaussian_mechanism(epsilon, delta, accountant)
 
 
 def plan_privacy(options: CTRTrainOptions, num_examples: int) -> PrivacyPlan:
   """σ from the target ε (note 001 §2.2): DP-SGD's σ at (ε − ε_select, δ, q, T), split into
-  σ1 = r·σ2 and σ2 for DP-AdaFEST so that (σ1⁻² + σ2⁻²)^(−1/2) = σ."""
+  σ1 = r·σ2 and σ2 for DP-AdaFEST so that (σ1⁻² + σ2⁻²)^(−1/2) = σ. The DP base rate's Gaussian
+  mechanism (σ_b alone at `base_rate_share`·ε) is composed with training in the accountant."""
   from dprec import privacy  # pylint: disable=import-outside-toplevel
   q = poisson.BatchSampling(options.batch_size).sampling_rate(num_examples)
   if options.algorithm == "non_private":
@@ -175,18 +195,38 @@ def plan_privacy(options: CTRTrainOptions, num_examples: int) -> PrivacyPlan:
   delta = options.delta if options.delta is not None else 1.0 / num_examples
   selects = options.algorithm in ("dp_fest", "dp_adafest_plus")
   selection_epsilon = options.top_k_epsilon if selects else 0.0
+  base_sigma = _base_rate_noise_multiplier(options.base_rate_share * options.epsilon, delta,
+                                           options.accountant)
   sigma = _training_noise_multiplier(options.epsilon, delta, q, options.steps, selection_epsilon,
-                                     options.accountant, not options.fixed_batches)
+                                     options.accountant, not options.fixed_batches, (base_sigma,))
   if options.algorithm.startswith("dp_adafest"):
     sigma1, sigma2 = privacy.adafest_noise_multipliers(sigma, options.ratio)
   else:
     sigma1, sigma2 = None, sigma
-  return PrivacyPlan(sigma, sigma1, sigma2, selection_epsilon, delta, q)
+  return PrivacyPlan(sigma, sigma1, sigma2, selection_epsilon, delta, q, base_sigma)
 
 
-def _selected_rows(options, model_config, train, ledger, run):
-  """DP-FEST rows per table: top int(k/F) by count, DP (Gumbel, from the run's key, charged)
-  unless ε_select = 0."""
+def base_rate(labels, plan: PrivacyPlan, ledger=None, rng=None) -> float:
+  """The training click rate: exact for a non-private run; else the Gaussian mechanism on the
+  label sum (sensitivity 1, σ_b from the plan, noise from the secret `rng`: the run's key)
+  divided by the public row count, charged to `ledger`. Clipped to [1/N, 1 − 1/N]."""
+  n = len(labels)
+  total = float(np.sum(labels))
+  if plan.base_rate_noise_multiplier is not None:
+    ledger.charge_gaussian_mechanism(plan.base_rate_noise_multiplier, label="train ctr base rate")
+    total += plan.base_rate_noise_multiplier * (rng or np.random.default_rng()).normal()
+  return float(np.clip(total / n, 1.0 / n, 1.0 - 1.0 / n))
+
+
+def log_loss_of_constant(labels, rate) -> float:
+  """Mean binary cross-entropy of predicting `rate` for every example."""
+  positive = float(np.mean(labels))
+  return -(positive * np.log(rate) + (1 - positive) * np.log1p(-rate))
+
+
+def _selected_rows(options, model_config, train, ledger, rng):
+  """DP-FEST rows per table: top int(k/F) by count, DP (Gumbel noise from the secret `rng`,
+  charged) unless ε_select = 0."""
   from dprec.sparse import fest  # pylint: disable=import-outside-toplevel
   columns = train[ctr.CAT_FEATURES]
   counts = {name: np.bincount(columns[:, f], minlength=size)
@@ -195,7 +235,7 @@ def _selected_rows(options, model_config, train, ledger, run):
   per_table = max(1, options.top_k // len(counts))
   k = {name: min(per_table, len(c)) for name, c in counts.items()}
   epsilon = options.top_k_epsilon or None
-  return fest.fest_rows(counts, k, epsilon=epsilon, rng=run.numpy_rng("dp top-k"),
+  return fest.fest_rows(counts, k, epsilon=epsilon, rng=rng,
                         ledger=ledger if epsilon else None).rows
 
 
@@ -214,6 +254,13 @@ def algorithm_config(options: CTRTrainOptions, plan: PrivacyPlan, selected_rows=
   if options.algorithm == "dp_adafest":
     return config_lib.DPAdaFEST(**adafest)
   return config_lib.DPAdaFESTPlus(selected_rows=selected_rows, **adafest)
+
+
+def make_optimizer(options: CTRTrainOptions):
+  """The row-sparse optimizer of `options.optimizer` at `options.learning_rate`."""
+  if options.optimizer == "adambc":
+    return sparse_optimizers.AdamBC(options.learning_rate, floor=options.adambc_floor)
+  return OPTIMIZERS[options.optimizer](options.learning_rate)
 
 
 def _open_ledger(options, plan, run):
@@ -242,21 +289,25 @@ def train_ctr(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
   data = data or load_data(options.data, options.vocab, options.vocab_min_count)
   num_examples = len(data.train["label"])
   plan = plan_privacy(options, num_examples)
-  tf.keras.utils.set_random_seed(options.seed)
-  model = ctr.build_ctr_model(data.vocab_sizes, hidden_units=options.hidden_units)
   private = options.algorithm != "non_private"
   with Run("train ctr", options.run_dir, options.ledger, options.insecure_noise_seed) as run:
     if run.resumed:  # a second run on the same key would reuse its noise
       raise DprecError(f"{options.run_dir}: already holds a run (its run.json and noise key); "
                        "`train ctr` does not resume yet: use a new --run-dir")
     ledger = _open_ledger(options, plan, run) if private else None
+    rate = base_rate(data.train["label"], plan, ledger, run.numpy_rng("base rate"))
+    tf.keras.utils.set_random_seed(options.seed)
+    model = ctr.build_ctr_model(
+        data.vocab_sizes, hidden_units=options.hidden_units,
+        logit_bias=float(np.log(rate / (1 - rate))) if options.logit_init == "base_rate" else None)
     selected = None
     if options.algorithm in ("dp_fest", "dp_adafest_plus"):
-      selected = _selected_rows(options, model.config, data.train, ledger, run)
+      selected = _selected_rows(options, model.config, data.train, ledger,
+                                run.numpy_rng("dp top-k"))
     config = algorithm_config(options, plan, selected)
     if private:
       _check_budget(ledger, plan, options)
-    model.compile(optimizer=DPOptimizer(config, OPTIMIZERS[options.optimizer](options.learning_rate),
+    model.compile(optimizer=DPOptimizer(config, make_optimizer(options),
                                         expected_batch_size=options.batch_size,
                                         noise_key=run.noise_key))
     model.optimizer.build(model.trainable_variables)  # slots now: the step is traced only once
@@ -285,14 +336,14 @@ def train_ctr(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
         {key: data.eval[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)},
         data.eval["label"], batch_size=options.eval_batch_size, verbose=0, return_dict=True)
     summary = _summary(options, data, model, plan, history.history, evaluation, timer, ledger,
-                       budget, run)
+                       budget, run, rate)
   if options.summary_json:
     with open(options.summary_json, "w", encoding="utf-8") as out:
       json.dump(summary, out, indent=2, sort_keys=True)
   return summary
 
 
-def _summary(options, data, model, plan, history, evaluation, timer, ledger, budget, run):
+def _summary(options, data, model, plan, history, evaluation, timer, ledger, budget, run, rate):
   last = {key: float(values[-1]) for key, values in history.items()}
   notes = ["fixed-size batches: not Poisson, accounted as if Poisson"] if (
       options.fixed_batches and ledger is not None) else []
@@ -300,6 +351,10 @@ def _summary(options, data, model, plan, history, evaluation, timer, ledger, bud
       "algorithm": options.algorithm,
       "auc": float(evaluation["auc"]),
       "eval_loss": float(evaluation["loss"]),
+      "eval_log_loss": float(evaluation["loss"]),
+      "base_rate": rate,
+      "base_rate_log_loss": log_loss_of_constant(data.eval["label"], rate),
+      "base_rate_noise_multiplier": plan.base_rate_noise_multiplier,
       "epsilon": ledger.epsilon_spent() if ledger else None,
       "epsilon_budget": options.epsilon if ledger else None,
       "delta": plan.delta,
@@ -363,12 +418,24 @@ def register(subparsers):
   add("--contribution-clip", type=float, default=defaults.contribution_clip,
       help="DP-AdaFEST contribution clip C1")
   add("--l2-norm-clip", type=float, default=defaults.l2_norm_clip,
-      help="per-example gradient clip C2 (the default 1 is below nearly every per-example "
-           "norm of the pCTR model, so every example is clipped)")
+      help="per-example gradient clip C2 (default 10: at 1 every example is clipped, the "
+           "clipped gradient points at the label median instead of the mean and the DP model "
+           "ends worse calibrated than the base rate)")
   add("--learning-rate", type=float, default=defaults.learning_rate,
-      help="learning rate (the default suits --optimizer adam; SGD wants ~1 at C2 = 1)")
+      help="learning rate (the default suits --optimizer adam at C2 = 10; larger steps let "
+           "the noise drive the logits away)")
   add("--optimizer", choices=sorted(OPTIMIZERS), default=defaults.optimizer,
-      help="row-sparse optimizer applying the noisy gradient (adam = lazy Adam)")
+      help="row-sparse optimizer applying the noisy gradient (adam = lazy Adam; adambc = "
+           "DP-AdamBC, seed 002: Adam with the noise variance subtracted)")
+  add("--adambc-floor", type=float, default=defaults.adambc_floor,
+      help="γ' of --optimizer adambc: floor of the corrected second moment")
+  add("--logit-init", choices=LOGIT_INITS, default=defaults.logit_init,
+      help="base_rate: the logit layer starts at zero weights and the bias at the logit of the "
+           "training click rate (DP: a Gaussian estimate charged to the ledger), so the "
+           "untrained model predicts the base rate; default: Keras' Glorot init (p ≈ 0.5)")
+  add("--base-rate-share", type=float, default=defaults.base_rate_share,
+      help="share of --epsilon the DP base rate is calibrated for (composed with training in "
+           "the accountant, so it costs training far less)")
   add("--top-k", type=int, help="DP-FEST / DP-AdaFEST+: rows kept over all tables (k/F each)")
   add("--top-k-epsilon", type=float, default=defaults.top_k_epsilon,
       help="pure ε of the DP top-k (Gumbel) selection, deducted from --epsilon; 0 = treat "

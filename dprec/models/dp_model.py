@@ -18,7 +18,8 @@ One step, with one forward pass:
    (c_i times the per-(example, row) gradients of kept rows); other variables by a second
    backward pass of Σ c_i·L_i, or of the book-kept scalar of `ExtraNorms.clipped_loss_fn`.
 5. Noise σ2·C2 on dense variables and kept rows only (`dprec.sparse.noise`), divided by the
-   expected batch size; the inner optimizer applies IndexedSlices row-sparsely.
+   expected batch size; the inner optimizer applies IndexedSlices row-sparsely (an optimizer
+   with a `noise_variance` variable, `AdamBC`, is told (σ2·C2/B)²).
 The non-private configuration is the ordinary Keras step (sparse embedding gradients).
 Models with `DPEmbedding` tables log `gradient_size` (nonzero embedding-gradient coordinates after
 noise, mean over the epoch) and `gradient_size_reduction` (Σ V·d of the DP tables divided by it;
@@ -319,6 +320,10 @@ class DPModel(tf.keras.Model):
     std = config_lib.noise_std(config.l2_norm_clip, config.noise_multiplier)
     normaliser = (self.dp_optimizer.expected_batch_size
                   or tf.cast(tf.shape(losses)[0], losses.dtype))
+    # An optimizer that corrects for the noise (DP-AdamBC) learns its per-coordinate variance;
+    # the rows it falls on are those of each IndexedSlices below (every kept row is noised).
+    if isinstance(getattr(self.optimizer, "noise_variance", None), tf.Variable):
+      self.optimizer.noise_variance.assign(tf.square(std / normaliser))
     grads_and_vars = [(noise_lib.noisy_dense(g, std, generator) / normaliser, v)
                       for g, v in zip(dense_grads, dense_vars)]
     for f, table in enumerate(tables):

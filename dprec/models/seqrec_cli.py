@@ -45,6 +45,7 @@ from dprec.models import ranking_metrics
 from dprec.models.seqrec import SeqRecConfig, SeqRecModel, warmup_linear_decay
 from dprec.optimizers import config as config_lib
 from dprec.optimizers.dp_optimizer import DPOptimizer
+from dprec.optimizers.sparse import ADAMBC_FLOOR, AdamBC
 from dprec.training import callbacks as callbacks_lib
 from dprec.training import checkpoint as ckpt_lib
 from dprec.training import poisson
@@ -73,6 +74,8 @@ class SeqRecTrainOptions:
   epochs: float = 100.0
   batch_size: Optional[int] = None  # None: chosen from N (poisson.default_batch_size)
   learning_rate: float = 5e-3
+  optimizer: str = "adamw"
+  adambc_floor: float = ADAMBC_FLOOR
   weight_decay: float = 1e-5
   l2_norm_clip: float = 1.0
   normalization_offset: Optional[float] = None
@@ -125,6 +128,9 @@ class SeqRecTrainOptions:
     if not 0 < self.item_frequency_share < 1:
       raise DprecError(f"--item-frequency-share must be in (0, 1), got "
                        f"{self.item_frequency_share}")
+    if self.optimizer not in ("adamw", "adambc") or not self.adambc_floor > 0:
+      raise DprecError(f"--optimizer must be adamw or adambc and --adambc-floor positive, got "
+                       f"{self.optimizer}, {self.adambc_floor}")
     if self.checkpoint_every < 1:
       raise DprecError(f"--checkpoint-every must be >= 1, got {self.checkpoint_every}")
     if self.keep_checkpoints is not None and self.keep_checkpoints < 0:
@@ -266,9 +272,11 @@ def build_model(options, examples, plan, frequencies=None, noise_key=None):
   algorithm = (config_lib.DPSGD(options.l2_norm_clip, plan.noise_multiplier,
                                 normalization_offset=options.normalization_offset)
                if options.private and plan.forward is None else config_lib.NonPrivate())
-  adam = tf.keras.optimizers.AdamW(
-      learning_rate=warmup_linear_decay(options.learning_rate, plan.steps),
-      weight_decay=options.weight_decay)
+  schedule = warmup_linear_decay(options.learning_rate, plan.steps)
+  if options.optimizer == "adambc":
+    adam = AdamBC(schedule, floor=options.adambc_floor, weight_decay=options.weight_decay)
+  else:
+    adam = tf.keras.optimizers.AdamW(learning_rate=schedule, weight_decay=options.weight_decay)
   adam.build(model.trainable_variables)  # slots exist before a checkpoint is restored into them
   model.compile(optimizer=DPOptimizer(algorithm, adam, expected_batch_size=options.batch_size,
                                       noise_key=noise_key))
@@ -512,6 +520,10 @@ def register(subparsers):
   add("--batch-size", type=int, default=None,
       help="expected batch size B (q = B/N); default: min(1024, N/8) for the N training users")
   add("--learning-rate", type=float, default=5e-3, help="peak Adam learning rate")
+  add("--optimizer", choices=("adamw", "adambc"), default="adamw",
+      help="AdamW, or DP-AdamBC (seed 002: Adam with the noise variance subtracted; same "
+           "schedule and weight decay)")
+  add("--adambc-floor", type=float, default=ADAMBC_FLOOR, help="γ' of --optimizer adambc")
   add("--l2-norm-clip", type=float, default=1.0, help="per-user gradient clip norm C")
   add("--normalize", type=float, nargs="?", const=0.01, default=None,
       dest="normalization_offset", metavar="GAMMA",
@@ -568,7 +580,8 @@ def register(subparsers):
 def run(args):
   options = SeqRecTrainOptions(
       data=args.data, epsilon=args.epsilon, delta=args.delta, epochs=args.epochs,
-      batch_size=args.batch_size, learning_rate=args.learning_rate,
+      batch_size=args.batch_size, learning_rate=args.learning_rate, optimizer=args.optimizer,
+      adambc_floor=args.adambc_floor,
       l2_norm_clip=args.l2_norm_clip, normalization_offset=args.normalization_offset,
       max_len=args.max_len, dim=args.dim,
       num_blocks=args.num_blocks, num_heads=args.num_heads, dropout=args.dropout,

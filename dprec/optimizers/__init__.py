@@ -7,6 +7,7 @@ from dprec.optimizers.config import DPFEST
 from dprec.optimizers.config import DPSGD
 from dprec.optimizers.config import NonPrivate
 from dprec.optimizers.dp_optimizer import DPOptimizer
+from dprec.optimizers.sparse import AdamBC
 from dprec.optimizers.sparse import LazyAdam
 from dprec.optimizers.sparse import SparseAdagrad
 from dprec.optimizers.sparse import SparseSGD

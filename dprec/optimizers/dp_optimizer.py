@@ -18,8 +18,9 @@ GENERATOR_NOTE = ("a caller-supplied noise generator: the noise is only as secre
 @dataclasses.dataclass
 class DPOptimizer:
   """`config`: one of `dprec.optimizers.config`'s algorithms. `inner`: the Keras optimizer that
-  applies the noisy gradient (use `SparseSGD`, `SparseAdagrad` or `LazyAdam` so sparse updates
-  stay sparse). `expected_batch_size`: the normaliser of the noisy sum (q·N for Poisson
+  applies the noisy gradient (use `SparseSGD`, `SparseAdagrad`, `LazyAdam` or `AdamBC` so sparse
+  updates stay sparse; the DP step tells `AdamBC` the noise variance it subtracts).
+  `expected_batch_size`: the normaliser of the noisy sum (q·N for Poisson
   sampling; None divides by the actual batch size, right for fixed-size batches only).
 
   The noise and selection randomness is secret by default: a generator keyed from a fresh

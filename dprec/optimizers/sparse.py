@@ -4,9 +4,11 @@ Stock Keras 2.15 optimizers compile their update with XLA by default, which turn
 scatter into a copy of the whole table (a 10M×55 embedding: SGD 11.7 s, Adam 16.4 s per step
 here), and Adam decays every row's moments on every step. These run without XLA: SGD with a
 row scatter, Keras' own row-sparse Adagrad update, and a lazy Adam that updates the moments
-of the gradient's rows only (dense variables get the ordinary Adam update).
+of the gradient's rows only (dense variables get the ordinary Adam update), and DP-AdamBC.
 """
 import tensorflow as tf
+
+ADAMBC_FLOOR = 5e-8  # γ' of `AdamBC`: the ε2 of Tang et al.'s DP-AdamBC reference code
 
 
 class SparseSGD(tf.keras.optimizers.SGD):
@@ -66,3 +68,102 @@ class LazyAdam(tf.keras.optimizers.Adam):
     v.scatter_update(tf.IndexedSlices(v_rows, rows))
     return variable.scatter_sub(
         tf.IndexedSlices(alpha * m_rows / (tf.sqrt(v_rows) + self.epsilon), rows))
+
+
+class AdamBC(tf.keras.optimizers.Optimizer):
+  """DP-AdamBC (note 002 §3, Algorithm 2; Tang et al. 2023): Adam whose second moment has the
+  DP noise variance subtracted, θ ← θ − η·m̂ / sqrt(max(v̂ − Φ̂, γ')).
+
+  Φ̂ is a noise-variance EMA kept per row (one value per slice of the first axis) with Adam's β2
+  and bias correction: at every update of a row, φ ← β2^k·φ + (1 − β2)·Φ_t, where Φ_t is the
+  per-coordinate variance of the noise in this step's (normalised) gradient, `noise_variance`,
+  which `DPModel`'s step sets to (σ2·C2/B)² (0 without noise: AdamBC is then Adam with the floor
+  γ' in place of Adam's ε). A dense gradient updates every row each step, so Φ̂ = (σ2·C2/B)²
+  exactly (note 002 §3). An `IndexedSlices` gradient updates its rows only: the DP step's
+  IndexedSlices lists exactly the rows it noised (kept rows, false positives included), and a
+  row absent for k − 1 steps has m, v and φ decayed by β^k when next updated ("decay
+  otherwise", note 002 §7), so its moments equal dense Adam's with zero gradient on the skipped
+  steps and φ is exactly the noise variance its v holds; only the momentum-driven moves of the
+  skipped steps are not made (lazy). Per step the work is O(rows of the gradient × dim).
+
+  `floor` is γ', a floor on the corrected variance, not an ε added to the root: coordinates
+  whose signal is below the noise take steps η·m̂/sqrt(γ'), so tune it with the learning rate
+  (note 002 §6.2). Default `ADAMBC_FLOOR`. Bias
+  correction uses only the public σ2, C2, B: post-processing, no privacy cost.
+  """
+
+  def __init__(self, learning_rate=0.001, beta_1=0.9, beta_2=0.999, floor=ADAMBC_FLOOR,
+               name="AdamBC",
+               **kwargs):
+    if not floor > 0:
+      raise ValueError(f"AdamBC floor (γ') must be positive, got {floor}")
+    kwargs["jit_compile"] = False
+    kwargs.setdefault("weight_decay", None)  # the base class's 0 would decay every row densely
+    super().__init__(name=name, **kwargs)
+    self._learning_rate = self._build_learning_rate(learning_rate)
+    self.beta_1, self.beta_2, self.floor = beta_1, beta_2, floor
+    with tf.init_scope():
+      self.noise_variance = tf.Variable(0.0, trainable=False, dtype=tf.float32,
+                                        name="noise_variance")
+
+  def build(self, var_list):
+    super().build(var_list)
+    if getattr(self, "_built", False):
+      return
+    self._built = True
+    self._slots = []
+    for var in var_list:
+      rows = var.shape[:1]
+      self._slots.append((
+          self.add_variable_from_reference(var, "m"),
+          self.add_variable_from_reference(var, "v"),
+          self.add_variable_from_reference(var, "noise_ema", shape=rows),
+          self.add_variable(rows, tf.int64, name=f"last_step/{var._shared_name}")))  # pylint: disable=protected-access
+
+  def update_step(self, gradient, variable):
+    dtype = variable.dtype
+    m, v, phi, last = self._slots[self._index_dict[self._var_key(variable)]]
+    step = self.iterations + 1
+    beta_1, beta_2 = tf.constant(self.beta_1, dtype), tf.constant(self.beta_2, dtype)
+    noise_variance = tf.cast(self.noise_variance, dtype)
+    sparse = isinstance(gradient, tf.IndexedSlices)
+    if sparse:
+      rows, grad = gradient.indices, gradient.values
+      read = lambda slot: tf.gather(slot, rows)
+    else:
+      grad = gradient
+      read = tf.convert_to_tensor
+    skipped = tf.cast(step - read(last), dtype)  # 1 + steps since the row's last update
+    rank = grad.shape.rank
+    decay = lambda beta: _per_row(tf.pow(beta, skipped), rank)
+    m_new = decay(beta_1) * read(m) + (1 - beta_1) * grad
+    v_new = decay(beta_2) * read(v) + (1 - beta_2) * tf.square(grad)
+    phi_new = tf.pow(beta_2, skipped) * read(phi) + (1 - beta_2) * noise_variance
+    t = tf.cast(step, dtype)
+    m_hat = m_new / (1 - tf.pow(beta_1, t))
+    corrected = (v_new - _per_row(phi_new, rank)) / (1 - tf.pow(beta_2, t))
+    delta = (tf.cast(self.learning_rate, dtype) * m_hat
+             / tf.sqrt(tf.maximum(corrected, tf.constant(self.floor, dtype))))
+    if sparse:
+      for slot, value in ((m, m_new), (v, v_new), (phi, phi_new),
+                          (last, tf.fill(tf.shape(rows), step))):
+        slot.scatter_update(tf.IndexedSlices(value, rows))
+      return variable.scatter_sub(tf.IndexedSlices(delta, rows))
+    m.assign(m_new)
+    v.assign(v_new)
+    phi.assign(phi_new)
+    last.assign(tf.fill(tf.shape(last), step))
+    return variable.assign_sub(delta)
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(learning_rate=self._serialize_hyperparameter(self._learning_rate),
+                  beta_1=self.beta_1, beta_2=self.beta_2, floor=self.floor)
+    return config
+
+
+def _per_row(values, rank):
+  """Broadcasts per-row `values` [rows] against a tensor of `rank` ([rows, ...])."""
+  if rank is None or rank <= 1:
+    return values
+  return tf.reshape(values, tf.concat([tf.shape(values), tf.ones([rank - 1], tf.int32)], 0))

@@ -78,6 +78,8 @@ def register(subparsers):
   model.add_argument("--contribution-clip", type=float, default=1.0, help="C1 of DP-AdaFEST")
   model.add_argument("--learning-rate", type=float, default=0.05)
   model.add_argument("--optimizer", default="adagrad", choices=sorted(ctr_cli.OPTIMIZERS))
+  model.add_argument("--adambc-floor", type=float, default=ctr_cli.CTRTrainOptions.adambc_floor,
+                     help="γ' of --optimizer adambc")
   model.add_argument("--hidden-units", default="598,598,598,598",
                      help="comma-separated Dense widths (default: App. D.1.1's four of 598)")
   model.add_argument("--headroom", type=float, default=1.5,
@@ -126,6 +128,7 @@ def build_trainer(args):
       data=args.data, algorithm=args.algorithm, l2_norm_clip=args.l2_norm_clip, ratio=args.ratio,
       threshold=args.threshold, contribution_clip=args.contribution_clip,
       learning_rate=args.learning_rate, optimizer=args.optimizer,
+      adambc_floor=args.adambc_floor,
       hidden_units=tuple(int(u) for u in args.hidden_units.split(",") if u), seed=args.seed)
   model = CTRPeriodModel(options, plan.noise_multiplier,
                          plan.sampling_rate * plan.examples_per_period)

@@ -40,7 +40,7 @@ class CTRPeriodModel(PeriodModel):
   Args:
     options: `dprec train ctr`'s options; the algorithm and model/step hyper-parameters are used
       (algorithm, l2_norm_clip, ratio, threshold, contribution_clip, learning_rate, optimizer,
-      hidden_units, eval_batch_size, seed: public, initialisation only).
+      adambc_floor, hidden_units, eval_batch_size, seed: public, initialisation only).
     noise_multiplier: the plan's composed σ (split into σ1 = r·σ2 and σ2 for DP-AdaFEST).
     expected_batch_size: q · N_period, the normaliser of the noisy sum (DESIGN §4 step 5).
   """
@@ -68,7 +68,7 @@ class CTRPeriodModel(PeriodModel):
     tf.keras.utils.set_random_seed(self.options.seed + sum(sizes))  # fresh rows: reproducible
     model = ctr.build_ctr_model(sizes, table_names=names, embedding_dims=self.embedding_dims,
                                 hidden_units=self.options.hidden_units)
-    optimizer = ctr_cli.OPTIMIZERS[self.options.optimizer](self.options.learning_rate)
+    optimizer = ctr_cli.make_optimizer(self.options)
     optimizer.build(model.trainable_variables)
     if self.model is not None:  # same architecture, so variables correspond by position
       pairs = list(zip(self.model.trainable_variables, model.trainable_variables))

@@ -48,8 +48,11 @@ def test_private_run_spends_what_dprec_privacy_computes(data_dir, tmp_path, algo
     assert summary["sigma1"] == pytest.approx(5 * sigma)
     sigma = privacy.composed_noise_multiplier(summary["sigma1"], summary["sigma2"])
   selection = 0.2 if "--top-k" in extra else 0.0
-  expected = privacy.compute_epsilon(sigma, summary["sampling_rate"], STEPS, summary["delta"],
-                                     accountant="rdp").epsilon + selection
+  # Training composed with the DP base rate (one Gaussian mechanism on the label sum).
+  expected = privacy.gaussian_epsilon(
+      [privacy.gaussian_mechanism_period(summary["base_rate_noise_multiplier"]),
+       privacy.TrainingPeriod(sigma, summary["sampling_rate"], STEPS)],
+      summary["delta"], accountant="rdp") + selection
   ledger = privacy.PrivacyLedger(str(tmp_path / "ledger.json"))
   assert ledger.epsilon_spent() == pytest.approx(expected, rel=1e-9)
   assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
@@ -216,3 +219,32 @@ def test_a_run_dir_is_not_reused_for_a_second_run(data_dir, tmp_path, capsys):
                         "--no-progress", "--run-dir",
                         str(tmp_path / "run")])
   assert "does not resume yet" in err
+
+
+def test_adambc_bias_correction_costs_no_privacy(data_dir, tmp_path):
+  """DP-AdamBC post-processes the noisy gradients: its run charges the ledger exactly what the
+  same run with DP-Adam charges."""
+  runs = {}
+  for optimizer in ("adam", "adambc"):
+    directory = tmp_path / optimizer
+    directory.mkdir()
+    summary = _train(data_dir, directory, "dp_adafest", "--optimizer", optimizer,
+                     "--adambc-floor", "1e-7", "--accountant", "rdp")
+    ledger = privacy.PrivacyLedger(str(directory / "ledger.json"))
+    charges = [{k: v for k, v in c.items() if k not in ("time", "updated", "run_id")}
+               for c in ledger.charges]
+    runs[optimizer] = (summary["epsilon"], ledger.epsilon_spent(), charges)
+    assert summary["steps"] == STEPS and np.isfinite(summary["eval_loss"])
+  assert runs["adam"] == runs["adambc"]
+
+
+def test_dp_run_is_calibrated_like_the_base_rate(data_dir, tmp_path):
+  """With the CLI's defaults a DP-AdaFEST model's held-out log loss is not above that of
+  predicting the (DP) training click rate. The old defaults (Glorot logit layer, C2 = 1, Adam
+  3e-3) ended 0.17 above it here (0.743 vs 0.570). On 1,000 training rows 30 noisy steps barely
+  move a model that starts at the base rate, so "below" is up to 0.002; the strict "below" is
+  measured on 400k rows (BENCHMARKS.md, "Calibrated DP pCTR")."""
+  summary = _train(data_dir, tmp_path, "dp_adafest", "--steps", "30")
+  assert summary["eval_log_loss"] == summary["eval_loss"]
+  assert 0.3 < summary["base_rate_log_loss"] < 0.7 and 0.0 < summary["base_rate"] < 1.0
+  assert summary["eval_log_loss"] < summary["base_rate_log_loss"] + 0.002

@@ -1,0 +1,81 @@
+"""Why DP pCTR models are badly calibrated, one lever at a time (issue 14, item 3).
+
+    dprec synth criteo --rows 800000 --days 2 --seed 0 --out DATA
+    python benchmarks/calibration_ctr.py --data DATA [--steps 300] [--seeds 0 1] [--only NAME ...]
+
+Trains on day 0 (400k rows), evaluates on day 1; B = 1024, ε = 1 (δ = 1/N), DP-AdaFEST with
+`train ctr`'s defaults except the lever named in the run. Prints held-out log loss next to AUC,
+with the base rate's log loss (the summary's `base_rate_log_loss`: predicting the training click
+rate, a DP estimate in DP runs) and a non-private row.
+"""
+import argparse
+import dataclasses
+import json
+import sys
+
+from dprec.models import ctr_cli
+
+TODAY = dict(logit_init="default", optimizer="adam", learning_rate=3e-3)  # before issue 14
+RUNS = {
+    "non_private": dict(algorithm="non_private", logit_init="default"),
+    "non_private base_rate init": dict(algorithm="non_private", logit_init="base_rate"),
+    "dp_adafest (old defaults: adam 3e-3, Glorot logit)": TODAY,
+    "old + base_rate init": dict(TODAY, logit_init="base_rate"),
+    "old + adambc": dict(TODAY, optimizer="adambc"),
+    "old + adambc + base_rate init": dict(TODAY, optimizer="adambc", logit_init="base_rate"),
+    "old + sgd lr 1": dict(TODAY, optimizer="sgd", learning_rate=1.0),
+    "old + sgd lr 1 + base_rate init": dict(TODAY, optimizer="sgd", learning_rate=1.0,
+                                            logit_init="base_rate"),
+    "old + lr 1e-3": dict(TODAY, learning_rate=1e-3),
+    "old + lr 1e-3 + base_rate init": dict(TODAY, learning_rate=1e-3, logit_init="base_rate"),
+    "old + C2 10 + base_rate init": dict(TODAY, l2_norm_clip=10.0, logit_init="base_rate"),
+    "old + lr 3e-4 + base_rate init": dict(TODAY, learning_rate=3e-4, logit_init="base_rate"),
+    "old + C2 10 + lr 3e-4 + base_rate init": dict(TODAY, l2_norm_clip=10.0, learning_rate=3e-4,
+                                                   logit_init="base_rate"),
+    "old + C2 10 + sgd lr 0.1 + base_rate init": dict(TODAY, l2_norm_clip=10.0, optimizer="sgd",
+                                                      learning_rate=0.1, logit_init="base_rate"),
+    "new defaults": {},
+}
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--data", required=True)
+  parser.add_argument("--steps", type=int, default=300)
+  parser.add_argument("--batch-size", type=int, default=1024)
+  parser.add_argument("--epsilon", type=float, default=1.0)
+  parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+  parser.add_argument("--only", nargs="+", help="run names (prefixes) to run")
+  parser.add_argument("--json", help="append each summary here (JSON lines)")
+  args = parser.parse_args(argv)
+  data = ctr_cli.load_data(args.data)
+  rows = []
+  for name, change in RUNS.items():
+    if args.only and not any(name.startswith(p) for p in args.only):
+      continue
+    for seed in args.seeds:
+      options = ctr_cli.CTRTrainOptions(data=args.data, algorithm="dp_adafest",
+                                        epsilon=args.epsilon, batch_size=args.batch_size,
+                                        steps=args.steps, seed=seed, progress=False)
+      options = dataclasses.replace(options, **change)
+      if options.algorithm == "non_private":
+        options = dataclasses.replace(options, epsilon=None)
+      summary = ctr_cli.train_ctr(options, data)
+      row = {"run": name, "seed": seed, **{k: summary[k] for k in (
+          "auc", "eval_log_loss", "base_rate", "base_rate_log_loss", "epsilon")}}
+      rows.append(row)
+      print(json.dumps(row), file=sys.stderr, flush=True)
+      if args.json:
+        with open(args.json, "a", encoding="utf-8") as out:
+          out.write(json.dumps({"run": name, **summary}) + "\n")
+  print("| run | seed | AUC | held-out log loss | base-rate log loss | ε |")
+  print("|---|---:|---:|---:|---:|---:|")
+  for r in rows:
+    eps = "∞" if r["epsilon"] is None else f"{r['epsilon']:.3f}"
+    print(f"| {r['run']} | {r['seed']} | {r['auc']:.4f} | {r['eval_log_loss']:.4f} | "
+          f"{r['base_rate_log_loss']:.4f} | {eps} |")
+
+
+if __name__ == "__main__":
+  main()
