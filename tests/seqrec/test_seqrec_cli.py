@@ -154,3 +154,12 @@ def test_frequency_file_must_cover_every_item(data_dir, tmp_path):
   with pytest.raises(DprecError, match=f"no frequency for {data.num_items - 1} of the "
                                        f"{data.num_items} items"):
     read_item_frequencies(str(path), data.item_ids)
+
+
+def test_adambc_optimizer_runs(data_dir, tmp_path, capsys):
+  """`--optimizer adambc`: DP-AdamBC (seed 002) with the same schedule and weight decay."""
+  code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "5", "--optimizer",
+                   "adambc", "--adambc-floor", "1e-7"] + TINY)
+  assert code == 0
+  summary = json.loads(capsys.readouterr().out)
+  assert np.isfinite(summary["ndcg_at_10"]) and 0 < summary["epsilon"] <= 5 * (1 + 1e-6)
