@@ -54,6 +54,7 @@ class SeqRecConfig:
   dropout: float = 0.5
   activation: str = "relu"
   tied: bool = True
+  item_rank: Optional[int] = None
   loss_positions: str = "all"
   score_padding: bool = False
   reattention: ReAttentionConfig = ReAttentionConfig()
@@ -68,6 +69,12 @@ class SeqRecConfig:
     if self.dp_forward is not None and self.loss_positions != "last":
       raise ValueError("DP-Forward needs loss_positions='last': the labels of earlier positions "
                        "are the input items themselves and would reveal the sequence")
+    if self.item_rank is not None:
+      if not 1 <= self.item_rank <= self.dim:
+        raise ValueError(f"item_rank must be in [1, dim={self.dim}], got {self.item_rank}")
+      if self.dp_forward is not None:
+        raise ValueError("item_rank does not combine with DP-Forward (its noise is on the "
+                         "d-wide representation the service scores)")
 
 
 def seqrec_layer_registry():
@@ -119,8 +126,13 @@ class SeqRecModel(DPModel):
     if config.dp_forward is not None:
       self.forward_noise = config.dp_forward.make_layer(forward_noise_generator)
     noise_in_block = self._noise_at("attention")
-    self.item_embedding = TiedItemEmbedding(config.num_items, config.dim, config.tied,
-                                            name="item_embedding")
+    self.item_embedding = TiedItemEmbedding(config.num_items, config.item_rank or config.dim,
+                                            config.tied, name="item_embedding")
+    self.item_projections = None
+    if config.item_rank is not None:
+      self.item_projections = (
+          tf.keras.layers.Dense(config.dim, use_bias=False, name="item_up"),      # P_in
+          tf.keras.layers.Dense(config.item_rank, use_bias=False, name="item_down"))  # P_out
     self.positions = PositionalEmbedding(config.max_len, config.dim, name="positions")
     self.input_dropout = tf.keras.layers.Dropout(config.dropout)
     self.blocks = [TransformerBlock(config.num_heads, config.ffn_dim, config.dropout,
@@ -172,16 +184,19 @@ class SeqRecModel(DPModel):
     """Returns (logits, hidden, lookup[, attention weights per block]). Logits are ragged
     [B, (T_i), M] for the last T_i positions: T_i = 1 (`loss_positions="last"`, and `last_only`
     for evaluation), L (`score_padding`) or the positions from example i's first item on;
-    `hidden` [P, d] holds the packed hidden states they score (P = Σ T_i)."""
+    `hidden` [P, d] (or [P, r], projected by P_out) holds the packed hidden states they score
+    (P = Σ T_i)."""
     items = tf.convert_to_tensor(items)
     valid = items > 0
     mask = tf.cast(valid, tf.float32)[..., None]
     lookup = self.item_embedding(items)
-    x = self.input_dropout((lookup + self.positions(lookup)) * mask, training=training)
+    embedded = lookup if self.item_projections is None else self.item_projections[0](lookup)
+    x = self.input_dropout((embedded + self.positions(embedded)) * mask, training=training)
     variance = None
     if self.config.reattention.enabled:
       # Item rows and the positional rows (σ_dp/B: every sequence uses every position) add up.
-      variance = (tf.gather(self.item_variance, items) + self.weight_variance) * mask[..., 0]
+      variance = (tf.gather(self.item_variance, items) * self._item_variance_scale()
+                  + self.weight_variance) * mask[..., 0]
     weights = []
     for block in self.blocks:
       outputs = block(x, valid, variance, self.weight_variance, training=training,
@@ -191,12 +206,14 @@ class SeqRecModel(DPModel):
       x, variance = outputs[0] * mask, outputs[1]
       weights.extend(outputs[2:])
     hidden = self.final_norm(x)
+    if self.item_projections is not None:  # before packing: the Dense norm is per example
+      hidden = self.item_projections[1](hidden)
     if last_only or self.config.loss_positions == "last":
       hidden, row_length = hidden[:, -1], 1
       if self._noise_at("output"):
         hidden = self.forward_noise(hidden, training=training)
     elif self.config.score_padding:
-      hidden, row_length = tf.reshape(hidden, [-1, self.config.dim]), tf.shape(items)[1]
+      hidden, row_length = tf.reshape(hidden, [-1, hidden.shape[-1]]), tf.shape(items)[1]
     else:
       row_length = None
       row_lengths = tf.reduce_sum(tf.cast(tf.cumsum(tf.cast(valid, tf.int32), axis=1) > 0,
@@ -211,6 +228,15 @@ class SeqRecModel(DPModel):
       logits = tf.RaggedTensor.from_uniform_row_length(scores, row_length, validate=False)
     outputs = (logits, hidden, lookup)
     return outputs + (weights,) if return_weights else outputs
+
+  def _item_variance_scale(self):
+    """Noise of variance v per coordinate of an item row reaches e_s = A[s]·P_in with variance
+    v·‖P_in‖²_F/d per coordinate on average (1 without the low-rank table; P_in's own noise is
+    left out, as for the other weights)."""
+    if self.item_projections is None:
+      return 1.0
+    kernel = tf.stop_gradient(self.item_projections[0].kernel)
+    return tf.reduce_sum(tf.square(kernel)) / self.config.dim
 
   def call(self, inputs, training=False):
     items = inputs["items"]

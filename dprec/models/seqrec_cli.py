@@ -81,6 +81,7 @@ class SeqRecTrainOptions:
   normalization_offset: Optional[float] = None
   max_len: int = 50
   dim: int = 64
+  item_rank: Optional[int] = None
   num_blocks: int = 2
   num_heads: int = 1
   dropout: float = 0.5
@@ -125,6 +126,10 @@ class SeqRecTrainOptions:
                        f"{self.batch_size}")
     if self.dim % self.num_heads:
       raise DprecError(f"--dim {self.dim} must be divisible by --heads {self.num_heads}")
+    if self.item_rank is not None and not 1 <= self.item_rank <= self.dim:
+      raise DprecError(f"--item-rank must be in [1, --dim {self.dim}], got {self.item_rank}")
+    if self.item_rank is not None and self.dp_forward is not None:
+      raise DprecError("--item-rank does not combine with --dp-forward")
     if not 0 < self.item_frequency_share < 1:
       raise DprecError(f"--item-frequency-share must be in (0, 1), got "
                        f"{self.item_frequency_share}")
@@ -150,7 +155,7 @@ class SeqRecTrainOptions:
     return SeqRecConfig(
         num_items=num_items, max_len=self.max_len, dim=self.dim, num_blocks=self.num_blocks,
         num_heads=self.num_heads, ffn_dim=self.dim, dropout=self.dropout, tied=self.tied,
-        loss_positions=self.loss_positions, score_padding=self.score_padding,
+        item_rank=self.item_rank, loss_positions=self.loss_positions, score_padding=self.score_padding,
         reattention=ReAttentionConfig(enabled=self.reattention,
                                       scale_by_dim=self.reattention_scale_by_dim,
                                       at_eval=self.reattention_at_eval))
@@ -531,6 +536,9 @@ def register(subparsers):
            "setting; GAMMA defaults to 0.01) instead of clipping min(1, C/‖g‖)")
   add("--max-len", type=int, default=50, help="maximum sequence length L")
   add("--dim", type=int, default=64, help="model dimension d")
+  add("--item-rank", type=int, metavar="R",
+      help="low-rank item table: M×R rows meeting the model through R×d projections, so the "
+           "noise per item row shrinks from √d to √R (default: a full M×d table)")
   add("--blocks", type=int, default=2, dest="num_blocks", help="transformer blocks")
   add("--heads", type=int, default=1, dest="num_heads", help="attention heads")
   add("--dropout", type=float, default=0.5, help="dropout rate")
@@ -583,7 +591,7 @@ def run(args):
       batch_size=args.batch_size, learning_rate=args.learning_rate, optimizer=args.optimizer,
       adambc_floor=args.adambc_floor,
       l2_norm_clip=args.l2_norm_clip, normalization_offset=args.normalization_offset,
-      max_len=args.max_len, dim=args.dim,
+      max_len=args.max_len, dim=args.dim, item_rank=args.item_rank,
       num_blocks=args.num_blocks, num_heads=args.num_heads, dropout=args.dropout,
       reattention=not args.no_reattention, tied=not args.untied,
       loss_positions=args.loss_positions, score_padding=args.score_padding,
