@@ -108,6 +108,11 @@ class CTRModel(DPModel):
     self.loss_tracker.update_state(loss, sample_weight=tf.shape(y_pred)[0])
     return loss
 
+  def shift_logits(self, shift: float):
+    """Adds `shift` to every logit (the logit layer's bias): a recalibration of the level, e.g.
+    `dprec.privacy.dp_logit_shift`'s. Ranking, hence AUC, is unchanged."""
+    self.logit.bias.assign_add(tf.constant([shift], self.logit.bias.dtype))
+
   def per_example_loss(self, y, y_pred, sample_weight=None):
     """BCE of each example [n], which the DP step clips (the task's loss before its mean)."""
     losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=_column(y), logits=y_pred)[:, 0]

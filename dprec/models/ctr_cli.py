@@ -10,6 +10,10 @@ ledger is charged as training proceeds and training stops at the budget. Prints 
 The noise, false positives, Poisson batches and DP top-k draws come from the run's secret key
 (`dprec.workflows.run.Run`; kept in `--run-dir`'s `secret/` if one is given); `--seed` seeds only
 initialisation. `--insecure-noise-seed N` makes them reproducible, and the run not private.
+
+After training, a DP run recalibrates its logit level on the training data
+(`dprec.privacy.dp_logit_shift`, `--calibration-share` of ε, composed with training in the
+accountant): clipping at C2 leaves the ranking good but the probabilities biased.
 """
 import argparse
 import dataclasses
@@ -34,13 +38,16 @@ ALGORITHMS = ("non_private", "dp_sgd", "dp_fest", "dp_adafest", "dp_adafest_plus
 OPTIMIZERS = {"sgd": sparse_optimizers.SparseSGD, "adagrad": sparse_optimizers.SparseAdagrad,
               "adam": sparse_optimizers.LazyAdam, "adambc": sparse_optimizers.AdamBC}
 LOGIT_INITS = ("base_rate", "default")
+BASE_RATE_LABEL = "train ctr base rate"
+CALIBRATION_LABEL = "train ctr calibration"
 VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-k-epsilon 0) are "
                    "treated as public, as seed 001 does; build them from public data for a "
                    "guarantee that covers them")
 EPSILON_COVERS = {
     "epsilon": "(epsilon, delta)-DP for adding or removing one training example (row), "
                "covering the model, the DP top-k rows and every field listed under 'covered'",
-    "covered": ["auc", "eval_loss", "gradient_size", "gradient_size_reduction", "steps",
+    "covered": ["auc", "eval_loss", "eval_log_loss", "base_rate", "base_rate_log_loss",
+                "calibration_shift", "gradient_size", "gradient_size_reduction", "steps",
                 "stopped_at_budget"],
     "public": ["settings", "noise multipliers", "train_rows and eval_rows (N, assumed public)",
                "dense_embedding_size", "timings"],
@@ -62,12 +69,13 @@ class CTRTrainOptions:
   ratio: float = 5.0
   threshold: float = 15.0
   contribution_clip: float = 1.0
-  l2_norm_clip: float = 10.0  # calibration: see BENCHMARKS.md "Calibrated DP pCTR"
-  learning_rate: float = 3e-4
+  l2_norm_clip: float = 1.0  # see BENCHMARKS.md "Calibrated DP pCTR"
+  learning_rate: float = 3e-3
   optimizer: str = "adam"
   adambc_floor: float = sparse_optimizers.ADAMBC_FLOOR
   logit_init: str = "base_rate"
   base_rate_share: float = 0.01
+  calibration_share: float = 0.1
   top_k: Optional[int] = None
   top_k_epsilon: float = 0.1
   fixed_batches: bool = False
@@ -98,6 +106,8 @@ class CTRTrainOptions:
                        f"{self.logit_init}")
     if not 0 < self.base_rate_share < 1:
       raise DprecError(f"--base-rate-share must be in (0, 1), got {self.base_rate_share}")
+    if not 0 <= self.calibration_share < 1:
+      raise DprecError(f"--calibration-share must be in [0, 1), got {self.calibration_share}")
     if self.batch_size < 1 or self.steps < 1:
       raise DprecError("--batch-size and --steps must be positive")
     private = self.algorithm != "non_private"
@@ -165,6 +175,7 @@ class PrivacyPlan:
   delta: Optional[float]
   sampling_rate: float
   base_rate_noise_multiplier: Optional[float] = None  # σ of the DP label sum (sensitivity 1)
+  calibration_noise_multiplier: Optional[float] = None  # composed σ of the DP logit shift
 
 
 @functools.lru_cache(maxsize=64)
@@ -179,7 +190,7 @@ def _training_noise_multiplier(epsilon, delta, sampling_rate, steps, selection_e
 
 
 @functools.lru_cache(maxsize=64)
-def _base_rate_noise_multiplier(epsilon, delta, accountant):
+def _gaussian_mechanism_noise_multiplier(epsilon, delta, accountant):
   from dprec import privacy  # pylint: disable=import-outside-toplevel
   return privacy.calibrate_gaussian_mechanism(epsilon, delta, accountant)
 
@@ -187,7 +198,8 @@ def _base_rate_noise_multiplier(epsilon, delta, accountant):
 def plan_privacy(options: CTRTrainOptions, num_examples: int) -> PrivacyPlan:
   """σ from the target ε (note 001 §2.2): DP-SGD's σ at (ε − ε_select, δ, q, T), split into
   σ1 = r·σ2 and σ2 for DP-AdaFEST so that (σ1⁻² + σ2⁻²)^(−1/2) = σ. The DP base rate's Gaussian
-  mechanism (σ_b alone at `base_rate_share`·ε) is composed with training in the accountant."""
+  mechanism (σ_b alone at `base_rate_share`·ε) and the DP logit shift's (σ_c alone at
+  `calibration_share`·ε, none at 0) are composed with training in the accountant."""
   from dprec import privacy  # pylint: disable=import-outside-toplevel
   q = poisson.BatchSampling(options.batch_size).sampling_rate(num_examples)
   if options.algorithm == "non_private":
@@ -195,15 +207,20 @@ def plan_privacy(options: CTRTrainOptions, num_examples: int) -> PrivacyPlan:
   delta = options.delta if options.delta is not None else 1.0 / num_examples
   selects = options.algorithm in ("dp_fest", "dp_adafest_plus")
   selection_epsilon = options.top_k_epsilon if selects else 0.0
-  base_sigma = _base_rate_noise_multiplier(options.base_rate_share * options.epsilon, delta,
-                                           options.accountant)
+  base_sigma = _gaussian_mechanism_noise_multiplier(options.base_rate_share * options.epsilon,
+                                                    delta, options.accountant)
+  calibration_sigma = (_gaussian_mechanism_noise_multiplier(
+      options.calibration_share * options.epsilon, delta, options.accountant)
+                       if options.calibration_share else None)
+  mechanisms = tuple(s for s in (base_sigma, calibration_sigma) if s is not None)
   sigma = _training_noise_multiplier(options.epsilon, delta, q, options.steps, selection_epsilon,
-                                     options.accountant, not options.fixed_batches, (base_sigma,))
+                                     options.accountant, not options.fixed_batches, mechanisms)
   if options.algorithm.startswith("dp_adafest"):
     sigma1, sigma2 = privacy.adafest_noise_multipliers(sigma, options.ratio)
   else:
     sigma1, sigma2 = None, sigma
-  return PrivacyPlan(sigma, sigma1, sigma2, selection_epsilon, delta, q, base_sigma)
+  return PrivacyPlan(sigma, sigma1, sigma2, selection_epsilon, delta, q, base_sigma,
+                     calibration_sigma)
 
 
 def base_rate(labels, plan: PrivacyPlan, ledger=None, rng=None) -> float:
@@ -213,9 +230,26 @@ def base_rate(labels, plan: PrivacyPlan, ledger=None, rng=None) -> float:
   n = len(labels)
   total = float(np.sum(labels))
   if plan.base_rate_noise_multiplier is not None:
-    ledger.charge_gaussian_mechanism(plan.base_rate_noise_multiplier, label="train ctr base rate")
+    ledger.charge_gaussian_mechanism(plan.base_rate_noise_multiplier, label=BASE_RATE_LABEL)
     total += plan.base_rate_noise_multiplier * (rng or np.random.default_rng()).normal()
   return float(np.clip(total / n, 1.0 / n, 1.0 - 1.0 / n))
+
+
+def recalibrate(model, train, plan: PrivacyPlan, rate, ledger, rng,
+                batch_size=8192) -> Optional[float]:
+  """Adds to `model`'s logits the DP logit shift (`dprec.privacy.dp_logit_shift`) fitted on the
+  training examples `train`, with σ_c from the plan, step set by the DP base rate `rate` and
+  noise from the secret `rng`, charged to `ledger` first; returns it (None when not planned)."""
+  from dprec import privacy  # pylint: disable=import-outside-toplevel
+  sigma = plan.calibration_noise_multiplier
+  if sigma is None:
+    return None
+  ledger.charge_gaussian_mechanism(sigma, label=CALIBRATION_LABEL)
+  logits = model.predict({key: train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)},
+                         batch_size=batch_size, verbose=0)
+  shift = privacy.dp_logit_shift(logits, train["label"], sigma, rate, rng)
+  model.shift_logits(shift)
+  return shift
 
 
 def log_loss_of_constant(labels, rate) -> float:
@@ -275,8 +309,10 @@ def _open_ledger(options, plan, run):
 
 def _check_budget(ledger, plan, options):
   """Refuse, before any step, a run whose full cost would exceed the budget."""
-  planned = ledger.epsilon_if_charged(plan.noise_multiplier, plan.sampling_rate, options.steps,
-                                      poisson=not options.fixed_batches)
+  planned = ledger.epsilon_if_charged(
+      plan.noise_multiplier, plan.sampling_rate, options.steps, poisson=not options.fixed_batches,
+      gaussian_mechanisms=[(s, CALIBRATION_LABEL) for s in (plan.calibration_noise_multiplier,)
+                           if s is not None])
   if planned > options.epsilon * (1 + 1e-6):
     raise BudgetExceededError(
         f"the planned run would spend ε={planned:.4g} > budget {options.epsilon:g}")
@@ -332,18 +368,21 @@ def train_ctr(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
                                                  diagnostics=options.diagnostics))
     history = model.fit(dataset, epochs=1, steps_per_epoch=options.steps, callbacks=callbacks,
                         verbose=0)
+    shift = recalibrate(model, data.train, plan, rate, ledger, run.numpy_rng("calibration"),
+                        options.eval_batch_size)
     evaluation = model.evaluate(
         {key: data.eval[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)},
         data.eval["label"], batch_size=options.eval_batch_size, verbose=0, return_dict=True)
     summary = _summary(options, data, model, plan, history.history, evaluation, timer, ledger,
-                       budget, run, rate)
+                       budget, run, rate, shift)
   if options.summary_json:
     with open(options.summary_json, "w", encoding="utf-8") as out:
       json.dump(summary, out, indent=2, sort_keys=True)
   return summary
 
 
-def _summary(options, data, model, plan, history, evaluation, timer, ledger, budget, run, rate):
+def _summary(options, data, model, plan, history, evaluation, timer, ledger, budget, run, rate,
+             shift):
   last = {key: float(values[-1]) for key, values in history.items()}
   notes = ["fixed-size batches: not Poisson, accounted as if Poisson"] if (
       options.fixed_batches and ledger is not None) else []
@@ -355,6 +394,8 @@ def _summary(options, data, model, plan, history, evaluation, timer, ledger, bud
       "base_rate": rate,
       "base_rate_log_loss": log_loss_of_constant(data.eval["label"], rate),
       "base_rate_noise_multiplier": plan.base_rate_noise_multiplier,
+      "calibration_shift": shift,
+      "calibration_noise_multiplier": plan.calibration_noise_multiplier,
       "epsilon": ledger.epsilon_spent() if ledger else None,
       "epsilon_budget": options.epsilon if ledger else None,
       "delta": plan.delta,
@@ -418,12 +459,10 @@ def register(subparsers):
   add("--contribution-clip", type=float, default=defaults.contribution_clip,
       help="DP-AdaFEST contribution clip C1")
   add("--l2-norm-clip", type=float, default=defaults.l2_norm_clip,
-      help="per-example gradient clip C2 (default 10: at 1 every example is clipped, the "
-           "clipped gradient points at the label median instead of the mean and the DP model "
-           "ends worse calibrated than the base rate)")
+      help="per-example gradient clip C2 (at 1 nearly every example is clipped: best AUC, and "
+           "a logit level at the label median that --calibration-share corrects)")
   add("--learning-rate", type=float, default=defaults.learning_rate,
-      help="learning rate (the default suits --optimizer adam at C2 = 10; larger steps let "
-           "the noise drive the logits away)")
+      help="learning rate (the default suits --optimizer adam)")
   add("--optimizer", choices=sorted(OPTIMIZERS), default=defaults.optimizer,
       help="row-sparse optimizer applying the noisy gradient (adam = lazy Adam; adambc = "
            "DP-AdamBC, seed 002: Adam with the noise variance subtracted)")
@@ -436,6 +475,10 @@ def register(subparsers):
   add("--base-rate-share", type=float, default=defaults.base_rate_share,
       help="share of --epsilon the DP base rate is calibrated for (composed with training in "
            "the accountant, so it costs training far less)")
+  add("--calibration-share", type=float, default=defaults.calibration_share,
+      help="share of --epsilon for the DP recalibration of the logit level after training "
+           "(dprec.privacy.dp_logit_shift on the training data, composed with training in the "
+           "accountant, so it costs training far less); 0: none")
   add("--top-k", type=int, help="DP-FEST / DP-AdaFEST+: rows kept over all tables (k/F each)")
   add("--top-k-epsilon", type=float, default=defaults.top_k_epsilon,
       help="pure ε of the DP top-k (Gumbel) selection, deducted from --epsilon; 0 = treat "

@@ -48,9 +48,11 @@ def test_private_run_spends_what_dprec_privacy_computes(data_dir, tmp_path, algo
     assert summary["sigma1"] == pytest.approx(5 * sigma)
     sigma = privacy.composed_noise_multiplier(summary["sigma1"], summary["sigma2"])
   selection = 0.2 if "--top-k" in extra else 0.0
-  # Training composed with the DP base rate (one Gaussian mechanism on the label sum).
+  # Training composed with the DP base rate (one Gaussian mechanism on the label sum) and the
+  # DP logit shift (its rounds compose to one Gaussian mechanism).
   expected = privacy.gaussian_epsilon(
       [privacy.gaussian_mechanism_period(summary["base_rate_noise_multiplier"]),
+       privacy.gaussian_mechanism_period(summary["calibration_noise_multiplier"]),
        privacy.TrainingPeriod(sigma, summary["sampling_rate"], STEPS)],
       summary["delta"], accountant="rdp") + selection
   ledger = privacy.PrivacyLedger(str(tmp_path / "ledger.json"))
