@@ -56,14 +56,15 @@ def main(argv=None):
   parser.add_argument("--batch-size", type=int, default=1024)
   parser.add_argument("--epsilon", type=float, default=1.0)
   parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-  parser.add_argument("--only", nargs="+", help="run names (prefixes) to run")
+  parser.add_argument("--only", nargs="+", help="run names (or prefixes of names) to run")
   parser.add_argument("--json", help="append each summary here (JSON lines)")
   parser.add_argument("--noise-seed", type=int, help="public noise seed of every run (NOT private)")
   args = parser.parse_args(argv)
   data = ctr_cli.load_data(args.data)
   rows = []
   for name, change in RUNS.items():
-    if args.only and not any(name.startswith(p) for p in args.only):
+    if args.only and not any(name == p or (p not in RUNS and name.startswith(p))
+                             for p in args.only):
       continue
     for seed in args.seeds:
       options = ctr_cli.CTRTrainOptions(data=args.data, algorithm="dp_adafest",

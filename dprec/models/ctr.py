@@ -108,10 +108,12 @@ class CTRModel(DPModel):
     self.loss_tracker.update_state(loss, sample_weight=tf.shape(y_pred)[0])
     return loss
 
-  def shift_logits(self, shift: float):
-    """Adds `shift` to every logit (the logit layer's bias): a recalibration of the level, e.g.
-    `dprec.privacy.dp_logit_shift`'s. Ranking, hence AUC, is unchanged."""
-    self.logit.bias.assign_add(tf.constant([shift], self.logit.bias.dtype))
+  def recalibrate_logits(self, scale: float, shift: float):
+    """Makes every logit z into scale·z + shift (Platt scaling, e.g. the fit of
+    `dprec.privacy.dp_platt_scaling`) by rescaling the logit layer's kernel and bias. A positive
+    scale keeps the ranking, hence the AUC."""
+    self.logit.kernel.assign(scale * self.logit.kernel)
+    self.logit.bias.assign(scale * self.logit.bias + shift)
 
   def per_example_loss(self, y, y_pred, sample_weight=None):
     """BCE of each example [n], which the DP step clips (the task's loss before its mean)."""

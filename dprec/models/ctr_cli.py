@@ -11,8 +11,8 @@ The noise, false positives, Poisson batches and DP top-k draws come from the run
 (`dprec.workflows.run.Run`; kept in `--run-dir`'s `secret/` if one is given); `--seed` seeds only
 initialisation. `--insecure-noise-seed N` makes them reproducible, and the run not private.
 
-After training, a DP run recalibrates its logit level on the training data
-(`dprec.privacy.dp_logit_shift`, `--calibration-share` of ε, composed with training in the
+After training, a DP run recalibrates its logits on the training data (DP Platt scaling,
+`dprec.privacy.dp_platt_scaling`, `--calibration-share` of ε, composed with training in the
 accountant): clipping at C2 leaves the ranking good but the probabilities biased.
 """
 import argparse
@@ -47,8 +47,8 @@ EPSILON_COVERS = {
     "epsilon": "(epsilon, delta)-DP for adding or removing one training example (row), "
                "covering the model, the DP top-k rows and every field listed under 'covered'",
     "covered": ["auc", "eval_loss", "eval_log_loss", "base_rate", "base_rate_log_loss",
-                "calibration_shift", "gradient_size", "gradient_size_reduction", "steps",
-                "stopped_at_budget"],
+                "calibration_scale", "calibration_shift", "gradient_size",
+                "gradient_size_reduction", "steps", "stopped_at_budget"],
     "public": ["settings", "noise multipliers", "train_rows and eval_rows (N, assumed public)",
                "dense_embedding_size", "timings"],
     "held_out_evaluation": "auc and eval_loss are computed on the last day, which is not "
@@ -175,7 +175,7 @@ class PrivacyPlan:
   delta: Optional[float]
   sampling_rate: float
   base_rate_noise_multiplier: Optional[float] = None  # σ of the DP label sum (sensitivity 1)
-  calibration_noise_multiplier: Optional[float] = None  # composed σ of the DP logit shift
+  calibration_noise_multiplier: Optional[float] = None  # composed σ of DP Platt scaling
 
 
 @functools.lru_cache(maxsize=64)
@@ -198,7 +198,7 @@ def _gaussian_mechanism_noise_multiplier(epsilon, delta, accountant):
 def plan_privacy(options: CTRTrainOptions, num_examples: int) -> PrivacyPlan:
   """σ from the target ε (note 001 §2.2): DP-SGD's σ at (ε − ε_select, δ, q, T), split into
   σ1 = r·σ2 and σ2 for DP-AdaFEST so that (σ1⁻² + σ2⁻²)^(−1/2) = σ. The DP base rate's Gaussian
-  mechanism (σ_b alone at `base_rate_share`·ε) and the DP logit shift's (σ_c alone at
+  mechanism (σ_b alone at `base_rate_share`·ε) and DP Platt scaling's (σ_c alone at
   `calibration_share`·ε, none at 0) are composed with training in the accountant."""
   from dprec import privacy  # pylint: disable=import-outside-toplevel
   q = poisson.BatchSampling(options.batch_size).sampling_rate(num_examples)
@@ -235,21 +235,21 @@ def base_rate(labels, plan: PrivacyPlan, ledger=None, rng=None) -> float:
   return float(np.clip(total / n, 1.0 / n, 1.0 - 1.0 / n))
 
 
-def recalibrate(model, train, plan: PrivacyPlan, rate, ledger, rng,
-                batch_size=8192) -> Optional[float]:
-  """Adds to `model`'s logits the DP logit shift (`dprec.privacy.dp_logit_shift`) fitted on the
-  training examples `train`, with σ_c from the plan, step set by the DP base rate `rate` and
-  noise from the secret `rng`, charged to `ledger` first; returns it (None when not planned)."""
+def recalibrate(model, train, plan: PrivacyPlan, ledger, rng,
+                batch_size=8192) -> Tuple[Optional[float], Optional[float]]:
+  """Makes `model`'s logits z into a·z + b, DP Platt scaling (`dprec.privacy.dp_platt_scaling`)
+  fitted on the training examples `train` with σ_c from the plan and noise from the secret
+  `rng`, charged to `ledger` first; returns (a, b), or (None, None) when not planned."""
   from dprec import privacy  # pylint: disable=import-outside-toplevel
   sigma = plan.calibration_noise_multiplier
   if sigma is None:
-    return None
+    return None, None
   ledger.charge_gaussian_mechanism(sigma, label=CALIBRATION_LABEL)
   logits = model.predict({key: train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)},
                          batch_size=batch_size, verbose=0)
-  shift = privacy.dp_logit_shift(logits, train["label"], sigma, rate, rng)
-  model.shift_logits(shift)
-  return shift
+  scale, shift = privacy.dp_platt_scaling(logits, train["label"], sigma, rng)
+  model.recalibrate_logits(scale, shift)
+  return scale, shift
 
 
 def log_loss_of_constant(labels, rate) -> float:
@@ -368,13 +368,13 @@ def train_ctr(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
                                                  diagnostics=options.diagnostics))
     history = model.fit(dataset, epochs=1, steps_per_epoch=options.steps, callbacks=callbacks,
                         verbose=0)
-    shift = recalibrate(model, data.train, plan, rate, ledger, run.numpy_rng("calibration"),
-                        options.eval_batch_size)
+    calibration = recalibrate(model, data.train, plan, ledger, run.numpy_rng("calibration"),
+                              options.eval_batch_size)
     evaluation = model.evaluate(
         {key: data.eval[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)},
         data.eval["label"], batch_size=options.eval_batch_size, verbose=0, return_dict=True)
     summary = _summary(options, data, model, plan, history.history, evaluation, timer, ledger,
-                       budget, run, rate, shift)
+                       budget, run, rate, calibration)
   if options.summary_json:
     with open(options.summary_json, "w", encoding="utf-8") as out:
       json.dump(summary, out, indent=2, sort_keys=True)
@@ -382,7 +382,7 @@ def train_ctr(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
 
 
 def _summary(options, data, model, plan, history, evaluation, timer, ledger, budget, run, rate,
-             shift):
+             calibration):
   last = {key: float(values[-1]) for key, values in history.items()}
   notes = ["fixed-size batches: not Poisson, accounted as if Poisson"] if (
       options.fixed_batches and ledger is not None) else []
@@ -394,7 +394,8 @@ def _summary(options, data, model, plan, history, evaluation, timer, ledger, bud
       "base_rate": rate,
       "base_rate_log_loss": log_loss_of_constant(data.eval["label"], rate),
       "base_rate_noise_multiplier": plan.base_rate_noise_multiplier,
-      "calibration_shift": shift,
+      "calibration_scale": calibration[0],
+      "calibration_shift": calibration[1],
       "calibration_noise_multiplier": plan.calibration_noise_multiplier,
       "epsilon": ledger.epsilon_spent() if ledger else None,
       "epsilon_budget": options.epsilon if ledger else None,
@@ -460,7 +461,7 @@ def register(subparsers):
       help="DP-AdaFEST contribution clip C1")
   add("--l2-norm-clip", type=float, default=defaults.l2_norm_clip,
       help="per-example gradient clip C2 (at 1 nearly every example is clipped: best AUC, and "
-           "a logit level at the label median that --calibration-share corrects)")
+           "logits at the label median that --calibration-share recalibrates)")
   add("--learning-rate", type=float, default=defaults.learning_rate,
       help="learning rate (the default suits --optimizer adam)")
   add("--optimizer", choices=sorted(OPTIMIZERS), default=defaults.optimizer,
@@ -476,8 +477,8 @@ def register(subparsers):
       help="share of --epsilon the DP base rate is calibrated for (composed with training in "
            "the accountant, so it costs training far less)")
   add("--calibration-share", type=float, default=defaults.calibration_share,
-      help="share of --epsilon for the DP recalibration of the logit level after training "
-           "(dprec.privacy.dp_logit_shift on the training data, composed with training in the "
+      help="share of --epsilon for recalibrating the logits after training (DP Platt scaling "
+           "on the training data, dprec.privacy.dp_platt_scaling, composed with training in the "
            "accountant, so it costs training far less); 0: none")
   add("--top-k", type=int, help="DP-FEST / DP-AdaFEST+: rows kept over all tables (k/F each)")
   add("--top-k-epsilon", type=float, default=defaults.top_k_epsilon,

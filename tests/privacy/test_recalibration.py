@@ -1,67 +1,71 @@
-"""`dprec.privacy.dp_logit_shift`: the DP recalibration of a classifier's logit level."""
+"""`dprec.privacy.dp_platt_scaling`: DP Platt scaling of a classifier's logits."""
 import math
 
 import numpy as np
 import pytest
 
 from dprec.errors import DprecError
-from dprec.privacy import dp_logit_shift
+from dprec.privacy import dp_platt_scaling
+from dprec.privacy import recalibration
 
 
 def _sigmoid(x):
   return 1.0 / (1.0 + np.exp(-x))
 
 
-def _labels(n, rate, seed=0):
-  labels = np.zeros(n)
-  labels[np.random.default_rng(seed).choice(n, int(rate * n), replace=False)] = 1.0
-  return labels
-
-
-def test_exact_shift_solves_mean_prediction_equals_label_mean():
+def test_exact_fit_meets_the_maximum_likelihood_conditions():
   rng = np.random.default_rng(1)
-  logits = rng.normal(-4.0, 1.0, 5000)  # ranked, but far too low (like C2 = 1 training)
-  labels = (rng.random(5000) < _sigmoid(logits + 2.5)).astype(float)
-  shift = dp_logit_shift(logits, labels, 0.0, base_rate=0.3)  # the rate only sets the step
-  assert np.mean(_sigmoid(logits + shift)) == pytest.approx(labels.mean(), abs=1e-6)
-  assert shift == pytest.approx(2.5, abs=0.15)
+  logits = rng.normal(-4.0, 2.0, 20000)  # ranked, too low and too spread (C2 = 1 training)
+  labels = (rng.random(20000) < _sigmoid(0.4 * logits + 0.5)).astype(float)
+  scale, shift = dp_platt_scaling(logits, labels, 0.0)
+  residual = _sigmoid(scale * logits + shift) - labels  # all |logits| < 10: no clipping
+  assert abs(residual.mean()) < 1e-5 and abs((residual * logits).mean()) < 1e-4
+  assert scale == pytest.approx(0.4, abs=0.03) and shift == pytest.approx(0.5, abs=0.1)
 
 
-def test_constant_offset_is_undone_in_one_round():
-  labels = _labels(1000, 0.25)
-  logits = np.full(1000, math.log(0.25 / 0.75) - 3.0)
-  assert dp_logit_shift(logits, labels, 0.0, 0.25, steps=1) == pytest.approx(3.0, abs=1e-12)
+def test_a_pure_offset_is_undone():
+  rng = np.random.default_rng(2)
+  logits = rng.normal(-4.0, 1.0, 20000)
+  labels = (rng.random(20000) < _sigmoid(logits + 3.0)).astype(float)
+  scale, shift = dp_platt_scaling(logits, labels, 0.0)
+  assert scale == pytest.approx(1.0, abs=0.05) and shift == pytest.approx(3.0, abs=0.15)
 
 
 def test_noise_of_the_estimate_is_what_the_composed_sigma_gives():
-  # Equal logits: every round lands on the fixed point plus its own noise, so the mean of the
-  # last T/2 iterates has std σ·√T/(N·r(1 − r))/√(T/2) = √2·σ/(N·r(1 − r)), σ the composed σ
-  # (each round adds σ·√T): a wrong per-round scale (σ, or σ·T) would miss it by √T or more.
-  n, rate, sigma = 10000, 0.25, 5.0
-  labels = _labels(n, rate)
-  logits = np.full(n, math.log(rate / (1 - rate)))
-  shifts = [dp_logit_shift(logits, labels, sigma, rate, np.random.default_rng(seed))
-            for seed in range(400)]
-  expected = math.sqrt(2) * sigma / (n * rate * (1 - rate))
-  assert np.mean(shifts) == pytest.approx(0.0, abs=4 * expected / math.sqrt(400))
-  assert np.std(shifts) == pytest.approx(expected, rel=0.15)
+  # Two groups at u = ±1/2 whose click rates (0.184, 0.816) make p(1 − p) = 0.15 = c at the
+  # fit: every round then lands on the fixed point plus (c·M)⁻¹ times its own noise, and the mean
+  # of the last T/2 rounds has std √2·σ·√(T + 1)/(c·N·√(T/2)) in b (M = diag(1/4, 1)), four
+  # times that in the slope α = L·a: a wrong per-round scale (σ instead of σ·√(T + 1)) misses
+  # it by √21.
+  n, sigma, steps, bound = 20000, 5.0, recalibration.STEPS, recalibration.LOGIT_BOUND
+  rate = 0.5 - math.sqrt(0.25 - recalibration.CURVATURE)
+  logits = np.repeat([-bound / 2, bound / 2], n // 2)
+  half = np.arange(n // 2)
+  labels = np.concatenate([half < rate * n / 2, half < (1 - rate) * n / 2]).astype(float)
+  fits = np.array([dp_platt_scaling(logits, labels, sigma, np.random.default_rng(seed))
+                   for seed in range(300)])
+  shift_std = (math.sqrt(2) * sigma * math.sqrt(steps + 1)
+               / (recalibration.CURVATURE * n * math.sqrt(steps / 2)))
+  assert np.std(fits[:, 1]) == pytest.approx(shift_std, rel=0.15)
+  assert np.std(fits[:, 0] * bound) == pytest.approx(4 * shift_std, rel=0.15)
+  exact = dp_platt_scaling(logits, labels, 0.0)
+  np.testing.assert_allclose(fits.mean(axis=0), exact, atol=4 * shift_std)
 
 
 def test_noise_comes_from_the_given_generator():
-  labels = _labels(500, 0.3)
+  labels = (np.arange(500) % 3 == 0).astype(float)
   logits = np.random.default_rng(2).normal(-1.0, 1.0, 500)
-  first, again, other = (dp_logit_shift(logits, labels, 3.0, 0.3, np.random.default_rng(seed))
+  first, again, other = (dp_platt_scaling(logits, labels, 3.0, np.random.default_rng(seed))
                          for seed in (7, 7, 8))
   assert first == again and first != other
 
 
-@pytest.mark.parametrize("logits, labels, sigma, rate, steps", [
-    ([0.0, 1.0], [1.0], 1.0, 0.5, 10),
-    ([], [], 1.0, 0.5, 10),
-    ([0.0], [1.0], 1.0, 0.0, 10),
-    ([0.0], [1.0], -1.0, 0.5, 10),
-    ([0.0], [1.0], 1.0, 0.5, 0),
+@pytest.mark.parametrize("logits, labels, sigma, steps", [
+    ([0.0, 1.0], [1.0], 1.0, 10),
+    ([], [], 1.0, 10),
+    ([0.0], [1.0], -1.0, 10),
+    ([0.0], [1.0], 1.0, 0),
 ])
-def test_bad_input_is_refused(logits, labels, sigma, rate, steps):
+def test_bad_input_is_refused(logits, labels, sigma, steps):
   with pytest.raises(DprecError):
-    dp_logit_shift(logits, labels, sigma, rate, steps=steps)
+    dp_platt_scaling(logits, labels, sigma, steps=steps)
