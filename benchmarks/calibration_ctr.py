@@ -6,9 +6,9 @@
 Trains on day 0 (400k rows), evaluates on day 1; B = 1024, ε = 1 (δ = 1/N), DP-AdaFEST with
 `train ctr`'s defaults except the lever named in the run. Prints held-out log loss next to AUC,
 with the base rate's log loss (the summary's `base_rate_log_loss`: predicting the training click
-rate, a DP estimate in DP runs), the DP logit shift and a non-private row. `--noise-seed N` draws
-every run's noise from the public seed N (NOT private): runs that differ in a lever then see the
-same noise, so their difference is the lever's.
+rate, a DP estimate in DP runs), the DP Platt scaling a·z + b and a non-private row.
+`--noise-seed N` draws every run's noise from the public seed N (NOT private): runs that differ in
+a lever then see the same noise, so their difference is mostly the lever's.
 """
 import argparse
 import dataclasses
@@ -76,20 +76,21 @@ def main(argv=None):
         options = dataclasses.replace(options, epsilon=None)
       summary = ctr_cli.train_ctr(options, data)
       row = {"run": name, "seed": seed, **{k: summary[k] for k in (
-          "auc", "eval_log_loss", "base_rate", "base_rate_log_loss", "calibration_shift",
-          "epsilon")}}
+          "auc", "eval_log_loss", "base_rate", "base_rate_log_loss", "calibration_scale",
+          "calibration_shift", "epsilon")}}
       rows.append(row)
       print(json.dumps(row), file=sys.stderr, flush=True)
       if args.json:
         with open(args.json, "a", encoding="utf-8") as out:
           out.write(json.dumps({"run": name, **summary}) + "\n")
-  print("| run | seed | AUC | held-out log loss | base-rate log loss | logit shift | ε |")
+  print("| run | seed | AUC | held-out log loss | base-rate log loss | Platt a, b | ε |")
   print("|---|---:|---:|---:|---:|---:|---:|")
   for r in rows:
     eps = "∞" if r["epsilon"] is None else f"{r['epsilon']:.3f}"
-    shift = "—" if r["calibration_shift"] is None else f"{r['calibration_shift']:+.3f}"
+    platt = ("—" if r["calibration_shift"] is None
+             else f"{r['calibration_scale']:.3f}, {r['calibration_shift']:+.3f}")
     print(f"| {r['run']} | {r['seed']} | {r['auc']:.4f} | {r['eval_log_loss']:.4f} | "
-          f"{r['base_rate_log_loss']:.4f} | {shift} | {eps} |")
+          f"{r['base_rate_log_loss']:.4f} | {platt} | {eps} |")
 
 
 if __name__ == "__main__":
