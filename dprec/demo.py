@@ -2,7 +2,7 @@
 
 1. Generates a small Criteo-like dataset (Table 3 vocabularies, `day_0..day_2`; day_2 held out).
 2. Privacy calculation: the DP-SGD σ for (ε, δ = 1/N, q, T) and its DP-AdaFEST split σ1 = r·σ2,
-   checked by recomputing ε of the composed σ with the DP base rate's and the DP logit shift's
+   checked by recomputing ε of the composed σ with the DP base rate's and DP Platt scaling's
    Gaussian mechanisms (`dprec.privacy.gaussian_epsilon`).
 3. Trains the pCTR model through `dprec train ctr`'s code path twice, non-private and with
    DP-AdaFEST (same data, batches of the same size, same steps), and prints them side by side
@@ -41,7 +41,7 @@ def demo_options(data_dir: str, out_dir: str, steps: int, batch_size: int, epsil
                  seed: int, insecure_noise_seed=None) -> ctr_cli.CTRTrainOptions:
   """The demo's DP-AdaFEST run with `train ctr`'s defaults: r = 5, τ = 15, C1 = 1 (false
   positives stay rare), C2 = 1, lazy Adam at lr 3e-3, logit bias at the DP base rate and the
-  DP logit shift after training."""
+  DP Platt scaling after training."""
   return ctr_cli.CTRTrainOptions(
       data=data_dir, algorithm="dp_adafest", epsilon=epsilon, batch_size=batch_size,
       steps=steps, ledger=os.path.join(out_dir, "ledger.json"),
@@ -51,7 +51,7 @@ def demo_options(data_dir: str, out_dir: str, steps: int, batch_size: int, epsil
 
 def privacy_calculation(options: ctr_cli.CTRTrainOptions, num_examples: int) -> dict:
   """σ, σ1, σ2 for the run and ε recomputed from the composed σ with the DP base rate's and
-  the DP logit shift's Gaussian mechanisms (should equal the target)."""
+  DP Platt scaling's Gaussian mechanisms (should equal the target)."""
   from dprec import privacy  # pylint: disable=import-outside-toplevel
   plan = ctr_cli.plan_privacy(options, num_examples)
   composed = privacy.composed_noise_multiplier(plan.sigma1, plan.sigma2)

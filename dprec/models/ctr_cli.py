@@ -235,11 +235,12 @@ def base_rate(labels, plan: PrivacyPlan, ledger=None, rng=None) -> float:
   return float(np.clip(total / n, 1.0 / n, 1.0 - 1.0 / n))
 
 
-def recalibrate(model, train, plan: PrivacyPlan, ledger, rng,
+def recalibrate(model, train, plan: PrivacyPlan, rate, ledger, rng,
                 batch_size=8192) -> Tuple[Optional[float], Optional[float]]:
   """Makes `model`'s logits z into a·z + b, DP Platt scaling (`dprec.privacy.dp_platt_scaling`)
-  fitted on the training examples `train` with σ_c from the plan and noise from the secret
-  `rng`, charged to `ledger` first; returns (a, b), or (None, None) when not planned."""
+  fitted on the training examples `train` from the DP base rate `rate`, with σ_c from the plan
+  and noise from the secret `rng`, charged to `ledger` first; returns (a, b), or (None, None)
+  when not planned."""
   from dprec import privacy  # pylint: disable=import-outside-toplevel
   sigma = plan.calibration_noise_multiplier
   if sigma is None:
@@ -247,7 +248,7 @@ def recalibrate(model, train, plan: PrivacyPlan, ledger, rng,
   ledger.charge_gaussian_mechanism(sigma, label=CALIBRATION_LABEL)
   logits = model.predict({key: train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)},
                          batch_size=batch_size, verbose=0)
-  scale, shift = privacy.dp_platt_scaling(logits, train["label"], sigma, rng)
+  scale, shift = privacy.dp_platt_scaling(logits, train["label"], sigma, rate, rng)
   model.recalibrate_logits(scale, shift)
   return scale, shift
 
@@ -368,8 +369,8 @@ def train_ctr(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
                                                  diagnostics=options.diagnostics))
     history = model.fit(dataset, epochs=1, steps_per_epoch=options.steps, callbacks=callbacks,
                         verbose=0)
-    calibration = recalibrate(model, data.train, plan, ledger, run.numpy_rng("calibration"),
-                              options.eval_batch_size)
+    calibration = recalibrate(model, data.train, plan, rate, ledger,
+                              run.numpy_rng("calibration"), options.eval_batch_size)
     evaluation = model.evaluate(
         {key: data.eval[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)},
         data.eval["label"], batch_size=options.eval_batch_size, verbose=0, return_dict=True)

@@ -49,7 +49,7 @@ def test_private_run_spends_what_dprec_privacy_computes(data_dir, tmp_path, algo
     sigma = privacy.composed_noise_multiplier(summary["sigma1"], summary["sigma2"])
   selection = 0.2 if "--top-k" in extra else 0.0
   # Training composed with the DP base rate (one Gaussian mechanism on the label sum) and the
-  # DP logit shift (its rounds compose to one Gaussian mechanism).
+  # DP Platt scaling (its releases compose to one Gaussian mechanism).
   expected = privacy.gaussian_epsilon(
       [privacy.gaussian_mechanism_period(summary["base_rate_noise_multiplier"]),
        privacy.gaussian_mechanism_period(summary["calibration_noise_multiplier"]),
@@ -254,17 +254,18 @@ def test_dp_run_is_calibrated_like_the_base_rate(data_dir, tmp_path):
 
 
 @pytest.mark.parametrize("share", ["0.1", "0"])
-def test_dp_logit_shift_is_charged_once_or_not_at_all(data_dir, tmp_path, share):
+def test_dp_platt_scaling_is_charged_once_or_not_at_all(data_dir, tmp_path, share):
   """`--calibration-share` > 0 charges the ledger one Gaussian mechanism at the planned σ_c
-  (labelled) and reports the shift; 0 plans, charges and applies none."""
+  (labelled) and reports the Platt scale and shift; 0 plans, charges and applies none."""
   summary = _train(data_dir, tmp_path, "dp_sgd", "--calibration-share", share)
   charges = [c for c in privacy.PrivacyLedger(str(tmp_path / "ledger.json")).charges
              if c.get("label") == "train ctr calibration"]
   if share == "0":
     assert not charges and summary["calibration_shift"] is None
+    assert summary["calibration_scale"] is None
     assert summary["calibration_noise_multiplier"] is None
     return
   assert len(charges) == 1 and charges[0]["noise_multiplier"] == pytest.approx(
       summary["calibration_noise_multiplier"])
   assert charges[0]["sampling_rate"] == 1.0 and charges[0]["steps"] == 1
-  assert np.isfinite(summary["calibration_shift"])
+  assert np.isfinite(summary["calibration_shift"]) and summary["calibration_scale"] > 0
