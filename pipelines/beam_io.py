@@ -28,6 +28,10 @@ from dprec.errors import DprecError
 # keeps Beam's DirectRunner from first trying to download the Prism runner binary.
 EMBEDDED_RUNNER = "FnApiRunner"
 EMBEDDED_WORKERS = 2
+# Runner names that run in this process (the DirectRunner picks the FnApiRunner or the older
+# bundle-based runner, none of which streams a polling source; see pipelines/criteo_stream.py).
+EMBEDDED_RUNNERS = ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner",
+                    "BundleBasedDirectRunner")
 SPLIT_BYTES = 32 << 20
 _READ_BYTES = 8 << 20
 _DAY_NAME = re.compile(r"(?:^|[^0-9a-zA-Z])day_(\d+)(?:\.gz)?$")
@@ -48,6 +52,13 @@ def pipeline_options(beam_args: Sequence[str], streaming: bool = False) -> Pipel
       direct.direct_num_workers = EMBEDDED_WORKERS
       direct.direct_running_mode = "multi_processing"
   return options
+
+
+def is_embedded(options: PipelineOptions) -> bool:
+  """Whether `options` (from `pipeline_options`) run the pipeline on an embedded runner."""
+  runner = options.view_as(StandardOptions).runner
+  name = runner if isinstance(runner, str) else type(runner).__name__
+  return name.rsplit(".", 1)[-1] in EMBEDDED_RUNNERS
 
 
 class DeadLetter(NamedTuple):
