@@ -11,7 +11,8 @@ from pipelines import beam_io
 
 BEAM_EPILOG = ("Any other --option is passed to Beam's PipelineOptions (e.g. --runner, "
                "--direct_num_workers, --project). Default: the embedded runner with "
-               f"{beam_io.EMBEDDED_WORKERS} worker processes.")
+               f"{beam_io.EMBEDDED_WORKERS} worker processes (--streaming: one bounded pipeline "
+               "per closed period, each on one in-process worker).")
 
 
 class BeamArgumentParser(argparse.ArgumentParser):

@@ -60,10 +60,13 @@ from pipelines.day_watch import DAY_SECONDS
 from pipelines.day_watch import day_timestamp
 
 STATE = "stream_state.pkl"
+# The period pipelines' embedded runner: one in-process worker. A period is read file by file and
+# written by one stateful step (one key), and parsing already uses pyarrow's threads, so worker
+# processes would only add their start-up to every period.
+PERIOD_RUNNER = ("in_memory", 1)
 # How long the unbounded pipeline keeps a closed window open for late records, which then reach
 # the stateful step as a late pane and become dead letters instead of vanishing.
 ALLOWED_LATENESS_DAYS = 366
-
 
 
 @dataclasses.dataclass(frozen=True)
@@ -368,7 +371,8 @@ def run_periods(job: StreamJob, beam_args: Sequence[str] = ()) -> dict:
     if closed:
       files = [metadata for first in closed for metadata in pending.pop(first).values()]
       counters.update(beam_io.run_pipeline(
-          beam_io.pipeline_options(beam_args), lambda p: build_period_pipeline(p, job, files),
+          beam_io.pipeline_options(beam_args, embedded=PERIOD_RUNNER),
+          lambda p: build_period_pipeline(p, job, files),
           criteo.METRICS_NAMESPACE))
   return dict(sorted(counters.items()))
 
