@@ -250,9 +250,8 @@ class RunningVocabulary(beam.DoFn):
       letters += [beam_io.DeadLetter(chunk.path, int(line), reason, "")
                   for line in chunk.line_numbers]
     letters.sort(key=lambda l: (l.path, l.line))
-    beam_io.write_dead_letters(os.path.join(
-        self._job.output, criteo.DEAD_LETTERS, f"late_day_{first_day}-{uuid.uuid4().hex[:8]}.jsonl"),
-        letters)
+    name = f"late_day_{first_day}-{uuid.uuid4().hex[:8]}.jsonl"
+    beam_io.write_dead_letters(os.path.join(self._job.output, criteo.DEAD_LETTERS, name), letters)
     stats = criteo.count_dead_letters(criteo.ShardStats(), letters)
     self._commit(state, stats, parsed, state["counts"].snapshot())
     return {"day": first_day, "rows": 0, "dead_letters": len(letters), "late": True}
@@ -261,7 +260,8 @@ class RunningVocabulary(beam.DoFn):
     """Statistics, then the manifest (the trainer's commit point), then the running state."""
     job = self._job
     state["stats"].add(stats)
-    state["inputs"].update(item.path for chunk, bad in parsed for item in [chunk, *bad] if item is not None)
+    state["inputs"].update(item.path for chunk, bad in parsed
+                           for item in [chunk, *bad] if item is not None)
     summary = state["stats"].summary(vocab)
     summary["periods"] = len(state["entries"])
     beam_io.write_json(os.path.join(job.output, criteo_tfrecord.STATS), summary)
@@ -393,9 +393,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--poll-seconds", type=float, default=1.0,
                       help="how often to look for new day files (default 1)")
   parser.add_argument("--idle-timeout", type=float, default=None,
-                      help="stop after this many seconds without a new file (default: keep watching)")
+                      help="stop after this many seconds without a new file (default: keep "
+                      "watching)")
   parser.add_argument("--stop-after-day", type=int, default=None,
-                      help="stop once the file of this day (or a later one) has arrived (default: none)")
+                      help="stop once the file of this day (or a later one) has arrived "
+                      "(default: none)")
   parser.add_argument("--settle-seconds", type=float, default=2.0,
                       help="take a day file once it has not changed for this long, so a file "
                       "written in place is not read half-written (default 2)")
