@@ -42,22 +42,37 @@ def _wait_for(condition, what, processes, timeout=180):
   deadline = time.monotonic() + timeout
   while not condition():
     for name, process in processes.items():
-      assert process.poll() is None, f"{name} exited ({process.returncode}) before {what}"
+      assert process.poll() is None, (f"{name} exited ({process.returncode}) before {what}:\n"
+                                      + _tail(process.log_path))
     assert time.monotonic() < deadline, f"timed out waiting for {what}"
     time.sleep(0.01)
+
+
+def _start(command, log_path):
+  """A CLI process writing its output to `log_path` (a pipe could fill up and stall it)."""
+  with open(log_path, "wb") as stream:
+    process = subprocess.Popen(command, env=ENV, stdout=stream, stderr=subprocess.STDOUT)
+  process.log_path = log_path
+  return process
+
+
+def _tail(path):
+  with open(path, errors="replace") as f:
+    return f.read()[-3000:]
 
 
 @pytest.mark.slow
 def test_watcher_and_trainer_with_a_sigkill_in_the_middle_of_a_period(tmp_path):
   generate_criteo(str(tmp_path / "days"), rows=DAYS * ROWS, days=DAYS, seed=1,
                   vocab="scaled:2k", progress=False)
-  incoming, out, run_dir = tmp_path / "incoming", str(tmp_path / "out"), str(tmp_path / "run")
+  incoming, out, run_dir = tmp_path / "incoming", tmp_path / "out", str(tmp_path / "run")
   incoming.mkdir()
-  watcher = subprocess.Popen(
+  out.mkdir()  # as the README does, so the trainer may start first
+  out = str(out)
+  watcher = _start(
       [sys.executable, "-m", "dprec.cli", "preprocess", "criteo", "--streaming", "--input",
        str(incoming), "--output", out, "--poll-seconds", "0.2", "--settle-seconds", "0.3",
-       "--stop-after-day", str(DAYS - 1), "--idle-timeout", "120"],
-      env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+       "--stop-after-day", str(DAYS - 1), "--idle-timeout", "120"], tmp_path / "watcher.log")
   trainer_command = [
       sys.executable, "-m", "dprec.cli", "stream", "--data", out, "--run-dir", run_dir,
       "--algorithm", "dp_adafest", "--epsilon-total", "20", "--noise-multiplier", "1.0",
@@ -65,8 +80,7 @@ def test_watcher_and_trainer_with_a_sigkill_in_the_middle_of_a_period(tmp_path):
       "--batch-size", str(BATCH), "--hidden-units", "8", "--checkpoint-every", "7",
       "--idle-timeout", "120", "--poll-interval", "0.1", "--no-progress",
       "--summary-json", os.path.join(run_dir, "summary.json")]
-  trainer = subprocess.Popen(trainer_command, env=ENV, stdout=subprocess.DEVNULL,
-                             stderr=subprocess.PIPE)
+  trainer = _start(trainer_command, tmp_path / "trainer.log")
   processes = {"the watcher": watcher, "the trainer": trainer}
 
   def deliver(day):
@@ -75,32 +89,34 @@ def test_watcher_and_trainer_with_a_sigkill_in_the_middle_of_a_period(tmp_path):
 
   try:
     time.sleep(1.0)  # five polls of an empty directory
+    assert watcher.poll() is None, "the watcher must wait for the first file"
     deliver(0)
     time.sleep(1.0)
+    assert watcher.poll() is None, "the watcher must keep watching after a file"
     deliver(1)  # closes day 0
     _wait_for(lambda: len(_journal(run_dir)) >= STEPS, "the trainer finished period 0",
               processes)
-    deliver(2)  # closes day 1: kill the trainer in the middle of it
+    deliver(2)  # closes day 1: the trainer is killed in the middle of it
     _wait_for(lambda: len(_journal(run_dir)) >= STEPS + 10, "the trainer started period 1",
               processes)
     os.kill(trainer.pid, signal.SIGKILL)
     trainer.wait()
     trained_at_kill = len(_journal(run_dir))
     assert STEPS < trained_at_kill < 2 * STEPS, "killed in the middle of period 1"
-    trainer = processes["the trainer"] = subprocess.Popen(
-        trainer_command, env=ENV, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    trainer = processes["the trainer"] = _start(trainer_command, tmp_path / "restarted.log")
     time.sleep(1.0)
     deliver(3)  # the last day: closes day 2, and the watcher stops after writing day 3
-    watcher_out, watcher_err = watcher.communicate(timeout=180)
-    _, trainer_err = trainer.communicate(timeout=300)
+    watcher.wait(timeout=180)
+    trainer.wait(timeout=300)
   finally:
     for process in processes.values():
       if process.poll() is None:
         process.kill()
-  assert watcher.returncode == 0, watcher_err.decode()[-2000:]
-  assert trainer.returncode == 0, trainer_err.decode()[-2000:]
+  assert watcher.returncode == 0, _tail(watcher.log_path)
+  assert trainer.returncode == 0, _tail(trainer.log_path)
 
-  preprocessed = json.loads(watcher_out)
+  with open(os.path.join(out, "stats.json")) as f:
+    preprocessed = json.load(f)
   assert preprocessed["periods"] == DAYS and preprocessed["rows_out"] == DAYS * ROWS
   assert _manifest_days(out) == list(range(DAYS))
   # Each period trained exactly once: every (period, step) once, in order, none skipped.
@@ -114,6 +130,7 @@ def test_watcher_and_trainer_with_a_sigkill_in_the_middle_of_a_period(tmp_path):
   # of the 3·T steps composed directly.
   assert [(c["label"], c["steps"]) for c in charges] == [
       (f"stream period {p}", STEPS) for p in range(DAYS - 1)]
+  assert len({c["run_id"] for c in charges}) == 1
   plan = summary["plan"]
   expected = compute_epsilon(plan["noise_multiplier"], plan["sampling_rate"],
                              (DAYS - 1) * STEPS, summary["delta"], "rdp").epsilon
