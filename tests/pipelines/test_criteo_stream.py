@@ -2,6 +2,7 @@
 letter); files that arrive in a watched directory while it runs (the unbounded pipeline, and the
 default per-period mode with late, changed, malformed and half-written files); running counts equal
 the batch job's counts; ids never move once assigned; outputs read back and train a model."""
+import gzip
 import json
 import os
 import shutil
@@ -204,8 +205,9 @@ def _wait_for(condition, what, job_thread, timeout=60):
 def test_default_mode_late_changed_malformed_and_half_written_files(tmp_path, criteo_line,
                                                                    in_process):
   """The default (per-period) mode while watching: a late day and a file changed after it was
-  read become dead letters with their reason, a malformed line too, and a file written in place
-  is taken only once it has settled (here: never before its writer finished)."""
+  read become dead letters with their reason, so do a malformed line and the unreadable rest of a
+  truncated gzip file, and a file written in place is taken only once it has settled (here:
+  never before its writer finished)."""
   def rows(first, count):
     return [criteo_line(i % 2, {0: i}, {"C1": f"{i:08x}"}) for i in range(first, first + count)]
 
@@ -236,6 +238,11 @@ def test_default_mode_late_changed_malformed_and_half_written_files(tmp_path, cr
     _backdate(watched / "day_0")
     _wait_for(lambda: letters_with("changed"), "the changed day_0", job_thread)
     _deliver(watched, 3, rows(300, 2))  # closes period 2
+    broken = gzip.compress("".join(line + "\n" for line in rows(310, 200)).encode())
+    cut = watched / "day_3.gz.tmp"
+    cut.write_bytes(broken[:len(broken) // 2])  # a malformed (truncated) file of day 3
+    os.rename(cut, watched / "day_3.gz")
+    _backdate(watched / "day_3.gz")
     _wait_for(lambda: written() == [0, 2], "period 2", job_thread)
     _deliver(watched, 1, rows(150, 2))  # late: period 2 is written
     _wait_for(lambda: letters_with("late"), "the late day_1", job_thread)
@@ -251,12 +258,18 @@ def test_default_mode_late_changed_malformed_and_half_written_files(tmp_path, cr
   assert not job_thread.is_alive()
 
   manifest = criteo_tfrecord.load_manifest(out)
-  assert [(e["day"], e["rows"], e["dead_letters"]) for e in manifest["days"]] == [
-      (0, 3, 0), (2, 2, 1), (3, 2, 0), (4, 3, 0)]  # day 4 whole: it was waited for
+  assert [(e["day"], e["dead_letters"]) for e in manifest["days"]] == [(0, 0), (2, 1), (3, 1),
+                                                                      (4, 0)]
+  assert [e["rows"] for e in manifest["days"] if e["day"] != 3] == [3, 2, 3]  # day 4 whole
   with open(os.path.join(out, "day_2", "dead_letters.jsonl")) as stream:
     [malformed] = [json.loads(line) for line in stream]
   assert (malformed["path"], malformed["line"]) == (str(watched / "day_2"), 3)
   assert malformed["raw"] == "2\tnot a criteo line" and malformed["reason"]
+  with open(os.path.join(out, "day_3", "dead_letters.jsonl")) as stream:
+    [truncated] = [json.loads(line) for line in stream]
+  day3_rows = manifest["days"][2]["rows"]
+  assert 2 < day3_rows < 2 + 200 and truncated["line"] == day3_rows - 2 + 1
+  assert truncated["path"] == str(watched / "day_3.gz") and truncated["reason"].startswith("gzip")
   changed, late = letters_with("changed"), letters_with("late")
   assert [(l["path"], l["line"]) for l in changed] == [(str(watched / "day_0"), n)
                                                        for n in range(1, 5)]
@@ -264,7 +277,8 @@ def test_default_mode_late_changed_malformed_and_half_written_files(tmp_path, cr
   assert [(l["path"], l["line"]) for l in late] == [(str(watched / "day_1"), 1),
                                                     (str(watched / "day_1"), 2)]
   assert "day_1 arrived after period day_2 was written" in late[0]["reason"]
-  assert result["rows_in"] == 3 + 3 + 4 + 2 + 2 + 3 == result["rows_out"] + result["dead_letters"]
+  assert result["rows_in"] == 3 + 3 + 4 + day3_rows + 1 + 2 + 3
+  assert result["rows_in"] == result["rows_out"] + result["dead_letters"]
   assert result["bad_rows_by_reason"]["late"] == 2 and result["bad_rows_by_reason"]["changed"] == 4
   final = criteo_tfrecord.load_vocabulary(out)
   assert 150 not in final.ids[0] and 103 not in final.ids[0]  # no late or changed row counted
