@@ -81,6 +81,7 @@ class StreamJob:
   idle_timeout: Optional[float] = None
   stop_after_day: Optional[int] = None
   settle_seconds: float = 2.0
+  strict_columns: bool = False  # refuse lines with fewer than 40 fields instead of padding them
 
   def __post_init__(self):
     if self.period_days < 1:
@@ -288,7 +289,8 @@ class StreamingCriteo(beam.PTransform):
   def expand(self, blocks):
     seconds = self._job.period_days * DAY_SECONDS
     return (blocks
-            | "Parse" >> beam.Map(criteo.parse_block, metrics=True)
+            | "Parse" >> beam.Map(criteo.parse_block, metrics=True,
+                                  strict_columns=self._job.strict_columns)
             | "Period" >> beam.WindowInto(
                 window.FixedWindows(seconds),
                 allowed_lateness=Duration(seconds=ALLOWED_LATENESS_DAYS * DAY_SECONDS))
@@ -415,7 +417,7 @@ def job_from_args(args) -> StreamJob:
   return StreamJob(input_dir=args.input[0], output=args.output, period_days=args.period_days,
                    min_count=args.min_count, top_k=top_k, poll_seconds=args.poll_seconds,
                    idle_timeout=args.idle_timeout, stop_after_day=args.stop_after_day,
-                   settle_seconds=args.settle_seconds)
+                   settle_seconds=args.settle_seconds, strict_columns=args.strict_columns)
 
 
 def main(argv=None) -> int:
