@@ -111,23 +111,45 @@ def _file_path(metadata) -> str:
 def read_day_file(metadata):
   """A ready day file → its `LineBlock`s (and dead letters), all at the event time of its day.
 
-  The file is read up to the size it was listed with; if it changed meanwhile (a writer that
-  paused longer than --settle-seconds), the rest is a dead letter saying so, never dropped silently.
+  The file is read up to the size it was listed with. Two signs that it was still being written
+  (a writer that paused longer than --settle-seconds) become dead letters, never silent losses: a
+  last line without a newline (`cut`: it may be cut short, which a parser that pads missing
+  trailing fields would not notice), and a size or time that changed since the listing
+  (`changed`: the rest was not read).
   """
-  path = metadata.path
-  stamp = day_timestamp(beam_io.day_of(path))
-  end = -1 if beam_io.is_gzip(path) else metadata.size_in_bytes
-  line = 1
-  for item in beam_io.read_split(beam_io.Split(path, 0, end, 1, beam_io.day_of(path), 0)):
-    if isinstance(item, beam_io.LineBlock):
-      line = item.first_line + item.data.count(b"\n")
+  path, day = metadata.path, beam_io.day_of(metadata.path)
+  stamp = day_timestamp(day)
+  last = None
+  for item in beam_io.read_split(beam_io.Split(
+      path, 0, -1 if beam_io.is_gzip(path) else metadata.size_in_bytes, 1, day, 0)):
+    if last is not None:
+      yield window.TimestampedValue(last, stamp)
+    last = item
+  for item in _end_of_file(metadata, last):
     yield window.TimestampedValue(item, stamp)
-  now = FileSystems.match([path])[0].metadata_list
+
+
+def _end_of_file(metadata, last):
+  """The last item `read_day_file` read, its unterminated final line as a dead letter, and a
+  dead letter if the file changed since it was listed."""
+  line = 1
+  if isinstance(last, beam_io.LineBlock):
+    cut = last.data.rfind(b"\n") + 1
+    line = last.first_line + last.data.count(b"\n")
+    if cut:
+      yield beam_io.LineBlock(last.path, last.day, last.first_line, last.data[:cut])
+    if cut < len(last.data):
+      yield beam_io.DeadLetter(last.path, line, "cut: the last line has no newline (a file "
+                               "still being written?)", last.data[cut:].decode(errors="replace"))
+      line += 1
+  elif last is not None:
+    yield last
+  now = FileSystems.match([metadata.path])[0].metadata_list
   if now != [metadata]:
     size = now[0].size_in_bytes if now else "gone"
-    yield window.TimestampedValue(beam_io.DeadLetter(
-        path, line, f"changed: the file changed while it was read ({metadata.size_in_bytes} bytes "
-        f"when listed, now {size}); lines from here on were not read", ""), stamp)
+    yield beam_io.DeadLetter(metadata.path, line, f"changed: the file changed while it was read "
+                             f"({metadata.size_in_bytes} bytes when listed, now {size}); lines "
+                             "from here on were not read", "")
 
 
 @dataclasses.dataclass

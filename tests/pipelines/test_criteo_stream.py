@@ -289,15 +289,20 @@ def test_default_mode_late_changed_malformed_and_half_written_files(tmp_path, cr
   assert again["rows_in"] == result["rows_in"] and again["beam_counters"] == {}
 
 
-def test_a_file_that_changes_while_it_is_read_is_reported(tmp_path, criteo_line):
+def test_a_cut_last_line_and_a_file_that_changes_while_it_is_read_are_dead_letters(
+    tmp_path, criteo_line):
   path = tmp_path / "day_5"
-  path.write_text(criteo_line(1) + "\n" + criteo_line(0) + "\n")
+  whole = criteo_line(1, {0: 7}, {"C1": "0000abcd"})
+  path.write_text(criteo_line(1) + "\n" + criteo_line(0) + "\n" + whole[:-6])  # still written
   [listed] = criteo_stream.FileSystems.match([str(path)])[0].metadata_list
-  with open(path, "a") as stream:
-    stream.write(criteo_line(1) + "\n")
   items = [value.value for value in criteo_stream.read_day_file(listed)]
   assert [type(item).__name__ for item in items] == ["LineBlock", "DeadLetter"]
-  assert items[0].data.count(b"\n") == 2 and items[1].line == 3
-  assert items[1].reason.startswith("changed: the file changed while it was read")
-  assert all(value.timestamp == criteo_stream.day_timestamp(5)
-             for value in criteo_stream.read_day_file(listed))
+  assert items[0].data.count(b"\n") == 2 and items[0].data.endswith(b"\n")
+  assert (items[1].line, items[1].raw) == (3, whole[:-6]) and items[1].reason.startswith("cut:")
+  with open(path, "a") as stream:  # the writer goes on after the listing
+    stream.write(whole[-6:] + "\n")
+  stamped = list(criteo_stream.read_day_file(listed))
+  items = [value.value for value in stamped]
+  assert [type(item).__name__ for item in items] == ["LineBlock", "DeadLetter", "DeadLetter"]
+  assert items[2].line == 4 and items[2].reason.startswith("changed: the file changed while it")
+  assert all(value.timestamp == criteo_stream.day_timestamp(5) for value in stamped)
