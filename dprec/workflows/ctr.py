@@ -20,6 +20,7 @@ from typing import Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
+from dprec import privacy
 from dprec.data.ctr_data import CTRData, load_data
 from dprec.errors import DprecError
 from dprec.models import ctr
@@ -143,7 +144,6 @@ def noise_multipliers(options, noise_multiplier) -> Tuple[Optional[float], Optio
   if not options.private:
     return None, None
   if options.algorithm.startswith("dp_adafest"):
-    from dprec import privacy  # pylint: disable=import-outside-toplevel
     return privacy.adafest_noise_multipliers(noise_multiplier, options.ratio)
   return None, noise_multiplier
 

@@ -199,11 +199,8 @@ def plan_privacy(options: StreamOptions, source) -> plan_lib.PrivacyPlan:
       noise_multiplier=options.noise_multiplier, accountant=options.accountant)
 
 
-def build_trainer(options: StreamOptions, run) -> StreamingTrainer:
-  """The `StreamingTrainer` of `options` in `run` (also used by benchmarks/streaming_criteo.py)."""
-  options.validate()
-  source = BeamStreamSource(options.data, options.period_days, options.train_days)
-  plan = plan_privacy(options, source)
+def build_trainer(options: StreamOptions, source, plan, run) -> StreamingTrainer:
+  """The `StreamingTrainer` of `options` on `source` under `plan` in `run`."""
   model = CTRPeriodModel(options.model_options(), plan.noise_multiplier,
                          plan.sampling_rate * plan.examples_per_period)
   config = StreamConfig(
@@ -219,8 +216,11 @@ def build_trainer(options: StreamOptions, run) -> StreamingTrainer:
 
 def run(options: StreamOptions) -> dict:
   """Trains (or resumes) the stream; returns the JSON summary (also written to `summary_json`)."""
+  options.validate()
+  source = BeamStreamSource(options.data, options.period_days, options.train_days)
+  plan = plan_privacy(options, source)
   with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed) as run:
-    summary = build_trainer(options, run).run()
+    summary = build_trainer(options, source, plan, run).run()
   summary["algorithm"] = options.algorithm
   run_lib.write_summary(summary, options.summary_json)
   return summary
