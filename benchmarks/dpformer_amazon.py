@@ -36,7 +36,7 @@ import numpy as np
 from dprec.data.sequences import load_sequences, make_examples
 from dprec.models import ranking_metrics
 from dprec.training.checkpoint import MODEL_PREFIX, CheckpointManager
-from dprec.workflows.run import checkpoint_objects
+from dprec.workflows.resume import checkpoint_objects
 from dprec.workflows.seqrec import (SeqRecTrainOptions, build_model,
                                     evaluate, options_from_checkpoint, plan_privacy)
 from dprec.workflows.seqrec import run as train_seqrec

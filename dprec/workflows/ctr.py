@@ -54,15 +54,13 @@ EPSILON_COVERS = {
                            "training data of this run (that day itself is not protected)",
     "not_covered": "diagnostics_nonprivate (only with --diagnostics): exact training loss/AUC",
 }
-# Options a resumed run may change: where files go and how it reports.
-NOT_FINGERPRINTED = ("data", "vocab", "ledger", "summary_json", "log_dir", "run_dir",
-                     "checkpoint_every", "keep_checkpoints", "eval_batch_size", "diagnostics",
-                     "progress")
 
 
 @dataclasses.dataclass
-class CTRTrainOptions:
+class CTRTrainOptions(run_lib.FitOptions):
   """Everything `dprec train ctr` accepts (see `dprec.workflows.ctr_cli` for each field)."""
+  NOT_FINGERPRINTED = run_lib.FitOptions.NOT_FINGERPRINTED + ("vocab", "log_dir",
+                                                              "eval_batch_size")
   data: str
   algorithm: str = "dp_adafest"
   epsilon: Optional[float] = None
@@ -80,29 +78,18 @@ class CTRTrainOptions:
   base_rate_share: float = 0.01
   top_k: Optional[int] = None
   top_k_epsilon: float = 0.1
-  fixed_batches: bool = False
-  ledger: Optional[str] = None
-  summary_json: Optional[str] = None
-  accountant: str = "pld"
   vocab: Optional[str] = None
   vocab_min_count: int = 1
   hidden_units: Tuple[int, ...] = (598, 598, 598, 598)
   eval_batch_size: int = 8192
-  charge_every: int = 100
   log_dir: Optional[str] = None
-  seed: int = 0
-  insecure_noise_seed: Optional[int] = None
-  run_dir: Optional[str] = None
-  checkpoint_every: int = 100
-  keep_checkpoints: Optional[int] = 2  # None or 0: keep all
-  diagnostics: bool = False
-  progress: bool = True
 
   @property
   def private(self):
     return self.algorithm != "non_private"
 
   def validate(self):
+    super().validate()
     for name, value, allowed in (("algorithm", self.algorithm, ALGORITHMS),
                                  ("optimizer", self.optimizer, OPTIMIZERS),
                                  ("logit-init", self.logit_init, LOGIT_INITS)):
@@ -112,8 +99,8 @@ class CTRTrainOptions:
       raise DprecError(f"--adambc-floor must be positive, got {self.adambc_floor}")
     if not 0 < self.base_rate_share < 1:
       raise DprecError(f"--base-rate-share must be in (0, 1), got {self.base_rate_share}")
-    if self.batch_size < 1 or self.steps < 1 or self.checkpoint_every < 1:
-      raise DprecError("--batch-size, --steps and --checkpoint-every must be positive")
+    if self.batch_size < 1 or self.steps < 1:
+      raise DprecError("--batch-size and --steps must be positive")
     if self.private and (self.epsilon is None or not self.epsilon > 0):
       raise DprecError(f"--algorithm {self.algorithm} needs a positive --epsilon")
     if self.delta is not None and not 0 < self.delta < 1:
@@ -218,9 +205,8 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
     if run.open_plan_ledger(plan) is not None:
       run.check_budget(plan, label, options.steps, {SELECTION_LABEL: plan.selection_epsilon})
     model, rate = build_model(options, data, plan, run)
-    resume = run.resume(model, run_lib.fingerprint(options, NOT_FINGERPRINTED,
-                                                   train_rows=len(data.train["label"]),
-                                                   vocab_sizes=data.vocab_sizes),
+    resume = run.resume(model, options.run_fingerprint(train_rows=len(data.train["label"]),
+                                                       vocab_sizes=data.vocab_sizes),
                         options.keep_checkpoints)
     budget = (run.budget_callback(plan, label, resume.step, options.charge_every, options.log_dir)
               if run.ledger is not None else None)

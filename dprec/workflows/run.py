@@ -8,7 +8,7 @@ A run directory holds:
                     with it the noise can be replayed and subtracted. Reloaded on resume; never
                     copied into a checkpoint, summary, log or TensorBoard.
   ledger.json       the privacy ledger (unless `ledger` names another, possibly shared, file)
-  checkpoints/      `ckpt-<n>` directories (`dprec.training.checkpoint`): model, optimizer slots
+  checkpoints/      `ckpt-<n>` directories (`dprec.workflows.resume`): model, optimizer slots
                     and the data position, committed atomically; no generator state: a step's
                     noise and batch are re-derived from the key and the step, so a resumed run
                     draws exactly what an uninterrupted one would
@@ -40,6 +40,7 @@ from dprec import atomic_io
 from dprec.errors import BudgetExceededError, DprecError
 from dprec.privacy.noise_key import KEY_BYTES
 from dprec.privacy.noise_key import NoiseKey
+from dprec.workflows import resume as resume_lib
 
 RUN_FILE = "run.json"
 RUN_FORMAT = "dprec-run-v1"
@@ -48,6 +49,49 @@ KEY_FILE = "noise_key"
 LEDGER_FILE = "ledger.json"
 CHECKPOINTS_DIR = "checkpoints"
 BUDGET_SLACK = 1 + 1e-6  # calibration's rounding: a plan within this of the budget fits it
+
+
+@dataclasses.dataclass(kw_only=True)
+class RunOptions:
+  """The options of every way in that concern the run rather than the model: where its files go,
+  its randomness (`seed`: public initialisation only) and how it reports."""
+  run_dir: Optional[str] = None
+  ledger: Optional[str] = None
+  accountant: str = "pld"
+  checkpoint_every: int = 100
+  seed: int = 0
+  insecure_noise_seed: Optional[int] = None
+  diagnostics: bool = False
+  progress: bool = True
+  summary_json: Optional[str] = None
+
+  # Options a resumed run may change (where files go, how it reports); a workflow adds its own.
+  NOT_FINGERPRINTED = ("data", "run_dir", "ledger", "checkpoint_every", "keep_checkpoints",
+                       "diagnostics", "progress", "summary_json")
+
+  def validate(self):
+    if self.checkpoint_every < 1:
+      raise DprecError(f"--checkpoint-every must be >= 1, got {self.checkpoint_every}")
+
+  def run_fingerprint(self, **extra) -> dict:
+    """The options a resumed run must share with the run it continues (`fingerprint`)."""
+    return resume_lib.fingerprint(self, self.NOT_FINGERPRINTED, **extra)
+
+
+@dataclasses.dataclass(kw_only=True)
+class FitOptions(RunOptions):
+  """`RunOptions` of a `model.fit` run (`train ctr`, `train seqrec`): its batches, its ledger
+  charges and how many checkpoints it keeps."""
+  fixed_batches: bool = False
+  charge_every: int = 100
+  keep_checkpoints: Optional[int] = 2  # None or 0: keep all
+
+  def validate(self):
+    super().validate()
+    if self.keep_checkpoints is not None and self.keep_checkpoints < 0:
+      raise DprecError(f"--keep-checkpoints must be >= 0, got {self.keep_checkpoints}")
+    if self.charge_every < 1:
+      raise DprecError(f"--charge-every must be >= 1, got {self.charge_every}")
 
 
 class Run:
@@ -236,9 +280,9 @@ class Run:
   # ---- checkpoints and resume ----------------------------------------------------------------
 
   def resume(self, model, fingerprint, keep=2):
-    """A `Resume` of `model` (its `checkpoint_objects`) in this run's directory."""
-    return Resume(self.run_dir and self.checkpoint_dir, checkpoint_objects(model), fingerprint,
-                  keep)
+    """A `dprec.workflows.resume.Resume` of `model` in this run's directory (where it stands)."""
+    return resume_lib.Resume(self.run_dir and self.checkpoint_dir,
+                             resume_lib.checkpoint_objects(model), fingerprint, keep)
 
   def fit_callbacks(self, generators, resume, charges=None, checkpoint_every=100, extra=(),
                     progress=None, diagnostics=False):
@@ -288,64 +332,6 @@ class Run:
             "poisson": bool(ledger is not None and plan.poisson),
             **self.privacy_fields(plan.private if dp is None else dp, epsilon_covers,
                                   plan.notes + list(notes))}
-
-
-class Resume:
-  """Where a `model.fit` run stands: a fresh start, or the newest checkpoint in `directory`
-  (None: no checkpoints) restored into `objects` (model, optimizer slots and step), refused if it
-  was written with other settings than `fingerprint` (the options a resumed run must share)."""
-
-  def __init__(self, directory, objects, fingerprint, keep=2):
-    from dprec.training import checkpoint  # pylint: disable=import-outside-toplevel
-    self.objects, self.fingerprint = objects, fingerprint
-    self.manager, self.step, self.loss = None, 0, None
-    if directory is None:
-      return
-    self.manager = checkpoint.CheckpointManager(directory, keep=keep or None)
-    latest = self.manager.latest()
-    if latest is None:
-      return
-    state = self.manager.read_state(latest)
-    changed = {k: (state["fingerprint"].get(k), v) for k, v in fingerprint.items()
-               if state["fingerprint"].get(k) != v}
-    if changed:
-      raise DprecError(
-          f"{os.path.dirname(directory)}: its checkpoints belong to a run with other settings ("
-          + ", ".join(f"{k}: {old!r} there, {new!r} now" for k, (old, new) in changed.items())
-          + "); resume with the same settings or use another --run-dir")
-    objects.read(os.path.join(latest, checkpoint.MODEL_PREFIX)).assert_consumed()
-    self.step, self.loss = state["step"], state["loss"]
-
-  def callback(self, every):
-    """Commits a checkpoint every `every` steps of `model.fit` and at its end."""
-    from dprec.training import callbacks  # pylint: disable=import-outside-toplevel
-    state = {"fingerprint": self.fingerprint, "loss": self.loss}
-    return callbacks.CheckpointCallback(self.manager, self.objects, every, state,
-                                        start_step=self.step)
-
-
-def checkpoint_objects(model):
-  """What a run's checkpoint holds: the model, its optimizer slots and step (no generator state:
-  the noise is re-derived from the run's secret key and the step)."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  return tf.train.Checkpoint(model=model, optimizer=model.optimizer)
-
-
-def fingerprint(options, ignored, **extra) -> dict:
-  """The fields of the `options` dataclass a resumed run must share with the run it continues
-  (all but `ignored`: where files go, how it reports), with `extra` facts of its data; as JSON
-  holds it (tuples as lists), so that it compares equal to a checkpoint's."""
-  return json.loads(json.dumps(dict(
-      {k: v for k, v in dataclasses.asdict(options).items() if k not in ignored}, **extra)))
-
-
-def options_from_checkpoint(options_class, path, **overrides):
-  """The `options_class` options of the run that wrote checkpoint directory `path`
-  (`checkpoints/ckpt-<n>`), e.g. to evaluate it: `overrides` set what the fingerprint omits."""
-  from dprec.training import checkpoint  # pylint: disable=import-outside-toplevel
-  saved = checkpoint.CheckpointManager.read_state(path)["fingerprint"]
-  fields = {f.name for f in dataclasses.fields(options_class)}
-  return options_class(**{k: v for k, v in saved.items() if k in fields}, **overrides)
 
 
 def write_summary(summary, path):

@@ -31,6 +31,7 @@ from dprec.optimizers.sparse import ADAMBC_FLOOR, AdamBC
 from dprec.training import poisson
 from dprec.workflows import dp_forward
 from dprec.workflows import plan as plan_lib
+from dprec.workflows import resume as resume_lib
 from dprec.workflows import run as run_lib
 
 COMMAND = LEDGER_LABEL = "train seqrec"
@@ -46,15 +47,14 @@ EPSILON_COVERS = {
                            "data of this run: these metrics are not covered by ε",
     "not_covered": "diagnostics_nonprivate (only with --diagnostics): the exact training loss",
 }
-# Options a resumed run may change: where files go, how it reports, how it evaluates.
-NOT_FINGERPRINTED = ("data", "ledger", "run_dir", "checkpoint_every", "keep_checkpoints",
-                     "exclude_history", "eval_batch_size", "progress", "summary_json",
-                     "reattention_at_eval", "diagnostics")
 
 
 @dataclasses.dataclass
-class SeqRecTrainOptions:
+class SeqRecTrainOptions(run_lib.FitOptions):
   """Everything one `train seqrec` run needs (defaults: the paper's Amazon setting, note 000 §5–7)."""
+  # A resumed run may also evaluate differently.
+  NOT_FINGERPRINTED = run_lib.FitOptions.NOT_FINGERPRINTED + (
+      "exclude_history", "eval_batch_size", "reattention_at_eval")
   data: Optional[str] = None
   epsilon: float = 5.0
   delta: Optional[float] = None
@@ -81,20 +81,8 @@ class SeqRecTrainOptions:
   variance_scale: float = 1.0
   item_frequencies: Optional[str] = None  # public p_i file; None: DP histogram
   item_frequency_share: float = 0.05
-  fixed_batches: bool = False
-  accountant: str = "pld"
-  ledger: Optional[str] = None
-  charge_every: int = 100
-  run_dir: Optional[str] = None
-  checkpoint_every: int = 100
-  keep_checkpoints: Optional[int] = 2  # None or 0: keep all
   exclude_history: bool = False
   eval_batch_size: int = 256
-  seed: int = 0
-  insecure_noise_seed: Optional[int] = None
-  diagnostics: bool = False
-  progress: bool = True
-  summary_json: Optional[str] = None
   dp_forward: Optional[dp_forward.DPForwardOptions] = None
 
   def __post_init__(self):
@@ -106,6 +94,7 @@ class SeqRecTrainOptions:
     return math.isfinite(self.epsilon)
 
   def validate(self):
+    super().validate()
     checks = [
         (self.epsilon > 0, f"--epsilon must be positive (or inf), got {self.epsilon}"),
         (self.epochs > 0 and (self.batch_size is None or self.batch_size >= 1),
@@ -121,19 +110,11 @@ class SeqRecTrainOptions:
         (self.optimizer in ("adamw", "adambc") and self.adambc_floor > 0,
          f"--optimizer must be adamw or adambc and --adambc-floor positive, got "
          f"{self.optimizer}, {self.adambc_floor}"),
-        (self.checkpoint_every >= 1,
-         f"--checkpoint-every must be >= 1, got {self.checkpoint_every}"),
-        (self.keep_checkpoints is None or self.keep_checkpoints >= 0,
-         f"--keep-checkpoints must be >= 0, got {self.keep_checkpoints}"),
         (self.dp_forward is None or (self.private and self.loss_positions == "last"),
          "--dp-forward needs a finite --epsilon and --loss-positions last")]
     for holds, message in checks:
       if not holds:
         raise DprecError(message)
-
-  def run_fingerprint(self):
-    """The options a resumed run must share with the run it continues."""
-    return run_lib.fingerprint(self, NOT_FINGERPRINTED)
 
   def model_config(self, num_items):
     return SeqRecConfig(
@@ -146,7 +127,8 @@ class SeqRecTrainOptions:
                                       at_eval=self.reattention_at_eval))
 
 
-options_from_checkpoint = functools.partial(run_lib.options_from_checkpoint, SeqRecTrainOptions)
+options_from_checkpoint = functools.partial(resume_lib.options_from_checkpoint,
+                                            SeqRecTrainOptions)
 
 
 def plan_privacy(options, num_examples) -> plan_lib.PrivacyPlan:
@@ -266,9 +248,8 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
     frequencies = item_frequencies(options, data, examples, plan,
                                    run.numpy_rng("item histogram"))
     model = build_model(options, examples, plan, frequencies, run.noise_key)
-    resume = run.resume(model, run_lib.fingerprint(options, NOT_FINGERPRINTED,
-                                                   train_examples=len(examples.items),
-                                                   items=examples.num_items),
+    resume = run.resume(model, options.run_fingerprint(train_examples=len(examples.items),
+                                                       items=examples.num_items),
                         options.keep_checkpoints)
     # Paid (the histogram charged) before the first checkpoint holds p_i.
     charges = _pay_before_training(options, plan, run, resume, len(examples.items))

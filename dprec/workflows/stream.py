@@ -40,17 +40,14 @@ MODEL_FIELDS = ("algorithm", "l2_norm_clip", "ratio", "threshold", "contribution
 
 
 @dataclasses.dataclass
-class StreamOptions:
+class StreamOptions(run_lib.RunOptions):
   """Everything `dprec stream` accepts (see `dprec.workflows.stream_cli` for each field)."""
   data: str
-  run_dir: str = "stream_run"
+  run_dir: str = dataclasses.field(default="stream_run", kw_only=True)
   period_days: int = 1
   train_days: Optional[int] = None
   idle_timeout: float = 0.0
   poll_interval: float = 1.0
-  checkpoint_every: int = 100
-  summary_json: Optional[str] = None
-  diagnostics: bool = False
   algorithm: str = "dp_adafest"
   epsilon_total: Optional[float] = None
   delta: Optional[float] = None
@@ -60,8 +57,6 @@ class StreamOptions:
   noise_multiplier: Optional[float] = None
   top_k: Optional[int] = None
   top_k_epsilon: float = 0.1
-  accountant: str = "pld"
-  ledger: Optional[str] = None
   batch_size: int = 1024
   l2_norm_clip: float = 1.0
   ratio: float = 5.0
@@ -72,15 +67,13 @@ class StreamOptions:
   adambc_floor: float = ADAMBC_FLOOR
   hidden_units: Tuple[int, ...] = (598, 598, 598, 598)
   headroom: float = 1.5
-  seed: int = 0
-  insecure_noise_seed: Optional[int] = None
-  progress: bool = True
 
   @property
   def private(self):
     return self.algorithm != "non_private"
 
   def validate(self):
+    super().validate()
     if self.private and not (self.epsilon_total or 0) > 0:
       raise DprecError(f"--algorithm {self.algorithm} needs a positive --epsilon-total")
     if self.algorithm in ctr_workflow.FEST_ALGORITHMS and not (self.top_k or 0) > 0:

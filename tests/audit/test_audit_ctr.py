@@ -7,8 +7,8 @@ import pytest
 from dprec import cli
 from dprec.audit import ctr as audit_ctr
 from dprec.data import synthetic
-from dprec.workflows import ctr as ctr_workflow
 from dprec.optimizers import config as config_lib
+from dprec.workflows import ctr as ctr_workflow
 
 CANARIES, BATCH, STEPS, EPSILON = 300, 64, 80, 2.0
 COMMON = ["--canaries", str(CANARIES), "--batch-size", str(BATCH), "--steps", str(STEPS),
