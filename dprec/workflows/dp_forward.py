@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from dprec import atomic_io
+from dprec.data.sequences import read_item_frequencies
 from dprec.errors import DprecError
 from dprec.layers.forward_noise import DPForwardConfig
 from dprec.privacy import forward as forward_privacy
@@ -75,9 +76,8 @@ def plan_run(options, delta, num_examples) -> plan_lib.PrivacyPlan:
 def label_prior(item_frequencies, item_ids, num_items):
   """RR-with-prior's prior over items (note 003 §3.4): it must not come from the private labels,
   so the public item frequency file `item_frequencies` (None: uniform)."""
-  from dprec.data import sequences  # pylint: disable=import-outside-toplevel
   if item_frequencies is not None:
-    return sequences.read_item_frequencies(item_frequencies, item_ids)
+    return read_item_frequencies(item_frequencies, item_ids)
   return np.full(num_items + 1, 1.0 / num_items)
 
 

@@ -101,8 +101,6 @@ class Run:
                insecure_noise_seed: Optional[int] = None):
     self.command, self.run_dir = command, run_dir
     self._temporary = None
-    # Whether the run directory already held this run (a resumed run: same id, same key).
-    self.resumed = run_dir is not None and os.path.exists(os.path.join(run_dir, RUN_FILE))
     if run_dir is None:
       self.run_id = secrets.token_hex(8)
       self.noise_key = _key(insecure_noise_seed)

@@ -20,7 +20,8 @@ from typing import Optional
 
 import tensorflow as tf
 
-from dprec.data.sequences import SeqRecExamples, make_examples
+from dprec.data.sequences import SeqRecExamples, load_sequences, make_examples
+from dprec.data.sequences import read_item_frequencies
 from dprec.errors import DprecError
 from dprec.layers.reattention import ReAttentionConfig
 from dprec.models import ranking_metrics
@@ -28,6 +29,8 @@ from dprec.models.seqrec import SeqRecConfig, SeqRecModel, warmup_linear_decay
 from dprec.optimizers import config as config_lib
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.sparse import ADAMBC_FLOOR, AdamBC
+from dprec.privacy import user_histogram
+from dprec.privacy.noise_key import NoiseKey
 from dprec.training import poisson
 from dprec.workflows import dp_forward
 from dprec.workflows import plan as plan_lib
@@ -154,14 +157,12 @@ def plan_privacy(options, num_examples) -> plan_lib.PrivacyPlan:
 def item_frequencies(options, data, examples, plan, generator):
   """Re-Attention's p_i (None without DP or Re-Attention): the public `--item-frequencies` file,
   else a DP histogram of users per item over the training rows (noise from `generator`)."""
-  from dprec.data import sequences  # pylint: disable=import-outside-toplevel
-  from dprec.privacy import user_histogram  # pylint: disable=import-outside-toplevel
   if not (options.private and options.reattention) or options.dp_forward is not None:
     return None
   if options.item_frequencies is not None:
     if data.item_ids is None:
       raise DprecError("--item-frequencies needs the data set's item ids (item_ids.txt)")
-    return sequences.read_item_frequencies(options.item_frequencies, data.item_ids)
+    return read_item_frequencies(options.item_frequencies, data.item_ids)
   return user_histogram.dp_item_frequencies(examples.items, examples.num_items,
                                             plan.mechanisms[FREQUENCIES_LABEL], generator)
 
@@ -170,7 +171,6 @@ def build_model(options, examples, plan, frequencies=None, noise_key=None):
   """A compiled `SeqRecModel`; Re-Attention's error model is set from the plan and `frequencies`
   (`item_frequencies`; None leaves it to a checkpoint restored into the model). The DP and
   DP-Forward noise generators are keyed from `noise_key` (a run's; None: a fresh secret one)."""
-  from dprec.privacy.noise_key import NoiseKey  # pylint: disable=import-outside-toplevel
   noise_key = noise_key or NoiseKey.fresh()
   config = options.model_config(examples.num_items)
   if plan.forward is not None:
@@ -228,7 +228,6 @@ def _pay_before_training(options, plan, run, resume, num_examples):
 def run(options: SeqRecTrainOptions, data=None) -> dict:
   """Trains (or resumes, see the module docstring) and evaluates; returns the JSON summary (also
   written to `options.summary_json`)."""
-  from dprec.data.sequences import load_sequences  # pylint: disable=import-outside-toplevel
   options.validate()
   data = data or load_sequences(options.data)
   examples = make_examples(data, options.max_len)
