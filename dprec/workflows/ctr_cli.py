@@ -1,8 +1,8 @@
 """`dprec train ctr`: the command line of `dprec.workflows.ctr` (parse, then call)."""
 import argparse
-import dataclasses
 
 from dprec.workflows import ctr
+from dprec.workflows import run_cli
 from dprec.workflows.ctr import CTRTrainOptions
 
 USAGE = ("    dprec train ctr --data DIR --algorithm dp_adafest --epsilon 1 --batch-size 2048 "
@@ -61,13 +61,6 @@ def register(subparsers):
   add("--top-k-epsilon", type=float, default=defaults.top_k_epsilon,
       help="pure ε of the DP top-k (Gumbel) selection, deducted from --epsilon; 0 = treat "
            "the training counts as public")
-  add("--fixed-batches", action="store_true",
-      help="fixed-size shuffled batches instead of Poisson sampling (ledger flags it)")
-  add("--ledger", help="privacy ledger JSON file (default: DIR/ledger.json with --run-dir, "
-      "else a temporary one)")
-  add("--summary-json", help="also write the JSON summary to this file")
-  add("--accountant", choices=("pld", "rdp"), default=defaults.accountant,
-      help="privacy accountant")
   add("--vocab", help="directory of a saved (public) CriteoVocabulary instead of building one")
   add("--vocab-min-count", type=int, default=defaults.vocab_min_count,
       help="min count of an id kept in the vocabulary")
@@ -75,34 +68,16 @@ def register(subparsers):
       help="comma-separated Dense(relu) widths (App. D.1.1: 598,598,598,598)")
   add("--eval-batch-size", type=int, default=defaults.eval_batch_size,
       help="batch size of the evaluation")
-  add("--charge-every", type=int, default=defaults.charge_every,
-      help="steps prepaid per ledger charge")
   add("--log-dir", help="TensorBoard directory (loss, AUC, ε, gradient size)")
-  add("--seed", type=int, default=defaults.seed,
-      help="seed of initialisation only (public); noise and batches come from a secret key")
-  add("--insecure-noise-seed", type=int, metavar="N",
-      help="derive noise, batches and DP top-k draws from N: reproducible, NOT private (the "
-           "summary and ledger say so)")
-  add("--run-dir", metavar="DIR",
-      help="keep the run's id, secret noise key (DIR/secret: keep it private), ledger and "
-           "checkpoints here; rerunning the same command resumes a killed run from its last "
-           "checkpoint (same batches and noise, no step paid twice)")
-  add("--checkpoint-every", type=int, default=defaults.checkpoint_every, metavar="N",
-      help="steps between checkpoints with --run-dir (one is always written at the end)")
-  add("--keep-checkpoints", type=int, default=defaults.keep_checkpoints, metavar="K",
-      help="keep the newest K checkpoints (0: all)")
-  add("--diagnostics", action="store_true",
-      help="also report non-private diagnostics (exact training loss/AUC), labelled so")
-  add("--no-progress", action="store_true", help="no progress bar")
+  run_cli.add_run_arguments(
+      add, defaults, randomness="noise, batches, DP top-k draws and the DP base rate",
+      diagnostics="exact training loss/AUC",
+      run_dir_help="keep the run's id, secret noise key (DIR/secret: keep it private), ledger "
+                   "and checkpoints here; rerunning the same command resumes a killed run from "
+                   "its last checkpoint (same batches and noise, no step paid twice)")
+  run_cli.add_fit_arguments(add, defaults)
   parser.set_defaults(func=run)
 
 
-def options_from_args(args) -> CTRTrainOptions:
-  """The `CTRTrainOptions` of parsed arguments (also used by `dprec audit`)."""
-  fields = {f.name for f in dataclasses.fields(CTRTrainOptions)}
-  return CTRTrainOptions(progress=not args.no_progress,
-                         **{key: value for key, value in vars(args).items() if key in fields})
-
-
 def run(args) -> dict:
-  return ctr.run(options_from_args(args))
+  return ctr.run(run_cli.options_from_args(CTRTrainOptions, args))

@@ -3,6 +3,7 @@ import argparse
 import dataclasses
 
 from dprec.workflows import dp_forward
+from dprec.workflows import run_cli
 from dprec.workflows import seqrec
 
 
@@ -59,54 +60,24 @@ def register(subparsers):
   add("--item-frequency-share", type=float, default=0.05, metavar="FRACTION",
       help="share of ε for the DP histogram of p_i (default 0.05; training's σ is calibrated "
            "for the rest)")
-  add("--fixed-batches", action="store_true",
-      help="fixed-size shuffled batches instead of Poisson sampling (ledger flags it)")
-  add("--accountant", choices=("pld", "rdp"), default="pld", help="privacy accountant")
-  add("--ledger", help="privacy ledger JSON file (default: DIR/ledger.json with --run-dir, "
-      "else a temporary one)")
-  add("--run-dir", metavar="DIR",
-      help="checkpoint here and keep the ledger here; rerunning the same command resumes a "
-           "killed run from its last checkpoint (same batches and noise, no step paid twice)")
-  add("--checkpoint-every", type=int, default=100, metavar="N",
-      help="steps between checkpoints with --run-dir (one is always written at the end)")
-  add("--keep-checkpoints", type=int, default=2, metavar="K",
-      help="keep the newest K checkpoints (0: all, e.g. for a learning curve with "
-           "benchmarks/dpformer_amazon.py --curve)")
   add("--exclude-history", action="store_true", help="do not rank items already in the history")
   add("--eval-batch-size", type=int, default=256, help="users scored per evaluation batch")
-  add("--seed", type=int, default=0,
-      help="seed of initialisation and dropout only (public); noise and batches come from a "
-           "secret key")
-  add("--insecure-noise-seed", type=int, metavar="N",
-      help="derive noise, batches and the histogram's noise from N: reproducible, NOT private "
-           "(the summary and ledger say so)")
-  add("--diagnostics", action="store_true",
-      help="also report non-private diagnostics (the exact training loss), labelled so")
+  run_cli.add_run_arguments(
+      add, seqrec.SeqRecTrainOptions, randomness="noise, batches and the histogram's noise",
+      diagnostics="the exact training loss",
+      run_dir_help="checkpoint here and keep the ledger and the secret noise key (DIR/secret: "
+                   "keep it private) here; rerunning the same command resumes a killed run from "
+                   "its last checkpoint (same batches and noise, no step paid twice); "
+                   "benchmarks/dpformer_amazon.py --curve evaluates kept checkpoints")
+  run_cli.add_fit_arguments(add, seqrec.SeqRecTrainOptions)
   _add_dp_forward_arguments(parser)
-  add("--no-progress", action="store_true", help="no progress bars")
-  add("--summary-json", help="also write the JSON summary to this file")
   parser.set_defaults(func=run)
 
 
 def run(args):
-  options = seqrec.SeqRecTrainOptions(
-      data=args.data, epsilon=args.epsilon, delta=args.delta, epochs=args.epochs,
-      batch_size=args.batch_size, learning_rate=args.learning_rate, optimizer=args.optimizer,
-      adambc_floor=args.adambc_floor,
-      l2_norm_clip=args.l2_norm_clip, normalization_offset=args.normalization_offset,
-      max_len=args.max_len, dim=args.dim, item_rank=args.item_rank,
-      num_blocks=args.num_blocks, num_heads=args.num_heads, dropout=args.dropout,
-      reattention=not args.no_reattention, tied=not args.untied,
-      loss_positions=args.loss_positions, score_padding=args.score_padding,
-      variance_scale=args.variance_scale, item_frequencies=args.item_frequencies,
-      item_frequency_share=args.item_frequency_share,
-      fixed_batches=args.fixed_batches, accountant=args.accountant, ledger=args.ledger,
-      run_dir=args.run_dir, checkpoint_every=args.checkpoint_every,
-      keep_checkpoints=args.keep_checkpoints,
-      exclude_history=args.exclude_history, eval_batch_size=args.eval_batch_size,
-      seed=args.seed, insecure_noise_seed=args.insecure_noise_seed,
-      diagnostics=args.diagnostics, progress=not args.no_progress,
-      summary_json=args.summary_json)
+  options = run_cli.options_from_args(seqrec.SeqRecTrainOptions, args,
+                                      reattention=not args.no_reattention, tied=not args.untied,
+                                      dp_forward=None)
   if args.dp_forward:
     options = dataclasses.replace(options, dp_forward=_dp_forward_options(args),
                                   loss_positions="last", reattention=False)

@@ -1,9 +1,9 @@
 """`dprec stream`: the command line of `dprec.workflows.stream` (parse, then call)."""
 import argparse
-import dataclasses
 
 from dprec.workflows import ctr
 from dprec.workflows import ctr_cli
+from dprec.workflows import run_cli
 from dprec.workflows import stream
 
 USAGE = """\
@@ -22,9 +22,6 @@ def register(subparsers):
   data = parser.add_argument_group("stream")
   data.add_argument("--data", required=True,
                     help="output directory of `dprec preprocess criteo [--streaming]`")
-  data.add_argument("--run-dir", default="stream_run",
-                    help="checkpoints, ledger, metrics.csv, TensorBoard logs, plot "
-                    "(default %(default)s)")
   data.add_argument("--period-days", type=int, default=1,
                     help="days per training period (seed 001 Table 5: 1, 2, 4, 8, 16, 18)")
   data.add_argument("--train-days", type=int, default=None,
@@ -33,11 +30,6 @@ def register(subparsers):
                     help="seconds to wait for the next period before finishing (default 0)")
   data.add_argument("--poll-interval", type=float, default=1.0,
                     help="seconds between looks for a new period while waiting")
-  data.add_argument("--checkpoint-every", type=int, default=100, help="steps between checkpoints")
-  data.add_argument("--summary-json", default=None, help="also write the JSON summary here")
-  data.add_argument("--diagnostics", action="store_true",
-                    help="also keep non-private diagnostics (exact period sizes, batch sizes, "
-                    "training losses) under 'diagnostics_nonprivate'")
   dp = parser.add_argument_group("privacy")
   dp.add_argument("--algorithm", default="dp_adafest", choices=ctr.ALGORITHMS)
   dp.add_argument("--epsilon-total", type=float, default=None,
@@ -57,8 +49,6 @@ def register(subparsers):
   dp.add_argument("--top-k-epsilon", type=float, default=0.1,
                   help="total pure ε of the per-period DP top-k refreshes; 0 treats the "
                   "counts as public")
-  dp.add_argument("--accountant", default="pld", choices=("pld", "rdp"))
-  dp.add_argument("--ledger", default=None, help="privacy ledger (default RUN_DIR/ledger.json)")
   model = parser.add_argument_group("model and step")
   model.add_argument("--batch-size", type=int, default=1024, help="expected (Poisson) batch size")
   model.add_argument("--l2-norm-clip", type=float, default=1.0, help="C2")
@@ -73,21 +63,14 @@ def register(subparsers):
                      help="comma-separated Dense widths (default: App. D.1.1's four of 598)")
   model.add_argument("--headroom", type=float, default=1.5,
                      help="spare table rows for new ids, as a factor (default 1.5)")
-  model.add_argument("--seed", type=int, default=0,
-                     help="seed of initialisation only (public; default %(default)s)")
-  model.add_argument("--insecure-noise-seed", type=int, default=None, metavar="N",
-                     help="derive batches, noise and DP top-k draws from N: reproducible, NOT "
-                     "private (the summary and ledger say so)")
-  model.add_argument("--no-progress", action="store_true", help="no progress bars")
+  run_cli.add_run_arguments(
+      parser.add_argument_group("run").add_argument, defaults,
+      randomness="batches, noise and DP top-k draws",
+      diagnostics="exact period sizes, batch sizes, training losses",
+      run_dir_help="run id, secret noise key (DIR/secret: keep it private), checkpoints, "
+                   "ledger, metrics.csv, TensorBoard logs, plot (default %(default)s)")
   parser.set_defaults(func=run)
 
 
-def options_from_args(args) -> stream.StreamOptions:
-  """The `StreamOptions` of parsed arguments (also used by benchmarks/streaming_criteo.py)."""
-  fields = {f.name for f in dataclasses.fields(stream.StreamOptions)}
-  return stream.StreamOptions(progress=not args.no_progress,
-                              **{key: value for key, value in vars(args).items() if key in fields})
-
-
 def run(args):
-  return stream.run(options_from_args(args))
+  return stream.run(run_cli.options_from_args(stream.StreamOptions, args))
