@@ -142,9 +142,6 @@ def plan_privacy(epsilon_total, delta, examples_per_period, batch_size, steps_pe
                 accountant=accountant, poisson=poisson)
   if not math.isfinite(epsilon_total):
     return PrivacyPlan(noise_multiplier=noise_multiplier, **common)
-  if not 0 <= selection_epsilon < epsilon_total:
-    raise DprecError(f"the selection budget {selection_epsilon} leaves nothing of the budget "
-                     f"{epsilon_total} for training")
   sigmas = {label: _mechanism_sigma(share * epsilon_total, delta, accountant)
             for label, share in mechanisms}
   if noise_multiplier is None:
