@@ -26,6 +26,7 @@ from apache_beam.metrics import Metrics
 from dprec.data import criteo_tfrecord
 from dprec.data.criteo import CATEGORICAL_FEATURES
 from dprec.data.criteo import CriteoVocabulary
+from dprec.data.criteo import ID_DOMAIN
 from dprec.data.criteo import INTEGER_FEATURES
 from dprec.data.criteo import TABLE3_VOCAB_SIZES
 from dprec.data.criteo import count_categories
@@ -37,7 +38,6 @@ from pipelines import beam_io
 VOCAB_MODES = ("min_count", "top_k", "dp_top_k")
 DEAD_LETTERS = "dead_letters"
 METRICS_NAMESPACE = "dprec.criteo"
-ID_DOMAIN = 1 << 32  # Criteo ids are 8 hex digits.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -137,25 +137,17 @@ def dp_top_k_ids(ids: np.ndarray, counts: np.ndarray, k: int, epsilon: float,
                  rng: np.random.Generator, domain: int = ID_DOMAIN) -> np.ndarray:
   """One-shot Gumbel top-k (note 001 §2.1) of one feature over its whole id domain; best first.
 
-  Gumbel scale k/ε, as `dprec.privacy.gumbel_top_k`: k exponential-mechanism draws of ε/k, ε in
-  all. Candidates are every id of the domain, not only the ids seen (a data-dependent candidate
-  set would let a single example make its id selectable). The M never-seen ids all count 0, so
-  their k largest noisy counts are the k largest of M iid Gumbels, sampled exactly through the
-  order statistics of exponentials (Gumbel = -scale·log Exp(1); Rényi's representation); a slot
-  one of them wins gets a uniformly random unseen id.
+  `dprec.privacy.gumbel_top_k` with the never-seen ids of the domain as candidates counting 0; a
+  slot one of them wins gets a uniformly random unseen id.
   """
-  scale = k / epsilon
-  noisy = counts + rng.gumbel(scale=scale, size=len(counts))
-  unseen = domain - len(ids)
-  draws = min(k, unseen)
-  smallest = np.cumsum(rng.exponential(size=draws) / (unseen - np.arange(draws)))
-  values = np.concatenate([noisy, -scale * np.log(smallest)])
-  top = np.argsort(-values, kind="stable")[:k]
-  chosen = np.where(top < len(ids), ids[np.minimum(top, len(ids) - 1)] if len(ids) else 0, -1)
-  while (chosen < 0).any():
-    slots = np.flatnonzero(chosen < 0)
+  from dprec.privacy.top_k import ABSENT, gumbel_top_k  # pylint: disable=import-outside-toplevel
+  top = gumbel_top_k(counts, k, epsilon, rng, domain)
+  chosen = np.full(len(top), ABSENT, np.int64)
+  chosen[top != ABSENT] = np.asarray(ids, np.int64)[top[top != ABSENT]]
+  while (chosen == ABSENT).any():
+    slots = np.flatnonzero(chosen == ABSENT)
     fresh = rng.integers(0, domain, size=len(slots))
-    fresh[np.isin(fresh, ids) | np.isin(fresh, chosen)] = -1
+    fresh[np.isin(fresh, ids) | np.isin(fresh, chosen)] = ABSENT
     chosen[slots] = fresh
   return chosen.astype(np.int64)
 

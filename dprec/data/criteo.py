@@ -25,6 +25,7 @@ from dprec.errors import DprecError, InputError
 INTEGER_FEATURES = [f"I{i}" for i in range(1, 14)]
 CATEGORICAL_FEATURES = [f"C{i}" for i in range(1, 27)]
 COLUMNS = ["label"] + INTEGER_FEATURES + CATEGORICAL_FEATURES
+ID_DOMAIN = 1 << 32  # categorical ids are 8 hex digits: the candidates of every DP selection
 
 # Note 001 Table 3: the paper's categorical-feature-14 … -39 are C1 … C26 (sum 338,782).
 TABLE3_VOCAB_SIZES = (

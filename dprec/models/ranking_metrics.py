@@ -7,11 +7,10 @@ scores 0. Metrics are also reported per popularity bucket of the target item: it
 training frequency and split into head / torso / tail so that each bucket holds a third of all
 training occurrences (the head is the few items that make up the first third).
 """
-import sys
-
 import numpy as np
 import tensorflow as tf
-import tqdm
+
+from dprec.progress import progress_bar
 
 BUCKETS = ("head", "torso", "tail")
 
@@ -97,7 +96,7 @@ def evaluate_model(model, histories, targets, item_frequencies, batch_size=512,
   score = tf.function(model.score_items, reduce_retracing=True)
   bar = None
   if progress:
-    bar = lambda it: tqdm.tqdm(it, desc="full ranking", unit="batch", file=sys.stderr)
+    bar = lambda it: progress_bar(it, desc="full ranking", unit="batch")
   return evaluate_full_ranking(lambda h: score(tf.constant(h)), histories, targets,
                                popularity_buckets(item_frequencies), batch_size=batch_size,
                                exclude_history=exclude_history, progress=bar)

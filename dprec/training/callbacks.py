@@ -13,9 +13,9 @@ import time
 from typing import Mapping, Optional
 
 import tensorflow as tf
-import tqdm
 
 from dprec.errors import BudgetExceededError
+from dprec.progress import progress_bar
 
 
 class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
@@ -236,8 +236,8 @@ class ProgressBar(tf.keras.callbacks.Callback):
 
   def on_train_begin(self, logs=None):
     steps, epochs = self.params.get("steps"), self.params.get("epochs") or 1
-    self._bar = tqdm.tqdm(total=self.initial + steps * epochs if steps else None,
-                          initial=self.initial, desc=self.desc, unit="step")
+    self._bar = progress_bar(total=self.initial + steps * epochs if steps else None,
+                             initial=self.initial, desc=self.desc, unit="step")
 
   def on_train_batch_end(self, batch, logs=None):
     self._bar.update(1)
@@ -262,7 +262,8 @@ class PeriodProgress:
       if self.bar is not None:
         self.bar.close()
       self.period = period
-      self.bar = tqdm.tqdm(total=self.total, initial=step, desc=f"period {period}", unit="step")
+      self.bar = progress_bar(total=self.total, initial=step, desc=f"period {period}",
+                              unit="step")
     self.bar.update(1)
     if self.diagnostics:
       self.bar.set_postfix(loss=f"{logs.get('loss', float('nan')):.4f}")
