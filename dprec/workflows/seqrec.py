@@ -32,7 +32,7 @@ from dprec.optimizers.sparse import ADAMBC_FLOOR, AdamBC
 from dprec.privacy import user_histogram
 from dprec.privacy.noise_key import NoiseKey
 from dprec.training import poisson
-from dprec.workflows import dp_forward
+from dprec.workflows import dp_forward as dp_forward_lib
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import resume as resume_lib
 from dprec.workflows import run as run_lib
@@ -86,11 +86,11 @@ class SeqRecTrainOptions(run_lib.FitOptions):
   item_frequency_share: float = 0.05
   exclude_history: bool = False
   eval_batch_size: int = 256
-  dp_forward: Optional[dp_forward.DPForwardOptions] = None
+  dp_forward: Optional[dp_forward_lib.DPForwardOptions] = None
 
   def __post_init__(self):
     if isinstance(self.dp_forward, dict):  # from a checkpoint's fingerprint
-      self.dp_forward = dp_forward.DPForwardOptions(**self.dp_forward)
+      self.dp_forward = dp_forward_lib.DPForwardOptions(**self.dp_forward)
 
   @property
   def private(self):
@@ -142,7 +142,7 @@ def plan_privacy(options, num_examples) -> plan_lib.PrivacyPlan:
                      "users; give a smaller one or none (then it is chosen from N)")
   delta = options.delta if options.delta is not None else 1.0 / num_examples
   if options.dp_forward is not None:
-    return dp_forward.plan_run(options, delta, num_examples)
+    return dp_forward_lib.plan_run(options, delta, num_examples)
   steps = max(1, int(round(options.epochs * num_examples / options.batch_size)))
   if not options.private:
     return plan_lib.plan_privacy(math.inf, None, num_examples, options.batch_size, steps)
@@ -217,9 +217,9 @@ def _pay_before_training(options, plan, run, resume, num_examples):
   if run.open_plan_ledger(plan) is None:
     return None
   if plan.forward is not None:
-    return dp_forward.pay_before_training(
+    return dp_forward_lib.pay_before_training(
         run, plan, LEDGER_LABEL, resume.step,
-        dp_forward.steps_per_epoch(num_examples, options.batch_size))
+        dp_forward_lib.steps_per_epoch(num_examples, options.batch_size))
   run.check_budget(plan, LEDGER_LABEL, plan.steps)
   run.pay_once(plan)
   return run.budget_callback(plan, LEDGER_LABEL, resume.step, options.charge_every)
@@ -239,8 +239,9 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
   tf.keras.utils.set_random_seed(options.seed)
   with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed) as run:
     if plan.forward is not None:
-      prior = dp_forward.label_prior(options.item_frequencies, data.item_ids, examples.num_items)
-      examples = dataclasses.replace(examples, labels=dp_forward.training_labels(
+      prior = dp_forward_lib.label_prior(options.item_frequencies, data.item_ids,
+                                         examples.num_items)
+      examples = dataclasses.replace(examples, labels=dp_forward_lib.training_labels(
           examples.labels, prior, plan.forward.label_epsilon, rng=run.numpy_rng("label rr"),
           saved=options.run_dir and os.path.join(options.run_dir, "rr_labels.npy")))
     # The histogram's noise comes from the run's key, so a resumed run draws the same p_i.
@@ -282,7 +283,7 @@ def _summary(options, examples, plan, history, metrics, timer, run, resume):
   losses = history.get("loss") or [resume.loss if resume.loss is not None else float("nan")]
   notes, forward = [], None
   if plan.forward is not None:
-    forward = dp_forward.summary(plan.forward, options.dp_forward)
+    forward = dp_forward_lib.summary(plan.forward, options.dp_forward)
     notes.append(forward["privacy_note"])
   summary = {
       "model": "dpformer" if options.reattention else "vanilla",
