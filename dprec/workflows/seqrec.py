@@ -21,7 +21,6 @@ from typing import Optional
 import tensorflow as tf
 
 from dprec.data.sequences import SeqRecExamples, load_sequences, make_examples
-from dprec.data.sequences import read_item_frequencies
 from dprec.errors import DprecError
 from dprec.layers.reattention import ReAttentionConfig
 from dprec.models import ranking_metrics
@@ -29,16 +28,15 @@ from dprec.models.seqrec import SeqRecConfig, SeqRecModel, warmup_linear_decay
 from dprec.optimizers import config as config_lib
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.sparse import ADAMBC_FLOOR, AdamBC
-from dprec.privacy import user_histogram
 from dprec.privacy.noise_key import NoiseKey
 from dprec.training import poisson
 from dprec.workflows import dp_forward as dp_forward_lib
+from dprec.workflows import item_frequencies as frequencies_lib
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import resume as resume_lib
 from dprec.workflows import run as run_lib
 
 COMMAND = LEDGER_LABEL = "train seqrec"
-FREQUENCIES_LABEL = f"{LEDGER_LABEL} item frequencies"
 FORWARD_NOISE = "forward noise"
 EPSILON_COVERS = {
     "epsilon": "(epsilon, delta)-DP for adding or removing one user (all of their training "
@@ -146,31 +144,16 @@ def plan_privacy(options, num_examples) -> plan_lib.PrivacyPlan:
   steps = max(1, int(round(options.epochs * num_examples / options.batch_size)))
   if not options.private:
     return plan_lib.plan_privacy(math.inf, None, num_examples, options.batch_size, steps)
-  histogram = []
-  if options.reattention and options.item_frequencies is None:
-    histogram = [(FREQUENCIES_LABEL, options.item_frequency_share)]
   return plan_lib.plan_privacy(options.epsilon, delta, num_examples, options.batch_size, steps,
-                               mechanisms=histogram, accountant=options.accountant,
-                               poisson=not options.fixed_batches)
-
-
-def item_frequencies(options, data, examples, plan, generator):
-  """Re-Attention's p_i (None without DP or Re-Attention): the public `--item-frequencies` file,
-  else a DP histogram of users per item over the training rows (noise from `generator`)."""
-  if not (options.private and options.reattention) or options.dp_forward is not None:
-    return None
-  if options.item_frequencies is not None:
-    if data.item_ids is None:
-      raise DprecError("--item-frequencies needs the data set's item ids (item_ids.txt)")
-    return read_item_frequencies(options.item_frequencies, data.item_ids)
-  return user_histogram.dp_item_frequencies(examples.items, examples.num_items,
-                                            plan.mechanisms[FREQUENCIES_LABEL], generator)
+                               mechanisms=frequencies_lib.mechanisms(options),
+                               accountant=options.accountant, poisson=not options.fixed_batches)
 
 
 def build_model(options, examples, plan, frequencies=None, noise_key=None):
   """A compiled `SeqRecModel`; Re-Attention's error model is set from the plan and `frequencies`
-  (`item_frequencies`; None leaves it to a checkpoint restored into the model). The DP and
-  DP-Forward noise generators are keyed from `noise_key` (a run's; None: a fresh secret one)."""
+  (`dprec.workflows.item_frequencies`; None leaves it to a checkpoint restored into the model).
+  The DP and DP-Forward noise generators are keyed from `noise_key` (a run's; None: a fresh
+  secret one)."""
   noise_key = noise_key or NoiseKey.fresh()
   config = options.model_config(examples.num_items)
   if plan.forward is not None:
@@ -245,8 +228,8 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
           examples.labels, prior, plan.forward.label_epsilon, rng=run.numpy_rng("label rr"),
           saved=options.run_dir and os.path.join(options.run_dir, "rr_labels.npy")))
     # The histogram's noise comes from the run's key, so a resumed run draws the same p_i.
-    frequencies = item_frequencies(options, data, examples, plan,
-                                   run.numpy_rng("item histogram"))
+    frequencies = frequencies_lib.frequencies(options, data, examples, plan,
+                                              run.numpy_rng("item histogram"))
     model = build_model(options, examples, plan, frequencies, run.noise_key)
     resume = run.resume(model, options.run_fingerprint(train_examples=len(examples.items),
                                                        items=examples.num_items),
@@ -263,20 +246,9 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
     summary = _summary(options, examples, plan, history, evaluate(model, examples, options),
                        timer, run, resume)
     summary.update(batch_size_chosen=batch_size_chosen,
-                   item_frequencies=_frequency_source(options, plan, frequencies))
+                   item_frequencies=frequencies_lib.source(options, plan, frequencies))
   run_lib.write_summary(summary, options.summary_json)
   return summary
-
-
-def _frequency_source(options, plan, frequencies):
-  """Where Re-Attention's p_i came from, for the summary."""
-  if frequencies is None:
-    return None
-  if options.item_frequencies is not None:
-    return {"source": "public file", "path": options.item_frequencies, "public": True}
-  return {"source": "dp histogram", "epsilon_share": options.item_frequency_share,
-          "noise_multiplier": plan.mechanisms[FREQUENCIES_LABEL],
-          "max_items_per_user": options.max_len, "ledger_label": FREQUENCIES_LABEL}
 
 
 def _summary(options, examples, plan, history, metrics, timer, run, resume):

@@ -12,7 +12,7 @@ from dprec.data.sequences import load_sequences, make_examples, read_item_freque
 from dprec.errors import DprecError
 from dprec.privacy import PrivacyLedger, user_histogram
 from dprec.training import checkpoint as ckpt_lib
-from dprec.workflows import seqrec
+from dprec.workflows import item_frequencies
 
 SMALL = ["--epochs", "1", "--max-len", "8", "--dim", "8", "--blocks", "1", "--no-progress"]
 TINY = SMALL + ["--batch-size", "32"]
@@ -95,7 +95,7 @@ def test_trained_model_holds_dp_frequencies_charged_to_the_ledger(data_dir, tmp_
 
   def commit_after_the_charge(manager, *args, **kwargs):  # every checkpoint holds the noisy p_i
     labels = [c["label"] for c in PrivacyLedger(ledger_path).charges]
-    assert seqrec.FREQUENCIES_LABEL in labels, "a checkpoint before the histogram's charge"
+    assert item_frequencies.LABEL in labels, "a checkpoint before the histogram's charge"
     return commit(manager, *args, **kwargs)
 
   monkeypatch.setattr(ckpt_lib.CheckpointManager, "commit", commit_after_the_charge)
