@@ -16,7 +16,7 @@ import tempfile
 
 from dprec.audit import ctr as audit_ctr
 from dprec.data import synthetic
-from dprec.models import ctr_cli
+from dprec.workflows import ctr as ctr_workflow
 
 ALGORITHMS = ("dp_sgd", "dp_fest", "dp_adafest", "dp_adafest_plus")
 
@@ -39,12 +39,12 @@ def main():
   with tempfile.TemporaryDirectory() as directory:
     synthetic.generate_criteo(directory, rows=args.rows, days=3, seed=0, vocab=args.vocab,
                               progress=False)
-    data = ctr_cli.load_data(directory)
+    data = ctr_workflow.load_data(directory)
   runs = [("non_private", None)] + [(a, e) for e in args.epsilons for a in ALGORITHMS]
   print("| algorithm | claimed ε | ε lower bound (95%) | canaries × runs | correct / guesses |")
   print("|---|---|---|---|---|")
   for algorithm, epsilon in runs:
-    train = ctr_cli.CTRTrainOptions(
+    train = ctr_workflow.CTRTrainOptions(
         data=directory, algorithm=algorithm, epsilon=epsilon, batch_size=args.batch_size,
         steps=args.steps, hidden_units=tuple(int(u) for u in args.hidden_units.split(",")),
         top_k=args.top_k, threshold=args.threshold, accountant=args.accountant,

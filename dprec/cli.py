@@ -28,9 +28,9 @@ COMMANDS = {
     "preprocess": ("Apache Beam preprocessing jobs (Criteo batch/streaming, sequences)",
                    ("pipelines.cli",)),
     "train": ("train a CTR or sequential recommender model, non-privately or with DP",
-              ("dprec.models.ctr_cli", "dprec.models.seqrec_cli")),
+              ("dprec.workflows.ctr_cli", "dprec.workflows.seqrec_cli")),
     "stream": ("online training period by period on a growing Criteo time series",
-               ("dprec.training.stream_cli",)),
+               ("dprec.workflows.stream_cli",)),
     "audit": ("empirical privacy audit: an ε lower bound from canaries",
               ("dprec.audit.ctr",)),
 }
