@@ -49,15 +49,17 @@ def _clipped_sum(model, x, y):
   return {v.name: tf.convert_to_tensor(g).numpy() for g, v in grads}
 
 
+@pytest.mark.parametrize("secure", [False, True], ids=["default", "secure"])
 @pytest.mark.parametrize("selected, offset", [
     (None, None), ({"a0": [0, 1, 2], "m": [0, 3, 4, 5]}, None), (None, 0.01)],
                          ids=["dp_sgd", "dp_fest", "dp_sgd_normalized"])
-def test_clipped_sum_and_sensitivity(lib, selected, offset):
+def test_clipped_sum_and_sensitivity(lib, selected, offset, secure):
   clip = 0.05
   config = (DPSGD(clip, 0.0, normalization_offset=offset) if selected is None
             else DPFEST(clip, 0.0, selected))
   model = lib.build_model()
-  model.compile(DPOptimizer(config, SparseSGD(0.1), expected_batch_size=1.0), loss=lib.loss)
+  model.compile(DPOptimizer(config, SparseSGD(0.1), expected_batch_size=1.0,
+                            secure_noise=secure), loss=lib.loss)
   x, y = lib.make_batch(n=8)
   full = _clipped_sum(model, x, y)
   # The clipped sum equals the brute-force sum of clipped (or normalised), masked per-example
@@ -87,7 +89,8 @@ def _wide_model(vocab=100000, dim=4):
   return DPModel(ids, tf.keras.layers.Dense(1)(h))
 
 
-def test_sparse_noise_on_kept_rows_only(lib):
+@pytest.mark.parametrize("secure", [False, True], ids=["default", "secure"])
+def test_sparse_noise_on_kept_rows_only(lib, secure):
   """σ2·C2 noise on every kept row (false positives included) and on dense variables;
   the update leaves every other row bit-for-bit unchanged."""
   sigma2, clip2, batch = 3.0, 0.5, 4.0
@@ -95,7 +98,7 @@ def test_sparse_noise_on_kept_rows_only(lib):
                      threshold=1.6449)  # Ψ(1.6449) = 5%: ≈ 5,000 false positives of 100,000
   model = _wide_model()
   model.compile(DPOptimizer(config, SparseSGD(1.0), expected_batch_size=batch,
-                            insecure_noise_seed=1),
+                            insecure_noise_seed=1, secure_noise=secure),
                 loss=lib.loss)
   x = tf.constant([[1, 2], [3, 3], [1, 4], [5, 6]], tf.int64)
   y = tf.constant([[1.0], [0.0], [1.0], [0.0]])
@@ -119,10 +122,11 @@ def test_sparse_noise_on_kept_rows_only(lib):
   np.testing.assert_array_equal(before[untouched], after[untouched])
 
 
-def test_dp_sgd_noise_is_dense(lib):
+@pytest.mark.parametrize("secure", [False, True], ids=["default", "secure"])
+def test_dp_sgd_noise_is_dense(lib, secure):
   model = _wide_model(vocab=2000, dim=8)
   model.compile(DPOptimizer(DPSGD(0.5, 2.0), SparseSGD(1.0), expected_batch_size=1.0,
-                            insecure_noise_seed=2),
+                            insecure_noise_seed=2, secure_noise=secure),
                 loss=lib.loss)
   x = tf.constant([[1, 2], [3, 3]], tf.int64)
   grads = {v.name: g for g, v in model.dp_gradients(x, tf.constant([[1.0], [0.0]]))}

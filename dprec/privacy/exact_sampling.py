@@ -1,0 +1,291 @@
+"""Exact sampling from uniform random digits: the standard normal (Karney 2016) to a fixed number
+of binary places, and geometric gaps whose rate is irrational.
+
+No floating-point value ever stands for a random variable here. A uniform deviate in [0, 1) is a
+*u-rand* (Karney): its binary digits are drawn only as far as a comparison needs them, so every
+decision is the one the real-valued deviate would make, and the output distributions are exact
+(not within rounding of the target). Arrays of samples are processed together (numpy), with the
+rare comparisons that need more than one digit resolved element by element.
+
+`floor_normal(source, n, places)` returns M = ⌊2^places · N⌋ for N ~ N(0, 1), from Karney's
+algorithm N ("Sampling exactly from the normal distribution", ACM TOMS 42(1), 2016, §3):
+  1. k ≥ 0 with probability e^(−k/2)(1 − e^(−1/2))  (Bernoulli(e^(−1/2)) trials until failure);
+  2. accept with probability e^(−k(k−1)/2)          (k(k−1) Bernoulli(e^(−1/2)) trials);
+  3. x a u-rand; accept with probability e^(−x(x+2k)/2): k + 1 trials of algorithm B, each
+     true with probability e^(−x(x+2k)/(2k+2)) by von Neumann's alternating-run method;
+  4. N = ±(k + x), the sign a fair bit.
+Bernoulli(e^(−1/2)) is von Neumann's method too: the longest run 1/2 > U1 > U2 > … has even length.
+
+`geometric(source, n, rate)` returns G with Pr[G ≥ g] = (1 − p)^g, i.e. G = ⌊−ln U / c⌋ with
+c = −ln(1 − p) held to 256 bits (`Rate`): U is refined until the floor is certain. The fast path
+decides in float64 only when the answer is the same under a relative perturbation of 2^−40 (a
+hundred million times libm's error bound); the rest are decided in mpmath at 256 bits.
+"""
+import math
+
+import mpmath
+import numpy as np
+
+PRECISION = 256  # bits of the mpmath arithmetic of `Rate` and the geometric slow path
+_FAST_MARGIN = 2.0 ** -40  # relative slack of the float64 fast path of `geometric`
+_SLOW_MARGIN = mpmath.mpf(2) ** -200  # relative slack of its mpmath slow path
+
+
+class _URands:
+  """u-rands: the first digit of each, and further digits (only after a tie) by id."""
+
+  def __init__(self, first, ids):
+    self.first, self.ids = first, ids
+
+  def take(self, index):
+    return _URands(self.first[index], self.ids[index])
+
+  def put(self, index, other):
+    self.first[index], self.ids[index] = other.first, other.ids
+
+
+class _Sampler:
+  """Exact samplers over `source.words(n)` (uint64 from a CSPRNG stream). `digit_bits` is the
+  width of a u-rand digit: 64 in use (a tie between two digits has probability 2^−64); tests
+  use a few bits, so that ties, and the digit-by-digit path, are frequent."""
+
+  def __init__(self, source, digit_bits=64):
+    if not 1 <= digit_bits <= 64:
+      raise ValueError(f"digit_bits must be in [1, 64], got {digit_bits}")
+    self.source, self.digit_bits = source, digit_bits
+    self._extra = {}  # u-rand id -> its digits after the first (drawn on ties only)
+    self._next_id = 0
+
+  # ------------------------------------------------------------------ random digits, integers
+  def _digits(self, n):
+    return self.source.words(n) >> np.uint64(64 - self.digit_bits)
+
+  def _fresh(self, n):
+    ids = np.arange(self._next_id, self._next_id + n, dtype=np.int64)
+    self._next_id += n
+    return _URands(self._digits(n), ids)
+
+  def _digit(self, uid, position):
+    """Digit `position` (≥ 1) of u-rand `uid`, drawn when first asked for."""
+    digits = self._extra.setdefault(int(uid), [])
+    while len(digits) < position:
+      digits.append(int(self._digits(1)[0]))
+    return digits[position - 1]
+
+  def bits(self, n):
+    """n fair bits."""
+    return (self.source.words(n) >> np.uint64(63)).astype(bool)
+
+  def below(self, modulus):
+    """Uniform integers in [0, modulus[i]) (uint64 moduli ≥ 1), by rejection of 64-bit words."""
+    modulus = np.asarray(modulus, dtype=np.uint64)
+    out = np.empty(modulus.shape, np.uint64)
+    todo = np.arange(modulus.size)
+    while todo.size:
+      m = modulus[todo]
+      words = self.source.words(todo.size)
+      # Accept words below the largest multiple of m that fits in 2^64: (2^64 mod m) = (−m) mod m.
+      ok = words <= np.uint64(2 ** 64 - 1) - (np.uint64(0) - m) % m
+      out[todo[ok]] = words[ok] % m[ok]
+      todo = todo[~ok]
+    return out
+
+  # ------------------------------------------------------------------ u-rand comparisons
+  def _less_fresh(self, than, index):
+    """Fresh u-rands z for elements `index` of `than`, and whether z < than[index]."""
+    z = self._fresh(index.size)
+    y_first, y_ids = than.first[index], than.ids[index]
+    less = z.first < y_first
+    for i in np.flatnonzero(z.first == y_first):  # probability 2^−digit_bits each
+      position = 1
+      while True:
+        a, b = self._digit(z.ids[i], position), self._digit(y_ids[i], position)
+        if a != b:
+          less[i] = a < b
+          break
+        position += 1
+    return z, less
+
+  # ------------------------------------------------------------------ Karney's algorithm N
+  def _exp_half(self, n):
+    """n independent Bernoulli(e^(−1/2)) (von Neumann; Karney's ExpProbH)."""
+    result = np.ones(n, bool)
+    start = self._fresh(n)
+    below_half = (start.first >> np.uint64(self.digit_bits - 1)) == 0  # 1/2 > U1
+    active = np.flatnonzero(below_half)
+    previous, run = start, np.ones(n, np.int64)
+    while active.size:
+      z, less = self._less_fresh(previous, active)
+      stopped = active[~less]
+      result[stopped] = run[stopped] % 2 == 0
+      active = active[less]
+      previous.put(active, z.take(less))
+      run[active] += 1
+    return result
+
+  def _all_exp_half(self, counts):
+    """True with probability e^(−counts[i]/2): counts[i] Bernoulli(e^(−1/2)) trials."""
+    ok = np.ones(counts.size, bool)
+    remaining = counts.astype(np.int64).copy()
+    active = np.flatnonzero(remaining > 0)
+    while active.size:
+      ok[active] = self._exp_half(active.size)
+      remaining[active] -= 1
+      active = active[ok[active] & (remaining[active] > 0)]
+    return ok
+
+  def _karney_b(self, x, k):
+    """Algorithm B for every element: true with probability e^(−x(x+2k)/(2k+2)).
+
+    n is the longest run x > U1 > … > Un whose every Vi < (x+2k)/(2k+2); the result is n even.
+    Vi's test: with probability 2k/(2k+2) it passes, with 1/(2k+2) it fails, else (1/(2k+2))
+    it is a fresh u-rand < x."""
+    n = k.size
+    result = np.zeros(n, bool)
+    previous = _URands(x.first.copy(), x.ids.copy())
+    run = np.zeros(n, np.int64)
+    active = np.arange(n)
+    while active.size:
+      z, going = self._less_fresh(previous, active)
+      choice = self.below(2 * k[active].astype(np.uint64) + 2).astype(np.int64)
+      twice_k = 2 * k[active]
+      going &= choice != twice_k + 1
+      compare = np.flatnonzero(going & (choice == twice_k))
+      if compare.size:
+        _, less = self._less_fresh(x, active[compare])
+        going[compare] = less
+      stopped = active[~going]
+      result[stopped] = run[stopped] % 2 == 0
+      active = active[going]
+      previous.put(active, z.take(going))
+      run[active] += 1
+    return result
+
+  def floor_normal(self, n, places):
+    """M = ⌊2^places · N⌋, N ~ N(0, 1), exactly (int64; places ≤ 40)."""
+    if not 0 <= places <= 40:
+      raise ValueError(f"places must be in [0, 40], got {places}")
+    out = np.empty(n, np.int64)
+    todo = np.arange(n)
+    while todo.size:
+      m = todo.size
+      k = np.zeros(m, np.int64)  # step 1
+      active = np.arange(m)
+      while active.size:
+        success = self._exp_half(active.size)
+        active = active[success]
+        k[active] += 1
+      accepted = self._all_exp_half(k * (k - 1))  # step 2
+      candidates = np.flatnonzero(accepted)
+      x = self._fresh(candidates.size)  # step 3: k + 1 trials of algorithm B
+      kc = k[candidates]
+      trial = np.zeros(candidates.size, np.int64)
+      alive = np.ones(candidates.size, bool)
+      pending = np.flatnonzero(trial <= kc)
+      while pending.size:
+        alive[pending] = self._karney_b(x.take(pending), kc[pending])
+        trial[pending] += 1
+        pending = pending[alive[pending] & (trial[pending] <= kc[pending])]
+      done = np.flatnonzero(alive)
+      if kc[done].size and kc[done].max() >= 2 ** 22:
+        raise OverflowError("a normal deviate beyond 2^22 (probability below e^(-2^43))")
+      magnitude = (kc[done] << places) + self._leading_bits(x.take(done), places)
+      negative = self.bits(done.size)
+      # ⌊−2^p(k + x)⌋ = −(2^p k + ⌊2^p x⌋) − 1: 2^p x is an integer with probability 0.
+      out[todo[candidates[done]]] = np.where(negative, -magnitude - 1, magnitude)
+      todo = np.delete(todo, candidates[done])
+    return out
+
+  def _leading_bits(self, urands, places):
+    """⌊2^places · x⌋ of u-rands x (drawing further digits where the first is too short)."""
+    if places <= self.digit_bits:
+      return (urands.first >> np.uint64(self.digit_bits - places)).astype(np.int64)
+    digits = -(-places // self.digit_bits)
+    out = np.empty(urands.first.size, np.int64)
+    for i, (first, uid) in enumerate(zip(urands.first, urands.ids)):
+      value = int(first)
+      for position in range(1, digits):
+        value = (value << self.digit_bits) | self._digit(uid, position)
+      out[i] = value >> (digits * self.digit_bits - places)
+    return out
+
+  # ------------------------------------------------------------------ geometric gaps
+  def geometric(self, n, rate, cap):
+    """G with Pr[G ≥ g] = (1 − p)^g for `rate` (a `Rate`), as min(G, cap) (int64)."""
+    words = self.source.words(n)
+    # U ∈ [lo, lo + 2^−53): its first 53 bits (exact in float64); E = −ln U ∈ (−ln hi, −ln lo].
+    lo = (words >> np.uint64(11)).astype(np.float64) * 2.0 ** -53
+    with np.errstate(divide="ignore"):
+      e_hi = -np.log(lo)
+    e_lo = -np.log(lo + 2.0 ** -53)
+    c = float(rate.log_keep)
+    g_lo = np.floor(np.minimum(e_lo * (1 - _FAST_MARGIN) / (c * (1 + _FAST_MARGIN)), cap))
+    g_hi = np.floor(np.minimum(e_hi * (1 + _FAST_MARGIN) / (c * (1 - _FAST_MARGIN)), cap))
+    out = g_lo.astype(np.int64)
+    for i in np.flatnonzero(g_lo != g_hi):
+      out[i] = self._geometric_exact(int(words[i]), rate.log_keep, cap)
+    return out
+
+  def _geometric_exact(self, prefix, log_keep, cap):
+    """⌊−ln U / c⌋ capped, U's first 64 bits `prefix`, refined 64 bits at a time in mpmath."""
+    places = 64
+    with mpmath.workprec(PRECISION):
+      while True:
+        scale = mpmath.mpf(2) ** -places
+        candidates = []
+        for end, margin in ((prefix + 1, 1 - _SLOW_MARGIN), (prefix, 1 + _SLOW_MARGIN)):
+          if end == 0:
+            candidates.append(cap)
+            continue
+          quotient = -mpmath.log(end * scale) * margin / log_keep
+          candidates.append(min(int(mpmath.floor(quotient)), cap))
+        if candidates[0] == candidates[1]:
+          return candidates[0]
+        prefix = (prefix << 64) | int(self.source.words(1)[0])
+        places += 64
+
+
+class Rate:
+  """A Bernoulli rate p ∈ (0, 1) for geometric gaps, with c = −ln(1 − p) to `PRECISION` bits.
+  `Rate(p)`: p a float (taken as the exact binary fraction it is); `Rate.gaussian_tail(θ)`:
+  p = Pr[N(0, 1) ≥ θ] for a binary fraction θ."""
+
+  def __init__(self, probability):
+    with mpmath.workprec(PRECISION):
+      self._set(mpmath.mpf(probability))
+
+  def _set(self, probability):
+    if not 0 < probability < 1:
+      raise ValueError(f"a rate must be in (0, 1), got {probability}")
+    self.probability = float(probability)
+    self.log_keep = -mpmath.log1p(-probability)
+
+  @classmethod
+  def gaussian_tail(cls, threshold):
+    rate = cls.__new__(cls)
+    with mpmath.workprec(PRECISION):
+      rate._set(mpmath.erfc(mpmath.mpf(threshold) / mpmath.sqrt(2)) / 2)  # pylint: disable=protected-access
+    return rate
+
+  def __float__(self):
+    return self.probability
+
+  def __repr__(self):
+    return f"Rate({self.probability!r})"
+
+
+def bernoulli_positions(sampler, length, rate):
+  """Sorted positions of the ones among `length` i.i.d. Bernoulli(p) bits (`rate` a `Rate`),
+  from exact geometric gaps, drawn in chunks until they pass the end."""
+  length = int(length)
+  if length <= 0:
+    return np.zeros([0], np.int64)
+  mean = length * rate.probability
+  chunk = int(math.ceil(mean + 6.0 * math.sqrt(mean) + 16.0))
+  found, last = [], -1
+  while last < length - 1:
+    gaps = sampler.geometric(chunk, rate, length)
+    positions = last + np.cumsum(gaps + 1)
+    found.append(positions[positions < length])
+    last = int(positions[-1])
+  return np.concatenate(found)
