@@ -46,19 +46,20 @@ class _URands:
 
 class _Sampler:
   """Exact samplers over `source.words(n)` (uint64 from a CSPRNG stream). `digit_bits` is the
-  width of a u-rand digit: 64 in use (a tie between two digits has probability 2^−64); tests
-  use a few bits, so that ties, and the digit-by-digit path, are frequent."""
+  width of a u-rand digit, cut from half a word: 32 in use (a tie between two digits has
+  probability 2^−32 and is resolved digit by digit); tests use 1 bit, so that ties are frequent."""
 
-  def __init__(self, source, digit_bits=64):
-    if not 1 <= digit_bits <= 64:
-      raise ValueError(f"digit_bits must be in [1, 64], got {digit_bits}")
+  def __init__(self, source, digit_bits=32):
+    if not 1 <= digit_bits <= 32:
+      raise ValueError(f"digit_bits must be in [1, 32], got {digit_bits}")
     self.source, self.digit_bits = source, digit_bits
     self._extra = {}  # u-rand id -> its digits after the first (drawn on ties only)
     self._next_id = 0
 
   # ------------------------------------------------------------------ random digits, integers
   def _digits(self, n):
-    return self.source.words(n) >> np.uint64(64 - self.digit_bits)
+    halves = self.source.words((n + 1) // 2).view(np.uint32)[:n].astype(np.uint64)
+    return halves >> np.uint64(32 - self.digit_bits)
 
   def _fresh(self, n):
     ids = np.arange(self._next_id, self._next_id + n, dtype=np.int64)
@@ -74,7 +75,8 @@ class _Sampler:
 
   def bits(self, n):
     """n fair bits."""
-    return (self.source.words(n) >> np.uint64(63)).astype(bool)
+    words = self.source.words((n + 63) // 64)
+    return np.unpackbits(words.view(np.uint8))[:n].astype(bool)
 
   def below(self, modulus):
     """Uniform integers in [0, modulus[i]) (uint64 moduli ≥ 1), by rejection of 64-bit words."""
@@ -197,17 +199,16 @@ class _Sampler:
     return out
 
   def _leading_bits(self, urands, places):
-    """⌊2^places · x⌋ of u-rands x (drawing further digits where the first is too short)."""
-    if places <= self.digit_bits:
-      return (urands.first >> np.uint64(self.digit_bits - places)).astype(np.int64)
-    digits = -(-places // self.digit_bits)
-    out = np.empty(urands.first.size, np.int64)
-    for i, (first, uid) in enumerate(zip(urands.first, urands.ids)):
-      value = int(first)
-      for position in range(1, digits):
-        value = (value << self.digit_bits) | self._digit(uid, position)
-      out[i] = value >> (digits * self.digit_bits - places)
-    return out
+    """⌊2^places · x⌋ of u-rands x: the first digits, read where ties drew them, else fresh."""
+    digits = max(1, -(-places // self.digit_bits))
+    value = urands.first.copy()
+    drawn = np.isin(urands.ids, np.fromiter(self._extra, np.int64, len(self._extra)))
+    for position in range(1, digits):
+      digit = self._digits(value.size)
+      for i in np.flatnonzero(drawn):  # u-rands that tied: their own further digits
+        digit[i] = self._digit(urands.ids[i], position)
+      value = (value << np.uint64(self.digit_bits)) | digit
+    return (value >> np.uint64(digits * self.digit_bits - places)).astype(np.int64)
 
   # ------------------------------------------------------------------ geometric gaps
   def geometric(self, n, rate, cap):

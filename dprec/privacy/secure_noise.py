@@ -73,9 +73,9 @@ class SecureNoise:
   Like a `tf.random.Generator` it is put on a key per step (`reset`, which
   `NoiseKey.reset` and `KeyedNoiseCallback` call); each draw in the step gets its own stream.
   It holds its key in Python only (no TensorFlow variable, so never in a checkpoint).
-  `digit_bits`: u-rand digit width (64; tests use fewer to exercise ties)."""
+  `digit_bits`: u-rand digit width (32; tests use fewer to exercise ties)."""
 
-  def __init__(self, key: bytes, digit_bits: int = 64):
+  def __init__(self, key: bytes, digit_bits: int = 32):
     self.digit_bits = digit_bits
     self.reset(key)
 
