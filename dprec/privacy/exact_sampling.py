@@ -7,20 +7,29 @@ decision is the one the real-valued deviate would make, and the output distribut
 (not within rounding of the target). Arrays of samples are processed together (numpy), with the
 rare comparisons that need more than one digit resolved element by element.
 
-`floor_normal(source, n, places)` returns M = ⌊2^places · N⌋ for N ~ N(0, 1), from Karney's
-algorithm N ("Sampling exactly from the normal distribution", ACM TOMS 42(1), 2016, §3):
-  1. k ≥ 0 with probability e^(−k/2)(1 − e^(−1/2))  (Bernoulli(e^(−1/2)) trials until failure);
-  2. accept with probability e^(−k(k−1)/2)          (k(k−1) Bernoulli(e^(−1/2)) trials);
-  3. x a u-rand; accept with probability e^(−x(x+2k)/2): k + 1 trials of algorithm B, each
-     true with probability e^(−x(x+2k)/(2k+2)) by von Neumann's alternating-run method;
-  4. N = ±(k + x), the sign a fair bit.
-Bernoulli(e^(−1/2)) is von Neumann's method too: the longest run 1/2 > U1 > U2 > … has even length.
+`floor_normal(n, places)` returns M = ⌊2^places · N⌋ for N ~ N(0, 1), the sign a fair bit and
+|N| in two exact stages:
+  1. its bin j of width w = 2^−6 by inversion: the number of CDF values
+     F_i = Pr[|N| < i·w] = erf(i·w/√2) below U, a u-rand, read from a table of the F_i's first 64
+     bits (`_half_normal_bins`, computed once in 256-bit mpmath); U's 64-bit prefix decides
+     unless it equals a table entry (probability 2^−64), and then U and F_i are refined together;
+  2. inside the bin, x = (j + u)·w for a u-rand u, accepted with probability
+     φ(x)/φ(j·w) = exp(−c·u(u + 2j)), c = w²/2, by von Neumann's alternating-run method
+     (Karney 2016's algorithm B with its rational factor replaced by c: mostly one comparison);
+     a rejected u is redrawn in the same bin, so x has exactly the conditional law of |N| there.
+Beyond 40 (probability 10^−349) |N| comes from Karney's algorithm N ("Sampling exactly from the
+normal distribution", ACM TOMS 42(1), 2016, §3) by rejection, `karney_floor_normal`:
+  k ≥ 0 with probability e^(−k/2)(1 − e^(−1/2)) (Bernoulli(e^(−1/2)) trials until failure);
+  accepted with probability e^(−k(k−1)/2); x a u-rand accepted with probability e^(−x(x+2k)/2)
+  (k + 1 trials of algorithm B); |N| = k + x. Bernoulli(e^(−1/2)) is von Neumann's method: the
+  longest run 1/2 > U1 > U2 > … has even length.
 
 `geometric(source, n, rate)` returns G with Pr[G ≥ g] = (1 − p)^g, i.e. G = ⌊−ln U / c⌋ with
 c = −ln(1 − p) held to 256 bits (`Rate`): U is refined until the floor is certain. The fast path
 decides in float64 only when the answer is the same under a relative perturbation of 2^−40 (a
 hundred million times libm's error bound); the rest are decided in mpmath at 256 bits.
 """
+import functools
 import math
 
 import mpmath
@@ -29,6 +38,32 @@ import numpy as np
 PRECISION = 256  # bits of the mpmath arithmetic of `Rate` and the geometric slow path
 _FAST_MARGIN = 2.0 ** -40  # relative slack of the float64 fast path of `geometric`
 _SLOW_MARGIN = mpmath.mpf(2) ** -200  # relative slack of its mpmath slow path
+
+
+BIN_BITS = 6  # |N| is first placed in a bin of width 2^−6 by exact inversion
+TABLE_END = 40  # ... of Pr[|N| < i/2^BIN_BITS] for bins below 40 (beyond: Karney, 10^−349)
+
+
+def _check_places(places):
+  if not 0 <= places <= 40:
+    raise ValueError(f"places must be in [0, 40], got {places}")
+
+
+def _half_normal_cdf(i):
+  """Pr[|N| < i/2^BIN_BITS] = erf(i/(2^BIN_BITS·√2)) at the current mpmath precision."""
+  return mpmath.erf(mpmath.mpf(i) / (2 ** BIN_BITS * mpmath.sqrt(2)))
+
+
+@functools.lru_cache(maxsize=1)
+def _half_normal_bins():
+  """(⌊2^64·Pr[|N| < i/2^BIN_BITS]⌋ for i = 1 … TABLE_END·2^BIN_BITS as uint64, TABLE_END):
+  a 64-bit prefix p of U below entry i puts U below the irrational CDF value, above it above,
+  and equal to it (probability 2^−64) leaves it to `_bin_exact`."""
+  with mpmath.workprec(PRECISION):
+    scale = mpmath.mpf(2) ** 64
+    bins = [int(mpmath.floor(_half_normal_cdf(i) * scale))
+            for i in range(1, TABLE_END * 2 ** BIN_BITS + 1)]
+  return np.array([min(b, 2 ** 64 - 1) for b in bins], np.uint64), TABLE_END
 
 
 class _URands:
@@ -164,9 +199,90 @@ class _Sampler:
     return result
 
   def floor_normal(self, n, places):
-    """M = ⌊2^places · N⌋, N ~ N(0, 1), exactly (int64; places ≤ 40)."""
-    if not 0 <= places <= 40:
-      raise ValueError(f"places must be in [0, 40], got {places}")
+    """M = ⌊2^places · N⌋, N ~ N(0, 1), exactly (int64; places ≤ 40): |N| by table inversion and
+    rejection inside the bin (module docstring), the sign a fair bit."""
+    _check_places(places)
+    bins, width = _half_normal_bins()
+    magnitude = np.empty(n, np.int64)
+    prefix = self.source.words(n)
+    j = np.searchsorted(bins, prefix, side="left")  # bins below U for sure (ties: see below)
+    for i in np.flatnonzero((j < bins.size) & (bins[np.minimum(j, bins.size - 1)] == prefix)):
+      j[i] = self._bin_exact(int(prefix[i]), int(j[i]), int(np.searchsorted(
+          bins, prefix[i], side="right")))
+    active = np.flatnonzero(j < bins.size)
+    while active.size:  # inside bin j: x = (j + u)/2^BIN_BITS, accepted w.p. φ(x)/φ(j/2^BIN_BITS)
+      u = self._fresh(active.size)
+      accepted = self._bin_accept(u, j[active])
+      done = active[accepted]
+      if places >= BIN_BITS:
+        magnitude[done] = ((j[done] << (places - BIN_BITS))
+                           + self._leading_bits(u.take(accepted), places - BIN_BITS))
+      else:  # ⌊(j + u)/2^d⌋ = ⌊j/2^d⌋ for 0 ≤ u < 1
+        magnitude[done] = j[done] >> (BIN_BITS - places)
+      active = active[~accepted]
+    tail = np.flatnonzero(j == bins.size)  # |N| ≥ TABLE_END: probability 10^−349
+    while tail.size:
+      draw = self._karney_magnitudes(tail.size, places)
+      beyond = draw >= width << places
+      magnitude[tail[beyond]] = draw[beyond]
+      tail = tail[~beyond]
+    # ⌊−2^p|N|⌋ = −⌊2^p|N|⌋ − 1: 2^p|N| is an integer with probability 0.
+    return np.where(self.bits(n), -magnitude - 1, magnitude)
+
+  def _bin_accept(self, u, j):
+    """True w.p. exp(−c·u(u + 2j)), c = 2^−(2·BIN_BITS+1) (= φ(x)/φ(left end) in bin j):
+    von Neumann's run u > U1 > … > Un with every Vi < c(u + 2j), accepted when n is even.
+    Vi's test reads I = ⌊2^(2·BIN_BITS+1)·Vi⌋: I < 2j passes, I > 2j fails, I = 2j compares the
+    rest of Vi (a fresh u-rand) with u."""
+    result = np.zeros(j.size, bool)
+    previous = _URands(u.first.copy(), u.ids.copy())
+    run = np.zeros(j.size, np.int64)
+    active = np.arange(j.size)
+    while active.size:
+      z, going = self._less_fresh(previous, active)
+      tested = np.flatnonzero(going)
+      whole = (self.source.words(tested.size) >> np.uint64(63 - 2 * BIN_BITS)).astype(np.int64)
+      twice_j = 2 * j[active[tested]]
+      passes = whole < twice_j
+      ties = np.flatnonzero(whole == twice_j)
+      if ties.size:
+        passes[ties] = self._less_fresh(u, active[tested[ties]])[1]
+      going[tested] = passes
+      stopped = active[~going]
+      result[stopped] = run[stopped] % 2 == 0
+      active = active[going]
+      previous.put(active, z.take(going))
+      run[active] += 1
+    return result
+
+  def _bin_exact(self, prefix, low, high):
+    """The bin of U when its 64-bit `prefix` ties table entries low..high−1: U refined 64 bits
+    at a time against Pr[|N| < i/2^BIN_BITS] in mpmath until the count of entries ≤ U is sure."""
+    places = 64
+    while low < high:
+      prefix = (prefix << 64) | int(self.source.words(1)[0])
+      places += 64
+      with mpmath.workprec(places + 64):
+        scale, slack = mpmath.mpf(2) ** places, mpmath.mpf(2) ** -40
+        below = equal = 0
+        for i in range(low, high):
+          value = _half_normal_cdf(i + 1) * scale
+          if mpmath.floor(value + slack) < prefix:
+            below += 1
+          elif mpmath.floor(value - slack) <= prefix:
+            equal += 1
+      low, high = low + below, low + below + equal
+    return low
+
+  def karney_floor_normal(self, n, places):
+    """M = ⌊2^places · N⌋ by Karney's algorithm alone (the tail sampler of `floor_normal`)."""
+    _check_places(places)
+    negative = self.bits(n)
+    magnitude = self._karney_magnitudes(n, places)
+    return np.where(negative, -magnitude - 1, magnitude)
+
+  def _karney_magnitudes(self, n, places):
+    """⌊2^places·|N|⌋ from Karney's algorithm N (module docstring)."""
     out = np.empty(n, np.int64)
     todo = np.arange(n)
     while todo.size:
@@ -191,10 +307,8 @@ class _Sampler:
       done = np.flatnonzero(alive)
       if kc[done].size and kc[done].max() >= 2 ** 22:
         raise OverflowError("a normal deviate beyond 2^22 (probability below e^(-2^43))")
-      magnitude = (kc[done] << places) + self._leading_bits(x.take(done), places)
-      negative = self.bits(done.size)
-      # ⌊−2^p(k + x)⌋ = −(2^p k + ⌊2^p x⌋) − 1: 2^p x is an integer with probability 0.
-      out[todo[candidates[done]]] = np.where(negative, -magnitude - 1, magnitude)
+      out[todo[candidates[done]]] = (kc[done] << places) + self._leading_bits(x.take(done),
+                                                                               places)
       todo = np.delete(todo, candidates[done])
     return out
 

@@ -1,4 +1,5 @@
 """Secure noise: exact normal and geometric sampling, the rounded Gaussian mechanism, keying."""
+import mpmath
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -25,14 +26,15 @@ def _chi_square_pvalue(samples, probabilities):
   return stats.chisquare(observed, expected).pvalue
 
 
+@pytest.mark.parametrize("sampler", ["floor_normal", "karney_floor_normal"])
 @pytest.mark.parametrize("digit_bits", [32, 1], ids=["32-bit digits", "1-bit digits (ties)"])
-@pytest.mark.parametrize("places", [0, 2])
-def test_floor_normal_matches_the_normal_at_its_grid(digit_bits, places):
+@pytest.mark.parametrize("places", [0, 2, 8])
+def test_floor_normal_matches_the_normal_at_its_grid(sampler, digit_bits, places):
   """M = ⌊2^p·N⌋ against Pr[M = m] = Φ((m+1)/2^p) − Φ(m/2^p) (χ²), with 32-bit digits and
   with 1-bit digits, where half the u-rand comparisons tie and go digit by digit (and p = 2
-  reads two digits of x)."""
+  reads several digits of x). Both the table sampler and Karney's (its tail sampler)."""
   n = 20000 if digit_bits == 32 else 4000
-  samples = _sampler(1 + places, digit_bits).floor_normal(n, places)
+  samples = getattr(_sampler(1 + places, digit_bits), sampler)(n, places)
   scale = 2.0 ** places
   probabilities = {m: stats.norm.cdf((m + 1) / scale) - stats.norm.cdf(m / scale)
                    for m in range(int(-3 * scale), int(3 * scale))}
@@ -40,9 +42,25 @@ def test_floor_normal_matches_the_normal_at_its_grid(digit_bits, places):
 
 
 def test_floor_normal_at_40_places_passes_kolmogorov_smirnov():
-  samples = _sampler(7).floor_normal(20000, 40) * 2.0 ** -40
+  samples = _sampler(7).floor_normal(50000, 40) * 2.0 ** -40
   assert stats.kstest(samples, "norm").pvalue > 1e-3
-  assert abs(samples.mean()) < 0.05 and abs(samples.std() - 1) < 0.03
+  assert abs(samples.mean()) < 0.03 and abs(samples.std() - 1) < 0.02
+
+
+@pytest.mark.parametrize("entry", [10, 64, 300])
+def test_a_prefix_tying_a_table_entry_is_refined_exactly(entry):
+  """When U's 64-bit prefix p equals entry i = ⌊2^64·F⌋ (probability 2^−64 in use), U is below
+  F with probability 2^64·F − p: `_bin_exact` (U refined by fresh bits) must match that."""
+  sampler = _sampler(8)
+  bins, _ = exact_sampling._half_normal_bins()  # pylint: disable=protected-access
+  prefix = int(bins[entry])
+  with mpmath.workprec(256):
+    below = float(exact_sampling._half_normal_cdf(entry + 1) * mpmath.mpf(2) ** 64 - prefix)  # pylint: disable=protected-access
+  bins_found = np.array([sampler._bin_exact(prefix, entry, entry + 1)  # pylint: disable=protected-access
+                         for _ in range(3000)])
+  assert set(bins_found) <= {entry, entry + 1}
+  share = np.mean(bins_found == entry)
+  assert abs(share - below) < 5 * np.sqrt(below * (1 - below) / 3000) + 1e-3
 
 
 def test_rounded_gaussian_is_the_rounded_mechanism():
