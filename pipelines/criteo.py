@@ -88,6 +88,7 @@ class CriteoJob:
   ledger: Optional[str] = None
   epsilon_budget: Optional[float] = None
   delta: float = 1e-6
+  strict_columns: bool = False  # refuse lines with fewer than 40 fields instead of padding them
 
 
 def parse_top_k(text: Optional[str]):
@@ -173,12 +174,13 @@ def build_vocabulary(counts: Sequence[Tuple[np.ndarray, np.ndarray]],
   return CriteoVocabulary(ids, tuple(np.zeros(len(i), np.int64) for i in ids))
 
 
-def parse_block(item, metrics: bool = False):
+def parse_block(item, metrics: bool = False, strict_columns: bool = False):
   """A `LineBlock` → (parsed chunk, dead letters); a `DeadLetter` from reading → (None, [it])."""
   if isinstance(item, beam_io.DeadLetter):
     letters, chunk = [item], None
   else:
-    chunk = parse_bytes(item.data, item.path, item.first_line, strict=False)
+    chunk = parse_bytes(item.data, item.path, item.first_line, strict=False,
+                        strict_columns=strict_columns)
     letters = [beam_io.DeadLetter(*bad) for bad in chunk.bad_rows]
   if metrics:
     rows = 0 if chunk is None else len(chunk)
@@ -189,9 +191,10 @@ def parse_block(item, metrics: bool = False):
   return chunk, letters
 
 
-def count_split(split: beam_io.Split):
+def count_split(split: beam_io.Split, strict_columns: bool = False):
   """(feature index, (ids, counts)) of every categorical feature of one split."""
-  chunks = [chunk for chunk, _ in map(parse_block, beam_io.read_split(split)) if chunk is not None]
+  chunks = [chunk for chunk, _ in (parse_block(item, strict_columns=strict_columns)
+                                   for item in beam_io.read_split(split)) if chunk is not None]
   yield from enumerate(count_categories(chunks))
 
 
@@ -200,6 +203,7 @@ class ShardStats:
   """What one written shard (or a merge of several) contributes to `stats.json`."""
   rows_in: int = 0
   rows_out: int = 0
+  padded_rows: int = 0  # rows out whose line lacked trailing fields (read as missing values)
   bad_rows: Dict[str, int] = dataclasses.field(default_factory=dict)
   present: np.ndarray = dataclasses.field(
       default_factory=lambda: np.zeros(len(CATEGORICAL_FEATURES), np.int64))
@@ -210,6 +214,7 @@ class ShardStats:
   def add(self, other: "ShardStats") -> "ShardStats":
     self.rows_in += other.rows_in
     self.rows_out += other.rows_out
+    self.padded_rows += other.padded_rows
     self.bad_rows = dict(collections.Counter(self.bad_rows) + collections.Counter(other.bad_rows))
     self.present = self.present + other.present
     self.known = self.known + other.known
@@ -220,7 +225,8 @@ class ShardStats:
   def summary(self, vocab: CriteoVocabulary) -> dict:
     dead = sum(self.bad_rows.values())
     return {
-        "rows_in": self.rows_in, "rows_out": self.rows_out, "dead_letters": dead,
+        "rows_in": self.rows_in, "rows_out": self.rows_out, "padded_rows": self.padded_rows,
+        "dead_letters": dead,
         "bad_fraction": dead / self.rows_in if self.rows_in else 0.0,
         "bad_rows_by_reason": dict(sorted(self.bad_rows.items())),
         "vocab_sizes": dict(zip(CATEGORICAL_FEATURES, vocab.sizes)),
@@ -239,6 +245,7 @@ def write_shard(path: str, chunks, vocab: CriteoVocabulary) -> ShardStats:
       stats.present += (chunk.cat_values >= 0).sum(axis=0)
       stats.known += (batch["cat_features"] > 0).sum(axis=0)
       stats.rows_out += len(chunk)
+      stats.padded_rows += int(chunk.padded.sum())
       yield from criteo_tfrecord.encode_examples(batch)
 
   beam_io.makedirs(os.path.dirname(path))
@@ -256,15 +263,15 @@ def count_dead_letters(stats: ShardStats, letters: Sequence[beam_io.DeadLetter])
 class WriteSplit(beam.DoFn):
   """Second read of a split: transform with the vocabulary, write its shard, emit dead letters."""
 
-  def __init__(self, output: str):
-    self._output = output
+  def __init__(self, output: str, strict_columns: bool = False):
+    self._output, self._strict_columns = output, strict_columns
 
   def process(self, split: beam_io.Split, vocab: CriteoVocabulary):
     letters = []
 
     def chunks():
       for item in beam_io.read_split(split):
-        chunk, bad = parse_block(item, metrics=True)
+        chunk, bad = parse_block(item, metrics=True, strict_columns=self._strict_columns)
         letters.extend(bad)
         if chunk is not None:
           yield chunk
@@ -343,7 +350,7 @@ def build_pipeline(pipeline: beam.Pipeline, job: CriteoJob, splits: Sequence[bea
   """Adds the batch job to `pipeline`; returns the PCollection of the final summary."""
   split_pc = pipeline | "Splits" >> beam.Create(list(splits))
   counts = (split_pc
-            | "CountBuckets" >> beam.FlatMap(count_split)
+            | "CountBuckets" >> beam.FlatMap(count_split, job.strict_columns)
             | "MergeCounts" >> beam.CombinePerKey(MergeCountsFn()))
   vocab = (counts
            | "AllFeatures" >> beam.combiners.ToList()
@@ -351,7 +358,7 @@ def build_pipeline(pipeline: beam.Pipeline, job: CriteoJob, splits: Sequence[bea
                lambda pairs, config: build_vocabulary([p for _, p in sorted(
                    pairs, key=lambda kv: kv[0])], config), job.vocab))
   written = split_pc | "Write" >> beam.ParDo(
-      WriteSplit(job.output), beam.pvalue.AsSingleton(vocab)).with_outputs(
+      WriteSplit(job.output, job.strict_columns), beam.pvalue.AsSingleton(vocab)).with_outputs(
           DEAD_LETTERS, main="stats")
   (written[DEAD_LETTERS]
    | "DeadLetterJson" >> beam.Map(beam_io.DeadLetter.to_json)
@@ -424,6 +431,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--delta", type=float, default=1e-6, help="delta of a new ledger")
   parser.add_argument("--max-bad-fraction", type=float, default=0.01,
                       help="fail if more than this fraction of lines is malformed (default 0.01)")
+  parser.add_argument("--strict-columns", action="store_true",
+                      help="refuse lines with fewer than 40 fields as malformed (default: read "
+                      "them as missing trailing values, as copies with stripped trailing tabs "
+                      "need, and count them in stats.json's padded_rows)")
 
 
 def job_from_args(args) -> CriteoJob:
@@ -431,7 +442,8 @@ def job_from_args(args) -> CriteoJob:
                       top_k=parse_top_k(args.top_k), epsilon=args.epsilon, seed=args.seed)
   return CriteoJob(inputs=tuple(args.input), output=args.output, vocab=vocab,
                    max_bad_fraction=args.max_bad_fraction, ledger=args.ledger,
-                   epsilon_budget=args.epsilon_budget, delta=args.delta)
+                   epsilon_budget=args.epsilon_budget, delta=args.delta,
+                   strict_columns=args.strict_columns)
 
 
 def main(argv=None) -> int:
