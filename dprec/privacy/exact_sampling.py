@@ -66,6 +66,26 @@ def _half_normal_bins():
   return np.array([min(b, 2 ** 64 - 1) for b in bins], np.uint64), TABLE_END
 
 
+@functools.lru_cache(maxsize=1)
+def _slot_starts():
+  """For each 16-bit slot t, the number of table entries below t·2^48 (length 2^16 + 1)."""
+  bins, _ = _half_normal_bins()
+  starts = np.searchsorted(bins, np.arange(2 ** 16, dtype=np.uint64) << np.uint64(48))
+  return np.append(starts, bins.size)
+
+
+def _entries_below(bins, prefix):
+  """np.searchsorted(bins, prefix, "left"), through the 16-bit slot of each prefix: a slot
+  holds at most one entry except near U = 1 (|N| > 4.4), searched in full there."""
+  slot = (prefix >> np.uint64(48)).astype(np.intp)
+  starts = _slot_starts()
+  low, high = starts[slot], starts[slot + 1]
+  count = low + ((high > low) & (bins[np.minimum(low, bins.size - 1)] < prefix))
+  crowded = np.flatnonzero(high - low > 1)
+  count[crowded] = np.searchsorted(bins, prefix[crowded], side="left")
+  return count
+
+
 class _URands:
   """u-rands: the first digit of each, and further digits (only after a tie) by id."""
 
@@ -205,7 +225,7 @@ class _Sampler:
     bins, width = _half_normal_bins()
     magnitude = np.empty(n, np.int64)
     prefix = self.source.words(n)
-    j = np.searchsorted(bins, prefix, side="left")  # bins below U for sure (ties: see below)
+    j = _entries_below(bins, prefix)  # entries below U for sure (ties: see below)
     for i in np.flatnonzero((j < bins.size) & (bins[np.minimum(j, bins.size - 1)] == prefix)):
       j[i] = self._bin_exact(int(prefix[i]), int(j[i]), int(np.searchsorted(
           bins, prefix[i], side="right")))

@@ -137,3 +137,13 @@ def test_dp_optimizer_secure_noise_inside_tf_function():
   with pytest.raises(ValueError, match="SecureNoise"):
     DPOptimizer(DPSGD(1.0, 1.0), tf.keras.optimizers.SGD(0.1), secure_noise=True,
                 generator=tf.random.Generator.from_seed(0))
+
+
+def test_slot_lookup_equals_a_full_search_of_the_table():
+  bins, _ = exact_sampling._half_normal_bins()  # pylint: disable=protected-access
+  rng = np.random.default_rng(0)
+  prefixes = rng.integers(0, 2 ** 64, 100000, dtype=np.uint64)
+  prefixes[:1000] = bins[rng.integers(0, bins.size, 1000)]  # on entries
+  prefixes[1000:2000] = np.uint64(2 ** 64 - 1) - rng.integers(0, 2 ** 50, 1000, dtype=np.uint64)
+  np.testing.assert_array_equal(exact_sampling._entries_below(bins, prefixes),  # pylint: disable=protected-access
+                                np.searchsorted(bins, prefixes, side="left"))
