@@ -34,6 +34,7 @@ draw's counter, the block's counter), so a step's noise depends only on the run'
 and the step, as in default mode. It runs in numpy (`tf.numpy_function`) inside the step.
 """
 import hashlib
+import itertools
 import math
 import struct
 
@@ -82,15 +83,14 @@ class SecureNoise:
   def reset(self, key: bytes):
     if len(key) != 32:
       raise ValueError(f"a secure noise key has 32 bytes, got {len(key)}")
-    self._key, self._draws = bytes(key), 0
+    self._key, self._draws = bytes(key), itertools.count(1)  # next(): atomic, never repeats
 
   def __repr__(self):  # never the key
     return "SecureNoise(secret)"
 
   def _sampler(self):
-    self._draws += 1
     return exact_sampling._Sampler(  # pylint: disable=protected-access
-        KeyedStream(self._key, self._draws), self.digit_bits)
+        KeyedStream(self._key, next(self._draws)), self.digit_bits)
 
   # ------------------------------------------------------------------ numpy
   def rounded_gaussian(self, values, std):
