@@ -24,10 +24,11 @@ normal distribution", ACM TOMS 42(1), 2016, §3) by rejection, `karney_floor_nor
   (k + 1 trials of algorithm B); |N| = k + x. Bernoulli(e^(−1/2)) is von Neumann's method: the
   longest run 1/2 > U1 > U2 > … has even length.
 
-`geometric(source, n, rate)` returns G with Pr[G ≥ g] = (1 − p)^g, i.e. G = ⌊−ln U / c⌋ with
+`geometric(n, rate, cap)` returns G with Pr[G ≥ g] = (1 − p)^g, i.e. G = ⌊−ln U / c⌋ with
 c = −ln(1 − p) held to 256 bits (`Rate`): U is refined until the floor is certain. The fast path
-decides in float64 only when the answer is the same under a relative perturbation of 2^−40 (a
-hundred million times libm's error bound); the rest are decided in mpmath at 256 bits.
+decides in float64 only when the answer is the same under a relative perturbation of 2^−40
+(thousands of times libm's error bound of a few units in 2^−52); the rest are decided in mpmath
+at 256 bits.
 """
 import functools
 import math
@@ -56,20 +57,20 @@ def _half_normal_cdf(i):
 
 @functools.lru_cache(maxsize=1)
 def _half_normal_bins():
-  """(⌊2^64·Pr[|N| < i/2^BIN_BITS]⌋ for i = 1 … TABLE_END·2^BIN_BITS as uint64, TABLE_END):
-  a 64-bit prefix p of U below entry i puts U below the irrational CDF value, above it above,
-  and equal to it (probability 2^−64) leaves it to `_bin_exact`."""
+  """⌊2^64·Pr[|N| < i/2^BIN_BITS]⌋ for i = 1 … TABLE_END·2^BIN_BITS (uint64): a 64-bit prefix
+  p of U below entry i puts U below the irrational CDF value, above it above, and equal to it
+  (probability 2^−64) leaves it to `_bin_exact`."""
   with mpmath.workprec(PRECISION):
     scale = mpmath.mpf(2) ** 64
     bins = [int(mpmath.floor(_half_normal_cdf(i) * scale))
             for i in range(1, TABLE_END * 2 ** BIN_BITS + 1)]
-  return np.array([min(b, 2 ** 64 - 1) for b in bins], np.uint64), TABLE_END
+  return np.array([min(b, 2 ** 64 - 1) for b in bins], np.uint64)
 
 
 @functools.lru_cache(maxsize=1)
 def _slot_starts():
   """For each 16-bit slot t, the number of table entries below t·2^48 (length 2^16 + 1)."""
-  bins, _ = _half_normal_bins()
+  bins = _half_normal_bins()
   starts = np.searchsorted(bins, np.arange(2 ** 16, dtype=np.uint64) << np.uint64(48))
   return np.append(starts, bins.size)
 
@@ -222,7 +223,7 @@ class _Sampler:
     """M = ⌊2^places · N⌋, N ~ N(0, 1), exactly (int64; places ≤ 40): |N| by table inversion and
     rejection inside the bin (module docstring), the sign a fair bit."""
     _check_places(places)
-    bins, width = _half_normal_bins()
+    bins = _half_normal_bins()
     magnitude = np.empty(n, np.int64)
     prefix = self.source.words(n)
     j = _entries_below(bins, prefix)  # entries below U for sure (ties: see below)
@@ -243,7 +244,7 @@ class _Sampler:
     tail = np.flatnonzero(j == bins.size)  # |N| ≥ TABLE_END: probability 10^−349
     while tail.size:
       draw = self._karney_magnitudes(tail.size, places)
-      beyond = draw >= width << places
+      beyond = draw >= TABLE_END << places
       magnitude[tail[beyond]] = draw[beyond]
       tail = tail[~beyond]
     # ⌊−2^p|N|⌋ = −⌊2^p|N|⌋ − 1: 2^p|N| is an integer with probability 0.

@@ -52,7 +52,7 @@ def test_a_prefix_tying_a_table_entry_is_refined_exactly(entry):
   """When U's 64-bit prefix p equals entry i = ⌊2^64·F⌋ (probability 2^−64 in use), U is below
   F with probability 2^64·F − p: `_bin_exact` (U refined by fresh bits) must match that."""
   sampler = _sampler(8)
-  bins, _ = exact_sampling._half_normal_bins()  # pylint: disable=protected-access
+  bins = exact_sampling._half_normal_bins()  # pylint: disable=protected-access
   prefix = int(bins[entry])
   with mpmath.workprec(256):
     below = float(exact_sampling._half_normal_cdf(entry + 1) * mpmath.mpf(2) ** 64 - prefix)  # pylint: disable=protected-access
@@ -140,7 +140,7 @@ def test_dp_optimizer_secure_noise_inside_tf_function():
 
 
 def test_slot_lookup_equals_a_full_search_of_the_table():
-  bins, _ = exact_sampling._half_normal_bins()  # pylint: disable=protected-access
+  bins = exact_sampling._half_normal_bins()  # pylint: disable=protected-access
   rng = np.random.default_rng(0)
   prefixes = rng.integers(0, 2 ** 64, 100000, dtype=np.uint64)
   prefixes[:1000] = bins[rng.integers(0, bins.size, 1000)]  # on entries
