@@ -47,13 +47,15 @@ FRACTION_BITS = 16  # s/Δ is held to 2^−16 grid steps (2^−40·σC) in fixed
 # |A| + |M| must fit in int64 with room: |s| ≤ 2^(62 − 40 − 1)·σC ≈ 2·10^6·σC.
 MAX_FIXED = 2 ** 61
 _BLOCK_BYTES = 1 << 16
+CHUNK = 1 << 20  # values sampled per stream: bounds the numpy working memory (~50 MB)
 
 
 class KeyedStream:
-  """64-bit words of SHAKE-256(key ‖ label ‖ block counter), block after block."""
+  """64-bit words of SHAKE-256(key ‖ labels ‖ block counter), block after block."""
 
-  def __init__(self, key: bytes, label: int):
-    self._prefix = bytes(key) + b"dprec secure noise" + struct.pack(">Q", int(label))
+  def __init__(self, key: bytes, *labels: int):
+    self._prefix = (bytes(key) + b"dprec secure noise"
+                    + b"".join(struct.pack(">Q", int(label)) for label in labels))
     self._block = 0
     self._buffer = np.zeros([0], np.uint64)
 
@@ -88,9 +90,11 @@ class SecureNoise:
   def __repr__(self):  # never the key
     return "SecureNoise(secret)"
 
-  def _sampler(self):
+  def _sampler(self, draw=None, chunk=0):
+    """A sampler on the stream of (`draw`, `chunk`); a new draw by default."""
+    draw = next(self._draws) if draw is None else draw
     return exact_sampling._Sampler(  # pylint: disable=protected-access
-        KeyedStream(self._key, next(self._draws)), self.digit_bits)
+        KeyedStream(self._key, draw, chunk), self.digit_bits)
 
   # ------------------------------------------------------------------ numpy
   def rounded_gaussian(self, values, std):
@@ -101,9 +105,14 @@ class SecureNoise:
       raise OverflowError(
           f"a clipped sum of {np.nanmax(np.abs(values)):.3g} is beyond secure noise's fixed-point "
           f"range ({MAX_FIXED * std / 2.0 ** (GRID_BITS + FRACTION_BITS):.3g} = 2^21·σC)")
-    normal = self._sampler().floor_normal(values.size, GRID_BITS + FRACTION_BITS)
-    total = fixed.astype(np.int64).reshape(-1) + normal + (1 << (FRACTION_BITS - 1))
-    return (total >> FRACTION_BITS).reshape(values.shape)
+    fixed = fixed.astype(np.int64).reshape(-1)
+    draw = next(self._draws)
+    for start in range(0, fixed.size, CHUNK):  # one stream per chunk of the draw
+      normal = self._sampler(draw, start // CHUNK).floor_normal(
+          min(CHUNK, fixed.size - start), GRID_BITS + FRACTION_BITS)
+      fixed[start:start + CHUNK] = (fixed[start:start + CHUNK] + normal
+                                    + (1 << (FRACTION_BITS - 1))) >> FRACTION_BITS
+    return fixed.reshape(values.shape)
 
   def noisy(self, values, std):
     """values + N(0, std²) released on the grid std·2^−g (the rounded Gaussian mechanism)."""

@@ -147,3 +147,14 @@ def test_slot_lookup_equals_a_full_search_of_the_table():
   prefixes[1000:2000] = np.uint64(2 ** 64 - 1) - rng.integers(0, 2 ** 50, 1000, dtype=np.uint64)
   np.testing.assert_array_equal(exact_sampling._entries_below(bins, prefixes),  # pylint: disable=protected-access
                                 np.searchsorted(bins, prefixes, side="left"))
+
+
+def test_large_draws_are_sampled_chunk_by_chunk_on_distinct_streams(monkeypatch):
+  monkeypatch.setattr(secure_noise, "CHUNK", 1000)
+  key = NoiseKey(bytes(32))
+  noise = key.secure_generator("test")
+  out = noise.noisy(np.zeros(5500, np.float32), 1.0)
+  assert stats.kstest(out, "norm").pvalue > 1e-3
+  assert len({tuple(out[i:i + 5]) for i in range(0, 5500, 1000)}) == 6  # no chunk repeats
+  key.reset(noise, "test")
+  np.testing.assert_array_equal(noise.noisy(np.zeros(5500, np.float32), 1.0), out)
