@@ -1,5 +1,5 @@
-"""Exact sampling from uniform random digits: the standard normal (Karney 2016) to a fixed number
-of binary places, and geometric gaps whose rate is irrational.
+"""Exact sampling from uniform random digits: the standard normal to a fixed number of binary
+places, and geometric gaps whose rate is irrational.
 
 No floating-point value ever stands for a random variable here. A uniform deviate in [0, 1) is a
 *u-rand* (Karney): its binary digits are drawn only as far as a comparison needs them, so every
