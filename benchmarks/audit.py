@@ -7,6 +7,8 @@ generated and loaded once; the bound is the one-run method of Steinke, Nasr & Ja
 DP top-k counts, which fresh-row canaries (count 1) essentially never reach.
 
     .venv/bin/python benchmarks/audit.py --rows 200000 --canaries 1000 --runs 4 --steps 500
+    .venv/bin/python benchmarks/audit.py --rows 100000 --canaries 2000 --runs 4 --steps 300 \
+        --batch-size 256 --hidden-units 64   # BENCHMARKS.md's table (~30 min, loaded machine)
     .venv/bin/python benchmarks/audit.py --rows 20000 --canaries 400 --runs 1 --steps 150 \
         --hidden-units 64 --epsilons 1 16   # reduced
 """
