@@ -37,6 +37,26 @@ COMMANDS = {
 GROUPS = ("train",)
 
 
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+  """Descriptions as written; every option's help ends with its default unless it names it."""
+
+  def _get_help_string(self, action):
+    text = action.help or ""
+    if (not action.option_strings or "default" in text or action.default in (None, False)
+        or action.default is argparse.SUPPRESS):
+      return text
+    return f"{text} (default: %(default)s)".lstrip()
+
+
+def use_formatter(parser, formatter_class=HelpFormatter):
+  """Sets `formatter_class` on `parser` and every sub-command parser below it."""
+  parser.formatter_class = formatter_class
+  for action in parser._actions:  # pylint: disable=protected-access
+    if isinstance(action, argparse._SubParsersAction):  # pylint: disable=protected-access
+      for sub in action.choices.values():
+        use_formatter(sub, formatter_class)
+
+
 def build_parser(load=None):
   """The argument parser; `load` names the commands whose modules are imported (all if None)."""
   parser = argparse.ArgumentParser(
@@ -54,6 +74,7 @@ def build_parser(load=None):
       target = group.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
     for module_name in module_names:
       importlib.import_module(module_name).register(target)
+  use_formatter(parser)
   return parser
 
 

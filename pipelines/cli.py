@@ -69,7 +69,9 @@ def register(subparsers) -> None:
 
 def job_main(job: str, argv=None) -> int:
   """`python -m pipelines.<job>`: the same options as `dprec preprocess <job>`."""
+  from dprec.cli import use_formatter  # pylint: disable=import-outside-toplevel
   parser = argparse.ArgumentParser(prog=f"python -m pipelines.{job}")
   add_jobs(parser.add_subparsers(dest="job", required=True, parser_class=BeamArgumentParser))
+  use_formatter(parser)
   args = parser.parse_args([job] + list(sys.argv[1:] if argv is None else argv))
   return beam_io.run_main(lambda: args.func(args))

@@ -80,8 +80,9 @@ class StreamOptions(run_lib.RunOptions):
       raise DprecError(f"--algorithm {self.algorithm} needs --top-k (rows per table)")
     if self.period_days < 1 or (self.train_days is not None and self.train_days < 1):
       raise DprecError("--period-days and --train-days must be positive")
-    if self.expected_periods is None and self.train_days is None:
-      raise DprecError("give --expected-periods (or --train-days) so the budget can be planned")
+    if self.expected_periods is None and self.train_days is None and self.idle_timeout > 0:
+      raise DprecError("a live stream (--idle-timeout > 0) needs --expected-periods (or "
+                       "--train-days) so the budget can be planned")
 
   def model_options(self) -> ctr_workflow.CTRTrainOptions:
     """`train ctr`'s options of the model and its step (algorithm, clips, optimizer, ...)."""
@@ -172,10 +173,23 @@ class _OnStep(tf.keras.callbacks.Callback):
     self.on_step({k: float(v) for k, v in (logs or {}).items()})
 
 
-def plan_privacy(options: StreamOptions, source) -> plan_lib.PrivacyPlan:
-  """One budget over the expected periods (default: the training periods of `train_days`), q
-  from the expected examples per period (default: the first period's)."""
-  expected = options.expected_periods or -(-options.train_days // options.period_days)
+def expected_periods(options: StreamOptions, source) -> Tuple[int, str]:
+  """How many periods the budget must last, and where that number comes from: the options, the
+  training periods of `train_days`, or (not a live stream) the days the data holds now."""
+  if options.expected_periods:
+    return options.expected_periods, "--expected-periods"
+  if options.train_days is not None:
+    return -(-options.train_days // options.period_days), "--train-days"
+  days = source.days_present()
+  if not days:
+    raise DprecError(f"{options.data}: no complete day yet; give --expected-periods")
+  return (-(-len(days) // options.period_days),
+          f"the {len(days)} days in {options.data} (not a live stream: --idle-timeout 0)")
+
+
+def plan_privacy(options: StreamOptions, source, expected: int) -> plan_lib.PrivacyPlan:
+  """One budget over `expected` periods, q from the expected examples per period (default: the
+  first period's)."""
   per_period = options.examples_per_period
   if per_period is None:
     first = source.period(0)
@@ -211,9 +225,11 @@ def run(options: StreamOptions) -> dict:
   """Trains (or resumes) the stream; returns the JSON summary (also written to `summary_json`)."""
   options.validate()
   source = BeamStreamSource(options.data, options.period_days, options.train_days)
-  plan = plan_privacy(options, source)
+  expected, expected_from = expected_periods(options, source)
+  plan = plan_privacy(options, source, expected)
   with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed) as run:
     summary = build_trainer(options, source, plan, run).run()
   summary["algorithm"] = options.algorithm
+  summary["expected_periods"], summary["expected_periods_from"] = expected, expected_from
   run_lib.write_summary(summary, options.summary_json)
   return summary
