@@ -139,7 +139,8 @@ class CTRPeriodModel(PeriodModel):
     config = ctr_workflow.algorithm_config(self.options, self.noise_multiplier, selected_rows)
     # A secret generator, re-keyed by the trainer before every step (`noise_generators`).
     self.model.compile(optimizer=DPOptimizer(config, self.optimizer,
-                                             expected_batch_size=self.expected_batch_size))
+                                             expected_batch_size=self.expected_batch_size,
+                                             secure_noise=self.options.secure_noise))
 
   def train_steps(self, batches, steps, on_step):
     def generate():
@@ -212,7 +213,8 @@ def run(options: StreamOptions) -> dict:
   options.validate()
   source = BeamStreamSource(options.data, options.period_days, options.train_days)
   plan = plan_privacy(options, source)
-  with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed) as run:
+  with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,
+                   options.secure_noise) as run:
     summary = build_trainer(options, source, plan, run).run()
   summary["algorithm"] = options.algorithm
   run_lib.write_summary(summary, options.summary_json)
