@@ -75,7 +75,8 @@ def _train_with_canaries(options, data, canaries):
   config = train_ctr.algorithm_config(train_options, plan.noise_multiplier, selected)
   private = train_options.algorithm != "non_private"
   model.compile(optimizer=DPOptimizer(config, train_ctr.make_optimizer(train_options),
-                                      expected_batch_size=train_options.batch_size))
+                                      expected_batch_size=train_options.batch_size,
+                                      secure_noise=train_options.secure_noise))
   model.optimizer.build(model.trainable_variables)
   scorer = scores_lib.CanaryScorer(model, canaries, options.score)
   # Fresh secret randomness per run (the runs' noise and batches must be independent): the
@@ -121,6 +122,7 @@ def audit_ctr(options: CTRAuditOptions, data: Optional[train_ctr.CTRData] = None
       "score": options.score,
       "method": runner.METHOD,
       "noise_multiplier": plan.noise_multiplier,
+      "secure_noise": train_options.secure_noise,
       "steps": train_options.steps,
       "batch_size": train_options.batch_size,
       "scores_file": options.scores_file,

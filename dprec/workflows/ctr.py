@@ -189,7 +189,8 @@ def build_model(options, data, plan, run):
   config = algorithm_config(options, plan.noise_multiplier, selection and selection.rows)
   model.compile(optimizer=DPOptimizer(config, make_optimizer(options),
                                       expected_batch_size=options.batch_size,
-                                      noise_key=run.noise_key))
+                                      noise_key=run.noise_key,
+                                      secure_noise=options.secure_noise))
   model.optimizer.build(model.trainable_variables)  # slots now: restorable, traced once
   return model, rate
 
@@ -201,7 +202,8 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
   data = data or load_data(options.data, options.vocab, options.vocab_min_count)
   plan = plan_privacy(options, len(data.train["label"]))
   label = f"{COMMAND} {options.algorithm}"
-  with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed) as run:
+  with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,
+                   options.secure_noise) as run:
     if run.open_plan_ledger(plan) is not None:
       run.check_budget(plan, label, options.steps, {SELECTION_LABEL: plan.selection_epsilon})
     model, rate = build_model(options, data, plan, run)

@@ -61,6 +61,7 @@ class RunOptions:
   checkpoint_every: int = 100
   seed: int = 0
   insecure_noise_seed: Optional[int] = None
+  secure_noise: bool = False  # exact noise, no floating-point artefact (`privacy.secure_noise`)
   diagnostics: bool = False
   progress: bool = True
   summary_json: Optional[str] = None
@@ -98,8 +99,8 @@ class Run:
   """See the module docstring. Use as a context manager (removes a temporary ledger)."""
 
   def __init__(self, command: str, run_dir: Optional[str] = None, ledger: Optional[str] = None,
-               insecure_noise_seed: Optional[int] = None):
-    self.command, self.run_dir = command, run_dir
+               insecure_noise_seed: Optional[int] = None, secure_noise: bool = False):
+    self.command, self.run_dir, self.secure_noise = command, run_dir, secure_noise
     self._temporary = None
     if run_dir is None:
       self.run_id = secrets.token_hex(8)
@@ -314,12 +315,13 @@ class Run:
 
   def privacy_fields(self, dp: bool, epsilon_covers: str, notes=()) -> dict:
     """The summary's privacy fields: `private` (a DP algorithm with secret randomness),
-    `privacy_note` (why not, and other caveats), `epsilon_covers` (which outputs ε covers)."""
+    `privacy_note` (why not, and other caveats), `epsilon_covers` (which outputs ε covers),
+    `secure_noise` (the DP step's noise sampled exactly)."""
     reasons = ([] if dp else ["non-private training: no differential privacy"])
     reasons += [] if self.private else [self.noise_key.note]
     return {"run_id": self.run_id, "private": dp and self.private,
             "privacy_note": "; ".join(reasons + list(notes)) or None,
-            "epsilon_covers": epsilon_covers}
+            "epsilon_covers": epsilon_covers, "secure_noise": self.secure_noise}
 
   def privacy_summary(self, plan, epsilon_covers, dp=None, notes=()) -> dict:
     """ε spent (None without a ledger), δ, the accountant, Poisson or not, and

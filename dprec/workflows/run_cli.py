@@ -20,6 +20,9 @@ def add_run_arguments(add, defaults, run_dir_help, randomness, diagnostics):
   add("--insecure-noise-seed", type=int, metavar="N",
       help=f"derive {randomness} from N: reproducible, NOT private (the summary and ledger say "
            "so)")
+  add("--secure-noise", action="store_true",
+      help="sample every noise draw of the DP step exactly (no floating-point artefacts; "
+           "the same ε; slower): README 'Privacy model'")
   add("--diagnostics", action="store_true",
       help=f"also report non-private diagnostics ({diagnostics}), labelled so")
   add("--no-progress", action="store_true", help="no progress bars")

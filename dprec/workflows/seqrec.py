@@ -174,7 +174,7 @@ def build_model(options, examples, plan, frequencies=None, noise_key=None):
     adam = tf.keras.optimizers.AdamW(learning_rate=schedule, weight_decay=options.weight_decay)
   adam.build(model.trainable_variables)  # slots exist before a checkpoint is restored into them
   model.compile(optimizer=DPOptimizer(algorithm, adam, expected_batch_size=options.batch_size,
-                                      noise_key=noise_key))
+                                      noise_key=noise_key, secure_noise=options.secure_noise))
   return model
 
 
@@ -220,7 +220,8 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
         options, batch_size=poisson.default_batch_size(len(examples.items)))
   plan = plan_privacy(options, len(examples.items))
   tf.keras.utils.set_random_seed(options.seed)
-  with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed) as run:
+  with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,
+                   options.secure_noise) as run:
     if plan.forward is not None:
       prior = dp_forward_lib.label_prior(options.item_frequencies, data.item_ids,
                                          examples.num_items)

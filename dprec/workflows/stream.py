@@ -140,7 +140,8 @@ class CTRPeriodModel(PeriodModel):
     config = ctr_workflow.algorithm_config(self.options, self.noise_multiplier, selected_rows)
     # A secret generator, re-keyed by the trainer before every step (`noise_generators`).
     self.model.compile(optimizer=DPOptimizer(config, self.optimizer,
-                                             expected_batch_size=self.expected_batch_size))
+                                             expected_batch_size=self.expected_batch_size,
+                                             secure_noise=self.options.secure_noise))
 
   def train_steps(self, batches, steps, on_step):
     def generate():
@@ -227,7 +228,8 @@ def run(options: StreamOptions) -> dict:
   source = BeamStreamSource(options.data, options.period_days, options.train_days)
   expected, expected_from = expected_periods(options, source)
   plan = plan_privacy(options, source, expected)
-  with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed) as run:
+  with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,
+                   options.secure_noise) as run:
     summary = build_trainer(options, source, plan, run).run()
   summary["algorithm"] = options.algorithm
   summary["expected_periods"], summary["expected_periods_from"] = expected, expected_from

@@ -45,10 +45,13 @@ def test_non_private_training_is_caught(data_dir, tmp_path):
   assert len(records) == CANARIES and {"included", "score"} <= set(records[0])
 
 
-@pytest.mark.parametrize("algorithm", ["dp_sgd", "dp_adafest"])
-def test_dp_training_stays_below_its_claim(data_dir, tmp_path, algorithm):
-  summary = _audit(data_dir, tmp_path, algorithm)
+@pytest.mark.parametrize("algorithm, extra", [("dp_sgd", ()), ("dp_adafest", ()),
+                                             ("dp_adafest", ("--secure-noise",))],
+                         ids=["dp_sgd", "dp_adafest", "dp_adafest-secure"])
+def test_dp_training_stays_below_its_claim(data_dir, tmp_path, algorithm, extra):
+  summary = _audit(data_dir, tmp_path, algorithm, *extra)
   assert summary["claimed_epsilon"] == EPSILON and summary["algorithm"] == algorithm
+  assert summary["secure_noise"] == bool(extra)
   assert summary["noise_multiplier"] > 0
   assert 0.0 <= summary["epsilon_lower_bound"] <= EPSILON
 

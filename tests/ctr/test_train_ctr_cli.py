@@ -69,6 +69,26 @@ def test_private_run_spends_what_dprec_privacy_computes(data_dir, tmp_path, algo
     assert summary["gradient_size_reduction"] > 1.0
 
 
+def test_secure_noise_run_is_accounted_as_the_gaussian_mechanism_it_rounds(data_dir, tmp_path):
+  """--secure-noise releases the Gaussian mechanism rounded to a grid (post-processing), so ε is
+  the Gaussian accountant's: here dp_accounting's RDP accountant called directly on the run's
+  events (the DP base rate, then T Poisson-sampled Gaussian steps at the composed σ)."""
+  import dp_accounting  # pylint: disable=import-outside-toplevel
+  summary = _train(data_dir, tmp_path, "dp_adafest", "--secure-noise", "--threshold", "2",
+                   "--accountant", "rdp")
+  assert summary["secure_noise"] is True and summary["private"] is True
+  sigma = privacy.composed_noise_multiplier(summary["sigma1"], summary["sigma2"])
+  accountant = dp_accounting.rdp.RdpAccountant(
+      neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+  accountant.compose(dp_accounting.GaussianDpEvent(summary["base_rate_noise_multiplier"]))
+  accountant.compose(dp_accounting.PoissonSampledDpEvent(
+      summary["sampling_rate"], dp_accounting.GaussianDpEvent(sigma)), STEPS)
+  assert summary["epsilon"] == pytest.approx(accountant.get_epsilon(summary["delta"]), rel=1e-9)
+  assert summary["gradient_size_reduction"] > 1.0  # still sparse
+  (tmp_path / "default").mkdir()
+  assert _train(data_dir, tmp_path / "default", "dp_sgd")["secure_noise"] is False
+
+
 def test_non_private_run_and_summary(data_dir, tmp_path):
   summary = _train(data_dir, tmp_path, "non_private", "--optimizer", "adam")
   assert REQUIRED <= set(summary)

@@ -157,11 +157,14 @@ def test_frequency_file_must_cover_every_item(data_dir, tmp_path):
     read_item_frequencies(str(path), data.item_ids)
 
 
-def test_adambc_optimizer_and_low_rank_item_table_run(data_dir, tmp_path, capsys):
-  """`--optimizer adambc` (DP-AdamBC, seed 002, same schedule and weight decay) and
-  `--item-rank` (issue 15), together to spare a run; their steps are tested on their own."""
+def test_adambc_optimizer_low_rank_item_table_and_secure_noise_run(data_dir, tmp_path, capsys):
+  """`--optimizer adambc` (DP-AdamBC, seed 002, same schedule and weight decay),
+  `--item-rank` (issue 15) and `--secure-noise` (issue 13), together to spare a run; their
+  steps are tested on their own."""
   code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "5", "--optimizer",
-                   "adambc", "--adambc-floor", "1e-7", "--item-rank", "4"] + TINY)
+                   "adambc", "--adambc-floor", "1e-7", "--item-rank", "4", "--secure-noise"]
+                  + TINY)
   assert code == 0
   summary = json.loads(capsys.readouterr().out)
+  assert summary["secure_noise"] is True
   assert np.isfinite(summary["ndcg_at_10"]) and 0 < summary["epsilon"] <= 5 * (1 + 1e-6)

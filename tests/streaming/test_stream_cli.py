@@ -11,7 +11,7 @@ def test_help_names_the_interface(capsys):
   out = capsys.readouterr().out
   for flag in ("--data", "--algorithm", "--epsilon-total", "--period-days", "--summary-json",
                "--train-days", "--checkpoint-every", "--top-k", "--insecure-noise-seed",
-               "--diagnostics"):
+               "--secure-noise", "--diagnostics"):
     assert flag in out
 
 
