@@ -13,7 +13,7 @@ import dataclasses
 import os
 import sys
 
-from dprec.models import ctr_cli
+from dprec.workflows import ctr
 
 DAYS = 3
 
@@ -38,32 +38,32 @@ def register(subparsers):
 
 
 def demo_options(data_dir: str, out_dir: str, steps: int, batch_size: int, epsilon: float,
-                 seed: int, insecure_noise_seed=None) -> ctr_cli.CTRTrainOptions:
+                 seed: int, insecure_noise_seed=None) -> ctr.CTRTrainOptions:
   """The demo's DP-AdaFEST run with `train ctr`'s defaults: r = 5, τ = 15, C1 = 1 (false
-  positives stay rare), C2 = 1, lazy Adam at lr 3e-3, logit bias at the DP base rate and the
+  positives stay rare), C2 = 1, lazy Adam at lr 3e-3, logit bias at the DP base rate and
   DP Platt scaling after training."""
-  return ctr_cli.CTRTrainOptions(
+  return ctr.CTRTrainOptions(
       data=data_dir, algorithm="dp_adafest", epsilon=epsilon, batch_size=batch_size,
       steps=steps, ledger=os.path.join(out_dir, "ledger.json"),
       summary_json=os.path.join(out_dir, "summary.json"), seed=seed, charge_every=100,
       insecure_noise_seed=insecure_noise_seed)
 
 
-def privacy_calculation(options: ctr_cli.CTRTrainOptions, num_examples: int) -> dict:
+def privacy_calculation(options: ctr.CTRTrainOptions, num_examples: int) -> dict:
   """σ, σ1, σ2 for the run and ε recomputed from the composed σ with the DP base rate's and
   DP Platt scaling's Gaussian mechanisms (should equal the target)."""
   from dprec import privacy  # pylint: disable=import-outside-toplevel
-  plan = ctr_cli.plan_privacy(options, num_examples)
-  composed = privacy.composed_noise_multiplier(plan.sigma1, plan.sigma2)
+  plan = ctr.plan_privacy(options, num_examples)
+  sigma1, sigma2 = ctr.noise_multipliers(options, plan.noise_multiplier)
+  composed = privacy.composed_noise_multiplier(sigma1, sigma2)
   check = privacy.gaussian_epsilon(
-      [privacy.gaussian_mechanism_period(sigma) for sigma in (
-          plan.base_rate_noise_multiplier, plan.calibration_noise_multiplier) if sigma]
+      [privacy.gaussian_mechanism_period(sigma) for sigma in plan.mechanisms.values()]
       + [privacy.TrainingPeriod(composed, plan.sampling_rate, options.steps)], plan.delta)
   return {"target_epsilon": options.epsilon, "delta": plan.delta,
           "sampling_rate": plan.sampling_rate, "steps": options.steps,
-          "dp_sgd_noise_multiplier": plan.noise_multiplier, "sigma1": plan.sigma1,
-          "sigma2": plan.sigma2, "base_rate_noise_multiplier": plan.base_rate_noise_multiplier,
-          "calibration_noise_multiplier": plan.calibration_noise_multiplier,
+          "dp_sgd_noise_multiplier": plan.noise_multiplier, "sigma1": sigma1,
+          "sigma2": sigma2, "base_rate_noise_multiplier": plan.mechanisms[ctr.BASE_RATE_LABEL],
+          "calibration_noise_multiplier": plan.mechanisms.get(ctr.CALIBRATION_LABEL),
           "epsilon_of_composed_sigma": check}
 
 
@@ -78,21 +78,21 @@ def run(args) -> dict:
   print("[2/4] privacy calculation", file=sys.stderr)
   options = demo_options(data_dir, args.out, args.steps, args.batch_size, args.epsilon, args.seed,
                          args.insecure_noise_seed)
-  data = ctr_cli.load_data(data_dir)
+  data = ctr.load_data(data_dir)
   privacy = privacy_calculation(options, len(data.train["label"]))
   print(f"      σ = {privacy['dp_sgd_noise_multiplier']:.4f} → σ1 = {privacy['sigma1']:.4f}, "
         f"σ2 = {privacy['sigma2']:.4f}; ε recomputed = {privacy['epsilon_of_composed_sigma']:.4f}",
         file=sys.stderr)
   print(f"[3/4] training non-private for {args.steps} steps", file=sys.stderr)
-  non_private = ctr_cli.train_ctr(non_private_options(options), data)
+  non_private = ctr.run(non_private_options(options), data)
   print(f"[4/4] training DP-AdaFEST for {args.steps} steps", file=sys.stderr)
-  training = ctr_cli.train_ctr(options, data)
+  training = ctr.run(options, data)
   print(side_by_side(non_private, training), file=sys.stderr)
   return {"data": {key: generated[key] for key in ("rows", "days", "files", "ctr")},
           "privacy": privacy, "non_private": non_private, "training": training}
 
 
-def non_private_options(options: ctr_cli.CTRTrainOptions) -> ctr_cli.CTRTrainOptions:
+def non_private_options(options: ctr.CTRTrainOptions) -> ctr.CTRTrainOptions:
   """The DP run's options without privacy (same data, batch size, steps, model, optimizer):
   shuffled batches of the same expected size, no ledger, no clipping or noise."""
   return dataclasses.replace(options, algorithm="non_private", epsilon=None, ledger=None,

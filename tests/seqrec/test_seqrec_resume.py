@@ -7,7 +7,8 @@ import pytest
 import tensorflow as tf
 
 from dprec.errors import BudgetExceededError, DprecError
-from dprec.models.seqrec_cli import SeqRecTrainOptions, options_from_checkpoint, train_seqrec
+from dprec.workflows.seqrec import SeqRecTrainOptions, options_from_checkpoint
+from dprec.workflows.seqrec import run as train_seqrec
 from dprec.privacy import PrivacyLedger
 from dprec.privacy.noise_key import InsecureNoiseWarning
 from dprec.training import callbacks as callbacks_lib

@@ -11,14 +11,16 @@ def test_help_names_the_interface(capsys):
   out = capsys.readouterr().out
   for flag in ("--data", "--algorithm", "--epsilon-total", "--period-days", "--summary-json",
                "--train-days", "--checkpoint-every", "--top-k", "--insecure-noise-seed",
-               "--diagnostics"):
+               "--secure-noise", "--diagnostics"):
     assert flag in out
 
 
 @pytest.mark.parametrize("extra, message", [
     (["--algorithm", "dp_sgd", "--train-days", "3"], "needs a positive --epsilon-total"),
     (["--algorithm", "dp_fest", "--epsilon-total", "1", "--train-days", "3"], "needs --top-k"),
-    (["--algorithm", "dp_sgd", "--epsilon-total", "1"], "--expected-periods"),
+    (["--algorithm", "dp_sgd", "--epsilon-total", "1"], "no complete day yet; give --expected"),
+    (["--algorithm", "dp_sgd", "--epsilon-total", "1", "--idle-timeout", "5"],
+     "a live stream (--idle-timeout > 0) needs --expected-periods"),
     (["--algorithm", "dp_sgd", "--epsilon-total", "1", "--train-days", "3"],
      "no complete period yet"),
 ])

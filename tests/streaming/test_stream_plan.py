@@ -9,7 +9,7 @@ import pytest
 from dprec import atomic_io
 from dprec.errors import DprecError
 from dprec.training import checkpoint as ckpt_lib
-from dprec.training.plan import plan_stream
+from dprec.workflows.plan import plan_stream
 
 
 def _direct_epsilon(sigma, q, steps, delta, accountant="pld"):
