@@ -74,7 +74,8 @@ def test_private_run_spends_what_dprec_privacy_computes(data_dir, tmp_path, algo
 def test_secure_noise_run_is_accounted_as_the_gaussian_mechanism_it_rounds(data_dir, tmp_path):
   """--secure-noise releases the Gaussian mechanism rounded to a grid (post-processing), so ε is
   the Gaussian accountant's: here dp_accounting's RDP accountant called directly on the run's
-  events (the DP base rate, then T Poisson-sampled Gaussian steps at the composed σ)."""
+  events (the DP base rate, DP Platt scaling, then T Poisson-sampled Gaussian steps at the
+  composed σ)."""
   import dp_accounting  # pylint: disable=import-outside-toplevel
   summary = _train(data_dir, tmp_path, "dp_adafest", "--secure-noise", "--threshold", "2",
                    "--accountant", "rdp")
@@ -83,6 +84,7 @@ def test_secure_noise_run_is_accounted_as_the_gaussian_mechanism_it_rounds(data_
   accountant = dp_accounting.rdp.RdpAccountant(
       neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
   accountant.compose(dp_accounting.GaussianDpEvent(summary["base_rate_noise_multiplier"]))
+  accountant.compose(dp_accounting.GaussianDpEvent(summary["calibration_noise_multiplier"]))
   accountant.compose(dp_accounting.PoissonSampledDpEvent(
       summary["sampling_rate"], dp_accounting.GaussianDpEvent(sigma)), STEPS)
   assert summary["epsilon"] == pytest.approx(accountant.get_epsilon(summary["delta"]), rel=1e-9)
@@ -316,10 +318,11 @@ def test_sigkill_mid_run_and_rerun_equals_an_uninterrupted_run(data_dir, tmp_pat
     whole = json.load(f)
   assert 0 < resumed["resumed_from_step"] < KILL_STEPS and whole["resumed_from_step"] == 0
   assert resumed["steps"] == whole["steps"] == KILL_STEPS
-  # The same charges: base rate, DP top-k once each, and every step paid once.
+  # The same charges: base rate, Platt scaling, DP top-k once each, and every step paid once.
   assert _charges(killed) == _charges(plain)
   labels = [c["label"] for c in _charges(plain)]
-  assert labels == ["train ctr base rate", "dp-fest top-k", "train ctr dp_adafest_plus"]
+  assert labels == ["train ctr base rate", "train ctr calibration", "dp-fest top-k",
+                    "train ctr dp_adafest_plus"]
   assert _charges(plain)[-1]["steps"] == KILL_STEPS
   assert resumed["epsilon"] == pytest.approx(whole["epsilon"], rel=1e-12)
   expected, got = _final_weights(plain), _final_weights(killed)
