@@ -12,7 +12,8 @@ the next free index the first period its running count reaches `--min-count` (up
 ids per feature) and keeps it forever, so ids are stable across periods. Each period's TFRecords,
 its vocabulary snapshot and its dead letters are written under a temporary name and renamed to
 `OUT/day_<first day of the period>`, then the manifest is replaced atomically: a trainer tailing
-OUT never sees half a period.
+OUT never sees half a period. The manifest keeps one `dataset_id` for the output (a restarted job
+keeps the one it finds) and says the vocabulary is not DP (`vocab_privacy`).
 
 `MatchContinuously` itself stamps matches with the poll time and lets the watermark follow the
 clock, so day-stamped records would all be late; its poll budget also counts polls, which the
@@ -42,6 +43,7 @@ from apache_beam.utils.timestamp import Duration
 from apache_beam.utils.timestamp import Timestamp
 
 from dprec.data import criteo_tfrecord
+from dprec.data import identity
 from dprec.data.criteo import CATEGORICAL_FEATURES
 from dprec.data.criteo import CriteoVocabulary
 from dprec.data.criteo import count_categories
@@ -68,6 +70,7 @@ class StreamJob:
   poll_seconds: float = 1.0
   idle_timeout: Optional[float] = None
   stop_after_day: Optional[int] = None
+  dataset_id: Optional[str] = None  # `run` keeps the output's, or draws one
 
   def __post_init__(self):
     if self.period_days < 1:
@@ -215,7 +218,8 @@ class RunningVocabulary(beam.DoFn):
     summary["periods"] = len(state["entries"])
     beam_io.write_json(os.path.join(job.output, criteo_tfrecord.STATS), summary)
     beam_io.write_json(os.path.join(job.output, criteo_tfrecord.MANIFEST), criteo.manifest(
-        state["stats"], vocab, vocab_dir=f"{name}/vocab", extra_entries=state["entries"]))
+        state["stats"], vocab, vocab_dir=f"{name}/vocab", extra_entries=state["entries"],
+        dataset_id=job.dataset_id, vocab_privacy=criteo.public_vocab_privacy("running_counts")))
     return {"day": first_day, "rows": stats.rows_out, "dead_letters": len(letters),
             "vocab_sizes": list(vocab.sizes)}
 
@@ -269,6 +273,8 @@ def run(job: StreamJob, beam_args: Sequence[str] = ()) -> dict:
   if not os.path.isdir(job.input_dir):
     raise DprecError(f"{job.input_dir}: not a directory (the streaming job watches a directory)")
   beam_io.makedirs(job.output)
+  job = dataclasses.replace(job, dataset_id=job.dataset_id or identity.manifest_field(
+      job.output, identity.DATASET_ID) or identity.new_dataset_id())
   counters = beam_io.run_pipeline(beam_io.pipeline_options(beam_args, streaming=True),
                                   lambda pipeline: build_pipeline(pipeline, job),
                                   criteo.METRICS_NAMESPACE)

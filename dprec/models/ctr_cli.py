@@ -35,8 +35,9 @@ OPTIMIZERS = {"sgd": sparse_optimizers.SparseSGD, "adagrad": sparse_optimizers.S
               "adam": sparse_optimizers.LazyAdam, "adambc": sparse_optimizers.AdamBC}
 LOGIT_INITS = ("base_rate", "default")
 VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-k-epsilon 0) are "
-                   "treated as public, as seed 001 does; build them from public data for a "
-                   "guarantee that covers them")
+                   "treated as public, as seed 001 does, unless dataset.vocab_privacy says the "
+                   "vocabulary is DP (its epsilon is then in epsilon_parts); build them from "
+                   "public data or by DP top-k for a guarantee that covers them")
 EPSILON_COVERS = {
     "epsilon": "(epsilon, delta)-DP for adding or removing one training example (row), "
                "covering the model, the DP top-k rows and every field listed under 'covered'",
@@ -169,13 +170,13 @@ class PrivacyPlan:
 
 @functools.lru_cache(maxsize=64)
 def _training_noise_multiplier(epsilon, delta, sampling_rate, steps, selection_epsilon,
-                               accountant, poisson_batches, gaussian_mechanisms=()):
+                               accountant, poisson_batches, gaussian_mechanisms=(), spent=None):
   """Calibration is slow (PLD, seconds to a minute): reuse it across runs of one process."""
   from dprec import privacy  # pylint: disable=import-outside-toplevel
   return privacy.plan_training(epsilon, delta, [(sampling_rate, steps)],
                                selection_epsilon=selection_epsilon, accountant=accountant,
-                               poisson=poisson_batches,
-                               gaussian_mechanisms=gaussian_mechanisms).noise_multiplier
+                               poisson=poisson_batches, gaussian_mechanisms=gaussian_mechanisms,
+                               spent=spent or privacy.Spent()).noise_multiplier
 
 
 @functools.lru_cache(maxsize=64)
@@ -184,21 +185,26 @@ def _base_rate_noise_multiplier(epsilon, delta, accountant):
   return privacy.calibrate_gaussian_mechanism(epsilon, delta, accountant)
 
 
-def plan_privacy(options: CTRTrainOptions, num_examples: int) -> PrivacyPlan:
+def plan_privacy(options: CTRTrainOptions, num_examples: int, ledger=None,
+                 spent=None) -> PrivacyPlan:
   """σ from the target ε (note 001 §2.2): DP-SGD's σ at (ε − ε_select, δ, q, T), split into
   σ1 = r·σ2 and σ2 for DP-AdaFEST so that (σ1⁻² + σ2⁻²)^(−1/2) = σ. The DP base rate's Gaussian
-  mechanism (σ_b alone at `base_rate_share`·ε) is composed with training in the accountant."""
+  mechanism (σ_b alone at `base_rate_share`·ε) is composed with training in the accountant, and
+  so is what the `ledger` spent before the run (`spent`, e.g. a DP top-k vocabulary; δ: the
+  ledger's)."""
   from dprec import privacy  # pylint: disable=import-outside-toplevel
   q = poisson.BatchSampling(options.batch_size).sampling_rate(num_examples)
   if options.algorithm == "non_private":
     return PrivacyPlan(None, None, None, 0.0, None, q)
-  delta = options.delta if options.delta is not None else 1.0 / num_examples
+  delta = (ledger.delta if ledger is not None else
+           options.delta if options.delta is not None else 1.0 / num_examples)
   selects = options.algorithm in ("dp_fest", "dp_adafest_plus")
   selection_epsilon = options.top_k_epsilon if selects else 0.0
   base_sigma = _base_rate_noise_multiplier(options.base_rate_share * options.epsilon, delta,
                                            options.accountant)
   sigma = _training_noise_multiplier(options.epsilon, delta, q, options.steps, selection_epsilon,
-                                     options.accountant, not options.fixed_batches, (base_sigma,))
+                                     options.accountant, not options.fixed_batches, (base_sigma,),
+                                     spent)
   if options.algorithm.startswith("dp_adafest"):
     sigma1, sigma2 = privacy.adafest_noise_multipliers(sigma, options.ratio)
   else:
@@ -263,16 +269,6 @@ def make_optimizer(options: CTRTrainOptions):
   return OPTIMIZERS[options.optimizer](options.learning_rate)
 
 
-def _open_ledger(options, plan, run):
-  ledger = run.open_ledger(options.epsilon, plan.delta, options.accountant)
-  if ledger.epsilon_spent() > 0:
-    raise BudgetExceededError(
-        f"{ledger.path}: the ledger has already spent ε={ledger.epsilon_spent():.4g} of its "
-        "budget; "
-        "`train ctr` plans a whole run from --epsilon, so start it with a fresh --ledger")
-  return ledger
-
-
 def _check_budget(ledger, plan, options):
   """Refuse, before any step, a run whose full cost would exceed the budget."""
   planned = ledger.epsilon_if_charged(plan.noise_multiplier, plan.sampling_rate, options.steps,
@@ -288,13 +284,15 @@ def train_ctr(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
   options.validate()
   data = data or load_data(options.data, options.vocab, options.vocab_min_count)
   num_examples = len(data.train["label"])
-  plan = plan_privacy(options, num_examples)
   private = options.algorithm != "non_private"
-  with Run("train ctr", options.run_dir, options.ledger, options.insecure_noise_seed) as run:
+  with Run("train ctr", options.run_dir, options.ledger, options.insecure_noise_seed,
+           options.data) as run:
     if run.resumed:  # a second run on the same key would reuse its noise
       raise DprecError(f"{options.run_dir}: already holds a run (its run.json and noise key); "
                        "`train ctr` does not resume yet: use a new --run-dir")
-    ledger = _open_ledger(options, plan, run) if private else None
+    ledger = run.open_ledger(options.epsilon, options.delta, options.accountant,
+                             default_delta=1.0 / num_examples) if private else None
+    plan = plan_privacy(options, num_examples, ledger, run.spent_before(ledger))
     rate = base_rate(data.train["label"], plan, ledger, run.numpy_rng("base rate"))
     tf.keras.utils.set_random_seed(options.seed)
     model = ctr.build_ctr_model(
@@ -380,7 +378,7 @@ def _summary(options, data, model, plan, history, evaluation, timer, ledger, bud
       "ledger": options.ledger,
       "run_dir": options.run_dir,
       "note": "; ".join([VOCABULARY_NOTE] + notes),
-      **run.privacy_fields(ledger is not None, EPSILON_COVERS, notes),
+      **run.privacy_fields(ledger is not None, EPSILON_COVERS, notes, ledger),
   }
   if options.diagnostics:
     summary["diagnostics_nonprivate"] = {
@@ -408,7 +406,8 @@ def register(subparsers):
   add("--data", required=True, help="directory of Criteo TSV day_N files, or a Beam output dir")
   add("--algorithm", choices=ALGORITHMS, default=defaults.algorithm, help="training algorithm")
   add("--epsilon", type=float, help="privacy budget ε (required unless non_private)")
-  add("--delta", type=float, help="δ (default 1/N, N = training rows)")
+  add("--delta", type=float,
+      help="δ (default: the --ledger's if it exists, else 1/N, N = training rows)")
   add("--batch-size", type=int, default=defaults.batch_size,
       help="expected (Poisson) batch size B")
   add("--steps", type=int, default=defaults.steps, help="training steps T")

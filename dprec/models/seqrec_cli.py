@@ -207,14 +207,16 @@ class PrivacyPlan:
   forward: Optional[object] = None  # DP-Forward's `dprec.privacy.ForwardPlan`
 
 
-def plan_privacy(options, num_examples):
-  """Steps = epochs·N/B; σ calibrated so the run spends exactly ε at δ (default 1/N)."""
+def plan_privacy(options, num_examples, ledger=None, spent=None):
+  """Steps = epochs·N/B; σ calibrated so the run spends exactly ε at δ (default: the `ledger`'s,
+  else 1/N), composed with what the ledger spent before the run (`spent`)."""
   from dprec import privacy  # pylint: disable=import-outside-toplevel
   if options.batch_size > num_examples:
     raise DprecError(f"--batch-size {options.batch_size} exceeds the {num_examples} training "
                      "users; give a smaller one or none (then it is chosen from N)")
+  delta = (ledger.delta if ledger is not None else
+           options.delta if options.delta is not None else 1.0 / num_examples)
   if options.dp_forward is not None:
-    delta = options.delta if options.delta is not None else 1.0 / num_examples
     forward = dp_forward_lib.plan(options.epsilon, delta, options.epochs, options.dp_forward,
                                   options.accountant)
     steps = forward.epochs * dp_forward_lib.steps_per_epoch(num_examples, options.batch_size)
@@ -224,14 +226,13 @@ def plan_privacy(options, num_examples):
   steps = max(1, int(round(options.epochs * num_examples / options.batch_size)))
   if not options.private:
     return PrivacyPlan(None, None, q, steps)
-  delta = options.delta if options.delta is not None else 1.0 / num_examples
   histogram = []
   if options.reattention and options.item_frequencies is None:
     histogram = [privacy.calibrate_gaussian_mechanism(
         options.item_frequency_share * options.epsilon, delta, options.accountant)]
   plan = privacy.plan_training(options.epsilon, delta, [(q, steps)],
                                accountant=options.accountant, poisson=not options.fixed_batches,
-                               gaussian_mechanisms=histogram)
+                               gaussian_mechanisms=histogram, spent=spent or privacy.Spent())
   return PrivacyPlan(plan.noise_multiplier, delta, q, steps, *histogram)
 
 
@@ -325,9 +326,12 @@ def train_seqrec(options, data=None):
   if batch_size_chosen:
     options = dataclasses.replace(
         options, batch_size=poisson.default_batch_size(len(examples.items)))
-  plan = plan_privacy(options, len(examples.items))
   tf.keras.utils.set_random_seed(options.seed)
-  with Run("train seqrec", options.run_dir, options.ledger, options.insecure_noise_seed) as run:
+  with Run("train seqrec", options.run_dir, options.ledger, options.insecure_noise_seed,
+           options.data) as run:
+    ledger = run.open_ledger(options.epsilon, options.delta, options.accountant,
+                             default_delta=1.0 / len(examples.items)) if options.private else None
+    plan = plan_privacy(options, len(examples.items), ledger, run.spent_before(ledger))
     if plan.forward is not None:
       examples = dataclasses.replace(examples, labels=dp_forward_lib.training_labels(
           examples.labels, _label_prior(options, data, examples), plan.forward.label_epsilon,
@@ -341,13 +345,13 @@ def train_seqrec(options, data=None):
     remaining = plan.steps - state.step
     timer = callbacks_lib.StepTimer()
     callbacks = [timer, run.noise_callback(noise_generators(model), start_step=state.step)]
-    ledger = None  # opened (the histogram charged) before the first checkpoint holds p_i
+    # The ledger is charged (the histogram too) before the first checkpoint holds p_i.
     if plan.forward is not None:
-      ledger, release_charges = _open_forward_ledger(options, plan, run, state,
-                                                     len(examples.items))
+      release_charges = _prepare_forward_ledger(ledger, options, plan, run, state,
+                                                len(examples.items))
       callbacks.append(release_charges)
     elif options.private:
-      ledger = _open_ledger(options, plan, run)
+      _prepare_ledger(ledger, options, plan, run)
       callbacks.append(callbacks_lib.PrivacyBudgetCallback(
           ledger, plan.noise_multiplier, plan.sampling_rate, poisson=not options.fixed_batches,
           charge_every=options.charge_every, label=LEDGER_LABEL, steps_taken=state.step,
@@ -424,27 +428,25 @@ class _RunState:
                                             start_step=self.step)
 
 
-def _open_forward_ledger(options, plan, run, state, num_examples):
-  """DP-Forward's ledger (budget checked, ε2 charged once) and its per-epoch release charges."""
-  ledger = run.open_ledger(options.epsilon, plan.delta, options.accountant)
+def _prepare_forward_ledger(ledger, options, plan, run, state, num_examples):
+  """DP-Forward's ledger checked and ε2 charged once; returns its per-epoch release charges."""
   epochs_paid = run.steps_paid(ledger, LEDGER_LABEL)
   label_paid = run.paid(ledger, LEDGER_LABEL + " labels")
   dp_forward_lib.prepare_ledger(ledger, plan.forward, epochs_paid, label_paid, LEDGER_LABEL)
-  return ledger, dp_forward_lib.EpochReleaseCallback(
+  return dp_forward_lib.EpochReleaseCallback(
       ledger, plan.forward, dp_forward_lib.steps_per_epoch(num_examples, options.batch_size),
       LEDGER_LABEL, state.step, epochs_paid)
 
 
-def _open_ledger(options, plan, run):
-  """The run's ledger, the DP histogram charged; raises if the steps still to pay for do not
+def _prepare_ledger(ledger, options, plan, run):
+  """Charges the DP histogram to the run's ledger; raises if the steps still to pay for do not
   fit its budget. Only this run's own charges count as paid."""
-  ledger = run.open_ledger(options.epsilon, plan.delta, options.accountant)
   unpaid = plan.steps - run.steps_paid(ledger, LEDGER_LABEL)
   histogram = []
   if plan.frequency_noise_multiplier is not None and not run.paid(ledger, FREQUENCIES_LABEL):
     histogram = [(plan.frequency_noise_multiplier, FREQUENCIES_LABEL)]
   if unpaid <= 0 and not histogram:
-    return ledger
+    return
   planned = ledger.epsilon_if_charged(plan.noise_multiplier, plan.sampling_rate, max(unpaid, 0),
                                       poisson=not options.fixed_batches,
                                       gaussian_mechanisms=histogram)
@@ -454,7 +456,6 @@ def _open_ledger(options, plan, run):
         f"{options.epsilon:g} (already spent {ledger.epsilon_spent():.4g})")
   for sigma, label in histogram:  # released (into the model) before the first step
     ledger.charge_gaussian_mechanism(sigma, label)
-  return ledger
 
 
 def _frequency_source(options, plan, frequencies):
@@ -495,7 +496,7 @@ def _summary(options, examples, plan, history, metrics, timer, ledger, run, stat
     summary.update(model="dp-forward", poisson=False, dp_forward=forward,
                    privacy_notion=forward["privacy_notion"])
     notes.append(forward["privacy_note"])
-  summary.update(run.privacy_fields(options.private, EPSILON_COVERS, notes))
+  summary.update(run.privacy_fields(options.private, EPSILON_COVERS, notes, ledger))
   if options.diagnostics:
     summary["diagnostics_nonprivate"] = {
         "final_loss": float(losses[-1]),
@@ -520,7 +521,8 @@ def register(subparsers):
   add = parser.add_argument
   add("--data", required=True, help="directory written by `dprec preprocess sequences`")
   add("--epsilon", type=_epsilon, default=5.0, help="privacy budget ε; 'inf' trains non-privately")
-  add("--delta", type=float, default=None, help="δ (default 1/N training users)")
+  add("--delta", type=float, default=None,
+      help="δ (default: the --ledger's if it exists, else 1/N training users)")
   add("--epochs", type=float, default=100.0, help="epochs (expected passes over the users)")
   add("--batch-size", type=int, default=None,
       help="expected batch size B (q = B/N); default: min(1024, N/8) for the N training users")

@@ -22,6 +22,7 @@ from dprec.training.period_source import BeamStreamSource
 from dprec.training.plan import plan_stream
 from dprec.training.stream_models import CTRPeriodModel
 from dprec.training.streaming import StreamConfig, StreamingTrainer
+from dprec.workflows.run import Run
 
 FEST_ALGORITHMS = ("dp_fest", "dp_adafest_plus")
 
@@ -54,7 +55,8 @@ def register(subparsers):
   dp.add_argument("--epsilon-total", type=float, default=None,
                   help="privacy budget of the whole run (required unless non_private)")
   dp.add_argument("--delta", type=float, default=None,
-                  help="δ of the run (default 1 / expected examples over all periods)")
+                  help="δ of the run (default: the ledger's if it exists, else 1 / expected "
+                  "examples over all periods)")
   dp.add_argument("--expected-periods", type=int, default=None,
                   help="periods the budget must last (default: training periods of --train-days)")
   dp.add_argument("--examples-per-period", type=int, default=None,
@@ -119,11 +121,15 @@ def build_trainer(args):
     per_period = first.examples
   private = args.algorithm != "non_private"
   selection = args.top_k_epsilon if private and args.algorithm in FEST_ALGORITHMS else 0.0
+  run = Run("stream", args.run_dir, args.ledger, args.insecure_noise_seed, args.data)
+  ledger = run.open_ledger(args.epsilon_total, args.delta, args.accountant,
+                           default_delta=1.0 / (expected * per_period)) if private else None
   plan = plan_stream(
       args.epsilon_total if private else math.inf,
-      args.delta or 1.0 / (expected * per_period), expected, per_period, args.batch_size,
-      epochs_per_period=args.epochs_per_period, selection_epsilon=selection,
-      noise_multiplier=args.noise_multiplier, accountant=args.accountant)
+      ledger.delta if ledger else args.delta or 1.0 / (expected * per_period), expected,
+      per_period, args.batch_size, epochs_per_period=args.epochs_per_period,
+      selection_epsilon=selection, noise_multiplier=args.noise_multiplier,
+      accountant=args.accountant, spent=run.spent_before(ledger))
   options = ctr_cli.CTRTrainOptions(
       data=args.data, algorithm=args.algorithm, l2_norm_clip=args.l2_norm_clip, ratio=args.ratio,
       threshold=args.threshold, contribution_clip=args.contribution_clip,
@@ -141,7 +147,8 @@ def build_trainer(args):
       insecure_noise_seed=args.insecure_noise_seed, diagnostics=args.diagnostics)
   return StreamingTrainer(model, source, plan, config,
                           progress=None if args.no_progress else _ProgressBars(plan,
-                                                                               args.diagnostics))
+                                                                               args.diagnostics),
+                          run=run)
 
 
 class _ProgressBars:

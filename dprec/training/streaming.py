@@ -160,14 +160,17 @@ class StreamingTrainer:
   """Trains a `PeriodModel` on the periods of a `PeriodSource` under one `StreamPlan`."""
 
   def __init__(self, model: PeriodModel, source: PeriodSource, plan: StreamPlan,
-               config: StreamConfig, progress=None):
+               config: StreamConfig, progress=None, run: Optional[Run] = None):
     """Args:
       model, source, plan, config: see the classes.
       progress: optional callable(period, step, logs) called after every step (progress bars).
+      run: the `Run` the plan was made in (its ledger's earlier charges composed); default: one
+        for `config` on the source's data directory.
     """
     self.model, self.source, self.plan, self.config = model, source, plan, config
     self.progress = progress
-    self.run_state = Run("stream", config.run_dir, config.ledger_path, config.insecure_noise_seed)
+    self.run_state = run or Run("stream", config.run_dir, config.ledger_path,
+                                config.insecure_noise_seed, getattr(source, "data_dir", None))
     self.checkpoints = ckpt_lib.CheckpointManager(os.path.join(config.run_dir, "checkpoints"))
     self.journal_path = os.path.join(config.run_dir, JOURNAL)
     self.ledger_path = self.run_state.ledger_path
@@ -444,7 +447,7 @@ class StreamingTrainer:
   def summary(self, resumed=False):
     rows = self.state["rows"]
     return {
-        **self.run_state.privacy_fields(self.plan.private, EPSILON_COVERS),
+        **self.run_state.privacy_fields(self.plan.private, EPSILON_COVERS, ledger=self.ledger),
         "periods": rows,
         "periods_trained": len(rows),
         "epsilon": self.epsilon_spent(),

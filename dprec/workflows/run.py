@@ -12,6 +12,12 @@ A run directory holds:
 Without a run directory nothing is stored: the key lives in memory, the id is new, and the
 ledger, unless given, is a temporary file.
 
+The ledger is the budget of the run's data set (`data`, identified by `dprec.data.identity`):
+every charge of the run records it, a ledger holding charges for another data set is refused,
+and what the ledger spent on this data set before the run's first charge (e.g. a preprocessing
+job's DP top-k vocabulary) is composed into the run's plan (`spent_before`) and reported in the
+summary's `epsilon_parts`.
+
 Every randomness the privacy proof relies on comes from the key (`noise_key`): the DP step's
 generator (`noise_callback`), Poisson sampling (`entropy("poisson")`), DP top-k and DP counts
 (`numpy_rng`). `insecure_noise_seed` derives the key from a public seed instead: reproducible,
@@ -26,6 +32,7 @@ import tempfile
 from typing import Mapping, Optional
 
 from dprec import atomic_io
+from dprec.data import identity
 from dprec.errors import DprecError
 from dprec.privacy.noise_key import KEY_BYTES
 from dprec.privacy.noise_key import NoiseKey
@@ -41,8 +48,10 @@ class Run:
   """See the module docstring. Use as a context manager (removes a temporary ledger)."""
 
   def __init__(self, command: str, run_dir: Optional[str] = None, ledger: Optional[str] = None,
-               insecure_noise_seed: Optional[int] = None):
-    self.command, self.run_dir = command, run_dir
+               insecure_noise_seed: Optional[int] = None, data: Optional[str] = None):
+    self.command, self.run_dir, self.data = command, run_dir, data
+    # The data set trained on (None: in-memory data, which no charge can be matched to).
+    self.dataset = identity.dataset_identity(data) if data is not None else None
     self._temporary = None
     # Whether the run directory already held this run (a resumed run: same id, same key).
     self.resumed = run_dir is not None and os.path.exists(os.path.join(run_dir, RUN_FILE))
@@ -133,13 +142,27 @@ class Run:
 
   # ---- the ledger --------------------------------------------------------------------------
 
-  def open_ledger(self, epsilon_budget, delta, accountant):
-    """The ledger at `ledger_path`; every charge this run makes records its `run_id` (and, with
-    insecure noise, `private: false` and the reason)."""
+  def open_ledger(self, epsilon_budget, delta, accountant, default_delta=None):
+    """The ledger at `ledger_path`; every charge this run makes records its `run_id` and data
+    set (and, with insecure noise, `private: false` and the reason). `delta` None: the existing
+    ledger's δ, or `default_delta` for a new one. Refuses a ledger holding charges for another
+    data set."""
     from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
+    if delta is None and not os.path.exists(self.ledger_path):
+      delta = default_delta
     marks = {} if self.private else {"private": False, "privacy_note": self.noise_key.note}
-    return PrivacyLedger(self.ledger_path, epsilon_budget=epsilon_budget, delta=delta,
-                         accountant=accountant, run_id=self.run_id, marks=marks)
+    if self.dataset is not None:
+      marks["dataset"] = self.dataset
+    ledger = PrivacyLedger(self.ledger_path, epsilon_budget=epsilon_budget, delta=delta,
+                           accountant=accountant, run_id=self.run_id, marks=marks)
+    ledger.check_dataset(self.dataset)
+    return ledger
+
+  def spent_before(self, ledger):
+    """What `ledger` (None: nothing) spent on this data set before this run's first charge
+    (`PrivacyLedger.spent_before`): what the run's privacy plan composes with."""
+    from dprec.privacy import composition  # pylint: disable=import-outside-toplevel
+    return composition.Spent() if ledger is None else ledger.spent_before(self.run_id)
 
   def steps_paid(self, ledger, label) -> int:
     """Steps this run has charged under `label` (charges of other runs never count)."""
@@ -151,14 +174,26 @@ class Run:
 
   # ---- the summary -------------------------------------------------------------------------
 
-  def privacy_fields(self, dp: bool, epsilon_covers: str, notes=()) -> dict:
+  def privacy_fields(self, dp: bool, epsilon_covers: str, notes=(), ledger=None) -> dict:
     """The summary's privacy fields: `private` (a DP algorithm with secret randomness),
-    `privacy_note` (why not, and other caveats), `epsilon_covers` (which outputs ε covers)."""
+    `privacy_note` (why not, and other caveats), `epsilon_covers` (which outputs ε covers);
+    with the run's `ledger`, `epsilon_parts` (preprocessing selection and training, adding up
+    to its ε) and `dataset` (the data set and whether its vocabulary is DP)."""
     reasons = ([] if dp else ["non-private training: no differential privacy"])
     reasons += [] if self.private else [self.noise_key.note]
-    return {"run_id": self.run_id, "private": dp and self.private,
-            "privacy_note": "; ".join(reasons + list(notes)) or None,
-            "epsilon_covers": epsilon_covers}
+    fields = {"run_id": self.run_id, "epsilon_covers": epsilon_covers}
+    public_seeded = []
+    if ledger is not None:
+      fields["epsilon_parts"] = ledger.parts()
+      preprocessing = fields["epsilon_parts"]["preprocessing_selection"]["charges"]
+      public_seeded = [f"preprocessing release '{c['label']}' drew its randomness from a public "
+                       "seed: it is NOT differentially private"
+                       for c in preprocessing if not c["private"]]
+    if self.dataset is not None:
+      fields["dataset"] = dict(self.dataset, vocab_privacy=identity.manifest_field(
+          self.data, "vocab_privacy"))
+    return dict(fields, private=dp and self.private and not public_seeded,
+                privacy_note="; ".join(reasons + public_seeded + list(notes)) or None)
 
 
 def _key(insecure_seed):

@@ -1,0 +1,71 @@
+"""The ledger path every workflow shares (`Run`): earlier charges on the run's data set composed
+and reported, another data set's refused, the ledger's δ adopted (no training: fast)."""
+import json
+import os
+
+import pytest
+
+from dprec import privacy
+from dprec.data import identity
+from dprec.errors import DprecError
+from dprec.privacy.ledger import PREPROCESSING
+from dprec.workflows.run import Run
+
+DELTA = 1e-5
+DP_VOCABULARY = {"dp": True, "private": True, "mode": "dp_top_k", "epsilon": 0.2, "delta": 0.0}
+
+
+def _output(tmp_path, name, dataset_id):
+  """A preprocessing output directory: just its manifest."""
+  directory = tmp_path / name
+  directory.mkdir()
+  (directory / "manifest.json").write_text(json.dumps(
+      {identity.DATASET_ID: dataset_id, "vocab_privacy": DP_VOCABULARY}))
+  return str(directory)
+
+
+def _preprocess(ledger_path, data, epsilon=0.2, **marks):
+  """The charge a preprocessing job makes for its output `data`."""
+  dataset = identity.dataset_identity(data)
+  ledger = privacy.PrivacyLedger(ledger_path, 1.0, DELTA, run_id=dataset["id"],
+                                 marks=dict(stage=PREPROCESSING, dataset=dataset, **marks))
+  ledger.charge_pure(epsilon, label="dp top-k vocabulary")
+
+
+def test_a_run_composes_and_reports_its_data_sets_earlier_charges(tmp_path):
+  data, ledger_path = _output(tmp_path, "out", "d1"), str(tmp_path / "ledger.json")
+  _preprocess(ledger_path, data)
+  with Run("train ctr", ledger=ledger_path, data=data) as run:
+    ledger = run.open_ledger(1.0, None, "pld", default_delta=0.5)
+    assert ledger.delta == DELTA  # the ledger's, not the default for a new one
+    assert run.spent_before(ledger) == privacy.Spent(selections=((0.2, 0.0),))
+    ledger.charge_gaussian(2.0, 0.1, 10, label="training")
+    assert ledger.charges[-1]["dataset"] == {"path": os.path.abspath(data), "id": "d1"}
+    assert ledger.charges[-1]["run_id"] == run.run_id
+    assert run.spent_before(ledger) == privacy.Spent(selections=((0.2, 0.0),))  # on resume too
+    fields = run.privacy_fields(True, {}, ledger=ledger)
+  parts = fields["epsilon_parts"]
+  assert fields["private"] and fields["privacy_note"] is None
+  assert parts["preprocessing_selection"]["epsilon"] == 0.2
+  assert parts["training"]["epsilon"] == pytest.approx(ledger.epsilon_spent() - 0.2)
+  assert parts["training"]["runs"] == [run.run_id]
+  assert fields["dataset"]["id"] == "d1" and fields["dataset"]["vocab_privacy"] == DP_VOCABULARY
+
+
+def test_a_run_refuses_a_ledger_holding_another_data_sets_charges(tmp_path):
+  data, other = _output(tmp_path, "out", "d1"), _output(tmp_path, "other", "d2")
+  ledger_path = str(tmp_path / "ledger.json")
+  _preprocess(ledger_path, other)
+  with Run("train ctr", ledger=ledger_path, data=data) as run:
+    with pytest.raises(DprecError, match=f"another data set: .* for {other} \\(id d2\\)"):
+      run.open_ledger(1.0, None, "pld")
+  with Run("train ctr", ledger=ledger_path, data=other) as run:  # its own data set: accepted
+    assert run.spent_before(run.open_ledger(1.0, DELTA, "pld")).selection_epsilon == 0.2
+
+
+def test_a_publicly_seeded_preprocessing_release_makes_the_run_not_private(tmp_path):
+  data, ledger_path = _output(tmp_path, "out", "d1"), str(tmp_path / "ledger.json")
+  _preprocess(ledger_path, data, private=False, privacy_note="--seed 3")
+  with Run("train ctr", ledger=ledger_path, data=data) as run:
+    fields = run.privacy_fields(True, {}, ledger=run.open_ledger(1.0, None, "pld"))
+  assert not fields["private"] and "public seed" in fields["privacy_note"]
