@@ -174,14 +174,17 @@ class Run:
 
   # ---- the summary -------------------------------------------------------------------------
 
-  def privacy_fields(self, dp: bool, epsilon_covers: str, notes=(), ledger=None) -> dict:
+  def privacy_fields(self, dp: bool, epsilon_covers: dict, notes=(), ledger=None) -> dict:
     """The summary's privacy fields: `private` (a DP algorithm with secret randomness),
     `privacy_note` (why not, and other caveats), `epsilon_covers` (which outputs ε covers);
     with the run's `ledger`, `epsilon_parts` (preprocessing selection and training, adding up
-    to its ε) and `dataset` (the data set and whether its vocabulary is DP)."""
+    to its ε) and, with its data directory, `dataset` (which data set, and whether its
+    vocabulary is DP): both public."""
     reasons = ([] if dp else ["non-private training: no differential privacy"])
     reasons += [] if self.private else [self.noise_key.note]
-    fields = {"run_id": self.run_id, "epsilon_covers": epsilon_covers}
+    public = list(epsilon_covers.get("public", [])) + [
+        "epsilon_parts (accounting) and dataset (the data set's path, id and vocab_privacy)"]
+    fields = {"run_id": self.run_id, "epsilon_covers": dict(epsilon_covers, public=public)}
     public_seeded = []
     if ledger is not None:
       fields["epsilon_parts"] = ledger.parts()
