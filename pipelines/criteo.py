@@ -407,8 +407,9 @@ def build_pipeline(pipeline: beam.Pipeline, job: CriteoJob, splits: Sequence[bea
 
 
 def charge_selection(job: CriteoJob) -> Optional[dict]:
-  """Charges DP top-k to the ledger before anything runs (refused if over budget), as a
-  preprocessing charge of the job (run id = its dataset_id) for its output data set."""
+  """Charges DP top-k to the ledger before anything runs (refused if over budget, or if the
+  ledger holds charges for another data set), as a preprocessing charge of the job (run id =
+  its dataset_id) for its output data set."""
   if job.vocab.mode != "dp_top_k":
     return None
   if not job.ledger:
@@ -424,6 +425,7 @@ def charge_selection(job: CriteoJob) -> Optional[dict]:
     marks.update(private=False, privacy_note=_seed_note(job.vocab.seed))
   ledger = PrivacyLedger(job.ledger, job.epsilon_budget, job.delta, run_id=job.dataset_id,
                          marks=marks)
+  ledger.check_dataset(dataset)
   spent = ledger.charge_pure(epsilon, label=f"criteo vocabulary dp_top_k (k={ks[0]}"
                              f"{'' if len(set(ks)) == 1 else ' …'} per feature, 26 features)")
   return {"ledger": job.ledger, "epsilon_charged": epsilon,
