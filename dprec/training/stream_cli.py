@@ -53,7 +53,8 @@ def register(subparsers):
   dp = parser.add_argument_group("privacy")
   dp.add_argument("--algorithm", default="dp_adafest", choices=ctr_cli.ALGORITHMS)
   dp.add_argument("--epsilon-total", type=float, default=None,
-                  help="privacy budget of the whole run (required unless non_private)")
+                  help="privacy budget of the whole run, what --ledger spent on this data before "
+                  "included (required unless non_private)")
   dp.add_argument("--delta", type=float, default=None,
                   help="δ of the run (default: the ledger's if it exists, else 1 / expected "
                   "examples over all periods)")
