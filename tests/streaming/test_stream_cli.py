@@ -51,7 +51,7 @@ def _criteo_output(directory, days=3, rows=300, dataset_id="stream-data"):
 def test_the_plan_composes_what_the_ledger_spent_on_the_data_before(tmp_path):
   data, ledger = _criteo_output(tmp_path / "out"), str(tmp_path / "ledger.json")
   dataset = identity.dataset_identity(data)
-  privacy.PrivacyLedger(ledger, 1.0, 1e-5, run_id=dataset["id"], marks={
+  privacy.PrivacyLedger(ledger, 1.0, 1e-5, "rdp", run_id=dataset["id"], marks={
       "stage": PREPROCESSING, "dataset": dataset}).charge_pure(0.2, label="dp top-k vocabulary")
   args = cli.build_parser().parse_args([
       "stream", "--data", data, "--run-dir", str(tmp_path / "run"), "--ledger", ledger,

@@ -2,6 +2,7 @@
 and reported, another data set's refused, the ledger's δ adopted (no training: fast)."""
 import json
 import os
+import re
 
 import pytest
 
@@ -57,7 +58,8 @@ def test_a_run_refuses_a_ledger_holding_another_data_sets_charges(tmp_path):
   ledger_path = str(tmp_path / "ledger.json")
   _preprocess(ledger_path, other)
   with Run("train ctr", ledger=ledger_path, data=data) as run:
-    with pytest.raises(DprecError, match=f"another data set: .* for {other} \\(id d2\\)"):
+    with pytest.raises(DprecError, match=f"another data set: .* for {re.escape(other)} "
+                                         r"\(id d2\)"):
       run.open_ledger(1.0, None, "pld")
   with Run("train ctr", ledger=ledger_path, data=other) as run:  # its own data set: accepted
     assert run.spent_before(run.open_ledger(1.0, DELTA, "pld")).selection_epsilon == 0.2
