@@ -335,7 +335,7 @@ def public_vocab_privacy(mode: str) -> dict:
                   "only if the input is"}
 
 
-def vocab_privacy(job: CriteoJob) -> dict:
+def vocab_privacy_of(job: CriteoJob) -> dict:
   """`vocab_privacy` of the job's vocabulary: its DP top-k ε (charged to the job's ledger) and
   whether its randomness was secret, or that it is not DP."""
   if job.vocab.mode != "dp_top_k":
@@ -379,7 +379,7 @@ class Finish(beam.DoFn):
     if summary["bad_fraction"] <= self._job.max_bad_fraction:
       beam_io.write_json(os.path.join(self._job.output, criteo_tfrecord.MANIFEST),
                          manifest(stats, vocab, dataset_id=self._job.dataset_id,
-                                  vocab_privacy=vocab_privacy(self._job)))
+                                  vocab_privacy=vocab_privacy_of(self._job)))
     yield summary
 
 
