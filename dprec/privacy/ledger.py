@@ -220,11 +220,11 @@ class PrivacyLedger:
     return [c for c in self.charges if c.get("run_id") == run_id
             and (label is None or c.get("label") == label)]
 
-  def spent_before(self, run_id) -> composition.Spent:
+  def spent_before(self, run_id):
     """What the charges recorded before run `run_id`'s first one (all, if it has none) spent,
-    its own excluded: what that run's plan composes with. Charges only ever append, so a
-    resumed run finds what it found when it started; later charges of other runs still count
-    against the budget (`epsilon_if_charged`, `_commit`)."""
+    its own excluded (`composition.Spent`): what that run's plan composes with. Charges only
+    ever append, so a resumed run finds what it found when it started; later charges of other
+    runs still count against the budget (`epsilon_if_charged`, `_commit`)."""
     earlier = []
     for charge in self.charges:
       if charge.get("run_id") == run_id:
