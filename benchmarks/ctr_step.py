@@ -35,6 +35,8 @@ from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.sparse import SparseSGD
 from dprec.training.callbacks import StepTimer
 
+import machine
+
 VARIANTS = ("non_private", "dp_adafest", "dp_sgd", "tfp_dpmodel", "keras")
 DENSE = ("dp_sgd", "tfp_dpmodel", "keras")  # cost grows with V·d: fewer steps at large vocab
 LEARNING_RATE, C2, SIGMA2, SIGMA1, C1 = 0.5, 10.0, 1.0, 5.0, 1.0
@@ -158,6 +160,7 @@ def main(argv=None):
     print("# tfp_dpmodel skipped: tensorflow_privacy does not import on this TensorFlow "
           f"({tf.__version__}); run on the [tfp] stack for it", file=sys.stderr)
   results = []
+  print(f"# {machine.describe()}")
   print("| vocabulary | rows | variant | ms/step | × non_private | tfp_dpmodel / variant |")
   print("|---|---:|---|---:|---:|---:|")
   for spec in args.vocab:
@@ -177,6 +180,7 @@ def main(argv=None):
       versus = rows["tfp_dpmodel"] / seconds if "tfp_dpmodel" in rows else float("nan")
       print(f"| {spec} | {sum(vocab_sizes):,} | {variant} | {1000 * seconds:.1f} | "
             f"{ratio:.2f} | {versus:.2f} |", flush=True)
+  print(f"# {machine.describe()}")
   if args.json:
     with open(args.json, "w", encoding="utf-8") as out:
       json.dump(results, out, indent=2)

@@ -3,7 +3,7 @@ and per-row signal-to-noise over a run, by item popularity (issue 15, step E0).
 
     python benchmarks/seqrec_snr.py [--data ../shared/data/amazon-video-games/Video.txt]
         [--epsilon 5] [--epochs 100] [--batch-size 1024] [--dim 64] [--sample 512]
-        [--checkpoint CKPT]
+        [--item-rank R] [--checkpoint CKPT]
 
 At a fixed model (the initialisation, or `--checkpoint`, a `train seqrec` checkpoint of the same
 architecture), on the real training users:
@@ -111,8 +111,10 @@ def users_per_item(items, num_items):
 
 
 def report(snr, n_users, buckets, args, sigma, steps):
-  lines = [f"σ = {sigma:.3f}, T = {steps} steps, E = {args.epochs:g}, d = {args.dim}, "
-           f"C = 1: noise norm per row σC√(Td) = {sigma * np.sqrt(steps * args.dim):.1f}",
+  width = args.item_rank or args.dim
+  lines = [f"σ = {sigma:.3f}, T = {steps} steps, E = {args.epochs:g}, d = {args.dim}, item row "
+           f"width {width}, C = 1: noise norm per row σC√(T·width) = "
+           f"{sigma * np.sqrt(steps * width):.1f}",
            "", "| users holding the item | items | median SNR | SNR ≥ 1 | SNR ≥ 3 |",
            "|---|---:|---:|---:|---:|"]
   for lo, hi in zip(USER_BINS[:-1], USER_BINS[1:]):
@@ -138,6 +140,8 @@ def main(argv=None):
   parser.add_argument("--epochs", type=float, default=100.0)
   parser.add_argument("--batch-size", type=int, default=1024)
   parser.add_argument("--dim", type=int, default=64)
+  parser.add_argument("--item-rank", type=int, default=None,
+                      help="low-rank item table M×R (`train seqrec --item-rank`): rows of width R")
   parser.add_argument("--dropout", type=float, default=0.0,
                       help="model dropout (0: the norms and signal of the expected forward pass)")
   parser.add_argument("--loss-positions", choices=("all", "last"), default="all")
@@ -152,6 +156,7 @@ def main(argv=None):
   data = load_sequences(preprocess(args.data, args.work_dir))
   options = SeqRecTrainOptions(epsilon=args.epsilon, epochs=args.epochs,
                                batch_size=args.batch_size, dim=args.dim, reattention=False,
+                               item_rank=args.item_rank,
                                dropout=args.dropout,
                                loss_positions=args.loss_positions, seed=args.seed)
   examples = make_examples(data, options.max_len)
@@ -171,7 +176,8 @@ def main(argv=None):
   clip = np.minimum(1.0, options.l2_norm_clip / np.sqrt(np.maximum(squared, 1e-30)))
   signal = clipped_signal(model, items, labels, clip, args.batch)
   row_norms = np.linalg.norm(signal, axis=1)[1:]  # row 0: padding
-  snr = args.epochs * row_norms / (sigma * options.l2_norm_clip * np.sqrt(steps * args.dim))
+  width = args.item_rank or args.dim  # noise coordinates per item row
+  snr = args.epochs * row_norms / (sigma * options.l2_norm_clip * np.sqrt(steps * width))
   n_users = users_per_item(items, examples.num_items)[1:]
   buckets = ranking_metrics.popularity_buckets(examples.item_frequencies)[1:]
   print(f"Amazon Games: N = {n} users, M = {examples.num_items} items, "

@@ -31,6 +31,7 @@ from dprec.data import criteo_tfrecord
 from dprec.data import identity
 from dprec.data.criteo import CATEGORICAL_FEATURES
 from dprec.data.criteo import CriteoVocabulary
+from dprec.data.criteo import ID_DOMAIN
 from dprec.data.criteo import INTEGER_FEATURES
 from dprec.data.criteo import TABLE3_VOCAB_SIZES
 from dprec.data.criteo import count_categories
@@ -42,7 +43,6 @@ from pipelines import beam_io
 VOCAB_MODES = ("min_count", "top_k", "dp_top_k")
 DEAD_LETTERS = "dead_letters"
 METRICS_NAMESPACE = "dprec.criteo"
-ID_DOMAIN = 1 << 32  # Criteo ids are 8 hex digits.
 
 
 @dataclasses.dataclass(frozen=True)
@@ -93,6 +93,7 @@ class CriteoJob:
   ledger: Optional[str] = None
   epsilon_budget: Optional[float] = None
   delta: float = 1e-6
+  strict_columns: bool = False  # refuse lines with fewer than 40 fields instead of padding them
   dataset_id: Optional[str] = None  # drawn by `run` when not given
 
 
@@ -143,25 +144,17 @@ def dp_top_k_ids(ids: np.ndarray, counts: np.ndarray, k: int, epsilon: float,
                  rng: np.random.Generator, domain: int = ID_DOMAIN) -> np.ndarray:
   """One-shot Gumbel top-k (note 001 §2.1) of one feature over its whole id domain; best first.
 
-  Gumbel scale k/ε, as `dprec.privacy.gumbel_top_k`: k exponential-mechanism draws of ε/k, ε in
-  all. Candidates are every id of the domain, not only the ids seen (a data-dependent candidate
-  set would let a single example make its id selectable). The M never-seen ids all count 0, so
-  their k largest noisy counts are the k largest of M iid Gumbels, sampled exactly through the
-  order statistics of exponentials (Gumbel = -scale·log Exp(1); Rényi's representation); a slot
-  one of them wins gets a uniformly random unseen id.
+  `dprec.privacy.gumbel_top_k` with the never-seen ids of the domain as candidates counting 0; a
+  slot one of them wins gets a uniformly random unseen id.
   """
-  scale = k / epsilon
-  noisy = counts + rng.gumbel(scale=scale, size=len(counts))
-  unseen = domain - len(ids)
-  draws = min(k, unseen)
-  smallest = np.cumsum(rng.exponential(size=draws) / (unseen - np.arange(draws)))
-  values = np.concatenate([noisy, -scale * np.log(smallest)])
-  top = np.argsort(-values, kind="stable")[:k]
-  chosen = np.where(top < len(ids), ids[np.minimum(top, len(ids) - 1)] if len(ids) else 0, -1)
-  while (chosen < 0).any():
-    slots = np.flatnonzero(chosen < 0)
+  from dprec.privacy.top_k import ABSENT, gumbel_top_k  # pylint: disable=import-outside-toplevel
+  top = gumbel_top_k(counts, k, epsilon, rng, domain)
+  chosen = np.full(len(top), ABSENT, np.int64)
+  chosen[top != ABSENT] = np.asarray(ids, np.int64)[top[top != ABSENT]]
+  while (chosen == ABSENT).any():
+    slots = np.flatnonzero(chosen == ABSENT)
     fresh = rng.integers(0, domain, size=len(slots))
-    fresh[np.isin(fresh, ids) | np.isin(fresh, chosen)] = -1
+    fresh[np.isin(fresh, ids) | np.isin(fresh, chosen)] = ABSENT
     chosen[slots] = fresh
   return chosen.astype(np.int64)
 
@@ -187,12 +180,13 @@ def build_vocabulary(counts: Sequence[Tuple[np.ndarray, np.ndarray]],
   return CriteoVocabulary(ids, tuple(np.zeros(len(i), np.int64) for i in ids))
 
 
-def parse_block(item, metrics: bool = False):
+def parse_block(item, metrics: bool = False, strict_columns: bool = False):
   """A `LineBlock` → (parsed chunk, dead letters); a `DeadLetter` from reading → (None, [it])."""
   if isinstance(item, beam_io.DeadLetter):
     letters, chunk = [item], None
   else:
-    chunk = parse_bytes(item.data, item.path, item.first_line, strict=False)
+    chunk = parse_bytes(item.data, item.path, item.first_line, strict=False,
+                        strict_columns=strict_columns)
     letters = [beam_io.DeadLetter(*bad) for bad in chunk.bad_rows]
   if metrics:
     rows = 0 if chunk is None else len(chunk)
@@ -203,9 +197,10 @@ def parse_block(item, metrics: bool = False):
   return chunk, letters
 
 
-def count_split(split: beam_io.Split):
+def count_split(split: beam_io.Split, strict_columns: bool = False):
   """(feature index, (ids, counts)) of every categorical feature of one split."""
-  chunks = [chunk for chunk, _ in map(parse_block, beam_io.read_split(split)) if chunk is not None]
+  chunks = [chunk for chunk, _ in (parse_block(item, strict_columns=strict_columns)
+                                   for item in beam_io.read_split(split)) if chunk is not None]
   yield from enumerate(count_categories(chunks))
 
 
@@ -214,6 +209,7 @@ class ShardStats:
   """What one written shard (or a merge of several) contributes to `stats.json`."""
   rows_in: int = 0
   rows_out: int = 0
+  padded_rows: int = 0  # rows out whose line lacked trailing fields (read as missing values)
   bad_rows: Dict[str, int] = dataclasses.field(default_factory=dict)
   present: np.ndarray = dataclasses.field(
       default_factory=lambda: np.zeros(len(CATEGORICAL_FEATURES), np.int64))
@@ -224,6 +220,7 @@ class ShardStats:
   def add(self, other: "ShardStats") -> "ShardStats":
     self.rows_in += other.rows_in
     self.rows_out += other.rows_out
+    self.padded_rows += other.padded_rows
     self.bad_rows = dict(collections.Counter(self.bad_rows) + collections.Counter(other.bad_rows))
     self.present = self.present + other.present
     self.known = self.known + other.known
@@ -234,7 +231,8 @@ class ShardStats:
   def summary(self, vocab: CriteoVocabulary) -> dict:
     dead = sum(self.bad_rows.values())
     return {
-        "rows_in": self.rows_in, "rows_out": self.rows_out, "dead_letters": dead,
+        "rows_in": self.rows_in, "rows_out": self.rows_out, "padded_rows": self.padded_rows,
+        "dead_letters": dead,
         "bad_fraction": dead / self.rows_in if self.rows_in else 0.0,
         "bad_rows_by_reason": dict(sorted(self.bad_rows.items())),
         "vocab_sizes": dict(zip(CATEGORICAL_FEATURES, vocab.sizes)),
@@ -253,6 +251,7 @@ def write_shard(path: str, chunks, vocab: CriteoVocabulary) -> ShardStats:
       stats.present += (chunk.cat_values >= 0).sum(axis=0)
       stats.known += (batch["cat_features"] > 0).sum(axis=0)
       stats.rows_out += len(chunk)
+      stats.padded_rows += int(chunk.padded.sum())
       yield from criteo_tfrecord.encode_examples(batch)
 
   beam_io.makedirs(os.path.dirname(path))
@@ -270,15 +269,15 @@ def count_dead_letters(stats: ShardStats, letters: Sequence[beam_io.DeadLetter])
 class WriteSplit(beam.DoFn):
   """Second read of a split: transform with the vocabulary, write its shard, emit dead letters."""
 
-  def __init__(self, output: str):
-    self._output = output
+  def __init__(self, output: str, strict_columns: bool = False):
+    self._output, self._strict_columns = output, strict_columns
 
   def process(self, split: beam_io.Split, vocab: CriteoVocabulary):
     letters = []
 
     def chunks():
       for item in beam_io.read_split(split):
-        chunk, bad = parse_block(item, metrics=True)
+        chunk, bad = parse_block(item, metrics=True, strict_columns=self._strict_columns)
         letters.extend(bad)
         if chunk is not None:
           yield chunk
@@ -387,7 +386,7 @@ def build_pipeline(pipeline: beam.Pipeline, job: CriteoJob, splits: Sequence[bea
   """Adds the batch job to `pipeline`; returns the PCollection of the final summary."""
   split_pc = pipeline | "Splits" >> beam.Create(list(splits))
   counts = (split_pc
-            | "CountBuckets" >> beam.FlatMap(count_split)
+            | "CountBuckets" >> beam.FlatMap(count_split, job.strict_columns)
             | "MergeCounts" >> beam.CombinePerKey(MergeCountsFn()))
   vocab = (counts
            | "AllFeatures" >> beam.combiners.ToList()
@@ -395,7 +394,7 @@ def build_pipeline(pipeline: beam.Pipeline, job: CriteoJob, splits: Sequence[bea
                lambda pairs, config: build_vocabulary([p for _, p in sorted(
                    pairs, key=lambda kv: kv[0])], config), job.vocab))
   written = split_pc | "Write" >> beam.ParDo(
-      WriteSplit(job.output), beam.pvalue.AsSingleton(vocab)).with_outputs(
+      WriteSplit(job.output, job.strict_columns), beam.pvalue.AsSingleton(vocab)).with_outputs(
           DEAD_LETTERS, main="stats")
   (written[DEAD_LETTERS]
    | "DeadLetterJson" >> beam.Map(beam_io.DeadLetter.to_json)
@@ -478,6 +477,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--delta", type=float, default=1e-6, help="delta of a new ledger")
   parser.add_argument("--max-bad-fraction", type=float, default=0.01,
                       help="fail if more than this fraction of lines is malformed (default 0.01)")
+  parser.add_argument("--strict-columns", action="store_true",
+                      help="refuse lines with fewer than 40 fields as malformed (default: read "
+                      "them as missing trailing values, as copies with stripped trailing tabs "
+                      "need, and count them in stats.json's padded_rows)")
 
 
 def job_from_args(args) -> CriteoJob:
@@ -485,7 +488,8 @@ def job_from_args(args) -> CriteoJob:
                       top_k=parse_top_k(args.top_k), epsilon=args.epsilon, seed=args.seed)
   return CriteoJob(inputs=tuple(args.input), output=args.output, vocab=vocab,
                    max_bad_fraction=args.max_bad_fraction, ledger=args.ledger,
-                   epsilon_budget=args.epsilon_budget, delta=args.delta)
+                   epsilon_budget=args.epsilon_budget, delta=args.delta,
+                   strict_columns=args.strict_columns)
 
 
 def main(argv=None) -> int:

@@ -70,6 +70,7 @@ class StreamJob:
   poll_seconds: float = 1.0
   idle_timeout: Optional[float] = None
   stop_after_day: Optional[int] = None
+  strict_columns: bool = False  # refuse lines with fewer than 40 fields instead of padding them
   dataset_id: Optional[str] = None  # `run` keeps the output's, or draws one
 
   def __post_init__(self):
@@ -241,7 +242,8 @@ class StreamingCriteo(beam.PTransform):
   def expand(self, blocks):
     seconds = self._job.period_days * DAY_SECONDS
     return (blocks
-            | "Parse" >> beam.Map(criteo.parse_block, metrics=True)
+            | "Parse" >> beam.Map(criteo.parse_block, metrics=True,
+                                  strict_columns=self._job.strict_columns)
             | "Period" >> beam.WindowInto(window.FixedWindows(seconds))
             | "Key" >> beam.Map(lambda parsed: ("criteo", parsed))
             | "GroupPeriod" >> beam.GroupByKey()
@@ -309,7 +311,8 @@ def job_from_args(args) -> StreamJob:
     raise DprecError("--streaming watches one directory: give exactly one --input")
   return StreamJob(input_dir=args.input[0], output=args.output, period_days=args.period_days,
                    min_count=args.min_count, top_k=top_k, poll_seconds=args.poll_seconds,
-                   idle_timeout=args.idle_timeout, stop_after_day=args.stop_after_day)
+                   idle_timeout=args.idle_timeout, stop_after_day=args.stop_after_day,
+                   strict_columns=args.strict_columns)
 
 
 def main(argv=None) -> int:

@@ -5,6 +5,12 @@ with empty fields for missing values (the Criteo Kaggle / 1TB release format; no
 Parsing runs on whole chunks with pyarrow's C++ CSV reader and numpy, never line by line, so Beam
 batches of millions of rows parse at the speed of `pandas.read_csv`. Every malformed line is either
 an `InputError(path, line, field, reason)` (strict) or returned as a `BadRow` (permissive).
+
+Many copies of the data have trailing empty fields stripped (a line whose last categorical columns
+are missing loses its trailing tabs). Such a line, with fewer than 40 fields, is read as missing
+trailing values (as `pandas.read_csv` with 40 names does) and flagged in `ParsedChunk.padded`;
+`strict_columns=True` refuses it as malformed instead. A line with more than 40 fields is always
+malformed.
 """
 import dataclasses
 import gzip
@@ -25,6 +31,7 @@ from dprec.errors import DprecError, InputError
 INTEGER_FEATURES = [f"I{i}" for i in range(1, 14)]
 CATEGORICAL_FEATURES = [f"C{i}" for i in range(1, 27)]
 COLUMNS = ["label"] + INTEGER_FEATURES + CATEGORICAL_FEATURES
+ID_DOMAIN = 1 << 32  # categorical ids are 8 hex digits: the candidates of every DP selection
 
 # Note 001 Table 3: the paper's categorical-feature-14 … -39 are C1 … C26 (sum 338,782).
 TABLE3_VOCAB_SIZES = (
@@ -59,6 +66,7 @@ class ParsedChunk:
   int_values: np.ndarray  # int64[n, 13], 0 where missing
   int_missing: np.ndarray  # bool[n, 13]
   cat_values: np.ndarray  # int64[n, 26], the hex id as an integer, -1 where missing
+  padded: np.ndarray  # bool[n], the line had fewer than 40 fields (trailing values missing)
   bad_rows: List[BadRow]
 
   def __len__(self):
@@ -107,29 +115,37 @@ def parse_hex_ids(strings: Union[pa.Array, Sequence[str]]) -> Tuple[np.ndarray, 
 
 
 def parse_lines(lines: Iterable[Union[str, bytes]], path: str, first_line_no: int = 1,
-                strict: bool = True) -> ParsedChunk:
+                strict: bool = True, strict_columns: bool = False) -> ParsedChunk:
   """Parses consecutive lines (without their newlines) that start at `first_line_no` of `path`."""
   lines = [line.encode() if isinstance(line, str) else line for line in lines]
-  return parse_bytes(b"\n".join(lines) + b"\n" if lines else b"", path, first_line_no, strict)
+  return parse_bytes(b"\n".join(lines) + b"\n" if lines else b"", path, first_line_no, strict,
+                     strict_columns)
 
 
-def parse_bytes(data: bytes, path: str, first_line_no: int = 1, strict: bool = True) -> ParsedChunk:
+def parse_bytes(data: bytes, path: str, first_line_no: int = 1, strict: bool = True,
+                strict_columns: bool = False) -> ParsedChunk:
   """Parses a block of whole lines; the first one is line `first_line_no` of `path`.
 
   Strict mode raises `InputError` for the first malformed line; permissive mode returns malformed
-  lines in `bad_rows` and the rest parsed.
+  lines in `bad_rows` and the rest parsed. Lines with fewer than 40 fields are padded with
+  missing values (module docstring) unless `strict_columns`.
   """
   if not data:
     return _empty_chunk(path)
   table, skipped = _read_table(data, use_threads=True)
   if skipped:  # Row numbers of ragged lines are only known to the single-threaded reader.
     table, skipped = _read_table(data, use_threads=False)
+  line_numbers = np.arange(table.num_rows + len(skipped), dtype=np.int64) + first_line_no
   if skipped:
-    keep = np.ones(table.num_rows + len(skipped), dtype=bool)
+    keep = np.ones(len(line_numbers), dtype=bool)
     keep[[number - 1 for number, _, _ in skipped]] = False
-    line_numbers = np.flatnonzero(keep) + first_line_no
-  else:
-    line_numbers = np.arange(table.num_rows, dtype=np.int64) + first_line_no
+    line_numbers = line_numbers[keep]
+  padded = np.zeros(table.num_rows, bool)
+  short = [] if strict_columns else [row for row in skipped if row[2] < len(COLUMNS)]
+  texts = {number + first_line_no - 1: text for number, text, _ in short}  # as read, unpadded
+  if short:
+    table, line_numbers, padded = _with_padded_lines(table, line_numbers, short, first_line_no)
+    skipped = [row for row in skipped if row[2] >= len(COLUMNS)]
   bad = [(number + first_line_no - 1, "line",
           f"expected {len(COLUMNS)} tab-separated fields, found {count}", text)
          for number, text, count in skipped]
@@ -145,6 +161,7 @@ def parse_bytes(data: bytes, path: str, first_line_no: int = 1, strict: bool = T
   for row in bad_table_rows[:1] if strict else bad_table_rows:  # strict: only the first matters
     fields = [c[row].as_py() for c in columns]
     raw = "\t".join(fields) if any(fields) else ""  # pyarrow reads an empty line as 40 ''.
+    raw = texts.get(int(line_numbers[row]), raw)
     bad.append((int(line_numbers[row]),) + _field_reason(fields, label_ok[row], int_ok[row],
                                                          cat_ok[row]) + (raw,))
   if bad:
@@ -154,7 +171,7 @@ def parse_bytes(data: bytes, path: str, first_line_no: int = 1, strict: bool = T
       raise InputError(path, line_no, field, reason)
     good = pa.array(row_ok)
     columns = [c.filter(good) for c in columns]
-    line_numbers = line_numbers[row_ok]
+    line_numbers, padded = line_numbers[row_ok], padded[row_ok]
     int_missing = int_missing[row_ok]
     cat_values = np.stack([parse_hex_ids(c)[1] for c in columns[14:]], axis=1)
 
@@ -163,9 +180,21 @@ def parse_bytes(data: bytes, path: str, first_line_no: int = 1, strict: bool = T
   return ParsedChunk(
       path=path, line_numbers=line_numbers.astype(np.int64),
       label=np.asarray(pc.cast(columns[0], pa.int32())),
-      int_values=int_values, int_missing=int_missing, cat_values=cat_values,
+      int_values=int_values, int_missing=int_missing, cat_values=cat_values, padded=padded,
       bad_rows=[BadRow(path, line_no, f"field {field}: {reason}", raw)
                 for line_no, field, reason, raw in bad])
+
+
+def _with_padded_lines(table, line_numbers, short, first_line_no):
+  """`table` with the `short` lines (pyarrow's skipped (number, text, fields)) padded with empty
+  trailing fields, all rows in line order; returns (table, line numbers, padded flags)."""
+  data = b"".join(text.encode() + b"\t" * (len(COLUMNS) - count) + b"\n"
+                  for _, text, count in short)
+  extra, _ = _read_table(data, use_threads=False)
+  lines = np.concatenate([line_numbers, [number + first_line_no - 1 for number, _, _ in short]])
+  flags = np.concatenate([np.zeros(table.num_rows, bool), np.ones(extra.num_rows, bool)])
+  order = np.argsort(lines, kind="stable")
+  return pa.concat_tables([table, extra]).take(pa.array(order)), lines[order], flags[order]
 
 
 def _read_table(data: bytes, use_threads: bool) -> Tuple[pa.Table, List[Tuple[int, str, int]]]:
@@ -207,7 +236,8 @@ def _field_reason(fields, label_ok, int_ok, cat_ok) -> Tuple[str, str]:
 def _empty_chunk(path: str) -> ParsedChunk:
   return ParsedChunk(path, np.zeros(0, np.int64), np.zeros(0, np.int32),
                      np.zeros((0, 13), np.int64),
-                     np.zeros((0, 13), bool), np.zeros((0, 26), np.int64), [])
+                     np.zeros((0, 13), bool), np.zeros((0, 26), np.int64), np.zeros(0, bool),
+                     [])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -383,14 +413,14 @@ def _open(path: str):
   return open(path, "rb")
 
 
-def read_criteo_tsv(paths, strict: bool = True,
-                    chunk_rows: int = DEFAULT_CHUNK_ROWS) -> Iterator[ParsedChunk]:
+def read_criteo_tsv(paths, strict: bool = True, chunk_rows: int = DEFAULT_CHUNK_ROWS,
+                    strict_columns: bool = False) -> Iterator[ParsedChunk]:
   """Streams `ParsedChunk`s of at most `chunk_rows` lines from plain or gzipped TSV files."""
   if chunk_rows < 1:
     raise DprecError(f"chunk_rows must be positive, got {chunk_rows}")
   for path in _as_paths(paths):
     for first_line_no, block in _line_blocks(path, chunk_rows):
-      yield parse_bytes(block, path, first_line_no, strict)
+      yield parse_bytes(block, path, first_line_no, strict, strict_columns)
 
 
 def _line_blocks(path: str, chunk_rows: int) -> Iterator[Tuple[int, bytes]]:

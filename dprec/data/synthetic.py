@@ -13,10 +13,10 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 
 import numpy as np
 from scipy import special
-from tqdm import tqdm
 
 from dprec.data.criteo import CATEGORICAL_FEATURES, TABLE3_VOCAB_SIZES, format_hex
 from dprec.errors import DprecError
+from dprec.progress import progress_bar
 
 BLOCK_ROWS = 1 << 15  # generation block; part of the random stream, so fixed
 _MAX_INT = 10**10 - 1
@@ -266,8 +266,8 @@ def generate_criteo(out_dir: str, rows: int, days: int = 1, seed: int = 0,
   counts = [np.zeros(v, np.int64) for v in sizes]
   clicks = int_missing = cat_missing = 0
   files, out, start = [], None, time.perf_counter()
-  with tqdm(total=rows, unit="row", unit_scale=True, disable=not progress,
-            desc="synth criteo") as bar:
+  with progress_bar(total=rows, unit="row", unit_scale=True, disable=not progress,
+                    desc="synth criteo") as bar:
     for day, sample in criteo_blocks(rows, days, seed, config):
       if len(files) == day:
         if out:
@@ -334,8 +334,9 @@ def generate_sequences(out_file: str, users: int, items: int, seed: int = 0,
   exponent = np.asarray([config.zipf])
   counts = np.zeros(items + 1, np.int64)
   start = time.perf_counter()
-  with open(out_file, "wb") as out, tqdm(total=users, unit="user", unit_scale=True,
-                                        disable=not progress, desc="synth sequences") as bar:
+  with open(out_file, "wb") as out, progress_bar(total=users, unit="user", unit_scale=True,
+                                                disable=not progress,
+                                                desc="synth sequences") as bar:
     for block, first in enumerate(range(0, users, BLOCK_ROWS)):
       size = min(BLOCK_ROWS, users - first)
       block_rng = np.random.default_rng([seed, 11, block])

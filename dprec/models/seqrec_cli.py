@@ -31,12 +31,10 @@ import dataclasses
 import json
 import math
 import os
-import sys
 from typing import Optional
 
 import numpy as np
 import tensorflow as tf
-import tqdm
 
 from dprec.errors import BudgetExceededError, DprecError
 from dprec.layers.reattention import ReAttentionConfig
@@ -46,6 +44,7 @@ from dprec.models.seqrec import SeqRecConfig, SeqRecModel, warmup_linear_decay
 from dprec.optimizers import config as config_lib
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.sparse import ADAMBC_FLOOR, AdamBC
+from dprec.progress import progress_bar
 from dprec.training import callbacks as callbacks_lib
 from dprec.training import checkpoint as ckpt_lib
 from dprec.training import poisson
@@ -305,7 +304,7 @@ def evaluate(model, examples, options):
   buckets = ranking_metrics.popularity_buckets(examples.item_frequencies)
   progress = None
   if options.progress:
-    progress = lambda it: tqdm.tqdm(it, desc="full ranking", unit="batch", file=sys.stderr)
+    progress = lambda it: progress_bar(it, desc="full ranking", unit="batch")
   score = tf.function(model.score_items, reduce_retracing=True)
   return ranking_metrics.evaluate_full_ranking(
       lambda h: score(tf.constant(h)), examples.test_histories, examples.test_items, buckets,

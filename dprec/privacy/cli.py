@@ -3,9 +3,9 @@ import argparse
 import os
 import sys
 
-import tqdm
 
 from dprec.errors import DprecError
+from dprec.progress import progress_bar
 from dprec.privacy import accounting
 from dprec.privacy import analytic_gaussian
 from dprec.privacy import calibration
@@ -105,8 +105,8 @@ def run_epsilon(args):
 
 def run_sigma(args):
   periods, delta = _sampling(args)
-  with tqdm.tqdm(desc="calibrating noise multiplier", unit=" sigma tried", leave=False,
-                 disable=not sys.stderr.isatty()) as bar:
+  with progress_bar(desc="calibrating noise multiplier", unit=" sigma tried", leave=False,
+                    disable=not sys.stderr.isatty()) as bar:
 
     def progress(sigma):
       bar.set_postfix(sigma=f"{sigma:.5f}")

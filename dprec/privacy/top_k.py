@@ -50,21 +50,40 @@ def top_k_selection_cost(k, epsilon_per_draw, delta=0.0):
   return min(basic, zcdp_to_dp(zcdp_of_draws(k, epsilon_per_draw), delta))
 
 
-def gumbel_top_k(counts, k, epsilon, rng: np.random.Generator):
+ABSENT = -1  # a slot won by a candidate outside `counts` (see `gumbel_top_k`'s `domain`)
+
+
+def gumbel_top_k(counts, k, epsilon, rng: np.random.Generator, domain=None):
   """Indices of k buckets chosen by one-shot Gumbel top-k, best first; total cost `epsilon`.
 
-  Each of the k draws gets ε/k, i.e. Gumbel scale k/ε.
+  Each of the k draws gets ε/k, i.e. Gumbel scale k/ε. `domain` (≥ len(counts)): the candidates
+  are `domain` buckets, the `domain − len(counts)` not in `counts` counting 0, so that the
+  candidate set does not depend on which buckets the data touched (a data-dependent candidate set
+  would let one example make its bucket selectable). Their k largest noisy counts are the k
+  largest of that many iid Gumbels, drawn exactly from the order statistics of exponentials
+  (Gumbel = −scale·log Exp(1); Rényi's representation): no domain-sized array. A slot one of
+  them wins is `ABSENT` in the result.
   """
   counts = np.asarray(counts, dtype=np.float64)
   if counts.ndim != 1:
     raise DprecError(f"counts must be one-dimensional, got shape {counts.shape}")
-  if not 1 <= k <= counts.size:
-    raise DprecError(f"k must be in [1, {counts.size}] (the number of buckets), got {k}")
+  domain = counts.size if domain is None else int(domain)
+  if domain < counts.size:
+    raise DprecError(f"domain {domain} is smaller than the {counts.size} counted buckets")
+  if not 1 <= k <= domain:
+    raise DprecError(f"k must be in [1, {domain}] (the number of buckets), got {k}")
   if not epsilon > 0:
     raise DprecError(f"selection epsilon must be > 0, got {epsilon}")
-  noisy = counts + rng.gumbel(scale=k / epsilon, size=counts.size)
+  scale = k / epsilon
+  noisy = counts + rng.gumbel(scale=scale, size=counts.size)
+  absent = domain - counts.size
+  if absent:
+    draws = min(k, absent)
+    smallest = np.cumsum(rng.exponential(size=draws) / (absent - np.arange(draws)))
+    noisy = np.concatenate([noisy, -scale * np.log(smallest)])
   top = np.argpartition(-noisy, k - 1)[:k]
-  return top[np.argsort(-noisy[top], kind="stable")]
+  top = top[np.argsort(-noisy[top], kind="stable")]
+  return np.where(top < counts.size, top, ABSENT)
 
 
 def feature_counts(ids, vocab_sizes):
@@ -113,11 +132,12 @@ def split_selection_budget(ks: Sequence[int], epsilon, delta=0.0):
 
 
 def select_top_k_per_feature(counts: Sequence[np.ndarray], k: Union[int, Sequence[int]], epsilon,
-                             rng: np.random.Generator, delta=0.0):
+                             rng: np.random.Generator, delta=0.0, domain=None):
   """Gumbel top-k on each of p features within a total (ε, δ): one example touches all p.
 
   `k` is a total split equally, int(k/p) per feature (note 001 §2.1), or a list per feature; the
-  budget is split by `split_selection_budget`.
+  budget is split by `split_selection_budget`. `domain`: candidates per feature beyond the
+  counted ones (`gumbel_top_k`); slots they win are `ABSENT`.
   """
   p = len(counts)
   if p == 0:
@@ -129,8 +149,8 @@ def select_top_k_per_feature(counts: Sequence[np.ndarray], k: Union[int, Sequenc
     raise DprecError(f"selection epsilon must be > 0, got {epsilon}")
   if not 0 <= delta < 1:
     raise DprecError(f"selection delta must be in [0, 1), got {delta}")
-  ks = [min(kf, len(c)) for c, kf in zip(counts, ks)]
+  ks = [min(kf, len(c) if domain is None else domain) for c, kf in zip(counts, ks)]
   per_draw, cost = split_selection_budget(ks, epsilon, delta)
-  indices = [gumbel_top_k(c, kf, kf * e, rng) for c, kf, e in zip(counts, ks, per_draw)]
+  indices = [gumbel_top_k(c, kf, kf * e, rng, domain) for c, kf, e in zip(counts, ks, per_draw)]
   return Selection(indices=indices, k_per_feature=ks, epsilon=cost, delta=delta,
                    epsilon_per_draw=per_draw, accounting="zcdp" if delta else "basic")

@@ -30,12 +30,15 @@ def public_top_k(counts, k):
 
 def fest_rows(counts_by_table: Mapping[str, np.ndarray], k: Union[int, Mapping[str, int]],
               epsilon: Optional[float] = None, delta: float = 0.0, rng=None, ledger=None,
-              label="dp-fest top-k"):
+              label="dp-fest top-k", domain: Optional[int] = None):
   """Top-`k` rows per table (`k` an int for every table, or per table name).
 
   `epsilon` None: `counts_by_table` are public counts, nothing is charged. Otherwise they are
   private and the rows are chosen with (`epsilon`, `delta`)-DP in total; `ledger` (a
   `dprec.privacy.PrivacyLedger`) is charged that cost, and refuses it beyond its budget.
+  `domain`: every table's candidates are that many ids, those without a row counting 0 (a
+  candidate set that does not depend on which ids the data brought); slots they win select no
+  row, so a table may get fewer than k rows.
   """
   names = list(counts_by_table)
   ks = [int(k[name] if isinstance(k, Mapping) else k) for name in names]
@@ -45,9 +48,9 @@ def fest_rows(counts_by_table: Mapping[str, np.ndarray], k: Union[int, Mapping[s
   from dprec.privacy import select_top_k_per_feature  # pylint: disable=import-outside-toplevel
   selection = select_top_k_per_feature(
       [np.asarray(counts_by_table[name]) for name in names], ks, epsilon,
-      rng if rng is not None else np.random.default_rng(), delta)
+      rng if rng is not None else np.random.default_rng(), delta, domain)
   if ledger is not None:
     ledger.charge_approximate(selection.epsilon, selection.delta, label=label)
-  return FestRows({name: np.sort(np.asarray(rows, np.int64))
+  return FestRows({name: np.sort(rows[rows >= 0]).astype(np.int64)
                    for name, rows in zip(names, selection.indices)},
                   selection.epsilon, selection.delta)

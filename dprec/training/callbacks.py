@@ -12,9 +12,9 @@ import time
 from typing import Mapping, Optional
 
 import tensorflow as tf
-import tqdm
 
 from dprec.errors import BudgetExceededError
+from dprec.progress import progress_bar
 
 
 class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
@@ -235,8 +235,8 @@ class ProgressBar(tf.keras.callbacks.Callback):
 
   def on_train_begin(self, logs=None):
     steps, epochs = self.params.get("steps"), self.params.get("epochs") or 1
-    self._bar = tqdm.tqdm(total=self.initial + steps * epochs if steps else None,
-                          initial=self.initial, desc=self.desc, unit="step")
+    self._bar = progress_bar(total=self.initial + steps * epochs if steps else None,
+                             initial=self.initial, desc=self.desc, unit="step")
 
   def on_train_batch_end(self, batch, logs=None):
     self._bar.update(1)

@@ -13,9 +13,9 @@ directory private); `--insecure-noise-seed N` makes them reproducible and the ru
 import math
 import os
 
-from tqdm import tqdm
 
 from dprec.errors import DprecError
+from dprec.progress import progress_bar
 from dprec.models import ctr_cli
 from dprec.training import stream_metrics
 from dprec.training.period_source import BeamStreamSource
@@ -164,7 +164,8 @@ class _ProgressBars:
       if self.bar is not None:
         self.bar.close()
       self.period = period
-      self.bar = tqdm(total=self.total, initial=step, desc=f"period {period}", unit="step")
+      self.bar = progress_bar(total=self.total, initial=step, desc=f"period {period}",
+                              unit="step")
     self.bar.update(1)
     if self.diagnostics:
       self.bar.set_postfix(loss=f"{logs.get('loss', float('nan')):.4f}")

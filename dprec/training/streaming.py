@@ -42,6 +42,7 @@ import numpy as np
 import tensorflow as tf
 
 from dprec import atomic_io
+from dprec.data.criteo import ID_DOMAIN
 from dprec.errors import BudgetExceededError
 from dprec.sparse import fest
 from dprec.training import checkpoint as ckpt_lib
@@ -313,8 +314,10 @@ class StreamingTrainer:
     selected = None
     if self.config.top_k:
       epsilon = self.plan.selection_epsilon_per_period or None  # paid in _pay_for_period
+      # DP: candidates are every id of the domain (and the OOV row), not the rows the data made.
       selected = fest.fest_rows(period.counts(), self.config.top_k, epsilon=epsilon,
-                                rng=self.run_state.numpy_rng("dp top-k", period.index)).rows
+                                rng=self.run_state.numpy_rng("dp top-k", period.index),
+                                domain=ID_DOMAIN + 1).rows
     self.model.set_selected_rows(selected)
     self.state["selected_rows"] = _rows_to_json(selected)
     return sum(sizes[n] - old.get(n, 0) for n in sizes) if old else 0

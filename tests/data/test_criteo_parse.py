@@ -24,8 +24,6 @@ def _replace(field_index, value):
 MALFORMED = [
     ("", "line", "empty line"),
     (GOOD + "\tdeadbeef", "line", "expected 40 tab-separated fields, found 41"),
-    (GOOD.rsplit("\t", 1)[0], "line", "expected 40 tab-separated fields, found 39"),
-    ("1 2 3", "line", "expected 40 tab-separated fields, found 1"),
     (_replace(0, "2"), "label", "must be 0 or 1, got '2'"),
     (_replace(0, ""), "label", "must be 0 or 1, got ''"),
     (_replace(5, "1.5"), "I5", "not an integer of at most 18 digits: '1.5'"),
@@ -36,6 +34,14 @@ MALFORMED = [
 ]
 
 
+# A short line is read as missing trailing values by default, malformed with strict_columns.
+PADDED = [("1 2 3", "label", "must be 0 or 1, got '1 2 3'")]  # one field, then a bad label
+SHORT = [
+    (GOOD.rsplit("\t", 1)[0], "line", "expected 40 tab-separated fields, found 39"),
+    ("1 2 3", "line", "expected 40 tab-separated fields, found 1"),
+]
+
+
 def _write(path, lines, compress=False):
   data = ("\n".join(lines) + "\n").encode()
   with (gzip.open if compress else open)(path, "wb") as out:
@@ -43,25 +49,50 @@ def _write(path, lines, compress=False):
   return str(path)
 
 
-@pytest.mark.parametrize("line, field, reason", MALFORMED)
-def test_strict_mode_names_file_line_and_field(tmp_path, line, field, reason):
+CASES = ([(line, field, reason, False) for line, field, reason in MALFORMED + PADDED] +
+         [(line, field, reason, True) for line, field, reason in MALFORMED + SHORT])
+
+
+@pytest.mark.parametrize("line, field, reason, strict_columns", CASES)
+def test_strict_mode_names_file_line_and_field(tmp_path, line, field, reason, strict_columns):
   path = _write(tmp_path / "day_0", [GOOD, GOOD, line, GOOD])
   with pytest.raises(InputError) as error:
-    list(criteo.read_criteo_tsv(path, chunk_rows=2))
+    list(criteo.read_criteo_tsv(path, chunk_rows=2, strict_columns=strict_columns))
   assert (error.value.path, error.value.line, error.value.field, error.value.reason) == (
       path, 3, field, reason)
 
 
-@pytest.mark.parametrize("line, field, reason", MALFORMED)
-def test_permissive_mode_skips_and_reports(tmp_path, line, field, reason):
+@pytest.mark.parametrize("line, field, reason, strict_columns", CASES)
+def test_permissive_mode_skips_and_reports(tmp_path, line, field, reason, strict_columns):
   path = _write(tmp_path / "day_0", [GOOD, GOOD, line, GOOD])
-  chunk = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(path, strict=False)))
+  chunk = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(
+      path, strict=False, strict_columns=strict_columns)))
   assert chunk.line_numbers.tolist() == [1, 2, 4]
   assert chunk.bad_rows == [criteo.BadRow(path, 3, f"field {field}: {reason}", line)]
 
 
+def test_lines_without_trailing_fields_read_as_missing_values_in_line_order(tmp_path):
+  """Copies with stripped trailing tabs: fewer than 40 fields are missing trailing values (as
+  pandas.read_csv with 40 names reads them), flagged `padded`; order and line numbers kept."""
+  no_cats = "\t".join(["0"] + INTS)  # 14 fields: every categorical missing
+  no_last = GOOD.rsplit("\t", 1)[0]  # 39 fields: C26 missing
+  path = _write(tmp_path / "day_0", [GOOD, no_cats, GOOD, no_last, GOOD + "\tx", "1"])
+  chunk = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(path, strict=False)))
+  assert chunk.line_numbers.tolist() == [1, 2, 3, 4, 6]
+  assert chunk.padded.tolist() == [False, True, False, True, True]
+  assert chunk.label.tolist() == [1, 0, 1, 1, 1]
+  assert (chunk.cat_values[1] == -1).all() and (chunk.cat_values[4] == -1).all()
+  assert chunk.cat_values[3, -1] == -1
+  np.testing.assert_array_equal(chunk.cat_values[3, :-1], chunk.cat_values[0, :-1])
+  assert chunk.int_missing[4].all() and not chunk.int_missing[1].all()
+  assert [row.line_no for row in chunk.bad_rows] == [5]  # 41 fields: still malformed
+  strict = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(
+      path, strict=False, strict_columns=True)))
+  assert strict.line_numbers.tolist() == [1, 3] and not strict.padded.any()
+
+
 def test_first_bad_line_wins_and_all_are_reported(tmp_path):
-  lines = [GOOD, MALFORMED[4][0], GOOD, MALFORMED[1][0], MALFORMED[0][0], GOOD]
+  lines = [GOOD, _replace(0, "2"), GOOD, MALFORMED[1][0], MALFORMED[0][0], GOOD]
   with pytest.raises(InputError) as error:
     criteo.parse_lines(lines, "f.tsv", first_line_no=100)
   assert (error.value.line, error.value.field) == (101, "label")
@@ -113,7 +144,7 @@ def test_chunks_keep_line_numbers_and_gzip_matches_plain(tmp_path):
     joined = criteo.ParsedChunk.concatenate(chunks)
     assert joined.line_numbers.tolist() == list(range(1, 11))
     assert joined.int_values[:, 4].tolist() == list(range(10))
-  bad = _write(tmp_path / "day_2.gz", lines[:7] + [MALFORMED[6][0]] + lines[8:], compress=True)
+  bad = _write(tmp_path / "day_2.gz", lines[:7] + [_replace(5, "1.5")] + lines[8:], compress=True)
   with pytest.raises(InputError) as error:
     list(criteo.read_criteo_tsv(bad, chunk_rows=3))
   assert (error.value.path, error.value.line, error.value.field) == (bad, 8, "I5")

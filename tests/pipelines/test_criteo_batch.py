@@ -1,5 +1,6 @@
 """Golden tests of the Criteo batch job on hand-written lines (vocabulary, indices, log transform,
 OOV, dead letters and their reasons, rows in = rows out + dead letters) and its outputs' reader."""
+import dataclasses
 import gzip
 import json
 import math
@@ -27,7 +28,7 @@ def _golden_inputs(tmp_path, criteo_line):
       criteo_line(0, {0: 1000000}, {"C2": "000000BB"}),  # Upper-case hex is the same id.
   ]
   bad0 = [
-      "1\t2\t3",  # wrong column count
+      criteo_line(1, {}, {"C1": A}) + "\tdeadbeef",  # 41 fields (fewer would be padded)
       criteo_line(1, {}, {"C3": "0000zzzz"}),  # non-hex id
       criteo_line(1, {1: "abc"}),  # non-integer
       criteo_line(2, {}),  # label not 0/1
@@ -67,7 +68,7 @@ def test_golden_batch_job_on_two_worker_processes(tmp_path, criteo_line, train_t
                           ("day_0", 7, "label"), ("day_0", 9, "line"),
                           ("day_1.gz", gz_line, "gzip")])
   assert [l["raw"] for l in letters if l["line"] == 2 and l["path"].endswith("day_0")] == [
-      "1\t2\t3"]
+      criteo_line(1, {}, {"C1": A}) + "\tdeadbeef"]
   rows_in_gz = gz_line  # Lines 1..gz_line-1 parsed, plus the dead letter at gz_line.
   assert summary["rows_in"] == 10 + rows_in_gz
   assert summary["rows_in"] == summary["rows_out"] + summary["dead_letters"]
@@ -134,6 +135,22 @@ def test_too_many_bad_rows_fail_without_manifest(tmp_path, criteo_line, in_proce
   tolerant = criteo.CriteoJob(job.inputs, job.output, max_bad_fraction=0.25)
   assert criteo.run(tolerant, in_process)["rows_out"] == 3
   assert os.path.exists(tmp_path / "out" / "manifest.json")
+
+
+def test_lines_with_stripped_trailing_tabs_are_padded_and_counted(tmp_path, criteo_line,
+                                                                  in_process):
+  """Copies with trailing empty fields stripped: read as missing values and counted in stats.json
+  (`padded_rows`); `strict_columns` (`--strict-columns`) refuses them as before."""
+  lines = [criteo_line(1, {}, {"C1": A}), criteo_line(0, {}, {"C1": A}).rstrip("\t"),
+           criteo_line(0, {0: 3}, {"C1": A, "C26": A})]
+  assert lines[1].count("\t") == 14  # label, 13 integer fields, C1: the tail is gone
+  (tmp_path / "day_0").write_text("\n".join(lines) + "\n")
+  job = criteo.CriteoJob(inputs=(str(tmp_path / "day_0"),), output=str(tmp_path / "out"))
+  summary = criteo.run(job, in_process)
+  assert (summary["rows_out"], summary["padded_rows"], summary["dead_letters"]) == (3, 1, 0)
+  strict = dataclasses.replace(job, output=str(tmp_path / "strict"), strict_columns=True)
+  with pytest.raises(DprecError, match="1 of 3 rows are malformed"):
+    criteo.run(strict, in_process)
 
 
 def test_top_k_keeps_the_most_frequent_buckets(tmp_path, criteo_line, in_process):

@@ -34,6 +34,42 @@ def test_gumbel_top_k_is_k_exponential_mechanism_draws():
     assert abs(observed - expected) < 4.5 * math.sqrt(expected * (1 - expected) / draws) + 1e-3
 
 
+def test_candidates_outside_the_counts_compete_as_zero_counts_and_come_back_absent():
+  """With a domain, the top-k is the same k exponential-mechanism draws over counts padded
+  with zeros to the domain, each padded winner reported as ABSENT (order kept)."""
+  counts, domain, k, epsilon = np.array([3.0, 1.0]), 5, 2, 2.0
+  padded = np.concatenate([counts, np.zeros(domain - counts.size)])
+  rng = np.random.default_rng(1)
+  draws = 20000
+  seen = {}
+  for _ in range(draws):
+    key = tuple(privacy.gumbel_top_k(counts, k, epsilon, rng, domain))
+    seen[key] = seen.get(key, 0) + 1
+  absent = privacy.top_k.ABSENT
+  expected = {}
+  for order in itertools.permutations(range(domain), k):
+    key = tuple(i if i < counts.size else absent for i in order)
+    expected[key] = expected.get(key, 0.0) + _peeling_probability(padded, order, epsilon / k)
+  assert set(seen) <= set(expected)
+  for key, probability in expected.items():
+    observed = seen.get(key, 0) / draws
+    assert abs(observed - probability) < 4.5 * math.sqrt(
+        probability * (1 - probability) / draws) + 1e-3, (key, observed, probability)
+  with pytest.raises(DprecError):
+    privacy.gumbel_top_k(counts, 1, 1.0, rng, domain=1)
+
+
+def test_fest_rows_over_a_domain_drop_the_slots_no_row_won():
+  from dprec.sparse.fest import fest_rows  # pylint: disable=import-outside-toplevel
+  counts = {"a": np.array([0, 50, 40, 0]), "b": np.array([0, 1, 0])}
+  rows = fest_rows(counts, 2, epsilon=1.0, rng=np.random.default_rng(0), domain=1 << 32).rows
+  # 2^32 zero-count candidates swamp counts of 0–50 at Gumbel scale 2/(ε/2) = 4 per draw: the
+  # noisy maximum of 2^32 Gumbels is ≈ 4·ln(2^32) ≈ 89.
+  assert rows["a"].size < 2 and rows["b"].size == 0
+  assert fest_rows(counts, 2, epsilon=1e6, rng=np.random.default_rng(0),
+                   domain=1 << 32).rows["a"].tolist() == [1, 2]
+
+
 def test_k_selections_cost_k_draws_not_one():
   """Add one example to a bucket: the worst log-ratio over outputs exceeds one draw's ε and
   stays within k·ε_draw, the cost dprec charges."""

@@ -10,6 +10,8 @@ import pytest
 from dprec import privacy
 from dprec.privacy.noise_key import InsecureNoiseWarning
 from dprec.training.period_source import ArrayPeriodSource
+from dprec.training.plan import plan_stream
+from dprec.training.streaming import StreamConfig, StreamingTrainer
 
 NOT_PRIVATE_FIELDS = {"examples", "train_loss", "mean_batch_size", "batch_size"}
 
@@ -91,3 +93,25 @@ def test_summary_and_outputs_hold_no_non_private_diagnostic_by_default(tmp_path,
   diagnosed, _ = _run(standin, tmp_path / "diagnosed", diagnostics=True)
   row = diagnosed["periods"][0]["diagnostics_nonprivate"]
   assert row["examples"] == 400 and row["mean_batch_size"] > 0 and "train_loss" in row
+
+
+def test_dp_top_k_refreshes_draw_over_the_whole_id_domain(tmp_path, standin):
+  """The candidates of a DP top-k refresh are every id (rowless ids count 0), not the rows the
+  data made: at a small selection ε the 2^32 zero-count candidates win most slots, so a table
+  gets fewer than k rows; at a large one the k most frequent rows win. A candidate set of the
+  seen rows only would always give exactly k."""
+  source = ArrayPeriodSource(standin.make_days(2))
+
+  def selected(selection_epsilon):
+    plan = plan_stream(60.0, 1e-5, expected_periods=1, examples_per_period=400, batch_size=40,
+                       noise_multiplier=2.0, selection_epsilon=selection_epsilon)
+    model = standin.StandInModel(noise_multiplier=plan.noise_multiplier)
+    config = StreamConfig(run_dir=str(tmp_path / f"eps{selection_epsilon}"), top_k=2,
+                          train_periods=1)
+    StreamingTrainer(model, source, plan, config).run()
+    return model.selected
+
+  small = selected(0.5)  # Gumbel scale 3·2/0.5 = 12: the max of 2^32 zeros is ≈ 270
+  assert sum(len(rows) for rows in small.values()) < 3
+  large = selected(50.0)  # scale 0.12: zeros reach ≈ 3; counts are ≈ 100
+  assert all(len(rows) == 2 for rows in large.values())
