@@ -14,6 +14,7 @@ REQUIRES = [
     "apache-beam>=2.60",
     "numpy>=1.26",
     "scipy",
+    "mpmath",  # secure noise: 256-bit rates of exact geometric gaps
     "pandas",
     "pyarrow",
     "tqdm",

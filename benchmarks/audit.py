@@ -7,6 +7,8 @@ generated and loaded once; the bound is the one-run method of Steinke, Nasr & Ja
 DP top-k counts, which fresh-row canaries (count 1) essentially never reach.
 
     .venv/bin/python benchmarks/audit.py --rows 200000 --canaries 1000 --runs 4 --steps 500
+    .venv/bin/python benchmarks/audit.py --rows 100000 --canaries 2000 --runs 4 --steps 300 \
+        --batch-size 256 --hidden-units 64   # BENCHMARKS.md's table (~30 min, loaded machine)
     .venv/bin/python benchmarks/audit.py --rows 20000 --canaries 400 --runs 1 --steps 150 \
         --hidden-units 64 --epsilons 1 16   # reduced
 """
@@ -16,7 +18,7 @@ import tempfile
 
 from dprec.audit import ctr as audit_ctr
 from dprec.data import synthetic
-from dprec.models import ctr_cli
+from dprec.workflows import ctr as ctr_workflow
 
 ALGORITHMS = ("dp_sgd", "dp_fest", "dp_adafest", "dp_adafest_plus")
 
@@ -39,12 +41,12 @@ def main():
   with tempfile.TemporaryDirectory() as directory:
     synthetic.generate_criteo(directory, rows=args.rows, days=3, seed=0, vocab=args.vocab,
                               progress=False)
-    data = ctr_cli.load_data(directory)
+    data = ctr_workflow.load_data(directory)
   runs = [("non_private", None)] + [(a, e) for e in args.epsilons for a in ALGORITHMS]
   print("| algorithm | claimed ε | ε lower bound (95%) | canaries × runs | correct / guesses |")
   print("|---|---|---|---|---|")
   for algorithm, epsilon in runs:
-    train = ctr_cli.CTRTrainOptions(
+    train = ctr_workflow.CTRTrainOptions(
         data=directory, algorithm=algorithm, epsilon=epsilon, batch_size=args.batch_size,
         steps=args.steps, hidden_units=tuple(int(u) for u in args.hidden_units.split(",")),
         top_k=args.top_k, threshold=args.threshold, accountant=args.accountant,

@@ -13,7 +13,7 @@ import dataclasses
 import json
 import sys
 
-from dprec.models import ctr_cli
+from dprec.workflows import ctr as ctr_workflow
 
 TODAY = dict(logit_init="default", optimizer="adam", learning_rate=3e-3)  # before issue 14
 RUNS = {
@@ -49,19 +49,19 @@ def main(argv=None):
   parser.add_argument("--only", nargs="+", help="run names (prefixes) to run")
   parser.add_argument("--json", help="append each summary here (JSON lines)")
   args = parser.parse_args(argv)
-  data = ctr_cli.load_data(args.data)
+  data = ctr_workflow.load_data(args.data)
   rows = []
   for name, change in RUNS.items():
     if args.only and not any(name.startswith(p) for p in args.only):
       continue
     for seed in args.seeds:
-      options = ctr_cli.CTRTrainOptions(data=args.data, algorithm="dp_adafest",
-                                        epsilon=args.epsilon, batch_size=args.batch_size,
-                                        steps=args.steps, seed=seed, progress=False)
+      options = ctr_workflow.CTRTrainOptions(data=args.data, algorithm="dp_adafest",
+                                             epsilon=args.epsilon, batch_size=args.batch_size,
+                                             steps=args.steps, seed=seed, progress=False)
       options = dataclasses.replace(options, **change)
       if options.algorithm == "non_private":
         options = dataclasses.replace(options, epsilon=None)
-      summary = ctr_cli.train_ctr(options, data)
+      summary = ctr_workflow.run(options, data)
       row = {"run": name, "seed": seed, **{k: summary[k] for k in (
           "auc", "eval_log_loss", "base_rate", "base_rate_log_loss", "epsilon")}}
       rows.append(row)

@@ -6,6 +6,9 @@ Variants, run one after another in this process on the same batches:
                 positives among untouched rows: V·Ψ(τ/(σ1·C1)) a step, so larger vocabularies
                 need a larger τ (15 → ~460 rows of table3's 0.34M, ~13,500 of 10M; 25 → ~0)
   dp_sgd        dprec DP-SGD (dense noise on every embedding row)
+  dp_adafest_secure, dp_sgd_secure
+                the same with `secure_noise=True` (every noise draw exact, no floating-point
+                artefact: `dprec.privacy.secure_noise`); not in the default list
   tfp_dpmodel   tensorflow_privacy's DPModel (`make_dp_model_class`) with its fast gradient
                 clipping layer registry and stock Keras SGD: the tool users have today (only
                 where tensorflow_privacy imports, TF <= 2.15: `pip install -e .[tfp]`; skipped
@@ -18,6 +21,8 @@ Times exclude the first step (tracing). Prints a Markdown table; ratios are agai
 `non_private` in the same run.
 
     .venv/bin/python benchmarks/ctr_step.py --vocab table3 scaled:10M
+    .venv/bin/python benchmarks/ctr_step.py --vocab table3 scaled:10M \
+        --variants non_private dp_adafest dp_adafest_secure   # secure vs default noise
 """
 import argparse
 import gc
@@ -38,7 +43,8 @@ from dprec.training.callbacks import StepTimer
 import machine
 
 VARIANTS = ("non_private", "dp_adafest", "dp_sgd", "tfp_dpmodel", "keras")
-DENSE = ("dp_sgd", "tfp_dpmodel", "keras")  # cost grows with V·d: fewer steps at large vocab
+SECURE = ("dp_adafest_secure", "dp_sgd_secure")  # `secure_noise=True`; on request only
+DENSE = ("dp_sgd", "dp_sgd_secure", "tfp_dpmodel", "keras")  # cost ∝ V·d: fewer steps at large V
 LEARNING_RATE, C2, SIGMA2, SIGMA1, C1 = 0.5, 10.0, 1.0, 5.0, 1.0
 
 
@@ -56,10 +62,10 @@ def make_batches(vocab_sizes, batch_size, count, seed=0):
   return batches
 
 
-def _dprec_model(vocab_sizes, algorithm, batch_size):
+def _dprec_model(vocab_sizes, algorithm, batch_size, secure_noise=False):
   model = ctr.build_ctr_model(vocab_sizes)
   model.compile(optimizer=DPOptimizer(algorithm, SparseSGD(LEARNING_RATE),
-                                      expected_batch_size=batch_size))
+                                      expected_batch_size=batch_size, secure_noise=secure_noise))
   model.optimizer.build(model.trainable_variables)
   return model
 
@@ -109,9 +115,9 @@ def build(variant, vocab_sizes, batch_size, threshold):
       "dp_adafest": config_lib.DPAdaFEST(l2_norm_clip=C2, noise_multiplier=SIGMA2,
                                          contribution_clip=C1, contribution_noise_multiplier=SIGMA1,
                                          threshold=threshold),
-  }[variant]
-  return _dprec_model(vocab_sizes, algorithm, batch_size), lambda features, labels: (features,
-                                                                                      labels)
+  }[variant.removesuffix("_secure")]
+  model = _dprec_model(vocab_sizes, algorithm, batch_size, variant.endswith("_secure"))
+  return model, lambda features, labels: (features, labels)
 
 
 def time_variant(variant, vocab_sizes, batches, steps, threshold):
@@ -147,7 +153,7 @@ def main(argv=None):
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--vocab", nargs="+", default=["table3", "scaled:10M"],
                       help="vocabularies: table3 and/or scaled:M")
-  parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS)
+  parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS + SECURE)
   parser.add_argument("--batch-size", type=int, default=2048)
   parser.add_argument("--steps", type=int, default=10, help="timed steps per variant")
   parser.add_argument("--dense-steps", type=int, default=3,

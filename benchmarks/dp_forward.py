@@ -113,19 +113,20 @@ def tiny_model(args, work_dir):
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   from dprec.data.sequences import load_sequences  # pylint: disable=import-outside-toplevel
   from dprec.data.synthetic import generate_sequences  # pylint: disable=import-outside-toplevel
-  from dprec.models import seqrec_cli  # pylint: disable=import-outside-toplevel
+  from dprec.data.sequences import make_examples  # pylint: disable=import-outside-toplevel
+  from dprec.workflows import seqrec  # pylint: disable=import-outside-toplevel
   from pipelines import sequences  # pylint: disable=import-outside-toplevel
   source = os.path.join(work_dir, "tiny.txt")
   generate_sequences(source, users=args.tiny_users, items=args.tiny_items, seed=0, progress=False)
   out = os.path.join(work_dir, "tiny")
   sequences.run(sequences.SequencesJob(inputs=(source,), input_format="sasrec", output=out))
-  examples = seqrec_cli.make_examples(load_sequences(out), 20)
-  options = seqrec_cli.SeqRecTrainOptions(epsilon=float("inf"), epochs=args.tiny_epochs,
+  examples = make_examples(load_sequences(out), 20)
+  options = seqrec.SeqRecTrainOptions(epsilon=float("inf"), epochs=args.tiny_epochs,
                                           batch_size=64, max_len=20, dim=32, num_blocks=1,
                                           dropout=0.1, reattention=False, progress=False)
   tf.keras.utils.set_random_seed(0)
-  model = seqrec_cli.build_model(options, examples,
-                                 seqrec_cli.plan_privacy(options, len(examples.items)))
+  model = seqrec.build_model(options, examples,
+                             seqrec.plan_privacy(options, len(examples.items)))
   model.fit({"items": examples.items}, examples.labels, batch_size=64, epochs=args.tiny_epochs,
             verbose=0)
   return model, examples

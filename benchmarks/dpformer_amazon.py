@@ -33,12 +33,13 @@ import time
 
 import numpy as np
 
-from dprec.data.sequences import load_sequences
+from dprec.data.sequences import load_sequences, make_examples
 from dprec.models import ranking_metrics
-from dprec.models.seqrec_cli import (SeqRecTrainOptions, build_model, checkpoint_objects,
-                                     evaluate, make_examples, options_from_checkpoint,
-                                     plan_privacy, train_seqrec)
 from dprec.training.checkpoint import MODEL_PREFIX, CheckpointManager
+from dprec.workflows.resume import checkpoint_objects
+from dprec.workflows.seqrec import (SeqRecTrainOptions, build_model,
+                                    evaluate, options_from_checkpoint, plan_privacy)
+from dprec.workflows.seqrec import run as train_seqrec
 
 PAPER_TABLE2 = {  # (ε, method) -> (NDCG@10, HIT@10) in %, note 000 §8
     (5.0, "dpformer"): (1.64, 3.01), (8.0, "dpformer"): (1.98, 3.70),

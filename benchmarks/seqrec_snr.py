@@ -35,7 +35,8 @@ from dprec import privacy
 from dprec.data.sequences import load_sequences
 from dprec.models import ranking_metrics
 from dprec.models.seqrec import SeqRecModel
-from dprec.models.seqrec_cli import SeqRecTrainOptions, make_examples
+from dprec.data.sequences import make_examples
+from dprec.workflows.seqrec import SeqRecTrainOptions
 from dprec.optimizers import config as config_lib
 from dprec.optimizers.dp_optimizer import DPOptimizer
 

@@ -28,7 +28,7 @@ TRAIN_DAYS, DAYS = 18, 24
 
 def _stream_args(data, run_dir, algorithm, epsilon, period, options):
   """`dprec stream` arguments, parsed by the command's own parser."""
-  from dprec.training import stream_cli  # pylint: disable=import-outside-toplevel
+  from dprec.workflows import stream_cli  # pylint: disable=import-outside-toplevel
   parser = argparse.ArgumentParser()
   stream_cli.register(parser.add_subparsers())
   argv = ["stream", "--data", data, "--run-dir", run_dir, "--algorithm", algorithm,
@@ -59,12 +59,12 @@ def prepare_stream(root, options):
 
 
 def run_one(data, root, algorithm, epsilon, period, options):
-  from dprec.training import stream_cli  # pylint: disable=import-outside-toplevel
+  from dprec.workflows import run_cli, stream  # pylint: disable=import-outside-toplevel
   run_dir = os.path.join(root, f"run-{algorithm}-{epsilon}-{period}")
   shutil.rmtree(run_dir, ignore_errors=True)
   started = time.perf_counter()
-  summary = stream_cli.build_trainer(
-      _stream_args(data, run_dir, algorithm, epsilon, period, options)).run()
+  summary = stream.run(run_cli.options_from_args(
+      stream.StreamOptions, _stream_args(data, run_dir, algorithm, epsilon, period, options)))
   rows = summary["periods"]
   return {
       "algorithm": algorithm, "epsilon": epsilon, "period_days": period,

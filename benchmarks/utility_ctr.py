@@ -24,7 +24,7 @@ import sys
 import numpy as np
 
 from dprec.data import synthetic
-from dprec.models import ctr_cli
+from dprec.workflows import ctr as ctr_workflow
 from synthetic_auc import auc
 
 THRESHOLDS = (0.001, 0.005, 0.01)
@@ -131,7 +131,7 @@ def _row(summary):
 
 
 def main(argv=None):
-  defaults = ctr_cli.CTRTrainOptions(data="")
+  defaults = ctr_workflow.CTRTrainOptions(data="")
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--data", help="existing Criteo TSV day_N directory (else generated)")
@@ -141,7 +141,7 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=2441, help="training steps per run")
   parser.add_argument("--batch-size", type=int, default=2048)
   parser.add_argument("--epsilon", type=float, default=1.0)
-  parser.add_argument("--optimizer", choices=sorted(ctr_cli.OPTIMIZERS),
+  parser.add_argument("--optimizer", choices=sorted(ctr_workflow.OPTIMIZERS),
                       default=defaults.optimizer, help="every run")
   parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate,
                       help="every run")
@@ -183,18 +183,19 @@ def main(argv=None):
     if not os.path.exists(os.path.join(data_dir, f"day_{args.days - 1}")):
       synthetic.generate_criteo(data_dir, args.rows, days=args.days, seed=0,
                                 config=synthetic.CriteoSynthConfig(tail_decay=args.tail_decay))
-  data = ctr_cli.load_data(data_dir)
-  base = ctr_cli.CTRTrainOptions(data=data_dir, epsilon=args.epsilon, batch_size=args.batch_size,
-                                 steps=args.steps, top_k_epsilon=args.top_k_epsilon,
-                                 optimizer=args.optimizer, learning_rate=args.learning_rate,
-                                 l2_norm_clip=args.l2_norm_clip, seed=args.seed, progress=False)
+  data = ctr_workflow.load_data(data_dir)
+  base = ctr_workflow.CTRTrainOptions(
+      data=data_dir, epsilon=args.epsilon, batch_size=args.batch_size, steps=args.steps,
+      top_k_epsilon=args.top_k_epsilon, optimizer=args.optimizer,
+      learning_rate=args.learning_rate, l2_norm_clip=args.l2_norm_clip, seed=args.seed,
+      progress=False)
   print(f"# {len(data.train['label']):,} training rows, {len(data.eval['label']):,} held out, "
         f"{sum(data.vocab_sizes):,} embedding rows", file=sys.stderr)
   print("| run | AUC | ε | gradient size reduction | steps/s |")
   print("|---|---:|---:|---:|---:|")
   results = []
   for label, overrides in runs:
-    summary = ctr_cli.train_ctr(dataclasses.replace(base, **overrides), data)
+    summary = ctr_workflow.run(dataclasses.replace(base, **overrides), data)
     summary.update(label=label, overrides=overrides)
     results.append(summary)
     print(_row(summary), flush=True)
@@ -203,7 +204,7 @@ def main(argv=None):
   if adafest and args.repeat_best:
     best = max(adafest, key=lambda r: r["auc"])
     for seed in range(args.seed + 1, args.seed + args.repeat_best + 1):
-      summary = ctr_cli.train_ctr(dataclasses.replace(base, seed=seed, **best["overrides"]), data)
+      summary = ctr_workflow.run(dataclasses.replace(base, seed=seed, **best["overrides"]), data)
       summary.update(label=f"{best['label']} seed={seed}", overrides=best["overrides"])
       repeats.append(summary)
       print(_row(summary), flush=True)

@@ -41,8 +41,8 @@ def write_text(path, text):
   write_bytes(path, text.encode("utf-8"))
 
 
-def write_json(path, value):
-  write_text(path, json.dumps(value, indent=2) + "\n")
+def write_json(path, value, sort_keys=False):
+  write_text(path, json.dumps(value, indent=2, sort_keys=sort_keys) + "\n")
 
 
 def remove_stale_temporaries(path):

@@ -28,13 +28,33 @@ COMMANDS = {
     "preprocess": ("Apache Beam preprocessing jobs (Criteo batch/streaming, sequences)",
                    ("pipelines.cli",)),
     "train": ("train a CTR or sequential recommender model, non-privately or with DP",
-              ("dprec.models.ctr_cli", "dprec.models.seqrec_cli")),
+              ("dprec.workflows.ctr_cli", "dprec.workflows.seqrec_cli")),
     "stream": ("online training period by period on a growing Criteo time series",
-               ("dprec.training.stream_cli",)),
+               ("dprec.workflows.stream_cli",)),
     "audit": ("empirical privacy audit: an ε lower bound from canaries",
               ("dprec.audit.ctr",)),
 }
 GROUPS = ("train",)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+  """Descriptions as written; every option's help ends with its default unless it names it."""
+
+  def _get_help_string(self, action):
+    text = action.help or ""
+    if (not action.option_strings or "default" in text or action.default in (None, False)
+        or action.default is argparse.SUPPRESS):
+      return text
+    return f"{text} (default: %(default)s)".lstrip()
+
+
+def use_formatter(parser, formatter_class=HelpFormatter):
+  """Sets `formatter_class` on `parser` and every sub-command parser below it."""
+  parser.formatter_class = formatter_class
+  for action in parser._actions:  # pylint: disable=protected-access
+    if isinstance(action, argparse._SubParsersAction):  # pylint: disable=protected-access
+      for sub in action.choices.values():
+        use_formatter(sub, formatter_class)
 
 
 def build_parser(load=None):
@@ -54,6 +74,7 @@ def build_parser(load=None):
       target = group.add_subparsers(dest="subcommand", metavar="SUBCOMMAND", required=True)
     for module_name in module_names:
       importlib.import_module(module_name).register(target)
+  use_formatter(parser)
   return parser
 
 

@@ -9,7 +9,7 @@
 import os
 import sys
 
-from dprec.models import ctr_cli
+from dprec.workflows import ctr
 
 DAYS = 3
 
@@ -33,29 +33,31 @@ def register(subparsers):
 
 
 def demo_options(data_dir: str, out_dir: str, steps: int, batch_size: int, epsilon: float,
-                 seed: int, insecure_noise_seed=None) -> ctr_cli.CTRTrainOptions:
+                 seed: int, insecure_noise_seed=None) -> ctr.CTRTrainOptions:
   """The demo's DP-AdaFEST run with `train ctr`'s defaults: r = 5, τ = 15, C1 = 1 (false
   positives stay rare), C2 = 10, lazy Adam at lr 3e-4, logit bias at the DP base rate."""
-  return ctr_cli.CTRTrainOptions(
+  return ctr.CTRTrainOptions(
       data=data_dir, algorithm="dp_adafest", epsilon=epsilon, batch_size=batch_size,
       steps=steps, ledger=os.path.join(out_dir, "ledger.json"),
       summary_json=os.path.join(out_dir, "summary.json"), seed=seed, charge_every=100,
       insecure_noise_seed=insecure_noise_seed)
 
 
-def privacy_calculation(options: ctr_cli.CTRTrainOptions, num_examples: int) -> dict:
+def privacy_calculation(options: ctr.CTRTrainOptions, num_examples: int) -> dict:
   """σ, σ1, σ2 for the run and ε recomputed from the composed σ with the DP base rate's
   Gaussian mechanism (should equal the target)."""
   from dprec import privacy  # pylint: disable=import-outside-toplevel
-  plan = ctr_cli.plan_privacy(options, num_examples)
-  composed = privacy.composed_noise_multiplier(plan.sigma1, plan.sigma2)
+  plan = ctr.plan_privacy(options, num_examples)
+  sigma1, sigma2 = ctr.noise_multipliers(options, plan.noise_multiplier)
+  base_rate_sigma = plan.mechanisms[ctr.BASE_RATE_LABEL]
+  composed = privacy.composed_noise_multiplier(sigma1, sigma2)
   check = privacy.gaussian_epsilon(
-      [privacy.gaussian_mechanism_period(plan.base_rate_noise_multiplier),
+      [privacy.gaussian_mechanism_period(base_rate_sigma),
        privacy.TrainingPeriod(composed, plan.sampling_rate, options.steps)], plan.delta)
   return {"target_epsilon": options.epsilon, "delta": plan.delta,
           "sampling_rate": plan.sampling_rate, "steps": options.steps,
-          "dp_sgd_noise_multiplier": plan.noise_multiplier, "sigma1": plan.sigma1,
-          "sigma2": plan.sigma2, "base_rate_noise_multiplier": plan.base_rate_noise_multiplier,
+          "dp_sgd_noise_multiplier": plan.noise_multiplier, "sigma1": sigma1,
+          "sigma2": sigma2, "base_rate_noise_multiplier": base_rate_sigma,
           "epsilon_of_composed_sigma": check}
 
 
@@ -70,12 +72,12 @@ def run(args) -> dict:
   print("[2/3] privacy calculation", file=sys.stderr)
   options = demo_options(data_dir, args.out, args.steps, args.batch_size, args.epsilon, args.seed,
                          args.insecure_noise_seed)
-  data = ctr_cli.load_data(data_dir)
+  data = ctr.load_data(data_dir)
   privacy = privacy_calculation(options, len(data.train["label"]))
   print(f"      σ = {privacy['dp_sgd_noise_multiplier']:.4f} → σ1 = {privacy['sigma1']:.4f}, "
         f"σ2 = {privacy['sigma2']:.4f}; ε recomputed = {privacy['epsilon_of_composed_sigma']:.4f}",
         file=sys.stderr)
   print(f"[3/3] training DP-AdaFEST for {args.steps} steps", file=sys.stderr)
-  training = ctr_cli.train_ctr(options, data)
+  training = ctr.run(options, data)
   return {"data": {key: generated[key] for key in ("rows", "days", "files", "ctr")},
           "privacy": privacy, "training": training}

@@ -12,7 +12,7 @@ import re
 import sys
 import uuid
 import zlib
-from typing import Iterator, List, NamedTuple, Optional, Sequence
+from typing import Iterator, List, NamedTuple, Optional, Sequence, Tuple
 
 import apache_beam as beam
 from apache_beam.io.filesystem import CompressionTypes
@@ -28,14 +28,21 @@ from dprec.errors import DprecError
 # keeps Beam's DirectRunner from first trying to download the Prism runner binary.
 EMBEDDED_RUNNER = "FnApiRunner"
 EMBEDDED_WORKERS = 2
+# Runner names that run in this process (the DirectRunner picks the FnApiRunner or the older
+# bundle-based runner, none of which streams a polling source; see pipelines/criteo_stream.py).
+EMBEDDED_RUNNERS = ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner",
+                    "BundleBasedDirectRunner")
 SPLIT_BYTES = 32 << 20
 _READ_BYTES = 8 << 20
 _DAY_NAME = re.compile(r"(?:^|[^0-9a-zA-Z])day_(\d+)(?:\.gz)?$")
 _GZIP_MAGIC = b"\x1f\x8b"
 
 
-def pipeline_options(beam_args: Sequence[str], streaming: bool = False) -> PipelineOptions:
-  """All Beam options pass through; without `--runner`, the multi-process embedded runner."""
+def pipeline_options(beam_args: Sequence[str], streaming: bool = False,
+                     embedded: Tuple[str, int] = ("multi_processing", EMBEDDED_WORKERS)
+                     ) -> PipelineOptions:
+  """All Beam options pass through; without `--runner`, the embedded runner, in the `embedded`
+  (running mode, workers) unless `--direct_running_mode` or `--direct_num_workers` is given."""
   options = PipelineOptions(list(beam_args))
   standard = options.view_as(StandardOptions)
   if streaming:
@@ -45,9 +52,15 @@ def pipeline_options(beam_args: Sequence[str], streaming: bool = False) -> Pipel
     given = " ".join(beam_args)
     if "--direct_num_workers" not in given and "--direct_running_mode" not in given:
       direct = options.view_as(DirectOptions)
-      direct.direct_num_workers = EMBEDDED_WORKERS
-      direct.direct_running_mode = "multi_processing"
+      direct.direct_running_mode, direct.direct_num_workers = embedded
   return options
+
+
+def is_embedded(options: PipelineOptions) -> bool:
+  """Whether `options` (from `pipeline_options`) run the pipeline on an embedded runner."""
+  runner = options.view_as(StandardOptions).runner
+  name = runner if isinstance(runner, str) else type(runner).__name__
+  return name.rsplit(".", 1)[-1] in EMBEDDED_RUNNERS
 
 
 class DeadLetter(NamedTuple):

@@ -11,7 +11,8 @@ from pipelines import beam_io
 
 BEAM_EPILOG = ("Any other --option is passed to Beam's PipelineOptions (e.g. --runner, "
                "--direct_num_workers, --project). Default: the embedded runner with "
-               f"{beam_io.EMBEDDED_WORKERS} worker processes.")
+               f"{beam_io.EMBEDDED_WORKERS} worker processes (--streaming: one bounded pipeline "
+               "per closed period, each on one in-process worker).")
 
 
 class BeamArgumentParser(argparse.ArgumentParser):
@@ -68,7 +69,9 @@ def register(subparsers) -> None:
 
 def job_main(job: str, argv=None) -> int:
   """`python -m pipelines.<job>`: the same options as `dprec preprocess <job>`."""
+  from dprec.cli import use_formatter  # pylint: disable=import-outside-toplevel
   parser = argparse.ArgumentParser(prog=f"python -m pipelines.{job}")
   add_jobs(parser.add_subparsers(dest="job", required=True, parser_class=BeamArgumentParser))
+  use_formatter(parser)
   args = parser.parse_args([job] + list(sys.argv[1:] if argv is None else argv))
   return beam_io.run_main(lambda: args.func(args))

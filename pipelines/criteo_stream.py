@@ -2,45 +2,52 @@
 
     python -m pipelines.criteo_stream --input DIR --output OUT [--period-days 1] [--idle-timeout S]
 
-Beam's `Watch` (the polling engine under `fileio.MatchContinuously`) watches DIR for `day_N`
-files; each file's records carry the event time of day N, and the watermark is the start of the
-newest day seen (files arrive in day order, so every earlier day is complete). Records are parsed
-in parallel, windowed into fixed windows of the streaming period and grouped per window. One
-stateful step then takes the closed periods in event-time order and keeps the running-sum bucket
-counts across them (the "streaming-based frequency information" of note 001 §5.1): a bucket gets
-the next free index the first period its running count reaches `--min-count` (up to `--top-k`
-ids per feature) and keeps it forever, so ids are stable across periods. Each period's TFRecords,
-its vocabulary snapshot and its dead letters are written under a temporary name and renamed to
-`OUT/day_<first day of the period>`, then the manifest is replaced atomically: a trainer tailing
-OUT never sees half a period. The manifest keeps one `dataset_id` for the output (a restarted job
-keeps the one it finds) and says the vocabulary is not DP (`vocab_privacy`).
+DIR is watched for `day_N` files (`pipelines/day_watch.py`: a file is taken once it has not changed
+for --settle-seconds). Records carry the event time of their day, and a period of --period-days
+days closes once a later day's file has arrived (files arrive in day order) or the watch stops.
+Records are parsed in parallel, windowed into fixed windows of the period and grouped per window.
+One stateful step then takes the closed periods in event-time order and keeps the running-sum
+bucket counts across them (the "streaming-based frequency information" of note 001 §5.1): a bucket
+gets the next free index the first period its running count reaches --min-count (up to --top-k ids
+per feature) and keeps it forever, so ids are stable across periods. Each period's TFRecords, its
+vocabulary snapshot and its dead letters are written under a temporary name and renamed to
+`OUT/day_<first day of the period>`, then the manifest is replaced atomically (a trainer tailing
+OUT never sees half a period), then the running state (`OUT/stream_state.pkl`), so the job can be
+stopped and rerun on the same OUT. Periods are written in day order: rows of a period that closes
+after a later period was written (a late day, or a file changed after it was read) go to
+`OUT/dead_letters/` with the reason, never into a period. The manifest keeps one `dataset_id` for
+the output (a rerun keeps the one it finds) and says the vocabulary is not DP (`vocab_privacy`).
 
-`MatchContinuously` itself stamps matches with the poll time and lets the watermark follow the
-clock, so day-stamped records would all be late; its poll budget also counts polls, which the
-embedded runner runs back to back. `Watch` with a day-index watermark and a wall-clock stop fixes
-both. Records later than the watermark (a day that arrives after a later one) are dropped by the
-windowing, as Beam does for late data without allowed lateness.
+How it runs depends on the runner:
+- the embedded runner (the default): this process watches DIR and runs one bounded pipeline per
+  batch of closed periods. The embedded runner cannot stream a polling source: with several
+  worker processes it drops the deferred polls of `Watch` (the job ended after its first poll),
+  and in every mode it runs nothing downstream of a GroupByKey before its source is done, so no
+  period would be written while the job watches (README: "Where the streaming job runs").
+- a streaming runner (`--runner` Dataflow, Flink, Prism): one unbounded pipeline, Beam's `Watch`
+  polling DIR with a day-index watermark and the same stop rule. (`MatchContinuously` itself stamps
+  matches with the poll time and lets the watermark follow the clock, so day-stamped records would
+  all be late; its poll budget also counts polls, not idle time.)
 """
 import argparse
+import collections
 import dataclasses
 import os
+import pickle
 import shutil
 import sys
-import time
 import uuid
 from typing import List, Optional, Sequence
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.coders import PickleCoder
-from apache_beam.coders import coders
 from apache_beam.io import watch
 from apache_beam.io.filesystems import FileSystems
 from apache_beam.transforms import userstate
 from apache_beam.transforms import window
 from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.utils.timestamp import Duration
-from apache_beam.utils.timestamp import Timestamp
 
 from dprec.data import criteo_tfrecord
 from dprec.data import identity
@@ -50,13 +57,18 @@ from dprec.data.criteo import count_categories
 from dprec.errors import DprecError
 from pipelines import beam_io
 from pipelines import criteo
+from pipelines import day_watch
+from pipelines.day_watch import DAY_SECONDS
+from pipelines.day_watch import day_timestamp
 
-DAY_SECONDS = 24 * 3600
-
-
-def day_timestamp(day: int) -> Timestamp:
-  """Event time of the start of day `day` (day 0 = the Unix epoch)."""
-  return Timestamp(day * DAY_SECONDS)
+STATE = "stream_state.pkl"
+# The period pipelines' embedded runner: one in-process worker. A period is read file by file and
+# written by one stateful step (one key), and parsing already uses pyarrow's threads, so worker
+# processes would only add their start-up to every period.
+PERIOD_RUNNER = ("in_memory", 1)
+# How long the unbounded pipeline keeps a closed window open for late records, which then reach
+# the stateful step as a late pane and become dead letters instead of vanishing.
+ALLOWED_LATENESS_DAYS = 366
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +82,7 @@ class StreamJob:
   poll_seconds: float = 1.0
   idle_timeout: Optional[float] = None
   stop_after_day: Optional[int] = None
+  settle_seconds: float = 2.0
   strict_columns: bool = False  # refuse lines with fewer than 40 fields instead of padding them
   dataset_id: Optional[str] = None  # `run` keeps the output's, or draws one
 
@@ -80,49 +93,17 @@ class StreamJob:
       raise DprecError(f"--min-count must be at least 1, got {self.min_count}")
     if self.top_k is not None and self.top_k < 1:
       raise DprecError(f"--top-k must be positive, got {self.top_k}")
+    if self.poll_seconds <= 0 or self.settle_seconds < 0:
+      raise DprecError(f"--poll-seconds must be positive and --settle-seconds not negative, got "
+                       f"{self.poll_seconds} and {self.settle_seconds}")
 
+  def settings(self) -> dict:
+    """What the running state depends on: a rerun on the same output must use the same."""
+    return {"period_days": self.period_days, "min_count": self.min_count, "top_k": self.top_k}
 
-class DayFiles(watch.PollFn):
-  """Polls a directory: each `day_N` file once, stamped day N; watermark = newest day's start."""
-
-  def __init__(self, stop_after_day: Optional[int], pause: float):
-    self._stop_after_day = stop_after_day
-    self._pause = pause
-
-  def __call__(self, directory: str) -> watch.PollResult:
-    # The embedded runner re-polls without waiting for the poll interval; a short pause keeps it
-    # from spinning (other runners wait the interval anyway).
-    time.sleep(self._pause)
-    found = [m for r in FileSystems.match([os.path.join(directory, "day_*")])
-             for m in r.metadata_list if beam_io.is_day_file(m.path)]
-    outputs = [window.TimestampedValue(m, day_timestamp(beam_io.day_of(m.path))) for m in found]
-    newest = max((beam_io.day_of(m.path) for m in found), default=None)
-    if newest is not None and self._stop_after_day is not None and newest >= self._stop_after_day:
-      return watch.PollResult.complete(outputs)
-    result = watch.PollResult.incomplete(outputs)
-    return result if newest is None else result.with_watermark(day_timestamp(newest))
-
-  def default_output_coder(self):
-    return PickleCoder()
-
-
-class IdleTimeout(watch.TerminationCondition):
-  """Stops watching after `seconds` of wall-clock time without a new file."""
-
-  def __init__(self, seconds: Optional[float]):
-    self._micros = None if seconds is None else int(seconds * 1e6)
-
-  def for_new_input(self, now, element):
-    return now
-
-  def on_seen_new_output(self, now, state):
-    return now
-
-  def can_stop_polling(self, now, state):
-    return self._micros is not None and (now - state).micros >= self._micros
-
-  def state_coder(self):
-    return coders.TimestampCoder()
+  def period_start(self, day: int) -> int:
+    """First day of the period (fixed window from day 0) that holds `day`."""
+    return day - day % self.period_days
 
 
 def _file_path(metadata) -> str:
@@ -130,13 +111,48 @@ def _file_path(metadata) -> str:
   return metadata.path
 
 
-def read_day_file(metadata, timestamp=beam.DoFn.TimestampParam):
-  """A watched file → its `LineBlock`s (and gzip dead letters), all at the file's event time."""
-  path = metadata.path
-  end = -1 if beam_io.is_gzip(path) else metadata.size_in_bytes
-  split = beam_io.Split(path, 0, end, 1, beam_io.day_of(path), 0)
-  for item in beam_io.read_split(split):
-    yield window.TimestampedValue(item, timestamp)
+def read_day_file(metadata):
+  """A ready day file → its `LineBlock`s (and dead letters), all at the event time of its day.
+
+  The file is read up to the size it was listed with. Two signs that it was still being written
+  (a writer that paused longer than --settle-seconds) become dead letters, never silent losses: a
+  last line without a newline (`cut`: it may be cut short, which a parser that pads missing
+  trailing fields would not notice), and a size or time that changed since the listing
+  (`changed`: the rest was not read).
+  """
+  path, day = metadata.path, beam_io.day_of(metadata.path)
+  stamp = day_timestamp(day)
+  last = None
+  for item in beam_io.read_split(beam_io.Split(
+      path, 0, -1 if beam_io.is_gzip(path) else metadata.size_in_bytes, 1, day, 0)):
+    if last is not None:
+      yield window.TimestampedValue(last, stamp)
+    last = item
+  for item in _end_of_file(metadata, last):
+    yield window.TimestampedValue(item, stamp)
+
+
+def _end_of_file(metadata, last):
+  """The last item `read_day_file` read, its unterminated final line as a dead letter, and a
+  dead letter if the file changed since it was listed."""
+  line = 1
+  if isinstance(last, beam_io.LineBlock):
+    cut = last.data.rfind(b"\n") + 1
+    line = last.first_line + last.data.count(b"\n")
+    if cut:
+      yield beam_io.LineBlock(last.path, last.day, last.first_line, last.data[:cut])
+    if cut < len(last.data):
+      yield beam_io.DeadLetter(last.path, line, "cut: the last line has no newline (a file "
+                               "still being written?)", last.data[cut:].decode(errors="replace"))
+      line += 1
+  elif last is not None:
+    yield last
+  now = FileSystems.match([metadata.path])[0].metadata_list
+  if now != [metadata]:
+    size = now[0].size_in_bytes if now else "gone"
+    yield beam_io.DeadLetter(metadata.path, line, f"changed: the file changed while it was read "
+                             f"({metadata.size_in_bytes} bytes when listed, now {size}); lines "
+                             "from here on were not read", "")
 
 
 @dataclasses.dataclass
@@ -149,21 +165,48 @@ class RunningCounts:
 
   def update(self, chunks, min_count: int, top_k: Optional[int]) -> CriteoVocabulary:
     """Adds one period's counts; appends newly frequent buckets; returns the snapshot."""
-    deltas = count_categories(chunks)
-    counts = []
-    for j, delta in enumerate(deltas):
+    for j, delta in enumerate(count_categories(chunks)):
       ids, totals = criteo.merge_counts([self.counts[j], delta])
       self.counts[j] = (ids, totals)
       room = None if top_k is None else max(top_k - len(self.assigned[j]), 0)
       fresh = (totals >= min_count) & ~np.isin(ids, self.assigned[j])
       order = np.lexsort((ids[fresh], -totals[fresh]))[:room]
       self.assigned[j] = np.concatenate([self.assigned[j], ids[fresh][order]])
-      counts.append(totals[np.searchsorted(ids, self.assigned[j])])
-    return CriteoVocabulary(tuple(self.assigned), tuple(counts))
+    return self.snapshot()
+
+  def snapshot(self) -> CriteoVocabulary:
+    """The vocabulary so far: assigned ids with their running counts."""
+    return CriteoVocabulary(tuple(self.assigned), tuple(
+        totals[np.searchsorted(ids, assigned)]
+        for (ids, totals), assigned in zip(self.counts, self.assigned)))
+
+
+def load_state(job: StreamJob) -> Optional[dict]:
+  """The running state an earlier run left in the output (None if there is none)."""
+  path = os.path.join(job.output, STATE)
+  if not FileSystems.exists(path):
+    return None
+  with FileSystems.open(path) as stream:
+    state = pickle.loads(stream.read())
+  if state["settings"] != job.settings():
+    raise DprecError(f"{path}: the output of a streaming job with {state['settings']}, not "
+                     f"{job.settings()}: rerun with the same options or give a new --output")
+  return state
+
+
+def _new_state(job: StreamJob) -> dict:
+  """Running counts, merged statistics, manifest entries per period, and the input files used."""
+  return {"settings": job.settings(), "counts": RunningCounts(), "stats": criteo.ShardStats(),
+          "entries": {}, "inputs": set()}
 
 
 class RunningVocabulary(beam.DoFn):
-  """Takes closed periods in event-time order; keeps running counts; writes each period."""
+  """Takes closed periods in event-time order; keeps running counts; writes each period.
+
+  A period that closes after the same or a later period was written goes to dead letters: its
+  day came late, or a file of it changed after it was read (writing it would move ids and counts
+  under a trainer that already read the later period).
+  """
 
   PENDING = userstate.BagStateSpec("pending", PickleCoder())
   STATE = userstate.ReadModifyWriteStateSpec("running", PickleCoder())
@@ -187,10 +230,12 @@ class RunningVocabulary(beam.DoFn):
       pending.add(item)
     if later:
       release.set(later[0][0])
-    state = running.read() or {"counts": RunningCounts(), "stats": criteo.ShardStats(),
-                               "entries": {}}
+    state = running.read() or load_state(self._job) or _new_state(self._job)
     for _, (first_day, parsed) in (item for item in periods if item[0] <= fired):
-      yield self._write_period(state, first_day, parsed)
+      if state["entries"] and first_day <= max(state["entries"]):
+        yield self._write_late(state, first_day, parsed)
+      else:
+        yield self._write_period(state, first_day, parsed)
     running.write(state)
 
   def _write_period(self, state: dict, first_day: int, parsed) -> dict:
@@ -207,22 +252,50 @@ class RunningVocabulary(beam.DoFn):
     vocab.save(os.path.join(staging, "vocab"))
     beam_io.write_dead_letters(os.path.join(staging, "dead_letters.jsonl"), letters)
     final = os.path.join(job.output, name)
-    if os.path.exists(final):
+    if os.path.exists(final):  # written by a run that stopped before saving its state
       shutil.rmtree(final)
     os.rename(staging, final)
-    state["stats"].add(stats)
     state["entries"][first_day] = {
         "days": list(range(first_day, first_day + job.period_days)),
         "vocab_dir": f"{name}/vocab", "vocab_sizes": dict(zip(CATEGORICAL_FEATURES, vocab.sizes)),
         "dead_letters": stats.rows_in - stats.rows_out}
+    self._commit(state, stats, parsed, vocab)
+    return {"day": first_day, "rows": stats.rows_out, "dead_letters": len(letters),
+            "vocab_sizes": list(vocab.sizes)}
+
+  def _write_late(self, state: dict, first_day: int, parsed) -> dict:
+    """Every row of a period that closed too late → `OUT/dead_letters/`, with the reason."""
+    written = max(state["entries"])
+    letters = [l for _, bad in parsed for l in bad]
+    for chunk in (chunk for chunk, _ in parsed if chunk is not None):
+      name = os.path.basename(chunk.path)
+      reason = (f"changed: {name} changed after it was read into period day_{first_day}"
+                if chunk.path in state["inputs"] else
+                f"late: {name} arrived after period day_{written} was written")
+      reason += "; periods are written once, in day order (the line is in the input file)"
+      letters += [beam_io.DeadLetter(chunk.path, int(line), reason, "")
+                  for line in chunk.line_numbers]
+    letters.sort(key=lambda l: (l.path, l.line))
+    name = f"late_day_{first_day}-{uuid.uuid4().hex[:8]}.jsonl"
+    beam_io.write_dead_letters(os.path.join(self._job.output, criteo.DEAD_LETTERS, name), letters)
+    stats = criteo.count_dead_letters(criteo.ShardStats(), letters)
+    self._commit(state, stats, parsed, state["counts"].snapshot())
+    return {"day": first_day, "rows": 0, "dead_letters": len(letters), "late": True}
+
+  def _commit(self, state: dict, stats: criteo.ShardStats, parsed, vocab: CriteoVocabulary):
+    """Statistics, then the manifest (the trainer's commit point), then the running state."""
+    job = self._job
+    state["stats"].add(stats)
+    state["inputs"].update(item.path for chunk, bad in parsed
+                           for item in [chunk, *bad] if item is not None)
     summary = state["stats"].summary(vocab)
     summary["periods"] = len(state["entries"])
     beam_io.write_json(os.path.join(job.output, criteo_tfrecord.STATS), summary)
+    newest = f"day_{max(state['entries'])}/vocab"
     beam_io.write_json(os.path.join(job.output, criteo_tfrecord.MANIFEST), criteo.manifest(
-        state["stats"], vocab, vocab_dir=f"{name}/vocab", extra_entries=state["entries"],
+        state["stats"], vocab, vocab_dir=newest, extra_entries=state["entries"],
         dataset_id=job.dataset_id, vocab_privacy=criteo.public_vocab_privacy("running_counts")))
-    return {"day": first_day, "rows": stats.rows_out, "dead_letters": len(letters),
-            "vocab_sizes": list(vocab.sizes)}
+    beam_io.atomic_write(os.path.join(job.output, STATE), pickle.dumps(state))
 
 
 class PeriodOf(beam.DoFn):
@@ -244,7 +317,9 @@ class StreamingCriteo(beam.PTransform):
     return (blocks
             | "Parse" >> beam.Map(criteo.parse_block, metrics=True,
                                   strict_columns=self._job.strict_columns)
-            | "Period" >> beam.WindowInto(window.FixedWindows(seconds))
+            | "Period" >> beam.WindowInto(
+                window.FixedWindows(seconds),
+                allowed_lateness=Duration(seconds=ALLOWED_LATENESS_DAYS * DAY_SECONDS))
             | "Key" >> beam.Map(lambda parsed: ("criteo", parsed))
             | "GroupPeriod" >> beam.GroupByKey()
             | "PeriodOf" >> beam.ParDo(PeriodOf())
@@ -253,22 +328,33 @@ class StreamingCriteo(beam.PTransform):
 
 
 def build_pipeline(pipeline: beam.Pipeline, job: StreamJob):
-  """The watching job: Watch(day files) → read at day event time → `StreamingCriteo`."""
+  """The unbounded job: Watch(day files) → read at day event time → `StreamingCriteo`."""
   files = (pipeline
            | "Directory" >> beam.Create([job.input_dir])
            | "WatchDayFiles" >> watch.Watch(
-               DayFiles(job.stop_after_day, min(job.poll_seconds, 0.2)),
+               day_watch.DayFiles(job.stop_after_day, job.settle_seconds,
+                                  min(job.poll_seconds, 0.2)),
                poll_interval=Duration.of(job.poll_seconds),
-               termination=IdleTimeout(job.idle_timeout),
+               termination=day_watch.IdleTimeout(job.idle_timeout),
                output_key_fn=_file_path)
            | "File" >> beam.Map(lambda pair: pair[1]))
-  return (files
+  return files | "ReadDayFile" >> beam.FlatMap(read_day_file) | "Stream" >> StreamingCriteo(job)
+
+
+def build_period_pipeline(pipeline: beam.Pipeline, job: StreamJob, files):
+  """One bounded job over the files of closed periods: the same steps as `build_pipeline`."""
+  return (pipeline
+          | "Files" >> beam.Create(list(files))
           | "ReadDayFile" >> beam.FlatMap(read_day_file)
           | "Stream" >> StreamingCriteo(job))
 
 
 def run(job: StreamJob, beam_args: Sequence[str] = ()) -> dict:
-  """Watches until `--stop-after-day` is seen or `--idle-timeout` passes; returns stats.json."""
+  """Watches until `--stop-after-day` is seen or `--idle-timeout` passes; returns stats.json.
+
+  On the embedded runner (the default) this process watches and runs one bounded pipeline per
+  batch of closed periods (`run_periods`); on other runners, one unbounded pipeline.
+  """
   if job.idle_timeout is None and job.stop_after_day is None:
     print("watching without --idle-timeout or --stop-after-day: stop with Ctrl-C",
           file=sys.stderr)
@@ -277,16 +363,58 @@ def run(job: StreamJob, beam_args: Sequence[str] = ()) -> dict:
   beam_io.makedirs(job.output)
   job = dataclasses.replace(job, dataset_id=job.dataset_id or identity.manifest_field(
       job.output, identity.DATASET_ID) or identity.new_dataset_id())
-  counters = beam_io.run_pipeline(beam_io.pipeline_options(beam_args, streaming=True),
-                                  lambda pipeline: build_pipeline(pipeline, job),
-                                  criteo.METRICS_NAMESPACE)
+  if beam_io.is_embedded(beam_io.pipeline_options(beam_args)):
+    counters = run_periods(job, beam_args)
+  else:
+    counters = run_unbounded(job, beam_args)
   stats_path = os.path.join(job.output, criteo_tfrecord.STATS)
   if not os.path.exists(stats_path):
-    raise DprecError(f"{job.input_dir}: no day_N file arrived; nothing written")
+    raise DprecError(f"{job.input_dir}: no day_N file arrived"
+                     + ("" if job.idle_timeout is None else
+                        f" within --idle-timeout {job.idle_timeout:g} s") + "; nothing written")
   summary = beam_io.read_json(stats_path)
   summary["beam_counters"] = counters
   summary["output"] = job.output
   return summary
+
+
+def run_periods(job: StreamJob, beam_args: Sequence[str] = ()) -> dict:
+  """Watches in this process; runs the files of each batch of closed periods as one bounded
+  pipeline (`build_period_pipeline`); returns the Beam counters of all of them.
+
+  A period closes once a day after it has arrived, or when watching stops. Files an earlier run
+  on the same output used are skipped; a file that changes before its period closes is read once,
+  as it is then; one that changes after it was read comes again and becomes dead letters.
+  """
+  state = load_state(job) or _new_state(job)
+  newest = max((day for entry in state["entries"].values() for day in entry["days"]),
+               default=None)
+  pending = collections.defaultdict(dict)  # first day of an open period → {path: metadata}
+  counters = collections.Counter()
+  for new, last in day_watch.watch_days(job.input_dir, job.poll_seconds, job.settle_seconds,
+                                        job.idle_timeout, job.stop_after_day, state["inputs"]):
+    for metadata in new:
+      day = beam_io.day_of(metadata.path)
+      pending[job.period_start(day)][metadata.path] = metadata
+      newest = day if newest is None else max(newest, day)
+    closed = sorted(first for first in pending if last or first + job.period_days <= newest)
+    if closed:
+      files = [metadata for first in closed for metadata in pending.pop(first).values()]
+      counters.update(beam_io.run_pipeline(
+          beam_io.pipeline_options(beam_args, embedded=PERIOD_RUNNER),
+          lambda p: build_period_pipeline(p, job, files),
+          criteo.METRICS_NAMESPACE))
+  return dict(sorted(counters.items()))
+
+
+def run_unbounded(job: StreamJob, beam_args: Sequence[str] = ()) -> dict:
+  """The one unbounded pipeline (`build_pipeline`), for runners that stream; Beam counters."""
+  if load_state(job) is not None:
+    raise DprecError(f"{job.output}: holds an earlier streaming run's output; the unbounded "
+                     "pipeline starts on an empty --output (the default runner continues one)")
+  return beam_io.run_pipeline(beam_io.pipeline_options(beam_args, streaming=True),
+                              lambda pipeline: build_pipeline(pipeline, job),
+                              criteo.METRICS_NAMESPACE)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -295,9 +423,14 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--poll-seconds", type=float, default=1.0,
                       help="how often to look for new day files (default 1)")
   parser.add_argument("--idle-timeout", type=float, default=None,
-                      help="stop after this many seconds without a new file")
+                      help="stop after this many seconds without a new file (default: keep "
+                      "watching)")
   parser.add_argument("--stop-after-day", type=int, default=None,
-                      help="stop once the file of this day has arrived")
+                      help="stop once the file of this day (or a later one) has arrived "
+                      "(default: none)")
+  parser.add_argument("--settle-seconds", type=float, default=2.0,
+                      help="take a day file once it has not changed for this long, so a file "
+                      "written in place is not read half-written (default 2)")
 
 
 def job_from_args(args) -> StreamJob:
@@ -312,7 +445,7 @@ def job_from_args(args) -> StreamJob:
   return StreamJob(input_dir=args.input[0], output=args.output, period_days=args.period_days,
                    min_count=args.min_count, top_k=top_k, poll_seconds=args.poll_seconds,
                    idle_timeout=args.idle_timeout, stop_after_day=args.stop_after_day,
-                   strict_columns=args.strict_columns)
+                   settle_seconds=args.settle_seconds, strict_columns=args.strict_columns)
 
 
 def main(argv=None) -> int:

@@ -29,6 +29,31 @@ def test_every_command_has_help(capsys):
     assert "usage: dprec" in capsys.readouterr().out
 
 
+def _parsers(parser, path=("dprec",)):
+  """(argv path, parser) of `parser` and every sub-command parser below it."""
+  yield path, parser
+  for action in parser._actions:  # pylint: disable=protected-access
+    if action.__class__.__name__ == "_SubParsersAction":
+      for name, subparser in action.choices.items():
+        yield from _parsers(subparser, path + (name,))
+
+
+def test_every_option_with_a_default_shows_it_in_help(capsys):
+  checked = 0
+  for path, parser in _parsers(cli.build_parser()):
+    formatter = parser._get_formatter()  # pylint: disable=protected-access
+    for action in parser._actions:  # pylint: disable=protected-access
+      if not action.option_strings or action.default in (None, False, "==SUPPRESS=="):
+        continue
+      help_text = formatter._get_help_string(action)  # pylint: disable=protected-access
+      assert "default" in help_text, (" ".join(path), action.option_strings[-1], help_text)
+      checked += 1
+  assert checked > 50
+  with pytest.raises(SystemExit):
+    cli.main(["train", "ctr", "--help"])
+  assert "(default: dp_adafest)" in " ".join(capsys.readouterr().out.split())
+
+
 def test_only_the_command_run_is_imported(monkeypatch):
   monkeypatch.setattr(cli, "COMMANDS", {
       "ok": ("succeeds", ("fake_ok",)), "heavy": ("never imported", ("no_such_module",))})

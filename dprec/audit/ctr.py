@@ -26,10 +26,12 @@ from dprec.audit import runner
 from dprec.audit import scores as scores_lib
 from dprec.errors import DprecError
 from dprec.models import ctr
-# `train ctr`'s options, data loading, privacy plan and algorithm configuration, reused.
-from dprec.models import ctr_cli as train_ctr
 from dprec.optimizers.dp_optimizer import DPOptimizer
+from dprec.sparse import fest
 from dprec.training import poisson
+# `train ctr`'s options, data loading, privacy plan, algorithm configuration and parser, reused.
+from dprec.workflows import ctr as train_ctr
+from dprec.workflows import ctr_cli as train_ctr_cli
 
 
 @dataclasses.dataclass
@@ -66,12 +68,15 @@ def _train_with_canaries(options, data, canaries):
   selected = None
   if train_options.algorithm in ("dp_fest", "dp_adafest_plus"):
     # Selection charged by the plan (ε_select); no ledger: the audit releases only its bound.
-    selected = train_ctr._selected_rows(  # pylint: disable=protected-access
-        train_options, model.config, train, None, np.random.default_rng())  # OS entropy
-  config = train_ctr.algorithm_config(train_options, plan, selected)
+    selected = fest.rows_from_ids(
+        train[ctr.CAT_FEATURES], model.config.table_names, model.config.vocab_sizes,
+        train_options.top_k, train_options.top_k_epsilon or None,
+        np.random.default_rng()).rows  # OS entropy
+  config = train_ctr.algorithm_config(train_options, plan.noise_multiplier, selected)
   private = train_options.algorithm != "non_private"
   model.compile(optimizer=DPOptimizer(config, train_ctr.make_optimizer(train_options),
-                                      expected_batch_size=train_options.batch_size))
+                                      expected_batch_size=train_options.batch_size,
+                                      secure_noise=train_options.secure_noise))
   model.optimizer.build(model.trainable_variables)
   scorer = scores_lib.CanaryScorer(model, canaries, options.score)
   # Fresh secret randomness per run (the runs' noise and batches must be independent): the
@@ -117,6 +122,7 @@ def audit_ctr(options: CTRAuditOptions, data: Optional[train_ctr.CTRData] = None
       "score": options.score,
       "method": runner.METHOD,
       "noise_multiplier": plan.noise_multiplier,
+      "secure_noise": train_options.secure_noise,
       "steps": train_options.steps,
       "batch_size": train_options.batch_size,
       "scores_file": options.scores_file,
@@ -139,14 +145,15 @@ class _AuditParserAsSubparsers:
 
 AUDIT_ONLY = ("canaries", "runs", "guesses", "confidence", "score", "scores_file",
               "summary_json")
-NOT_USED = ("ledger", "charge_every", "log_dir", "eval_batch_size")  # `train ctr`-only
+NOT_USED = ("ledger", "charge_every", "log_dir", "eval_batch_size", "run_dir",
+            "checkpoint_every", "keep_checkpoints")  # `train ctr`-only
 
 
 def register(subparsers):
   parser = subparsers.add_parser(
       "audit", help="empirical ε lower bound of a pCTR training configuration, from canaries",
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  train_ctr.register(_AuditParserAsSubparsers(parser))
+  train_ctr_cli.register(_AuditParserAsSubparsers(parser))
   defaults = CTRAuditOptions
   add = parser.add_argument
   add("--canaries", type=int, default=defaults.canaries, help="canaries per run m")

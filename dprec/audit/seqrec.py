@@ -17,8 +17,9 @@ import tensorflow as tf
 
 from dprec.audit import runner
 from dprec.data.sequences import load_sequences
-from dprec.models import seqrec_cli as train_seqrec
+from dprec.data.sequences import make_examples
 from dprec.training import poisson
+from dprec.workflows import seqrec as train_seqrec
 
 
 def _with_canaries(examples, count, rng):
@@ -50,7 +51,7 @@ def audit_seqrec(options: train_seqrec.SeqRecTrainOptions, canaries: int = 500, 
                  summary_json=None) -> dict:
   """Runs the seqrec audit; returns (and writes) its JSON summary."""
   options.validate()
-  examples = train_seqrec.make_examples(data or load_sequences(options.data), options.max_len)
+  examples = make_examples(data or load_sequences(options.data), options.max_len)
 
   def train_and_score(rng):
     # Independent runs: a fresh secret key per run (build_model's default) for the noise, fresh

@@ -13,6 +13,9 @@ Item frequency file (public p_i, e.g. a platform's published purchase shares): o
 `ITEM_ID FREQUENCY` separated by white space, the id as in the input logs (`item_ids.txt`), the
 frequency in [0, 1]; blank lines and `#` comments are skipped. It must cover every item of the
 data set; ids the data set does not hold are ignored.
+
+`make_examples` turns the sequences into the sequential recommender's training examples and test
+histories.
 """
 import dataclasses
 import io
@@ -170,3 +173,40 @@ def read_item_frequencies(path: str, item_ids: List[str]) -> np.ndarray:
         f"(e.g. {', '.join(repr(m) for m in missing[:3])}); the file must list every item by "
         "its id in the input logs")
   return frequencies
+
+
+@dataclasses.dataclass
+class SeqRecExamples:
+  """Training examples (one per user with a next-item target) and the test users."""
+  items: np.ndarray  # int32 [N, L] inputs, left-padded
+  labels: np.ndarray  # int32 [N, L] next items (0 = none)
+  test_histories: np.ndarray  # int32 [U', L]
+  test_items: np.ndarray  # int64 [U']
+  item_frequencies: np.ndarray  # float64 [M + 1]
+
+  @property
+  def num_items(self):
+    return len(self.item_frequencies) - 1
+
+
+def make_examples(data: SequenceData, max_len: int) -> SeqRecExamples:
+  """The training examples of `train seqrec` (one per user: the training items plus the
+  validation item, if any, each predicting the next) and the test users' histories."""
+  histories = [np.append(train, valid) if valid > 0 else np.asarray(train)
+               for train, valid in zip(data.train, data.valid_items)]
+  trainable = [h for h in histories if len(h) >= 2]
+  if not trainable:
+    raise DprecError("no user has two or more training items: nothing to train on")
+  items = np.zeros((len(trainable), max_len), np.int32)
+  labels = np.zeros((len(trainable), max_len), np.int32)
+  for row, history in enumerate(trainable):
+    inputs, targets = history[:-1][-max_len:], history[1:][-max_len:]
+    items[row, max_len - len(inputs):] = inputs
+    labels[row, max_len - len(targets):] = targets
+  tested = np.flatnonzero(data.test_items > 0)
+  test_histories = np.zeros((len(tested), max_len), np.int32)
+  for row, user in enumerate(tested):
+    tail = histories[user][-max_len:]
+    test_histories[row, max_len - len(tail):] = tail
+  return SeqRecExamples(items, labels, test_histories, data.test_items[tested],
+                        np.asarray(data.item_frequencies, np.float64))

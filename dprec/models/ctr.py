@@ -9,6 +9,7 @@ algorithm (non-private, DP-SGD, DP-FEST, DP-AdaFEST, DP-AdaFEST+) is chosen at `
 import dataclasses
 from typing import Optional, Sequence, Tuple
 
+import numpy as np
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
 
@@ -127,3 +128,16 @@ def build_ctr_model(vocab_sizes: Sequence[int], **config_kwargs) -> CTRModel:
   model({CAT_FEATURES: tf.zeros([1, len(config.vocab_sizes)], tf.int32),
          INT_FEATURES: tf.zeros([1, config.num_integer_features], tf.float32)})
   return model
+
+
+def evaluate(model: CTRModel, features, labels, batch_size: int = 8192) -> dict:
+  """Held-out metrics of a pCTR model: `auc` and `loss` (mean log loss)."""
+  return model.evaluate({key: features[key] for key in (CAT_FEATURES, INT_FEATURES)}, labels,
+                        batch_size=batch_size, verbose=0, return_dict=True)
+
+
+def log_loss_of_constant(labels, rate) -> float:
+  """Mean binary cross-entropy of predicting `rate` for every example (the base-rate yardstick
+  a calibrated pCTR model must beat)."""
+  positive = float(np.mean(labels))
+  return -(positive * np.log(rate) + (1 - positive) * np.log1p(-rate))

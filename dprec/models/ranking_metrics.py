@@ -10,6 +10,8 @@ training occurrences (the head is the few items that make up the first third).
 import numpy as np
 import tensorflow as tf
 
+from dprec.progress import progress_bar
+
 BUCKETS = ("head", "torso", "tail")
 
 
@@ -85,6 +87,19 @@ def evaluate_full_ranking(score_fn, histories, targets, buckets, k=10, batch_siz
     ranks.append(target_ranks(scores, targets[start:start + batch_size] - 1, exclude).numpy())
   ranks = np.concatenate(ranks) if ranks else np.zeros([0], np.int64)
   return summarize(ranks, targets, buckets, k)
+
+
+def evaluate_model(model, histories, targets, item_frequencies, batch_size=512,
+                   exclude_history=False, progress=False):
+  """`evaluate_full_ranking` of a model with `score_items(histories) -> [b, M]` (e.g.
+  `SeqRecModel`), buckets from `item_frequencies` [M + 1]; a tqdm bar on stderr with `progress`."""
+  score = tf.function(model.score_items, reduce_retracing=True)
+  bar = None
+  if progress:
+    bar = lambda it: progress_bar(it, desc="full ranking", unit="batch")
+  return evaluate_full_ranking(lambda h: score(tf.constant(h)), histories, targets,
+                               popularity_buckets(item_frequencies), batch_size=batch_size,
+                               exclude_history=exclude_history, progress=bar)
 
 
 def _seen_items(histories, num_items):

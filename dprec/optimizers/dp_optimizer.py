@@ -7,6 +7,7 @@ from typing import Any, Optional
 import tensorflow as tf
 
 from dprec.optimizers import config as config_lib
+from dprec.privacy import secure_noise as secure_noise_lib
 from dprec.privacy.noise_key import InsecureNoiseWarning
 from dprec.privacy.noise_key import NoiseKey
 
@@ -28,14 +29,19 @@ class DPOptimizer:
     `noise_key`: a run's key (`dprec.workflows.run.Run.noise_key`); private unless the key is
       an insecure one.
     `insecure_noise_seed`: deterministic noise from a public seed (warns; `private` is False).
-    `generator`: a `tf.random.Generator` of the caller's (tests), flagged like an insecure seed.
+    `generator`: a `tf.random.Generator` of the caller's (tests; a `SecureNoise` with
+      `secure_noise`), flagged like an insecure seed.
+  `secure_noise`: every noise draw of the step (gradient noise on kept rows and dense variables,
+  contribution-map noise, false positives) sampled exactly, with no floating-point artefact
+  (`dprec.privacy.secure_noise`: the rounded Gaussian mechanism, accounted as the Gaussian one).
   `private` says whether the noise is secret; `privacy_note` why not."""
   config: Any
   inner: tf.keras.optimizers.Optimizer
   expected_batch_size: Optional[float] = None
   noise_key: Optional[NoiseKey] = dataclasses.field(default=None, repr=False)
   insecure_noise_seed: Optional[int] = None
-  generator: Optional[tf.random.Generator] = dataclasses.field(default=None, repr=False)
+  generator: Optional[Any] = dataclasses.field(default=None, repr=False)
+  secure_noise: bool = False
 
   def __post_init__(self):
     if not isinstance(self.config, tuple(config_lib.ALGORITHMS.values())):
@@ -51,6 +57,9 @@ class DPOptimizer:
                        f"{', '.join(given)}")
     self.privacy_note = None
     if self.generator is not None:
+      if self.secure_noise != secure_noise_lib.is_secure(self.generator):
+        raise ValueError("secure_noise needs a SecureNoise generator, and a SecureNoise "
+                         "generator needs secure_noise=True")
       warnings.warn(GENERATOR_NOTE, InsecureNoiseWarning, stacklevel=3)
       self.privacy_note = GENERATOR_NOTE
       return
@@ -58,7 +67,8 @@ class DPOptimizer:
       self.noise_key = NoiseKey.insecure(self.insecure_noise_seed)
     self.noise_key = self.noise_key or NoiseKey.fresh()
     self.privacy_note = self.noise_key.note
-    self.generator = self.noise_key.tf_generator(NOISE_PURPOSE)
+    self.generator = (self.noise_key.secure_generator(NOISE_PURPOSE) if self.secure_noise
+                      else self.noise_key.tf_generator(NOISE_PURPOSE))
 
   @property
   def private(self) -> bool:

@@ -87,6 +87,16 @@ class NoiseKey:
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     return tf.random.Generator.from_state(self.tf_state(purpose, *index), alg="philox")
 
+  def secure_generator(self, purpose: str, *index: int):
+    """A `dprec.privacy.secure_noise.SecureNoise` keyed with the 256 derived bits."""
+    from dprec.privacy import secure_noise  # pylint: disable=import-outside-toplevel
+    return secure_noise.SecureNoise(self.derive(purpose, *index))
+
   def reset(self, generator, purpose: str, *index: int):
-    """Puts `generator` on the state derived for (purpose, index...), e.g. once per step."""
-    generator.reset(self.tf_state(purpose, *index))
+    """Puts `generator` (a `tf.random.Generator` or a `SecureNoise`) on the state derived for
+    (purpose, index...), e.g. once per step."""
+    from dprec.privacy import secure_noise  # pylint: disable=import-outside-toplevel
+    if secure_noise.is_secure(generator):
+      generator.reset(self.derive(purpose, *index))
+    else:
+      generator.reset(self.tf_state(purpose, *index))

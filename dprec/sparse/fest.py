@@ -54,3 +54,16 @@ def fest_rows(counts_by_table: Mapping[str, np.ndarray], k: Union[int, Mapping[s
   return FestRows({name: np.sort(rows[rows >= 0]).astype(np.int64)
                    for name, rows in zip(names, selection.indices)},
                   selection.epsilon, selection.delta)
+
+
+def rows_from_ids(ids, table_names, vocab_sizes, top_k: int, epsilon: Optional[float] = None,
+                  rng=None) -> FestRows:
+  """`top_k` rows over all tables, int(k/F) per table, by the counts of the categorical `ids`
+  [n, F] of the training data (column f: table f of `table_names` with `vocab_sizes[f]` rows);
+  by DP top-k at `epsilon` (Gumbel noise from the secret `rng`), from the exact counts (public)
+  when `epsilon` is None. Nothing is charged: the caller pays `epsilon` and `delta`."""
+  counts = {name: np.bincount(ids[:, f], minlength=size)
+            for f, (name, size) in enumerate(zip(table_names, vocab_sizes))}
+  per_table = max(1, top_k // len(counts))
+  return fest_rows(counts, {name: min(per_table, len(c)) for name, c in counts.items()},
+                   epsilon=epsilon, rng=rng)

@@ -4,16 +4,20 @@ line 9; DESIGN §4 step 5).
 DP-FEST / DP-AdaFEST: an embedding table's noisy gradient is a `tf.IndexedSlices` over the kept
 rows only — N(0, (σ2·C2)²) on every coordinate of every kept row (false positives get pure
 noise), exactly zero elsewhere. DP-SGD: the same clipped sum with noise on all V×d coordinates.
-Dense variables always get dense noise.
+Dense variables always get dense noise. With a `dprec.privacy.secure_noise.SecureNoise`
+generator (secure mode) the same tensors get the rounded Gaussian mechanism sampled exactly.
 """
 import tensorflow as tf
 
+from dprec.privacy import secure_noise
 from dprec.sparse.selection import find_sorted
 
 
 def _maybe_add_noise(values, noise_std, generator):
   if noise_std == 0:
     return values
+  if secure_noise.is_secure(generator):
+    return generator.add_noise(values, noise_std)
   return values + noise_std * generator.normal(tf.shape(values), dtype=values.dtype)
 
 
@@ -38,7 +42,12 @@ def noisy_sparse_rows(kept_rows, pair_row, pair_values, noise_std, generator, ta
 def noisy_dense_rows(pair_row, pair_values, noise_std, generator, table_shape, normaliser):
   """DP-SGD's embedding gradient: (per-pair clipped values scattered into a dense [V, d]
   tensor + noise on every coordinate) / normaliser — the O(V·d) baseline, built with a single
-  V×d allocation (the scatter updates the noise buffer in place)."""
+  V×d allocation (the scatter updates the noise buffer in place; secure mode: noise on the
+  scattered sum)."""
+  if secure_noise.is_secure(generator):
+    dense = tf.tensor_scatter_nd_add(tf.zeros(table_shape, pair_values.dtype),
+                                     pair_row[:, tf.newaxis], pair_values)
+    return _maybe_add_noise(dense, noise_std, generator) / normaliser
   if noise_std == 0:
     dense = tf.zeros(table_shape, pair_values.dtype)
   else:

@@ -7,10 +7,14 @@ V̂[j] + N(0, (σ1·C1)²) reaches τ. Touched rows (V̂[j] > 0, at most the bat
 noise drawn explicitly; each of the c' untouched rows is selected independently with
 p = Ψ(τ/(σ1·C1)) (std σ1·C1, not the paper's σ1²C1²), sampled as the positions of the ones of
 a Bernoulli(p) sequence whose gaps are Geom(p), in time linear in the number selected.
+Secure mode (a `SecureNoise` generator): the noisy counts are the rounded Gaussian mechanism and
+the gaps exact geometric draws at the exact rate of an untouched row (`dprec.privacy.secure_noise`).
 """
 import math
 
 import tensorflow as tf
+
+from dprec.privacy import secure_noise
 
 
 def gaussian_survival(x):
@@ -57,13 +61,16 @@ class RowUniverse:
 
 def sample_untouched(touched, universe_size, rate, generator):
   """Positions in [0, universe_size) outside sorted `touched`, each included independently
-  with probability `rate`, drawn by geometric gaps (App. B.2) in sorted order."""
+  with probability `rate`, drawn by geometric gaps (App. B.2) in sorted order. Secure mode:
+  `rate` may be an exact `Rate` (`secure_noise.tail_rate`); a float is taken as exact."""
   touched = tf.cast(touched, tf.int64)
   untouched_count = tf.cast(universe_size, tf.int64) - tf.size(touched, out_type=tf.int64)
-  if rate <= 0.0:
+  if float(rate) <= 0.0:
     return tf.zeros([0], tf.int64)
-  if rate >= 1.0:
+  if float(rate) >= 1.0:
     picked = tf.range(untouched_count)
+  elif secure_noise.is_secure(generator):
+    picked = generator.positions_op(untouched_count, rate)
   else:
     picked = _bernoulli_positions(untouched_count, rate, generator)
   # The k-th untouched row is k plus the number of touched rows at or before it: with
@@ -97,10 +104,13 @@ def _bernoulli_positions(length, rate, generator):
 def select_rows(touched, contributions, universe, threshold, noise_std, generator):
   """Algorithm 1 line 6 + B.2: returns (keep [T] bool for the sorted touched universe
   positions `touched`, false-positive universe positions [F] sorted)."""
-  noisy = contributions
-  if noise_std > 0:
-    noisy += noise_std * generator.normal(tf.shape(contributions), dtype=contributions.dtype)
-  keep = noisy >= threshold
-  false_positives = sample_untouched(
-      touched, universe.size, false_positive_rate(threshold, noise_std), generator)
-  return keep, false_positives
+  rate = false_positive_rate(threshold, noise_std)
+  if secure_noise.is_secure(generator) and noise_std > 0:
+    keep = generator.add_passes(contributions, noise_std, threshold)
+    rate = secure_noise.tail_rate(threshold, noise_std)
+  elif noise_std > 0:
+    keep = contributions + noise_std * generator.normal(
+        tf.shape(contributions), dtype=contributions.dtype) >= threshold
+  else:
+    keep = contributions >= threshold
+  return keep, sample_untouched(touched, universe.size, rate, generator)

@@ -1,5 +1,6 @@
 """Keras callbacks for DP training: pay the privacy ledger before steps run, stop at the budget;
-key each step's noise, checkpoints to resume from, a tqdm progress bar and a step timer.
+key each step's noise, checkpoints to resume from, a tqdm progress bar and a step timer (and
+the streaming trainer's per-period progress bars).
 
 Each DP step releases a noisy gradient, so its privacy cost must be recorded before it runs.
 `PrivacyBudgetCallback` therefore charges the ledger in chunks of `charge_every` steps ahead of
@@ -246,3 +247,26 @@ class ProgressBar(tf.keras.callbacks.Callback):
 
   def on_train_end(self, logs=None):
     self._bar.close()
+
+
+class PeriodProgress:
+  """The streaming trainer's progress: one tqdm bar per period of `steps_per_period` steps (on
+  stderr); the (non-private) training loss only with `diagnostics`."""
+
+  def __init__(self, steps_per_period: int, diagnostics: bool = False):
+    self.total, self.bar, self.period = steps_per_period, None, None
+    self.diagnostics = diagnostics
+
+  def __call__(self, period, step, logs):
+    if period != self.period:
+      if self.bar is not None:
+        self.bar.close()
+      self.period = period
+      self.bar = progress_bar(total=self.total, initial=step, desc=f"period {period}",
+                              unit="step")
+    self.bar.update(1)
+    if self.diagnostics:
+      self.bar.set_postfix(loss=f"{logs.get('loss', float('nan')):.4f}")
+    if step + 1 == self.total:
+      self.bar.close()
+      self.bar, self.period = None, None

@@ -123,6 +123,10 @@ class BeamStreamSource(PeriodSource):
         by_day[int(day)] = entry
     return by_day, manifest
 
+  def days_present(self):
+    """The days the output holds now, sorted."""
+    return sorted(self._by_day()[0])
+
   def period(self, index):
     by_day, manifest = self._by_day()
     if not by_day:

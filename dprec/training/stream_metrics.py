@@ -6,7 +6,6 @@ periods again (same step, same value: TensorBoard shows one point).
 """
 import csv
 import io
-import json
 import math
 import os
 
@@ -62,11 +61,7 @@ class MetricsWriter:
     self.write(rows)
     if rows:
       plot_auc_epsilon(rows, os.path.join(self.run_dir, PLOT_NAME))
-    write_summary(os.path.join(self.run_dir, SUMMARY_NAME), summary)
-
-
-def write_summary(path, summary):
-  atomic_io.write_text(path, json.dumps(summary, indent=2, sort_keys=True))
+    atomic_io.write_json(os.path.join(self.run_dir, SUMMARY_NAME), summary, sort_keys=True)
 
 
 def plot_auc_epsilon(rows, path):

@@ -4,7 +4,7 @@ The third way in (DESIGN §1.4; seed 001 §4.3 and Table 5). `StreamingTrainer` 
 `PeriodSource` (the streaming Beam job's output), and for every complete period p:
   1. evaluates the model trained on periods < p on period p (train on day t, evaluate on t+1);
   2. pays the privacy ledger for the whole period *before* training on it, and stops cleanly
-     instead when that would exceed the budget fixed up front (`plan.StreamPlan`);
+     instead when that would exceed the budget fixed up front (`dprec.workflows.plan`);
   3. grows the embedding tables for ids first seen in p (learned rows stay where they are) and,
      for DP-FEST / DP-AdaFEST+, refreshes the top-k rows from the running counts (DP top-k when
      the selection must be private), rows that stay selected keeping what they learned;
@@ -13,9 +13,10 @@ The third way in (DESIGN §1.4; seed 001 §4.3 and Table 5). `StreamingTrainer` 
      number of rows), checkpointing atomically every `checkpoint_every` steps and at the end of
      the period.
 
-Secret randomness: the batch of step (p, s), its noise and the DP top-k draws of period p come
-from the run's secret key (`dprec.workflows.run.Run`, kept in `run_dir/secret/`) and (p, s) only;
-`seed` seeds only the initialisation of new rows.
+The run (`dprec.workflows.run.Run`: directory, secret key, ledger, the charges it has paid) is
+given by the workflow (`dprec.workflows.stream`). Secret randomness: the batch of step (p, s), its
+noise and the DP top-k draws of period p come from the run's secret key (kept in
+`run_dir/secret/`) and (p, s) only; the model's seed seeds only the initialisation of new rows.
 
 Crash safety: the batch of step (p, s) and every random draw depend only on (key, p, s) and on
 state inside the checkpoint (model, optimizer slots; no generator state), so a `kill -9` and a
@@ -48,9 +49,7 @@ from dprec.sparse import fest
 from dprec.training import checkpoint as ckpt_lib
 from dprec.training import stream_metrics
 from dprec.training.period_source import CATEGORICAL_KEY, Period, PeriodSource
-from dprec.training.plan import StreamPlan
 from dprec.training.poisson import poisson_batch_indices
-from dprec.workflows.run import Run
 
 JOURNAL = "steps.jsonl"
 EPSILON_COVERS = {
@@ -72,8 +71,8 @@ MIN_SPARE_ROWS = 8  # tiny tables (e.g. 3 buckets) would otherwise need a rebuil
 class PeriodModel(abc.ABC):
   """What the streaming trainer needs from a model and its (DP) training step.
 
-  `dprec.training.stream_models.CTRPeriodModel` implements it with the pCTR model and `DPModel`;
-  anything with the same five methods can be streamed.
+  `dprec.workflows.stream.CTRPeriodModel` implements it with the pCTR model and `DPModel`;
+  anything with the same six methods can be streamed (`transfer_variable` helps to grow).
   """
 
   @abc.abstractmethod
@@ -107,13 +106,9 @@ class PeriodModel(abc.ABC):
 
 @dataclasses.dataclass(frozen=True)
 class StreamConfig:
-  """How a streaming run proceeds (the privacy side is the `StreamPlan`).
+  """How a streaming run proceeds (the privacy side is the plan, the run directory the `Run`).
 
   Attributes:
-    run_dir: run id, secret key, checkpoints, ledger, journal, metrics CSV, TensorBoard logs
-      and the plot.
-    seed: public: seeds the initialisation of table rows (batches and noise come from the
-      run's secret key).
     checkpoint_every: steps between mid-period checkpoints (one is always written at period end).
     train_periods: periods to train (later complete periods are the final hold-out); None: all.
     idle_timeout: seconds to wait for the next period before finishing (0: stop when caught up).
@@ -121,23 +116,17 @@ class StreamConfig:
     top_k: rows per table (int, or {table: k}) of the DP-FEST / DP-AdaFEST+ set refreshed every
       period from the running counts; by DP top-k when the plan reserves selection ε, else from
       the counts as they are (public). None: the algorithm has no fixed set.
-    ledger_path: the privacy ledger (default run_dir/ledger.json); may hold earlier charges.
     headroom: tables are allocated with this factor of spare rows and grown by it when new ids
       outrun them, so a model is rebuilt (and its step retraced) rarely, not every period.
-    insecure_noise_seed: derive the key from this public seed: reproducible, NOT private.
     diagnostics: also keep the non-private diagnostics (exact period sizes, batch sizes, training
       loss) under `diagnostics_nonprivate`.
   """
-  run_dir: str
-  seed: int = 0
   checkpoint_every: int = 100
   train_periods: Optional[int] = None
   idle_timeout: float = 0.0
   poll_interval: float = 1.0
   top_k: Optional[Union[int, Mapping[str, int]]] = None
-  ledger_path: Optional[str] = None
   headroom: float = 1.5
-  insecure_noise_seed: Optional[int] = None
   diagnostics: bool = False
 
   def __post_init__(self):
@@ -158,27 +147,24 @@ def _fresh_state():
 
 
 class StreamingTrainer:
-  """Trains a `PeriodModel` on the periods of a `PeriodSource` under one `StreamPlan`."""
+  """Trains a `PeriodModel` on the periods of a `PeriodSource` under one privacy plan."""
 
-  def __init__(self, model: PeriodModel, source: PeriodSource, plan: StreamPlan,
-               config: StreamConfig, progress=None, run: Optional[Run] = None):
+  def __init__(self, model: PeriodModel, source: PeriodSource, plan, config: StreamConfig, run,
+               progress=None):
     """Args:
-      model, source, plan, config: see the classes.
+      model, source, config: see the classes.
+      plan: the run's `dprec.workflows.plan.PrivacyPlan` (`plan_stream`).
+      run: its `dprec.workflows.run.Run`, with a run directory (checkpoints, ledger, journal,
+        metrics CSV, TensorBoard logs and the plot).
       progress: optional callable(period, step, logs) called after every step (progress bars).
-      run: the `Run` the plan was made in (its ledger's earlier charges composed); default: one
-        for `config` on the source's data directory.
     """
     self.model, self.source, self.plan, self.config = model, source, plan, config
     self.progress = progress
-    self.run_state = run or Run("stream", config.run_dir, config.ledger_path,
-                                config.insecure_noise_seed, getattr(source, "data_dir", None))
-    self.checkpoints = ckpt_lib.CheckpointManager(os.path.join(config.run_dir, "checkpoints"))
-    self.journal_path = os.path.join(config.run_dir, JOURNAL)
-    self.ledger_path = self.run_state.ledger_path
-    self.ledger = None
-    if plan.private:
-      self.ledger = self.run_state.open_ledger(plan.epsilon_total, plan.delta, plan.accountant)
-    self.metrics = stream_metrics.MetricsWriter(config.run_dir)
+    self.run_state = run
+    self.checkpoints = ckpt_lib.CheckpointManager(run.checkpoint_dir)
+    self.journal_path = os.path.join(run.run_dir, JOURNAL)
+    self.ledger = run.open_plan_ledger(plan)
+    self.metrics = stream_metrics.MetricsWriter(run.run_dir)
     self.state = _fresh_state()
     self._tf_checkpoint = None
     self._loaded = (None, None)  # (period index, its arrays): evaluated, then trained on
@@ -213,8 +199,8 @@ class StreamingTrainer:
 
   def _commit(self):
     files = {}
-    if self.ledger is not None and os.path.exists(self.ledger_path):
-      files["ledger.json"] = self.ledger_path  # an audit copy; the live ledger is never rolled back
+    if self.ledger is not None and os.path.exists(self.ledger.path):
+      files["ledger.json"] = self.ledger.path  # an audit copy; the live ledger is never rolled back
     write = (self._tf_checkpoint.write if self._tf_checkpoint is not None
              else lambda prefix: None)
     self.checkpoints.commit(self.state, write, files)
@@ -252,23 +238,14 @@ class StreamingTrainer:
     """
     if self.ledger is None:
       return None
-    plan = self.plan
-    pure_label, gauss_label = self._label(period) + " selection", self._label(period)
-    need_pure = (plan.selection_epsilon_per_period > 0
-                 and not self.run_state.paid(self.ledger, pure_label))
-    need_gauss = not self.run_state.paid(self.ledger, gauss_label)
-    if not need_gauss:
-      return None
-    projected = self.ledger.epsilon_if_charged(plan.noise_multiplier, plan.sampling_rate, steps)
-    if need_pure:
-      projected += plan.selection_epsilon_per_period
-    if projected > plan.epsilon_total:
+    run, label = self.run_state, self._label(period)
+    selection = {label + " selection": self.plan.selection_epsilon_per_period}
+    projected = run.epsilon_if_paid(self.plan, label, steps, selection)
+    if not run.fits(projected):
       return projected
     try:
-      if need_pure:
-        self.ledger.charge_pure(plan.selection_epsilon_per_period, label=pure_label)
-      self.ledger.charge_gaussian(plan.noise_multiplier, plan.sampling_rate, steps,
-                                  label=gauss_label)
+      run.pay_once(self.plan, {name: (epsilon, 0.0) for name, epsilon in selection.items()})
+      run.pay_steps(self.plan, label, steps)
     except BudgetExceededError:
       return projected
     return None
@@ -450,7 +427,7 @@ class StreamingTrainer:
   def summary(self, resumed=False):
     rows = self.state["rows"]
     return {
-        **self.run_state.privacy_fields(self.plan.private, EPSILON_COVERS, ledger=self.ledger),
+        **self.run_state.privacy_fields(self.plan.private, EPSILON_COVERS),
         "periods": rows,
         "periods_trained": len(rows),
         "epsilon": self.epsilon_spent(),
@@ -461,8 +438,23 @@ class StreamingTrainer:
         "holdout": self.state.get("holdout"),
         "stopped": self.state["stopped"],
         "resumed": resumed,
-        "run_dir": self.config.run_dir,
+        "run_dir": self.run_state.run_dir,
     }
+
+
+def transfer_variable(old_value: np.ndarray, new_variable: tf.Variable):
+  """Copies a variable into its (possibly grown) successor: leading rows from the old value, the
+  rest keeps the successor's initialisation. Only the first axis may grow."""
+  new_shape = tuple(new_variable.shape)
+  if old_value.shape == new_shape:
+    new_variable.assign(old_value)
+    return
+  if old_value.shape[1:] != new_shape[1:] or old_value.shape[0] > new_shape[0]:
+    raise ValueError(f"cannot grow {new_variable.name} from {old_value.shape} to {new_shape}: "
+                     "only rows may be added")
+  value = new_variable.numpy()
+  value[:old_value.shape[0]] = old_value
+  new_variable.assign(value)
 
 
 def _rows_to_json(rows):

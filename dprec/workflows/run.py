@@ -1,5 +1,6 @@
 """One run of a workflow (`train ctr`, `train seqrec`, `stream`, `demo`): its directory, its id,
-its secret noise key and its charges in the privacy ledger, in one place for every way in.
+its secret noise key, its charges in the privacy ledger, its checkpoints and its summary, in one
+place for every way in.
 
 A run directory holds:
   run.json          the run id, the command, and whether the noise is secret (shareable)
@@ -7,24 +8,35 @@ A run directory holds:
                     with it the noise can be replayed and subtracted. Reloaded on resume; never
                     copied into a checkpoint, summary, log or TensorBoard.
   ledger.json       the privacy ledger (unless `ledger` names another, possibly shared, file)
-  ...               the workflow's checkpoints and outputs (no generator state in checkpoints:
-                    a step's noise is re-derived from the key and the step)
-Without a run directory nothing is stored: the key lives in memory, the id is new, and the
-ledger, unless given, is a temporary file.
+  checkpoints/      `ckpt-<n>` directories (`dprec.workflows.resume`): model, optimizer slots
+                    and the data position, committed atomically; no generator state: a step's
+                    noise and batch are re-derived from the key and the step, so a resumed run
+                    draws exactly what an uninterrupted one would
+  ...               the workflow's other outputs (`stream`: journal, metrics, TensorBoard, plot)
+Without a run directory nothing is stored: the key lives in memory, the id is new, nothing is
+checkpointed and the ledger, unless given, is a temporary file.
 
 The ledger is the budget of the run's data set (`data`, identified by `dprec.data.identity`):
 every charge of the run records it, a ledger holding charges for another data set is refused,
 and what the ledger spent on this data set before the run's first charge (e.g. a preprocessing
-job's DP top-k vocabulary) is composed into the run's plan (`spent_before`) and reported in the
+job's DP top-k vocabulary) is composed into the run's plan (`plan_prior`) and reported in the
 summary's `epsilon_parts`.
 
 Every randomness the privacy proof relies on comes from the key (`noise_key`): the DP step's
 generator (`noise_callback`), Poisson sampling (`entropy("poisson")`), DP top-k and DP counts
 (`numpy_rng`). `insecure_noise_seed` derives the key from a public seed instead: reproducible,
 not private; the summary (`privacy_fields`) and every ledger charge say so.
+
+The ledger is paid before anything is released: `check_budget` refuses, before the first charge,
+a run whose unpaid part would exceed the budget; `pay_once` charges the one-off releases (Gaussian
+mechanisms, DP top-k) and `budget_callback` / `pay_steps` the steps, each under the run's label.
+A run only ever counts its own charges as paid (`steps_paid`, `paid`), so a resumed run pays
+nothing twice and never counts another run's charges.
 """
+import dataclasses
 import datetime
 import json
+import math
 import os
 import secrets
 import shutil
@@ -33,28 +45,75 @@ from typing import Mapping, Optional
 
 from dprec import atomic_io
 from dprec.data import identity
-from dprec.errors import DprecError
+from dprec.errors import BudgetExceededError, DprecError
 from dprec.privacy.noise_key import KEY_BYTES
 from dprec.privacy.noise_key import NoiseKey
+from dprec.workflows import resume as resume_lib
 
 RUN_FILE = "run.json"
 RUN_FORMAT = "dprec-run-v1"
 SECRET_DIR = "secret"
 KEY_FILE = "noise_key"
 LEDGER_FILE = "ledger.json"
+CHECKPOINTS_DIR = "checkpoints"
+BUDGET_SLACK = 1 + 1e-6  # calibration's rounding: a plan within this of the budget fits it
+
+
+@dataclasses.dataclass(kw_only=True)
+class RunOptions:
+  """The options of every way in that concern the run rather than the model: where its files go,
+  its randomness (`seed`: public initialisation only) and how it reports."""
+  run_dir: Optional[str] = None
+  ledger: Optional[str] = None
+  accountant: str = "pld"
+  checkpoint_every: int = 100
+  seed: int = 0
+  insecure_noise_seed: Optional[int] = None
+  secure_noise: bool = False  # exact noise, no floating-point artefact (`privacy.secure_noise`)
+  diagnostics: bool = False
+  progress: bool = True
+  summary_json: Optional[str] = None
+
+  # Options a resumed run may change (where files go, how it reports); a workflow adds its own.
+  NOT_FINGERPRINTED = ("data", "run_dir", "ledger", "checkpoint_every", "keep_checkpoints",
+                       "diagnostics", "progress", "summary_json")
+
+  def validate(self):
+    if self.checkpoint_every < 1:
+      raise DprecError(f"--checkpoint-every must be >= 1, got {self.checkpoint_every}")
+
+  def run_fingerprint(self, **extra) -> dict:
+    """The options a resumed run must share with the run it continues (`fingerprint`)."""
+    return resume_lib.fingerprint(self, self.NOT_FINGERPRINTED, **extra)
+
+
+@dataclasses.dataclass(kw_only=True)
+class FitOptions(RunOptions):
+  """`RunOptions` of a `model.fit` run (`train ctr`, `train seqrec`): its batches, its ledger
+  charges and how many checkpoints it keeps."""
+  fixed_batches: bool = False
+  charge_every: int = 100
+  keep_checkpoints: Optional[int] = 2  # None or 0: keep all
+
+  def validate(self):
+    super().validate()
+    if self.keep_checkpoints is not None and self.keep_checkpoints < 0:
+      raise DprecError(f"--keep-checkpoints must be >= 0, got {self.keep_checkpoints}")
+    if self.charge_every < 1:
+      raise DprecError(f"--charge-every must be >= 1, got {self.charge_every}")
 
 
 class Run:
   """See the module docstring. Use as a context manager (removes a temporary ledger)."""
 
   def __init__(self, command: str, run_dir: Optional[str] = None, ledger: Optional[str] = None,
-               insecure_noise_seed: Optional[int] = None, data: Optional[str] = None):
-    self.command, self.run_dir, self.data = command, run_dir, data
+               insecure_noise_seed: Optional[int] = None, secure_noise: bool = False,
+               data: Optional[str] = None):
+    self.command, self.run_dir, self.secure_noise = command, run_dir, secure_noise
     # The data set trained on (None: in-memory data, which no charge can be matched to).
+    self.data = data
     self.dataset = identity.dataset_identity(data) if data is not None else None
     self._temporary = None
-    # Whether the run directory already held this run (a resumed run: same id, same key).
-    self.resumed = run_dir is not None and os.path.exists(os.path.join(run_dir, RUN_FILE))
     if run_dir is None:
       self.run_id = secrets.token_hex(8)
       self.noise_key = _key(insecure_noise_seed)
@@ -65,6 +124,7 @@ class Run:
       self.run_id, self.noise_key = self._load_or_create(insecure_noise_seed)
       base = run_dir
     self.ledger_path = ledger or os.path.join(base, LEDGER_FILE)
+    self.ledger = None  # opened by `open_ledger` (a private run)
 
   def __enter__(self):
     return self
@@ -82,6 +142,10 @@ class Run:
   @property
   def key_path(self):
     return os.path.join(self.run_dir, SECRET_DIR, KEY_FILE)
+
+  @property
+  def checkpoint_dir(self):
+    return os.path.join(self.run_dir, CHECKPOINTS_DIR)
 
   def _load_or_create(self, insecure_seed):
     path = os.path.join(self.run_dir, RUN_FILE)
@@ -143,26 +207,27 @@ class Run:
   # ---- the ledger --------------------------------------------------------------------------
 
   def open_ledger(self, epsilon_budget, delta, accountant, default_delta=None):
-    """The ledger at `ledger_path`; every charge this run makes records its `run_id` and data
-    set (and, with insecure noise, `private: false` and the reason). `delta` None: the existing
-    ledger's δ, or `default_delta` for a new one. Refuses a ledger holding charges for another
-    data set."""
+    """The ledger at `ledger_path` (also kept as `self.ledger`); every charge this run makes
+    records its `run_id` and data set (and, with insecure noise, `private: false` and the
+    reason). `delta` None: the existing ledger's δ, or `default_delta` for a new one. Refuses a
+    ledger holding charges for another data set."""
     from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
     if delta is None and not os.path.exists(self.ledger_path):
       delta = default_delta
     marks = {} if self.private else {"private": False, "privacy_note": self.noise_key.note}
     if self.dataset is not None:
       marks["dataset"] = self.dataset
-    ledger = PrivacyLedger(self.ledger_path, epsilon_budget=epsilon_budget, delta=delta,
-                           accountant=accountant, run_id=self.run_id, marks=marks)
-    ledger.check_dataset(self.dataset)
-    return ledger
+    self.ledger = PrivacyLedger(self.ledger_path, epsilon_budget=epsilon_budget, delta=delta,
+                                accountant=accountant, run_id=self.run_id, marks=marks)
+    self.ledger.check_dataset(self.dataset)
+    return self.ledger
 
-  def spent_before(self, ledger):
-    """What `ledger` (None: nothing) spent on this data set before this run's first charge
-    (`PrivacyLedger.spent_before`): what the run's privacy plan composes with."""
-    from dprec.privacy import composition  # pylint: disable=import-outside-toplevel
-    return composition.Spent() if ledger is None else ledger.spent_before(self.run_id)
+  def open_plan_ledger(self, plan):
+    """The ledger of a `dprec.workflows.plan.PrivacyPlan`'s budget (the one `plan_prior`
+    opened, if it did); None for a non-private plan."""
+    if not plan.private:
+      return None
+    return self.ledger or self.open_ledger(plan.epsilon_total, plan.delta, plan.accountant)
 
   def steps_paid(self, ledger, label) -> int:
     """Steps this run has charged under `label` (charges of other runs never count)."""
@@ -172,22 +237,117 @@ class Run:
     """Whether this run has charged `label` already."""
     return bool(ledger.charges_of(self.run_id, label))
 
+  def _unpaid(self, plan, selections):
+    mechanisms = [(sigma, label) for label, sigma in plan.mechanisms.items()
+                  if not self.paid(self.ledger, label)]
+    pure = {label: epsilon for label, epsilon in selections.items()
+            if epsilon and not self.paid(self.ledger, label)}
+    return mechanisms, pure
+
+  def epsilon_if_paid(self, plan, label, steps, selections=None, noise_multiplier=None,
+                      sampling_rate=None) -> float:
+    """ε the ledger would reach once this run has paid for `steps` steps under `label` (at the
+    plan's σ and q unless given), the plan's Gaussian mechanisms and the pure-ε `selections`
+    {label: ε}; what it has paid already counts once. Nothing is charged."""
+    mechanisms, pure = self._unpaid(plan, selections or {})
+    unpaid = max(0, steps - self.steps_paid(self.ledger, label))
+    epsilon = self.ledger.epsilon_if_charged(
+        plan.noise_multiplier if noise_multiplier is None else noise_multiplier,
+        plan.sampling_rate if sampling_rate is None else sampling_rate, unpaid,
+        poisson=plan.poisson, label=label, gaussian_mechanisms=mechanisms)
+    return epsilon + sum(pure.values())  # basic composition, as the ledger does
+
+  def fits(self, epsilon) -> bool:
+    return epsilon <= self.ledger.epsilon_budget * BUDGET_SLACK
+
+  def check_budget(self, plan, label, steps, selections=None, **rates):
+    """Raises `BudgetExceededError`, before anything is charged, if paying this run's unpaid
+    part (`epsilon_if_paid`) would bring the ledger over its budget."""
+    planned = self.epsilon_if_paid(plan, label, steps, selections, **rates)
+    if not self.fits(planned):
+      raise BudgetExceededError(
+          f"{self.ledger.path}: the planned run would bring the ledger to ε={planned:.4g} > "
+          f"budget {self.ledger.epsilon_budget:g} (already spent "
+          f"{self.ledger.epsilon_spent():.4g})")
+
+  def pay_once(self, plan, selections=None):
+    """Charges the plan's Gaussian mechanisms, then the `selections` {label: (ε, δ)}, that this
+    run has not paid yet (a resumed run re-draws them from the key and pays nothing again)."""
+    for label, sigma in plan.mechanisms.items():
+      if not self.paid(self.ledger, label):
+        self.ledger.charge_gaussian_mechanism(sigma, label)
+    for label, (epsilon, delta) in (selections or {}).items():
+      if epsilon and not self.paid(self.ledger, label):
+        self.ledger.charge_approximate(epsilon, delta, label)
+
+  def pay_steps(self, plan, label, steps):
+    """Charges the steps of `steps` under `label` this run has not paid yet."""
+    unpaid = steps - self.steps_paid(self.ledger, label)
+    if unpaid > 0:
+      self.ledger.charge_gaussian(plan.noise_multiplier, plan.sampling_rate, unpaid,
+                                  poisson=plan.poisson, label=label)
+
+  def budget_callback(self, plan, label, start_step=0, charge_every=100, log_dir=None):
+    """`PrivacyBudgetCallback` paying the plan's steps under `label` ahead of `model.fit`; a
+    resumed run (at `start_step`) pays again only for steps it has not paid."""
+    from dprec.training import callbacks  # pylint: disable=import-outside-toplevel
+    return callbacks.PrivacyBudgetCallback(
+        self.ledger, plan.noise_multiplier, plan.sampling_rate, poisson=plan.poisson,
+        charge_every=charge_every, label=label, log_dir=log_dir, steps_taken=start_step,
+        steps_charged=self.steps_paid(self.ledger, label))
+
+  # ---- checkpoints and resume ----------------------------------------------------------------
+
+  def resume(self, model, fingerprint, keep=2):
+    """A `dprec.workflows.resume.Resume` of `model` in this run's directory (where it stands)."""
+    return resume_lib.Resume(self.run_dir and self.checkpoint_dir,
+                             resume_lib.checkpoint_objects(model), fingerprint, keep)
+
+  def fit_callbacks(self, generators, resume, charges=None, checkpoint_every=100, extra=(),
+                    progress=None, diagnostics=False):
+    """(step timer, the callbacks of `model.fit`): the timer, each step's noise keyed from
+    (purpose, step), `charges` (paying the ledger), a checkpoint every `checkpoint_every` steps
+    with a run directory, `extra`, and a progress bar titled `progress` (None: none)."""
+    from dprec.training import callbacks  # pylint: disable=import-outside-toplevel
+    timer = callbacks.StepTimer()
+    fit = [timer, self.noise_callback(generators, start_step=resume.step)]
+    fit += [charges] if charges is not None else []
+    fit += [resume.callback(checkpoint_every)] if resume.manager is not None else []
+    fit += list(extra)
+    if progress:
+      fit.append(callbacks.ProgressBar(desc=progress, initial=resume.step,
+                                       diagnostics=diagnostics))
+    return timer, fit
+
+  def fit(self, model, features, labels, batch_size, poisson, steps, resume, callbacks):
+    """`model.fit` from `resume.step` to `steps` on batches of (`features`, `labels`) drawn with
+    the run's secret entropy (Poisson at q = B/N, else fixed-size shuffled): the very batches an
+    uninterrupted run draws. Returns the history ({} when no step is left)."""
+    from dprec.training import poisson as sampling_lib  # pylint: disable=import-outside-toplevel
+    if steps <= resume.step:
+      return {}
+    sampling = sampling_lib.BatchSampling(batch_size, poisson, self.entropy("poisson"))
+    dataset = sampling_lib.sampled_dataset(features, labels, sampling, steps, start=resume.step)
+    return model.fit(dataset, epochs=1, steps_per_epoch=steps - resume.step,
+                     callbacks=callbacks, verbose=0).history
+
   # ---- the summary -------------------------------------------------------------------------
 
-  def privacy_fields(self, dp: bool, epsilon_covers: dict, notes=(), ledger=None) -> dict:
+  def privacy_fields(self, dp: bool, epsilon_covers: dict, notes=()) -> dict:
     """The summary's privacy fields: `private` (a DP algorithm with secret randomness),
-    `privacy_note` (why not, and other caveats), `epsilon_covers` (which outputs ε covers);
-    with the run's `ledger`, `epsilon_parts` (preprocessing selection and training, adding up
-    to its ε) and, with its data directory, `dataset` (which data set, and whether its
-    vocabulary is DP): both public."""
+    `privacy_note` (why not, and other caveats), `epsilon_covers` (which outputs ε covers),
+    `secure_noise` (the DP step's noise sampled exactly); with the run's ledger, `epsilon_parts`
+    (preprocessing selection and training, adding up to its ε) and, with its data directory,
+    `dataset` (which data set, and whether its vocabulary is DP): both public."""
     reasons = ([] if dp else ["non-private training: no differential privacy"])
     reasons += [] if self.private else [self.noise_key.note]
     public = list(epsilon_covers.get("public", [])) + [
         "epsilon_parts (accounting) and dataset (the data set's path, id and vocab_privacy)"]
-    fields = {"run_id": self.run_id, "epsilon_covers": dict(epsilon_covers, public=public)}
+    fields = {"run_id": self.run_id, "epsilon_covers": dict(epsilon_covers, public=public),
+              "secure_noise": self.secure_noise}
     public_seeded = []
-    if ledger is not None:
-      fields["epsilon_parts"] = ledger.parts()
+    if self.ledger is not None:
+      fields["epsilon_parts"] = self.ledger.parts()
       preprocessing = fields["epsilon_parts"]["preprocessing_selection"]["charges"]
       public_seeded = [f"preprocessing release '{c['label']}' drew its randomness from a public "
                        "seed: it is NOT differentially private"
@@ -197,6 +357,36 @@ class Run:
           self.data, "vocab_privacy"))
     return dict(fields, private=dp and self.private and not public_seeded,
                 privacy_note="; ".join(reasons + public_seeded + list(notes)) or None)
+
+  def privacy_summary(self, plan, epsilon_covers, dp=None, notes=()) -> dict:
+    """ε spent (None without a ledger), δ, the accountant, Poisson or not, and
+    `privacy_fields` (with the plan's notes)."""
+    ledger = self.ledger
+    return {"epsilon": ledger.epsilon_spent() if ledger is not None else None,
+            "delta": plan.delta, "accountant": plan.accountant if ledger is not None else None,
+            "poisson": bool(ledger is not None and plan.poisson),
+            **self.privacy_fields(plan.private if dp is None else dp, epsilon_covers,
+                                  plan.notes + list(notes))}
+
+
+def plan_prior(run, epsilon_budget, delta, accountant, default_delta):
+  """(δ, `Spent`) a privacy plan starts from. In a private `run` (a finite `epsilon_budget`):
+  its ledger, opened now (`Run.open_ledger`: δ `delta`, else the existing ledger's, else
+  `default_delta`), and what it spent on the run's data set before the run's first charge
+  (`PrivacyLedger.spent_before`: e.g. a DP top-k vocabulary; a resumed run finds what it found
+  when it started). Otherwise (`run` None: planning alone): (`delta` or `default_delta`,
+  nothing spent)."""
+  from dprec.privacy import composition  # pylint: disable=import-outside-toplevel
+  if run is None or epsilon_budget is None or not math.isfinite(epsilon_budget):
+    return (default_delta if delta is None else delta), composition.Spent()
+  ledger = run.open_ledger(epsilon_budget, delta, accountant, default_delta)
+  return ledger.delta, ledger.spent_before(run.run_id)
+
+
+def write_summary(summary, path):
+  """Writes the JSON summary to `path` (if given) atomically."""
+  if path:
+    atomic_io.write_json(path, summary, sort_keys=True)
 
 
 def _key(insecure_seed):

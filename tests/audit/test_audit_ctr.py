@@ -7,8 +7,8 @@ import pytest
 from dprec import cli
 from dprec.audit import ctr as audit_ctr
 from dprec.data import synthetic
-from dprec.models import ctr_cli
 from dprec.optimizers import config as config_lib
+from dprec.workflows import ctr as ctr_workflow
 
 CANARIES, BATCH, STEPS, EPSILON = 300, 64, 80, 2.0
 COMMON = ["--canaries", str(CANARIES), "--batch-size", str(BATCH), "--steps", str(STEPS),
@@ -45,10 +45,13 @@ def test_non_private_training_is_caught(data_dir, tmp_path):
   assert len(records) == CANARIES and {"included", "score"} <= set(records[0])
 
 
-@pytest.mark.parametrize("algorithm", ["dp_sgd", "dp_adafest"])
-def test_dp_training_stays_below_its_claim(data_dir, tmp_path, algorithm):
-  summary = _audit(data_dir, tmp_path, algorithm)
+@pytest.mark.parametrize("algorithm, extra", [("dp_sgd", ()), ("dp_adafest", ()),
+                                             ("dp_adafest", ("--secure-noise",))],
+                         ids=["dp_sgd", "dp_adafest", "dp_adafest-secure"])
+def test_dp_training_stays_below_its_claim(data_dir, tmp_path, algorithm, extra):
+  summary = _audit(data_dir, tmp_path, algorithm, *extra)
   assert summary["claimed_epsilon"] == EPSILON and summary["algorithm"] == algorithm
+  assert summary["secure_noise"] == bool(extra)
   assert summary["noise_multiplier"] > 0
   assert 0.0 <= summary["epsilon_lower_bound"] <= EPSILON
 
@@ -60,7 +63,7 @@ def test_broken_dp_step_is_caught(data_dir, monkeypatch):
   monkeypatch.setattr(config_lib, "noise_std", lambda clip, sigma: noise_std(clip, sigma) / BATCH)
   # The audit's power needs steps that memorise: Adam 3e-3 at C2 = 1 (the calibrated train ctr
   # defaults, lr 3e-4 at C2 = 10, move the canaries too little in these few steps).
-  train = ctr_cli.CTRTrainOptions(data=data_dir, algorithm="dp_sgd", epsilon=EPSILON,
+  train = ctr_workflow.CTRTrainOptions(data=data_dir, algorithm="dp_sgd", epsilon=EPSILON,
                                   batch_size=BATCH, steps=STEPS, hidden_units=(8,),
                                   accountant="rdp", progress=False, learning_rate=3e-3,
                                   l2_norm_clip=1.0)

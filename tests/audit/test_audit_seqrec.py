@@ -6,7 +6,7 @@ import pytest
 
 from dprec.audit import seqrec
 from dprec.data.synthetic import generate_sequences
-from dprec.models.seqrec_cli import SeqRecTrainOptions
+from dprec.workflows.seqrec import SeqRecTrainOptions
 from pipelines import sequences as sequences_job
 
 CANARIES, EPSILON = 200, 2.0

@@ -1,13 +1,19 @@
-"""`dprec train ctr` end to end on tiny generated Criteo data: summary, ledger, errors."""
+"""`dprec train ctr` end to end on tiny generated Criteo data: summary, ledger, errors, resume."""
 import json
 import os
+import signal
+import subprocess
+import sys
+import time
 
 import numpy as np
 import pytest
+import tensorflow as tf
 
 from dprec import cli
 from dprec import privacy
 from dprec.data import synthetic
+from dprec.privacy.noise_key import InsecureNoiseWarning
 
 STEPS, BATCH, EPSILON = 6, 64, 2.0
 REQUIRED = {"algorithm", "auc", "epsilon", "delta", "gradient_size_reduction", "steps_per_second"}
@@ -61,6 +67,26 @@ def test_private_run_spends_what_dprec_privacy_computes(data_dir, tmp_path, algo
     assert summary["gradient_size_reduction"] == pytest.approx(1.0, rel=1e-3)
   else:
     assert summary["gradient_size_reduction"] > 1.0
+
+
+def test_secure_noise_run_is_accounted_as_the_gaussian_mechanism_it_rounds(data_dir, tmp_path):
+  """--secure-noise releases the Gaussian mechanism rounded to a grid (post-processing), so ε is
+  the Gaussian accountant's: here dp_accounting's RDP accountant called directly on the run's
+  events (the DP base rate, then T Poisson-sampled Gaussian steps at the composed σ)."""
+  import dp_accounting  # pylint: disable=import-outside-toplevel
+  summary = _train(data_dir, tmp_path, "dp_adafest", "--secure-noise", "--threshold", "2",
+                   "--accountant", "rdp")
+  assert summary["secure_noise"] is True and summary["private"] is True
+  sigma = privacy.composed_noise_multiplier(summary["sigma1"], summary["sigma2"])
+  accountant = dp_accounting.rdp.RdpAccountant(
+      neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+  accountant.compose(dp_accounting.GaussianDpEvent(summary["base_rate_noise_multiplier"]))
+  accountant.compose(dp_accounting.PoissonSampledDpEvent(
+      summary["sampling_rate"], dp_accounting.GaussianDpEvent(sigma)), STEPS)
+  assert summary["epsilon"] == pytest.approx(accountant.get_epsilon(summary["delta"]), rel=1e-9)
+  assert summary["gradient_size_reduction"] > 1.0  # still sparse
+  (tmp_path / "default").mkdir()
+  assert _train(data_dir, tmp_path / "default", "dp_sgd")["secure_noise"] is False
 
 
 def test_non_private_run_and_summary(data_dir, tmp_path):
@@ -117,8 +143,8 @@ def test_beam_manifest_directory_loads_like_the_tsv_days(data_dir, tmp_path):
   """`--data` given the Beam job's layout (manifest + per-day TFRecords) yields the same arrays
   as the TSV days it was made from (written here with the Beam helper's own encoder)."""
   from dprec.data import criteo, criteo_tfrecord  # pylint: disable=import-outside-toplevel
-  from dprec.models import ctr_cli  # pylint: disable=import-outside-toplevel
-  from_tsv = ctr_cli.load_data(data_dir)
+  from dprec.workflows import ctr as ctr_workflow  # pylint: disable=import-outside-toplevel
+  from_tsv = ctr_workflow.load_data(data_dir)
   out = tmp_path / "beam"
   days = []
   for day, arrays in enumerate((from_tsv.train, from_tsv.eval)):
@@ -131,7 +157,7 @@ def test_beam_manifest_directory_loads_like_the_tsv_days(data_dir, tmp_path):
               "vocab_sizes": dict(zip(criteo.CATEGORICAL_FEATURES, from_tsv.vocab_sizes)),
               "vocab_dir": "vocab"}
   (out / "manifest.json").write_text(json.dumps(manifest), encoding="utf-8")
-  from_beam = ctr_cli.load_data(str(out))
+  from_beam = ctr_workflow.load_data(str(out))
   assert from_beam.source == "beam-manifest" and from_beam.vocab_sizes == from_tsv.vocab_sizes
   for split in ("train", "eval"):
     for key, value in getattr(from_tsv, split).items():
@@ -212,13 +238,99 @@ def test_a_second_run_on_a_shared_ledger_pays_and_is_refused_at_the_budget(data_
   assert "already spent" in err
 
 
-def test_a_run_dir_is_not_reused_for_a_second_run(data_dir, tmp_path, capsys):
-  _train(data_dir, tmp_path, "non_private", "--run-dir", str(tmp_path / "run"))
+def test_rerunning_a_finished_run_evaluates_it_again_and_other_settings_are_refused(
+    data_dir, tmp_path, capsys):
+  first = _train(data_dir, tmp_path, "non_private", "--run-dir", str(tmp_path / "run"))
+  again = _train(data_dir, tmp_path, "non_private", "--run-dir", str(tmp_path / "run"))
+  assert first["resumed_from_step"] == 0 and again["resumed_from_step"] == STEPS
+  assert again["run_id"] == first["run_id"] and again["auc"] == first["auc"]
   err = _error(capsys, ["train", "ctr", "--data", data_dir, "--algorithm", "non_private",
-                        "--steps", "2", "--batch-size", "64", "--hidden-units", "4",
-                        "--no-progress", "--run-dir",
-                        str(tmp_path / "run")])
-  assert "does not resume yet" in err
+                        "--steps", "2", "--batch-size", str(BATCH), "--hidden-units", "8",
+                        "--no-progress", "--run-dir", str(tmp_path / "run")])
+  assert f"steps: {STEPS} there, 2 now" in err
+
+
+KILL_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_DETERMINISTIC_OPS="1",
+                TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1")
+KILL_STEPS = 24
+
+
+def _kill_argv(data_dir, run_dir):
+  """Checkpoints every 3 steps, charges every 5: a resumed run retrains prepaid steps."""
+  return ["train", "ctr", "--data", data_dir, "--algorithm", "dp_adafest_plus", "--top-k", "260",
+          "--threshold", "2", "--epsilon", str(EPSILON), "--accountant", "rdp", "--batch-size",
+          "32", "--steps", str(KILL_STEPS), "--hidden-units", "8", "--charge-every", "5",
+          "--checkpoint-every", "3", "--insecure-noise-seed", "3", "--no-progress", "--run-dir",
+          run_dir, "--summary-json", os.path.join(run_dir, "summary.json")]
+
+
+def _kill_command(data_dir, run_dir):
+  return [sys.executable, "-m", "dprec.cli"] + _kill_argv(data_dir, run_dir)
+
+
+def _final_weights(run_dir):
+  """The model's weights and optimizer variables (slots, step) in the final checkpoint; not the
+  Keras metric states (loss/AUC/gradient-size means since the process's `fit` began)."""
+  checkpoints = os.path.join(run_dir, "checkpoints")
+  with open(os.path.join(checkpoints, "LATEST"), encoding="utf-8") as f:
+    reader = tf.train.load_checkpoint(os.path.join(checkpoints, f.read().strip(), "model"))
+  return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+          if name.startswith(("model/", "optimizer/"))
+          and not any(metric in name for metric in ("_tracker/", "_metrics/"))}
+
+
+def _charges(run_dir):
+  return [{k: v for k, v in c.items() if k not in ("time", "updated", "run_id")}
+          for c in privacy.PrivacyLedger(os.path.join(run_dir, "ledger.json")).charges]
+
+
+def test_sigkill_mid_run_and_rerun_equals_an_uninterrupted_run(data_dir, tmp_path):
+  """`train ctr --run-dir D` killed (SIGKILL) mid-run and rerun: the same weights, optimizer
+  slots and ledger as an uninterrupted run (exact with --insecure-noise-seed: same noise,
+  batches, DP top-k rows and DP base rate), no step paid twice, no charge repeated."""
+  plain, killed = str(tmp_path / "plain"), str(tmp_path / "killed")
+  reference = subprocess.Popen(_kill_command(data_dir, plain), env=KILL_ENV,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+  process = subprocess.Popen(_kill_command(data_dir, killed), env=KILL_ENV,
+                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  try:
+    first_checkpoint = os.path.join(killed, "checkpoints", "ckpt-000000")
+    deadline = time.monotonic() + 300
+    while not os.path.exists(first_checkpoint) and time.monotonic() < deadline:
+      assert process.poll() is None, "the run finished before it could be killed"
+      time.sleep(0.005)
+    os.kill(process.pid, signal.SIGKILL)
+  finally:
+    process.wait()
+  assert not os.path.exists(os.path.join(killed, "summary.json")), "killed mid-run"
+  subprocess.run(_kill_command(data_dir, killed), env=KILL_ENV, check=True, timeout=600,
+                 stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+  _, errors = reference.communicate(timeout=600)
+  assert reference.returncode == 0, errors.decode()[-2000:]
+
+  with open(os.path.join(killed, "summary.json"), encoding="utf-8") as f:
+    resumed = json.load(f)
+  with open(os.path.join(plain, "summary.json"), encoding="utf-8") as f:
+    whole = json.load(f)
+  assert 0 < resumed["resumed_from_step"] < KILL_STEPS and whole["resumed_from_step"] == 0
+  assert resumed["steps"] == whole["steps"] == KILL_STEPS
+  # The same charges: base rate, DP top-k once each, and every step paid once.
+  assert _charges(killed) == _charges(plain)
+  labels = [c["label"] for c in _charges(plain)]
+  assert labels == ["train ctr base rate", "dp-fest top-k", "train ctr dp_adafest_plus"]
+  assert _charges(plain)[-1]["steps"] == KILL_STEPS
+  assert resumed["epsilon"] == pytest.approx(whole["epsilon"], rel=1e-12)
+  expected, got = _final_weights(plain), _final_weights(killed)
+  assert expected.keys() == got.keys() and any(k.startswith("optimizer/") for k in got)
+  assert any("embeddings" in k for k in got) and any("_iterations" in k for k in got)
+  for name, value in expected.items():
+    np.testing.assert_allclose(got[name], value, rtol=1e-5, atol=1e-6, err_msg=name)
+  assert resumed["auc"] == pytest.approx(whole["auc"], rel=1e-5)
+  # A finished run rerun evaluates again and pays nothing more.
+  ledger = (tmp_path / "killed" / "ledger.json").read_bytes()
+  with pytest.warns(InsecureNoiseWarning):
+    assert cli.main(_kill_argv(data_dir, killed)) == 0
+  assert (tmp_path / "killed" / "ledger.json").read_bytes() == ledger
 
 
 def test_adambc_bias_correction_costs_no_privacy(data_dir, tmp_path):

@@ -9,6 +9,16 @@ from dprec.sparse import contribution as contribution_lib
 from dprec.sparse import kept_rows as kept_rows_lib
 from dprec.sparse import selection
 from dprec.clipping.embedding import Pairs
+from dprec.privacy.noise_key import NoiseKey
+
+# Default mode (Philox) and secure mode (exact sampling from a keyed SHAKE-256 stream).
+MODES = ["default", "secure"]
+
+
+def _generator(mode, seed):
+  if mode == "secure":
+    return NoiseKey(bytes(32)).secure_generator("test", seed)
+  return tf.random.Generator.from_seed(seed)
 
 
 def _pairs(example_rows):
@@ -61,7 +71,8 @@ def test_contribution_map_sensitivity_at_most_c1(clip):
     assert shift == pytest.approx(min(np.sqrt(len(set(batch[removed]))), clip), rel=1e-5)
 
 
-def test_false_positive_rate_in_a_billion_row_universe():
+@pytest.mark.parametrize("mode", MODES)
+def test_false_positive_rate_in_a_billion_row_universe(mode):
   """Binomial test of the number of untouched rows selected; no V-sized tensor is built
   (a 10⁹-row int64 vector alone would need 8 GB)."""
   universe = 10 ** 9
@@ -70,7 +81,7 @@ def test_false_positive_rate_in_a_billion_row_universe():
   threshold, sigma1, clip1 = 3.0, 1.5, 0.5          # τ/(σ1·C1) = 4
   rate = stats.norm.sf(threshold / (sigma1 * clip1))  # Ψ(4) ≈ 3.2e-5 → ≈ 3.2e4 rows
   assert selection.false_positive_rate(threshold, sigma1 * clip1) == pytest.approx(rate)
-  generator = tf.random.Generator.from_seed(3)
+  generator = _generator(mode, 3)
   contributions = tf.zeros([touched.size])
   keep, false_positives = selection.select_rows(
       tf.constant(touched), contributions, selection.RowUniverse(size=universe), threshold,
@@ -88,10 +99,11 @@ def test_false_positive_rate_in_a_billion_row_universe():
   assert keep.numpy().sum() < 20
 
 
-def test_untouched_sampling_is_bernoulli_per_row():
+@pytest.mark.parametrize("mode", MODES)
+def test_untouched_sampling_is_bernoulli_per_row(mode):
   """Every untouched row is selected with probability p; touched rows never are."""
   touched = tf.constant([0, 5, 6, 29], tf.int64)
-  generator = tf.random.Generator.from_seed(4)
+  generator = _generator(mode, 4)
   sample = tf.function(lambda: selection.sample_untouched(touched, 30, 0.3, generator))
   hits = np.zeros(30)
   runs = 2000
@@ -105,9 +117,10 @@ def test_untouched_sampling_is_bernoulli_per_row():
   assert selection.sample_untouched(touched, 30, 0.0, generator).numpy().size == 0
 
 
-def test_selection_threshold_on_touched_rows():
+@pytest.mark.parametrize("mode", MODES)
+def test_selection_threshold_on_touched_rows(mode):
   """Touched rows pass with probability Ψ((τ − V̂)/(σ1·C1)) (the corrected App. B.2 formula)."""
-  generator = tf.random.Generator.from_seed(5)
+  generator = _generator(mode, 5)
   contributions = tf.fill([20000], 2.0)
   keep, _ = selection.select_rows(tf.range(20000, dtype=tf.int64), contributions,
                                   selection.RowUniverse(size=20000), 2.5, 0.5, generator)
@@ -115,7 +128,8 @@ def test_selection_threshold_on_touched_rows():
   assert abs(keep.numpy().mean() - rate) < 5 * np.sqrt(rate * (1 - rate) / 20000)
 
 
-def test_adafest_plus_selects_only_inside_the_fest_set():
+@pytest.mark.parametrize("mode", MODES)
+def test_adafest_plus_selects_only_inside_the_fest_set(mode):
   layout = kept_rows_lib.TableLayout(["a", "b"], [10 ** 6, 10 ** 6])
   fest = {"a": np.arange(0, 10 ** 6, 3), "b": np.arange(5, 200)}
   config = DPAdaFESTPlus(1.0, 1.0, contribution_clip=1.0, contribution_noise_multiplier=1.0,
@@ -125,7 +139,7 @@ def test_adafest_plus_selects_only_inside_the_fest_set():
            Pairs(tf.constant([0, 1], tf.int64), tf.constant([7, 10 ** 6 - 1], tf.int64),
                  tf.constant([0, 1], tf.int64))]
   kept = kept_rows_lib.select_kept_rows(config, layout, pairs, 2,
-                                        tf.random.Generator.from_seed(6))
+                                        _generator(mode, 6))
   for table, result in zip(["a", "b"], kept):
     rows = result.rows.numpy()
     assert np.all(np.isin(rows, fest[table])) and np.all(np.diff(rows) > 0)

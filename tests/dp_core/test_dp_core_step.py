@@ -49,15 +49,17 @@ def _clipped_sum(model, x, y):
   return {v.name: tf.convert_to_tensor(g).numpy() for g, v in grads}
 
 
+@pytest.mark.parametrize("secure", [False, True], ids=["default", "secure"])
 @pytest.mark.parametrize("selected, offset", [
     (None, None), ({"a0": [0, 1, 2], "m": [0, 3, 4, 5]}, None), (None, 0.01)],
                          ids=["dp_sgd", "dp_fest", "dp_sgd_normalized"])
-def test_clipped_sum_and_sensitivity(lib, selected, offset):
+def test_clipped_sum_and_sensitivity(lib, selected, offset, secure):
   clip = 0.05
   config = (DPSGD(clip, 0.0, normalization_offset=offset) if selected is None
             else DPFEST(clip, 0.0, selected))
   model = lib.build_model()
-  model.compile(DPOptimizer(config, SparseSGD(0.1), expected_batch_size=1.0), loss=lib.loss)
+  model.compile(DPOptimizer(config, SparseSGD(0.1), expected_batch_size=1.0,
+                            secure_noise=secure), loss=lib.loss)
   x, y = lib.make_batch(n=8)
   full = _clipped_sum(model, x, y)
   # The clipped sum equals the brute-force sum of clipped (or normalised), masked per-example
@@ -87,7 +89,8 @@ def _wide_model(vocab=100000, dim=4):
   return DPModel(ids, tf.keras.layers.Dense(1)(h))
 
 
-def test_sparse_noise_on_kept_rows_only(lib):
+@pytest.mark.parametrize("secure", [False, True], ids=["default", "secure"])
+def test_sparse_noise_on_kept_rows_only(lib, secure):
   """σ2·C2 noise on every kept row (false positives included) and on dense variables;
   the update leaves every other row bit-for-bit unchanged."""
   sigma2, clip2, batch = 3.0, 0.5, 4.0
@@ -95,7 +98,7 @@ def test_sparse_noise_on_kept_rows_only(lib):
                      threshold=1.6449)  # Ψ(1.6449) = 5%: ≈ 5,000 false positives of 100,000
   model = _wide_model()
   model.compile(DPOptimizer(config, SparseSGD(1.0), expected_batch_size=batch,
-                            insecure_noise_seed=1),
+                            insecure_noise_seed=1, secure_noise=secure),
                 loss=lib.loss)
   x = tf.constant([[1, 2], [3, 3], [1, 4], [5, 6]], tf.int64)
   y = tf.constant([[1.0], [0.0], [1.0], [0.0]])
@@ -119,10 +122,11 @@ def test_sparse_noise_on_kept_rows_only(lib):
   np.testing.assert_array_equal(before[untouched], after[untouched])
 
 
-def test_dp_sgd_noise_is_dense(lib):
+@pytest.mark.parametrize("secure", [False, True], ids=["default", "secure"])
+def test_dp_sgd_noise_is_dense(lib, secure):
   model = _wide_model(vocab=2000, dim=8)
   model.compile(DPOptimizer(DPSGD(0.5, 2.0), SparseSGD(1.0), expected_batch_size=1.0,
-                            insecure_noise_seed=2),
+                            insecure_noise_seed=2, secure_noise=secure),
                 loss=lib.loss)
   x = tf.constant([[1, 2], [3, 3]], tf.int64)
   grads = {v.name: g for g, v in model.dp_gradients(x, tf.constant([[1.0], [0.0]]))}
@@ -235,3 +239,20 @@ def test_frozen_batch_normalization_is_accepted():
   model.fit(np.ones((8, 3), np.float32), np.zeros((8, 1), np.float32), batch_size=8, verbose=0)
   for old, new in zip(before, frozen.non_trainable_weights):
     np.testing.assert_array_equal(old, new.numpy())
+
+
+def test_secure_noise_steps_are_reproducible_from_the_key(lib):
+  """Secure mode draws each noise tensor from its own keyed stream, in program order: the same
+  key gives the same weights after two DP-AdaFEST steps (what exact resume relies on)."""
+  config = DPAdaFEST(0.5, 1.0, contribution_clip=1.0, contribution_noise_multiplier=2.0,
+                     threshold=1.0)
+  x, y = lib.make_batch(n=12)
+  weights = []
+  for _ in range(2):
+    model = lib.build_model()
+    model.compile(DPOptimizer(config, SparseSGD(0.1), expected_batch_size=6.0,
+                              insecure_noise_seed=5, secure_noise=True), loss=lib.loss)
+    model.fit(x, y, batch_size=6, epochs=1, verbose=0, shuffle=False)
+    weights.append([w.numpy() for w in model.trainable_variables])
+  for a, b in zip(*weights):
+    np.testing.assert_array_equal(a, b)

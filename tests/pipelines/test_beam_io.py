@@ -60,10 +60,19 @@ def test_inputs_from_directory_glob_and_day_names(tmp_path):
     beam_io.match_inputs(str(tmp_path / "missing_*"))
 
 
-def test_default_options_are_the_multiprocess_embedded_runner():
+def test_default_options_are_the_multiprocess_embedded_runner_unless_told_otherwise():
   options = beam_io.pipeline_options([]).get_all_options()
   assert options["runner"] == beam_io.EMBEDDED_RUNNER
   assert options["direct_num_workers"] == 2
   assert options["direct_running_mode"] == "multi_processing"
   passed = beam_io.pipeline_options(["--runner=DataflowRunner", "--project=p"]).get_all_options()
   assert passed["runner"] == "DataflowRunner" and passed["project"] == "p"
+  in_process = beam_io.pipeline_options([], embedded=("in_memory", 1)).get_all_options()
+  assert (in_process["direct_running_mode"], in_process["direct_num_workers"]) == ("in_memory", 1)
+  given = beam_io.pipeline_options(["--direct_num_workers=3"], embedded=("in_memory", 1))
+  assert given.get_all_options()["direct_num_workers"] == 3
+  # The streaming job watches in its own process on these, and runs one pipeline on the others.
+  for runner, embedded in [(None, True), ("DirectRunner", True), ("DataflowRunner", False),
+                           ("FlinkRunner", False), ("PrismRunner", False)]:
+    args = [] if runner is None else [f"--runner={runner}"]
+    assert beam_io.is_embedded(beam_io.pipeline_options(args)) == embedded, runner

@@ -75,3 +75,17 @@ def test_clipped_dp_step_equals_brute_force_per_example_clipping(config):
   update = _step(_model(weights, **config), optimizer)
   for got, want in zip(update, expected):
     np.testing.assert_allclose(got, want, atol=2e-6)
+
+
+@pytest.mark.parametrize("secure", [False, True], ids=["default", "secure"])
+def test_noised_step_adds_gaussian_noise_of_std_sigma_c(secure):
+  """The noisy update minus the noise-free one is N(0, (σC/B)²) on every coordinate (the
+  Phantom-clipped tied table included), in default and in secure (exact) noise mode."""
+  weights = _model().get_weights()
+  clip, sigma, batch = 0.5, 2.0, len(ITEMS)
+  updates = [_step(_model(weights), DPOptimizer(
+      DPSGD(clip, noise), tf.keras.optimizers.SGD(1.0), expected_batch_size=batch,
+      insecure_noise_seed=0, secure_noise=secure and noise > 0)) for noise in (0.0, sigma)]
+  noise = np.concatenate([(a - b).ravel() for a, b in zip(updates[1], updates[0])]) * batch
+  assert noise.size > 1000 and np.std(noise) == pytest.approx(sigma * clip, rel=0.1)
+  assert abs(np.mean(noise)) < 5 * sigma * clip / np.sqrt(noise.size)

@@ -8,10 +8,11 @@ import pytest
 import tensorflow as tf
 
 from dprec import cli
-from dprec.data.sequences import load_sequences, read_item_frequencies
+from dprec.data.sequences import load_sequences, make_examples, read_item_frequencies
 from dprec.errors import DprecError
-from dprec.models import seqrec_cli
 from dprec.privacy import PrivacyLedger, user_histogram
+from dprec.training import checkpoint as ckpt_lib
+from dprec.workflows import item_frequencies
 
 SMALL = ["--epochs", "1", "--max-len", "8", "--dim", "8", "--blocks", "1", "--no-progress"]
 TINY = SMALL + ["--batch-size", "32"]
@@ -90,20 +91,20 @@ def test_trained_model_holds_dp_frequencies_charged_to_the_ledger(data_dir, tmp_
                                                                   monkeypatch):
   run_dir = str(tmp_path / "run")
   ledger_path = os.path.join(run_dir, "ledger.json")
-  commit = seqrec_cli.ckpt_lib.CheckpointManager.commit
+  commit = ckpt_lib.CheckpointManager.commit
 
   def commit_after_the_charge(manager, *args, **kwargs):  # every checkpoint holds the noisy p_i
     labels = [c["label"] for c in PrivacyLedger(ledger_path).charges]
-    assert seqrec_cli.FREQUENCIES_LABEL in labels, "a checkpoint before the histogram's charge"
+    assert item_frequencies.LABEL in labels, "a checkpoint before the histogram's charge"
     return commit(manager, *args, **kwargs)
 
-  monkeypatch.setattr(seqrec_cli.ckpt_lib.CheckpointManager, "commit", commit_after_the_charge)
+  monkeypatch.setattr(ckpt_lib.CheckpointManager, "commit", commit_after_the_charge)
   code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "5", "--run-dir",
                    run_dir] + TINY)
   assert code == 0
   summary = json.loads(capsys.readouterr().out)
   data = load_sequences(data_dir)
-  examples = seqrec_cli.make_examples(data, 8)
+  examples = make_examples(data, 8)
   n = len(examples.items)
   exact = user_histogram.users_per_item(examples.items, data.num_items) / n
   trained = _trained_frequencies(run_dir, summary)
@@ -156,11 +157,14 @@ def test_frequency_file_must_cover_every_item(data_dir, tmp_path):
     read_item_frequencies(str(path), data.item_ids)
 
 
-def test_adambc_optimizer_and_low_rank_item_table_run(data_dir, tmp_path, capsys):
-  """`--optimizer adambc` (DP-AdamBC, seed 002, same schedule and weight decay) and
-  `--item-rank` (issue 15), together to spare a run; their steps are tested on their own."""
+def test_adambc_optimizer_low_rank_item_table_and_secure_noise_run(data_dir, tmp_path, capsys):
+  """`--optimizer adambc` (DP-AdamBC, seed 002, same schedule and weight decay),
+  `--item-rank` (issue 15) and `--secure-noise` (issue 13), together to spare a run; their
+  steps are tested on their own."""
   code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "5", "--optimizer",
-                   "adambc", "--adambc-floor", "1e-7", "--item-rank", "4"] + TINY)
+                   "adambc", "--adambc-floor", "1e-7", "--item-rank", "4", "--secure-noise"]
+                  + TINY)
   assert code == 0
   summary = json.loads(capsys.readouterr().out)
+  assert summary["secure_noise"] is True
   assert np.isfinite(summary["ndcg_at_10"]) and 0 < summary["epsilon"] <= 5 * (1 + 1e-6)

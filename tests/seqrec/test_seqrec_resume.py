@@ -10,7 +10,8 @@ import tensorflow as tf
 
 from dprec.data import identity
 from dprec.errors import BudgetExceededError, DprecError
-from dprec.models.seqrec_cli import SeqRecTrainOptions, options_from_checkpoint, train_seqrec
+from dprec.workflows.seqrec import SeqRecTrainOptions, options_from_checkpoint
+from dprec.workflows.seqrec import run as train_seqrec
 from dprec.privacy import PrivacyLedger
 from dprec.privacy.ledger import PREPROCESSING
 from dprec.privacy.noise_key import InsecureNoiseWarning

@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
-from dprec.training.plan import plan_stream
 from dprec.training.streaming import PeriodModel, StreamConfig, StreamingTrainer
+from dprec.workflows.plan import plan_stream
+from dprec.workflows.run import Run
 
 FEATURES = 3
 
@@ -125,10 +126,10 @@ def make_trainer(run_dir, epsilon_total, source, train_periods=None, checkpoint_
                      examples_per_period=source.period(0).examples, batch_size=batch_size,
                      noise_multiplier=noise_multiplier, accountant=accountant)
   model = StandInModel(noise_multiplier=plan.noise_multiplier)
-  config = StreamConfig(run_dir=run_dir, seed=3, checkpoint_every=checkpoint_every,
-                        train_periods=train_periods, ledger_path=ledger_path,
-                        insecure_noise_seed=insecure_noise_seed, diagnostics=diagnostics)
-  return StreamingTrainer(model, source, plan, config)
+  config = StreamConfig(checkpoint_every=checkpoint_every, train_periods=train_periods,
+                        diagnostics=diagnostics)
+  run = Run("stream", run_dir, ledger_path, insecure_noise_seed)
+  return StreamingTrainer(model, source, plan, config, run)
 
 
 @pytest.fixture

@@ -10,7 +10,9 @@ from dprec.data import criteo_tfrecord
 from dprec.data import identity
 from dprec.data.criteo import CATEGORICAL_FEATURES
 from dprec.privacy.ledger import PREPROCESSING
-from dprec.training import stream_cli
+from dprec.training.period_source import BeamStreamSource
+from dprec.workflows import run as run_lib
+from dprec.workflows import stream
 
 
 def test_help_names_the_interface(capsys):
@@ -20,14 +22,16 @@ def test_help_names_the_interface(capsys):
   out = capsys.readouterr().out
   for flag in ("--data", "--algorithm", "--epsilon-total", "--period-days", "--summary-json",
                "--train-days", "--checkpoint-every", "--top-k", "--insecure-noise-seed",
-               "--diagnostics"):
+               "--secure-noise", "--diagnostics"):
     assert flag in out
 
 
 @pytest.mark.parametrize("extra, message", [
     (["--algorithm", "dp_sgd", "--train-days", "3"], "needs a positive --epsilon-total"),
     (["--algorithm", "dp_fest", "--epsilon-total", "1", "--train-days", "3"], "needs --top-k"),
-    (["--algorithm", "dp_sgd", "--epsilon-total", "1"], "--expected-periods"),
+    (["--algorithm", "dp_sgd", "--epsilon-total", "1"], "no complete day yet; give --expected"),
+    (["--algorithm", "dp_sgd", "--epsilon-total", "1", "--idle-timeout", "5"],
+     "a live stream (--idle-timeout > 0) needs --expected-periods"),
     (["--algorithm", "dp_sgd", "--epsilon-total", "1", "--train-days", "3"],
      "no complete period yet"),
 ])
@@ -53,17 +57,17 @@ def test_the_plan_composes_what_the_ledger_spent_on_the_data_before(tmp_path):
   dataset = identity.dataset_identity(data)
   privacy.PrivacyLedger(ledger, 1.0, 1e-5, "rdp", run_id=dataset["id"], marks={
       "stage": PREPROCESSING, "dataset": dataset}).charge_pure(0.2, label="dp top-k vocabulary")
-  args = cli.build_parser().parse_args([
-      "stream", "--data", data, "--run-dir", str(tmp_path / "run"), "--ledger", ledger,
-      "--algorithm", "dp_sgd", "--epsilon-total", "1", "--train-days", "2", "--batch-size", "30",
-      "--accountant", "rdp", "--no-progress"])
-  trainer = stream_cli.build_trainer(args)
-  plan = trainer.plan
-  assert plan.delta == 1e-5 and plan.spent == privacy.Spent(selections=((0.2, 0.0),))
-  gaussian = privacy.compute_epsilon(plan.noise_multiplier, plan.sampling_rate,
-                                     2 * plan.steps_per_period, 1e-5, accountant="rdp").epsilon
-  assert gaussian == pytest.approx(0.8, rel=5e-3) and gaussian <= 0.8 + 1e-9
-  assert plan.planned_epsilon() == pytest.approx(gaussian + 0.2, rel=1e-6)
-  summary = trainer.summary()  # before any period: the vocabulary's part is reported
+  options = stream.StreamOptions(
+      data=data, run_dir=str(tmp_path / "run"), ledger=ledger, algorithm="dp_sgd",
+      epsilon_total=1.0, train_days=2, batch_size=30, accountant="rdp", progress=False)
+  source = BeamStreamSource(data, options.period_days, options.train_days)
+  with run_lib.Run(stream.COMMAND, options.run_dir, ledger, data=data) as run:
+    plan = stream.plan_privacy(options, source, 2, run)
+    assert plan.delta == 1e-5 and plan.spent == privacy.Spent(selections=((0.2, 0.0),))
+    gaussian = privacy.compute_epsilon(plan.noise_multiplier, plan.sampling_rate,
+                                       2 * plan.steps_per_period, 1e-5, accountant="rdp").epsilon
+    assert gaussian == pytest.approx(0.8, rel=5e-3) and gaussian <= 0.8 + 1e-9
+    assert plan.planned_epsilon() == pytest.approx(gaussian + 0.2, rel=1e-6)
+    summary = stream.build_trainer(options, source, plan, run).summary()  # before any period
   assert summary["epsilon"] == pytest.approx(0.2) and summary["dataset"]["id"] == "stream-data"
   assert summary["epsilon_parts"]["preprocessing_selection"]["epsilon"] == 0.2

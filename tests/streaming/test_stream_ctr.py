@@ -3,10 +3,11 @@ without losing what was learned (seed 001 §4.3 streaming-based frequency inform
 import numpy as np
 
 from dprec.training.period_source import ArrayPeriodSource
-from dprec.training.plan import plan_stream
-from dprec.models.ctr_cli import CTRTrainOptions
-from dprec.training.stream_models import CTRPeriodModel
 from dprec.training.streaming import StreamConfig, StreamingTrainer
+from dprec.workflows.ctr import CTRTrainOptions
+from dprec.workflows.plan import plan_stream
+from dprec.workflows.run import Run
+from dprec.workflows.stream import CTRPeriodModel
 
 
 def _days(num_days=3, rows=300, seed=1):
@@ -66,8 +67,9 @@ def test_refreshing_the_top_k_set_keeps_learned_rows(tmp_path):
       ends[period] = model.tables()
       ends[f"dense {period}"] = model.dense()
 
-  config = StreamConfig(run_dir=str(tmp_path), top_k=3, train_periods=2, headroom=1.0)
-  summary = StreamingTrainer(model, source, plan, config, progress=progress).run()
+  config = StreamConfig(top_k=3, train_periods=2, headroom=1.0)
+  run = Run("stream", str(tmp_path))
+  summary = StreamingTrainer(model, source, plan, config, run, progress=progress).run()
   assert summary["periods_trained"] == 2
   for before, after in zip(ends["dense 0"], model.dense_at_refresh[1]):  # dense layers carried
     np.testing.assert_array_equal(after, before)

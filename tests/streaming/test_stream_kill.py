@@ -146,3 +146,15 @@ def test_cli_runs_with_the_same_arguments_differ_unless_given_an_insecure_seed(s
   for name, value in third_weights.items():
     np.testing.assert_array_equal(fourth_weights[name], value, err_msg=name)
   assert third["private"] is False and "--insecure-noise-seed 3" in third["privacy_note"]
+
+
+def test_a_finished_output_plans_for_the_days_it_holds(stream_output, tmp_path):
+  """Not a live stream (--idle-timeout 0) and neither --expected-periods nor --train-days: the
+  budget lasts the periods of the days present, and the summary says where that came from."""
+  from dprec import cli  # pylint: disable=import-outside-toplevel
+  command = _command(stream_output, str(tmp_path))[3:]
+  at = command.index("--train-days")
+  assert cli.main(command[:at] + command[at + 2:]) == 0
+  summary = _summary(str(tmp_path))
+  assert summary["expected_periods"] == 3 and summary["periods_trained"] == 3
+  assert summary["expected_periods_from"].startswith("the 3 days in ")

@@ -10,7 +10,7 @@ from dprec import atomic_io
 from dprec import privacy
 from dprec.errors import DprecError
 from dprec.training import checkpoint as ckpt_lib
-from dprec.training.plan import plan_stream
+from dprec.workflows.plan import plan_stream
 
 
 def _direct_epsilon(sigma, q, steps, delta, accountant="pld"):

@@ -10,8 +10,9 @@ import pytest
 from dprec import privacy
 from dprec.privacy.noise_key import InsecureNoiseWarning
 from dprec.training.period_source import ArrayPeriodSource
-from dprec.training.plan import plan_stream
 from dprec.training.streaming import StreamConfig, StreamingTrainer
+from dprec.workflows.plan import plan_stream
+from dprec.workflows.run import Run
 
 NOT_PRIVATE_FIELDS = {"examples", "train_loss", "mean_batch_size", "batch_size"}
 
@@ -106,9 +107,9 @@ def test_dp_top_k_refreshes_draw_over_the_whole_id_domain(tmp_path, standin):
     plan = plan_stream(60.0, 1e-5, expected_periods=1, examples_per_period=400, batch_size=40,
                        noise_multiplier=2.0, selection_epsilon=selection_epsilon)
     model = standin.StandInModel(noise_multiplier=plan.noise_multiplier)
-    config = StreamConfig(run_dir=str(tmp_path / f"eps{selection_epsilon}"), top_k=2,
-                          train_periods=1)
-    StreamingTrainer(model, source, plan, config).run()
+    config = StreamConfig(top_k=2, train_periods=1)
+    run = Run("stream", str(tmp_path / f"eps{selection_epsilon}"))
+    StreamingTrainer(model, source, plan, config, run).run()
     return model.selected
 
   small = selected(0.5)  # Gumbel scale 3·2/0.5 = 12: the max of 2^32 zeros is ≈ 270

@@ -1,12 +1,12 @@
-"""DP-Forward training of the sequential recommender (seed 003): data, plan, ledger, summary.
+"""DP-Forward training of the sequential recommender (seed 003): labels, plan, releases, summary.
 
 The user's side (encoder up to the `ForwardNoise` layer, `SeqRecConfig.dp_forward`) releases one
 noised representation per user per epoch, with its next-item label; the service trains the rest
 with ordinary steps. Each epoch is one pass over the users in fixed-size shuffled batches, so
 every user is released at most once per epoch (the remainder of N/B waits for the next epoch),
 and E epochs cost the E-fold Gaussian composition (`dprec.privacy.forward`). The ledger is
-charged one release at the start of each epoch (plus ε2 once if labels go through randomized
-response). Only the last label of each sequence is kept: the earlier ones are its own items.
+charged one release at the start of each epoch (`EpochReleaseCallback`; plus ε2 once, paid by the
+`train seqrec` workflow, if labels go through randomized response). Only the last label of each sequence is kept: the earlier ones are its own items.
 
 The guarantee is SeqLDP, per user and local, not central DP: it must never be read as DP-SGD's.
 """
@@ -19,10 +19,12 @@ import numpy as np
 import tensorflow as tf
 
 from dprec import atomic_io
-from dprec.errors import BudgetExceededError, DprecError
+from dprec.data.sequences import read_item_frequencies
+from dprec.errors import DprecError
 from dprec.layers.forward_noise import DPForwardConfig
 from dprec.privacy import forward as forward_privacy
 from dprec.privacy import label_rr
+from dprec.workflows import plan as plan_lib
 
 PRIOR_NOTE = ("label prior: the training item frequencies, treated as public as Re-Attention "
               "treats them (note 000 Remark A.2); a private prior is not covered by epsilon2")
@@ -58,6 +60,25 @@ def plan(target_epsilon, delta, epochs, options: DPForwardOptions, accountant="p
     raise DprecError(str(error)) from error
   return forward_privacy.plan_forward(target_epsilon, delta, epochs, options.norm_bound,
                                       options.label_epsilon, accountant)
+
+
+def plan_run(options, delta, num_examples) -> plan_lib.PrivacyPlan:
+  """The `train seqrec --dp-forward` plan: `plan`'s σ for the E epoch releases, T = E·⌊N/B⌋
+  service steps (`options`: the run's `SeqRecTrainOptions`)."""
+  forward = plan(options.epsilon, delta, options.epochs, options.dp_forward, options.accountant)
+  return plan_lib.PrivacyPlan(
+      options.epsilon, delta, options.batch_size / num_examples,
+      forward.epochs * steps_per_epoch(num_examples, options.batch_size),
+      forward.noise_multiplier, examples_per_period=num_examples, batch_size=options.batch_size,
+      accountant=options.accountant, poisson=not options.fixed_batches, forward=forward)
+
+
+def label_prior(item_frequencies, item_ids, num_items):
+  """RR-with-prior's prior over items (note 003 §3.4): it must not come from the private labels,
+  so the public item frequency file `item_frequencies` (None: uniform)."""
+  if item_frequencies is not None:
+    return read_item_frequencies(item_frequencies, item_ids)
+  return np.full(num_items + 1, 1.0 / num_items)
 
 
 def training_labels(labels, item_frequencies, label_epsilon=0.0, rng=None, saved=None):
@@ -110,21 +131,16 @@ class EpochReleaseCallback(tf.keras.callbacks.Callback):
       logs["epsilon"] = self.ledger.epsilon_spent()
 
 
-def prepare_ledger(ledger, forward_plan, epochs_paid, label_paid, label):
-  """Refuses a run whose unpaid releases do not fit the budget; charges ε2 once."""
-  unpaid = forward_plan.epochs - epochs_paid
-  planned = ledger.epsilon_spent()
-  if unpaid > 0:
-    planned = ledger.epsilon_if_charged(forward_plan.noise_multiplier,
-                                        forward_privacy.RELEASE_SAMPLING_RATE, unpaid, label=label)
-  if not label_paid:
-    planned += forward_plan.label_epsilon
-  if planned > ledger.epsilon_budget * (1 + 1e-6):
-    raise BudgetExceededError(
-        f"{ledger.path}: the planned DP-Forward run would bring the ledger to ε={planned:.4g} > "
-        f"budget {ledger.epsilon_budget:g} (already spent {ledger.epsilon_spent():.4g})")
-  if forward_plan.label_epsilon and not label_paid:
-    ledger.charge_pure(forward_plan.label_epsilon, label=label + " labels")
+def pay_before_training(run, plan, label, start_step, steps_per_epoch_):
+  """Refuses (before any charge) a run whose unpaid releases and label ε2 exceed the ledger's
+  budget, pays ε2 once (label `label labels`) and returns the `EpochReleaseCallback` paying one
+  release per epoch under `label`; a resumed run pays nothing twice."""
+  labels = {f"{label} labels": plan.forward.label_epsilon}
+  run.check_budget(plan, label, plan.forward.epochs, labels,
+                   sampling_rate=forward_privacy.RELEASE_SAMPLING_RATE)
+  run.pay_once(plan, {name: (epsilon, 0.0) for name, epsilon in labels.items()})
+  return EpochReleaseCallback(run.ledger, plan.forward, steps_per_epoch_, label, start_step,
+                              run.steps_paid(run.ledger, label))
 
 
 def summary(forward_plan, options: DPForwardOptions):
@@ -148,40 +164,3 @@ def summary(forward_plan, options: DPForwardOptions):
                                 "(inference_epsilon_per_query, delta)-LDP per query, on top of "
                                 "training")
   return report
-
-
-def add_arguments(parser):
-  """`--dp-forward` and its settings, for `dprec train seqrec`."""
-  group = parser.add_argument_group(
-      "DP-Forward (seed 003)", "noise on each user's representation instead of on gradients: "
-      "SeqLDP per user (local DP of the sequence; the next-item label is sent in the clear "
-      "unless --label-epsilon), not central DP; the service trains with non-private steps. "
-      "Implies --loss-positions last and no Re-Attention; --epochs must be whole")
-  add = group.add_argument
-  add("--dp-forward", action="store_true", help="train with DP-Forward instead of DP-SGD")
-  add("--forward-position", choices=("output", "attention"), default="output",
-      help="noise the user representation (output) or the first attention output, residual "
-           "removed (attention) (default: output)")
-  add("--forward-norm-bound", type=float, default=1.0, metavar="C",
-      help="Frobenius norm C of the representation; sensitivity 2C (default: 1)")
-  add("--forward-clip", action="store_true",
-      help="clip the representation to norm <= C instead of normalising it to C")
-  add("--forward-reduced-dim", type=int, metavar="D",
-      help="trainable projection to D dimensions before the noise (default: none)")
-  add("--forward-encoder-updates", choices=("none", "trusted"), default="none",
-      help="none: the user's side gets no gradients (covered by SeqLDP); trusted: the paper's "
-           "experiments, encoder gradients from raw sequences (needs a trusted party) "
-           "(default: none)")
-  add("--no-inference-noise", action="store_true",
-      help="evaluate on clean representations (default: noised, each query (eps, delta)-LDP)")
-  add("--label-epsilon", type=float, default=0.0, metavar="E2",
-      help="randomized response with a prior on the label at epsilon2, deducted from --epsilon "
-           "(full LDP, epsilon1 + epsilon2; default 0: label in the clear)")
-
-
-def options_from_args(args):
-  return DPForwardOptions(
-      position=args.forward_position, norm_bound=args.forward_norm_bound,
-      bound="clip" if args.forward_clip else "normalize",
-      at_inference=not args.no_inference_noise, reduced_dim=args.forward_reduced_dim,
-      encoder_updates=args.forward_encoder_updates, label_epsilon=args.label_epsilon)

@@ -1,0 +1,51 @@
+"""The training days and the held-out last day of a pCTR run, from either input format.
+
+`load_data` reads a directory of Criteo TSV `day_N` files (vocabularies built from the training
+days unless a saved, public one is given) or the output directory of `dprec preprocess criteo`
+(its `manifest.json`, TFRecords and vocabulary); both yield `dprec.data.criteo.transform` dicts.
+"""
+import dataclasses
+import os
+from typing import Dict, Optional, Tuple
+
+import numpy as np
+
+from dprec.errors import DprecError
+
+
+@dataclasses.dataclass
+class CTRData:
+  """Training and held-out arrays (`dprec.data.criteo.transform` dicts) and table sizes."""
+  train: Dict[str, np.ndarray]
+  eval: Dict[str, np.ndarray]
+  vocab_sizes: Tuple[int, ...]
+  source: str
+
+
+def load_data(directory: str, vocab_dir: Optional[str] = None, min_count: int = 1) -> CTRData:
+  """Reads `directory`: a Beam output (manifest.json) or Criteo TSV day files; last day = eval."""
+  if not os.path.isdir(directory):
+    raise DprecError(f"{directory}: --data must be a directory")
+  if os.path.exists(os.path.join(directory, "manifest.json")):
+    from dprec.data import criteo_tfrecord  # pylint: disable=import-outside-toplevel
+    manifest = criteo_tfrecord.load_manifest(directory)
+    days = [entry["day"] for entry in manifest["days"]]
+    if len(days) < 2:
+      raise DprecError(f"{directory}/manifest.json: need at least 2 days (the last is held out)")
+
+    def read(selected):
+      batches = list(criteo_tfrecord.criteo_tfrecord_dataset(directory, selected, 65536)
+                     .as_numpy_iterator())
+      return {key: np.concatenate([np.asarray(b[key]) for b in batches]) for key in batches[0]}
+    return CTRData(read(days[:-1]), read(days[-1:]), tuple(criteo_tfrecord.vocab_sizes(manifest)),
+                   "beam-manifest")
+  from dprec.data import criteo  # pylint: disable=import-outside-toplevel
+  files = criteo.criteo_day_files(directory)
+  if len(files) < 2:
+    raise DprecError(f"{directory}: need at least 2 day_N files (the last is held out)")
+  vocab = (criteo.CriteoVocabulary.load(vocab_dir) if vocab_dir
+           else criteo.CriteoVocabulary.build(files[:-1], min_count=min_count))
+  train, held_out = criteo.load_criteo(files[:-1], vocab), criteo.load_criteo(files[-1:], vocab)
+  if not len(train["label"]) or not len(held_out["label"]):
+    raise DprecError(f"{directory}: the training days and the held-out day must not be empty")
+  return CTRData(train, held_out, vocab.sizes, "criteo-tsv")

@@ -1,0 +1,263 @@
+"""`train ctr`: the pCTR model on Criteo data with one of seed 001's algorithms.
+
+`data` is a directory of Criteo TSV `day_N` files (vocabularies built in-process from the training
+days; the last day is held out for evaluation) or a Beam preprocessing output directory (its
+`manifest.json`). σ comes from ε (`dprec.workflows.plan`: σ1, σ2 at ratio r for DP-AdaFEST); the
+ledger is charged as training proceeds and training stops at the budget. `run` returns the JSON
+summary.
+
+The noise, false positives, Poisson batches, DP top-k draws and the DP base rate come from the
+run's secret key (`dprec.workflows.run.Run`); `seed` seeds only initialisation. With a run
+directory the run checkpoints every `checkpoint_every` steps, and the same options resume a killed
+run from its last checkpoint on the batches and noise an uninterrupted run would have used, paying
+no step twice.
+"""
+import dataclasses
+import math
+import os
+from typing import Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from dprec import privacy
+from dprec.data.ctr_data import CTRData, load_data
+from dprec.errors import DprecError
+from dprec.models import ctr
+from dprec.optimizers import config as config_lib
+from dprec.optimizers import sparse as sparse_optimizers
+from dprec.optimizers.dp_optimizer import DPOptimizer
+from dprec.sparse import fest
+from dprec.training import poisson
+from dprec.workflows import plan as plan_lib
+from dprec.workflows import run as run_lib
+
+COMMAND = "train ctr"
+ALGORITHMS = ("non_private", "dp_sgd", "dp_fest", "dp_adafest", "dp_adafest_plus")
+FEST_ALGORITHMS = ("dp_fest", "dp_adafest_plus")
+OPTIMIZERS = {"sgd": sparse_optimizers.SparseSGD, "adagrad": sparse_optimizers.SparseAdagrad,
+              "adam": sparse_optimizers.LazyAdam, "adambc": sparse_optimizers.AdamBC}
+LOGIT_INITS = ("base_rate", "default")
+BASE_RATE_LABEL = "train ctr base rate"
+SELECTION_LABEL = "dp-fest top-k"
+VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-k-epsilon 0) are "
+                   "treated as public, as seed 001 does, unless dataset.vocab_privacy says the "
+                   "vocabulary is DP (its epsilon is then in epsilon_parts); build them from "
+                   "public data or by DP top-k for a guarantee that covers them")
+EPSILON_COVERS = {
+    "epsilon": "(epsilon, delta)-DP for adding or removing one training example (row), "
+               "covering the model, the DP top-k rows and every field listed under 'covered'",
+    "covered": ["auc", "eval_loss", "gradient_size", "gradient_size_reduction", "steps",
+                "stopped_at_budget"],
+    "public": ["settings", "noise multipliers", "train_rows and eval_rows (N, assumed public)",
+               "dense_embedding_size", "timings"],
+    "held_out_evaluation": "auc and eval_loss are computed on the last day, which is not "
+                           "training data of this run (that day itself is not protected)",
+    "not_covered": "diagnostics_nonprivate (only with --diagnostics): exact training loss/AUC",
+}
+
+
+@dataclasses.dataclass
+class CTRTrainOptions(run_lib.FitOptions):
+  """Everything `dprec train ctr` accepts (see `dprec.workflows.ctr_cli` for each field)."""
+  NOT_FINGERPRINTED = run_lib.FitOptions.NOT_FINGERPRINTED + ("vocab", "log_dir",
+                                                              "eval_batch_size")
+  data: str
+  algorithm: str = "dp_adafest"
+  epsilon: Optional[float] = None
+  delta: Optional[float] = None
+  batch_size: int = 2048
+  steps: int = 1000
+  ratio: float = 5.0
+  threshold: float = 15.0
+  contribution_clip: float = 1.0
+  l2_norm_clip: float = 10.0  # calibration: see BENCHMARKS.md "Calibrated DP pCTR"
+  learning_rate: float = 3e-4
+  optimizer: str = "adam"
+  adambc_floor: float = sparse_optimizers.ADAMBC_FLOOR
+  logit_init: str = "base_rate"
+  base_rate_share: float = 0.01
+  top_k: Optional[int] = None
+  top_k_epsilon: float = 0.1
+  vocab: Optional[str] = None
+  vocab_min_count: int = 1
+  hidden_units: Tuple[int, ...] = (598, 598, 598, 598)
+  eval_batch_size: int = 8192
+  log_dir: Optional[str] = None
+
+  @property
+  def private(self):
+    return self.algorithm != "non_private"
+
+  def validate(self):
+    super().validate()
+    for name, value, allowed in (("algorithm", self.algorithm, ALGORITHMS),
+                                 ("optimizer", self.optimizer, OPTIMIZERS),
+                                 ("logit-init", self.logit_init, LOGIT_INITS)):
+      if value not in allowed:
+        raise DprecError(f"--{name} must be one of {', '.join(allowed)}, got {value}")
+    if not self.adambc_floor > 0:
+      raise DprecError(f"--adambc-floor must be positive, got {self.adambc_floor}")
+    if not 0 < self.base_rate_share < 1:
+      raise DprecError(f"--base-rate-share must be in (0, 1), got {self.base_rate_share}")
+    if self.batch_size < 1 or self.steps < 1:
+      raise DprecError("--batch-size and --steps must be positive")
+    if self.private and (self.epsilon is None or not self.epsilon > 0):
+      raise DprecError(f"--algorithm {self.algorithm} needs a positive --epsilon")
+    if self.delta is not None and not 0 < self.delta < 1:
+      raise DprecError(f"--delta must be in (0, 1), got {self.delta}")
+    if self.algorithm in FEST_ALGORITHMS and not (self.top_k or 0) > 0:
+      raise DprecError(f"--algorithm {self.algorithm} needs --top-k (rows kept over all tables)")
+    if self.top_k_epsilon < 0:
+      raise DprecError("--top-k-epsilon must be >= 0")
+
+
+def plan_privacy(options: CTRTrainOptions, num_examples: int, run=None) -> plan_lib.PrivacyPlan:
+  """σ from the target ε (note 001 §2.2): DP-SGD's σ at (ε − ε_select, δ, q, T), composed with the
+  DP base rate's Gaussian mechanism (σ_b alone at `base_rate_share`·ε) and with what `run`'s
+  ledger spent on the data before (δ: the ledger's, else 1/N; `run_lib.plan_prior`)."""
+  poisson.BatchSampling(options.batch_size).sampling_rate(num_examples)  # refuses B > N
+  if not options.private:
+    return plan_lib.plan_privacy(math.inf, None, num_examples, options.batch_size, options.steps)
+  delta, spent = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
+                                    default_delta=1.0 / num_examples)
+  selection = options.top_k_epsilon if options.algorithm in FEST_ALGORITHMS else 0.0
+  return plan_lib.plan_privacy(
+      options.epsilon, delta, num_examples, options.batch_size, options.steps,
+      selection_epsilon=selection, mechanisms=[(BASE_RATE_LABEL, options.base_rate_share)],
+      accountant=options.accountant, poisson=not options.fixed_batches, spent=spent)
+
+
+def noise_multipliers(options, noise_multiplier) -> Tuple[Optional[float], Optional[float]]:
+  """(σ1, σ2) of a step at composed σ: DP-AdaFEST's split σ1 = r·σ2 (seed 001 §3.3), (None, σ)
+  for the other DP algorithms, (None, None) without DP."""
+  if not options.private:
+    return None, None
+  if options.algorithm.startswith("dp_adafest"):
+    return privacy.adafest_noise_multipliers(noise_multiplier, options.ratio)
+  return None, noise_multiplier
+
+
+def base_rate(labels, plan, rng) -> float:
+  """The training click rate: exact for a non-private run; else the Gaussian mechanism on the
+  label sum (sensitivity 1, σ_b from the plan, noise from the secret `rng`: the run's key)
+  divided by the public row count. Clipped to [1/N, 1 − 1/N]."""
+  n = len(labels)
+  total = float(np.sum(labels))
+  if BASE_RATE_LABEL in plan.mechanisms:
+    total += plan.mechanisms[BASE_RATE_LABEL] * rng.normal()
+  return float(np.clip(total / n, 1.0 / n, 1.0 - 1.0 / n))
+
+
+def algorithm_config(options, noise_multiplier, selected=None):
+  """The `dprec.optimizers.config` object of `options.algorithm` at composed σ."""
+  if options.algorithm == "non_private":
+    return config_lib.NonPrivate()
+  sigma1, sigma2 = noise_multipliers(options, noise_multiplier)
+  common = dict(l2_norm_clip=float(options.l2_norm_clip), noise_multiplier=sigma2)
+  if options.algorithm == "dp_sgd":
+    return config_lib.DPSGD(**common)
+  if options.algorithm == "dp_fest":
+    return config_lib.DPFEST(selected_rows=selected, **common)
+  adafest = dict(contribution_clip=float(options.contribution_clip),
+                 contribution_noise_multiplier=sigma1, threshold=float(options.threshold),
+                 **common)
+  if options.algorithm == "dp_adafest":
+    return config_lib.DPAdaFEST(**adafest)
+  return config_lib.DPAdaFESTPlus(selected_rows=selected, **adafest)
+
+
+def make_optimizer(options):
+  """The row-sparse optimizer of `options.optimizer` at `options.learning_rate`."""
+  if options.optimizer == "adambc":
+    return sparse_optimizers.AdamBC(options.learning_rate, floor=options.adambc_floor)
+  return OPTIMIZERS[options.optimizer](options.learning_rate)
+
+
+def build_model(options, data, plan, run):
+  """(the compiled pCTR model, the base rate): the logit bias starts at the (DP) base rate and
+  DP-FEST's rows are drawn, both from the run's key and paid once; noise from the run's key."""
+  rate = base_rate(data.train["label"], plan, run.numpy_rng("base rate"))
+  tf.keras.utils.set_random_seed(options.seed)
+  model = ctr.build_ctr_model(
+      data.vocab_sizes, hidden_units=options.hidden_units,
+      logit_bias=float(np.log(rate / (1 - rate))) if options.logit_init == "base_rate" else None)
+  selection = None
+  if options.algorithm in FEST_ALGORITHMS:
+    selection = fest.rows_from_ids(data.train[ctr.CAT_FEATURES], model.config.table_names,
+                                   model.config.vocab_sizes, options.top_k,
+                                   options.top_k_epsilon or None, run.numpy_rng("dp top-k"))
+  if run.ledger is not None:  # paid once, before anything they shape is released
+    run.pay_once(plan, selection and {SELECTION_LABEL: (selection.epsilon, selection.delta)})
+  config = algorithm_config(options, plan.noise_multiplier, selection and selection.rows)
+  model.compile(optimizer=DPOptimizer(config, make_optimizer(options),
+                                      expected_batch_size=options.batch_size,
+                                      noise_key=run.noise_key,
+                                      secure_noise=options.secure_noise))
+  model.optimizer.build(model.trainable_variables)  # slots now: restorable, traced once
+  return model, rate
+
+
+def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
+  """Trains (or resumes) and evaluates the pCTR model; returns the JSON summary (also written
+  to `options.summary_json` if set)."""
+  options.validate()
+  data = data or load_data(options.data, options.vocab, options.vocab_min_count)
+  label = f"{COMMAND} {options.algorithm}"
+  with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,
+                   options.secure_noise, options.data) as run:
+    plan = plan_privacy(options, len(data.train["label"]), run)
+    if run.open_plan_ledger(plan) is not None:
+      run.check_budget(plan, label, options.steps, {SELECTION_LABEL: plan.selection_epsilon})
+    model, rate = build_model(options, data, plan, run)
+    resume = run.resume(model, options.run_fingerprint(train_rows=len(data.train["label"]),
+                                                       vocab_sizes=data.vocab_sizes),
+                        options.keep_checkpoints)
+    budget = (run.budget_callback(plan, label, resume.step, options.charge_every, options.log_dir)
+              if run.ledger is not None else None)
+    extra = []
+    if options.log_dir and options.diagnostics:  # Keras' scalars: the exact training loss/AUC
+      extra.append(tf.keras.callbacks.TensorBoard(
+          os.path.join(options.log_dir, "diagnostics_nonprivate"), update_freq=100))
+    timer, callbacks = run.fit_callbacks(
+        {"dp step": model.dp_optimizer.generator}, resume, budget, options.checkpoint_every,
+        extra, options.progress and f"{COMMAND} {options.algorithm}", options.diagnostics)
+    features = {key: data.train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}
+    history = run.fit(model, features, data.train["label"], options.batch_size,
+                      plan.private and plan.poisson, options.steps, resume, callbacks)
+    evaluation = ctr.evaluate(model, data.eval, data.eval["label"], options.eval_batch_size)
+    summary = _summary(options, data, model, plan, history, evaluation, timer, budget, run,
+                       resume, rate)
+  run_lib.write_summary(summary, options.summary_json)
+  return summary
+
+
+def _summary(options, data, model, plan, history, evaluation, timer, budget, run, resume, rate):
+  last = {key: float(values[-1]) for key, values in history.items()}
+  sigma1, sigma2 = noise_multipliers(options, plan.noise_multiplier)
+  summary = {
+      "algorithm": options.algorithm, "auc": float(evaluation["auc"]),
+      "eval_loss": float(evaluation["loss"]), "eval_log_loss": float(evaluation["loss"]),
+      "base_rate": rate, "base_rate_log_loss": ctr.log_loss_of_constant(data.eval["label"], rate),
+      "base_rate_noise_multiplier": plan.mechanisms.get(BASE_RATE_LABEL),
+      "epsilon_budget": options.epsilon if run.ledger is not None else None,
+      "noise_multiplier": plan.noise_multiplier, "sigma1": sigma1, "sigma2": sigma2,
+      "selection_epsilon": plan.selection_epsilon, "sampling_rate": plan.sampling_rate,
+      "gradient_size": last.get("gradient_size"),
+      "gradient_size_reduction": last.get("gradient_size_reduction"),
+      "dense_embedding_size": model.config.embedding_parameters,
+      "steps": resume.step + timer.steps, "steps_requested": options.steps,
+      "resumed_from_step": resume.step,
+      "stopped_at_budget": bool(budget and budget.stopped_at_budget),
+      "steps_per_second": timer.steps_per_second, "train_seconds": timer.seconds,
+      "batch_size": options.batch_size, "train_rows": int(len(data.train["label"])),
+      "eval_rows": int(len(data.eval["label"])), "data_source": data.source,
+      "ledger": options.ledger, "run_dir": options.run_dir,
+      "note": "; ".join([VOCABULARY_NOTE] + plan.notes),
+      **run.privacy_summary(plan, EPSILON_COVERS),
+  }
+  if options.diagnostics:
+    summary["diagnostics_nonprivate"] = {
+        "train_loss": last.get("loss"), "train_auc": last.get("auc"),
+        "note": "NOT covered by ε: exact (unclipped) training loss and AUC of the last steps"}
+  return summary

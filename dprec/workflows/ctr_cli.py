@@ -1,0 +1,86 @@
+"""`dprec train ctr`: the command line of `dprec.workflows.ctr` (parse, then call)."""
+import argparse
+
+from dprec.workflows import ctr
+from dprec.workflows import run_cli
+from dprec.workflows.ctr import CTRTrainOptions
+
+USAGE = ("    dprec train ctr --data DIR --algorithm dp_adafest --epsilon 1 --batch-size 2048 "
+         "--steps 1000\n\n")
+
+def int_list(text):
+  """argparse type of `--hidden-units`: comma-separated positive widths."""
+  try:
+    values = tuple(int(part) for part in text.split(","))
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+  if not values or min(values) < 1:
+    raise argparse.ArgumentTypeError(f"widths must be positive, got {text!r}")
+  return values
+
+
+def register(subparsers):
+  parser = subparsers.add_parser(
+      "ctr", help="train the pCTR model (seed 001 App. D.1.1) with DP-SGD/FEST/AdaFEST",
+      description=USAGE + ctr.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  add = parser.add_argument
+  defaults = CTRTrainOptions  # one source for the defaults of the CLI and the Python API
+  add("--data", required=True, help="directory of Criteo TSV day_N files, or a Beam output dir")
+  add("--algorithm", choices=ctr.ALGORITHMS, default=defaults.algorithm,
+      help="training algorithm")
+  add("--epsilon", type=float,
+      help="privacy budget ε, the total: what --ledger spent on this data before (e.g. a DP "
+           "top-k vocabulary) is composed in (required unless non_private)")
+  add("--delta", type=float,
+      help="δ (default: the --ledger's if it exists, else 1/N, N = training rows)")
+  add("--batch-size", type=int, default=defaults.batch_size,
+      help="expected (Poisson) batch size B")
+  add("--steps", type=int, default=defaults.steps, help="training steps T")
+  add("--ratio", type=float, default=defaults.ratio, help="DP-AdaFEST noise ratio r = σ1/σ2")
+  add("--threshold", type=float, default=defaults.threshold,
+      help="DP-AdaFEST threshold τ on noisy counts")
+  add("--contribution-clip", type=float, default=defaults.contribution_clip,
+      help="DP-AdaFEST contribution clip C1")
+  add("--l2-norm-clip", type=float, default=defaults.l2_norm_clip,
+      help="per-example gradient clip C2 (default 10: at 1 every example is clipped, the "
+           "clipped gradient points at the label median instead of the mean and the DP model "
+           "ends worse calibrated than the base rate)")
+  add("--learning-rate", type=float, default=defaults.learning_rate,
+      help="learning rate (the default suits --optimizer adam at C2 = 10; larger steps let "
+           "the noise drive the logits away)")
+  add("--optimizer", choices=sorted(ctr.OPTIMIZERS), default=defaults.optimizer,
+      help="row-sparse optimizer applying the noisy gradient (adam = lazy Adam; adambc = "
+           "DP-AdamBC, seed 002: Adam with the noise variance subtracted)")
+  add("--adambc-floor", type=float, default=defaults.adambc_floor,
+      help="γ' of --optimizer adambc: floor of the corrected second moment")
+  add("--logit-init", choices=ctr.LOGIT_INITS, default=defaults.logit_init,
+      help="base_rate: the logit layer starts at zero weights and the bias at the logit of the "
+           "training click rate (DP: a Gaussian estimate charged to the ledger), so the "
+           "untrained model predicts the base rate; default: Keras' Glorot init (p ≈ 0.5)")
+  add("--base-rate-share", type=float, default=defaults.base_rate_share,
+      help="share of --epsilon the DP base rate is calibrated for (composed with training in "
+           "the accountant, so it costs training far less)")
+  add("--top-k", type=int, help="DP-FEST / DP-AdaFEST+: rows kept over all tables (k/F each)")
+  add("--top-k-epsilon", type=float, default=defaults.top_k_epsilon,
+      help="pure ε of the DP top-k (Gumbel) selection, deducted from --epsilon; 0 = treat "
+           "the training counts as public")
+  add("--vocab", help="directory of a saved (public) CriteoVocabulary instead of building one")
+  add("--vocab-min-count", type=int, default=defaults.vocab_min_count,
+      help="min count of an id kept in the vocabulary")
+  add("--hidden-units", type=int_list, default=defaults.hidden_units,
+      help="comma-separated Dense(relu) widths (App. D.1.1: 598,598,598,598)")
+  add("--eval-batch-size", type=int, default=defaults.eval_batch_size,
+      help="batch size of the evaluation")
+  add("--log-dir", help="TensorBoard directory (loss, AUC, ε, gradient size)")
+  run_cli.add_run_arguments(
+      add, defaults, randomness="noise, batches, DP top-k draws and the DP base rate",
+      diagnostics="exact training loss/AUC",
+      run_dir_help="keep the run's id, secret noise key (DIR/secret: keep it private), ledger "
+                   "and checkpoints here; rerunning the same command resumes a killed run from "
+                   "its last checkpoint (same batches and noise, no step paid twice)")
+  run_cli.add_fit_arguments(add, defaults)
+  parser.set_defaults(func=run)
+
+
+def run(args) -> dict:
+  return ctr.run(run_cli.options_from_args(CTRTrainOptions, args))

@@ -1,0 +1,70 @@
+"""Checkpoints and exact resume of a `model.fit` run (`train ctr`, `train seqrec`).
+
+A run directory's `checkpoints/` holds atomic `ckpt-<n>` commits (`dprec.training.checkpoint`) of
+`checkpoint_objects` (the model, its optimizer slots and step; no generator state: a step's noise
+and batch are re-derived from the run's key and the step) and a JSON state with the step and the
+run's `fingerprint` (the options a resumed run must share with the run it continues). `Resume`
+restores the newest into a freshly built model, refusing other settings, and commits new ones.
+"""
+import dataclasses
+import json
+import os
+
+from dprec.errors import DprecError
+from dprec.training import checkpoint as checkpoint_lib
+
+
+class Resume:
+  """Where a `model.fit` run stands: a fresh start, or the newest checkpoint in `directory`
+  (None: no checkpoints) restored into `objects` (model, optimizer slots and step), refused if it
+  was written with other settings than `fingerprint` (the options a resumed run must share)."""
+
+  def __init__(self, directory, objects, fingerprint, keep=2):
+    self.objects, self.fingerprint = objects, fingerprint
+    self.manager, self.step, self.loss = None, 0, None
+    if directory is None:
+      return
+    self.manager = checkpoint_lib.CheckpointManager(directory, keep=keep or None)
+    latest = self.manager.latest()
+    if latest is None:
+      return
+    state = self.manager.read_state(latest)
+    changed = {k: (state["fingerprint"].get(k), v) for k, v in fingerprint.items()
+               if state["fingerprint"].get(k) != v}
+    if changed:
+      raise DprecError(
+          f"{os.path.dirname(directory)}: its checkpoints belong to a run with other settings ("
+          + ", ".join(f"{k}: {old!r} there, {new!r} now" for k, (old, new) in changed.items())
+          + "); resume with the same settings or use another --run-dir")
+    objects.read(os.path.join(latest, checkpoint_lib.MODEL_PREFIX)).assert_consumed()
+    self.step, self.loss = state["step"], state["loss"]
+
+  def callback(self, every):
+    """Commits a checkpoint every `every` steps of `model.fit` and at its end."""
+    from dprec.training import callbacks  # pylint: disable=import-outside-toplevel
+    state = {"fingerprint": self.fingerprint, "loss": self.loss}
+    return callbacks.CheckpointCallback(self.manager, self.objects, every, state,
+                                        start_step=self.step)
+
+
+def checkpoint_objects(model):
+  """What a run's checkpoint holds: the model, its optimizer slots and step (no generator state:
+  the noise is re-derived from the run's secret key and the step)."""
+  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  return tf.train.Checkpoint(model=model, optimizer=model.optimizer)
+
+
+def fingerprint(options, ignored, **extra) -> dict:
+  """The fields of the `options` dataclass a resumed run must share with the run it continues
+  (all but `ignored`: where files go, how it reports), with `extra` facts of its data; as JSON
+  holds it (tuples as lists), so that it compares equal to a checkpoint's."""
+  return json.loads(json.dumps(dict(
+      {k: v for k, v in dataclasses.asdict(options).items() if k not in ignored}, **extra)))
+
+
+def options_from_checkpoint(options_class, path, **overrides):
+  """The `options_class` options of the run that wrote checkpoint directory `path`
+  (`checkpoints/ckpt-<n>`), e.g. to evaluate it: `overrides` set what the fingerprint omits."""
+  saved = checkpoint_lib.CheckpointManager.read_state(path)["fingerprint"]
+  fields = {f.name for f in dataclasses.fields(options_class)}
+  return options_class(**{k: v for k, v in saved.items() if k in fields}, **overrides)

@@ -1,0 +1,288 @@
+"""`train seqrec`: DPFormer (seed 000) on a `dprec preprocess sequences` output directory.
+
+One example per user (user-level DP, note 000 §4): the user's training sequence, with the
+validation item appended, predicts the next item at every position; the test item is ranked
+against all M items from the full history. σ is calibrated from ε (δ = 1/N by default) for
+Poisson sampling at q = B/N over the planned steps, composed with Re-Attention's p_i when they come
+from a DP histogram of users per item (its `item_frequency_share` of ε; else a public file), and
+charged to the run's ledger; ε = inf trains without privacy. Adam (decoupled weight decay 1e-5),
+20% linear warm-up then linear decay, as in the paper. The noise, batches and the histogram's
+noise come from the run's secret key; `seed` seeds only initialisation and dropout. With a run
+directory the run checkpoints every `checkpoint_every` steps and the same options resume a killed
+run on the very batches and noise an uninterrupted run would have used, paying no step twice.
+`dp_forward` trains DP-Forward instead (seed 003, `dprec.workflows.dp_forward`): SeqLDP.
+"""
+import dataclasses
+import functools
+import math
+import os
+from typing import Optional
+
+import tensorflow as tf
+
+from dprec.data.sequences import SeqRecExamples, load_sequences, make_examples
+from dprec.errors import DprecError
+from dprec.layers.reattention import ReAttentionConfig
+from dprec.models import ranking_metrics
+from dprec.models.seqrec import SeqRecConfig, SeqRecModel, warmup_linear_decay
+from dprec.optimizers import config as config_lib
+from dprec.optimizers.dp_optimizer import DPOptimizer
+from dprec.optimizers.sparse import ADAMBC_FLOOR, AdamBC
+from dprec.privacy.noise_key import NoiseKey
+from dprec.training import poisson
+from dprec.workflows import dp_forward as dp_forward_lib
+from dprec.workflows import item_frequencies as frequencies_lib
+from dprec.workflows import plan as plan_lib
+from dprec.workflows import resume as resume_lib
+from dprec.workflows import run as run_lib
+
+COMMAND = LEDGER_LABEL = "train seqrec"
+FORWARD_NOISE = "forward noise"
+EPSILON_COVERS = {
+    "epsilon": "(epsilon, delta)-DP for adding or removing one user (all of their training "
+               "sequence), covering the model (weights and Re-Attention's p_i)",
+    "public": ["settings", "noise multipliers", "train_examples (N) and items (M), assumed "
+               "public", "steps_per_second"],
+    "held_out_evaluation": "ndcg_at_10, hit_at_10, by_popularity and test_users rank each test "
+                           "user's held-out last item given their history, which IS training "
+                           "data of this run: these metrics are not covered by ε",
+    "not_covered": "diagnostics_nonprivate (only with --diagnostics): the exact training loss",
+}
+
+
+@dataclasses.dataclass
+class SeqRecTrainOptions(run_lib.FitOptions):
+  """Everything one `train seqrec` run needs (defaults: the paper's Amazon setting, note 000 §5–7)."""
+  # A resumed run may also evaluate differently.
+  NOT_FINGERPRINTED = run_lib.FitOptions.NOT_FINGERPRINTED + (
+      "exclude_history", "eval_batch_size", "reattention_at_eval")
+  data: Optional[str] = None
+  epsilon: float = 5.0
+  delta: Optional[float] = None
+  epochs: float = 100.0
+  batch_size: Optional[int] = None  # None: chosen from N (poisson.default_batch_size)
+  learning_rate: float = 5e-3
+  optimizer: str = "adamw"
+  adambc_floor: float = ADAMBC_FLOOR
+  weight_decay: float = 1e-5
+  l2_norm_clip: float = 1.0
+  normalization_offset: Optional[float] = None
+  max_len: int = 50
+  dim: int = 64
+  item_rank: Optional[int] = None
+  num_blocks: int = 2
+  num_heads: int = 1
+  dropout: float = 0.5
+  reattention: bool = True
+  tied: bool = True
+  loss_positions: str = "all"
+  score_padding: bool = False
+  reattention_scale_by_dim: bool = True
+  reattention_at_eval: bool = True
+  variance_scale: float = 1.0
+  item_frequencies: Optional[str] = None  # public p_i file; None: DP histogram
+  item_frequency_share: float = 0.05
+  exclude_history: bool = False
+  eval_batch_size: int = 256
+  dp_forward: Optional[dp_forward_lib.DPForwardOptions] = None
+
+  def __post_init__(self):
+    if isinstance(self.dp_forward, dict):  # from a checkpoint's fingerprint
+      self.dp_forward = dp_forward_lib.DPForwardOptions(**self.dp_forward)
+
+  @property
+  def private(self):
+    return math.isfinite(self.epsilon)
+
+  def validate(self):
+    super().validate()
+    checks = [
+        (self.epsilon > 0, f"--epsilon must be positive (or inf), got {self.epsilon}"),
+        (self.epochs > 0 and (self.batch_size is None or self.batch_size >= 1),
+         f"--epochs and --batch-size must be positive, got {self.epochs}, {self.batch_size}"),
+        (self.dim % self.num_heads == 0,
+         f"--dim {self.dim} must be divisible by --heads {self.num_heads}"),
+        (self.item_rank is None or 1 <= self.item_rank <= self.dim,
+         f"--item-rank must be in [1, --dim {self.dim}], got {self.item_rank}"),
+        (self.item_rank is None or self.dp_forward is None,
+         "--item-rank does not combine with --dp-forward"),
+        (0 < self.item_frequency_share < 1,
+         f"--item-frequency-share must be in (0, 1), got {self.item_frequency_share}"),
+        (self.optimizer in ("adamw", "adambc") and self.adambc_floor > 0,
+         f"--optimizer must be adamw or adambc and --adambc-floor positive, got "
+         f"{self.optimizer}, {self.adambc_floor}"),
+        (self.dp_forward is None or (self.private and self.loss_positions == "last"),
+         "--dp-forward needs a finite --epsilon and --loss-positions last")]
+    for holds, message in checks:
+      if not holds:
+        raise DprecError(message)
+
+  def model_config(self, num_items):
+    return SeqRecConfig(
+        num_items=num_items, max_len=self.max_len, dim=self.dim, num_blocks=self.num_blocks,
+        num_heads=self.num_heads, ffn_dim=self.dim, dropout=self.dropout, tied=self.tied,
+        item_rank=self.item_rank, loss_positions=self.loss_positions,
+        score_padding=self.score_padding,
+        reattention=ReAttentionConfig(enabled=self.reattention,
+                                      scale_by_dim=self.reattention_scale_by_dim,
+                                      at_eval=self.reattention_at_eval))
+
+
+options_from_checkpoint = functools.partial(resume_lib.options_from_checkpoint,
+                                            SeqRecTrainOptions)
+
+
+def plan_privacy(options, num_examples, run=None) -> plan_lib.PrivacyPlan:
+  """Steps = epochs·N/B; σ calibrated so the run spends exactly ε at δ (default: the ledger's,
+  else 1/N), composed with the DP histogram of p_i and with what `run`'s ledger spent on the
+  data before (`run_lib.plan_prior`); DP-Forward: σ of its E epoch releases
+  (`dp_forward.plan_run`)."""
+  if options.batch_size > num_examples:
+    raise DprecError(f"--batch-size {options.batch_size} exceeds the {num_examples} training "
+                     "users; give a smaller one or none (then it is chosen from N)")
+  delta, spent = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
+                                    default_delta=1.0 / num_examples)
+  if options.dp_forward is not None:
+    return dp_forward_lib.plan_run(options, delta, num_examples)
+  steps = max(1, int(round(options.epochs * num_examples / options.batch_size)))
+  if not options.private:
+    return plan_lib.plan_privacy(math.inf, None, num_examples, options.batch_size, steps)
+  return plan_lib.plan_privacy(options.epsilon, delta, num_examples, options.batch_size, steps,
+                               mechanisms=frequencies_lib.mechanisms(options),
+                               accountant=options.accountant, poisson=not options.fixed_batches,
+                               spent=spent)
+
+
+def build_model(options, examples, plan, frequencies=None, noise_key=None):
+  """A compiled `SeqRecModel`; Re-Attention's error model is set from the plan and `frequencies`
+  (`dprec.workflows.item_frequencies`; None leaves it to a checkpoint restored into the model).
+  The DP and DP-Forward noise generators are keyed from `noise_key` (a run's; None: a fresh
+  secret one)."""
+  noise_key = noise_key or NoiseKey.fresh()
+  config = options.model_config(examples.num_items)
+  if plan.forward is not None:
+    config = dataclasses.replace(
+        config, dp_forward=options.dp_forward.model_config(plan.noise_multiplier))
+  model = SeqRecModel(config, forward_noise_generator=noise_key.tf_generator(FORWARD_NOISE))
+  model({"items": examples.items[:1]})
+  if frequencies is not None:
+    model.set_error_model(frequencies, plan.noise_multiplier, options.l2_norm_clip,
+                          options.batch_size, len(examples.items), options.variance_scale)
+  algorithm = (config_lib.DPSGD(options.l2_norm_clip, plan.noise_multiplier,
+                                normalization_offset=options.normalization_offset)
+               if options.private and plan.forward is None else config_lib.NonPrivate())
+  schedule = warmup_linear_decay(options.learning_rate, plan.steps)
+  if options.optimizer == "adambc":
+    adam = AdamBC(schedule, floor=options.adambc_floor, weight_decay=options.weight_decay)
+  else:
+    adam = tf.keras.optimizers.AdamW(learning_rate=schedule, weight_decay=options.weight_decay)
+  adam.build(model.trainable_variables)  # slots exist before a checkpoint is restored into them
+  model.compile(optimizer=DPOptimizer(algorithm, adam, expected_batch_size=options.batch_size,
+                                      noise_key=noise_key, secure_noise=options.secure_noise))
+  return model
+
+
+def noise_generators(model):
+  """{purpose: generator} of the model's secret noise, re-keyed at every step."""
+  generators = {"dp step": model.dp_optimizer.generator}
+  if model.forward_noise is not None:
+    generators[FORWARD_NOISE] = model.forward_noise.generator
+  return generators
+
+
+def evaluate(model, examples: SeqRecExamples, options):
+  """Full-ranking NDCG@10 / HIT@10, overall and per popularity bucket (in [0, 1])."""
+  return ranking_metrics.evaluate_model(
+      model, examples.test_histories, examples.test_items, examples.item_frequencies,
+      options.eval_batch_size, options.exclude_history, options.progress)
+
+
+def _pay_before_training(options, plan, run, resume, num_examples):
+  """Opens the ledger, refuses a run whose unpaid part it cannot afford, pays the one-off
+  releases (the DP histogram; DP-Forward's label ε2) and returns the callback paying the steps
+  (DP-Forward: one release per epoch); None for a non-private run."""
+  if run.open_plan_ledger(plan) is None:
+    return None
+  if plan.forward is not None:
+    return dp_forward_lib.pay_before_training(
+        run, plan, LEDGER_LABEL, resume.step,
+        dp_forward_lib.steps_per_epoch(num_examples, options.batch_size))
+  run.check_budget(plan, LEDGER_LABEL, plan.steps)
+  run.pay_once(plan)
+  return run.budget_callback(plan, LEDGER_LABEL, resume.step, options.charge_every)
+
+
+def run(options: SeqRecTrainOptions, data=None) -> dict:
+  """Trains (or resumes, see the module docstring) and evaluates; returns the JSON summary (also
+  written to `options.summary_json`)."""
+  options.validate()
+  data = data or load_sequences(options.data)
+  examples = make_examples(data, options.max_len)
+  batch_size_chosen = options.batch_size is None
+  if batch_size_chosen:
+    options = dataclasses.replace(
+        options, batch_size=poisson.default_batch_size(len(examples.items)))
+  tf.keras.utils.set_random_seed(options.seed)
+  with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,
+                   options.secure_noise, options.data) as run:
+    plan = plan_privacy(options, len(examples.items), run)
+    if plan.forward is not None:
+      prior = dp_forward_lib.label_prior(options.item_frequencies, data.item_ids,
+                                         examples.num_items)
+      examples = dataclasses.replace(examples, labels=dp_forward_lib.training_labels(
+          examples.labels, prior, plan.forward.label_epsilon, rng=run.numpy_rng("label rr"),
+          saved=options.run_dir and os.path.join(options.run_dir, "rr_labels.npy")))
+    # The histogram's noise comes from the run's key, so a resumed run draws the same p_i.
+    frequencies = frequencies_lib.frequencies(options, data, examples, plan,
+                                              run.numpy_rng("item histogram"))
+    model = build_model(options, examples, plan, frequencies, run.noise_key)
+    resume = run.resume(model, options.run_fingerprint(train_examples=len(examples.items),
+                                                       items=examples.num_items),
+                        options.keep_checkpoints)
+    # Paid (the histogram charged) before the first checkpoint holds p_i.
+    charges = _pay_before_training(options, plan, run, resume, len(examples.items))
+    timer, callbacks = run.fit_callbacks(noise_generators(model), resume, charges,
+                                         options.checkpoint_every,
+                                         progress=options.progress and COMMAND,
+                                         diagnostics=options.diagnostics)
+    history = run.fit(model, {"items": examples.items}, examples.labels, options.batch_size,
+                      plan.private and plan.poisson and plan.forward is None, plan.steps,
+                      resume, callbacks)
+    summary = _summary(options, examples, plan, history, evaluate(model, examples, options),
+                       timer, run, resume)
+    summary.update(batch_size_chosen=batch_size_chosen,
+                   item_frequencies=frequencies_lib.source(options, plan, frequencies))
+  run_lib.write_summary(summary, options.summary_json)
+  return summary
+
+
+def _summary(options, examples, plan, history, metrics, timer, run, resume):
+  losses = history.get("loss") or [resume.loss if resume.loss is not None else float("nan")]
+  notes, forward = [], None
+  if plan.forward is not None:
+    forward = dp_forward_lib.summary(plan.forward, options.dp_forward)
+    notes.append(forward["privacy_note"])
+  summary = {
+      "model": "dpformer" if options.reattention else "vanilla",
+      "tied": options.tied, "reattention": options.reattention,
+      "ndcg_at_10": metrics["ndcg_at_10"], "hit_at_10": metrics["hit_at_10"],
+      "test_users": metrics["users"], "by_popularity": metrics["by_popularity"],
+      **run.privacy_summary(plan, EPSILON_COVERS, options.private, notes),
+      "epsilon_budget": options.epsilon, "noise_multiplier": plan.noise_multiplier,
+      "sampling_rate": plan.sampling_rate, "steps": plan.steps, "epochs": options.epochs,
+      "batch_size": options.batch_size, "learning_rate": options.learning_rate,
+      "l2_norm_clip": options.l2_norm_clip, "normalization_offset": options.normalization_offset,
+      "loss_positions": options.loss_positions, "train_examples": int(len(examples.items)),
+      "items": examples.num_items, "steps_per_second": timer.steps_per_second,
+      "seed": options.seed, "run_dir": options.run_dir, "resumed_from_step": resume.step,
+  }
+  if run.ledger is None:
+    summary["epsilon"] = float("inf")
+  if forward is not None:
+    summary.update(model="dp-forward", poisson=False, dp_forward=forward,
+                   privacy_notion=forward["privacy_notion"])
+  if options.diagnostics:
+    summary["diagnostics_nonprivate"] = {
+        "final_loss": float(losses[-1]),
+        "note": "NOT covered by ε: the exact (unclipped) training loss of the last step"}
+  return summary

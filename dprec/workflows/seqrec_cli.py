@@ -1,0 +1,124 @@
+"""`dprec train seqrec`: the command line of `dprec.workflows.seqrec` (parse, then call)."""
+import argparse
+import dataclasses
+
+from dprec.workflows import dp_forward
+from dprec.workflows import run_cli
+from dprec.workflows import seqrec
+
+
+def _epsilon(text):
+  try:
+    return float(text)
+  except ValueError as error:
+    raise argparse.ArgumentTypeError(f"must be a number or 'inf', got {text!r}") from error
+
+
+def register(subparsers):
+  """Adds `seqrec` to the `train` group."""
+  parser = subparsers.add_parser(
+      "seqrec", help="train DPFormer (sequential recommender) with or without DP",
+      description="Train the DPFormer sequential recommender (Phantom Clipping, Re-Attention) on "
+      "a `dprec preprocess sequences` output; prints a JSON summary with full-ranking NDCG@10 "
+      "and HIT@10 overall and by item popularity (head/torso/tail).")
+  add = parser.add_argument
+  add("--data", required=True, help="directory written by `dprec preprocess sequences`")
+  add("--epsilon", type=_epsilon, default=5.0,
+      help="privacy budget ε, the total: what --ledger spent on this data before is composed "
+           "in; 'inf' trains non-privately")
+  add("--delta", type=float, default=None,
+      help="δ (default: the --ledger's if it exists, else 1/N training users)")
+  add("--epochs", type=float, default=100.0, help="epochs (expected passes over the users)")
+  add("--batch-size", type=int, default=None,
+      help="expected batch size B (q = B/N); default: min(1024, N/8) for the N training users")
+  add("--learning-rate", type=float, default=5e-3, help="peak Adam learning rate")
+  add("--optimizer", choices=("adamw", "adambc"), default="adamw",
+      help="AdamW, or DP-AdamBC (seed 002: Adam with the noise variance subtracted; same "
+           "schedule and weight decay)")
+  add("--adambc-floor", type=float, default=seqrec.ADAMBC_FLOOR, help="γ' of --optimizer adambc")
+  add("--l2-norm-clip", type=float, default=1.0, help="per-user gradient clip norm C")
+  add("--normalize", type=float, nargs="?", const=0.01, default=None,
+      dest="normalization_offset", metavar="GAMMA",
+      help="normalise per-user gradients, C/(‖g‖+GAMMA) (automatic clipping, the paper's "
+           "setting; GAMMA defaults to 0.01) instead of clipping min(1, C/‖g‖)")
+  add("--max-len", type=int, default=50, help="maximum sequence length L")
+  add("--dim", type=int, default=64, help="model dimension d")
+  add("--item-rank", type=int, metavar="R",
+      help="low-rank item table: M×R rows meeting the model through R×d projections, so the "
+           "noise per item row shrinks from √d to √R (default: a full M×d table)")
+  add("--blocks", type=int, default=2, dest="num_blocks", help="transformer blocks")
+  add("--heads", type=int, default=1, dest="num_heads", help="attention heads")
+  add("--dropout", type=float, default=0.5, help="dropout rate")
+  add("--no-reattention", action="store_true", help="vanilla attention (baseline)")
+  add("--untied", action="store_true", help="separate output embedding (the 'W/O PS' baseline)")
+  add("--loss-positions", choices=("all", "last"), default="all",
+      help="next-item loss at every position or at the last one only")
+  add("--score-padding", action="store_true",
+      help="score the padding positions too (fixed shapes; same loss, slower)")
+  add("--variance-scale", type=float, default=1.0,
+      help="multiplier of Re-Attention's effective-error variances σ_eff²")
+  add("--item-frequencies", metavar="FILE",
+      help="public Re-Attention frequencies p_i, lines 'ITEM_ID P' (ids as in the input logs); "
+           "default: a DP histogram of users per item, charged to the ledger")
+  add("--item-frequency-share", type=float, default=0.05, metavar="FRACTION",
+      help="share of ε for the DP histogram of p_i (default 0.05; training's σ is calibrated "
+           "for the rest)")
+  add("--exclude-history", action="store_true", help="do not rank items already in the history")
+  add("--eval-batch-size", type=int, default=256, help="users scored per evaluation batch")
+  run_cli.add_run_arguments(
+      add, seqrec.SeqRecTrainOptions, randomness="noise, batches and the histogram's noise",
+      diagnostics="the exact training loss",
+      run_dir_help="checkpoint here and keep the ledger and the secret noise key (DIR/secret: "
+                   "keep it private) here; rerunning the same command resumes a killed run from "
+                   "its last checkpoint (same batches and noise, no step paid twice); "
+                   "benchmarks/dpformer_amazon.py --curve evaluates kept checkpoints")
+  run_cli.add_fit_arguments(add, seqrec.SeqRecTrainOptions)
+  _add_dp_forward_arguments(parser)
+  parser.set_defaults(func=run)
+
+
+def run(args):
+  options = run_cli.options_from_args(seqrec.SeqRecTrainOptions, args,
+                                      reattention=not args.no_reattention, tied=not args.untied,
+                                      dp_forward=None)
+  if args.dp_forward:
+    options = dataclasses.replace(options, dp_forward=_dp_forward_options(args),
+                                  loss_positions="last", reattention=False)
+  return seqrec.run(options)
+
+
+def _add_dp_forward_arguments(parser):
+  """`--dp-forward` and its settings, for `dprec train seqrec`."""
+  group = parser.add_argument_group(
+      "DP-Forward (seed 003)", "noise on each user's representation instead of on gradients: "
+      "SeqLDP per user (local DP of the sequence; the next-item label is sent in the clear "
+      "unless --label-epsilon), not central DP; the service trains with non-private steps. "
+      "Implies --loss-positions last and no Re-Attention; --epochs must be whole")
+  add = group.add_argument
+  add("--dp-forward", action="store_true", help="train with DP-Forward instead of DP-SGD")
+  add("--forward-position", choices=("output", "attention"), default="output",
+      help="noise the user representation (output) or the first attention output, residual "
+           "removed (attention) (default: output)")
+  add("--forward-norm-bound", type=float, default=1.0, metavar="C",
+      help="Frobenius norm C of the representation; sensitivity 2C (default: 1)")
+  add("--forward-clip", action="store_true",
+      help="clip the representation to norm <= C instead of normalising it to C")
+  add("--forward-reduced-dim", type=int, metavar="D",
+      help="trainable projection to D dimensions before the noise (default: none)")
+  add("--forward-encoder-updates", choices=("none", "trusted"), default="none",
+      help="none: the user's side gets no gradients (covered by SeqLDP); trusted: the paper's "
+           "experiments, encoder gradients from raw sequences (needs a trusted party) "
+           "(default: none)")
+  add("--no-inference-noise", action="store_true",
+      help="evaluate on clean representations (default: noised, each query (eps, delta)-LDP)")
+  add("--label-epsilon", type=float, default=0.0, metavar="E2",
+      help="randomized response with a prior on the label at epsilon2, deducted from --epsilon "
+           "(full LDP, epsilon1 + epsilon2; default 0: label in the clear)")
+
+
+def _dp_forward_options(args):
+  return dp_forward.DPForwardOptions(
+      position=args.forward_position, norm_bound=args.forward_norm_bound,
+      bound="clip" if args.forward_clip else "normalize",
+      at_inference=not args.no_inference_noise, reduced_dim=args.forward_reduced_dim,
+      encoder_updates=args.forward_encoder_updates, label_epsilon=args.label_epsilon)

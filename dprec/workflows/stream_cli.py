@@ -1,0 +1,78 @@
+"""`dprec stream`: the command line of `dprec.workflows.stream` (parse, then call)."""
+import argparse
+
+from dprec.workflows import ctr
+from dprec.workflows import ctr_cli
+from dprec.workflows import run_cli
+from dprec.workflows import stream
+
+USAGE = """\
+    dprec preprocess criteo --streaming --input DAYS_DIR --output OUT ...   # writes periods
+    dprec stream --data OUT --algorithm dp_adafest --epsilon-total 1 --period-days 1 \\
+        --train-days 18 --run-dir RUN --summary-json summary.json
+
+"""
+
+
+def register(subparsers):
+  parser = subparsers.add_parser(
+      "stream", help="train period by period on a streaming Criteo output (one privacy ledger)",
+      description=USAGE + stream.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+  defaults = stream.StreamOptions  # one source for the defaults of the CLI and the Python API
+  data = parser.add_argument_group("stream")
+  data.add_argument("--data", required=True,
+                    help="output directory of `dprec preprocess criteo [--streaming]`")
+  data.add_argument("--period-days", type=int, default=1,
+                    help="days per training period (seed 001 Table 5: 1, 2, 4, 8, 16, 18)")
+  data.add_argument("--train-days", type=int, default=None,
+                    help="train on the first D days; later days are the final hold-out")
+  data.add_argument("--idle-timeout", type=float, default=0.0,
+                    help="seconds to wait for the next period before finishing (default 0)")
+  data.add_argument("--poll-interval", type=float, default=1.0,
+                    help="seconds between looks for a new period while waiting")
+  dp = parser.add_argument_group("privacy")
+  dp.add_argument("--algorithm", default="dp_adafest", choices=ctr.ALGORITHMS)
+  dp.add_argument("--epsilon-total", type=float, default=None,
+                  help="privacy budget of the whole run, what --ledger spent on this data before "
+                  "included (required unless non_private)")
+  dp.add_argument("--delta", type=float, default=None,
+                  help="δ of the run (default: the ledger's if it exists, else 1 / expected "
+                  "examples over all periods)")
+  dp.add_argument("--expected-periods", type=int, default=None,
+                  help="periods the budget must last (default: training periods of --train-days)")
+  dp.add_argument("--examples-per-period", type=int, default=None,
+                  help="expected examples per period; sets q = B / N (default: the first period's)")
+  dp.add_argument("--epochs-per-period", type=float, default=1.0,
+                  help="expected passes over a period's data (steps = epochs · N / B)")
+  dp.add_argument("--noise-multiplier", type=float, default=None,
+                  help="use this σ instead of calibrating it (the run stops at the budget)")
+  dp.add_argument("--top-k", type=int, default=None,
+                  help="DP-FEST / DP-AdaFEST+ rows per table, refreshed every period")
+  dp.add_argument("--top-k-epsilon", type=float, default=0.1,
+                  help="total pure ε of the per-period DP top-k refreshes; 0 treats the "
+                  "counts as public")
+  model = parser.add_argument_group("model and step")
+  model.add_argument("--batch-size", type=int, default=1024, help="expected (Poisson) batch size")
+  model.add_argument("--l2-norm-clip", type=float, default=1.0, help="C2")
+  model.add_argument("--ratio", type=float, default=5.0, help="σ1/σ2 of DP-AdaFEST")
+  model.add_argument("--threshold", type=float, default=1.0, help="τ of DP-AdaFEST")
+  model.add_argument("--contribution-clip", type=float, default=1.0, help="C1 of DP-AdaFEST")
+  model.add_argument("--learning-rate", type=float, default=0.05)
+  model.add_argument("--optimizer", default="adagrad", choices=sorted(ctr.OPTIMIZERS))
+  model.add_argument("--adambc-floor", type=float, default=defaults.adambc_floor,
+                     help="γ' of --optimizer adambc")
+  model.add_argument("--hidden-units", type=ctr_cli.int_list, default=defaults.hidden_units,
+                     help="comma-separated Dense widths (default: App. D.1.1's four of 598)")
+  model.add_argument("--headroom", type=float, default=1.5,
+                     help="spare table rows for new ids, as a factor (default 1.5)")
+  run_cli.add_run_arguments(
+      parser.add_argument_group("run").add_argument, defaults,
+      randomness="batches, noise and DP top-k draws",
+      diagnostics="exact period sizes, batch sizes, training losses",
+      run_dir_help="run id, secret noise key (DIR/secret: keep it private), checkpoints, "
+                   "ledger, metrics.csv, TensorBoard logs, plot (default %(default)s)")
+  parser.set_defaults(func=run)
+
+
+def run(args):
+  return stream.run(run_cli.options_from_args(stream.StreamOptions, args))

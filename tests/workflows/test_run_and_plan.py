@@ -1,0 +1,66 @@
+"""The shared run machinery: one planner for single runs and streams, and a run's ledger payments
+(budget checked before any charge, one-off releases paid once, steps never paid twice, another
+run's charges never counted as paid)."""
+import pytest
+
+from dprec import privacy
+from dprec.errors import BudgetExceededError
+from dprec.workflows.plan import plan_privacy, plan_stream
+from dprec.workflows.run import Run
+
+DELTA = 1e-5
+
+
+def test_one_planner_for_a_single_run_and_for_periods():
+  """P periods of T steps are planned like one run of P·T steps, and both spend the budget."""
+  stream = plan_stream(2.0, DELTA, expected_periods=3, examples_per_period=400, batch_size=40,
+                       selection_epsilon=0.3, accountant="rdp")
+  single = plan_privacy(2.0, DELTA, 400, 40, 3 * stream.steps_per_period, selection_epsilon=0.3,
+                        accountant="rdp")
+  assert stream.noise_multiplier == pytest.approx(single.noise_multiplier, rel=1e-9)
+  direct = privacy.calibrate_noise_multiplier(2.0 - 0.3, DELTA, 0.1, 3 * stream.steps_per_period,
+                                              accountant="rdp")
+  assert stream.noise_multiplier == pytest.approx(direct, rel=2e-3)
+  assert stream.selection_epsilon == pytest.approx(0.3) == single.selection_epsilon
+  assert stream.planned_epsilon() == pytest.approx(2.0, rel=2e-3)
+  assert stream.planned_epsilon() <= 2.0 * (1 + 1e-6)
+
+
+def test_a_mechanism_released_once_is_composed_with_training():
+  plan = plan_privacy(1.0, DELTA, 1000, 50, 40, mechanisms=[("histogram", 0.05)],
+                      accountant="rdp")
+  sigma = plan.mechanisms["histogram"]
+  alone = privacy.gaussian_epsilon([privacy.gaussian_mechanism_period(sigma)], DELTA,
+                                   accountant="rdp")
+  both = privacy.gaussian_epsilon(
+      [privacy.gaussian_mechanism_period(sigma),
+       privacy.TrainingPeriod(plan.noise_multiplier, plan.sampling_rate, plan.steps)], DELTA,
+      accountant="rdp")
+  assert alone == pytest.approx(0.05, rel=2e-3) and both == pytest.approx(1.0, rel=2e-3)
+
+
+def test_a_run_pays_what_it_has_not_paid_and_checks_the_budget_first(tmp_path):
+  plan = plan_privacy(1.0, DELTA, 1000, 50, 40, mechanisms=[("histogram", 0.05)],
+                      accountant="rdp")
+  ledger_path = str(tmp_path / "ledger.json")
+  with Run("train seqrec", str(tmp_path / "a"), ledger_path) as run:
+    run.open_plan_ledger(plan)
+    run.check_budget(plan, "steps", plan.steps)  # fits: the plan is calibrated to it
+    with pytest.raises(BudgetExceededError, match="already spent 0"):
+      run.check_budget(plan, "steps", 2 * plan.steps)
+    assert run.ledger.charges == []  # refused before anything was charged
+    run.pay_once(plan, {"top-k": (0.0, 0.0)})  # a public selection costs nothing
+    run.pay_steps(plan, "steps", 10)
+    run.pay_once(plan)
+    run.pay_steps(plan, "steps", 10)  # paid: nothing more
+    assert [(c["label"], c.get("steps")) for c in run.ledger.charges] == [
+        ("histogram", 1), ("steps", 10)]
+    run.pay_steps(plan, "steps", plan.steps)
+    assert run.steps_paid(run.ledger, "steps") == plan.steps
+    assert run.ledger.epsilon_spent() == pytest.approx(1.0, rel=2e-3)
+  with Run("train seqrec", str(tmp_path / "b"), ledger_path) as other:
+    other.open_plan_ledger(plan)
+    assert other.steps_paid(other.ledger, "steps") == 0 and not other.paid(other.ledger,
+                                                                           "histogram")
+    with pytest.raises(BudgetExceededError, match="already spent"):
+      other.check_budget(plan, "steps", plan.steps)
