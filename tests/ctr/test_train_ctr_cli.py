@@ -54,9 +54,11 @@ def test_private_run_spends_what_dprec_privacy_computes(data_dir, tmp_path, algo
     assert summary["sigma1"] == pytest.approx(5 * sigma)
     sigma = privacy.composed_noise_multiplier(summary["sigma1"], summary["sigma2"])
   selection = 0.2 if "--top-k" in extra else 0.0
-  # Training composed with the DP base rate (one Gaussian mechanism on the label sum).
+  # Training composed with the DP base rate (one Gaussian mechanism on the label sum) and the
+  # DP Platt scaling (its releases compose to one Gaussian mechanism).
   expected = privacy.gaussian_epsilon(
       [privacy.gaussian_mechanism_period(summary["base_rate_noise_multiplier"]),
+       privacy.gaussian_mechanism_period(summary["calibration_noise_multiplier"]),
        privacy.TrainingPeriod(sigma, summary["sampling_rate"], STEPS)],
       summary["delta"], accountant="rdp") + selection
   ledger = privacy.PrivacyLedger(str(tmp_path / "ledger.json"))
@@ -352,11 +354,31 @@ def test_adambc_bias_correction_costs_no_privacy(data_dir, tmp_path):
 
 def test_dp_run_is_calibrated_like_the_base_rate(data_dir, tmp_path):
   """With the CLI's defaults a DP-AdaFEST model's held-out log loss is not above that of
-  predicting the (DP) training click rate. The old defaults (Glorot logit layer, C2 = 1, Adam
-  3e-3) ended 0.17 above it here (0.743 vs 0.570). On 1,000 training rows 30 noisy steps barely
-  move a model that starts at the base rate, so "below" is up to 0.002; the strict "below" is
-  measured on 400k rows (BENCHMARKS.md, "Calibrated DP pCTR")."""
+  predicting the (DP) training click rate. The defaults before issue 14 (Glorot logit layer,
+  C2 = 1, Adam 3e-3, no recalibration) ended 0.17 above it here (0.743 vs 0.570); the same
+  training with DP Platt scaling ended between 0.0018 below and 0.0002 above it in four runs:
+  on 1,000 training rows the model does not rank held-out rows (AUC 0.43–0.46) and the fit
+  stays at the base rate, so "below" is up to 0.002; the strict "below" is measured on 400k rows
+  (BENCHMARKS.md, "Calibrated DP pCTR")."""
   summary = _train(data_dir, tmp_path, "dp_adafest", "--steps", "30")
   assert summary["eval_log_loss"] == summary["eval_loss"]
   assert 0.3 < summary["base_rate_log_loss"] < 0.7 and 0.0 < summary["base_rate"] < 1.0
   assert summary["eval_log_loss"] < summary["base_rate_log_loss"] + 0.002
+
+
+@pytest.mark.parametrize("share", ["0.1", "0"])
+def test_dp_platt_scaling_is_charged_once_or_not_at_all(data_dir, tmp_path, share):
+  """`--calibration-share` > 0 charges the ledger one Gaussian mechanism at the planned σ_c
+  (labelled) and reports the Platt scale and shift; 0 plans, charges and applies none."""
+  summary = _train(data_dir, tmp_path, "dp_sgd", "--calibration-share", share)
+  charges = [c for c in privacy.PrivacyLedger(str(tmp_path / "ledger.json")).charges
+             if c.get("label") == "train ctr calibration"]
+  if share == "0":
+    assert not charges and summary["calibration_shift"] is None
+    assert summary["calibration_scale"] is None
+    assert summary["calibration_noise_multiplier"] is None
+    return
+  assert len(charges) == 1 and charges[0]["noise_multiplier"] == pytest.approx(
+      summary["calibration_noise_multiplier"])
+  assert charges[0]["sampling_rate"] == 1.0 and charges[0]["steps"] == 1
+  assert np.isfinite(summary["calibration_shift"]) and summary["calibration_scale"] > 0
