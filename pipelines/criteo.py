@@ -9,6 +9,10 @@ bucket counts is ever held in memory: (1) per-split parse → per-feature bucket
 `day_N/`, dead letters `(file, line, reason, raw)` to `dead_letters/`, per-split statistics →
 `stats.json` and `manifest.json`. Parsing and the transform are `dprec.data.criteo`'s (the
 in-process reader's) on whole blocks of lines; nothing runs per row in Python.
+
+The manifest names the output (`dataset_id`, drawn when the job starts) and says whether its
+vocabulary is DP (`vocab_privacy`); a DP top-k vocabulary is charged to the ledger before
+anything runs, the charge recording that data set, so training on it composes its ε.
 """
 import argparse
 import collections
@@ -24,6 +28,7 @@ import numpy as np
 from apache_beam.metrics import Metrics
 
 from dprec.data import criteo_tfrecord
+from dprec.data import identity
 from dprec.data.criteo import CATEGORICAL_FEATURES
 from dprec.data.criteo import CriteoVocabulary
 from dprec.data.criteo import ID_DOMAIN
@@ -89,6 +94,7 @@ class CriteoJob:
   epsilon_budget: Optional[float] = None
   delta: float = 1e-6
   strict_columns: bool = False  # refuse lines with fewer than 40 fields instead of padding them
+  dataset_id: Optional[str] = None  # drawn by `run` when not given
 
 
 def parse_top_k(text: Optional[str]):
@@ -303,8 +309,10 @@ class MergeStatsFn(beam.CombineFn):
 
 
 def manifest(stats: ShardStats, vocab: CriteoVocabulary, vocab_dir: str = "vocab",
-             extra_entries: Optional[Dict[int, dict]] = None) -> dict:
-  """The `dprec-criteo-v1` manifest the trainer reads (see `dprec.data.criteo_tfrecord`)."""
+             extra_entries: Optional[Dict[int, dict]] = None, dataset_id: Optional[str] = None,
+             vocab_privacy: Optional[dict] = None) -> dict:
+  """The `dprec-criteo-v1` manifest the trainer reads (see `dprec.data.criteo_tfrecord`), with
+  the output's `dataset_id` and its `vocab_privacy`."""
   days = []
   for day in sorted(stats.files):
     files = sorted(stats.files[day])
@@ -315,7 +323,34 @@ def manifest(stats: ShardStats, vocab: CriteoVocabulary, vocab_dir: str = "vocab
   return {"format": criteo_tfrecord.FORMAT, "integer_features": INTEGER_FEATURES,
           "categorical_features": CATEGORICAL_FEATURES,
           "vocab_sizes": dict(zip(CATEGORICAL_FEATURES, vocab.sizes)), "days": days,
-          "vocab_dir": vocab_dir}
+          "vocab_dir": vocab_dir, identity.DATASET_ID: dataset_id,
+          "vocab_privacy": vocab_privacy}
+
+
+def public_vocab_privacy(mode: str) -> dict:
+  """`vocab_privacy` of a vocabulary built from exact counts."""
+  return {"dp": False, "private": False, "mode": mode,
+          "note": "built from exact counts of the input: not differentially private; public "
+                  "only if the input is"}
+
+
+def vocab_privacy_of(job: CriteoJob) -> dict:
+  """`vocab_privacy` of the job's vocabulary: its DP top-k ε (charged to the job's ledger) and
+  whether its randomness was secret, or that it is not DP."""
+  if job.vocab.mode != "dp_top_k":
+    return public_vocab_privacy(job.vocab.mode)
+  from dprec.privacy import split_selection_budget  # pylint: disable=import-outside-toplevel
+  _, epsilon = split_selection_budget(job.vocab.per_feature_k(), job.vocab.epsilon)
+  return {"dp": True, "private": job.vocab.seed is None, "mode": "dp_top_k",
+          "epsilon": epsilon, "delta": 0.0, "ledger": identity.location(job.ledger),
+          "note": _seed_note(job.vocab.seed) or "pure epsilon of k exponential-mechanism draws "
+                  "per feature (note 001 §2.1), charged to the ledger for this dataset_id"}
+
+
+def _seed_note(seed: Optional[int]) -> Optional[str]:
+  return None if seed is None else (
+      f"--seed {seed}: the DP top-k draws come from a public seed, so anyone who knows it can "
+      "replay them: NOT differentially private")
 
 
 def save_vocabulary(vocab: CriteoVocabulary, directory: str) -> None:
@@ -342,7 +377,8 @@ class Finish(beam.DoFn):
     beam_io.write_json(os.path.join(self._job.output, criteo_tfrecord.STATS), summary)
     if summary["bad_fraction"] <= self._job.max_bad_fraction:
       beam_io.write_json(os.path.join(self._job.output, criteo_tfrecord.MANIFEST),
-                         manifest(stats, vocab))
+                         manifest(stats, vocab, dataset_id=self._job.dataset_id,
+                                  vocab_privacy=vocab_privacy_of(self._job)))
     yield summary
 
 
@@ -370,21 +406,30 @@ def build_pipeline(pipeline: beam.Pipeline, job: CriteoJob, splits: Sequence[bea
 
 
 def charge_selection(job: CriteoJob) -> Optional[dict]:
-  """Charges DP top-k to the ledger before anything runs (refused if over budget)."""
+  """Charges DP top-k to the ledger before anything runs (refused if over budget, or if the
+  ledger holds charges for another data set), as a preprocessing charge of the job (run id =
+  its dataset_id) for its output data set."""
   if job.vocab.mode != "dp_top_k":
     return None
   if not job.ledger:
     raise DprecError("--vocab-mode dp_top_k needs --ledger PATH (the privacy ledger to charge)")
   from dprec.privacy import PrivacyLedger, split_selection_budget  # pylint: disable=import-outside-toplevel
+  from dprec.privacy.ledger import PREPROCESSING  # pylint: disable=import-outside-toplevel
   ks = job.vocab.per_feature_k()
   # k draws of ε_feature / k on each feature: the honest cost of one-shot top-k (note 001 §2.1).
   per_draw, epsilon = split_selection_budget(ks, job.vocab.epsilon)
-  ledger = PrivacyLedger(job.ledger, job.epsilon_budget, job.delta)
+  dataset = identity.dataset_identity(job.output, job.dataset_id)
+  marks = {"stage": PREPROCESSING, "dataset": dataset}
+  if job.vocab.seed is not None:
+    marks.update(private=False, privacy_note=_seed_note(job.vocab.seed))
+  ledger = PrivacyLedger(job.ledger, job.epsilon_budget, job.delta, run_id=job.dataset_id,
+                         marks=marks)
+  ledger.check_dataset(dataset)
   spent = ledger.charge_pure(epsilon, label=f"criteo vocabulary dp_top_k (k={ks[0]}"
                              f"{'' if len(set(ks)) == 1 else ' …'} per feature, 26 features)")
   return {"ledger": job.ledger, "epsilon_charged": epsilon,
           "epsilon_per_feature": job.vocab.epsilon / len(ks), "epsilon_per_draw": per_draw,
-          "epsilon_spent": spent}
+          "epsilon_spent": spent, "dataset": dataset}
 
 
 def run(job: CriteoJob, beam_args: Sequence[str] = ()) -> dict:
@@ -393,6 +438,7 @@ def run(job: CriteoJob, beam_args: Sequence[str] = ()) -> dict:
   splits = beam_io.plan_splits(paths, job.split_bytes)
   beam_io.makedirs(job.output)
   beam_io.remove_stale(os.path.join(job.output, criteo_tfrecord.MANIFEST))
+  job = dataclasses.replace(job, dataset_id=job.dataset_id or identity.new_dataset_id())
   privacy = charge_selection(job)
   counters = beam_io.run_pipeline(beam_io.pipeline_options(beam_args),
                                   lambda pipeline: build_pipeline(pipeline, job, splits),
@@ -404,7 +450,7 @@ def run(job: CriteoJob, beam_args: Sequence[str] = ()) -> dict:
     beam_io.write_json(os.path.join(job.output, criteo_tfrecord.STATS), summary)
   beam_io.check_bad_fraction(summary["dead_letters"], summary["rows_in"], job.max_bad_fraction,
                              "rows", summary["dead_letter_files"])
-  summary["output"] = job.output
+  summary["output"], summary["dataset_id"] = job.output, job.dataset_id
   return summary
 
 

@@ -15,7 +15,8 @@ vocabulary snapshot and its dead letters are written under a temporary name and 
 OUT never sees half a period), then the running state (`OUT/stream_state.pkl`), so the job can be
 stopped and rerun on the same OUT. Periods are written in day order: rows of a period that closes
 after a later period was written (a late day, or a file changed after it was read) go to
-`OUT/dead_letters/` with the reason, never into a period.
+`OUT/dead_letters/` with the reason, never into a period. The manifest keeps one `dataset_id` for
+the output (a rerun keeps the one it finds) and says the vocabulary is not DP (`vocab_privacy`).
 
 How it runs depends on the runner:
 - the embedded runner (the default): this process watches DIR and runs one bounded pipeline per
@@ -49,6 +50,7 @@ from apache_beam.transforms.timeutil import TimeDomain
 from apache_beam.utils.timestamp import Duration
 
 from dprec.data import criteo_tfrecord
+from dprec.data import identity
 from dprec.data.criteo import CATEGORICAL_FEATURES
 from dprec.data.criteo import CriteoVocabulary
 from dprec.data.criteo import count_categories
@@ -82,6 +84,7 @@ class StreamJob:
   stop_after_day: Optional[int] = None
   settle_seconds: float = 2.0
   strict_columns: bool = False  # refuse lines with fewer than 40 fields instead of padding them
+  dataset_id: Optional[str] = None  # `run` keeps the output's, or draws one
 
   def __post_init__(self):
     if self.period_days < 1:
@@ -290,7 +293,8 @@ class RunningVocabulary(beam.DoFn):
     beam_io.write_json(os.path.join(job.output, criteo_tfrecord.STATS), summary)
     newest = f"day_{max(state['entries'])}/vocab"
     beam_io.write_json(os.path.join(job.output, criteo_tfrecord.MANIFEST), criteo.manifest(
-        state["stats"], vocab, vocab_dir=newest, extra_entries=state["entries"]))
+        state["stats"], vocab, vocab_dir=newest, extra_entries=state["entries"],
+        dataset_id=job.dataset_id, vocab_privacy=criteo.public_vocab_privacy("running_counts")))
     beam_io.atomic_write(os.path.join(job.output, STATE), pickle.dumps(state))
 
 
@@ -357,6 +361,8 @@ def run(job: StreamJob, beam_args: Sequence[str] = ()) -> dict:
   if not os.path.isdir(job.input_dir):
     raise DprecError(f"{job.input_dir}: not a directory (the streaming job watches a directory)")
   beam_io.makedirs(job.output)
+  job = dataclasses.replace(job, dataset_id=job.dataset_id or identity.manifest_field(
+      job.output, identity.DATASET_ID) or identity.new_dataset_id())
   if beam_io.is_embedded(beam_io.pipeline_options(beam_args)):
     counters = run_periods(job, beam_args)
   else:

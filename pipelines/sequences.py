@@ -24,6 +24,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
+from dprec.data import identity
 from dprec.data import sequences as sequence_data
 from dprec.errors import DprecError
 from pipelines import beam_io
@@ -256,7 +257,8 @@ class WriteSequences(beam.DoFn):
     manifest = {"format": sequence_data.FORMAT, "files": files, "users": stats["users"],
                 "items": stats["items"], "actions": stats["actions"],
                 "validation": job.validation, "item_frequencies": sequence_data.FREQUENCIES,
-                "item_ids": sequence_data.ITEM_IDS, "user_ids": sequence_data.USER_IDS}
+                "item_ids": sequence_data.ITEM_IDS, "user_ids": sequence_data.USER_IDS,
+                identity.DATASET_ID: identity.new_dataset_id()}
     beam_io.write_json(os.path.join(out, sequence_data.MANIFEST), manifest)
     yield stats
 

@@ -1,7 +1,9 @@
 """Criteo TFRecords written by `dprec preprocess criteo`: the Example schema, its writer and readers.
 
 An output directory holds `manifest.json` (format `dprec-criteo-v1`: feature names, vocabulary
-sizes with OOV index 0, one entry per day or streaming period with its files and row count),
+sizes with OOV index 0, one entry per day or streaming period with its files and row count, the
+output's `dataset_id` (`dprec.data.identity`) and `vocab_privacy`: whether the vocabulary is DP
+top-k, with its ε, or built from exact counts),
 `stats.json`, the vocabulary files (`dprec.data.criteo.CriteoVocabulary.save` layout) and per-day
 directories of `tf.train.Example`s with `label` int64[1], `int_features` float32[13] (already
 log(1 + max(x, 0)), missing → 0) and `cat_features` int64[26] (vocabulary indices, 0 = OOV).

@@ -1,12 +1,13 @@
 """Per-user item sequences written by `dprec preprocess sequences`: schema, writer and reader.
 
-An output directory holds `manifest.json` (format `dprec-sequences-v1`), `stats.json` (`users`,
-`items`, `actions`, ...), TFRecord shards of one `tf.train.Example` per user (`user` int64,
-`train_items` int64 list in time order, `valid_item` and `test_item` int64, 0 = none), the item
-frequencies p_i (`item_frequencies.npy`, float64[M + 1], p_0 = 0) and the original ids of items
-and users (`item_ids.txt`, `user_ids.txt`: line i is the original id of index i). Items are
-1..M; 0 is padding. The exact p_i are private data (evaluation buckets items by them); a model
-takes p_i from a DP histogram or from a public file (`read_item_frequencies`).
+An output directory holds `manifest.json` (format `dprec-sequences-v1`, with the output's
+`dataset_id`: `dprec.data.identity`), `stats.json` (`users`, `items`, `actions`, ...), TFRecord
+shards of one `tf.train.Example` per user (`user` int64, `train_items` int64 list in time order,
+`valid_item` and `test_item` int64, 0 = none), the item frequencies p_i (`item_frequencies.npy`,
+float64[M + 1], p_0 = 0) and the original ids of items and users (`item_ids.txt`,
+`user_ids.txt`: line i is the original id of index i). Items are 1..M; 0 is padding. The exact
+p_i are private data (evaluation buckets items by them); a model takes p_i from a DP histogram
+or from a public file (`read_item_frequencies`).
 
 Item frequency file (public p_i, e.g. a platform's published purchase shares): one item a line,
 `ITEM_ID FREQUENCY` separated by white space, the id as in the input logs (`item_ids.txt`), the

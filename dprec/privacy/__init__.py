@@ -24,6 +24,7 @@ from dprec.privacy.forward import ForwardPlan
 from dprec.privacy.forward import seqldp_epsilon
 from dprec.privacy.label_rr import rr_with_prior
 from dprec.privacy.composition import CompositionResult
+from dprec.privacy.composition import Spent
 from dprec.privacy.top_k import feature_counts
 from dprec.privacy.top_k import gumbel_top_k
 from dprec.privacy.top_k import select_top_k_per_feature

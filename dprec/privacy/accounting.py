@@ -121,6 +121,8 @@ def gaussian_epsilon(periods: Sequence[TrainingPeriod], delta, accountant="pld")
   check_accountant(accountant)
   check_delta(delta)
   periods = [p for p in periods if p.steps > 0]
+  if not periods:  # nothing released (RDP's conversion would report a small ε > 0)
+    return 0.0
   if any(p.noise_multiplier == 0 for p in periods):
     return math.inf
   if accountant == "rdp":

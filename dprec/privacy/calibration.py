@@ -4,10 +4,14 @@ from typing import Sequence, Tuple
 
 import dp_accounting
 
+from dprec.errors import BudgetExceededError
 from dprec.errors import DprecError
 from dprec.privacy import accounting
 from dprec.privacy import composition
 
+# A plan must leave training at least this share of the target ε (what earlier releases and
+# this run's other releases leave); below it σ grows without bound and nothing is learnt.
+MIN_TRAINING_SHARE = 0.01
 # Below this σ the guarantee is meaningless; above it an absolute tolerance of rtol·σ_min is
 # a relative tolerance of rtol.
 MIN_NOISE_MULTIPLIER = 1e-2
@@ -91,13 +95,17 @@ class TrainingPlan:
 
 def plan_training(target_epsilon, delta, periods: Sequence[Tuple[float, int]],
                   selection_epsilon=0.0, accountant="pld", poisson=True, rtol=1e-3,
-                  selection_delta=0.0, progress=None, gaussian_mechanisms=()):
+                  selection_delta=0.0, progress=None, gaussian_mechanisms=(),
+                  spent: composition.Spent = composition.Spent()):
   """Calibrate one σ for periods [(q_i, T_i)] after deducting the selection (note 001 C.3).
 
   Basic composition: ε_total = ε_train(δ − δ_select) + ε_select, so training gets the target
   minus ε_select at δ − δ_select. `gaussian_mechanisms` (their noise multipliers, e.g. a DP
   histogram's) are released once each before training and composed with it in the accountant
-  (PLD), so training's σ is calibrated for what they leave.
+  (PLD), so training's σ is calibrated for what they leave. `spent` (what a ledger recorded on
+  the data set before this run: a preprocessing job's DP top-k, other runs' training) counts
+  the same way: its selections are deducted, its periods composed in the accountant. A plan
+  that would leave training less than `MIN_TRAINING_SHARE` of the target is refused.
   """
   if not periods:
     raise DprecError("plan_training needs at least one (sampling_rate, steps) period")
@@ -107,17 +115,44 @@ def plan_training(target_epsilon, delta, periods: Sequence[Tuple[float, int]],
         "for training")
   for q, steps in periods:
     accounting.check_gaussian_parameters(1.0, q, steps)
+  if not 0 <= selection_delta < delta:
+    raise DprecError(f"selection delta {selection_delta} must be in [0, delta={delta})")
+  selections = tuple(spent.selections) + ((selection_epsilon, selection_delta),)
+  fixed = list(spent.periods) + [accounting.gaussian_mechanism_period(s)
+                                 for s in gaussian_mechanisms]
+  _check_room(target_epsilon, delta, fixed, selections, accountant, spent)
 
   def make_event(sigma):
     return dp_accounting.ComposedDpEvent(
-        [dp_accounting.GaussianDpEvent(s) for s in gaussian_mechanisms]
+        [accounting.dp_sgd_event(p.noise_multiplier, p.sampling_rate, p.steps) for p in fixed]
         + [accounting.dp_sgd_event(sigma, q, steps) for q, steps in periods])
 
-  if not 0 <= selection_delta < delta:
-    raise DprecError(f"selection delta {selection_delta} must be in [0, delta={delta})")
-  sigma = _calibrate(make_event, target_epsilon - selection_epsilon, delta - selection_delta,
-                     accountant, rtol, progress)
-  planned = [accounting.gaussian_mechanism_period(s) for s in gaussian_mechanisms]
-  planned += [accounting.TrainingPeriod(sigma, q, int(steps), poisson) for q, steps in periods]
-  return TrainingPlan(sigma, composition.compose_periods(
-      planned, delta, accountant, selections=[(selection_epsilon, selection_delta)]))
+  sigma = _calibrate(make_event, target_epsilon - sum(e for e, _ in selections),
+                     delta - sum(d for _, d in selections), accountant, rtol, progress)
+  planned = fixed + [accounting.TrainingPeriod(sigma, q, int(steps), poisson)
+                     for q, steps in periods]
+  return TrainingPlan(sigma, composition.compose_periods(planned, delta, accountant,
+                                                         selections=selections))
+
+
+def _check_room(target_epsilon, delta, fixed, selections, accountant, spent):
+  """Refuses (BudgetExceededError) when what is spent and reserved before training leaves it
+  less than `MIN_TRAINING_SHARE` of the target: its σ would grow without bound."""
+  if sum(d for _, d in selections) >= delta:
+    raise BudgetExceededError(f"the selection deltas {[d for _, d in selections]} leave nothing "
+                              f"of delta {delta:g} for training")
+  committed = composition.compose_periods(fixed, delta, accountant,
+                                          selections=selections).epsilon
+  left = target_epsilon - committed
+  if left >= MIN_TRAINING_SHARE * target_epsilon:
+    return
+  already = ""
+  if spent:
+    before = composition.compose_periods(list(spent.periods), delta, accountant,
+                                         selections=spent.selections).epsilon
+    already = f"the ledger has already spent epsilon {before:.4g} on this data set; "
+  raise BudgetExceededError(
+      f"{already}with this run's other releases that is epsilon {committed:.4g} of the target "
+      f"{target_epsilon:g} at delta {delta:g}, leaving {max(left, 0.0):.3g} for training, under "
+      f"{MIN_TRAINING_SHARE:.0%} of it: nothing useful is left to train with (use a fresh "
+      "ledger, a larger budget, or less selection epsilon)")

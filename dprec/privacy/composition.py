@@ -2,13 +2,33 @@
 
 Gaussian periods compose inside the accountant. Selection charges, pure ε or (ε_i, δ_i), add by
 basic composition (note 001 App. C.3, Lemma C.5): the training part is evaluated at
-δ − Σ δ_i and the ε_i are added. Both parts are reported.
+δ − Σ δ_i and the ε_i are added. Both parts are reported. `Spent` is what a ledger recorded
+before a run (a preprocessing job's DP top-k, another run's training), in the same two parts.
 """
 import dataclasses
 from typing import List, Sequence, Tuple
 
 from dprec.errors import DprecError
 from dprec.privacy import accounting
+
+
+@dataclasses.dataclass(frozen=True)
+class Spent:
+  """Releases already made on a data set: Gaussian periods (composed with later ones in the
+  accountant) and selection charges (ε_i, δ_i) (added by basic composition)."""
+  periods: Tuple[accounting.TrainingPeriod, ...] = ()
+  selections: Tuple[Tuple[float, float], ...] = ()
+
+  def __bool__(self):
+    return bool(self.periods or self.selections)
+
+  @property
+  def selection_epsilon(self):
+    return float(sum(e for e, _ in self.selections))
+
+  @property
+  def selection_delta(self):
+    return float(sum(d for _, d in self.selections))
 
 
 @dataclasses.dataclass(frozen=True)

@@ -7,6 +7,12 @@ recomputed from the charges (Gaussian periods in the accountant, selection charg
 `composition`), so a reloaded ledger knows exactly what was spent. One ledger has one writer at a
 time; runs that share it stamp their charges with their `run_id`, and a run only ever counts its
 own charges as paid (`charges_of`).
+
+A ledger is the budget of one data set. Charges record which one in `dataset` ({"path", "id"}:
+the output directory and the id its manifest carries, `dprec.data.identity`), and a
+preprocessing job's charges say `stage: "preprocessing"`. A training run composes everything
+recorded before its first charge on its data set (`spent_before`), refuses a ledger holding
+charges for another data set (`check_dataset`), and reports the parts (`parts`).
 """
 import datetime
 import json
@@ -22,6 +28,7 @@ LEDGER_FORMAT = "dprec-privacy-ledger-v1"
 GAUSSIAN = "poisson_gaussian"
 PURE = "pure"
 APPROXIMATE = "approximate"
+PREPROCESSING = "preprocessing"
 
 
 def _now():
@@ -30,6 +37,28 @@ def _now():
 
 def _gaussian_key(charge):
   return (charge["noise_multiplier"], charge["sampling_rate"], charge["poisson"])
+
+
+def same_dataset(a, b) -> bool:
+  """Whether identities {"path", "id"} name one data set: the same id, or, when either has no
+  id (raw TSV days, an output written before ids, a stream not yet started), the same path."""
+  if a.get("id") and b.get("id"):
+    return a["id"] == b["id"]
+  return a.get("path") == b.get("path")
+
+
+def _spent(charges):
+  """The charges as `composition.Spent`: Gaussian periods grouped by (σ, q) (composition
+  commutes) and the selection charges."""
+  steps = {}
+  for charge in charges:
+    if charge["mechanism"] == GAUSSIAN:
+      steps[_gaussian_key(charge)] = steps.get(_gaussian_key(charge), 0) + charge["steps"]
+  return composition.Spent(
+      periods=tuple(accounting.TrainingPeriod(s, q, n, poisson)
+                    for (s, q, poisson), n in steps.items()),
+      selections=tuple((c["epsilon"], c.get("delta", 0.0)) for c in charges
+                       if c["mechanism"] in (PURE, APPROXIMATE)))
 
 
 class PrivacyLedger:
@@ -105,15 +134,9 @@ class PrivacyLedger:
 
   def _compose(self, charges):
     """Gaussian periods (grouped by σ, q: composition commutes) with the selection charges."""
-    steps = {}
-    for charge in charges:
-      if charge["mechanism"] == GAUSSIAN:
-        steps[_gaussian_key(charge)] = steps.get(_gaussian_key(charge), 0) + charge["steps"]
-    periods = [accounting.TrainingPeriod(s, q, n, poisson) for (s, q, poisson), n in steps.items()]
-    selections = [(c["epsilon"], c.get("delta", 0.0)) for c in charges
-                  if c["mechanism"] in (PURE, APPROXIMATE)]
-    return composition.compose_periods(periods, self.delta, self.accountant,
-                                       selections=selections)
+    spent = _spent(charges)
+    return composition.compose_periods(list(spent.periods), self.delta, self.accountant,
+                                       selections=spent.selections)
 
   def epsilon_spent(self):
     return self.composition().epsilon
@@ -197,6 +220,57 @@ class PrivacyLedger:
     return [c for c in self.charges if c.get("run_id") == run_id
             and (label is None or c.get("label") == label)]
 
+  def spent_before(self, run_id):
+    """What the charges recorded before run `run_id`'s first one (all, if it has none) spent,
+    its own excluded (`composition.Spent`): what that run's plan composes with. Charges only
+    ever append, so a resumed run finds what it found when it started; later charges of other
+    runs still count against the budget (`epsilon_if_charged`, `_commit`)."""
+    earlier = []
+    for charge in self.charges:
+      if charge.get("run_id") == run_id:
+        break
+      earlier.append(charge)
+    return _spent(earlier)
+
+  def check_dataset(self, dataset):
+    """Refuses (DprecError) a ledger holding charges for a data set other than `dataset`
+    ({"path", "id"}; None: the run cannot tell, and every charge counts)."""
+    if dataset is None:
+      return
+    others = [c for c in self.charges if c.get("dataset") is not None
+              and not same_dataset(c["dataset"], dataset)]
+    if others:
+      listed = "; ".join(f"{c.get('label') or c['mechanism']} (run {c.get('run_id')}) for "
+                         f"{c['dataset'].get('path')} (id {c['dataset'].get('id')})"
+                         for c in others[:5])
+      more = f" and {len(others) - 5} more" if len(others) > 5 else ""
+      raise DprecError(
+          f"{self.path}: the ledger holds charges for another data set: {listed}{more}; this "
+          f"run trains on {dataset.get('path')} (id {dataset.get('id')}). A ledger is the "
+          "budget of one data set: use the ledger of this data set (the one its preprocessing "
+          "charged, if any) or a new one")
+
+  def parts(self):
+    """ε and δ split into the preprocessing selections (charges with `stage:
+    "preprocessing"`, e.g. a DP top-k vocabulary) and training (everything else: the
+    Gaussian periods composed in the accountant plus in-run selections). The parts add up to
+    the total by basic composition (`composition`)."""
+    result = self.composition()
+    preprocessing = [c for c in self.charges if c.get("stage") == PREPROCESSING]
+    epsilon = float(sum(c["epsilon"] for c in preprocessing))
+    delta = float(sum(c.get("delta", 0.0) for c in preprocessing))
+    training = [c for c in self.charges if c.get("stage") != PREPROCESSING]
+    return {
+        "preprocessing_selection": {
+            "epsilon": epsilon, "delta": delta,
+            "charges": [{"label": c.get("label"), "epsilon": c["epsilon"],
+                         "delta": c.get("delta", 0.0), "dataset": c.get("dataset"),
+                         "private": c.get("private", True)} for c in preprocessing]},
+        "training": {
+            "epsilon": result.epsilon - epsilon, "delta": result.delta - delta,
+            "runs": sorted({c.get("run_id") or "(none recorded)" for c in training})},
+    }
+
   def summary(self):
     result = self.composition()
     return {"path": self.path, "epsilon_budget": self.epsilon_budget, "delta": self.delta,
@@ -205,4 +279,4 @@ class PrivacyLedger:
             "selection_epsilon": result.selection_epsilon,
             "training_delta": result.training_delta, "selection_delta": result.selection_delta,
             "remaining": max(0.0, self.epsilon_budget - result.epsilon), "note": result.note,
-            "charges": self.charges}
+            "epsilon_parts": self.parts(), "charges": self.charges}

@@ -47,8 +47,9 @@ BASE_RATE_LABEL = "train ctr base rate"
 CALIBRATION_LABEL = "train ctr calibration"
 SELECTION_LABEL = "dp-fest top-k"
 VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-k-epsilon 0) are "
-                   "treated as public, as seed 001 does; build them from public data for a "
-                   "guarantee that covers them")
+                   "treated as public, as seed 001 does, unless dataset.vocab_privacy says the "
+                   "vocabulary is DP (its epsilon is then in epsilon_parts); build them from "
+                   "public data or by DP top-k for a guarantee that covers them")
 EPSILON_COVERS = {
     "epsilon": "(epsilon, delta)-DP for adding or removing one training example (row), "
                "covering the model, the DP top-k rows and every field listed under 'covered'",
@@ -121,20 +122,23 @@ class CTRTrainOptions(run_lib.FitOptions):
       raise DprecError("--top-k-epsilon must be >= 0")
 
 
-def plan_privacy(options: CTRTrainOptions, num_examples: int) -> plan_lib.PrivacyPlan:
-  """σ from the target ε (note 001 §2.2): DP-SGD's σ at (ε − ε_select, δ = 1/N by default, q, T),
-  composed with the DP base rate's Gaussian mechanism (σ_b alone at `base_rate_share`·ε) and DP
-  Platt scaling's (σ_c alone at `calibration_share`·ε; none at 0)."""
+def plan_privacy(options: CTRTrainOptions, num_examples: int, run=None) -> plan_lib.PrivacyPlan:
+  """σ from the target ε (note 001 §2.2): DP-SGD's σ at (ε − ε_select, δ, q, T), composed with the
+  DP base rate's Gaussian mechanism (σ_b alone at `base_rate_share`·ε), DP Platt scaling's (σ_c
+  alone at `calibration_share`·ε; none at 0) and what `run`'s ledger spent on the data before
+  (δ: the ledger's, else 1/N; `run_lib.plan_prior`)."""
   poisson.BatchSampling(options.batch_size).sampling_rate(num_examples)  # refuses B > N
   if not options.private:
     return plan_lib.plan_privacy(math.inf, None, num_examples, options.batch_size, options.steps)
+  delta, spent = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
+                                    default_delta=1.0 / num_examples)
   selection = options.top_k_epsilon if options.algorithm in FEST_ALGORITHMS else 0.0
   return plan_lib.plan_privacy(
-      options.epsilon, options.delta if options.delta is not None else 1.0 / num_examples,
-      num_examples, options.batch_size, options.steps, selection_epsilon=selection,
+      options.epsilon, delta, num_examples, options.batch_size, options.steps,
+      selection_epsilon=selection,
       mechanisms=[(BASE_RATE_LABEL, options.base_rate_share)]
       + [(CALIBRATION_LABEL, options.calibration_share)] * bool(options.calibration_share),
-      accountant=options.accountant, poisson=not options.fixed_batches)
+      accountant=options.accountant, poisson=not options.fixed_batches, spent=spent)
 
 
 def noise_multipliers(options, noise_multiplier) -> Tuple[Optional[float], Optional[float]]:
@@ -227,10 +231,10 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
   to `options.summary_json` if set)."""
   options.validate()
   data = data or load_data(options.data, options.vocab, options.vocab_min_count)
-  plan = plan_privacy(options, len(data.train["label"]))
   label = f"{COMMAND} {options.algorithm}"
   with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,
-                   options.secure_noise) as run:
+                   options.secure_noise, options.data) as run:
+    plan = plan_privacy(options, len(data.train["label"]), run)
     if run.open_plan_ledger(plan) is not None:
       run.check_budget(plan, label, options.steps, {SELECTION_LABEL: plan.selection_epsilon})
     model, rate = build_model(options, data, plan, run)

@@ -28,8 +28,11 @@ def register(subparsers):
   add("--data", required=True, help="directory of Criteo TSV day_N files, or a Beam output dir")
   add("--algorithm", choices=ctr.ALGORITHMS, default=defaults.algorithm,
       help="training algorithm")
-  add("--epsilon", type=float, help="privacy budget ε (required unless non_private)")
-  add("--delta", type=float, help="δ (default 1/N, N = training rows)")
+  add("--epsilon", type=float,
+      help="privacy budget ε, the total: what --ledger spent on this data before (e.g. a DP "
+           "top-k vocabulary) is composed in (required unless non_private)")
+  add("--delta", type=float,
+      help="δ (default: the --ledger's if it exists, else 1/N, N = training rows)")
   add("--batch-size", type=int, default=defaults.batch_size,
       help="expected (Poisson) batch size B")
   add("--steps", type=int, default=defaults.steps, help="training steps T")

@@ -8,8 +8,11 @@ in total, split evenly over the periods). One σ is calibrated (`dprec.privacy.p
 by default) so that everything planned spends at most `epsilon_total`: the mechanisms composed
 with the steps in the accountant, the selections deducted first by basic composition (note 001
 App. C.3; a stream's periods compose sequentially, a user's impressions recurring across days).
-For DP-AdaFEST the σ is the composed (σ1⁻² + σ2⁻²)^(−1/2) (seed 001 §3.3). Periods beyond the
-plan are charged too; a run stops before one that would exceed the budget.
+For DP-AdaFEST the σ is the composed (σ1⁻² + σ2⁻²)^(−1/2) (seed 001 §3.3). What the run's ledger
+spent on the data set before it (`spent`, `dprec.workflows.run.plan_prior`: a preprocessing
+job's DP top-k vocabulary, other runs' training) is composed the same way, so σ is calibrated
+for what it leaves. Periods beyond the plan are charged too; a run stops before one that would
+exceed the budget.
 """
 import dataclasses
 import functools
@@ -39,6 +42,7 @@ class PrivacyPlan:
     poisson: False for fixed-size batches (accounted as if Poisson, and flagged so).
     mechanisms: {ledger label: σ} of Gaussian mechanisms released once before training.
     forward: DP-Forward's `dprec.privacy.ForwardPlan` (SeqLDP releases instead of DP steps).
+    spent: what the ledger had spent on the data set before the run (composed with it).
   """
   epsilon_total: float
   delta: Optional[float]
@@ -53,6 +57,7 @@ class PrivacyPlan:
   poisson: bool = True
   mechanisms: Mapping[str, float] = dataclasses.field(default_factory=dict)
   forward: Optional[object] = None
+  spent: privacy.Spent = privacy.Spent()
 
   @property
   def private(self) -> bool:
@@ -74,17 +79,17 @@ class PrivacyPlan:
     return [FIXED_BATCHES_NOTE] if self.private and not self.poisson else []
 
   def planned_epsilon(self, periods=None):
-    """ε after `periods` periods of steps and selections (default: all planned), computed by
-    dprec.privacy directly."""
+    """ε after `periods` periods of steps and selections (default: all planned), with what was
+    spent before, computed by dprec.privacy directly."""
     if not self.private:
       return math.inf
     periods = self.expected_periods if periods is None else periods
-    if periods == 0:
-      return 0.0
-    gaussian = privacy.compute_epsilon(
-        self.noise_multiplier, self.sampling_rate, self.steps_per_period * periods, self.delta,
-        accountant=self.accountant).epsilon
-    return gaussian + self.selection_epsilon_per_period * periods  # basic composition
+    training = privacy.TrainingPeriod(self.noise_multiplier, self.sampling_rate,
+                                      self.steps_per_period * periods)
+    return privacy.compose_periods(  # selections by basic composition
+        list(self.spent.periods) + [training], self.delta, self.accountant,
+        selections=self.spent.selections + ((self.selection_epsilon_per_period * periods, 0.0),)
+    ).epsilon
 
   def to_dict(self):
     return {k: v for k, v in dataclasses.asdict(self).items()
@@ -93,13 +98,14 @@ class PrivacyPlan:
 
 @functools.lru_cache(maxsize=64)
 def _calibrated(epsilon, delta, sampling_rate, steps, selection_epsilon, accountant, poisson,
-                mechanisms):
+                mechanisms, spent):
   """Calibration is slow (PLD, seconds to a minute): reuse it across runs of one process.
   Identical periods compose like one period of all their steps, so T·P steps are calibrated as
   one period (the σ of the list of periods, several times faster)."""
   return privacy.plan_training(epsilon, delta, [(sampling_rate, steps)],
                                selection_epsilon=selection_epsilon, accountant=accountant,
-                               poisson=poisson, gaussian_mechanisms=mechanisms).noise_multiplier
+                               poisson=poisson, gaussian_mechanisms=mechanisms,
+                               spent=spent).noise_multiplier
 
 
 @functools.lru_cache(maxsize=64)
@@ -116,7 +122,8 @@ def _check_sizes(expected_periods, examples_per_period, batch_size):
 def plan_privacy(epsilon_total, delta, examples_per_period, batch_size, steps_per_period,
                  expected_periods=1, selection_epsilon=0.0,
                  mechanisms: Sequence[Tuple[str, float]] = (),
-                 noise_multiplier: Optional[float] = None, accountant="pld", poisson=True):
+                 noise_multiplier: Optional[float] = None, accountant="pld", poisson=True,
+                 spent: privacy.Spent = privacy.Spent()):
   """The `PrivacyPlan` for a budget (or a given σ checked by the ledger as the run goes).
 
   Args:
@@ -130,16 +137,19 @@ def plan_privacy(epsilon_total, delta, examples_per_period, batch_size, steps_pe
       each calibrated alone to ε share · `epsilon_total`, composed with training.
     noise_multiplier: use this σ instead of calibrating one (the run may then stop early).
     accountant, poisson: as `dprec.privacy.plan_training`.
+    spent: what the run's ledger spent on the data set before the run (`run.plan_prior`); σ is
+      calibrated for what it leaves of `epsilon_total`.
 
   Raises:
-    DprecError: for inconsistent sizes or a selection budget that leaves nothing for training.
+    DprecError: for inconsistent sizes or a selection budget that leaves nothing for training
+      (BudgetExceededError when what was spent leaves nothing useful).
   """
   _check_sizes(expected_periods, examples_per_period, batch_size)
   common = dict(epsilon_total=epsilon_total, delta=delta,
                 sampling_rate=min(1.0, batch_size / examples_per_period),
                 steps_per_period=int(steps_per_period), expected_periods=expected_periods,
                 examples_per_period=examples_per_period, batch_size=batch_size,
-                accountant=accountant, poisson=poisson)
+                accountant=accountant, poisson=poisson, spent=spent)
   if not math.isfinite(epsilon_total):
     return PrivacyPlan(noise_multiplier=noise_multiplier, **common)
   sigmas = {label: _mechanism_sigma(share * epsilon_total, delta, accountant)
@@ -148,14 +158,15 @@ def plan_privacy(epsilon_total, delta, examples_per_period, batch_size, steps_pe
     noise_multiplier = _calibrated(epsilon_total, delta, common["sampling_rate"],
                                    common["steps_per_period"] * expected_periods,
                                    selection_epsilon, accountant, poisson,
-                                   tuple(sigmas.values()))
+                                   tuple(sigmas.values()), spent)
   return PrivacyPlan(noise_multiplier=noise_multiplier, mechanisms=sigmas,
                      selection_epsilon_per_period=selection_epsilon / expected_periods, **common)
 
 
 def plan_stream(epsilon_total, delta, expected_periods, examples_per_period, batch_size,
                 epochs_per_period=1.0, selection_epsilon=0.0,
-                noise_multiplier: Optional[float] = None, accountant="pld"):
+                noise_multiplier: Optional[float] = None, accountant="pld",
+                spent: privacy.Spent = privacy.Spent()):
   """The plan of a stream: T = ceil(epochs · N_period / B) steps per period at q = B / N_period
   (from the *expected* examples per period, fixed before any data is seen), σ 0 when
   non-private."""
@@ -165,5 +176,5 @@ def plan_stream(epsilon_total, delta, expected_periods, examples_per_period, bat
   steps = max(1, math.ceil(epochs_per_period * examples_per_period / batch_size))
   plan = plan_privacy(epsilon_total, delta, examples_per_period, batch_size, steps,
                       expected_periods, selection_epsilon, noise_multiplier=noise_multiplier,
-                      accountant=accountant)
+                      accountant=accountant, spent=spent)
   return plan if plan.private else dataclasses.replace(plan, noise_multiplier=0.0)

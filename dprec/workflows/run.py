@@ -16,6 +16,12 @@ A run directory holds:
 Without a run directory nothing is stored: the key lives in memory, the id is new, nothing is
 checkpointed and the ledger, unless given, is a temporary file.
 
+The ledger is the budget of the run's data set (`data`, identified by `dprec.data.identity`):
+every charge of the run records it, a ledger holding charges for another data set is refused,
+and what the ledger spent on this data set before the run's first charge (e.g. a preprocessing
+job's DP top-k vocabulary) is composed into the run's plan (`plan_prior`) and reported in the
+summary's `epsilon_parts`.
+
 Every randomness the privacy proof relies on comes from the key (`noise_key`): the DP step's
 generator (`noise_callback`), Poisson sampling (`entropy("poisson")`), DP top-k and DP counts
 (`numpy_rng`). `insecure_noise_seed` derives the key from a public seed instead: reproducible,
@@ -30,6 +36,7 @@ nothing twice and never counts another run's charges.
 import dataclasses
 import datetime
 import json
+import math
 import os
 import secrets
 import shutil
@@ -37,6 +44,7 @@ import tempfile
 from typing import Mapping, Optional
 
 from dprec import atomic_io
+from dprec.data import identity
 from dprec.errors import BudgetExceededError, DprecError
 from dprec.privacy.noise_key import KEY_BYTES
 from dprec.privacy.noise_key import NoiseKey
@@ -99,8 +107,12 @@ class Run:
   """See the module docstring. Use as a context manager (removes a temporary ledger)."""
 
   def __init__(self, command: str, run_dir: Optional[str] = None, ledger: Optional[str] = None,
-               insecure_noise_seed: Optional[int] = None, secure_noise: bool = False):
+               insecure_noise_seed: Optional[int] = None, secure_noise: bool = False,
+               data: Optional[str] = None):
     self.command, self.run_dir, self.secure_noise = command, run_dir, secure_noise
+    # The data set trained on (None: in-memory data, which no charge can be matched to).
+    self.data = data
+    self.dataset = identity.dataset_identity(data) if data is not None else None
     self._temporary = None
     if run_dir is None:
       self.run_id = secrets.token_hex(8)
@@ -194,20 +206,28 @@ class Run:
 
   # ---- the ledger --------------------------------------------------------------------------
 
-  def open_ledger(self, epsilon_budget, delta, accountant):
+  def open_ledger(self, epsilon_budget, delta, accountant, default_delta=None):
     """The ledger at `ledger_path` (also kept as `self.ledger`); every charge this run makes
-    records its `run_id` (and, with insecure noise, `private: false` and the reason)."""
+    records its `run_id` and data set (and, with insecure noise, `private: false` and the
+    reason). `delta` None: the existing ledger's δ, or `default_delta` for a new one. Refuses a
+    ledger holding charges for another data set."""
     from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
+    if delta is None and not os.path.exists(self.ledger_path):
+      delta = default_delta
     marks = {} if self.private else {"private": False, "privacy_note": self.noise_key.note}
+    if self.dataset is not None:
+      marks["dataset"] = self.dataset
     self.ledger = PrivacyLedger(self.ledger_path, epsilon_budget=epsilon_budget, delta=delta,
                                 accountant=accountant, run_id=self.run_id, marks=marks)
+    self.ledger.check_dataset(self.dataset)
     return self.ledger
 
   def open_plan_ledger(self, plan):
-    """The ledger of a `dprec.workflows.plan.PrivacyPlan`'s budget; None for a non-private plan."""
+    """The ledger of a `dprec.workflows.plan.PrivacyPlan`'s budget (the one `plan_prior`
+    opened, if it did); None for a non-private plan."""
     if not plan.private:
       return None
-    return self.open_ledger(plan.epsilon_total, plan.delta, plan.accountant)
+    return self.ledger or self.open_ledger(plan.epsilon_total, plan.delta, plan.accountant)
 
   def steps_paid(self, ledger, label) -> int:
     """Steps this run has charged under `label` (charges of other runs never count)."""
@@ -313,15 +333,30 @@ class Run:
 
   # ---- the summary -------------------------------------------------------------------------
 
-  def privacy_fields(self, dp: bool, epsilon_covers: str, notes=()) -> dict:
+  def privacy_fields(self, dp: bool, epsilon_covers: dict, notes=()) -> dict:
     """The summary's privacy fields: `private` (a DP algorithm with secret randomness),
     `privacy_note` (why not, and other caveats), `epsilon_covers` (which outputs ε covers),
-    `secure_noise` (the DP step's noise sampled exactly)."""
+    `secure_noise` (the DP step's noise sampled exactly); with the run's ledger, `epsilon_parts`
+    (preprocessing selection and training, adding up to its ε) and, with its data directory,
+    `dataset` (which data set, and whether its vocabulary is DP): both public."""
     reasons = ([] if dp else ["non-private training: no differential privacy"])
     reasons += [] if self.private else [self.noise_key.note]
-    return {"run_id": self.run_id, "private": dp and self.private,
-            "privacy_note": "; ".join(reasons + list(notes)) or None,
-            "epsilon_covers": epsilon_covers, "secure_noise": self.secure_noise}
+    public = list(epsilon_covers.get("public", [])) + [
+        "epsilon_parts (accounting) and dataset (the data set's path, id and vocab_privacy)"]
+    fields = {"run_id": self.run_id, "epsilon_covers": dict(epsilon_covers, public=public),
+              "secure_noise": self.secure_noise}
+    public_seeded = []
+    if self.ledger is not None:
+      fields["epsilon_parts"] = self.ledger.parts()
+      preprocessing = fields["epsilon_parts"]["preprocessing_selection"]["charges"]
+      public_seeded = [f"preprocessing release '{c['label']}' drew its randomness from a public "
+                       "seed: it is NOT differentially private"
+                       for c in preprocessing if not c["private"]]
+    if self.dataset is not None:
+      fields["dataset"] = dict(self.dataset, vocab_privacy=identity.manifest_field(
+          self.data, "vocab_privacy"))
+    return dict(fields, private=dp and self.private and not public_seeded,
+                privacy_note="; ".join(reasons + public_seeded + list(notes)) or None)
 
   def privacy_summary(self, plan, epsilon_covers, dp=None, notes=()) -> dict:
     """ε spent (None without a ledger), δ, the accountant, Poisson or not, and
@@ -332,6 +367,20 @@ class Run:
             "poisson": bool(ledger is not None and plan.poisson),
             **self.privacy_fields(plan.private if dp is None else dp, epsilon_covers,
                                   plan.notes + list(notes))}
+
+
+def plan_prior(run, epsilon_budget, delta, accountant, default_delta):
+  """(δ, `Spent`) a privacy plan starts from. In a private `run` (a finite `epsilon_budget`):
+  its ledger, opened now (`Run.open_ledger`: δ `delta`, else the existing ledger's, else
+  `default_delta`), and what it spent on the run's data set before the run's first charge
+  (`PrivacyLedger.spent_before`: e.g. a DP top-k vocabulary; a resumed run finds what it found
+  when it started). Otherwise (`run` None: planning alone): (`delta` or `default_delta`,
+  nothing spent)."""
+  from dprec.privacy import composition  # pylint: disable=import-outside-toplevel
+  if run is None or epsilon_budget is None or not math.isfinite(epsilon_budget):
+    return (default_delta if delta is None else delta), composition.Spent()
+  ledger = run.open_ledger(epsilon_budget, delta, accountant, default_delta)
+  return ledger.delta, ledger.spent_before(run.run_id)
 
 
 def write_summary(summary, path):

@@ -132,13 +132,16 @@ options_from_checkpoint = functools.partial(resume_lib.options_from_checkpoint,
                                             SeqRecTrainOptions)
 
 
-def plan_privacy(options, num_examples) -> plan_lib.PrivacyPlan:
-  """Steps = epochs·N/B; σ calibrated so the run spends exactly ε at δ (default 1/N), composed
-  with the DP histogram of p_i; DP-Forward: σ of its E epoch releases (`dp_forward.plan_run`)."""
+def plan_privacy(options, num_examples, run=None) -> plan_lib.PrivacyPlan:
+  """Steps = epochs·N/B; σ calibrated so the run spends exactly ε at δ (default: the ledger's,
+  else 1/N), composed with the DP histogram of p_i and with what `run`'s ledger spent on the
+  data before (`run_lib.plan_prior`); DP-Forward: σ of its E epoch releases
+  (`dp_forward.plan_run`)."""
   if options.batch_size > num_examples:
     raise DprecError(f"--batch-size {options.batch_size} exceeds the {num_examples} training "
                      "users; give a smaller one or none (then it is chosen from N)")
-  delta = options.delta if options.delta is not None else 1.0 / num_examples
+  delta, spent = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
+                                    default_delta=1.0 / num_examples)
   if options.dp_forward is not None:
     return dp_forward_lib.plan_run(options, delta, num_examples)
   steps = max(1, int(round(options.epochs * num_examples / options.batch_size)))
@@ -146,7 +149,8 @@ def plan_privacy(options, num_examples) -> plan_lib.PrivacyPlan:
     return plan_lib.plan_privacy(math.inf, None, num_examples, options.batch_size, steps)
   return plan_lib.plan_privacy(options.epsilon, delta, num_examples, options.batch_size, steps,
                                mechanisms=frequencies_lib.mechanisms(options),
-                               accountant=options.accountant, poisson=not options.fixed_batches)
+                               accountant=options.accountant, poisson=not options.fixed_batches,
+                               spent=spent)
 
 
 def build_model(options, examples, plan, frequencies=None, noise_key=None):
@@ -218,10 +222,10 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
   if batch_size_chosen:
     options = dataclasses.replace(
         options, batch_size=poisson.default_batch_size(len(examples.items)))
-  plan = plan_privacy(options, len(examples.items))
   tf.keras.utils.set_random_seed(options.seed)
   with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,
-                   options.secure_noise) as run:
+                   options.secure_noise, options.data) as run:
+    plan = plan_privacy(options, len(examples.items), run)
     if plan.forward is not None:
       prior = dp_forward_lib.label_prior(options.item_frequencies, data.item_ids,
                                          examples.num_items)

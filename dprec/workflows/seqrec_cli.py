@@ -23,8 +23,11 @@ def register(subparsers):
       "and HIT@10 overall and by item popularity (head/torso/tail).")
   add = parser.add_argument
   add("--data", required=True, help="directory written by `dprec preprocess sequences`")
-  add("--epsilon", type=_epsilon, default=5.0, help="privacy budget ε; 'inf' trains non-privately")
-  add("--delta", type=float, default=None, help="δ (default 1/N training users)")
+  add("--epsilon", type=_epsilon, default=5.0,
+      help="privacy budget ε, the total: what --ledger spent on this data before is composed "
+           "in; 'inf' trains non-privately")
+  add("--delta", type=float, default=None,
+      help="δ (default: the --ledger's if it exists, else 1/N training users)")
   add("--epochs", type=float, default=100.0, help="epochs (expected passes over the users)")
   add("--batch-size", type=int, default=None,
       help="expected batch size B (q = B/N); default: min(1024, N/8) for the N training users")

@@ -188,9 +188,10 @@ def expected_periods(options: StreamOptions, source) -> Tuple[int, str]:
           f"the {len(days)} days in {options.data} (not a live stream: --idle-timeout 0)")
 
 
-def plan_privacy(options: StreamOptions, source, expected: int) -> plan_lib.PrivacyPlan:
+def plan_privacy(options: StreamOptions, source, expected: int, run=None) -> plan_lib.PrivacyPlan:
   """One budget over `expected` periods, q from the expected examples per period (default: the
-  first period's)."""
+  first period's), composed with what `run`'s ledger spent on the data before (δ: the ledger's,
+  else 1 / expected examples; `run_lib.plan_prior`)."""
   per_period = options.examples_per_period
   if per_period is None:
     first = source.period(0)
@@ -200,11 +201,13 @@ def plan_privacy(options: StreamOptions, source, expected: int) -> plan_lib.Priv
     per_period = first.examples
   selection = (options.top_k_epsilon
                if options.private and options.algorithm in ctr_workflow.FEST_ALGORITHMS else 0.0)
+  epsilon = options.epsilon_total if options.private else math.inf
+  delta, spent = run_lib.plan_prior(run, epsilon, options.delta, options.accountant,
+                                    default_delta=1.0 / (expected * per_period))
   return plan_lib.plan_stream(
-      options.epsilon_total if options.private else math.inf,
-      options.delta or 1.0 / (expected * per_period), expected, per_period, options.batch_size,
+      epsilon, delta, expected, per_period, options.batch_size,
       epochs_per_period=options.epochs_per_period, selection_epsilon=selection,
-      noise_multiplier=options.noise_multiplier, accountant=options.accountant)
+      noise_multiplier=options.noise_multiplier, accountant=options.accountant, spent=spent)
 
 
 def build_trainer(options: StreamOptions, source, plan, run) -> StreamingTrainer:
@@ -227,9 +230,9 @@ def run(options: StreamOptions) -> dict:
   options.validate()
   source = BeamStreamSource(options.data, options.period_days, options.train_days)
   expected, expected_from = expected_periods(options, source)
-  plan = plan_privacy(options, source, expected)
   with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,
-                   options.secure_noise) as run:
+                   options.secure_noise, options.data) as run:
+    plan = plan_privacy(options, source, expected, run)
     summary = build_trainer(options, source, plan, run).run()
   summary["algorithm"] = options.algorithm
   summary["expected_periods"], summary["expected_periods_from"] = expected, expected_from

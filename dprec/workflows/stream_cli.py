@@ -33,9 +33,11 @@ def register(subparsers):
   dp = parser.add_argument_group("privacy")
   dp.add_argument("--algorithm", default="dp_adafest", choices=ctr.ALGORITHMS)
   dp.add_argument("--epsilon-total", type=float, default=None,
-                  help="privacy budget of the whole run (required unless non_private)")
+                  help="privacy budget of the whole run, what --ledger spent on this data before "
+                  "included (required unless non_private)")
   dp.add_argument("--delta", type=float, default=None,
-                  help="δ of the run (default 1 / expected examples over all periods)")
+                  help="δ of the run (default: the ledger's if it exists, else 1 / expected "
+                  "examples over all periods)")
   dp.add_argument("--expected-periods", type=int, default=None,
                   help="periods the budget must last (default: training periods of --train-days)")
   dp.add_argument("--examples-per-period", type=int, default=None,

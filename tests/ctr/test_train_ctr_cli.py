@@ -128,19 +128,19 @@ def test_bad_inputs_are_one_line_errors(data_dir, tmp_path, capsys):
                                              "non_private"])
 
 
-def test_refuses_a_ledger_that_has_already_spent(data_dir, tmp_path, capsys):
+def test_refuses_a_ledger_with_nothing_useful_left(data_dir, tmp_path, capsys):
   ledger_path = tmp_path / "ledger.json"
   rows = sum(1 for _ in open(os.path.join(data_dir, "day_0"), encoding="utf-8")) + \
       sum(1 for _ in open(os.path.join(data_dir, "day_1"), encoding="utf-8"))
   ledger = privacy.PrivacyLedger(str(ledger_path), epsilon_budget=EPSILON, delta=1.0 / rows,
                                  accountant="rdp")
-  ledger.charge_pure(0.5, label="an earlier release")
+  ledger.charge_pure(EPSILON - 0.01, label="an earlier release")
   err = _error(capsys, ["train", "ctr", "--data", data_dir, "--algorithm", "dp_sgd", "--epsilon",
                         str(EPSILON), "--steps", "2", "--batch-size", "64", "--accountant", "rdp",
                         "--ledger",
                         str(ledger_path), "--no-progress", "--hidden-units", "4"])
-  assert "already spent" in err
-  assert privacy.PrivacyLedger(str(ledger_path)).epsilon_spent() == pytest.approx(0.5)
+  assert "already spent epsilon 1.99" in err and "nothing useful is left" in err
+  assert privacy.PrivacyLedger(str(ledger_path)).epsilon_spent() == pytest.approx(EPSILON - 0.01)
 
 
 def test_beam_manifest_directory_loads_like_the_tsv_days(data_dir, tmp_path):

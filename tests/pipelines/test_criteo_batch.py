@@ -92,6 +92,8 @@ def test_golden_batch_job_on_two_worker_processes(tmp_path, criteo_line, train_t
   assert [d["day"] for d in manifest["days"]] == [0, 1]
   assert sum(d["rows"] for d in manifest["days"]) == summary["rows_out"]
   assert len(manifest["days"][0]["files"]) > 1  # Several splits → several shards.
+  assert manifest["dataset_id"] == summary["dataset_id"] and len(summary["dataset_id"]) == 32
+  assert not manifest["vocab_privacy"]["dp"]  # min count over exact counts: says it is not DP
   # C1 is missing on one good row; D and E are OOV, every other C1 is A.
   assert summary["coverage"]["C1"] == pytest.approx((summary["rows_out"] - 3) /
                                                     (summary["rows_out"] - 1))

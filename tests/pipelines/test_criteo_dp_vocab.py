@@ -1,5 +1,6 @@
 """DP top-k vocabularies: exact top-k as ε → ∞, random at small ε, candidates = the whole id
 domain (checked against the exponential mechanism's probabilities), and the ledger charge."""
+import dataclasses
 import json
 import math
 
@@ -8,6 +9,7 @@ import pytest
 
 from dprec.data import criteo_tfrecord
 from dprec.errors import BudgetExceededError
+from dprec.errors import DprecError
 from pipelines import criteo
 
 
@@ -62,8 +64,21 @@ def test_pipeline_charges_the_ledger_and_refuses_over_budget(tmp_path, criteo_li
   assert [c["epsilon"] for c in ledger["charges"]] == [pytest.approx(2.0)]
   vocab = criteo_tfrecord.load_vocabulary(str(tmp_path / "out_0"))
   assert vocab.sizes == (4,) * 26 and all(not c.any() for c in vocab.counts)  # No exact counts.
+  manifest = criteo_tfrecord.load_manifest(str(tmp_path / "out_0"))
+  dataset = {"path": str(tmp_path / "out_0"), "id": manifest["dataset_id"]}
+  assert ledger["charges"][0]["dataset"] == summary["privacy"]["dataset"] == dataset
+  assert ledger["charges"][0]["stage"] == "preprocessing"
+  assert manifest["vocab_privacy"]["dp"]
+  assert manifest["vocab_privacy"]["epsilon"] == pytest.approx(2.0) == ledger["charges"][0]["epsilon"]
+  # Seeded (public) draws: the charge and the manifest say the selection is not private.
+  assert ledger["charges"][0]["private"] is False and not manifest["vocab_privacy"]["private"]
+  # The ledger is out_0's budget: another output's selection is refused, and so is one over it.
+  with pytest.raises(DprecError, match="another data set"):
+    criteo.run(_dp_job(tmp_path, 0.5, seed=1), in_process)
+  (tmp_path / "fresh").mkdir()
   with pytest.raises(BudgetExceededError):
-    criteo.run(_dp_job(tmp_path, 3.5, seed=1), in_process)
+    criteo.run(dataclasses.replace(_dp_job(tmp_path, 5.5, seed=1),
+                                   ledger=str(tmp_path / "fresh" / "ledger.json")), in_process)
   with open(tmp_path / "ledger.json") as stream:
     assert len(json.load(stream)["charges"]) == 1
   assert not (tmp_path / "out_1" / "manifest.json").exists()

@@ -6,6 +6,7 @@ import dp_accounting
 import pytest
 
 from dprec import privacy
+from dprec.errors import BudgetExceededError
 from dprec.errors import DprecError
 
 CRITEO_N = 45_840_617
@@ -168,3 +169,25 @@ def test_plan_training_fits_periods_and_selection_into_the_target():
   assert direct(sigma * (1 - 1e-3)) > 1.8
   with pytest.raises(DprecError):
     privacy.plan_training(1.0, delta, periods, selection_epsilon=1.0)
+
+
+def test_plan_training_composes_what_the_ledger_spent_before():
+  """A DP top-k vocabulary (pure ε) and another run's steps recorded before this run: σ is
+  calibrated for what they leave, and the total is their composition with the new steps."""
+  delta, spent = 1e-5, privacy.Spent(periods=(privacy.TrainingPeriod(1.5, 0.02, 300),),
+                                     selections=((0.2, 0.0),))
+  plan = privacy.plan_training(2.0, delta, [(0.01, 500)], accountant="rdp", spent=spent)
+
+  def direct(sigma):
+    events = [privacy.dp_sgd_event(1.5, 0.02, 300), privacy.dp_sgd_event(sigma, 0.01, 500)]
+    return dp_accounting.rdp.RdpAccountant().compose(
+        dp_accounting.ComposedDpEvent(events)).get_epsilon(delta)
+
+  sigma = plan.noise_multiplier
+  assert plan.epsilon == pytest.approx(direct(sigma) + 0.2, rel=1e-12) and plan.epsilon <= 2.0
+  assert direct(sigma * (1 - 1e-3)) > 1.8  # calibrated for what is left, not merely safe
+  alone = privacy.plan_training(2.0, delta, [(0.01, 500)], accountant="rdp").noise_multiplier
+  assert sigma > alone
+  with pytest.raises(BudgetExceededError, match="already spent epsilon 1.99.*nothing useful"):
+    privacy.plan_training(2.0, delta, [(0.01, 500)], accountant="rdp",
+                          spent=privacy.Spent(selections=((1.99, 0.0),)))

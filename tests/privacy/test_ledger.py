@@ -180,3 +180,73 @@ def test_approximate_selection_charge_takes_its_delta_from_training(tmp_path):
   assert summary["selection_delta"] == pytest.approx(DELTA / 10)
   with pytest.raises(DprecError):
     ledger.charge_approximate(0.1, DELTA)  # would leave no δ for training
+
+
+DATA = {"path": "/data/out", "id": "a1"}
+
+
+def _for_run(path, run_id, dataset=DATA, stage=None):
+  """The ledger at `path` as run `run_id` on `dataset` opens it (reloaded: one writer at a time)."""
+  marks = {"dataset": dataset, **({"stage": stage} if stage else {})}
+  return privacy.PrivacyLedger(path, run_id=run_id, marks=marks)
+
+
+def test_spent_before_a_run_is_what_preceded_its_first_charge(tmp_path):
+  path = tmp_path / "l.json"
+  privacy.PrivacyLedger(path, epsilon_budget=10.0, delta=DELTA)
+  _for_run(path, "pre", stage="preprocessing").charge_pure(0.2, label="dp top-k vocabulary")
+  _for_run(path, "first").charge_gaussian(1.0, 0.01, 100, label="first")
+  _for_run(path, "second").charge_gaussian(2.0, 0.01, 50, label="second")
+  _for_run(path, "first").charge_gaussian(1.0, 0.01, 100, label="first")  # resumed
+  ledger = privacy.PrivacyLedger(path)
+  vocabulary = ((0.2, 0.0),)
+  assert ledger.spent_before("pre") == privacy.Spent()
+  # A resumed run composes what it found when it started, not another run's later charge...
+  assert ledger.spent_before("first") == privacy.Spent(selections=vocabulary)
+  assert ledger.spent_before("second") == privacy.Spent(
+      periods=(privacy.TrainingPeriod(1.0, 0.01, 100),), selections=vocabulary)
+  # ... which a new run composes with everything else, as the ledger's total does.
+  everything = ledger.spent_before("new")
+  assert everything == privacy.Spent(periods=(privacy.TrainingPeriod(1.0, 0.01, 200),
+                                              privacy.TrainingPeriod(2.0, 0.01, 50)),
+                                     selections=vocabulary)
+  direct = _direct_pld([privacy.dp_sgd_event(1.0, 0.01, 200), privacy.dp_sgd_event(2.0, 0.01, 50)])
+  assert ledger.epsilon_spent() == pytest.approx(direct + 0.2, rel=1e-6)
+
+
+def test_parts_split_preprocessing_from_training_and_add_up(tmp_path):
+  path = tmp_path / "l.json"
+  privacy.PrivacyLedger(path, epsilon_budget=10.0, delta=DELTA)
+  _for_run(path, "pre", stage="preprocessing").charge_pure(0.2, label="dp top-k vocabulary")
+  run = _for_run(path, "run")
+  run.charge_gaussian(1.0, 0.01, 100, label="training")
+  run.charge_pure(0.1, label="dp-fest top-k")
+  parts = run.parts()
+  preprocessing, training = parts["preprocessing_selection"], parts["training"]
+  assert preprocessing["epsilon"] == 0.2 and preprocessing["delta"] == 0.0
+  assert [c["dataset"] for c in preprocessing["charges"]] == [DATA]
+  gaussian = _direct_pld([privacy.dp_sgd_event(1.0, 0.01, 100)])
+  assert training["epsilon"] == pytest.approx(gaussian + 0.1, rel=1e-9)
+  assert training["delta"] == DELTA and training["runs"] == ["run"]
+  assert preprocessing["epsilon"] + training["epsilon"] == pytest.approx(run.epsilon_spent())
+
+
+def test_charges_for_another_data_set_are_refused(tmp_path):
+  path = tmp_path / "l.json"
+  privacy.PrivacyLedger(path, epsilon_budget=10.0, delta=DELTA)
+  _for_run(path, "pre", stage="preprocessing").charge_pure(0.2, label="dp top-k vocabulary")
+  ledger = privacy.PrivacyLedger(path)
+  for same in (DATA, {"path": "/moved/out", "id": "a1"}, {"path": "/data/out", "id": None}, None):
+    ledger.check_dataset(same)  # the same id, or the same path where an id is missing
+  for other in ({"path": "/data/out", "id": "b2"}, {"path": "/data/other", "id": None}):
+    with pytest.raises(DprecError, match=r"another data set: dp top-k vocabulary \(run pre\) "
+                                         r"for /data/out \(id a1\)"):
+      ledger.check_dataset(other)
+
+
+@pytest.mark.parametrize("accountant", ["pld", "rdp"])
+def test_selections_alone_spend_exactly_their_sum(tmp_path, accountant):
+  ledger = privacy.PrivacyLedger(tmp_path / "l.json", epsilon_budget=1.0, delta=DELTA,
+                                 accountant=accountant)
+  ledger.charge_pure(0.2, label="dp top-k vocabulary")
+  assert ledger.epsilon_spent() == 0.2  # no Gaussian release: no RDP conversion slack

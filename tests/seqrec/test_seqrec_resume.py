@@ -1,15 +1,19 @@
-"""`train seqrec --run-dir`: a killed run resumes to the uninterrupted result, paying no step twice."""
+"""`train seqrec --run-dir`: a killed run resumes to the uninterrupted result, paying no step
+twice; runs sharing a ledger, earlier charges on the data set composed."""
 import os
 import shutil
 
+import dp_accounting
 import numpy as np
 import pytest
 import tensorflow as tf
 
+from dprec.data import identity
 from dprec.errors import BudgetExceededError, DprecError
 from dprec.workflows.seqrec import SeqRecTrainOptions, options_from_checkpoint
 from dprec.workflows.seqrec import run as train_seqrec
 from dprec.privacy import PrivacyLedger
+from dprec.privacy.ledger import PREPROCESSING
 from dprec.privacy.noise_key import InsecureNoiseWarning
 from dprec.training import callbacks as callbacks_lib
 
@@ -183,3 +187,24 @@ def test_runs_with_their_own_run_dirs_sharing_a_ledger_each_pay(data_dir, tmp_pa
   with pytest.raises(BudgetExceededError, match="already spent"):
     train_seqrec(_options(data_dir, epochs=0.5, ledger=ledger, run_dir=str(tmp_path / "b")))
   assert {c["run_id"] for c in PrivacyLedger(ledger).charges} == {first["run_id"]}
+
+
+def test_a_preprocessing_charge_on_the_data_set_is_composed_with_training(data_dir, tmp_path):
+  ledger = str(tmp_path / "ledger.json")
+  dataset = identity.dataset_identity(data_dir)
+  PrivacyLedger(ledger, 5.0, 1e-3, run_id=dataset["id"], marks={
+      "stage": PREPROCESSING, "dataset": dataset}).charge_pure(1.0, label="item vocabulary")
+  summary = train_seqrec(_options(data_dir, epochs=0.5, ledger=ledger))
+  assert summary["delta"] == 1e-3  # the ledger's
+  accountant = dp_accounting.pld.PLDAccountant()
+  accountant.compose(dp_accounting.GaussianDpEvent(summary["item_frequencies"][
+      "noise_multiplier"]))
+  accountant.compose(dp_accounting.PoissonSampledDpEvent(summary["sampling_rate"],
+      dp_accounting.GaussianDpEvent(summary["noise_multiplier"])), summary["steps"])
+  training = accountant.get_epsilon(1e-3)
+  assert 4.0 * (1 - 5e-3) < training <= 4.0 + 1e-9  # calibrated for what the charge left
+  assert summary["epsilon"] == pytest.approx(1.0 + training, rel=1e-6)
+  parts = summary["epsilon_parts"]
+  assert parts["preprocessing_selection"]["epsilon"] == 1.0
+  assert parts["training"]["epsilon"] == pytest.approx(training, rel=1e-6)
+  assert summary["dataset"]["id"] == dataset["id"] is not None

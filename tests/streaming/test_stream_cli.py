@@ -1,7 +1,18 @@
-"""`dprec stream`: help and one-line errors for bad configurations (no training needed)."""
+"""`dprec stream`: help, one-line errors for bad configurations and the privacy plan (no
+training needed)."""
+import json
+
 import pytest
 
 from dprec import cli
+from dprec import privacy
+from dprec.data import criteo_tfrecord
+from dprec.data import identity
+from dprec.data.criteo import CATEGORICAL_FEATURES
+from dprec.privacy.ledger import PREPROCESSING
+from dprec.training.period_source import BeamStreamSource
+from dprec.workflows import run as run_lib
+from dprec.workflows import stream
 
 
 def test_help_names_the_interface(capsys):
@@ -28,3 +39,35 @@ def test_bad_configurations_are_one_line_errors(tmp_path, capsys, extra, message
   code = cli.main(["stream", "--data", str(tmp_path), "--run-dir", str(tmp_path / "run")] + extra)
   err = capsys.readouterr().err
   assert code == 2 and message in err and err.count("\n") == 1
+
+
+def _criteo_output(directory, days=3, rows=300, dataset_id="stream-data"):
+  """A preprocessing output's manifest (no TFRecords: planning reads only the manifest)."""
+  directory.mkdir()
+  manifest = {"format": criteo_tfrecord.FORMAT, "categorical_features": CATEGORICAL_FEATURES,
+              "vocab_sizes": {name: 5 for name in CATEGORICAL_FEATURES}, "vocab_dir": "vocab",
+              "days": [{"day": d, "dir": f"day_{d}", "files": [], "rows": rows}
+                       for d in range(days)], identity.DATASET_ID: dataset_id}
+  (directory / criteo_tfrecord.MANIFEST).write_text(json.dumps(manifest))
+  return str(directory)
+
+
+def test_the_plan_composes_what_the_ledger_spent_on_the_data_before(tmp_path):
+  data, ledger = _criteo_output(tmp_path / "out"), str(tmp_path / "ledger.json")
+  dataset = identity.dataset_identity(data)
+  privacy.PrivacyLedger(ledger, 1.0, 1e-5, "rdp", run_id=dataset["id"], marks={
+      "stage": PREPROCESSING, "dataset": dataset}).charge_pure(0.2, label="dp top-k vocabulary")
+  options = stream.StreamOptions(
+      data=data, run_dir=str(tmp_path / "run"), ledger=ledger, algorithm="dp_sgd",
+      epsilon_total=1.0, train_days=2, batch_size=30, accountant="rdp", progress=False)
+  source = BeamStreamSource(data, options.period_days, options.train_days)
+  with run_lib.Run(stream.COMMAND, options.run_dir, ledger, data=data) as run:
+    plan = stream.plan_privacy(options, source, 2, run)
+    assert plan.delta == 1e-5 and plan.spent == privacy.Spent(selections=((0.2, 0.0),))
+    gaussian = privacy.compute_epsilon(plan.noise_multiplier, plan.sampling_rate,
+                                       2 * plan.steps_per_period, 1e-5, accountant="rdp").epsilon
+    assert gaussian == pytest.approx(0.8, rel=5e-3) and gaussian <= 0.8 + 1e-9
+    assert plan.planned_epsilon() == pytest.approx(gaussian + 0.2, rel=1e-6)
+    summary = stream.build_trainer(options, source, plan, run).summary()  # before any period
+  assert summary["epsilon"] == pytest.approx(0.2) and summary["dataset"]["id"] == "stream-data"
+  assert summary["epsilon_parts"]["preprocessing_selection"]["epsilon"] == 0.2

@@ -7,6 +7,7 @@ import dp_accounting
 import pytest
 
 from dprec import atomic_io
+from dprec import privacy
 from dprec.errors import DprecError
 from dprec.training import checkpoint as ckpt_lib
 from dprec.workflows.plan import plan_stream
@@ -97,3 +98,14 @@ def test_atomic_write_replaces_whole_files(tmp_path):
   atomic_io.write_text(str(path), "new content")
   assert path.read_text() == "new content"
   assert os.listdir(tmp_path) == ["f.txt"]
+
+
+def test_what_the_ledger_spent_before_is_composed_into_the_plan():
+  spent = privacy.Spent(selections=((0.3, 0.0),))  # e.g. a DP top-k vocabulary
+  plan = plan_stream(2.0, 1e-5, expected_periods=3, examples_per_period=200, batch_size=20,
+                     accountant="rdp", spent=spent)
+  gaussian = _direct_epsilon(plan.noise_multiplier, plan.sampling_rate,
+                             3 * plan.steps_per_period, 1e-5, "rdp")
+  assert gaussian == pytest.approx(1.7, rel=5e-3) and gaussian <= 1.7 + 1e-9
+  assert plan.planned_epsilon() == pytest.approx(gaussian + 0.3, rel=1e-6)
+  assert plan.planned_epsilon(0) == pytest.approx(0.3) and plan.spent == spent
