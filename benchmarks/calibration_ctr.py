@@ -6,7 +6,9 @@
 Trains on day 0 (400k rows), evaluates on day 1; B = 1024, ε = 1 (δ = 1/N), DP-AdaFEST with
 `train ctr`'s defaults except the lever named in the run. Prints held-out log loss next to AUC,
 with the base rate's log loss (the summary's `base_rate_log_loss`: predicting the training click
-rate, a DP estimate in DP runs) and a non-private row.
+rate, a DP estimate in DP runs), the DP Platt scaling a·z + b and a non-private row.
+`--noise-seed N` draws every run's noise from the public seed N (NOT private): runs that differ in
+a lever then see the same noise, so their difference is mostly the lever's.
 """
 import argparse
 import dataclasses
@@ -15,7 +17,11 @@ import sys
 
 from dprec.workflows import ctr as ctr_workflow
 
-TODAY = dict(logit_init="default", optimizer="adam", learning_rate=3e-3)  # before issue 14
+# Before issue 14: Glorot logit layer, C2 = 1, lazy Adam 3e-3, no recalibration.
+TODAY = dict(logit_init="default", optimizer="adam", learning_rate=3e-3, l2_norm_clip=1.0,
+             calibration_share=0.0)
+# The first calibrated defaults (C2 = 10, lazy Adam 3e-4, base-rate init, no recalibration).
+PREVIOUS = dict(l2_norm_clip=10.0, learning_rate=3e-4, calibration_share=0.0)
 RUNS = {
     "non_private": dict(algorithm="non_private", logit_init="default"),
     "non_private base_rate init": dict(algorithm="non_private", logit_init="base_rate"),
@@ -34,6 +40,10 @@ RUNS = {
                                                    logit_init="base_rate"),
     "old + C2 10 + sgd lr 0.1 + base_rate init": dict(TODAY, l2_norm_clip=10.0, optimizer="sgd",
                                                       learning_rate=0.1, logit_init="base_rate"),
+    "previous defaults (C2 10, adam 3e-4)": PREVIOUS,
+    "previous defaults + recalibration": dict(PREVIOUS, calibration_share=0.1),
+    "new defaults, no recalibration": dict(calibration_share=0.0),
+    "new defaults, recalibration share 0.01": dict(calibration_share=0.01),
     "new defaults": {},
 }
 
@@ -46,35 +56,42 @@ def main(argv=None):
   parser.add_argument("--batch-size", type=int, default=1024)
   parser.add_argument("--epsilon", type=float, default=1.0)
   parser.add_argument("--seeds", type=int, nargs="+", default=[0])
-  parser.add_argument("--only", nargs="+", help="run names (prefixes) to run")
+  parser.add_argument("--only", nargs="+", help="run names (or prefixes of names) to run")
   parser.add_argument("--json", help="append each summary here (JSON lines)")
+  parser.add_argument("--noise-seed", type=int,
+                      help="public noise seed of every run (NOT private)")
   args = parser.parse_args(argv)
   data = ctr_workflow.load_data(args.data)
   rows = []
   for name, change in RUNS.items():
-    if args.only and not any(name.startswith(p) for p in args.only):
+    if args.only and not any(name == p or (p not in RUNS and name.startswith(p))
+                             for p in args.only):
       continue
     for seed in args.seeds:
       options = ctr_workflow.CTRTrainOptions(data=args.data, algorithm="dp_adafest",
                                              epsilon=args.epsilon, batch_size=args.batch_size,
-                                             steps=args.steps, seed=seed, progress=False)
+                                             steps=args.steps, seed=seed, progress=False,
+                                             insecure_noise_seed=args.noise_seed)
       options = dataclasses.replace(options, **change)
       if options.algorithm == "non_private":
         options = dataclasses.replace(options, epsilon=None)
       summary = ctr_workflow.run(options, data)
       row = {"run": name, "seed": seed, **{k: summary[k] for k in (
-          "auc", "eval_log_loss", "base_rate", "base_rate_log_loss", "epsilon")}}
+          "auc", "eval_log_loss", "base_rate", "base_rate_log_loss", "calibration_scale",
+          "calibration_shift", "epsilon")}}
       rows.append(row)
       print(json.dumps(row), file=sys.stderr, flush=True)
       if args.json:
         with open(args.json, "a", encoding="utf-8") as out:
           out.write(json.dumps({"run": name, **summary}) + "\n")
-  print("| run | seed | AUC | held-out log loss | base-rate log loss | ε |")
-  print("|---|---:|---:|---:|---:|---:|")
+  print("| run | seed | AUC | held-out log loss | base-rate log loss | Platt a, b | ε |")
+  print("|---|---:|---:|---:|---:|---:|---:|")
   for r in rows:
     eps = "∞" if r["epsilon"] is None else f"{r['epsilon']:.3f}"
+    platt = ("—" if r["calibration_shift"] is None
+             else f"{r['calibration_scale']:.3f}, {r['calibration_shift']:+.3f}")
     print(f"| {r['run']} | {r['seed']} | {r['auc']:.4f} | {r['eval_log_loss']:.4f} | "
-          f"{r['base_rate_log_loss']:.4f} | {eps} |")
+          f"{r['base_rate_log_loss']:.4f} | {platt} | {eps} |")
 
 
 if __name__ == "__main__":

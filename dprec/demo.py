@@ -2,10 +2,14 @@
 
 1. Generates a small Criteo-like dataset (Table 3 vocabularies, `day_0..day_2`; day_2 held out).
 2. Privacy calculation: the DP-SGD σ for (ε, δ = 1/N, q, T) and its DP-AdaFEST split σ1 = r·σ2,
-   checked by recomputing ε of the composed σ with `dprec.privacy.compute_epsilon`.
-3. Trains the pCTR model with DP-AdaFEST through `dprec train ctr`'s code path and returns the
-   JSON summary (AUC, ε, δ, gradient-size reduction, steps/s).
+   checked by recomputing ε of the composed σ with the DP base rate's and DP Platt scaling's
+   Gaussian mechanisms (`dprec.privacy.gaussian_epsilon`).
+3. Trains the pCTR model through `dprec train ctr`'s code path twice, non-private and with
+   DP-AdaFEST (same data, batches of the same size, same steps), and prints them side by side
+   (AUC, log loss, ε, gradient-size reduction, steps/s) so the cost of privacy shows; returns
+   both JSON summaries.
 """
+import dataclasses
 import os
 import sys
 
@@ -18,10 +22,11 @@ def register(subparsers):
   parser = subparsers.add_parser(
       "demo", help="generate a small Criteo-like dataset, account privacy and train on it",
       description="End-to-end demo on a generated Criteo-like dataset: generate, account "
-                  "privacy, train DP-AdaFEST, print a JSON summary. Takes a few minutes.")
+                  "privacy, train non-private and DP-AdaFEST, print them side by side and a "
+                  "JSON summary. Takes a few minutes.")
   parser.add_argument("--out", default="demo_out", help="working directory for generated files")
   parser.add_argument("--rows", type=int, default=150000, help="synthetic rows to generate")
-  parser.add_argument("--steps", type=int, default=200, help="DP-AdaFEST training steps")
+  parser.add_argument("--steps", type=int, default=200, help="training steps of each run")
   parser.add_argument("--batch-size", type=int, default=1024, help="expected batch size")
   parser.add_argument("--epsilon", type=float, default=1.0, help="privacy budget ε")
   parser.add_argument("--seed", type=int, default=0,
@@ -35,7 +40,8 @@ def register(subparsers):
 def demo_options(data_dir: str, out_dir: str, steps: int, batch_size: int, epsilon: float,
                  seed: int, insecure_noise_seed=None) -> ctr.CTRTrainOptions:
   """The demo's DP-AdaFEST run with `train ctr`'s defaults: r = 5, τ = 15, C1 = 1 (false
-  positives stay rare), C2 = 10, lazy Adam at lr 3e-4, logit bias at the DP base rate."""
+  positives stay rare), C2 = 1, lazy Adam at lr 3e-3, logit bias at the DP base rate and
+  DP Platt scaling after training."""
   return ctr.CTRTrainOptions(
       data=data_dir, algorithm="dp_adafest", epsilon=epsilon, batch_size=batch_size,
       steps=steps, ledger=os.path.join(out_dir, "ledger.json"),
@@ -44,20 +50,20 @@ def demo_options(data_dir: str, out_dir: str, steps: int, batch_size: int, epsil
 
 
 def privacy_calculation(options: ctr.CTRTrainOptions, num_examples: int) -> dict:
-  """σ, σ1, σ2 for the run and ε recomputed from the composed σ with the DP base rate's
-  Gaussian mechanism (should equal the target)."""
+  """σ, σ1, σ2 for the run and ε recomputed from the composed σ with the DP base rate's and
+  DP Platt scaling's Gaussian mechanisms (should equal the target)."""
   from dprec import privacy  # pylint: disable=import-outside-toplevel
   plan = ctr.plan_privacy(options, num_examples)
   sigma1, sigma2 = ctr.noise_multipliers(options, plan.noise_multiplier)
-  base_rate_sigma = plan.mechanisms[ctr.BASE_RATE_LABEL]
   composed = privacy.composed_noise_multiplier(sigma1, sigma2)
   check = privacy.gaussian_epsilon(
-      [privacy.gaussian_mechanism_period(base_rate_sigma),
-       privacy.TrainingPeriod(composed, plan.sampling_rate, options.steps)], plan.delta)
+      [privacy.gaussian_mechanism_period(sigma) for sigma in plan.mechanisms.values()]
+      + [privacy.TrainingPeriod(composed, plan.sampling_rate, options.steps)], plan.delta)
   return {"target_epsilon": options.epsilon, "delta": plan.delta,
           "sampling_rate": plan.sampling_rate, "steps": options.steps,
           "dp_sgd_noise_multiplier": plan.noise_multiplier, "sigma1": sigma1,
-          "sigma2": sigma2, "base_rate_noise_multiplier": base_rate_sigma,
+          "sigma2": sigma2, "base_rate_noise_multiplier": plan.mechanisms[ctr.BASE_RATE_LABEL],
+          "calibration_noise_multiplier": plan.mechanisms.get(ctr.CALIBRATION_LABEL),
           "epsilon_of_composed_sigma": check}
 
 
@@ -67,9 +73,9 @@ def run(args) -> dict:
   ledger = os.path.join(args.out, "ledger.json")
   if os.path.exists(ledger):
     os.remove(ledger)  # every demo run is a fresh training run with a fresh budget
-  print(f"[1/3] generating {args.rows} Criteo-like rows in {data_dir}", file=sys.stderr)
+  print(f"[1/4] generating {args.rows} Criteo-like rows in {data_dir}", file=sys.stderr)
   generated = synthetic.generate_criteo(data_dir, args.rows, days=DAYS, seed=args.seed)
-  print("[2/3] privacy calculation", file=sys.stderr)
+  print("[2/4] privacy calculation", file=sys.stderr)
   options = demo_options(data_dir, args.out, args.steps, args.batch_size, args.epsilon, args.seed,
                          args.insecure_noise_seed)
   data = ctr.load_data(data_dir)
@@ -77,7 +83,31 @@ def run(args) -> dict:
   print(f"      σ = {privacy['dp_sgd_noise_multiplier']:.4f} → σ1 = {privacy['sigma1']:.4f}, "
         f"σ2 = {privacy['sigma2']:.4f}; ε recomputed = {privacy['epsilon_of_composed_sigma']:.4f}",
         file=sys.stderr)
-  print(f"[3/3] training DP-AdaFEST for {args.steps} steps", file=sys.stderr)
+  print(f"[3/4] training non-private for {args.steps} steps", file=sys.stderr)
+  non_private = ctr.run(non_private_options(options), data)
+  print(f"[4/4] training DP-AdaFEST for {args.steps} steps", file=sys.stderr)
   training = ctr.run(options, data)
+  print(side_by_side(non_private, training), file=sys.stderr)
   return {"data": {key: generated[key] for key in ("rows", "days", "files", "ctr")},
-          "privacy": privacy, "training": training}
+          "privacy": privacy, "non_private": non_private, "training": training}
+
+
+def non_private_options(options: ctr.CTRTrainOptions) -> ctr.CTRTrainOptions:
+  """The DP run's options without privacy (same data, batch size, steps, model, optimizer):
+  shuffled batches of the same expected size, no ledger, no clipping or noise."""
+  return dataclasses.replace(options, algorithm="non_private", epsilon=None, ledger=None,
+                             summary_json=None)
+
+
+def side_by_side(non_private: dict, private: dict) -> str:
+  """A table of the two runs' held-out AUC and log loss, ε, gradient-size reduction and
+  steps/s, with the base rate's log loss: what privacy costs."""
+  rows = [("non-private", non_private), ("DP-AdaFEST", private)]
+  lines = ["| run | AUC | log loss | base-rate log loss | ε | gradient-size reduction | "
+           "steps/s |", "|---|---:|---:|---:|---:|---:|---:|"]
+  for name, s in rows:
+    epsilon = "∞" if s["epsilon"] is None else f"{s['epsilon']:.3f}"
+    lines.append(f"| {name} | {s['auc']:.4f} | {s['eval_log_loss']:.4f} | "
+                 f"{s['base_rate_log_loss']:.4f} | {epsilon} | "
+                 f"{s['gradient_size_reduction']:.1f}× | {s['steps_per_second']:.2f} |")
+  return "\n".join(lines)

@@ -109,6 +109,13 @@ class CTRModel(DPModel):
     self.loss_tracker.update_state(loss, sample_weight=tf.shape(y_pred)[0])
     return loss
 
+  def recalibrate_logits(self, scale: float, shift: float):
+    """Makes every logit z into scale·z + shift (Platt scaling, e.g. the fit of
+    `dprec.privacy.dp_platt_scaling`) by rescaling the logit layer's kernel and bias. A positive
+    scale keeps the ranking, hence the AUC."""
+    self.logit.kernel.assign(scale * self.logit.kernel)
+    self.logit.bias.assign(scale * self.logit.bias + shift)
+
   def per_example_loss(self, y, y_pred, sample_weight=None):
     """BCE of each example [n], which the DP step clips (the task's loss before its mean)."""
     losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=_column(y), logits=y_pred)[:, 0]
@@ -134,6 +141,12 @@ def evaluate(model: CTRModel, features, labels, batch_size: int = 8192) -> dict:
   """Held-out metrics of a pCTR model: `auc` and `loss` (mean log loss)."""
   return model.evaluate({key: features[key] for key in (CAT_FEATURES, INT_FEATURES)}, labels,
                         batch_size=batch_size, verbose=0, return_dict=True)
+
+
+def predict_logits(model: CTRModel, features, batch_size: int = 8192) -> np.ndarray:
+  """The model's logits [n] on `features` (a dict with `cat_features` and `int_features`)."""
+  return model.predict({key: features[key] for key in (CAT_FEATURES, INT_FEATURES)},
+                       batch_size=batch_size, verbose=0)[:, 0]
 
 
 def log_loss_of_constant(labels, rate) -> float:

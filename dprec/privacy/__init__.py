@@ -1,5 +1,5 @@
-"""Privacy accounting, noise calibration, DP top-k selection, DP user histograms and the
-persistent ledger."""
+"""Privacy accounting, noise calibration, DP top-k selection, DP user histograms, DP Platt
+scaling and the persistent ledger."""
 from dprec.privacy.accounting import adafest_noise_multipliers
 from dprec.privacy.accounting import composed_noise_multiplier
 from dprec.privacy.accounting import compute_epsilon
@@ -32,6 +32,7 @@ from dprec.privacy.top_k import Selection
 from dprec.privacy.top_k import top_k_selection_cost
 from dprec.privacy.top_k import split_selection_budget
 from dprec.privacy.ledger import PrivacyLedger
+from dprec.privacy.recalibration import dp_platt_scaling
 from dprec.privacy.top_k import zcdp_budget
 from dprec.privacy.top_k import zcdp_of_draws
 from dprec.privacy.top_k import zcdp_to_dp

@@ -6,8 +6,13 @@ days; the last day is held out for evaluation) or a Beam preprocessing output di
 ledger is charged as training proceeds and training stops at the budget. `run` returns the JSON
 summary.
 
-The noise, false positives, Poisson batches, DP top-k draws and the DP base rate come from the
-run's secret key (`dprec.workflows.run.Run`); `seed` seeds only initialisation. With a run
+After training, a DP run recalibrates its logits on the training data (DP Platt scaling,
+`dprec.privacy.dp_platt_scaling`, `calibration_share` of ε, composed with training in the
+accountant): clipping at C2 keeps the ranking but biases the probabilities (BENCHMARKS.md,
+"Calibrated DP pCTR").
+
+The noise, false positives, Poisson batches, DP top-k draws, the DP base rate and the DP Platt
+scaling come from the run's secret key (`dprec.workflows.run.Run`); `seed` seeds only initialisation. With a run
 directory the run checkpoints every `checkpoint_every` steps, and the same options resume a killed
 run from its last checkpoint on the batches and noise an uninterrupted run would have used, paying
 no step twice.
@@ -39,6 +44,7 @@ OPTIMIZERS = {"sgd": sparse_optimizers.SparseSGD, "adagrad": sparse_optimizers.S
               "adam": sparse_optimizers.LazyAdam, "adambc": sparse_optimizers.AdamBC}
 LOGIT_INITS = ("base_rate", "default")
 BASE_RATE_LABEL = "train ctr base rate"
+CALIBRATION_LABEL = "train ctr calibration"
 SELECTION_LABEL = "dp-fest top-k"
 VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-k-epsilon 0) are "
                    "treated as public, as seed 001 does, unless dataset.vocab_privacy says the "
@@ -47,8 +53,9 @@ VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-
 EPSILON_COVERS = {
     "epsilon": "(epsilon, delta)-DP for adding or removing one training example (row), "
                "covering the model, the DP top-k rows and every field listed under 'covered'",
-    "covered": ["auc", "eval_loss", "gradient_size", "gradient_size_reduction", "steps",
-                "stopped_at_budget"],
+    "covered": ["auc", "eval_loss", "eval_log_loss", "base_rate", "base_rate_log_loss",
+                "calibration_scale", "calibration_shift", "gradient_size",
+                "gradient_size_reduction", "steps", "stopped_at_budget"],
     "public": ["settings", "noise multipliers", "train_rows and eval_rows (N, assumed public)",
                "dense_embedding_size", "timings"],
     "held_out_evaluation": "auc and eval_loss are computed on the last day, which is not "
@@ -71,12 +78,13 @@ class CTRTrainOptions(run_lib.FitOptions):
   ratio: float = 5.0
   threshold: float = 15.0
   contribution_clip: float = 1.0
-  l2_norm_clip: float = 10.0  # calibration: see BENCHMARKS.md "Calibrated DP pCTR"
-  learning_rate: float = 3e-4
+  l2_norm_clip: float = 1.0  # see BENCHMARKS.md "Calibrated DP pCTR"
+  learning_rate: float = 3e-3
   optimizer: str = "adam"
   adambc_floor: float = sparse_optimizers.ADAMBC_FLOOR
   logit_init: str = "base_rate"
   base_rate_share: float = 0.01
+  calibration_share: float = 0.1
   top_k: Optional[int] = None
   top_k_epsilon: float = 0.1
   vocab: Optional[str] = None
@@ -100,6 +108,8 @@ class CTRTrainOptions(run_lib.FitOptions):
       raise DprecError(f"--adambc-floor must be positive, got {self.adambc_floor}")
     if not 0 < self.base_rate_share < 1:
       raise DprecError(f"--base-rate-share must be in (0, 1), got {self.base_rate_share}")
+    if not 0 <= self.calibration_share < 1:
+      raise DprecError(f"--calibration-share must be in [0, 1), got {self.calibration_share}")
     if self.batch_size < 1 or self.steps < 1:
       raise DprecError("--batch-size and --steps must be positive")
     if self.private and (self.epsilon is None or not self.epsilon > 0):
@@ -114,8 +124,9 @@ class CTRTrainOptions(run_lib.FitOptions):
 
 def plan_privacy(options: CTRTrainOptions, num_examples: int, run=None) -> plan_lib.PrivacyPlan:
   """σ from the target ε (note 001 §2.2): DP-SGD's σ at (ε − ε_select, δ, q, T), composed with the
-  DP base rate's Gaussian mechanism (σ_b alone at `base_rate_share`·ε) and with what `run`'s
-  ledger spent on the data before (δ: the ledger's, else 1/N; `run_lib.plan_prior`)."""
+  DP base rate's Gaussian mechanism (σ_b alone at `base_rate_share`·ε), DP Platt scaling's (σ_c
+  alone at `calibration_share`·ε; none at 0) and what `run`'s ledger spent on the data before
+  (δ: the ledger's, else 1/N; `run_lib.plan_prior`)."""
   poisson.BatchSampling(options.batch_size).sampling_rate(num_examples)  # refuses B > N
   if not options.private:
     return plan_lib.plan_privacy(math.inf, None, num_examples, options.batch_size, options.steps)
@@ -124,7 +135,9 @@ def plan_privacy(options: CTRTrainOptions, num_examples: int, run=None) -> plan_
   selection = options.top_k_epsilon if options.algorithm in FEST_ALGORITHMS else 0.0
   return plan_lib.plan_privacy(
       options.epsilon, delta, num_examples, options.batch_size, options.steps,
-      selection_epsilon=selection, mechanisms=[(BASE_RATE_LABEL, options.base_rate_share)],
+      selection_epsilon=selection,
+      mechanisms=[(BASE_RATE_LABEL, options.base_rate_share)]
+      + [(CALIBRATION_LABEL, options.calibration_share)] * bool(options.calibration_share),
       accountant=options.accountant, poisson=not options.fixed_batches, spent=spent)
 
 
@@ -147,6 +160,21 @@ def base_rate(labels, plan, rng) -> float:
   if BASE_RATE_LABEL in plan.mechanisms:
     total += plan.mechanisms[BASE_RATE_LABEL] * rng.normal()
   return float(np.clip(total / n, 1.0 / n, 1.0 - 1.0 / n))
+
+
+def recalibrate(model, train, plan, rate, rng,
+                batch_size=8192) -> Tuple[Optional[float], Optional[float]]:
+  """Makes `model`'s logits z into a·z + b, DP Platt scaling (`dprec.privacy.dp_platt_scaling`)
+  fitted on the training examples `train` from the DP base rate `rate`, with σ_c from the plan
+  (paid with its other one-off releases) and noise from the secret `rng`; returns (a, b), or
+  (None, None) when the plan has none."""
+  sigma = plan.mechanisms.get(CALIBRATION_LABEL)
+  if sigma is None:
+    return None, None
+  scale, shift = privacy.dp_platt_scaling(ctr.predict_logits(model, train, batch_size),
+                                          train["label"], sigma, rate, rng)
+  model.recalibrate_logits(scale, shift)
+  return scale, shift
 
 
 def algorithm_config(options, noise_multiplier, selected=None):
@@ -225,14 +253,17 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
     features = {key: data.train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}
     history = run.fit(model, features, data.train["label"], options.batch_size,
                       plan.private and plan.poisson, options.steps, resume, callbacks)
+    calibration = recalibrate(model, data.train, plan, rate, run.numpy_rng("calibration"),
+                              options.eval_batch_size)
     evaluation = ctr.evaluate(model, data.eval, data.eval["label"], options.eval_batch_size)
     summary = _summary(options, data, model, plan, history, evaluation, timer, budget, run,
-                       resume, rate)
+                       resume, rate, calibration)
   run_lib.write_summary(summary, options.summary_json)
   return summary
 
 
-def _summary(options, data, model, plan, history, evaluation, timer, budget, run, resume, rate):
+def _summary(options, data, model, plan, history, evaluation, timer, budget, run, resume, rate,
+             calibration):
   last = {key: float(values[-1]) for key, values in history.items()}
   sigma1, sigma2 = noise_multipliers(options, plan.noise_multiplier)
   summary = {
@@ -240,6 +271,8 @@ def _summary(options, data, model, plan, history, evaluation, timer, budget, run
       "eval_loss": float(evaluation["loss"]), "eval_log_loss": float(evaluation["loss"]),
       "base_rate": rate, "base_rate_log_loss": ctr.log_loss_of_constant(data.eval["label"], rate),
       "base_rate_noise_multiplier": plan.mechanisms.get(BASE_RATE_LABEL),
+      "calibration_scale": calibration[0], "calibration_shift": calibration[1],
+      "calibration_noise_multiplier": plan.mechanisms.get(CALIBRATION_LABEL),
       "epsilon_budget": options.epsilon if run.ledger is not None else None,
       "noise_multiplier": plan.noise_multiplier, "sigma1": sigma1, "sigma2": sigma2,
       "selection_epsilon": plan.selection_epsilon, "sampling_rate": plan.sampling_rate,

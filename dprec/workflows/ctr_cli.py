@@ -42,12 +42,10 @@ def register(subparsers):
   add("--contribution-clip", type=float, default=defaults.contribution_clip,
       help="DP-AdaFEST contribution clip C1")
   add("--l2-norm-clip", type=float, default=defaults.l2_norm_clip,
-      help="per-example gradient clip C2 (default 10: at 1 every example is clipped, the "
-           "clipped gradient points at the label median instead of the mean and the DP model "
-           "ends worse calibrated than the base rate)")
+      help="per-example gradient clip C2 (at 1 nearly every example is clipped: best AUC, and "
+           "logits at the label median that --calibration-share recalibrates)")
   add("--learning-rate", type=float, default=defaults.learning_rate,
-      help="learning rate (the default suits --optimizer adam at C2 = 10; larger steps let "
-           "the noise drive the logits away)")
+      help="learning rate (the default suits --optimizer adam)")
   add("--optimizer", choices=sorted(ctr.OPTIMIZERS), default=defaults.optimizer,
       help="row-sparse optimizer applying the noisy gradient (adam = lazy Adam; adambc = "
            "DP-AdamBC, seed 002: Adam with the noise variance subtracted)")
@@ -60,6 +58,10 @@ def register(subparsers):
   add("--base-rate-share", type=float, default=defaults.base_rate_share,
       help="share of --epsilon the DP base rate is calibrated for (composed with training in "
            "the accountant, so it costs training far less)")
+  add("--calibration-share", type=float, default=defaults.calibration_share,
+      help="share of --epsilon for recalibrating the logits after training (DP Platt scaling "
+           "on the training data, dprec.privacy.dp_platt_scaling, composed with training in the "
+           "accountant, so it costs training far less); 0: none")
   add("--top-k", type=int, help="DP-FEST / DP-AdaFEST+: rows kept over all tables (k/F each)")
   add("--top-k-epsilon", type=float, default=defaults.top_k_epsilon,
       help="pure ε of the DP top-k (Gumbel) selection, deducted from --epsilon; 0 = treat "
@@ -73,7 +75,7 @@ def register(subparsers):
       help="batch size of the evaluation")
   add("--log-dir", help="TensorBoard directory (loss, AUC, ε, gradient size)")
   run_cli.add_run_arguments(
-      add, defaults, randomness="noise, batches, DP top-k draws and the DP base rate",
+      add, defaults, randomness="noise, batches, DP top-k draws, the DP base rate and Platt scaling",
       diagnostics="exact training loss/AUC",
       run_dir_help="keep the run's id, secret noise key (DIR/secret: keep it private), ledger "
                    "and checkpoints here; rerunning the same command resumes a killed run from "

@@ -59,6 +59,14 @@ def test_loss_is_binary_cross_entropy_of_the_logit():
   np.testing.assert_allclose(mean, expected.mean(), rtol=1e-5)
 
 
+def test_recalibrate_logits_makes_every_logit_scale_z_plus_shift():
+  model = ctr.build_ctr_model((7, 9, 4), hidden_units=(8,))
+  features, _ = _batch(model.config, 16)
+  before = model(features).numpy()
+  model.recalibrate_logits(0.4, 1.5)
+  np.testing.assert_allclose(model(features).numpy(), 0.4 * before + 1.5, rtol=1e-5, atol=1e-6)
+
+
 def test_dp_step_without_noise_or_clipping_is_the_non_private_step():
   """Every variable of the model (embeddings, hidden layers, logit) gets a per-example norm
   and, with σ = 0 and C = ∞, the DP-AdaFEST update equals the plain one (τ = 0.5 keeps every

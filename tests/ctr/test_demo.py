@@ -1,4 +1,5 @@
-"""`dprec demo` (what `make demo` runs) end to end on tiny data: summary, ε spent, files."""
+"""`dprec demo` (what `make demo` runs) end to end on tiny data: summary, ε spent, files, and
+the non-private and DP-AdaFEST runs side by side."""
 import json
 import os
 
@@ -12,7 +13,8 @@ def test_demo_trains_dp_adafest_and_spends_the_planned_epsilon(tmp_path, capsys)
   argv = ["demo", "--out", str(out), "--rows", "1500", "--steps", "3", "--batch-size", "64",
           "--epsilon", "1.0"]
   assert cli.main(argv) == 0
-  summary = json.loads(capsys.readouterr().out)
+  captured = capsys.readouterr()
+  summary = json.loads(captured.out)
   privacy, training = summary["privacy"], summary["training"]
   assert privacy["sigma1"] == pytest.approx(5 * privacy["sigma2"])
   assert privacy["epsilon_of_composed_sigma"] == pytest.approx(1.0, rel=1e-2)
@@ -23,3 +25,12 @@ def test_demo_trains_dp_adafest_and_spends_the_planned_epsilon(tmp_path, capsys)
   with open(os.path.join(out, "summary.json"), encoding="utf-8") as stream:
     assert json.load(stream)["auc"] == training["auc"]
   assert os.path.exists(os.path.join(out, "ledger.json"))
+  non_private = summary["non_private"]
+  assert non_private["algorithm"] == "non_private" and non_private["epsilon"] is None
+  assert non_private["steps"] == 3 and non_private["batch_size"] == training["batch_size"]
+  table = captured.err[captured.err.index("| run | AUC | log loss"):].splitlines()
+  assert table[2].startswith(f"| non-private | {non_private['auc']:.4f} | "
+                             f"{non_private['eval_log_loss']:.4f} |") and "| ∞ |" in table[2]
+  assert table[3].startswith(f"| DP-AdaFEST | {training['auc']:.4f} | "
+                             f"{training['eval_log_loss']:.4f} |")
+  assert f"| {training['epsilon']:.3f} |" in table[3]

@@ -54,9 +54,11 @@ def test_private_run_spends_what_dprec_privacy_computes(data_dir, tmp_path, algo
     assert summary["sigma1"] == pytest.approx(5 * sigma)
     sigma = privacy.composed_noise_multiplier(summary["sigma1"], summary["sigma2"])
   selection = 0.2 if "--top-k" in extra else 0.0
-  # Training composed with the DP base rate (one Gaussian mechanism on the label sum).
+  # Training composed with the DP base rate (one Gaussian mechanism on the label sum) and the
+  # DP Platt scaling (its releases compose to one Gaussian mechanism).
   expected = privacy.gaussian_epsilon(
       [privacy.gaussian_mechanism_period(summary["base_rate_noise_multiplier"]),
+       privacy.gaussian_mechanism_period(summary["calibration_noise_multiplier"]),
        privacy.TrainingPeriod(sigma, summary["sampling_rate"], STEPS)],
       summary["delta"], accountant="rdp") + selection
   ledger = privacy.PrivacyLedger(str(tmp_path / "ledger.json"))
@@ -72,7 +74,8 @@ def test_private_run_spends_what_dprec_privacy_computes(data_dir, tmp_path, algo
 def test_secure_noise_run_is_accounted_as_the_gaussian_mechanism_it_rounds(data_dir, tmp_path):
   """--secure-noise releases the Gaussian mechanism rounded to a grid (post-processing), so ε is
   the Gaussian accountant's: here dp_accounting's RDP accountant called directly on the run's
-  events (the DP base rate, then T Poisson-sampled Gaussian steps at the composed σ)."""
+  events (the DP base rate, DP Platt scaling, then T Poisson-sampled Gaussian steps at the
+  composed σ)."""
   import dp_accounting  # pylint: disable=import-outside-toplevel
   summary = _train(data_dir, tmp_path, "dp_adafest", "--secure-noise", "--threshold", "2",
                    "--accountant", "rdp")
@@ -81,6 +84,7 @@ def test_secure_noise_run_is_accounted_as_the_gaussian_mechanism_it_rounds(data_
   accountant = dp_accounting.rdp.RdpAccountant(
       neighboring_relation=dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
   accountant.compose(dp_accounting.GaussianDpEvent(summary["base_rate_noise_multiplier"]))
+  accountant.compose(dp_accounting.GaussianDpEvent(summary["calibration_noise_multiplier"]))
   accountant.compose(dp_accounting.PoissonSampledDpEvent(
       summary["sampling_rate"], dp_accounting.GaussianDpEvent(sigma)), STEPS)
   assert summary["epsilon"] == pytest.approx(accountant.get_epsilon(summary["delta"]), rel=1e-9)
@@ -314,10 +318,11 @@ def test_sigkill_mid_run_and_rerun_equals_an_uninterrupted_run(data_dir, tmp_pat
     whole = json.load(f)
   assert 0 < resumed["resumed_from_step"] < KILL_STEPS and whole["resumed_from_step"] == 0
   assert resumed["steps"] == whole["steps"] == KILL_STEPS
-  # The same charges: base rate, DP top-k once each, and every step paid once.
+  # The same charges: base rate, Platt scaling, DP top-k once each, and every step paid once.
   assert _charges(killed) == _charges(plain)
   labels = [c["label"] for c in _charges(plain)]
-  assert labels == ["train ctr base rate", "dp-fest top-k", "train ctr dp_adafest_plus"]
+  assert labels == ["train ctr base rate", "train ctr calibration", "dp-fest top-k",
+                    "train ctr dp_adafest_plus"]
   assert _charges(plain)[-1]["steps"] == KILL_STEPS
   assert resumed["epsilon"] == pytest.approx(whole["epsilon"], rel=1e-12)
   expected, got = _final_weights(plain), _final_weights(killed)
@@ -352,11 +357,31 @@ def test_adambc_bias_correction_costs_no_privacy(data_dir, tmp_path):
 
 def test_dp_run_is_calibrated_like_the_base_rate(data_dir, tmp_path):
   """With the CLI's defaults a DP-AdaFEST model's held-out log loss is not above that of
-  predicting the (DP) training click rate. The old defaults (Glorot logit layer, C2 = 1, Adam
-  3e-3) ended 0.17 above it here (0.743 vs 0.570). On 1,000 training rows 30 noisy steps barely
-  move a model that starts at the base rate, so "below" is up to 0.002; the strict "below" is
-  measured on 400k rows (BENCHMARKS.md, "Calibrated DP pCTR")."""
+  predicting the (DP) training click rate. The defaults before issue 14 (Glorot logit layer,
+  C2 = 1, Adam 3e-3, no recalibration) ended 0.17 above it here (0.743 vs 0.570); the same
+  training with DP Platt scaling ended between 0.0018 below and 0.0002 above it in four runs:
+  on 1,000 training rows the model does not rank held-out rows (AUC 0.43–0.46) and the fit
+  stays at the base rate, so "below" is up to 0.002; the strict "below" is measured on 400k rows
+  (BENCHMARKS.md, "Calibrated DP pCTR")."""
   summary = _train(data_dir, tmp_path, "dp_adafest", "--steps", "30")
   assert summary["eval_log_loss"] == summary["eval_loss"]
   assert 0.3 < summary["base_rate_log_loss"] < 0.7 and 0.0 < summary["base_rate"] < 1.0
   assert summary["eval_log_loss"] < summary["base_rate_log_loss"] + 0.002
+
+
+@pytest.mark.parametrize("share", ["0.1", "0"])
+def test_dp_platt_scaling_is_charged_once_or_not_at_all(data_dir, tmp_path, share):
+  """`--calibration-share` > 0 charges the ledger one Gaussian mechanism at the planned σ_c
+  (labelled) and reports the Platt scale and shift; 0 plans, charges and applies none."""
+  summary = _train(data_dir, tmp_path, "dp_sgd", "--calibration-share", share)
+  charges = [c for c in privacy.PrivacyLedger(str(tmp_path / "ledger.json")).charges
+             if c.get("label") == "train ctr calibration"]
+  if share == "0":
+    assert not charges and summary["calibration_shift"] is None
+    assert summary["calibration_scale"] is None
+    assert summary["calibration_noise_multiplier"] is None
+    return
+  assert len(charges) == 1 and charges[0]["noise_multiplier"] == pytest.approx(
+      summary["calibration_noise_multiplier"])
+  assert charges[0]["sampling_rate"] == 1.0 and charges[0]["steps"] == 1
+  assert np.isfinite(summary["calibration_shift"]) and summary["calibration_scale"] > 0

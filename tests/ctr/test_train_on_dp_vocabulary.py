@@ -47,11 +47,13 @@ def _train_ctr(out, ledger, tmp_path):
   return code, json.loads(summary.read_text()) if code == 0 else None
 
 
-def _training_epsilon(base_rate_sigma, sigma, sampling_rate, steps):
-  """ε at δ of the DP base rate (one Gaussian mechanism) and the sampled steps: dp_accounting."""
+def _training_epsilon(mechanism_sigmas, sigma, sampling_rate, steps):
+  """ε at δ of the DP base rate and DP Platt scaling (one Gaussian mechanism each) and the
+  sampled steps: dp_accounting."""
   accountant = dp_accounting.pld.PLDAccountant(
       dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
-  accountant.compose(dp_accounting.GaussianDpEvent(base_rate_sigma))
+  for mechanism_sigma in mechanism_sigmas:
+    accountant.compose(dp_accounting.GaussianDpEvent(mechanism_sigma))
   accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
       sampling_rate, dp_accounting.GaussianDpEvent(sigma)), steps))
   return accountant.get_epsilon(DELTA)
@@ -66,8 +68,9 @@ def test_training_composes_the_dp_vocabulary_and_calibrates_for_what_is_left(pre
   assert manifest["vocab_privacy"]["epsilon"] == pytest.approx(SELECTION)
   code, summary = _train_ctr(out, ledger, tmp_path)
   assert code == 0 and summary["steps"] == STEPS and summary["private"]
-  training = _training_epsilon(summary["base_rate_noise_multiplier"], summary["noise_multiplier"],
-                               summary["sampling_rate"], STEPS)
+  training = _training_epsilon(
+      [summary["base_rate_noise_multiplier"], summary["calibration_noise_multiplier"]],
+      summary["noise_multiplier"], summary["sampling_rate"], STEPS)
   left = BUDGET - SELECTION
   assert left * (1 - 5e-3) < training <= left + 1e-9  # σ calibrated for the 0.8 left
   assert summary["epsilon"] == pytest.approx(SELECTION + training, rel=1e-6)
