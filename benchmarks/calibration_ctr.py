@@ -8,12 +8,16 @@ Trains on day 0 (400k rows), evaluates on day 1; B = 1024, ε = 1 (δ = 1/N), DP
 with the base rate's log loss (the summary's `base_rate_log_loss`: predicting the training click
 rate, a DP estimate in DP runs), the DP Platt scaling a·z + b and a non-private row.
 `--noise-seed N` draws every run's noise from the public seed N (NOT private): runs that differ in
-a lever then see the same noise, so their difference is mostly the lever's.
+a lever then see the same noise, so their difference is mostly the lever's. Runs marked
+`noise_free` train with σ1 = σ2 = 0 (clipping and the AdaFEST threshold only; NOT private, a
+diagnostic that separates clipping bias from noise); runs may set their own batch size and steps.
 """
 import argparse
+import contextlib
 import dataclasses
 import json
 import sys
+from unittest import mock
 
 from dprec.workflows import ctr as ctr_workflow
 
@@ -45,7 +49,22 @@ RUNS = {
     "new defaults, no recalibration": dict(calibration_share=0.0),
     "new defaults, recalibration share 0.01": dict(calibration_share=0.01),
     "new defaults": {},
+    # The ≥ 5M-row setting (--steps 1000 --batch-size 2048): clipping bias vs noise, then signal
+    # per noise (σ hardly grows with B or T at ε = 1 here, so σ2/B falls almost as 1/B).
+    "new defaults, sigma 0 (clipping only, NOT private)": dict(noise_free=True),
+    "new defaults, B 8192, 250 steps": dict(batch_size=8192, steps=250),
+    "new defaults, B 8192, 610 steps (1 epoch of 5M)": dict(batch_size=8192, steps=610),
 }
+
+
+@contextlib.contextmanager
+def noise_free(enabled):
+  """σ1 = σ2 = 0 in the DP step when `enabled` (the plan, and so the summary's ε, unchanged)."""
+  if not enabled:
+    yield
+    return
+  with mock.patch.object(ctr_workflow, "noise_multipliers", lambda options, sigma: (0.0, 0.0)):
+    yield
 
 
 def main(argv=None):
@@ -60,6 +79,7 @@ def main(argv=None):
   parser.add_argument("--json", help="append each summary here (JSON lines)")
   parser.add_argument("--noise-seed", type=int,
                       help="public noise seed of every run (NOT private)")
+  parser.add_argument("--progress", action="store_true", help="progress bar of each run")
   args = parser.parse_args(argv)
   data = ctr_workflow.load_data(args.data)
   rows = []
@@ -70,15 +90,19 @@ def main(argv=None):
     for seed in args.seeds:
       options = ctr_workflow.CTRTrainOptions(data=args.data, algorithm="dp_adafest",
                                              epsilon=args.epsilon, batch_size=args.batch_size,
-                                             steps=args.steps, seed=seed, progress=False,
+                                             steps=args.steps, seed=seed, progress=args.progress,
                                              insecure_noise_seed=args.noise_seed)
+      change = dict(change)
+      without_noise = change.pop("noise_free", False)
       options = dataclasses.replace(options, **change)
       if options.algorithm == "non_private":
         options = dataclasses.replace(options, epsilon=None)
-      summary = ctr_workflow.run(options, data)
+      with noise_free(without_noise):
+        summary = ctr_workflow.run(options, data)
       row = {"run": name, "seed": seed, **{k: summary[k] for k in (
           "auc", "eval_log_loss", "base_rate", "base_rate_log_loss", "calibration_scale",
-          "calibration_shift", "epsilon")}}
+          "calibration_shift", "epsilon", "batch_size", "steps", "sigma2",
+          "train_seconds")}}
       rows.append(row)
       print(json.dumps(row), file=sys.stderr, flush=True)
       if args.json:
