@@ -49,11 +49,21 @@ RUNS = {
     "new defaults, no recalibration": dict(calibration_share=0.0),
     "new defaults, recalibration share 0.01": dict(calibration_share=0.01),
     "new defaults": {},
+    "train ctr's defaults (B and steps from N: one epoch)": dict(batch_size=None, steps=None),
     # The ≥ 5M-row setting (--steps 1000 --batch-size 2048): clipping bias vs noise, then signal
     # per noise (σ hardly grows with B or T at ε = 1 here, so σ2/B falls almost as 1/B).
     "new defaults, sigma 0 (clipping only, NOT private)": dict(noise_free=True),
+    "new defaults, dp_sgd, sigma 0 (clipping only, NOT private)": dict(noise_free=True,
+                                                                        algorithm="dp_sgd"),
+    "new defaults, C2 10, sigma 0 (clipping only, NOT private)": dict(noise_free=True,
+                                                                      l2_norm_clip=10.0),
+    "new defaults, B 8192, 250 steps, sigma 0 (NOT private)": dict(noise_free=True,
+                                                                   batch_size=8192, steps=250),
     "new defaults, B 8192, 250 steps": dict(batch_size=8192, steps=250),
     "new defaults, B 8192, 610 steps (1 epoch of 5M)": dict(batch_size=8192, steps=610),
+    "new defaults, B 16384, 305 steps (1 epoch of 5M)": dict(batch_size=16384, steps=305),
+    "new defaults, dp_sgd, B 8192, 610 steps": dict(algorithm="dp_sgd", batch_size=8192,
+                                                   steps=610),
 }
 
 

@@ -92,9 +92,11 @@ def _train_with_canaries(options, data, canaries):
 def audit_ctr(options: CTRAuditOptions, data: Optional[train_ctr.CTRData] = None) -> dict:
   """Runs the audit; returns (and writes to `options.summary_json`) its JSON summary."""
   options.validate()
+  data = data or train_ctr.load_data(options.train.data, options.train.vocab,
+                                     options.train.vocab_min_count)
+  options = dataclasses.replace(options, train=train_ctr.sized_for(options.train,
+                                                                   len(data.train["label"])))
   train_options = options.train
-  data = data or train_ctr.load_data(train_options.data, train_options.vocab,
-                                     train_options.vocab_min_count)
   tf.keras.utils.set_random_seed(train_options.seed)  # public: initialisation only
   num_integer_features = data.train[ctr.INT_FEATURES].shape[1]
 

@@ -11,6 +11,11 @@ After training, a DP run recalibrates its logits on the training data (DP Platt 
 accountant): clipping at C2 keeps the ranking but biases the probabilities (BENCHMARKS.md,
 "Calibrated DP pCTR").
 
+Without a batch size or steps, both come from the (public) number of training rows N
+(`sized_for`): at ε ≈ 1, σ hardly grows with B, so the noise on the mean gradient, σ·C2/B, falls
+almost as 1/B, and DP-AdaFEST keeps more rows (their counts grow with B at a fixed τ); one epoch
+in about `STEPS_PER_EPOCH` steps (BENCHMARKS.md, "Calibrated DP pCTR", the ≥ 5M-row setting).
+
 The noise, false positives, Poisson batches, DP top-k draws, the DP base rate and the DP Platt
 scaling come from the run's secret key (`dprec.workflows.run.Run`); `seed` seeds only initialisation. With a run
 directory the run checkpoints every `checkpoint_every` steps, and the same options resume a killed
@@ -43,6 +48,8 @@ FEST_ALGORITHMS = ("dp_fest", "dp_adafest_plus")
 OPTIMIZERS = {"sgd": sparse_optimizers.SparseSGD, "adagrad": sparse_optimizers.SparseAdagrad,
               "adam": sparse_optimizers.LazyAdam, "adambc": sparse_optimizers.AdamBC}
 LOGIT_INITS = ("base_rate", "default")
+STEPS_PER_EPOCH = 500  # default B: the power of two nearest N / STEPS_PER_EPOCH ...
+BATCH_SIZE_RANGE = (64, 16384)  # ... within these bounds (and at most N/8)
 BASE_RATE_LABEL = "train ctr base rate"
 CALIBRATION_LABEL = "train ctr calibration"
 SELECTION_LABEL = "dp-fest top-k"
@@ -73,8 +80,8 @@ class CTRTrainOptions(run_lib.FitOptions):
   algorithm: str = "dp_adafest"
   epsilon: Optional[float] = None
   delta: Optional[float] = None
-  batch_size: int = 2048
-  steps: int = 1000
+  batch_size: Optional[int] = None  # None: from N (`sized_for`)
+  steps: Optional[int] = None  # None: one epoch at the batch size
   ratio: float = 5.0
   threshold: float = 15.0
   contribution_clip: float = 1.0
@@ -110,7 +117,8 @@ class CTRTrainOptions(run_lib.FitOptions):
       raise DprecError(f"--base-rate-share must be in (0, 1), got {self.base_rate_share}")
     if not 0 <= self.calibration_share < 1:
       raise DprecError(f"--calibration-share must be in [0, 1), got {self.calibration_share}")
-    if self.batch_size < 1 or self.steps < 1:
+    if (self.batch_size is not None and self.batch_size < 1) or (
+        self.steps is not None and self.steps < 1):
       raise DprecError("--batch-size and --steps must be positive")
     if self.private and (self.epsilon is None or not self.epsilon > 0):
       raise DprecError(f"--algorithm {self.algorithm} needs a positive --epsilon")
@@ -120,6 +128,23 @@ class CTRTrainOptions(run_lib.FitOptions):
       raise DprecError(f"--algorithm {self.algorithm} needs --top-k (rows kept over all tables)")
     if self.top_k_epsilon < 0:
       raise DprecError("--top-k-epsilon must be >= 0")
+
+
+def default_batch_size(num_examples: int) -> int:
+  """B when none is given: the power of two nearest N / `STEPS_PER_EPOCH` within
+  `BATCH_SIZE_RANGE`, capped by `poisson.default_batch_size` (at most N/8)."""
+  lowest, highest = BATCH_SIZE_RANGE
+  target = max(num_examples, 1) / STEPS_PER_EPOCH
+  preferred = min(highest, max(lowest, 2 ** round(math.log2(max(target, 1)))))
+  return poisson.default_batch_size(num_examples, preferred=preferred)
+
+
+def sized_for(options: CTRTrainOptions, num_examples: int) -> CTRTrainOptions:
+  """`options` with the batch size and steps the user left out filled in from the number of
+  training rows N (public, like δ = 1/N): `default_batch_size`, then one epoch ⌈N/B⌉."""
+  batch_size = options.batch_size or default_batch_size(num_examples)
+  steps = options.steps or max(1, math.ceil(num_examples / batch_size))
+  return dataclasses.replace(options, batch_size=batch_size, steps=steps)
 
 
 def plan_privacy(options: CTRTrainOptions, num_examples: int, run=None) -> plan_lib.PrivacyPlan:
@@ -231,6 +256,9 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
   to `options.summary_json` if set)."""
   options.validate()
   data = data or load_data(options.data, options.vocab, options.vocab_min_count)
+  chosen = {"batch_size_chosen": options.batch_size is None,
+            "steps_chosen": options.steps is None}
+  options = sized_for(options, len(data.train["label"]))
   label = f"{COMMAND} {options.algorithm}"
   with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,
                    options.secure_noise, options.data) as run:
@@ -258,6 +286,7 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
     evaluation = ctr.evaluate(model, data.eval, data.eval["label"], options.eval_batch_size)
     summary = _summary(options, data, model, plan, history, evaluation, timer, budget, run,
                        resume, rate, calibration)
+    summary.update(chosen)
   run_lib.write_summary(summary, options.summary_json)
   return summary
 

@@ -5,8 +5,7 @@ from dprec.workflows import ctr
 from dprec.workflows import run_cli
 from dprec.workflows.ctr import CTRTrainOptions
 
-USAGE = ("    dprec train ctr --data DIR --algorithm dp_adafest --epsilon 1 --batch-size 2048 "
-         "--steps 1000\n\n")
+USAGE = "    dprec train ctr --data DIR --algorithm dp_adafest --epsilon 1\n\n"
 
 def int_list(text):
   """argparse type of `--hidden-units`: comma-separated positive widths."""
@@ -33,9 +32,12 @@ def register(subparsers):
            "top-k vocabulary) is composed in (required unless non_private)")
   add("--delta", type=float,
       help="δ (default: the --ledger's if it exists, else 1/N, N = training rows)")
+  lowest, highest = ctr.BATCH_SIZE_RANGE
   add("--batch-size", type=int, default=defaults.batch_size,
-      help="expected (Poisson) batch size B")
-  add("--steps", type=int, default=defaults.steps, help="training steps T")
+      help=f"expected (Poisson) batch size B (default: from the N training rows, the power of "
+           f"two nearest N/{ctr.STEPS_PER_EPOCH} within [{lowest}, {highest}], at most N/8)")
+  add("--steps", type=int, default=defaults.steps,
+      help="training steps T (default: one epoch, ⌈N/B⌉)")
   add("--ratio", type=float, default=defaults.ratio, help="DP-AdaFEST noise ratio r = σ1/σ2")
   add("--threshold", type=float, default=defaults.threshold,
       help="DP-AdaFEST threshold τ on noisy counts")

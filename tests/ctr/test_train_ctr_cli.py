@@ -14,6 +14,7 @@ from dprec import cli
 from dprec import privacy
 from dprec.data import synthetic
 from dprec.privacy.noise_key import InsecureNoiseWarning
+from dprec.workflows import ctr as ctr_workflow
 
 STEPS, BATCH, EPSILON = 6, 64, 2.0
 REQUIRED = {"algorithm", "auc", "epsilon", "delta", "gradient_size_reduction", "steps_per_second"}
@@ -147,7 +148,6 @@ def test_beam_manifest_directory_loads_like_the_tsv_days(data_dir, tmp_path):
   """`--data` given the Beam job's layout (manifest + per-day TFRecords) yields the same arrays
   as the TSV days it was made from (written here with the Beam helper's own encoder)."""
   from dprec.data import criteo, criteo_tfrecord  # pylint: disable=import-outside-toplevel
-  from dprec.workflows import ctr as ctr_workflow  # pylint: disable=import-outside-toplevel
   from_tsv = ctr_workflow.load_data(data_dir)
   out = tmp_path / "beam"
   days = []
@@ -385,3 +385,33 @@ def test_dp_platt_scaling_is_charged_once_or_not_at_all(data_dir, tmp_path, shar
       summary["calibration_noise_multiplier"])
   assert charges[0]["sampling_rate"] == 1.0 and charges[0]["steps"] == 1
   assert np.isfinite(summary["calibration_shift"]) and summary["calibration_scale"] > 0
+
+
+@pytest.mark.parametrize("rows, batch_size, steps", [
+    (5_000_000, 8192, 611),  # BENCHMARKS' >= 5M-row setting
+    (400_000, 1024, 391),  # the 400k-row setting of issue 14
+    (100_000, 256, 391),  # `make demo`'s training days
+    (1000, 64, 16),  # this file's data
+    (10, 1, 10),  # at most N/8
+])
+def test_batch_size_and_steps_come_from_the_training_rows(rows, batch_size, steps):
+  """Without --batch-size, B is the power of two nearest N/500 in [64, 16384] (at most N/8);
+  without --steps, one epoch; a given value is kept."""
+  sized = ctr_workflow.sized_for(ctr_workflow.CTRTrainOptions(data=""), rows)
+  assert (sized.batch_size, sized.steps) == (batch_size, steps)
+  given = ctr_workflow.sized_for(ctr_workflow.CTRTrainOptions(data="", batch_size=2, steps=3), rows)
+  assert (given.batch_size, given.steps) == (2, 3)
+  assert ctr_workflow.sized_for(ctr_workflow.CTRTrainOptions(data="", batch_size=2), rows).steps == -(-rows // 2)
+
+
+def test_cli_without_batch_size_and_steps_trains_one_epoch(data_dir, tmp_path):
+  summary_path = tmp_path / "summary.json"
+  assert cli.main(["train", "ctr", "--data", data_dir, "--algorithm", "dp_adafest", "--epsilon",
+                   str(EPSILON), "--hidden-units", "8", "--no-progress", "--summary-json",
+                   str(summary_path)]) == 0
+  with open(summary_path, encoding="utf-8") as stream:
+    summary = json.load(stream)
+  assert summary["train_rows"] == 1000 and summary["batch_size"] == 64
+  assert summary["steps"] == summary["steps_requested"] == 16
+  assert summary["batch_size_chosen"] and summary["steps_chosen"]
+  assert summary["sampling_rate"] == pytest.approx(64 / 1000)
