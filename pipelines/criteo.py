@@ -330,18 +330,11 @@ def manifest(stats: ShardStats, vocab: CriteoVocabulary, vocab_dir: str = "vocab
           "vocab_privacy": vocab_privacy}
 
 
-def public_vocab_privacy(mode: str) -> dict:
-  """`vocab_privacy` of a vocabulary built from exact counts."""
-  return {"dp": False, "private": False, "mode": mode,
-          "note": "built from exact counts of the input: not differentially private; public "
-                  "only if the input is"}
-
-
 def vocab_privacy_of(job: CriteoJob) -> dict:
   """`vocab_privacy` of the job's vocabulary: its DP top-k ε (charged to the job's ledger) and
   whether its randomness was secret, or that it is not DP."""
   if job.vocab.mode != "dp_top_k":
-    return public_vocab_privacy(job.vocab.mode)
+    return identity.public_vocab_privacy(job.vocab.mode)
   from dprec.privacy import split_selection_budget  # pylint: disable=import-outside-toplevel
   _, epsilon = split_selection_budget(job.vocab.per_feature_k(), job.vocab.epsilon)
   return {"dp": True, "private": job.vocab.insecure_noise_seed is None, "mode": "dp_top_k",
