@@ -126,7 +126,11 @@ class Run:
       if self._lock is None:
         raise DprecError(f"{run_dir}: another dprec process is using this run directory; wait "
                          "for it to finish, or use another --run-dir")
-      self.run_id, self.noise_key = self._load_or_create(insecure_noise_seed)
+      try:
+        self.run_id, self.noise_key = self._load_or_create(insecure_noise_seed)
+      except BaseException:
+        self.close()
+        raise
       base = run_dir
     self.ledger_path = ledger or os.path.join(base, LEDGER_FILE)
     self.ledger = None  # opened by `open_ledger` (a private run)
