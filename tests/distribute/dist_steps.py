@@ -1,6 +1,8 @@
 """One DP step of a small two-table model (tests/distribute): on one device, under a
 `tf.distribute` strategy, or, run as a script with TF_CONFIG set, as one worker of a
-MultiWorkerMirroredStrategy cluster (`python dist_steps.py ALGORITHM OUT.npz`)."""
+MultiWorkerMirroredStrategy cluster (`python dist_steps.py OUT.npz`, "{index}" in OUT replaced
+by the worker's index): one step of each algorithm."""
+import json
 import os
 import sys
 
@@ -66,11 +68,12 @@ def one_step(algorithm, strategy=None, **model_args):
   return [w.numpy() for w in model.trainable_weights]
 
 
-def main(algorithm, out):
+def main(out):
   """A worker of the MultiWorkerMirroredStrategy cluster that TF_CONFIG describes."""
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
-  weights = one_step(algorithm, strategy)
-  np.savez(out, *weights)
+  weights = {f"{algorithm}_{i}": w for algorithm in CONFIGS
+             for i, w in enumerate(one_step(algorithm, strategy))}
+  np.savez(out.format(index=json.loads(os.environ["TF_CONFIG"])["task"]["index"]), **weights)
 
 
 if __name__ == "__main__":
