@@ -11,6 +11,7 @@ import os
 import socket
 import subprocess
 import sys
+import time
 from typing import List, Optional, Sequence
 
 STRATEGIES = ("none", "mirrored", "multi_worker")
@@ -74,3 +75,15 @@ def start_local_workers(args: Sequence[str], num_workers: int,
   base = dict(os.environ if env is None else env)
   return [subprocess.Popen([sys.executable, *args], env=dict(base, TF_CONFIG=config))
           for config in local_tf_configs(num_workers)]
+
+
+def wait_for_workers(processes: Sequence[subprocess.Popen], poll_seconds: float = 0.5):
+  """Waits for every process; once one fails, stops the others (they would wait for it in their
+  collectives forever). Returns the exit codes."""
+  while any(p.poll() is None for p in processes):
+    if any(p.poll() not in (None, 0) for p in processes):
+      for p in processes:
+        if p.poll() is None:
+          p.kill()
+    time.sleep(poll_seconds)
+  return [p.returncode for p in processes]

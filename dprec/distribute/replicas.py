@@ -47,8 +47,15 @@ class Replicas:
       rows, values = tf.boolean_mask(rows, mask), tf.boolean_mask(values, mask)
     distinct, slot = tf.unique(rows, out_idx=tf.int64)
     values = tf.math.unsorted_segment_sum(values, slot, tf.size(distinct, out_type=tf.int64))
-    return (self._context.all_gather(distinct, axis=0),
-            self._context.all_gather(values, axis=0))
+    # One padding pair (row −1, value 0) each: a collective on an empty tensor crashes
+    # MultiWorkerMirroredStrategy's workers (TF 2.21), and a replica may have no pairs.
+    distinct = tf.concat([distinct, [-1]], axis=0)
+    values = tf.concat([values, tf.zeros(tf.concat([[1], tf.shape(values)[1:]], axis=0),
+                                         values.dtype)], axis=0)
+    rows = self._context.all_gather(distinct, axis=0)
+    values = self._context.all_gather(values, axis=0)
+    real = rows >= 0
+    return tf.boolean_mask(rows, real), tf.boolean_mask(values, real)
 
   def once(self, fn, *args):
     """`fn(*args)` evaluated once for all replicas (in cross-replica context, through

@@ -26,6 +26,9 @@ CONFIGS = {
     # σ1·C1 = 1 and τ = 2: some touched rows are dropped, some untouched ones are false positives.
     "dp_adafest": DPAdaFEST(0.5, 1.0, contribution_clip=1.0, contribution_noise_multiplier=1.0,
                             threshold=2.0),
+    # No row reaches τ: replicas exchange no rows (collectives on empty tensors must not crash).
+    "dp_adafest_none_kept": DPAdaFEST(0.5, 1.0, contribution_clip=1.0,
+                                      contribution_noise_multiplier=0.05, threshold=50.0),
 }
 
 
