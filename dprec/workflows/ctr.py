@@ -277,13 +277,14 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
     features = {key: data.train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}
     history = run.fit(model, features, data.train["label"], options.batch_size,
                       plan.private and plan.poisson, options.steps, resume, callbacks)
+    replicas = model.distribute_strategy.num_replicas_in_sync
     if strategy is not None:  # predict and evaluate on one device: the same on every worker
       model = _local_copy(model)
     calibration = recalibrate(model, data.train, plan, rate, run.numpy_rng("calibration"),
                               options.eval_batch_size)
     evaluation = ctr.evaluate(model, data.eval, data.eval["label"], options.eval_batch_size)
     summary = _summary(options, data, model, plan, history, evaluation, timer, budget, run,
-                       resume, rate, calibration)
+                       resume, rate, calibration, replicas)
   if chief:
     run_lib.write_summary(summary, options.summary_json)
   return summary
@@ -323,7 +324,7 @@ def run_from_json(text: str) -> dict:
 
 
 def _summary(options, data, model, plan, history, evaluation, timer, budget, run, resume, rate,
-             calibration):
+             calibration, replicas):
   last = {key: float(values[-1]) for key, values in history.items()}
   sigma1, sigma2 = noise_multipliers(options, plan.noise_multiplier)
   summary = {
@@ -343,7 +344,8 @@ def _summary(options, data, model, plan, history, evaluation, timer, budget, run
       "resumed_from_step": resume.step,
       "stopped_at_budget": bool(budget and budget.stopped_at_budget),
       "steps_per_second": timer.steps_per_second, "train_seconds": timer.seconds,
-      "batch_size": options.batch_size, "train_rows": int(len(data.train["label"])),
+      "batch_size": options.batch_size, "strategy": options.strategy, "replicas": replicas,
+      "train_rows": int(len(data.train["label"])),
       "eval_rows": int(len(data.eval["label"])), "data_source": data.source,
       "ledger": options.ledger, "run_dir": options.run_dir,
       "note": "; ".join([VOCABULARY_NOTE] + plan.notes),

@@ -35,6 +35,7 @@ def test_local_multi_worker_run_pays_each_step_once_with_the_chiefs_secret_key(d
   summary = _train(data_dir, tmp_path, "--strategy", "multi_worker", "--local-workers", "2",
                    "--run-dir", str(run_dir))
   assert summary["private"] and summary["steps"] == STEPS
+  assert summary["strategy"] == "multi_worker" and summary["replicas"] == 2
   charges = privacy.PrivacyLedger(str(run_dir / "ledger.json")).charges
   assert {c["run_id"] for c in charges} == {summary["run_id"]}
   steps_paid = sum(c.get("steps", 0) for c in charges if c["label"] == "train ctr dp_adafest")
