@@ -307,7 +307,8 @@ def run_local_cluster(options: CTRTrainOptions) -> dict:
     summary_json = options.summary_json or os.path.join(scratch, "summary.json")
     worker = dataclasses.replace(options, local_workers=0, summary_json=summary_json)
     workers = cluster.start_local_workers(
-        ["-c", "import sys; from dprec.workflows import ctr; ctr.run_from_json(sys.argv[1])",
+        ["-c", "import sys; from dprec import cli; cli.import_tensorflow_quietly(); "
+               "from dprec.workflows import ctr; ctr.run_from_json(sys.argv[1])",
          json.dumps(dataclasses.asdict(worker))], options.local_workers)
     codes = cluster.wait_for_workers(workers)
     if any(codes):
