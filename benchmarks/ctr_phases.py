@@ -2,8 +2,10 @@
 
 Each phase is a `tf.function` running the step up to that point on the same batch; the cost of
 a phase is the difference between consecutive prefixes. All prefixes of both models run
-interleaved in one process, `--rounds` times, and each time is the median over rounds (so other
-jobs on a shared machine inflate every prefix alike; the load is printed). Prefixes:
+interleaved in one process, `--rounds` times; each time is the median over rounds of the
+process's CPU time per call (summed over its threads: other jobs on a shared machine delay a
+call's wall time far more than its CPU time; wall times are printed beside, and the load).
+Prefixes:
 
   forward     the forward pass and per-example losses
   norms       + recording, one backward pass to the recorded tensors, distinct (example, row)
@@ -65,7 +67,7 @@ def _op_count(function, x, y):
 
 
 def measure(spec, batch_size, rounds, calls, threshold):
-  """{variant: {phase: (median ms, ops)}} for one vocabulary."""
+  """{variant: {phase: (median CPU ms, median wall ms, ops)}} for one vocabulary."""
   vocab_sizes = tuple(v + 1 for v in synthetic.vocab_sizes(spec))
   x, y = ctr_step.make_batches(vocab_sizes, batch_size, 1)[0]
   x = {k: tf.constant(v) for k, v in x.items()}
@@ -79,48 +81,54 @@ def measure(spec, batch_size, rounds, calls, threshold):
       ops[variant, phase] = _op_count(function, x, y)
       tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t,
                             function(x, y))  # trace and warm up
-  times = {key: [] for key in functions}
+  cpu, wall = {key: [] for key in functions}, {key: [] for key in functions}
   for _ in range(rounds):
     for key, function in functions.items():
-      start = time.perf_counter()
+      start, start_cpu = time.perf_counter(), time.process_time()
       for _ in range(calls):
         result = function(x, y)
       tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, result)
-      times[key].append(1000 * (time.perf_counter() - start) / calls)
+      cpu[key].append(1000 * (time.process_time() - start_cpu) / calls)
+      wall[key].append(1000 * (time.perf_counter() - start) / calls)
   result = {}
-  for (variant, phase), samples in times.items():
-    result.setdefault(variant, {})[phase] = (statistics.median(samples), ops[variant, phase])
+  for variant, phase in functions:
+    result.setdefault(variant, {})[phase] = (statistics.median(cpu[variant, phase]),
+                                             statistics.median(wall[variant, phase]),
+                                             ops[variant, phase])
   return result
 
 
 def print_breakdown(spec, result):
-  print(f"\n{spec}: median ms per call of each prefix; a phase = its prefix minus the one before")
-  print("| variant | phase | prefix ms | phase ms | share of step | prefix ops |")
-  print("|---|---|---:|---:|---:|---:|")
+  print(f"\n{spec}: median CPU ms per call of each prefix; a phase = its prefix minus the one "
+        "before")
+  print("| variant | phase | prefix CPU ms | phase CPU ms | share of step | prefix wall ms | "
+        "prefix ops |")
+  print("|---|---|---:|---:|---:|---:|---:|")
   for variant, phases in result.items():
     previous, total = 0.0, phases["step"][0]
-    for phase, (ms, ops) in phases.items():
+    for phase, (ms, wall_ms, ops) in phases.items():
       print(f"| {variant} | {phase} | {ms:.1f} | {ms - previous:.1f} | "
-            f"{(ms - previous) / total:.0%} | {ops:,} |")
+            f"{(ms - previous) / total:.0%} | {wall_ms:.1f} | {ops:,} |")
       previous = ms
-  ratio = result["dp_adafest"]["step"][0] / result["non_private"]["step"][0]
-  print(f"dp_adafest step / non_private step: {ratio:.2f}x")
+  for column, label in ((0, "CPU"), (1, "wall")):
+    ratio = result["dp_adafest"]["step"][column] / result["non_private"]["step"][column]
+    print(f"dp_adafest step / non_private step ({label}): {ratio:.2f}x")
 
 
 def compare(before, after):
-  """Before/after ms, ops and the DP / non-private step ratio, per vocabulary and phase."""
-  print("| vocabulary | variant | phase | before ms | after ms | after/before | before ops | "
-        "after ops |")
+  """Before/after CPU ms, ops and the DP / non-private step ratio, per vocabulary and phase."""
+  print("| vocabulary | variant | phase | before CPU ms | after CPU ms | after/before | "
+        "before ops | after ops |")
   print("|---|---|---|---:|---:|---:|---:|---:|")
   for spec in after:
     for variant, phases in after[spec].items():
-      for phase, (ms, ops) in phases.items():
-        old_ms, old_ops = before[spec][variant][phase]
+      for phase, (ms, _, ops) in phases.items():
+        old_ms, _, old_ops = before[spec][variant][phase]
         print(f"| {spec} | {variant} | {phase} | {old_ms:.1f} | {ms:.1f} | {ms / old_ms:.2f} | "
               f"{old_ops:,} | {ops:,} |")
     for label, run in (("before", before), ("after", after)):
       ratio = run[spec]["dp_adafest"]["step"][0] / run[spec]["non_private"]["step"][0]
-      print(f"{spec} {label}: dp_adafest / non_private step {ratio:.2f}x")
+      print(f"{spec} {label}: dp_adafest / non_private step {ratio:.2f}x (CPU)")
 
 
 def main(argv=None):

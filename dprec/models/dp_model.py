@@ -287,9 +287,10 @@ class DPModel(tf.keras.Model):
     pair_grads = {f: embedding_norms.pair_gradients(pairs[f], lookups[f], row_grads[f])
                   for f in used}
     kept = self._kept_rows(config, layout, tables, pairs, batch_size)
-    for f in used:
-      squared += embedding_norms.squared_norms(pairs[f], pair_grads[f], kept[f].pair_kept,
-                                               batch_size)
+    if used:
+      squared += embedding_norms.squared_norms([pairs[f] for f in used],
+                                               [pair_grads[f] for f in used],
+                                               [kept[f].pair_kept for f in used], batch_size)
     return _Forward(tape, y_pred, losses, squared, tables, pairs, pair_grads, kept,
                     recorder.records, record_grads, extras, extra_grads)
 
