@@ -35,3 +35,10 @@ def test_shapes_and_the_generator_stream():
   other = gaussian.normal(tf.random.Generator.from_seed(2), [4])
   np.testing.assert_array_equal(first, again)
   assert not np.array_equal(first, other)
+
+
+def test_large_tensors_use_the_one_buffer_kernel(monkeypatch):
+  monkeypatch.setattr(gaussian, "FUSED_ABOVE", 10)
+  z = gaussian.normal(tf.random.Generator.from_seed(4), [3, 5], 2.0)
+  np.testing.assert_array_equal(z, tf.random.Generator.from_seed(4).normal([3, 5], stddev=2.0))
+  assert gaussian.normal(tf.random.Generator.from_seed(4), [2, 5]).shape == (2, 5)
