@@ -3,7 +3,6 @@ import dataclasses
 import math
 from typing import Sequence, Tuple
 
-import dp_accounting
 from scipy import optimize
 
 from dprec.errors import BudgetExceededError
