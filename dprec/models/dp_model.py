@@ -87,14 +87,16 @@ def _unique(items):
 
 
 def _gradient_size(gradient, noised):
-  """Nonzero coordinates of a (possibly IndexedSlices, possibly duplicated) gradient. A dense
-  gradient with Gaussian noise on every coordinate counts as full (nonzero with probability 1),
-  sparing a V×d pass that `count_nonzero` would make with an int64 copy."""
+  """Nonzero coordinates of a (possibly IndexedSlices, possibly duplicated) gradient. A gradient
+  with Gaussian noise on every coordinate (dense, or the DP step's IndexedSlices over distinct
+  kept rows) counts as full (nonzero with probability 1), sparing a V×d pass that
+  `count_nonzero` would make with an int64 copy, and the sparse path's unique and sum."""
+  if noised:
+    values = gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+    return tf.size(values, out_type=tf.int64)
   if isinstance(gradient, tf.IndexedSlices):
     rows, slot = tf.unique(gradient.indices)
     gradient = tf.math.unsorted_segment_sum(gradient.values, slot, tf.size(rows))
-  elif noised:
-    return tf.size(gradient, out_type=tf.int64)
   return tf.math.count_nonzero(gradient, dtype=tf.int64)
 
 
@@ -291,9 +293,10 @@ class DPModel(tf.keras.Model):
     pair_grads = {f: embedding_norms.pair_gradients(pairs[f], lookups[f], row_grads[f])
                   for f in used}
     kept = self._kept_rows(config, layout, tables, pairs, batch_size)
-    for f in used:
-      squared += embedding_norms.squared_norms(pairs[f], pair_grads[f], kept[f].pair_kept,
-                                               batch_size)
+    if used:
+      squared += embedding_norms.squared_norms([pairs[f] for f in used],
+                                               [pair_grads[f] for f in used],
+                                               [kept[f].pair_kept for f in used], batch_size)
     return _Forward(tape, y_pred, losses, squared, tables, pairs, pair_grads, kept,
                     recorder.records, record_grads, extras, extra_grads)
 
