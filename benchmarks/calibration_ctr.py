@@ -10,7 +10,9 @@ rate, a DP estimate in DP runs), the DP Platt scaling a·z + b and a non-private
 `--noise-seed N` draws every run's noise from the public seed N (NOT private): runs that differ in
 a lever then see the same noise, so their difference is mostly the lever's. Runs marked
 `noise_free` train with σ1 = σ2 = 0 (clipping and the AdaFEST threshold only; NOT private, a
-diagnostic that separates clipping bias from noise); runs may set their own batch size and steps.
+diagnostic that separates clipping bias from noise); runs may set their own batch size and steps
+(None: `train ctr`'s, from N). The ≥ 5M-row setting: `dprec synth criteo --rows 6000000 --days 6
+--seed 0 --out DATA`, then `--steps 1000 --batch-size 2048` (days 0–4 train, day 5 held out).
 """
 import argparse
 import contextlib
