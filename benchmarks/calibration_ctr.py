@@ -63,6 +63,8 @@ RUNS = {
                                                                    batch_size=8192, steps=250),
     "new defaults, B 8192, 250 steps": dict(batch_size=8192, steps=250),
     "new defaults, B 8192, 250 steps, r 2": dict(batch_size=8192, steps=250, ratio=2.0),
+    "new defaults, B 8192, 250 steps, r 2, tau 7": dict(batch_size=8192, steps=250, ratio=2.0,
+                                                        threshold=7.0),
     "new defaults, B 8192, 610 steps (1 epoch of 5M)": dict(batch_size=8192, steps=610),
     "new defaults, B 16384, 305 steps (1 epoch of 5M)": dict(batch_size=16384, steps=305),
     "new defaults, dp_sgd, B 8192, 610 steps": dict(algorithm="dp_sgd", batch_size=8192,
