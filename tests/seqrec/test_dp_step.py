@@ -89,3 +89,54 @@ def test_noised_step_adds_gaussian_noise_of_std_sigma_c(secure):
   noise = np.concatenate([(a - b).ravel() for a, b in zip(updates[1], updates[0])]) * batch
   assert noise.size > 1000 and np.std(noise) == pytest.approx(sigma * clip, rel=0.1)
   assert abs(np.mean(noise)) < 5 * sigma * clip / np.sqrt(noise.size)
+
+
+def _per_example_gradients(model, labels=LABELS):
+  per_example = []
+  for i in range(len(ITEMS)):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(NextItemLoss(reduction="none")(labels[i:i + 1],
+                                                          model({"items": ITEMS[i:i + 1]})))
+    per_example.append([tf.convert_to_tensor(g).numpy().astype(np.float64)
+                        for g in tape.gradient(loss, model.trainable_variables)])
+  return per_example
+
+
+@pytest.mark.parametrize("config", [
+    {"item_norm_share": 0.8}, {"item_norm_share": 0.3, "tied": False},
+    {"item_norm_share": 0.8, "item_rank": 3}, {"item_norm_share": 0.5, "loss_positions": "last"}],
+                         ids=["tied", "untied", "rank3", "last"])
+@pytest.mark.parametrize("normalize", [False, True], ids=["clip", "normalize"])
+def test_item_norm_share_clips_the_item_table_and_the_rest_separately(config, normalize):
+  """`item_norm_share` F: per-user norms of the item table and of the rest equal brute force;
+  the step equals brute-force clipping of the item table to C√F and the rest to C√(1−F), and
+  every user's clipped gradient has norm ≤ C (the sensitivity, hence the accounting, unchanged)."""
+  model = _model(**config)
+  weights = model.get_weights()
+  table = {id(v) for v in model.item_embedding.trainable_weights}
+  in_table = [id(v) in table for v in model.trainable_variables]
+  per_example = _per_example_gradients(model)
+  group_norms = np.array([[np.sqrt(sum((g ** 2).sum() for g, t in zip(grads, in_table)
+                                       if t == group)) for group in (False, True)]
+                          for grads in per_example])  # [B, (rest, table)]
+  share = config["item_norm_share"]
+  clip = min(1.0, group_norms.min() / 2)
+  bounds = clip * np.sqrt([1 - share, share])
+  offset = 0.01 if normalize else None
+  factors = (bounds / (group_norms + offset) if normalize
+             else np.minimum(1.0, bounds / group_norms))
+  clipped = [[f[int(t)] * g for g, t in zip(grads, in_table)]
+             for f, grads in zip(factors, per_example)]
+  assert all(np.sqrt(sum((g ** 2).sum() for g in c)) <= clip * (1 + 1e-6) for c in clipped)
+  expected = [sum(c[k] for c in clipped) / len(ITEMS) for k in range(len(in_table))]
+  dp_model = _model(weights, **config)
+  optimizer = DPOptimizer(DPSGD(clip, 0.0, normalization_offset=offset),
+                          tf.keras.optimizers.SGD(1.0), expected_batch_size=len(ITEMS),
+                          insecure_noise_seed=0)
+  dp_model.compile(optimizer=optimizer, run_eagerly=True)
+  rest, items = dp_model.per_example_squared_norms({"items": ITEMS}, LABELS, by_group=True)
+  np.testing.assert_allclose(np.sqrt(rest), group_norms[:, 0], rtol=1e-5)
+  np.testing.assert_allclose(np.sqrt(items), group_norms[:, 1], rtol=1e-5)
+  update = _step(dp_model, optimizer)
+  for got, want in zip(update, expected):
+    np.testing.assert_allclose(got, want, atol=2e-6)
