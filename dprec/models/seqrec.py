@@ -174,9 +174,9 @@ class SeqRecModel(DPModel):
       self.item_bias = tf.Variable(tf.zeros([config.num_items]), name="item_bias")
     self.item_variance = tf.Variable(tf.zeros([config.table_rows + 1]), trainable=False,
                                      name="item_variance")
-    if config.item_table_rows is not None:  # identity until `set_item_vocabulary`
-      self.item_row_of = tf.Variable(tf.range(config.num_items + 1), trainable=False,
-                                     name="item_row_of")
+    if config.item_table_rows is not None:  # items beyond R share row R until set
+      self.item_row_of = tf.Variable(tf.minimum(tf.range(config.num_items + 1), config.table_rows),
+                                     trainable=False, name="item_row_of")
       self.item_log_share = tf.Variable(tf.zeros([config.num_items + 1]), trainable=False,
                                         name="item_log_share")
     self.weight_variance = tf.Variable(0.0, trainable=False, name="weight_variance")

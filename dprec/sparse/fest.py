@@ -96,9 +96,7 @@ def threshold_vocabulary(counts, threshold) -> SharedRowVocabulary:
   row_of[1:][kept] = np.arange(1, kept.sum() + 1)
   row_of[1:][~kept] = kept.sum() + 1
   floored = np.maximum(counts, 1.0)
-  floored[0] = 0.0
-  row_totals = np.bincount(row_of, weights=floored)
-  log_share = np.log(floored / np.maximum(row_totals[row_of], 1e-300))
-  log_share[0] = 0.0
-  log_share[1:][kept] = 0.0
+  row_totals = np.bincount(row_of[1:], weights=floored[1:], minlength=kept.sum() + 2)
+  log_share = np.zeros(len(counts))
+  log_share[1:] = np.where(kept, 0.0, np.log(floored[1:] / row_totals[row_of[1:]]))
   return SharedRowVocabulary(row_of, log_share, int(kept.sum()))
