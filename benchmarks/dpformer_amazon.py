@@ -211,19 +211,13 @@ def learning_curve(data, args):
 
 
 def personalisation(model, examples, users=2000, seed=0):
-  """How much the top-10 depends on the user, over a fixed sample of test users: the number of
-  distinct items in their top-10s, the mean share of a top-10 that is the popularity top-10,
-  and the mean share two random users' top-10s have in common ("1.00" = everyone gets the same)."""
-  rng = np.random.default_rng(seed)
-  sample = rng.choice(len(examples.test_histories), min(users, len(examples.test_histories)),
-                      replace=False)
-  scores = np.asarray(model.score_items(examples.test_histories[sample]))
-  top = np.argsort(-scores, axis=1)[:, :10]
-  popular = set(np.argsort(-examples.item_frequencies[1:])[:10])
-  pairs = rng.integers(0, len(sample), (len(sample), 2))
-  with_popular = np.mean([len(set(row) & popular) / 10 for row in top])
-  between = np.mean([len(set(top[a]) & set(top[b])) / 10 for a, b in pairs])
-  return f"{len(np.unique(top))} | {with_popular:.2f} | {between:.2f}"
+  """`ranking_metrics.top_k_diversity` of the model over a fixed sample of test users, as
+  table cells: distinct items | ∩ popularity top-10 | ∩ other user's top-10."""
+  diversity = ranking_metrics.top_k_diversity(model.score_items, examples.test_histories,
+                                              examples.item_frequencies, users, seed=seed)
+  return (f"{diversity['distinct_top10_items']} | "
+          f"{diversity['top10_popularity_overlap']:.2f} | "
+          f"{diversity['top10_between_users_overlap']:.2f}")
 
 
 def table(rows, args):
