@@ -35,8 +35,14 @@ def frequencies(options, data, examples, plan, rng):
     if data.item_ids is None:
       raise DprecError("--item-frequencies needs the data set's item ids (item_ids.txt)")
     return read_item_frequencies(options.item_frequencies, data.item_ids)
-  return user_histogram.dp_item_frequencies(examples.items, examples.num_items,
-                                            plan.mechanisms[LABEL], rng)
+  # Each user's last K items only (the rows are left-padded): sensitivity √K instead of √L.
+  return user_histogram.dp_item_frequencies(examples.items[:, -histogram_items(options):],
+                                            examples.num_items, plan.mechanisms[LABEL], rng)
+
+
+def histogram_items(options):
+  """K: the items per user the DP histogram counts (sensitivity √K)."""
+  return options.item_histogram_items or options.max_len
 
 
 def source(options, plan, p_i):
@@ -46,7 +52,7 @@ def source(options, plan, p_i):
   if options.item_frequencies is not None:
     return {"source": "public file", "path": options.item_frequencies, "public": True}
   return {"source": "dp histogram", "epsilon_share": options.item_frequency_share,
-          "noise_multiplier": plan.mechanisms[LABEL], "max_items_per_user": options.max_len,
+          "noise_multiplier": plan.mechanisms[LABEL], "max_items_per_user": histogram_items(options),
           "ledger_label": LABEL}
 
 

@@ -88,6 +88,7 @@ class SeqRecTrainOptions(run_lib.FitOptions):
   variance_scale: float = 1.0
   item_frequencies: Optional[str] = None  # public p_i file; None: DP histogram
   item_frequency_share: float = 0.05
+  item_histogram_items: Optional[int] = None  # None: max_len
   exclude_history: bool = False
   eval_batch_size: int = 256
   dp_forward: Optional[dp_forward_lib.DPForwardOptions] = None
@@ -119,6 +120,10 @@ class SeqRecTrainOptions(run_lib.FitOptions):
         (self.dp_forward is None or (self.item_norm_share is None
                                      and self.item_vocab_threshold is None),
          "--item-norm-share and --item-vocab-threshold do not combine with --dp-forward"),
+        (self.item_histogram_items is None
+         or 1 <= self.item_histogram_items <= self.max_len,
+         f"--item-histogram-items must be in [1, --max-len {self.max_len}], got "
+         f"{self.item_histogram_items}"),
         (0 < self.item_frequency_share < 1,
          f"--item-frequency-share must be in (0, 1), got {self.item_frequency_share}"),
         (self.optimizer in ("adamw", "adambc") and self.adambc_floor > 0,

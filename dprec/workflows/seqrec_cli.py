@@ -75,6 +75,9 @@ def register(subparsers):
   add("--item-frequency-share", type=float, default=0.05, metavar="FRACTION",
       help="share of ε for the DP histogram of p_i (Re-Attention, --item-vocab-threshold) "
            "(default 0.05; training's σ is calibrated for the rest)")
+  add("--item-histogram-items", type=int, metavar="K",
+      help="the DP histogram counts each user's last K items only: sensitivity √K instead of "
+           "√L (default: --max-len)")
   add("--exclude-history", action="store_true", help="do not rank items already in the history")
   add("--eval-batch-size", type=int, default=256, help="users scored per evaluation batch")
   run_cli.add_run_arguments(

@@ -180,13 +180,15 @@ def test_item_vocabulary_and_norm_share_run_selected_on_validation(data_dir, tmp
   top-10 diversity."""
   run_dir = str(tmp_path / "run")
   code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "5", "--run-dir",
-                   run_dir, "--item-vocab-threshold", "20", "--item-norm-share", "0.9"] + TINY)
+                   run_dir, "--item-vocab-threshold", "20", "--item-norm-share", "0.9",
+                   "--item-histogram-items", "4"] + TINY)
   assert code == 0
   summary = json.loads(capsys.readouterr().out)
   vocabulary = summary["item_vocabulary"]
   data = load_sequences(data_dir)
   assert vocabulary["items"] == data.num_items and summary["item_norm_share"] == 0.9
   assert 0 < vocabulary["own_rows"] < data.num_items
+  assert summary["item_frequencies"]["max_items_per_user"] == 4  # sensitivity √4
   assert vocabulary["table_rows"] == vocabulary["own_rows"] + 1
   charges = PrivacyLedger(os.path.join(run_dir, "ledger.json")).charges
   assert [c["label"] for c in charges].count(item_frequencies.LABEL) == 1
