@@ -2,9 +2,13 @@
 
 A reader (or a process restarted after `kill -9`) sees the old content or the new one, never a
 torn file. Temporaries are named `<target>.<random>.tmp`; `remove_stale_temporaries` clears those
-left by a writer killed before its rename. (Beam jobs write through Beam's `FileSystems`
+left by a writer killed before its rename. `locked` serialises read-modify-write cycles of
+several processes on one file (`<target>.lock`, an advisory `flock`, released when the holder
+exits, even by `kill -9`). (Beam jobs write through Beam's `FileSystems`
 instead, so that they also work on cloud storage: see `pipelines.beam_io`.)
 """
+import contextlib
+import fcntl
 import glob
 import json
 import os
@@ -49,3 +53,25 @@ def remove_stale_temporaries(path):
   """Deletes temporaries of `path` left by writers killed before their rename."""
   for stale in glob.glob(glob.escape(path) + ".*.tmp"):
     os.unlink(stale)
+
+
+def lock(path, wait=True):
+  """An open handle holding the exclusive lock `<path>.lock` (close it to release); with
+  `wait=False`, None if another process holds it."""
+  handle = open(path + ".lock", "a", encoding="utf-8")  # pylint: disable=consider-using-with
+  try:
+    fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
+  except BlockingIOError:
+    handle.close()
+    return None
+  return handle
+
+
+@contextlib.contextmanager
+def locked(path):
+  """Holds the exclusive lock `<path>.lock` for the block (waits for other holders)."""
+  handle = lock(path)
+  try:
+    yield
+  finally:
+    handle.close()

@@ -13,6 +13,7 @@ import importlib
 import json
 import os
 import sys
+import tempfile
 
 from dprec.errors import DprecError
 
@@ -35,6 +36,7 @@ COMMANDS = {
               ("dprec.audit.ctr",)),
 }
 GROUPS = ("train",)
+USES_TENSORFLOW = ("demo", "preprocess", "train", "stream", "audit")
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
@@ -84,13 +86,37 @@ def _command_in(argv):
   return {words[0]} if words else set()
 
 
+def import_tensorflow_quietly():
+  """Imports TensorFlow with the native stderr held back: its C++ start-up log (CUDA probing,
+  oneDNN, CPU features) is noise to a CLI user, and TF >= 2.19 writes it through absl before
+  TF_CPP_MIN_LOG_LEVEL is read (tensorflow/tensorflow#100442). Replayed if the import fails."""
+  if "tensorflow" in sys.modules:
+    return
+  sys.stderr.flush()
+  saved = os.dup(2)
+  with tempfile.TemporaryFile() as held:
+    os.dup2(held.fileno(), 2)
+    try:
+      import tensorflow  # pylint: disable=import-outside-toplevel,unused-import
+    except BaseException:
+      os.dup2(saved, 2)
+      held.seek(0)
+      sys.stderr.write(held.read().decode(errors="replace"))
+      raise
+    finally:
+      os.dup2(saved, 2)
+      os.close(saved)
+
+
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else list(argv)
+  command = _command_in(argv)
   if "--debug" not in argv:
-    # TensorFlow's C++ start-up log (CUDA probing, CPU features) is noise to a CLI user; it is read
-    # when TensorFlow is first imported, below. A TF_CPP_MIN_LOG_LEVEL of the user's own wins.
+    # A TF_CPP_MIN_LOG_LEVEL of the user's own wins; --debug shows the start-up log.
     os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-  args = build_parser(load=_command_in(argv)).parse_args(argv)
+    if command & set(USES_TENSORFLOW) and not {"-h", "--help"} & set(argv):
+      import_tensorflow_quietly()
+  args = build_parser(load=command).parse_args(argv)
   try:
     result = args.func(args)
   except (DprecError, FileNotFoundError, ValueError) as error:

@@ -58,7 +58,7 @@ class VocabConfig:
   min_count: int = 1
   top_k: Union[None, int, Tuple[int, ...]] = None
   epsilon: Optional[float] = None
-  seed: Optional[int] = None
+  insecure_noise_seed: Optional[int] = None
 
   def __post_init__(self):
     if self.mode not in VOCAB_MODES:
@@ -172,7 +172,10 @@ def build_vocabulary(counts: Sequence[Tuple[np.ndarray, np.ndarray]],
     return CriteoVocabulary.from_counts(counts, min_count=config.min_count,
                                         top_k=config.per_feature_k())
   from dprec.privacy import split_selection_budget  # pylint: disable=import-outside-toplevel
-  rng = np.random.default_rng(config.seed)
+  from dprec.privacy.noise_key import NoiseKey  # pylint: disable=import-outside-toplevel
+  key = (NoiseKey.fresh() if config.insecure_noise_seed is None
+         else NoiseKey.insecure(config.insecure_noise_seed))
+  rng = key.numpy_rng("criteo dp_top_k")
   ks = config.per_feature_k()
   per_draw, _ = split_selection_budget(ks, config.epsilon)
   ids = tuple(dp_top_k_ids(feature_ids, feature_counts, k, k * epsilon, rng)
@@ -327,30 +330,22 @@ def manifest(stats: ShardStats, vocab: CriteoVocabulary, vocab_dir: str = "vocab
           "vocab_privacy": vocab_privacy}
 
 
-def public_vocab_privacy(mode: str) -> dict:
-  """`vocab_privacy` of a vocabulary built from exact counts."""
-  return {"dp": False, "private": False, "mode": mode,
-          "note": "built from exact counts of the input: not differentially private; public "
-                  "only if the input is"}
-
-
 def vocab_privacy_of(job: CriteoJob) -> dict:
   """`vocab_privacy` of the job's vocabulary: its DP top-k ε (charged to the job's ledger) and
   whether its randomness was secret, or that it is not DP."""
   if job.vocab.mode != "dp_top_k":
-    return public_vocab_privacy(job.vocab.mode)
+    return identity.public_vocab_privacy(job.vocab.mode)
   from dprec.privacy import split_selection_budget  # pylint: disable=import-outside-toplevel
   _, epsilon = split_selection_budget(job.vocab.per_feature_k(), job.vocab.epsilon)
-  return {"dp": True, "private": job.vocab.seed is None, "mode": "dp_top_k",
+  return {"dp": True, "private": job.vocab.insecure_noise_seed is None, "mode": "dp_top_k",
           "epsilon": epsilon, "delta": 0.0, "ledger": identity.location(job.ledger),
-          "note": _seed_note(job.vocab.seed) or "pure epsilon of k exponential-mechanism draws "
+          "note": _seed_note(job.vocab.insecure_noise_seed) or "pure epsilon of k exponential-mechanism draws "
                   "per feature (note 001 §2.1), charged to the ledger for this dataset_id"}
 
 
 def _seed_note(seed: Optional[int]) -> Optional[str]:
-  return None if seed is None else (
-      f"--seed {seed}: the DP top-k draws come from a public seed, so anyone who knows it can "
-      "replay them: NOT differentially private")
+  from dprec.privacy.noise_key import INSECURE_NOTE  # pylint: disable=import-outside-toplevel
+  return None if seed is None else INSECURE_NOTE.format(seed=seed)
 
 
 def save_vocabulary(vocab: CriteoVocabulary, directory: str) -> None:
@@ -372,7 +367,7 @@ class Finish(beam.DoFn):
     save_vocabulary(vocab, os.path.join(self._job.output, "vocab"))
     summary = stats.summary(vocab)
     summary["vocab_mode"] = dataclasses.asdict(self._job.vocab)
-    summary["vocab_mode"].pop("seed")
+    summary["vocab_mode"].pop("insecure_noise_seed")
     summary["dead_letter_files"] = os.path.join(self._job.output, DEAD_LETTERS, "*.jsonl")
     beam_io.write_json(os.path.join(self._job.output, criteo_tfrecord.STATS), summary)
     if summary["bad_fraction"] <= self._job.max_bad_fraction:
@@ -420,8 +415,8 @@ def charge_selection(job: CriteoJob) -> Optional[dict]:
   per_draw, epsilon = split_selection_budget(ks, job.vocab.epsilon)
   dataset = identity.dataset_identity(job.output, job.dataset_id)
   marks = {"stage": PREPROCESSING, "dataset": dataset}
-  if job.vocab.seed is not None:
-    marks.update(private=False, privacy_note=_seed_note(job.vocab.seed))
+  if job.vocab.insecure_noise_seed is not None:
+    marks.update(private=False, privacy_note=_seed_note(job.vocab.insecure_noise_seed))
   ledger = PrivacyLedger(job.ledger, job.epsilon_budget, job.delta, run_id=job.dataset_id,
                          marks=marks)
   ledger.check_dataset(dataset)
@@ -469,8 +464,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--epsilon", type=float, default=None,
                       help="dp_top_k: total pure-DP epsilon of the selection (split over the 26 "
                       "features, each paying for its k draws)")
-  parser.add_argument("--seed", type=int, default=None,
-                      help="dp_top_k noise seed (default: fresh randomness)")
+  parser.add_argument("--insecure-noise-seed", type=int, default=None, metavar="N",
+                      help="dp_top_k: derive the selection randomness from this PUBLIC seed, for "
+                      "tests and experiments only: the vocabulary is then NOT differentially "
+                      "private, and the ledger charge and manifest say so (default: a secret key "
+                      "from the OS CSPRNG)")
   parser.add_argument("--ledger", default=None, help="dp_top_k: privacy ledger JSON to charge")
   parser.add_argument("--epsilon-budget", type=float, default=None,
                       help="budget of a new ledger (an existing ledger keeps its own)")
@@ -485,7 +483,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
 
 def job_from_args(args) -> CriteoJob:
   vocab = VocabConfig(mode=args.vocab_mode, min_count=args.min_count,
-                      top_k=parse_top_k(args.top_k), epsilon=args.epsilon, seed=args.seed)
+                      top_k=parse_top_k(args.top_k), epsilon=args.epsilon,
+                      insecure_noise_seed=args.insecure_noise_seed)
   return CriteoJob(inputs=tuple(args.input), output=args.output, vocab=vocab,
                    max_bad_fraction=args.max_bad_fraction, ledger=args.ledger,
                    epsilon_budget=args.epsilon_budget, delta=args.delta,

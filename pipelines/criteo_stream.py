@@ -294,7 +294,7 @@ class RunningVocabulary(beam.DoFn):
     newest = f"day_{max(state['entries'])}/vocab"
     beam_io.write_json(os.path.join(job.output, criteo_tfrecord.MANIFEST), criteo.manifest(
         state["stats"], vocab, vocab_dir=newest, extra_entries=state["entries"],
-        dataset_id=job.dataset_id, vocab_privacy=criteo.public_vocab_privacy("running_counts")))
+        dataset_id=job.dataset_id, vocab_privacy=identity.public_vocab_privacy("running_counts")))
     beam_io.atomic_write(os.path.join(job.output, STATE), pickle.dumps(state))
 
 

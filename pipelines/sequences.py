@@ -258,7 +258,8 @@ class WriteSequences(beam.DoFn):
                 "items": stats["items"], "actions": stats["actions"],
                 "validation": job.validation, "item_frequencies": sequence_data.FREQUENCIES,
                 "item_ids": sequence_data.ITEM_IDS, "user_ids": sequence_data.USER_IDS,
-                identity.DATASET_ID: identity.new_dataset_id()}
+                identity.DATASET_ID: identity.new_dataset_id(),
+                "vocab_privacy": identity.public_vocab_privacy(f"{job.k_core}-core items")}
     beam_io.write_json(os.path.join(out, sequence_data.MANIFEST), manifest)
     yield stats
 

@@ -110,3 +110,14 @@ def test_tensorflow_start_up_log_is_quiet_unless_debugging(monkeypatch, argv, pr
     monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", preset)
   assert cli.main(argv) == 0
   assert os.environ.get("TF_CPP_MIN_LOG_LEVEL") == expected
+
+
+def test_tensorflow_is_imported_without_its_native_start_up_log():
+  """TF >= 2.19 logs through absl before reading TF_CPP_MIN_LOG_LEVEL; the CLI holds that
+  output back during the import and gives stderr back afterwards."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  script = ("import os; from dprec import cli; cli.import_tensorflow_quietly(); "
+            "os.write(2, b'stderr is back\\n')")
+  done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, check=True)
+  assert done.stderr.decode() == "stderr is back\n"

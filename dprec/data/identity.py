@@ -21,6 +21,14 @@ def new_dataset_id() -> str:
   return uuid.uuid4().hex
 
 
+def public_vocab_privacy(mode: str) -> dict:
+  """A manifest's `vocab_privacy` for a vocabulary built from exact counts of the input (the
+  standing assumption of seed 001: treated as public; a DP top-k vocabulary is the option)."""
+  return {"dp": False, "private": False, "mode": mode,
+          "note": "built from exact counts of the input: not differentially private; treated "
+                  "as public, as seed 001 does"}
+
+
 def location(path: str) -> str:
   """`path` made absolute, unless it is a URL (gs://, s3://...) that already is."""
   return path if "://" in path else os.path.abspath(path)

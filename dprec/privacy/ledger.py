@@ -75,8 +75,13 @@ class PrivacyLedger:
                marks=None):
     self.path = os.fspath(path)
     self.stamp = dict(marks or {}, **({"run_id": run_id} if run_id is not None else {}))
+    with atomic_io.locked(self.path):
+      self._open(epsilon_budget, delta, accountant)
+
+  def _open(self, epsilon_budget, delta, accountant):
     if os.path.exists(self.path):
       self._load(epsilon_budget, delta, accountant)
+      self._result = self._compose_loaded()
     else:
       if epsilon_budget is None or delta is None:
         raise DprecError(f"{self.path}: no ledger there; a new one needs a budget and a delta")
@@ -92,7 +97,8 @@ class PrivacyLedger:
       self._save(self.charges)
 
   # -- persistence ---------------------------------------------------------------------------
-  def _load(self, epsilon_budget, delta, accountant):
+  def _load(self, epsilon_budget=None, delta=None, accountant=None):
+    """Reads the file into this instance (the fields given must match it); not composed."""
     try:
       with open(self.path) as f:
         data = json.load(f)
@@ -109,12 +115,14 @@ class PrivacyLedger:
     self.epsilon_budget, self.delta = data["epsilon_budget"], data["delta"]
     self.accountant, self.created = data["accountant"], data.get("created", "")
     self.charges = data["charges"]
+    # Left by a writer killed before its rename (writers hold the lock): the ledger is intact.
+    atomic_io.remove_stale_temporaries(self.path)
+
+  def _compose_loaded(self):
     try:
-      self._result = self._compose(self.charges)
+      return self._compose(self.charges)
     except (KeyError, TypeError) as error:
       raise DprecError(f"{self.path}: malformed charge in the privacy ledger ({error!r})") from error
-    # Left by a writer killed before its rename; the ledger itself is intact.
-    atomic_io.remove_stale_temporaries(self.path)
 
   def _state(self, charges):
     return {"format": LEDGER_FORMAT, "epsilon_budget": self.epsilon_budget, "delta": self.delta,
@@ -172,7 +180,17 @@ class PrivacyLedger:
     charges = self._with_gaussian(noise_multiplier, sampling_rate, steps, poisson, label, charges)
     return self._compose(charges).epsilon
 
-  def _commit(self, charges, description):
+  def _commit(self, add, description):
+    """Records `add(charges)` under the file's lock, on the charges on disk: a charge another
+    process (a run sharing this ledger) recorded meanwhile is kept and counts in the budget."""
+    with atomic_io.locked(self.path):
+      known = self.charges
+      self._load()
+      if self.charges != known:
+        self._result = self._compose_loaded()
+      return self._commit_locked(add(self.charges), description)
+
+  def _commit_locked(self, charges, description):
     result = self._compose(charges)
     if result.epsilon > self.epsilon_budget:
       spent_before = self.epsilon_spent()
@@ -189,9 +207,11 @@ class PrivacyLedger:
 
   def charge_gaussian(self, noise_multiplier, sampling_rate, steps, poisson=True, label=""):
     """Record T sampled-Gaussian steps; returns ε so far. Over budget: raises, records nothing."""
-    charges = self._with_gaussian(noise_multiplier, sampling_rate, steps, poisson, label)
-    return self._commit(charges, f"charging {steps} steps (sigma {noise_multiplier:g}, "
-                        f"q {sampling_rate:g}{', ' + label if label else ''})")
+    return self._commit(
+        lambda charges: self._with_gaussian(noise_multiplier, sampling_rate, steps, poisson,
+                                            label, charges),
+        f"charging {steps} steps (sigma {noise_multiplier:g}, q {sampling_rate:g}"
+        f"{', ' + label if label else ''})")
 
   def charge_gaussian_mechanism(self, noise_multiplier, label=""):
     """Record one release of the (unsampled) Gaussian mechanism, e.g. a DP histogram, composed
@@ -212,7 +232,7 @@ class PrivacyLedger:
     charge = {"mechanism": APPROXIMATE if delta else PURE, "epsilon": float(epsilon),
               "delta": float(delta), "label": label, "time": _now(), **self.stamp}
     what = f"epsilon {epsilon:g}" + (f", delta {delta:g}" if delta else "")
-    return self._commit(self.charges + [charge],
+    return self._commit(lambda charges: charges + [charge],
                         f"charging {what}{' (' + label + ')' if label else ''}")
 
   def charges_of(self, run_id, label=None):

@@ -4,6 +4,7 @@ place for every way in.
 
 A run directory holds:
   run.json          the run id, the command, and whether the noise is secret (shareable)
+  run.json.lock     held while a process uses the directory: a second one is refused
   secret/noise_key  32 bytes from the OS CSPRNG, mode 0600 in a 0700 directory. Keep it private:
                     with it the noise can be replayed and subtracted. Reloaded on resume; never
                     copied into a checkpoint, summary, log or TensorBoard.
@@ -113,7 +114,7 @@ class Run:
     # The data set trained on (None: in-memory data, which no charge can be matched to).
     self.data = data
     self.dataset = identity.dataset_identity(data) if data is not None else None
-    self._temporary = None
+    self._temporary = self._lock = None
     if run_dir is None:
       self.run_id = secrets.token_hex(8)
       self.noise_key = _key(insecure_noise_seed)
@@ -121,6 +122,10 @@ class Run:
       base = self._temporary
     else:
       os.makedirs(run_dir, exist_ok=True)
+      self._lock = atomic_io.lock(os.path.join(run_dir, RUN_FILE), wait=False)
+      if self._lock is None:
+        raise DprecError(f"{run_dir}: another dprec process is using this run directory; wait "
+                         "for it to finish, or use another --run-dir")
       self.run_id, self.noise_key = self._load_or_create(insecure_noise_seed)
       base = run_dir
     self.ledger_path = ledger or os.path.join(base, LEDGER_FILE)
@@ -133,6 +138,9 @@ class Run:
     self.close()
 
   def close(self):
+    if self._lock is not None:  # the run directory is free for a resume
+      self._lock.close()
+      self._lock = None
     if self._temporary is not None:
       shutil.rmtree(self._temporary, ignore_errors=True)
       self._temporary = None

@@ -46,7 +46,8 @@ def test_unseen_ids_compete_with_exponential_mechanism_probabilities():
 def _dp_job(tmp_path, epsilon, seed=0):
   return criteo.CriteoJob(
       inputs=(str(tmp_path / "day_0"),), output=str(tmp_path / f"out_{seed}"),
-      vocab=criteo.VocabConfig(mode="dp_top_k", top_k=3, epsilon=epsilon, seed=seed),
+      vocab=criteo.VocabConfig(mode="dp_top_k", top_k=3, epsilon=epsilon,
+                               insecure_noise_seed=seed),
       ledger=str(tmp_path / "ledger.json"), epsilon_budget=5.0, delta=1e-6)
 
 

@@ -5,6 +5,7 @@ import json
 import numpy as np
 import pytest
 
+from dprec.data import identity
 from dprec.data.sequences import load_sequences
 from dprec.errors import DprecError
 from pipelines import sequences
@@ -50,6 +51,9 @@ def test_iterative_k_core_needs_several_rounds(tmp_path, in_process):
                      min_count=2)
   assert stats["k_core_rounds"] >= 3
   assert (stats["users"], stats["items"], stats["actions"]) == (2, 2, 4)
+  # The item vocabulary comes from exact counts: the manifest says it is treated as public.
+  vocab_privacy = identity.manifest_field(str(tmp_path / "out_v.txt"), "vocab_privacy")
+  assert vocab_privacy == identity.public_vocab_privacy("2-core items")
   everything, _ = _run(tmp_path, "w.txt", "\n".join(lines) + "\n", "sasrec", in_process)
   assert (everything["users"], everything["items"], everything["actions"]) == (4, 4, 8)
   assert everything["k_core"] == 1  # sasrec files are filtered already: no k-core by default.

@@ -117,7 +117,7 @@ def test_failed_rename_keeps_old_ledger(tmp_path, monkeypatch):
     ledger.charge_gaussian(1.0, 0.01, 100)
   monkeypatch.undo()
   assert path.read_bytes() == before and ledger.charges[0]["steps"] == 100
-  assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.json"]
+  assert sorted(p.name for p in tmp_path.iterdir()) == ["ledger.json", "ledger.json.lock"]
 
 
 def test_ledger_survives_sigkill_during_writes(tmp_path):
@@ -250,3 +250,19 @@ def test_selections_alone_spend_exactly_their_sum(tmp_path, accountant):
                                  accountant=accountant)
   ledger.charge_pure(0.2, label="dp top-k vocabulary")
   assert ledger.epsilon_spent() == 0.2  # no Gaussian release: no RDP conversion slack
+
+
+def test_two_processes_sharing_a_ledger_lose_no_charge(tmp_path):
+  """Two runs charging one ledger file (each with its own, stale, copy in memory): both charges
+  are kept and the budget counts both; a charge over it is refused."""
+  path = tmp_path / "ledger.json"
+  first = privacy.PrivacyLedger(path, epsilon_budget=1.0, delta=DELTA, run_id="a")
+  second = privacy.PrivacyLedger(path, run_id="b")
+  first.charge_pure(0.4, label="a")
+  second.charge_pure(0.4, label="b")  # `second` has not seen a's charge in memory
+  on_disk = privacy.PrivacyLedger(path)
+  assert [c["run_id"] for c in on_disk.charges] == ["a", "b"]
+  assert on_disk.epsilon_spent() == pytest.approx(0.8) == second.epsilon_spent()
+  with pytest.raises(BudgetExceededError):
+    first.charge_pure(0.4, label="a")  # 0.4 + 0.4 + 0.4 > 1, though `first` knew only 0.4
+  assert len(privacy.PrivacyLedger(path).charges) == 2

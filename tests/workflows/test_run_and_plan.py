@@ -5,6 +5,7 @@ import pytest
 
 from dprec import privacy
 from dprec.errors import BudgetExceededError
+from dprec.errors import DprecError
 from dprec.workflows.plan import plan_privacy, plan_stream
 from dprec.workflows.run import Run
 
@@ -64,3 +65,13 @@ def test_a_run_pays_what_it_has_not_paid_and_checks_the_budget_first(tmp_path):
                                                                            "histogram")
     with pytest.raises(BudgetExceededError, match="already spent"):
       other.check_budget(plan, "steps", plan.steps)
+
+
+def test_a_run_directory_serves_one_process_at_a_time(tmp_path):
+  run_dir = str(tmp_path / "run")
+  with Run("stream", run_dir) as run:
+    with pytest.raises(DprecError, match="another dprec process is using this run directory"):
+      Run("stream", run_dir)
+    run_id = run.run_id
+  with Run("stream", run_dir) as resumed:  # free again once the first has closed
+    assert resumed.run_id == run_id
