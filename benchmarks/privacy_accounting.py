@@ -5,9 +5,11 @@ Table 1: a trainer charges the ledger every `--every` steps (Criteo-Kaggle: q = 
 re-accounting the whole run with a fresh `PLDAccountant` at each charge; ε must agree.
 Table 2: σ calibrated for the same target with PLD and with RDP (the noise RDP's looser bound
 costs), and the time each calibration takes, against dp_accounting's search on the PLD
-accounting grid alone (dprec searches on a 10× coarser grid, then confirms on the fine one).
+accounting grid alone (dprec searches on a 10× coarser grid, then confirms on the fine one),
+with CPU seconds (robust to a shared machine) and the load average printed.
 
   .venv/bin/python benchmarks/privacy_accounting.py --charges 10 --every 500
+  .venv/bin/python benchmarks/privacy_accounting.py --charges 0   # the calibration table only
 """
 import argparse
 import math
@@ -59,7 +61,8 @@ def _ledger_table(charges, every):
 def _calibration_table():
   steps = math.ceil(N / 2048)
   print("\nCalibration of sigma for eps 1, one epoch of Criteo-Kaggle (delta 1/N, rtol 1e-3)")
-  print(f"{'search':<28} {'sigma':>8} {'eps at sigma':>13} {'seconds':>8}")
+  print(f"load average {os.getloadavg()[0]:.1f}")
+  print(f"{'search':<28} {'sigma':>8} {'eps at sigma':>13} {'seconds':>8} {'CPU s':>6}")
   rows = [(f"dprec {accountant}", accountant, lambda a=accountant: privacy.calibrate_noise_multiplier(
       1.0, DELTA, Q, steps, accountant=a)) for accountant in privacy.accounting.ACCOUNTANTS]
   # The yardstick: dp_accounting's search on the accounting grid alone.
@@ -67,19 +70,20 @@ def _calibration_table():
       privacy.make_accountant, lambda s: privacy.dp_sgd_event(s, Q, steps), 1.0, DELTA,
       tol=1e-5)))
   for label, accountant, calibrate in rows:
-    start = time.perf_counter()
+    start, cpu = time.perf_counter(), time.process_time()
     sigma = calibrate()
-    seconds = time.perf_counter() - start
+    seconds, cpu = time.perf_counter() - start, time.process_time() - cpu
     epsilon = privacy.compute_epsilon(sigma, Q, steps, DELTA, accountant=accountant).epsilon
-    print(f"{label:<28} {sigma:>8.5f} {epsilon:>13.6f} {seconds:>8.2f}")
+    print(f"{label:<28} {sigma:>8.5f} {epsilon:>13.6f} {seconds:>8.2f} {cpu:>6.2f}")
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--charges", type=int, default=10, help="ledger charges to time")
+  parser.add_argument("--charges", type=int, default=10, help="ledger charges to time (0: skip the ledger table)")
   parser.add_argument("--every", type=int, default=500, help="steps per charge")
   args = parser.parse_args()
-  _ledger_table(args.charges, args.every)
+  if args.charges > 0:
+    _ledger_table(args.charges, args.every)
   _calibration_table()
 
 

@@ -1,9 +1,16 @@
-"""Suite-wide setup: Keras 2 (tf-keras) before TensorFlow loads, and the peer-test switch."""
+"""Suite-wide setup: Keras 2 (tf-keras) before TensorFlow loads, two logical CPU devices, and the
+peer-test switch."""
 import os
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
 import pytest  # pylint: disable=wrong-import-position
+import tensorflow as tf  # pylint: disable=wrong-import-position
+
+# Two logical CPU devices, so tests/distribute runs MirroredStrategy with 2 replicas in this
+# process; set before TensorFlow initialises its devices (everything else runs on the first).
+tf.config.set_logical_device_configuration(
+    tf.config.list_physical_devices("CPU")[0], [tf.config.LogicalDeviceConfiguration()] * 2)
 
 
 @pytest.fixture

@@ -12,7 +12,7 @@ import tensorflow as tf
 
 # The distinct (example, row) pairs of one table in one batch: `example` [P], `row` [P] (local
 # row ids), and `position_pair` [Q] mapping each valid lookup position (in the order of
-# `valid_positions`) to its pair.
+# `valid_positions`) to its pair (None: position q is pair q, `one_id_per_example`).
 Pairs = collections.namedtuple("Pairs", ["example", "row", "position_pair"])
 
 
@@ -27,9 +27,18 @@ def valid_positions(lookups):
   return tf.concat(examples, axis=0), tf.concat(rows, axis=0)
 
 
+def one_id_per_example(lookups):
+  """Whether the table is looked up once with one id per example (a single-valued feature):
+  then every valid position is its own (example, row) pair (statically known)."""
+  return len(lookups) == 1 and lookups[0].ids.shape[1] == 1
+
+
 def distinct_pairs(lookups, vocab_size):
-  """The distinct (example, row) pairs of a table's lookups (from the input ids alone)."""
+  """The distinct (example, row) pairs of a table's lookups (from the input ids alone), in the
+  order of their first position."""
   example, row = valid_positions(lookups)
+  if one_id_per_example(lookups):  # positions are distinct pairs: no unique pass
+    return Pairs(example, row, None)
   key = example * vocab_size + row
   unique_keys, position_pair = tf.unique(key, out_idx=tf.int64)
   return Pairs(unique_keys // vocab_size, unique_keys % vocab_size, position_pair)
@@ -38,12 +47,18 @@ def distinct_pairs(lookups, vocab_size):
 def pair_gradients(pairs, lookups, row_grads):
   """Per-(example, row) gradient [P, d]: the summed-loss gradients of the gathered rows
   (`row_grads`, one [n, L, d] tensor per lookup) added up over the pair's positions."""
-  flat = [tf.boolean_mask(grad, lookup.valid) for lookup, grad in zip(lookups, row_grads)]
-  return tf.math.unsorted_segment_sum(tf.concat(flat, axis=0), pairs.position_pair,
+  flat = tf.concat([tf.boolean_mask(grad, lookup.valid)
+                    for lookup, grad in zip(lookups, row_grads)], axis=0)
+  if pairs.position_pair is None:  # one position per pair
+    return flat
+  return tf.math.unsorted_segment_sum(flat, pairs.position_pair,
                                       tf.shape(pairs.example, out_type=tf.int64)[0])
 
 
 def squared_norms(pairs, pair_grads, kept, batch_size):
-  """‖g_i‖² of the table for each example, counting only pairs whose row is `kept` [P]."""
-  per_pair = tf.reduce_sum(tf.square(pair_grads), axis=1) * tf.cast(kept, pair_grads.dtype)
-  return tf.math.unsorted_segment_sum(per_pair, pairs.example, batch_size)
+  """‖g_i‖² of the tables for each example, counting only pairs whose row is `kept`: lists with
+  one entry per table ([P_f] pairs, [P_f, d_f] gradients, [P_f] masks), one segment sum."""
+  per_pair = [tf.reduce_sum(tf.square(g), axis=1) * tf.cast(k, g.dtype)
+              for g, k in zip(pair_grads, kept)]
+  return tf.math.unsorted_segment_sum(tf.concat(per_pair, axis=0),
+                                      tf.concat([p.example for p in pairs], axis=0), batch_size)

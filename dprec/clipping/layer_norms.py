@@ -87,8 +87,12 @@ def dense_computation(layer, args, kwargs, tape, num_microbatches=None):
   outputs = layer.activation(preactivation) if layer.activation else preactivation
 
   def squared_norm_fn(grads):
-    grads = _per_position(grads)
-    squared = gram_squared_norms(_per_position(inputs), grads)
+    grads, positions = _per_position(grads), _per_position(inputs)
+    if grads.shape[1] == 1:  # ‖a_i‖²‖g_i‖², and ‖g_i‖² again for the bias: one pass over g
+      grad_squared = tf.reduce_sum(tf.square(grads), axis=[1, 2])
+      input_squared = tf.reduce_sum(tf.square(positions), axis=[1, 2])
+      return (input_squared + 1.0 if layer.use_bias else input_squared) * grad_squared
+    squared = gram_squared_norms(positions, grads)
     if layer.use_bias:
       squared += tf.reduce_sum(tf.square(tf.reduce_sum(grads, axis=1)), axis=1)
     return squared

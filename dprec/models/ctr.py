@@ -90,8 +90,9 @@ class CTRModel(DPModel):
       self.logit = tf.keras.layers.Dense(
           1, kernel_initializer="zeros",
           bias_initializer=tf.keras.initializers.Constant(config.logit_bias), name="logit")
-    self.task = tfrs.tasks.Ranking(
-        loss=tf.keras.losses.BinaryCrossentropy(from_logits=True),
+    self.task = tfrs.tasks.Ranking(  # per-example losses: averaged in `compute_loss`
+        loss=tf.keras.losses.BinaryCrossentropy(from_logits=True,
+                                                reduction=tf.keras.losses.Reduction.NONE),
         metrics=[tf.keras.metrics.AUC(num_thresholds=config.auc_thresholds, from_logits=True,
                                       name="auc")])
     self.loss_tracker = tf.keras.metrics.Mean(name="loss")
@@ -104,10 +105,15 @@ class CTRModel(DPModel):
     return self.logit(activations)
 
   def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None):
-    """The TFRS ranking task: mean BCE, and the AUC metric updated on the way."""
-    loss = self.task(labels=_column(y), predictions=y_pred, sample_weight=sample_weight)
-    self.loss_tracker.update_state(loss, sample_weight=tf.shape(y_pred)[0])
-    return loss
+    """The TFRS ranking task: mean BCE, and the AUC metric updated on the way. Under
+    `tf.distribute` the returned loss is the replica's share of the global mean (Keras sums the
+    replicas' gradients of a non-private step); the logged loss is the mean."""
+    losses = self.task(labels=_column(y), predictions=y_pred, sample_weight=sample_weight)
+    batch = tf.shape(y_pred)[0]
+    self.loss_tracker.update_state(
+        tf.math.divide_no_nan(tf.reduce_sum(losses), tf.cast(batch, losses.dtype)),
+        sample_weight=batch)
+    return tf.nn.compute_average_loss(losses)
 
   def recalibrate_logits(self, scale: float, shift: float):
     """Makes every logit z into scale·z + shift (Platt scaling, e.g. the fit of
@@ -130,7 +136,11 @@ def _column(labels):
 
 def build_ctr_model(vocab_sizes: Sequence[int], **config_kwargs) -> CTRModel:
   """A built `CTRModel` (variables created) for tables of `vocab_sizes` rows."""
-  config = CTRConfig(vocab_sizes=tuple(vocab_sizes), **config_kwargs)
+  return model_from_config(CTRConfig(vocab_sizes=tuple(vocab_sizes), **config_kwargs))
+
+
+def model_from_config(config: CTRConfig) -> CTRModel:
+  """A built `CTRModel` of `config` (e.g. a copy of a model's architecture)."""
   model = CTRModel(config)
   model({CAT_FEATURES: tf.zeros([1, len(config.vocab_sizes)], tf.int32),
          INT_FEATURES: tf.zeros([1, config.num_integer_features], tf.float32)})

@@ -22,6 +22,9 @@ One step, with one forward pass:
 5. Noise σ2·C2 on dense variables and kept rows only (`dprec.sparse.noise`), divided by the
    expected batch size; the inner optimizer applies IndexedSlices row-sparsely (an optimizer
    with a `noise_variance` variable, `AdamBC`, is told (σ2·C2/B)²).
+Under a `tf.distribute` strategy (`dprec.distribute`) each replica clips its examples, the clipped
+sums and DP-AdaFEST contribution maps are summed over the replicas, and every draw is made once on
+the global sums: the step equals the one-device step on the global batch.
 The non-private configuration is the ordinary Keras step (sparse embedding gradients).
 Models with `DPEmbedding` tables log `gradient_size` (nonzero embedding-gradient coordinates after
 noise, mean over the epoch) and `gradient_size_reduction` (Σ V·d of the DP tables divided by it;
@@ -37,6 +40,7 @@ import tensorflow as tf
 from dprec.clipping import embedding as embedding_norms
 from dprec.clipping import layer_norms
 from dprec.clipping import registry as registry_lib
+from dprec.distribute import replicas as replicas_lib
 from dprec.errors import DprecError
 from dprec.layers.embedding import DPEmbedding
 from dprec.optimizers import config as config_lib
@@ -102,14 +106,16 @@ def _unique(items):
 
 
 def _gradient_size(gradient, noised):
-  """Nonzero coordinates of a (possibly IndexedSlices, possibly duplicated) gradient. A dense
-  gradient with Gaussian noise on every coordinate counts as full (nonzero with probability 1),
-  sparing a V×d pass that `count_nonzero` would make with an int64 copy."""
+  """Nonzero coordinates of a (possibly IndexedSlices, possibly duplicated) gradient. A gradient
+  with Gaussian noise on every coordinate (dense, or the DP step's IndexedSlices over distinct
+  kept rows) counts as full (nonzero with probability 1), sparing a V×d pass that
+  `count_nonzero` would make with an int64 copy, and the sparse path's unique and sum."""
+  if noised:
+    values = gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+    return tf.size(values, out_type=tf.int64)
   if isinstance(gradient, tf.IndexedSlices):
     rows, slot = tf.unique(gradient.indices)
     gradient = tf.math.unsorted_segment_sum(gradient.values, slot, tf.size(rows))
-  elif noised:
-    return tf.size(gradient, out_type=tf.int64)
   return tf.math.count_nonzero(gradient, dtype=tf.int64)
 
 
@@ -245,7 +251,9 @@ class DPModel(tf.keras.Model):
       sizes = [_gradient_size(g, noised) for g, v in grads_and_vars if id(v) in table_vars]
       self.gradient_size_tracker.update_state(
           tf.cast(tf.add_n(sizes) if sizes else 0, tf.float32))
-    self.optimizer.apply_gradients(grads_and_vars)
+    # A DP step's gradients are already summed over the replicas (`_dp_gradients`).
+    self.optimizer.apply_gradients(
+        grads_and_vars, experimental_aggregate_gradients=not config_lib.is_private(config))
     logs = self.compute_metrics(x, y, y_pred, sample_weight)
     if self.dp_tables:
       logs["gradient_size_reduction"] = (
@@ -311,15 +319,15 @@ class DPModel(tf.keras.Model):
     pair_grads = {f: embedding_norms.pair_gradients(pairs[f], lookups[f], row_grads[f])
                   for f in used}
     kept = self._kept_rows(config, layout, tables, pairs, batch_size)
-    for f in used:
-      squared += embedding_norms.squared_norms(pairs[f], pair_grads[f], kept[f].pair_kept,
-                                               batch_size)
+    if used:
+      squared += embedding_norms.squared_norms([pairs[f] for f in used],
+                                               [pair_grads[f] for f in used],
+                                               [kept[f].pair_kept for f in used], batch_size)
     return _Forward(tape, y_pred, losses, squared, group_squared, tables, pairs, pair_grads,
                     kept, recorder.records, record_grads, extras, extra_grads)
 
   def _dp_gradients(self, config, x, y, sample_weight):
     """Noisy, normalised gradients of one DP step (module docstring, steps 1–5)."""
-    generator = self._dp_generator
     forward = self._dp_forward(config, x, y, sample_weight)
     tape, y_pred, losses, tables = forward.tape, forward.y_pred, forward.losses, forward.tables
     pairs, pair_grads, kept = forward.pairs, forward.pair_grads, forward.kept
@@ -346,31 +354,44 @@ class DPModel(tf.keras.Model):
     dense_grads = [clipped[id(v)] for v in dense_vars]
     del tape, forward
 
-    # Step 5: noise, normalisation.
-    std = config_lib.noise_std(config.l2_norm_clip, config.noise_multiplier)
-    normaliser = (self.dp_optimizer.expected_batch_size
-                  or tf.cast(tf.shape(losses)[0], losses.dtype))
-    # An optimizer that corrects for the noise (DP-AdamBC) learns its per-coordinate variance;
-    # the rows it falls on are those of each IndexedSlices below (every kept row is noised).
-    if isinstance(getattr(self.optimizer, "noise_variance", None), tf.Variable):
-      self.optimizer.noise_variance.assign(tf.square(std / normaliser))
-    grads_and_vars = [(noise_lib.noisy_dense(g, std, generator) / normaliser, v)
-                      for g, v in zip(dense_grads, dense_vars)]
+    # Step 5: the clipped sums over all replicas (one outside tf.distribute), then one noise
+    # draw on them (`dprec.distribute.replicas`), normalisation.
+    replicas = replicas_lib.Replicas()
+    table_sums = []
     for f, table in enumerate(tables):
-      shape = (table.vocab_size, table.output_dim)
       if f in pairs:
         row = pairs[f].row
         values = pair_grads[f] * (tf.gather(clip_factors, pairs[f].example)
                                   * tf.cast(kept[f].pair_kept, losses.dtype))[:, tf.newaxis]
+        table_sums.append(replicas.sum_rows(row, values, kept[f].pair_kept))
       else:
-        row, values = tf.zeros([0], tf.int64), tf.zeros([0, table.output_dim], losses.dtype)
-      if kept[f].rows is None:
+        table_sums.append((tf.zeros([0], tf.int64),
+                           tf.zeros([0, table.output_dim], losses.dtype)))
+    normaliser = (self.dp_optimizer.expected_batch_size
+                  or replicas.sum(tf.cast(tf.shape(losses)[0], losses.dtype)))
+    grads = replicas.once(self._noisy_gradients, config, replicas.sum(dense_grads), table_sums,
+                          [k.rows for k in kept], normaliser)
+    return list(zip(grads, dense_vars + [t.embeddings for t in tables])), y_pred
+
+  def _noisy_gradients(self, config, dense_sums, table_sums, kept_rows, normaliser):
+    """Step 5 on the clipped sums (dense, and (row, value) pairs per table): noise σ2·C2 on
+    dense variables and kept rows (`kept_rows` None: every row), divided by `normaliser`."""
+    generator = self._dp_generator
+    std = config_lib.noise_std(config.l2_norm_clip, config.noise_multiplier)
+    # An optimizer that corrects for the noise (DP-AdamBC) learns its per-coordinate variance;
+    # the rows it falls on are those of each IndexedSlices below (every kept row is noised).
+    if isinstance(getattr(self.optimizer, "noise_variance", None), tf.Variable):
+      self.optimizer.noise_variance.assign(tf.square(std / normaliser))
+    grads = [noise_lib.noisy_dense(g, std, generator) / normaliser for g in dense_sums]
+    for table, (row, values), rows in zip(self.dp_tables, table_sums, kept_rows):
+      shape = (table.vocab_size, table.output_dim)
+      if rows is None:
         grad = noise_lib.noisy_dense_rows(row, values, std, generator, shape, normaliser)
       else:
-        grad = noise_lib.noisy_sparse_rows(kept[f].rows, row, values, std, generator, shape)
+        grad = noise_lib.noisy_sparse_rows(rows, row, values, std, generator, shape)
         grad = tf.IndexedSlices(grad.values / normaliser, grad.indices, grad.dense_shape)
-      grads_and_vars.append((grad, table.embeddings))
-    return grads_and_vars, y_pred
+      grads.append(grad)
+    return grads
 
   @staticmethod
   def _clipped_loss(forward, clip_factors):

@@ -97,26 +97,29 @@ def make_accountant(accountant="pld", pld_discretization=PLD_DISCRETIZATION):
   return dp_accounting.rdp.RdpAccountant(neighboring_relation=relation)
 
 
-@functools.lru_cache(maxsize=16)
-def _step_pld(noise_multiplier, sampling_rate):
+@functools.lru_cache(maxsize=32)
+def _step_pld(noise_multiplier, sampling_rate, discretization):
   """One sampled-Gaussian step's PLD: the expensive part, shared by every T and period."""
   return privacy_loss_distribution.from_gaussian_mechanism(
       standard_deviation=noise_multiplier,
-      value_discretization_interval=PLD_DISCRETIZATION,
+      value_discretization_interval=discretization,
       sampling_prob=sampling_rate)
 
 
-@functools.lru_cache(maxsize=16)
-def _period_pld(noise_multiplier, sampling_rate, steps):
-  return _step_pld(noise_multiplier, sampling_rate).self_compose(steps)
+@functools.lru_cache(maxsize=32)
+def _period_pld(noise_multiplier, sampling_rate, steps, discretization):
+  return _step_pld(noise_multiplier, sampling_rate, discretization).self_compose(steps)
 
 
-def gaussian_epsilon(periods: Sequence[TrainingPeriod], delta, accountant="pld"):
+def gaussian_epsilon(periods: Sequence[TrainingPeriod], delta, accountant="pld",
+                     pld_discretization=PLD_DISCRETIZATION):
   """ε at δ of the composition of training periods (any order: composition commutes).
 
   PLD composes the same `privacy_loss_distribution` objects, in the same order, as
   `dp_accounting.pld.PLDAccountant` does for these events (tests check equality), but caches the
-  one-step PLD so a ledger re-accounting a growing run stays fast.
+  one-step and period PLDs so a ledger re-accounting a growing run, and a calibration confirming
+  the σ it then plans with, stay fast. `pld_discretization` other than the accounting grid is
+  for σ calibration's search only (a coarser grid: faster, pessimistic).
   """
   check_accountant(accountant)
   check_delta(delta)
@@ -128,9 +131,10 @@ def gaussian_epsilon(periods: Sequence[TrainingPeriod], delta, accountant="pld")
   if accountant == "rdp":
     events = [dp_sgd_event(p.noise_multiplier, p.sampling_rate, p.steps) for p in periods]
     return make_accountant("rdp").compose(dp_accounting.ComposedDpEvent(events)).get_epsilon(delta)
-  pld = privacy_loss_distribution.identity(PLD_DISCRETIZATION)
+  pld = privacy_loss_distribution.identity(pld_discretization)
   for p in periods:
-    pld = pld.compose(_period_pld(float(p.noise_multiplier), float(p.sampling_rate), int(p.steps)))
+    pld = pld.compose(_period_pld(float(p.noise_multiplier), float(p.sampling_rate), int(p.steps),
+                                  pld_discretization))
   return float(pld.get_epsilon_for_delta(delta))
 
 

@@ -1,8 +1,9 @@
 """Smallest noise multiplier σ meeting a target (ε, δ): inverse accounting (note 001 App. C.5)."""
 import dataclasses
+import math
 from typing import Sequence, Tuple
 
-import dp_accounting
+from scipy import optimize
 
 from dprec.errors import BudgetExceededError
 from dprec.errors import DprecError
@@ -12,20 +13,28 @@ from dprec.privacy import composition
 # A plan must leave training at least this share of the target ε (what earlier releases and
 # this run's other releases leave); below it σ grows without bound and nothing is learnt.
 MIN_TRAINING_SHARE = 0.01
-# Below this σ the guarantee is meaningless; above it an absolute tolerance of rtol·σ_min is
-# a relative tolerance of rtol.
+# Below this σ the guarantee is meaningless; the search does not look there.
 MIN_NOISE_MULTIPLIER = 1e-2
 # The σ search's PLD grid, in multiples of the accounting grid (see `_calibrate`).
 COARSE_PLD_FACTOR = 10
+# The search's relative precision on its grid, as a share of rtol: the accounting grid's
+# optimum sits a few 1e-4 below the coarse one, so this leaves σ·(1 − rtol) below it.
+SEARCH_PRECISION = 0.1
+# Per step of the bracket search, σ moves by at most this factor.
+MAX_BRACKET_STEP = 2.0
 
 
-def _calibrate(make_event, target_epsilon, delta, accountant, rtol, progress=None):
-  """Smallest σ with ε(σ) <= target, within rtol: dp_accounting's bracketing (Brent) search.
+def _calibrate(make_periods, target_epsilon, delta, accountant, rtol, progress=None):
+  """Smallest σ meeting the target on the accounting grid, within rtol: ε(σ) <= target and
+  ε(σ·(1 − rtol)) > target, both computed as the ledger does (`accounting.gaussian_epsilon`).
 
-  With PLD the search runs on a grid 10× coarser than the accounting one (10–15× faster per σ;
-  its ε is pessimistic, so its σ is valid), then two evaluations on the accounting grid confirm
-  that σ meets the target and that σ·(1 − rtol) does not; else the search reruns on that grid.
-  `progress(sigma)`, if given, is called for every σ the search accounts (each can take seconds).
+  `make_periods(σ)` lists the `TrainingPeriod`s whose composition is accounted. With PLD, σ is
+  first searched on a grid `COARSE_PLD_FACTOR`× coarser (10× faster per σ, its ε a little above
+  the accounting grid's) by `_search_root`, then moved in steps of rtol on the accounting grid
+  until both conditions hold (`_step_to_optimum`: two evaluations when the coarse σ is within
+  rtol, as it is on every case measured). The accounting grid's PLDs stay cached, so the plan's
+  ε at the returned σ is not recomputed. `progress(sigma)`, if given, is called for every σ
+  accounted.
   """
   accounting.check_accountant(accountant)
   accounting.check_delta(delta)
@@ -34,33 +43,93 @@ def _calibrate(make_event, target_epsilon, delta, accountant, rtol, progress=Non
   if not 0 < rtol < 1:
     raise DprecError(f"rtol must be in (0, 1), got {rtol}")
 
-  def make_reported_event(sigma):
+  def epsilon(sigma, grid):
     if progress is not None:
       progress(sigma)
-    return make_event(sigma)
-
-  def search(pld_discretization):
-    return dp_accounting.calibrate_dp_mechanism(
-        lambda: accounting.make_accountant(accountant, pld_discretization), make_reported_event,
-        target_epsilon, delta, tol=rtol * MIN_NOISE_MULTIPLIER)
-
-  def meets_target(sigma):
-    fresh = accounting.make_accountant(accountant)
-    return fresh.compose(make_reported_event(sigma)).get_epsilon(delta) <= target_epsilon
+    return accounting.gaussian_epsilon(make_periods(sigma), delta, accountant, grid)
 
   fine = accounting.PLD_DISCRETIZATION  # RDP ignores the grid
-  if accountant == "pld":
-    sigma = search(COARSE_PLD_FACTOR * fine)
-    within_rtol = meets_target(sigma) and not meets_target(sigma * (1 - rtol))
-    if not within_rtol:
-      sigma = search(fine)
-  else:
-    sigma = search(fine)
+  coarse = COARSE_PLD_FACTOR * fine if accountant == "pld" else fine
+  try:
+    sigma = _search_root(lambda s: epsilon(s, coarse), target_epsilon, SEARCH_PRECISION * rtol)
+    sigma = _step_to_optimum(lambda s: epsilon(s, fine) <= target_epsilon, sigma, rtol)
+  except _BelowMinimum:
+    sigma = 0.0
   if sigma < MIN_NOISE_MULTIPLIER:
     raise DprecError(
-        f"the target epsilon {target_epsilon} is met with noise multiplier {sigma:.3g} < "
+        f"the target epsilon {target_epsilon} is met with a noise multiplier below "
         f"{MIN_NOISE_MULTIPLIER}: that is not meaningful privacy; lower the target")
   return float(sigma)
+
+
+class _BelowMinimum(Exception):
+  """The target is met at σ = MIN_NOISE_MULTIPLIER: the search stops there."""
+
+
+def _search_root(epsilon_of, target, precision):
+  """σ within relative `precision` above the root of ε(σ) = target, ε decreasing in σ.
+
+  log ε is close to linear in log σ, so the root is bracketed by secant steps on that scale
+  from σ = 1 (the first assumes ε ∝ 1/σ; each moves σ at most `MAX_BRACKET_STEP`×), then
+  found by Brent's method on the same scale (`scipy.optimize.brentq`): a handful of
+  evaluations where halving from [0, 1] took a dozen.
+  """
+  floor, max_step = math.log(MIN_NOISE_MULTIPLIER), math.log(MAX_BRACKET_STEP)
+  known = {}
+
+  def gap(log_sigma):  # log(ε/target): decreasing, -inf where ε = 0
+    if log_sigma not in known:
+      value = epsilon_of(math.exp(log_sigma))
+      known[log_sigma] = math.log(value / target) if value > 0 else -math.inf
+    return known[log_sigma]
+
+  previous, x = None, 0.0
+  while gap(x) != 0:
+    if previous is not None and (gap(previous) > 0) != (gap(x) > 0):
+      root = optimize.brentq(lambda u: max(gap(u), -1e3), previous, x, xtol=precision / 2)
+      return math.exp(root + precision / 2)
+    slope = -1.0  # ε ∝ 1/σ to first order
+    if previous is not None and math.isfinite(gap(previous) - gap(x)) and gap(previous) > gap(x):
+      slope = (gap(x) - gap(previous)) / (x - previous)
+    step = -1.1 * gap(x) / slope if math.isfinite(gap(x)) else -max_step  # overshoot to bracket
+    step = math.copysign(min(max(abs(step), precision), max_step), step)
+    previous, x = x, max(x + step, floor)
+    if x == previous:  # met at the smallest σ searched
+      raise _BelowMinimum()
+  return math.exp(x)
+
+
+def _step_to_optimum(meets, sigma, rtol):
+  """σ' with meets(σ') and not meets(σ'·(1 − rtol)), from a σ close to it: steps of rtol
+  (doubling while they keep the same answer), then halving the step in log σ."""
+  known = {}
+
+  def ok(s):
+    if s not in known:
+      known[s] = meets(s)
+    return known[s]
+
+  hi, lo, factor = None, None, 1 - rtol
+  if ok(sigma):
+    hi, step = sigma, factor
+    while lo is None:
+      if ok(hi * step):
+        hi, step = hi * step, step * step
+      else:
+        lo = hi * step
+  else:
+    lo, step = sigma, 1 / factor
+    while hi is None:
+      if ok(lo * step):
+        hi = lo * step
+      else:
+        lo, step = lo * step, step * step
+  while lo < hi * factor:  # ε failed at lo, met at hi: bisect in log σ
+    middle = math.sqrt(lo * hi)
+    hi, lo = (middle, lo) if ok(middle) else (hi, middle)
+  while ok(hi * factor):  # not monotone between the grid points: keep stepping down
+    hi *= factor
+  return hi
 
 
 def calibrate_noise_multiplier(target_epsilon, delta, sampling_rate, steps, accountant="pld",
@@ -70,13 +139,14 @@ def calibrate_noise_multiplier(target_epsilon, delta, sampling_rate, steps, acco
   if steps == 0:
     raise DprecError("steps must be > 0 to calibrate a noise multiplier")
   return _calibrate(
-      lambda sigma: accounting.dp_sgd_event(sigma, sampling_rate, steps),
+      lambda sigma: [accounting.TrainingPeriod(sigma, sampling_rate, int(steps))],
       target_epsilon, delta, accountant, rtol)
 
 
 def calibrate_gaussian_mechanism(target_epsilon, delta, accountant="pld", rtol=1e-3):
   """σ of one (unsampled) Gaussian mechanism, e.g. a DP histogram, with ε <= target at δ."""
-  return _calibrate(dp_accounting.GaussianDpEvent, target_epsilon, delta, accountant, rtol)
+  return _calibrate(lambda sigma: [accounting.gaussian_mechanism_period(sigma)],
+                    target_epsilon, delta, accountant, rtol)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -122,15 +192,13 @@ def plan_training(target_epsilon, delta, periods: Sequence[Tuple[float, int]],
                                  for s in gaussian_mechanisms]
   _check_room(target_epsilon, delta, fixed, selections, accountant, spent)
 
-  def make_event(sigma):
-    return dp_accounting.ComposedDpEvent(
-        [accounting.dp_sgd_event(p.noise_multiplier, p.sampling_rate, p.steps) for p in fixed]
-        + [accounting.dp_sgd_event(sigma, q, steps) for q, steps in periods])
+  def make_periods(sigma):
+    return fixed + [accounting.TrainingPeriod(sigma, q, int(steps), poisson)
+                    for q, steps in periods]
 
-  sigma = _calibrate(make_event, target_epsilon - sum(e for e, _ in selections),
+  sigma = _calibrate(make_periods, target_epsilon - sum(e for e, _ in selections),
                      delta - sum(d for _, d in selections), accountant, rtol, progress)
-  planned = fixed + [accounting.TrainingPeriod(sigma, q, int(steps), poisson)
-                     for q, steps in periods]
+  planned = make_periods(sigma)
   return TrainingPlan(sigma, composition.compose_periods(planned, delta, accountant,
                                                          selections=selections))
 

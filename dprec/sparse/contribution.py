@@ -32,3 +32,12 @@ def contribution_map(pair_example, pair_row, batch_size, clip):
   weights = tf.gather(example_weights(pair_example, batch_size, clip), pair_example)
   values = tf.math.unsorted_segment_sum(weights, pair_slot, tf.size(rows, out_type=tf.int64))
   return ContributionMap(sorted_rows, values, pair_slot)
+
+
+def sum_maps(rows, values):
+  """One map from the entries (row [T], value [T]) of several, rows possibly repeated (e.g. the
+  maps of all replicas of a distributed step): (sorted distinct rows, summed values)."""
+  distinct, slot = tf.unique(rows, out_idx=tf.int64)
+  totals = tf.math.unsorted_segment_sum(values, slot, tf.size(distinct, out_type=tf.int64))
+  order = tf.argsort(distinct)
+  return tf.gather(distinct, order), tf.gather(totals, order)

@@ -11,6 +11,7 @@ import collections
 import numpy as np
 import tensorflow as tf
 
+from dprec.distribute import replicas as replicas_lib
 from dprec.optimizers import config as config_lib
 from dprec.sparse import contribution as contribution_lib
 from dprec.sparse import selection
@@ -54,9 +55,12 @@ class TableLayout:
             for f, offset in enumerate(self.offsets)]
 
 
-def select_kept_rows(config, layout, pairs, batch_size, generator):
+def select_kept_rows(config, layout, pairs, batch_size, generator, replicas=None):
   """`pairs[f]`: distinct (example, row) pairs of table f (`dprec.clipping.embedding.Pairs`).
-  Returns one `KeptRows` per table."""
+  `replicas` (`dprec.distribute.replicas.Replicas`; default: those of the step being traced):
+  under `tf.distribute` the contribution maps of all replicas are summed before the threshold,
+  whose draws are made once, so every replica keeps the same rows. Returns one `KeptRows` per
+  table."""
   if not config_lib.is_private(config) or type(config) is config_lib.DPSGD:  # pylint: disable=unidiomatic-typecheck
     return [KeptRows(tf.ones_like(p.row, dtype=tf.bool), None) for p in pairs]
   fest = config_lib.fixed_rows(config)
@@ -77,13 +81,18 @@ def select_kept_rows(config, layout, pairs, batch_size, generator):
   cmap = contribution_lib.contribution_map(
       tf.boolean_mask(example, inside), tf.boolean_mask(position, inside), batch_size,
       config.contribution_clip)
-  keep, false_positives = selection.select_rows(
-      cmap.rows, cmap.values, universe, config.threshold,
+  touched, counts, pair_slot = cmap.rows, cmap.values, cmap.pair_slot
+  replicas = replicas or replicas_lib.Replicas()
+  if replicas.count > 1:  # the global map V̂ = Σ over all replicas
+    touched, counts = contribution_lib.sum_maps(*replicas.sum_rows(cmap.rows, cmap.values))
+    pair_slot = tf.gather(selection.find_sorted(touched, cmap.rows)[0], cmap.pair_slot)
+  keep, false_positives = replicas.once(
+      selection.select_rows, touched, counts, universe, config.threshold,
       config_lib.noise_std(config.contribution_clip, config.contribution_noise_multiplier),
       generator)
-  pair_kept = tf.scatter_nd(inside_index, tf.cast(tf.gather(keep, cmap.pair_slot), tf.int8),
+  pair_kept = tf.scatter_nd(inside_index, tf.cast(tf.gather(keep, pair_slot), tf.int8),
                             tf.shape(inside, out_type=tf.int64)) > 0
-  kept_global = tf.sort(tf.concat([universe.rows(tf.boolean_mask(cmap.rows, keep)),
+  kept_global = tf.sort(tf.concat([universe.rows(tf.boolean_mask(touched, keep)),
                                    universe.rows(false_positives)], axis=0))
   pair_kept = tf.split(pair_kept, [tf.size(p.row) for p in pairs])
   return [KeptRows(mask, rows)

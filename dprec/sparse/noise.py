@@ -10,6 +10,7 @@ generator (secure mode) the same tensors get the rounded Gaussian mechanism samp
 import tensorflow as tf
 
 from dprec.privacy import secure_noise
+from dprec.sparse import gaussian
 from dprec.sparse.selection import find_sorted
 
 
@@ -18,7 +19,7 @@ def _maybe_add_noise(values, noise_std, generator):
     return values
   if secure_noise.is_secure(generator):
     return generator.add_noise(values, noise_std)
-  return values + noise_std * generator.normal(tf.shape(values), dtype=values.dtype)
+  return values + gaussian.normal(generator, tf.shape(values), noise_std, values.dtype)
 
 
 def noisy_dense(gradient, noise_std, generator):
@@ -51,6 +52,5 @@ def noisy_dense_rows(pair_row, pair_values, noise_std, generator, table_shape, n
   if noise_std == 0:
     dense = tf.zeros(table_shape, pair_values.dtype)
   else:
-    dense = generator.normal(table_shape, stddev=noise_std / normaliser,
-                             dtype=pair_values.dtype)
+    dense = gaussian.normal(generator, table_shape, noise_std / normaliser, pair_values.dtype)
   return tf.tensor_scatter_nd_add(dense, pair_row[:, tf.newaxis], pair_values / normaliser)

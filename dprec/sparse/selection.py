@@ -15,6 +15,7 @@ import math
 import tensorflow as tf
 
 from dprec.privacy import secure_noise
+from dprec.sparse import gaussian
 
 
 def gaussian_survival(x):
@@ -109,8 +110,8 @@ def select_rows(touched, contributions, universe, threshold, noise_std, generato
     keep = generator.add_passes(contributions, noise_std, threshold)
     rate = secure_noise.tail_rate(threshold, noise_std)
   elif noise_std > 0:
-    keep = contributions + noise_std * generator.normal(
-        tf.shape(contributions), dtype=contributions.dtype) >= threshold
+    keep = contributions + gaussian.normal(
+        generator, tf.shape(contributions), noise_std, contributions.dtype) >= threshold
   else:
     keep = contributions >= threshold
   return keep, sample_untouched(touched, universe.size, rate, generator)

@@ -10,7 +10,7 @@ experiments did) are available as an option; the ledger must then say "accounted
 import dataclasses
 import itertools
 import os
-from typing import Dict, Iterator, Mapping, Optional
+from typing import Dict, Iterator, Mapping, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -109,16 +109,21 @@ def _num_examples(arrays: Mapping[str, np.ndarray]) -> int:
 
 
 def sampled_dataset(features: Mapping[str, np.ndarray], labels: Optional[np.ndarray],
-                    sampling: BatchSampling, steps: int, start: int = 0) -> tf.data.Dataset:
+                    sampling: BatchSampling, steps: int, start: int = 0,
+                    shards: Optional[Tuple[int, int, int]] = None) -> tf.data.Dataset:
   """A `tf.data.Dataset` of batches `start`..`steps - 1` `(features_dict, labels)` for `model.fit`.
 
   The batch dimension is `None` in the element spec, so a `tf.function` train step traces once
   however the Poisson batch size varies. Pass `labels=None` for feature-only batches.
+  `shards` (first, count, total): each global batch is split into `total` near-equal shards
+  (one per replica of a `tf.distribute` step) and the dataset yields shards
+  first..first + count − 1 of each batch in turn (`replica_dataset_fn`).
   """
   arrays: Dict[str, np.ndarray] = {name: np.asarray(value) for name, value in features.items()}
   if labels is not None:
     arrays["__label__"] = np.asarray(labels)
   num_examples = _num_examples(arrays)
+  first, count, total = shards or (0, 1, 1)
 
   def spec(array):
     return tf.TensorSpec((None,) + array.shape[1:], tf.as_dtype(array.dtype))
@@ -126,12 +131,29 @@ def sampled_dataset(features: Mapping[str, np.ndarray], labels: Optional[np.ndar
   feature_spec = {name: spec(arrays[name]) for name in features}
 
   def generate():
-    for indices in batch_indices(num_examples, sampling, steps, start):
-      batch = {name: arrays[name][indices] for name in features}
-      yield (batch, arrays["__label__"][indices]) if labels is not None else batch
+    for global_batch in batch_indices(num_examples, sampling, steps, start):
+      for indices in np.array_split(global_batch, total)[first:first + count]:
+        batch = {name: arrays[name][indices] for name in features}
+        yield (batch, arrays["__label__"][indices]) if labels is not None else batch
 
   signature = (feature_spec, spec(arrays["__label__"])) if labels is not None else feature_spec
   return tf.data.Dataset.from_generator(generate, output_signature=signature).prefetch(2)
+
+
+def replica_dataset_fn(features: Mapping[str, np.ndarray], labels: Optional[np.ndarray],
+                       sampling: BatchSampling, steps: int, start: int = 0):
+  """A dataset function for `tf.distribute` (`tf.keras.utils.experimental.DatasetCreator`):
+  every input pipeline draws the same global batches (`sampling`'s entropy comes from the run's
+  shared key) and yields, step after step, the shards of its replicas, which take them in turn.
+  The global batch is Poisson-sampled once; each replica trains on its shard."""
+
+  def dataset_fn(context: tf.distribute.InputContext) -> tf.data.Dataset:
+    per_pipeline = context.num_replicas_in_sync // context.num_input_pipelines
+    return sampled_dataset(features, labels, sampling, steps, start,
+                           (context.input_pipeline_id * per_pipeline, per_pipeline,
+                            context.num_replicas_in_sync))
+
+  return dataset_fn
 
 
 def dataset_to_arrays(dataset: tf.data.Dataset) -> Dict[str, np.ndarray]:

@@ -17,9 +17,12 @@ directory the run checkpoints every `checkpoint_every` steps, and the same optio
 run from its last checkpoint on the batches and noise an uninterrupted run would have used, paying
 no step twice.
 """
+import contextlib
 import dataclasses
+import json
 import math
 import os
+import tempfile
 from typing import Optional, Tuple
 
 import numpy as np
@@ -27,6 +30,7 @@ import tensorflow as tf
 
 from dprec import privacy
 from dprec.data.ctr_data import CTRData, load_data
+from dprec.distribute import cluster
 from dprec.errors import DprecError
 from dprec.models import ctr
 from dprec.optimizers import config as config_lib
@@ -40,6 +44,7 @@ from dprec.workflows import run as run_lib
 COMMAND = "train ctr"
 ALGORITHMS = ("non_private", "dp_sgd", "dp_fest", "dp_adafest", "dp_adafest_plus")
 FEST_ALGORITHMS = ("dp_fest", "dp_adafest_plus")
+STRATEGIES = cluster.STRATEGIES
 OPTIMIZERS = {"sgd": sparse_optimizers.SparseSGD, "adagrad": sparse_optimizers.SparseAdagrad,
               "adam": sparse_optimizers.LazyAdam, "adambc": sparse_optimizers.AdamBC}
 LOGIT_INITS = ("base_rate", "default")
@@ -67,9 +72,11 @@ EPSILON_COVERS = {
 @dataclasses.dataclass
 class CTRTrainOptions(run_lib.FitOptions):
   """Everything `dprec train ctr` accepts (see `dprec.workflows.ctr_cli` for each field)."""
-  NOT_FINGERPRINTED = run_lib.FitOptions.NOT_FINGERPRINTED + ("vocab", "log_dir",
-                                                              "eval_batch_size")
+  NOT_FINGERPRINTED = run_lib.FitOptions.NOT_FINGERPRINTED + (
+      "vocab", "log_dir", "eval_batch_size", "strategy", "local_workers")
   data: str
+  strategy: str = "none"
+  local_workers: int = 0
   algorithm: str = "dp_adafest"
   epsilon: Optional[float] = None
   delta: Optional[float] = None
@@ -100,6 +107,7 @@ class CTRTrainOptions(run_lib.FitOptions):
   def validate(self):
     super().validate()
     for name, value, allowed in (("algorithm", self.algorithm, ALGORITHMS),
+                                 ("strategy", self.strategy, STRATEGIES),
                                  ("optimizer", self.optimizer, OPTIMIZERS),
                                  ("logit-init", self.logit_init, LOGIT_INITS)):
       if value not in allowed:
@@ -120,6 +128,13 @@ class CTRTrainOptions(run_lib.FitOptions):
       raise DprecError(f"--algorithm {self.algorithm} needs --top-k (rows kept over all tables)")
     if self.top_k_epsilon < 0:
       raise DprecError("--top-k-epsilon must be >= 0")
+    if self.local_workers < 0 or (self.local_workers and self.strategy != "multi_worker"):
+      raise DprecError("--local-workers N (N >= 1) starts a localhost cluster for --strategy "
+                       "multi_worker")
+    if (self.strategy == "multi_worker" and self.run_dir is None
+        and self.insecure_noise_seed is None):
+      raise DprecError("--strategy multi_worker needs --run-dir: the chief keeps the run's secret "
+                       "noise key there and the other workers read it (a file system they share)")
 
 
 def plan_privacy(options: CTRTrainOptions, num_examples: int, run=None) -> plan_lib.PrivacyPlan:
@@ -228,42 +243,89 @@ def build_model(options, data, plan, run):
 
 def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
   """Trains (or resumes) and evaluates the pCTR model; returns the JSON summary (also written
-  to `options.summary_json` if set)."""
+  to `options.summary_json` if set). `options.strategy` "mirrored" or "multi_worker": under
+  that `tf.distribute` strategy (`dprec.distribute`; every worker runs this with its TF_CONFIG,
+  the chief alone charges the ledger and writes checkpoints and the summary);
+  `options.local_workers`: starts them on localhost (`run_local_cluster`)."""
   options.validate()
+  if options.local_workers:
+    return run_local_cluster(options)
+  strategy = cluster.make_strategy(options.strategy)
+  chief = cluster.is_chief()
   data = data or load_data(options.data, options.vocab, options.vocab_min_count)
   label = f"{COMMAND} {options.algorithm}"
   with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,
-                   options.secure_noise, options.data) as run:
+                   options.secure_noise, options.data, chief=chief) as run:
     plan = plan_privacy(options, len(data.train["label"]), run)
     if run.open_plan_ledger(plan) is not None:
       run.check_budget(plan, label, options.steps, {SELECTION_LABEL: plan.selection_epsilon})
-    model, rate = build_model(options, data, plan, run)
+    with strategy.scope() if strategy is not None else contextlib.nullcontext():
+      model, rate = build_model(options, data, plan, run)
     resume = run.resume(model, options.run_fingerprint(train_rows=len(data.train["label"]),
                                                        vocab_sizes=data.vocab_sizes),
                         options.keep_checkpoints)
     budget = (run.budget_callback(plan, label, resume.step, options.charge_every, options.log_dir)
               if run.ledger is not None else None)
     extra = []
-    if options.log_dir and options.diagnostics:  # Keras' scalars: the exact training loss/AUC
+    if options.log_dir and options.diagnostics and chief:  # Keras' scalars: exact loss/AUC
       extra.append(tf.keras.callbacks.TensorBoard(
           os.path.join(options.log_dir, "diagnostics_nonprivate"), update_freq=100))
     timer, callbacks = run.fit_callbacks(
         {"dp step": model.dp_optimizer.generator}, resume, budget, options.checkpoint_every,
-        extra, options.progress and f"{COMMAND} {options.algorithm}", options.diagnostics)
+        extra, options.progress and chief and f"{COMMAND} {options.algorithm}",
+        options.diagnostics)
     features = {key: data.train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}
     history = run.fit(model, features, data.train["label"], options.batch_size,
                       plan.private and plan.poisson, options.steps, resume, callbacks)
+    replicas = model.distribute_strategy.num_replicas_in_sync
+    if strategy is not None:  # predict and evaluate on one device: the same on every worker
+      model = _local_copy(model)
     calibration = recalibrate(model, data.train, plan, rate, run.numpy_rng("calibration"),
                               options.eval_batch_size)
     evaluation = ctr.evaluate(model, data.eval, data.eval["label"], options.eval_batch_size)
     summary = _summary(options, data, model, plan, history, evaluation, timer, budget, run,
-                       resume, rate, calibration)
-  run_lib.write_summary(summary, options.summary_json)
+                       resume, rate, calibration, replicas)
+  if chief:
+    run_lib.write_summary(summary, options.summary_json)
   return summary
 
 
+def _local_copy(model):
+  """A copy of a model trained under `tf.distribute`, outside it, compiled for evaluation."""
+  local = ctr.model_from_config(model.config)
+  for target, source in zip(local.trainable_variables, model.trainable_variables):
+    target.assign(source.numpy())
+  local.compile()
+  return local
+
+
+def run_local_cluster(options: CTRTrainOptions) -> dict:
+  """`run` on a localhost cluster of `options.local_workers` processes
+  (MultiWorkerMirroredStrategy, each told its role by TF_CONFIG; worker 0 is the chief);
+  returns the chief's summary. A worker that fails stops the others."""
+  with tempfile.TemporaryDirectory(prefix="dprec-workers-") as scratch:
+    summary_json = options.summary_json or os.path.join(scratch, "summary.json")
+    worker = dataclasses.replace(options, local_workers=0, summary_json=summary_json)
+    workers = cluster.start_local_workers(
+        ["-c", "import sys; from dprec import cli; cli.import_tensorflow_quietly(); "
+               "from dprec.workflows import ctr; ctr.run_from_json(sys.argv[1])",
+         json.dumps(dataclasses.asdict(worker))], options.local_workers)
+    codes = cluster.wait_for_workers(workers)
+    if any(codes):
+      raise DprecError(f"local workers exited with codes {codes} (worker 0 is the chief); see "
+                       "their messages above")
+    with open(summary_json, encoding="utf-8") as f:
+      return json.load(f)
+
+
+def run_from_json(text: str) -> dict:
+  """`run` with the options of a JSON object (a worker of `run_local_cluster`)."""
+  fields = json.loads(text)
+  return run(CTRTrainOptions(**dict(fields, hidden_units=tuple(fields["hidden_units"]))))
+
+
 def _summary(options, data, model, plan, history, evaluation, timer, budget, run, resume, rate,
-             calibration):
+             calibration, replicas):
   last = {key: float(values[-1]) for key, values in history.items()}
   sigma1, sigma2 = noise_multipliers(options, plan.noise_multiplier)
   summary = {
@@ -283,7 +345,8 @@ def _summary(options, data, model, plan, history, evaluation, timer, budget, run
       "resumed_from_step": resume.step,
       "stopped_at_budget": bool(budget and budget.stopped_at_budget),
       "steps_per_second": timer.steps_per_second, "train_seconds": timer.seconds,
-      "batch_size": options.batch_size, "train_rows": int(len(data.train["label"])),
+      "batch_size": options.batch_size, "strategy": options.strategy, "replicas": replicas,
+      "train_rows": int(len(data.train["label"])),
       "eval_rows": int(len(data.eval["label"])), "data_source": data.source,
       "ledger": options.ledger, "run_dir": options.run_dir,
       "note": "; ".join([VOCABULARY_NOTE] + plan.notes),

@@ -26,6 +26,14 @@ def register(subparsers):
   add = parser.add_argument
   defaults = CTRTrainOptions  # one source for the defaults of the CLI and the Python API
   add("--data", required=True, help="directory of Criteo TSV day_N files, or a Beam output dir")
+  add("--strategy", choices=ctr.STRATEGIES, default=defaults.strategy,
+      help="tf.distribute strategy: none (one device), mirrored (this machine's devices), "
+           "multi_worker (the cluster in TF_CONFIG, one process per worker, worker 0 the chief; "
+           "needs --run-dir on a file system all workers share, holding the secret noise key): "
+           "README 'Distributed training'")
+  add("--local-workers", type=int, default=defaults.local_workers, metavar="N",
+      help="with --strategy multi_worker: start N worker processes on localhost (their "
+           "TF_CONFIG made up) and print the chief's summary; 0: this process is one worker")
   add("--algorithm", choices=ctr.ALGORITHMS, default=defaults.algorithm,
       help="training algorithm")
   add("--epsilon", type=float,

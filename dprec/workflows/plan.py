@@ -99,7 +99,7 @@ class PrivacyPlan:
 @functools.lru_cache(maxsize=64)
 def _calibrated(epsilon, delta, sampling_rate, steps, selection_epsilon, accountant, poisson,
                 mechanisms, spent):
-  """Calibration is slow (PLD, seconds to a minute): reuse it across runs of one process.
+  """Calibration takes seconds (PLD, BENCHMARKS.md): reuse it across runs of one process.
   Identical periods compose like one period of all their steps, so T·P steps are calibrated as
   one period (the σ of the list of periods, several times faster)."""
   return privacy.plan_training(epsilon, delta, [(sampling_rate, steps)],

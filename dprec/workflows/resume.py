@@ -39,11 +39,14 @@ class Resume:
     objects.read(os.path.join(latest, checkpoint_lib.MODEL_PREFIX)).assert_consumed()
     self.step, self.loss = state["step"], state["loss"]
 
-  def callback(self, every):
-    """Commits a checkpoint every `every` steps of `model.fit` and at its end."""
+  def callback(self, every, scratch=None):
+    """Commits a checkpoint every `every` steps of `model.fit` and at its end; into the
+    directory `scratch` instead (kept newest only) for a worker that is not the chief, which
+    must write along with it (saving reads variables through collectives) but not over it."""
     from dprec.training import callbacks  # pylint: disable=import-outside-toplevel
     state = {"fingerprint": self.fingerprint, "loss": self.loss}
-    return callbacks.CheckpointCallback(self.manager, self.objects, every, state,
+    manager = self.manager if scratch is None else checkpoint_lib.CheckpointManager(scratch, 1)
+    return callbacks.CheckpointCallback(manager, self.objects, every, state,
                                         start_step=self.step)
 
 

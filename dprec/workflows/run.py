@@ -4,7 +4,8 @@ place for every way in.
 
 A run directory holds:
   run.json          the run id, the command, and whether the noise is secret (shareable)
-  run.json.lock     held while a process uses the directory: a second one is refused
+  run.json.lock     held while a process (a multi-worker run's chief) uses the directory: a
+                    second one is refused
   secret/noise_key  32 bytes from the OS CSPRNG, mode 0600 in a 0700 directory. Keep it private:
                     with it the noise can be replayed and subtracted. Reloaded on resume; never
                     copied into a checkpoint, summary, log or TensorBoard.
@@ -42,6 +43,7 @@ import os
 import secrets
 import shutil
 import tempfile
+import time
 from typing import Mapping, Optional
 
 from dprec import atomic_io
@@ -57,6 +59,7 @@ SECRET_DIR = "secret"
 KEY_FILE = "noise_key"
 LEDGER_FILE = "ledger.json"
 CHECKPOINTS_DIR = "checkpoints"
+WORKER_WAIT_SECONDS = 600  # how long a worker waits for the chief to create the run
 BUDGET_SLACK = 1 + 1e-6  # calibration's rounding: a plan within this of the budget fits it
 
 
@@ -109,12 +112,17 @@ class Run:
 
   def __init__(self, command: str, run_dir: Optional[str] = None, ledger: Optional[str] = None,
                insecure_noise_seed: Optional[int] = None, secure_noise: bool = False,
-               data: Optional[str] = None):
+               data: Optional[str] = None, chief: bool = True):
     self.command, self.run_dir, self.secure_noise = command, run_dir, secure_noise
+    self.chief = chief
+    if not chief and run_dir is None and insecure_noise_seed is None:
+      raise DprecError("the workers of a multi-worker run share the chief's secret noise key "
+                       "through its run directory: give --run-dir (a directory every worker "
+                       "can read, e.g. on a shared file system)")
     # The data set trained on (None: in-memory data, which no charge can be matched to).
     self.data = data
     self.dataset = identity.dataset_identity(data) if data is not None else None
-    self._temporary = self._lock = None
+    self._temporary = self._lock = self._scratch_dir = None
     if run_dir is None:
       self.run_id = secrets.token_hex(8)
       self.noise_key = _key(insecure_noise_seed)
@@ -122,11 +130,16 @@ class Run:
       base = self._temporary
     else:
       os.makedirs(run_dir, exist_ok=True)
-      self._lock = atomic_io.lock(os.path.join(run_dir, RUN_FILE), wait=False)
-      if self._lock is None:
-        raise DprecError(f"{run_dir}: another dprec process is using this run directory; wait "
-                         "for it to finish, or use another --run-dir")
-      self.run_id, self.noise_key = self._load_or_create(insecure_noise_seed)
+      if chief:  # the other workers of a multi-worker run only read the chief's directory
+        self._lock = atomic_io.lock(os.path.join(run_dir, RUN_FILE), wait=False)
+        if self._lock is None:
+          raise DprecError(f"{run_dir}: another dprec process is using this run directory; "
+                           "wait for it to finish, or use another --run-dir")
+      try:
+        self.run_id, self.noise_key = self._load_or_create(insecure_noise_seed)
+      except BaseException:
+        self.close()
+        raise
       base = run_dir
     self.ledger_path = ledger or os.path.join(base, LEDGER_FILE)
     self.ledger = None  # opened by `open_ledger` (a private run)
@@ -141,9 +154,16 @@ class Run:
     if self._lock is not None:  # the run directory is free for a resume
       self._lock.close()
       self._lock = None
-    if self._temporary is not None:
-      shutil.rmtree(self._temporary, ignore_errors=True)
-      self._temporary = None
+    for directory in (self._temporary, self._scratch_dir):
+      if directory is not None:
+        shutil.rmtree(directory, ignore_errors=True)
+    self._temporary = self._scratch_dir = None
+
+  def _scratch(self):
+    """A temporary directory of this process (removed by `close`)."""
+    if self._scratch_dir is None:
+      self._scratch_dir = tempfile.mkdtemp(prefix="dprec-worker-")
+    return self._scratch_dir
 
   # ---- the run directory -------------------------------------------------------------------
 
@@ -157,6 +177,8 @@ class Run:
 
   def _load_or_create(self, insecure_seed):
     path = os.path.join(self.run_dir, RUN_FILE)
+    if not self.chief:  # the chief creates the run (id, key); the other workers read it
+      _wait_for(path, "the chief's run file")
     if not os.path.exists(path):
       key = _key(insecure_seed)
       if key.private:
@@ -220,6 +242,8 @@ class Run:
     reason). `delta` None: the existing ledger's δ, or `default_delta` for a new one. Refuses a
     ledger holding charges for another data set."""
     from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
+    if not self.chief and self._temporary is None:  # a shared ledger: the chief creates it
+      _wait_for(self.ledger_path, "the chief's privacy ledger")
     if delta is None and not os.path.exists(self.ledger_path):
       delta = default_delta
     marks = {} if self.private else {"private": False, "privacy_note": self.noise_key.note}
@@ -280,7 +304,10 @@ class Run:
 
   def pay_once(self, plan, selections=None):
     """Charges the plan's Gaussian mechanisms, then the `selections` {label: (ε, δ)}, that this
-    run has not paid yet (a resumed run re-draws them from the key and pays nothing again)."""
+    run has not paid yet (a resumed run re-draws them from the key and pays nothing again).
+    Only the chief of a multi-worker run charges (here and in `pay_steps`, `budget_callback`)."""
+    if not self.chief:
+      return
     for label, sigma in plan.mechanisms.items():
       if not self.paid(self.ledger, label):
         self.ledger.charge_gaussian_mechanism(sigma, label)
@@ -290,6 +317,8 @@ class Run:
 
   def pay_steps(self, plan, label, steps):
     """Charges the steps of `steps` under `label` this run has not paid yet."""
+    if not self.chief:
+      return
     unpaid = steps - self.steps_paid(self.ledger, label)
     if unpaid > 0:
       self.ledger.charge_gaussian(plan.noise_multiplier, plan.sampling_rate, unpaid,
@@ -297,7 +326,10 @@ class Run:
 
   def budget_callback(self, plan, label, start_step=0, charge_every=100, log_dir=None):
     """`PrivacyBudgetCallback` paying the plan's steps under `label` ahead of `model.fit`; a
-    resumed run (at `start_step`) pays again only for steps it has not paid."""
+    resumed run (at `start_step`) pays again only for steps it has not paid. None on a worker
+    that is not the chief: each global step is paid once, by the chief."""
+    if not self.chief:
+      return None
     from dprec.training import callbacks  # pylint: disable=import-outside-toplevel
     return callbacks.PrivacyBudgetCallback(
         self.ledger, plan.noise_multiplier, plan.sampling_rate, poisson=plan.poisson,
@@ -315,12 +347,15 @@ class Run:
                     progress=None, diagnostics=False):
     """(step timer, the callbacks of `model.fit`): the timer, each step's noise keyed from
     (purpose, step), `charges` (paying the ledger), a checkpoint every `checkpoint_every` steps
-    with a run directory, `extra`, and a progress bar titled `progress` (None: none)."""
+    with a run directory (by the chief; the other workers write theirs to a scratch directory
+    and read the chief's on resume), `extra`, and a progress bar titled `progress` (None:
+    none)."""
     from dprec.training import callbacks  # pylint: disable=import-outside-toplevel
     timer = callbacks.StepTimer()
     fit = [timer, self.noise_callback(generators, start_step=resume.step)]
     fit += [charges] if charges is not None else []
-    fit += [resume.callback(checkpoint_every)] if resume.manager is not None else []
+    if resume.manager is not None:
+      fit.append(resume.callback(checkpoint_every, None if self.chief else self._scratch()))
     fit += list(extra)
     if progress:
       fit.append(callbacks.ProgressBar(desc=progress, initial=resume.step,
@@ -330,12 +365,19 @@ class Run:
   def fit(self, model, features, labels, batch_size, poisson, steps, resume, callbacks):
     """`model.fit` from `resume.step` to `steps` on batches of (`features`, `labels`) drawn with
     the run's secret entropy (Poisson at q = B/N, else fixed-size shuffled): the very batches an
-    uninterrupted run draws. Returns the history ({} when no step is left)."""
+    uninterrupted run draws. Under the `tf.distribute` strategy `model` was built in, every
+    worker draws the same global batches and each replica trains on its shard. Returns the
+    history ({} when no step is left)."""
+    import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from dprec.training import poisson as sampling_lib  # pylint: disable=import-outside-toplevel
     if steps <= resume.step:
       return {}
     sampling = sampling_lib.BatchSampling(batch_size, poisson, self.entropy("poisson"))
-    dataset = sampling_lib.sampled_dataset(features, labels, sampling, steps, start=resume.step)
+    if model.distribute_strategy is tf.distribute.get_strategy():  # built outside any strategy
+      dataset = sampling_lib.sampled_dataset(features, labels, sampling, steps, resume.step)
+    else:
+      dataset = tf.keras.utils.experimental.DatasetCreator(sampling_lib.replica_dataset_fn(
+          features, labels, sampling, steps, resume.step))
     return model.fit(dataset, epochs=1, steps_per_epoch=steps - resume.step,
                      callbacks=callbacks, verbose=0).history
 
@@ -395,6 +437,16 @@ def write_summary(summary, path):
   """Writes the JSON summary to `path` (if given) atomically."""
   if path:
     atomic_io.write_json(path, summary, sort_keys=True)
+
+
+def _wait_for(path, what, timeout=WORKER_WAIT_SECONDS):
+  """Waits (a worker that is not the chief) until `path` exists."""
+  deadline = time.monotonic() + timeout
+  while not os.path.exists(path):
+    if time.monotonic() > deadline:
+      raise DprecError(f"{path}: {what} did not appear within {timeout:g} s; start the chief "
+                       "(worker 0) with the same --run-dir")
+    time.sleep(0.2)
 
 
 def _key(insecure_seed):

@@ -77,11 +77,31 @@ def test_fixed_batches_are_flagged_and_accounted_as_poisson():
   assert not fixed.poisson and fixed.note == privacy.NOT_POISSON_NOTE
 
 
-def test_criteo_known_value_sigma():
-  """Note 001 §3.3: N=45,840,617, B=2048, one epoch, δ=1/N, ε=1 → σ ≈ 0.5765 (PLD)."""
+def test_coarse_grid_epsilon_equals_dp_accounting():
+  """The calibration search's grid: the same ε as dp_accounting's PLDAccountant on that grid."""
+  periods = [privacy.TrainingPeriod(0.9, 0.01, 300), privacy.TrainingPeriod(2.0, 1.0, 1)]
+  direct = privacy.make_accountant("pld", 1e-3).compose(dp_accounting.ComposedDpEvent(
+      [privacy.dp_sgd_event(p.noise_multiplier, p.sampling_rate, p.steps) for p in periods]))
+  ours = privacy.accounting.gaussian_epsilon(periods, 1e-6, pld_discretization=1e-3)
+  assert ours == pytest.approx(direct.get_epsilon(1e-6), rel=1e-9)
+  assert ours >= privacy.accounting.gaussian_epsilon(periods, 1e-6)  # pessimistic here
+
+
+def test_criteo_known_value_sigma(monkeypatch):
+  """Note 001 §3.3: N=45,840,617, B=2048, one epoch, δ=1/N, ε=1 → σ ≈ 0.5765 (PLD), with two
+  evaluations on the accounting grid (σ and σ·(1 − rtol)) and a short search on the coarse one."""
   q, steps = privacy.dataset_sampling(CRITEO_N, 2048, 1)
   assert steps == 22384
+  grids = []
+  accounted = privacy.accounting.gaussian_epsilon
+
+  def counted(periods, delta, accountant="pld", pld_discretization=1e-4):
+    grids.append(pld_discretization)
+    return accounted(periods, delta, accountant, pld_discretization)
+
+  monkeypatch.setattr(privacy.accounting, "gaussian_epsilon", counted)
   sigma = privacy.calibrate_noise_multiplier(1.0, 1 / CRITEO_N, q, steps)
+  assert grids.count(privacy.accounting.PLD_DISCRETIZATION) == 2 and len(grids) <= 10
   assert sigma == pytest.approx(0.5765, rel=1e-3)
   epsilon = _pld_direct(sigma, q, steps, 1 / CRITEO_N)
   assert epsilon <= 1.0

@@ -38,6 +38,7 @@ def test_budget_stops_cleanly_before_the_period_that_would_exceed_it(tmp_path, s
   assert len(_journal(tmp_path)) == 2 * steps
   # Restarting does not train on: the stop is part of the checkpoint, the ledger is unchanged.
   ledger = (tmp_path / "ledger.json").read_text()
+  trainer.run_state.close()  # the process ends: its run directory is free again
   again = standin.make_trainer(str(tmp_path), (two + three) / 2, source, noise_multiplier=2.0)
   assert again.run()["periods_trained"] == 2
   assert (tmp_path / "ledger.json").read_text() == ledger

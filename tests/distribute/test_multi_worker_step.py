@@ -1,0 +1,33 @@
+"""The DP step under MultiWorkerMirroredStrategy, 2 worker processes on localhost (TF_CONFIG),
+equals the one-device step on the same global batch (one small step per algorithm)."""
+import os
+
+import numpy as np
+import pytest
+
+from dprec.distribute import cluster
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+
+@pytest.mark.multiprocess
+def test_multi_worker_step_equals_one_device_step(steps, tmp_path):
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get(
+      "PYTHONPATH")])), TF_CPP_MIN_LOG_LEVEL="2")
+  outputs = [tmp_path / f"worker{i}.npz" for i in range(2)]
+  workers = cluster.start_local_workers([steps.__file__, str(tmp_path / "worker{index}.npz")], 2,
+                                       env)
+  try:
+    codes = [worker.wait(timeout=300) for worker in workers]
+  finally:
+    for worker in workers:
+      if worker.poll() is None:
+        worker.kill()
+  assert codes == [0, 0]
+  for algorithm in steps.CONFIGS:
+    single = steps.one_step(algorithm)
+    for out in outputs:
+      with np.load(out) as saved:
+        got = [saved[f"{algorithm}_{i}"] for i in range(len(single))]
+      for g, want in zip(got, single):
+        np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5, err_msg=f"{algorithm} {out}")
