@@ -52,13 +52,14 @@ METHODS = {"dpformer": dict(reattention=True, tied=True),
            "untied": dict(reattention=False, tied=False)}
 
 
-def preprocess(source, work_dir):
-  """Runs the Beam sequences job once; later runs reuse its output."""
-  out = os.path.join(work_dir, "sequences")
+def preprocess(source, work_dir, validation=False):
+  """Runs the Beam sequences job once; later runs reuse its output. `validation`: the second
+  to last item is held out for model selection (a separate output directory)."""
+  out = os.path.join(work_dir, "sequences-valid" if validation else "sequences")
   if not os.path.exists(os.path.join(out, "manifest.json")):
     from pipelines import sequences  # pylint: disable=import-outside-toplevel
     sequences.run(sequences.SequencesJob(inputs=(source,), input_format="sasrec", output=out,
-                                         validation=False))
+                                         validation=validation))
   return out
 
 
@@ -84,6 +85,16 @@ def main(argv=None):
   parser.add_argument("--reattention-train-only", action="store_true",
                       help="no Re-Attention correction at evaluation")
   parser.add_argument("--max-len", type=int, default=50)
+  parser.add_argument("--validation", action="store_true",
+                      help="hold out each user's second to last item for model selection "
+                           "(issue 15's protocol); the table gains validation columns")
+  parser.add_argument("--dim", type=int, default=64)
+  parser.add_argument("--item-rank", type=int, default=None)
+  parser.add_argument("--item-norm-share", type=float, default=None)
+  parser.add_argument("--item-vocab-threshold", type=float, default=None)
+  parser.add_argument("--item-histogram-items", type=int, default=None)
+  parser.add_argument("--item-frequency-share", type=float, default=0.05)
+  parser.add_argument("--dropout", type=float, default=0.5)
   parser.add_argument("--results", default=None, help="append one JSON line per run here")
   parser.add_argument("--runs-dir", default=None,
                       help="checkpoint each run in a subdirectory here; rerun to resume")
@@ -98,7 +109,7 @@ def main(argv=None):
   parser.add_argument("--curve-every", type=int, default=1,
                       help="with --curve, every k-th checkpoint (the last one always)")
   args = parser.parse_args(argv)
-  data = load_sequences(preprocess(args.data, args.work_dir))
+  data = load_sequences(preprocess(args.data, args.work_dir, args.validation))
   print(f"Amazon Games: {data.num_users} users, {data.num_items} items, "
         f"{data.stats['actions']} actions", file=sys.stderr)
   if args.time_steps:
@@ -120,6 +131,10 @@ def main(argv=None):
         reattention_scale_by_dim=not args.no_reattention_scale_by_dim,
         reattention_at_eval=not args.reattention_train_only,
         max_len=args.max_len, seed=seed, checkpoint_every=args.checkpoint_every,
+        hold_out_validation=args.validation, dim=args.dim, item_rank=args.item_rank,
+        item_norm_share=args.item_norm_share, item_vocab_threshold=args.item_vocab_threshold,
+        item_histogram_items=args.item_histogram_items,
+        item_frequency_share=args.item_frequency_share, dropout=args.dropout,
         keep_checkpoints=args.keep_checkpoints,
         run_dir=args.runs_dir and os.path.join(args.runs_dir, (
             f"{method}-eps{eps:g}-seed{seed}-ep{args.epochs:g}-B{args.batch_size}"
@@ -128,7 +143,8 @@ def main(argv=None):
     summary = train_seqrec(options, data)
     summary.update(method=method, wall_seconds=time.perf_counter() - start)
     print(json.dumps({k: summary[k] for k in ("method", "epsilon_budget", "seed", "ndcg_at_10",
-                                              "hit_at_10", "noise_multiplier",
+                                              "hit_at_10", "noise_multiplier", "validation",
+                                              "distinct_top10_items", "item_vocabulary",
                                               "wall_seconds")}), file=sys.stderr)
     if args.results:
       with open(args.results, "a", encoding="utf-8") as out:
@@ -139,17 +155,22 @@ def main(argv=None):
 
 
 def popularity_row(data, args):
-  """The popularity baseline: every user gets the items ranked by training frequency p_i."""
-  examples = make_examples(data, args.max_len)
+  """The popularity baseline: every user gets the items ranked by training frequency p_i (with
+  `--validation`: its validation NDCG@10 / HIT@10 too)."""
+  examples = make_examples(data, args.max_len, args.validation)
   frequencies = examples.item_frequencies[1:].astype(np.float32)
-  metrics = ranking_metrics.evaluate_full_ranking(
-      lambda histories: np.broadcast_to(frequencies, (len(histories), len(frequencies))),
-      examples.test_histories, examples.test_items,
-      ranking_metrics.popularity_buckets(examples.item_frequencies), batch_size=1024)
-  buckets = [f"{100 * metrics['by_popularity'][b]['ndcg_at_10']:.2f}"
-             for b in ranking_metrics.BUCKETS]
+  score = lambda histories: np.broadcast_to(frequencies, (len(histories), len(frequencies)))
+  buckets = ranking_metrics.popularity_buckets(examples.item_frequencies)
+  metrics = ranking_metrics.evaluate_full_ranking(score, examples.test_histories,
+                                                  examples.test_items, buckets, batch_size=1024)
+  cells = [f"{100 * metrics['by_popularity'][b]['ndcg_at_10']:.2f}"
+           for b in ranking_metrics.BUCKETS]
+  if args.validation:
+    valid = ranking_metrics.evaluate_full_ranking(score, examples.valid_histories,
+                                                  examples.valid_items, buckets, batch_size=1024)
+    cells = [f"{100 * valid['ndcg_at_10']:.2f} / {100 * valid['hit_at_10']:.2f}"] + cells + ["10"]
   return (f"| — | popularity | — | {100 * metrics['ndcg_at_10']:.2f} | "
-          f"{100 * metrics['hit_at_10']:.2f} | {' | '.join(buckets)} | — |")
+          f"{100 * metrics['hit_at_10']:.2f} | {' | '.join(cells)} | — |")
 
 
 def time_steps(data, args):
@@ -211,30 +232,32 @@ def learning_curve(data, args):
 
 
 def personalisation(model, examples, users=2000, seed=0):
-  """How much the top-10 depends on the user, over a fixed sample of test users: the number of
-  distinct items in their top-10s, the mean share of a top-10 that is the popularity top-10,
-  and the mean share two random users' top-10s have in common ("1.00" = everyone gets the same)."""
-  rng = np.random.default_rng(seed)
-  sample = rng.choice(len(examples.test_histories), min(users, len(examples.test_histories)),
-                      replace=False)
-  scores = np.asarray(model.score_items(examples.test_histories[sample]))
-  top = np.argsort(-scores, axis=1)[:, :10]
-  popular = set(np.argsort(-examples.item_frequencies[1:])[:10])
-  pairs = rng.integers(0, len(sample), (len(sample), 2))
-  with_popular = np.mean([len(set(row) & popular) / 10 for row in top])
-  between = np.mean([len(set(top[a]) & set(top[b])) / 10 for a, b in pairs])
-  return f"{len(np.unique(top))} | {with_popular:.2f} | {between:.2f}"
+  """`ranking_metrics.top_k_diversity` of the model over a fixed sample of test users, as
+  table cells: distinct items | ∩ popularity top-10 | ∩ other user's top-10."""
+  diversity = ranking_metrics.top_k_diversity(model.score_items, examples.test_histories,
+                                              examples.item_frequencies, users, seed=seed)
+  return (f"{diversity['distinct_top10_items']} | "
+          f"{diversity['top10_popularity_overlap']:.2f} | "
+          f"{diversity['top10_between_users_overlap']:.2f}")
 
 
 def table(rows, args):
   """Markdown table: mean ± std over seeds, in %, with the paper's Table 2 cells."""
+  validation = ["validation NDCG / HIT"] if args.validation else []
+  diversity = ["distinct top-10 items"] if args.validation else []
   lines = [f"epochs={args.epochs:g} B={args.batch_size} lr={args.learning_rate:g} "
+           f"d={args.dim} item_rank={args.item_rank} item_norm_share={args.item_norm_share} "
+           f"item_vocab_threshold={args.item_vocab_threshold} "
+           f"item_histogram_items={args.item_histogram_items} "
+           f"item_frequency_share={args.item_frequency_share} dropout={args.dropout} "
            f"L={args.max_len} loss={args.loss_positions} normalize={args.normalize} "
            f"variance_scale={args.variance_scale:g} "
            f"C={'<q,q>' if args.no_reattention_scale_by_dim else '<q,q>/d_k'} "
            f"reattention_at_eval={not args.reattention_train_only}", "",
-           "| ε | method | seeds | NDCG@10 | HIT@10 | head NDCG | torso NDCG | tail NDCG | "
-           "paper NDCG / HIT |", "|---|---|---|---|---|---|---|---|---|"]
+           "| " + " | ".join(["ε", "method", "seeds", "NDCG@10", "HIT@10"] + validation
+                             + ["head NDCG", "torso NDCG", "tail NDCG"] + diversity
+                             + ["paper NDCG / HIT"]) + " |",
+           "|" + "---|" * (9 + len(validation) + len(diversity))]
 
   def cell(values):
     values = 100 * np.asarray(values)
@@ -242,13 +265,16 @@ def table(rows, args):
 
   for (eps, method), summaries in sorted(rows.items()):
     paper = PAPER_TABLE2.get((eps, method))
-    buckets = [cell([s["by_popularity"][b]["ndcg_at_10"] for s in summaries])
-               for b in ("head", "torso", "tail")]
-    lines.append(
-        f"| {eps:g} | {method} | {len(summaries)} | "
-        f"{cell([s['ndcg_at_10'] for s in summaries])} | "
-        f"{cell([s['hit_at_10'] for s in summaries])} | {' | '.join(buckets)} | "
-        f"{'%.2f / %.2f' % paper if paper else '—'} |")
+    cells = [cell([s["ndcg_at_10"] for s in summaries]), cell([s["hit_at_10"] for s in summaries])]
+    if args.validation:
+      cells.append(cell([s["validation"]["ndcg_at_10"] for s in summaries]) + " / "
+                   + cell([s["validation"]["hit_at_10"] for s in summaries]))
+    cells += [cell([s["by_popularity"][b]["ndcg_at_10"] for s in summaries])
+              for b in ("head", "torso", "tail")]
+    if args.validation:
+      cells.append(" ".join(str(s["distinct_top10_items"]) for s in summaries))
+    lines.append(f"| {eps:g} | {method} | {len(summaries)} | {' | '.join(cells)} | "
+                 f"{'%.2f / %.2f' % paper if paper else '—'} |")
   return "\n".join(lines)
 
 

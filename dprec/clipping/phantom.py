@@ -86,10 +86,38 @@ def tied_embedding_clipped_loss_fn(hidden, row_lengths, output_table):
   c⊙∇H on H (∇H from the norm pass) and (c⊙G)ᵀH on E_c. No P×M tensor beyond G itself."""
   def clipped_loss_fn(grads, clip_factors):
     _, grad_logits, grad_hidden = grads
-    rows = tf.repeat(tf.range(tf.shape(row_lengths)[0]), row_lengths)
-    factors = tf.gather(tf.cast(clip_factors, hidden.dtype), rows)[:, None]
+    factors = _row_factors(clip_factors, row_lengths, hidden.dtype)
     grad_table = tf.matmul(grad_logits, factors * hidden, transpose_a=True)  # (c⊙G)ᵀH, M×d
     return (tf.reduce_sum(tf.stop_gradient(factors * grad_hidden) * hidden)
             + tf.reduce_sum(tf.stop_gradient(grad_table) * output_table()))
 
   return clipped_loss_fn
+
+
+def tied_embedding_clipped_gradients_fn(ids, hidden, row_lengths, num_rows, tied=True):
+  """`ExtraNorms.clipped_gradient_fn` of the item table(s) [(R+1)×d] (and the untied M×d output
+  table), book-kept from the norm pass: Σ_i c_i·g_{i,E} is the scatter of c_i·∇e_s[t] onto rows
+  s_t (input side) plus (c⊙G)ᵀH on rows 1..R (output side), with its own clip factors c (a
+  clipping group of its own, `ExtraNorms.norm_share`)."""
+  def clipped_gradients_fn(grads, clip_factors):
+    grad_lookup, grad_logits, _ = grads
+    factors = tf.cast(clip_factors, grad_lookup.dtype)
+    valid = tf.cast(ids > 0, grad_lookup.dtype)[..., None]
+    weighted = grad_lookup * valid * factors[:, None, None]
+    input_side = tf.math.unsorted_segment_sum(
+        tf.reshape(weighted, [-1, tf.shape(grad_lookup)[-1]]), tf.reshape(ids, [-1]),
+        num_rows + 1)
+    output_side = tf.matmul(grad_logits,
+                            _row_factors(clip_factors, row_lengths, hidden.dtype) * hidden,
+                            transpose_a=True)
+    if not tied:
+      return [input_side, output_side]
+    return [input_side + tf.pad(output_side, [[1, 0], [0, 0]])]
+
+  return clipped_gradients_fn
+
+
+def _row_factors(clip_factors, row_lengths, dtype):
+  """[P, 1]: each packed row's example's clip factor."""
+  rows = tf.repeat(tf.range(tf.shape(row_lengths)[0]), row_lengths)
+  return tf.gather(tf.cast(clip_factors, dtype), rows)[:, None]

@@ -183,18 +183,32 @@ class SeqRecExamples:
   test_histories: np.ndarray  # int32 [U', L]
   test_items: np.ndarray  # int64 [U']
   item_frequencies: np.ndarray  # float64 [M + 1]
+  valid_histories: Optional[np.ndarray] = None  # int32 [U'', L] (held-out validation only)
+  valid_items: Optional[np.ndarray] = None  # int64 [U'']
 
   @property
   def num_items(self):
     return len(self.item_frequencies) - 1
 
 
-def make_examples(data: SequenceData, max_len: int) -> SeqRecExamples:
+def _left_padded(histories, max_len):
+  out = np.zeros((len(histories), max_len), np.int32)
+  for row, history in enumerate(histories):
+    tail = np.asarray(history)[-max_len:]
+    out[row, max_len - len(tail):] = tail
+  return out
+
+
+def make_examples(data: SequenceData, max_len: int,
+                  hold_out_validation: bool = False) -> SeqRecExamples:
   """The training examples of `train seqrec` (one per user: the training items plus the
-  validation item, if any, each predicting the next) and the test users' histories."""
+  validation item, if any, each predicting the next) and the test users' histories (all of
+  them). `hold_out_validation`: the validation item is not trained on but ranked after the
+  training items (`valid_histories`, `valid_items`), for model selection."""
   histories = [np.append(train, valid) if valid > 0 else np.asarray(train)
                for train, valid in zip(data.train, data.valid_items)]
-  trainable = [h for h in histories if len(h) >= 2]
+  trained = [np.asarray(t) for t in data.train] if hold_out_validation else histories
+  trainable = [h for h in trained if len(h) >= 2]
   if not trainable:
     raise DprecError("no user has two or more training items: nothing to train on")
   items = np.zeros((len(trainable), max_len), np.int32)
@@ -204,9 +218,12 @@ def make_examples(data: SequenceData, max_len: int) -> SeqRecExamples:
     items[row, max_len - len(inputs):] = inputs
     labels[row, max_len - len(targets):] = targets
   tested = np.flatnonzero(data.test_items > 0)
-  test_histories = np.zeros((len(tested), max_len), np.int32)
-  for row, user in enumerate(tested):
-    tail = histories[user][-max_len:]
-    test_histories[row, max_len - len(tail):] = tail
-  return SeqRecExamples(items, labels, test_histories, data.test_items[tested],
-                        np.asarray(data.item_frequencies, np.float64))
+  examples = SeqRecExamples(items, labels, _left_padded([histories[u] for u in tested], max_len),
+                            data.test_items[tested], np.asarray(data.item_frequencies, np.float64))
+  if hold_out_validation:
+    validated = np.flatnonzero((data.valid_items > 0)
+                               & np.array([len(t) > 0 for t in data.train], bool))
+    examples = dataclasses.replace(
+        examples, valid_histories=_left_padded([data.train[u] for u in validated], max_len),
+        valid_items=data.valid_items[validated])
+  return examples

@@ -13,7 +13,9 @@ One step, with one forward pass:
    contribution map selects, false positives included.
 3. Per-example squared norms from one backward pass to the recorded tensors: registry layers,
    embeddings restricted to kept rows, and the `extra_squared_norms` hook; clip factor
-   c_i = min(1, C2/‖g_i‖) over all of them jointly.
+   c_i = min(1, C2/‖g_i‖) over all of them jointly, except for an `ExtraNorms` with a
+   `norm_share` F: its variables are clipped on their own to C2·√F and the rest to
+   C2·√(1 − ΣF) (per-group clipping, McMahan et al. 2018), so the sensitivity stays C2.
 4. Clipped sum book-kept from that pass for Dense layers (a_iᵀ·c_i·g_i) and embedding rows
    (c_i times the per-(example, row) gradients of kept rows); other variables by a second
    backward pass of Σ c_i·L_i, or of the book-kept scalar of `ExtraNorms.clipped_loss_fn`.
@@ -49,7 +51,8 @@ from dprec.sparse import noise as noise_lib
 
 class ExtraNorms(collections.namedtuple("ExtraNorms",
                                         ["variables", "watched", "squared_norm_fn",
-                                         "clipped_loss_fn"], defaults=[None])):
+                                         "clipped_loss_fn", "norm_share",
+                                         "clipped_gradient_fn"], defaults=[None, None, None])):
   """What `DPModel.extra_squared_norms` returns for variables it handles itself.
 
   variables: the `tf.Variable`s covered (excluded from the registry and DP-embedding paths;
@@ -65,16 +68,32 @@ class ExtraNorms(collections.namedtuple("ExtraNorms",
     loss depends on those variables. The second backward pass then starts there instead of
     re-running the backward pass of the layers between t and the loss (for DPFormer, the
     P×M softmax). Called inside the step's tape; at most one `ExtraNorms` of a model may set it.
+  norm_share: optional F in (0, 1): `variables` form their own clipping group with F of C² (the
+    rest of the model gets 1 − F); needs `clipped_gradient_fn`.
+  clipped_gradient_fn: maps (the gradients of `watched`, the group's clip factors c [batch]) to
+    Σ_i c_i·g_i for each of `variables` (book-kept, like the registry's Dense layers).
   """
   variables: Sequence[tf.Variable]
   watched: Any
   squared_norm_fn: Callable[[Any], tf.Tensor]
   clipped_loss_fn: Optional[Callable[[Any, tf.Tensor], tf.Tensor]]
+  norm_share: Optional[float]
+  clipped_gradient_fn: Optional[Callable[[Any, tf.Tensor], Sequence[tf.Tensor]]]
 
 
 _Forward = collections.namedtuple(
-    "_Forward", ["tape", "y_pred", "losses", "squared", "tables", "pairs", "pair_grads", "kept",
-                 "records", "record_grads", "extras", "extra_grads"])
+    "_Forward", ["tape", "y_pred", "losses", "squared", "group_squared", "tables", "pairs",
+                 "pair_grads", "kept", "records", "record_grads", "extras", "extra_grads"])
+
+
+def _rest_share(group_squared):
+  """The share of C² left to the variables outside the `norm_share` groups."""
+  shares = [extra.norm_share for extra, _, _ in group_squared]
+  if any(extra.clipped_gradient_fn is None for extra, _, _ in group_squared):
+    raise DprecError("an ExtraNorms with norm_share needs clipped_gradient_fn")
+  if not all(0 < share < 1 for share in shares) or sum(shares) >= 1:
+    raise DprecError(f"norm shares must be in (0, 1) and sum to less than 1, got {shares}")
+  return 1.0 - sum(shares)
 
 
 def _unique(items):
@@ -241,9 +260,13 @@ class DPModel(tf.keras.Model):
           self.dense_embedding_size / tf.maximum(self.gradient_size_tracker.result(), 1.0))
     return logs
 
-  def per_example_squared_norms(self, x, y, sample_weight=None):
-    """‖g_i‖² per example as the compiled DP configuration clips it (kept rows only)."""
-    return self._dp_forward(self.dp_optimizer.config, x, y, sample_weight).squared
+  def per_example_squared_norms(self, x, y, sample_weight=None, by_group=False):
+    """‖g_i‖² per example as the compiled DP configuration clips it (kept rows only); with
+    `by_group`, [rest, then each `ExtraNorms` with a `norm_share`] separately."""
+    forward = self._dp_forward(self.dp_optimizer.config, x, y, sample_weight)
+    if by_group:
+      return [forward.squared] + [squared for _, _, squared in forward.group_squared]
+    return tf.add_n([forward.squared] + [squared for _, _, squared in forward.group_squared])
 
   def dp_gradients(self, x, y, sample_weight=None):
     """The (gradient, variable) pairs one DP step applies: clipped, noised, normalised."""
@@ -283,11 +306,14 @@ class DPModel(tf.keras.Model):
         ([r.watched for r in recorder.records], [[l.rows for l in ls] for ls in lookups],
          [e.watched for e in extras]),
         unconnected_gradients=tf.UnconnectedGradients.ZERO)
-    squared = tf.zeros([batch_size], losses.dtype)
+    squared, group_squared = tf.zeros([batch_size], losses.dtype), []
     for record, grads in zip(recorder.records, record_grads):
       squared += record.squared_norm_fn(grads)
     for extra, grads in zip(extras, extra_grads):
-      squared += extra.squared_norm_fn(grads)
+      if extra.norm_share is None:
+        squared += extra.squared_norm_fn(grads)
+      else:
+        group_squared.append((extra, grads, extra.squared_norm_fn(grads)))
     used = [f for f, ls in enumerate(lookups) if ls]
     pairs = {f: embedding_norms.distinct_pairs(lookups[f], tables[f].vocab_size) for f in used}
     pair_grads = {f: embedding_norms.pair_gradients(pairs[f], lookups[f], row_grads[f])
@@ -297,8 +323,8 @@ class DPModel(tf.keras.Model):
       squared += embedding_norms.squared_norms([pairs[f] for f in used],
                                                [pair_grads[f] for f in used],
                                                [kept[f].pair_kept for f in used], batch_size)
-    return _Forward(tape, y_pred, losses, squared, tables, pairs, pair_grads, kept,
-                    recorder.records, record_grads, extras, extra_grads)
+    return _Forward(tape, y_pred, losses, squared, group_squared, tables, pairs, pair_grads,
+                    kept, recorder.records, record_grads, extras, extra_grads)
 
   def _dp_gradients(self, config, x, y, sample_weight):
     """Noisy, normalised gradients of one DP step (module docstring, steps 1–5)."""
@@ -306,8 +332,12 @@ class DPModel(tf.keras.Model):
     tape, y_pred, losses, tables = forward.tape, forward.y_pred, forward.losses, forward.tables
     pairs, pair_grads, kept = forward.pairs, forward.pair_grads, forward.kept
     # Step 4: the clipped sum: book-kept where the layer allows, else a second backward pass.
-    clip_factors = tf.stop_gradient(config.clip_factors(forward.squared))
+    clip_factors = tf.stop_gradient(config.clip_factors(
+        forward.squared, _rest_share(forward.group_squared)))
     clipped = {}
+    for extra, grads, squared in forward.group_squared:
+      factors = tf.stop_gradient(config.clip_factors(squared, extra.norm_share))
+      clipped.update(zip(map(id, extra.variables), extra.clipped_gradient_fn(grads, factors)))
     for record, grads in zip(forward.records, forward.record_grads):
       clipped_fn = registry_lib.CLIPPED_GRADIENT_FUNCTIONS.get(type(record.layer))
       if clipped_fn is not None:

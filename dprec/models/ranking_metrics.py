@@ -102,6 +102,23 @@ def evaluate_model(model, histories, targets, item_frequencies, batch_size=512,
                                exclude_history=exclude_history, progress=bar)
 
 
+def top_k_diversity(score_fn, histories, item_frequencies, users=2000, k=10, seed=0):
+  """How much the top-k depends on the user, over a fixed sample (by `seed`, not a privacy
+  draw) of `users` histories: {'distinct_top10_items': distinct items in their top-k lists,
+  'top10_popularity_overlap': mean share of a list that is the top-k by `item_frequencies`
+  [M + 1], 'top10_between_users_overlap': mean share two random users' lists have in common
+  (1 = everyone gets the same)} (names for k = 10). `score_fn(histories) -> [b, M]`."""
+  rng = np.random.default_rng(seed)
+  sample = rng.choice(len(histories), min(users, len(histories)), replace=False)
+  top = np.argsort(-np.asarray(score_fn(np.asarray(histories)[sample])), axis=1)[:, :k]
+  popular = set(np.argsort(-np.asarray(item_frequencies)[1:], kind="stable")[:k])
+  pairs = rng.integers(0, len(sample), (len(sample), 2))
+  return {f"distinct_top{k}_items": int(len(np.unique(top))),
+          f"top{k}_popularity_overlap": float(np.mean([len(set(r) & popular) / k for r in top])),
+          f"top{k}_between_users_overlap": float(np.mean(
+              [len(set(top[a]) & set(top[b])) / k for a, b in pairs]))}
+
+
 def _seen_items(histories, num_items):
   """bool [b, M]: item m + 1 occurs in the history (padding ignored)."""
   seen = np.zeros((len(histories), num_items), bool)

@@ -26,8 +26,8 @@ import numpy as np
 import tensorflow as tf
 
 from dprec.clipping import layer_norms
-from dprec.clipping.phantom import (scored_positions, tied_embedding_clipped_loss_fn,
-                                    tied_embedding_norm_fn)
+from dprec.clipping.phantom import (scored_positions, tied_embedding_clipped_gradients_fn,
+                                    tied_embedding_clipped_loss_fn, tied_embedding_norm_fn)
 from dprec.layers import variance as variance_lib
 from dprec.layers.forward_noise import DPForwardConfig
 from dprec.layers.positional import PositionalEmbedding, positional_embedding_computation
@@ -44,6 +44,12 @@ class SeqRecConfig:
   By default only the positions from each sequence's first item on are scored (same loss, ~7×
   fewer logits on Amazon). `score_padding=True` (with `loss_positions="all"`) scores all L
   positions, padding included: fixed shapes, as `tf.vectorized_map` needs.
+
+  `item_norm_share` F: the item table is its own clipping group with F of C² (the rest of the
+  model 1 − F; `ExtraNorms.norm_share`), so it gets a set share of each user's norm.
+  `item_table_rows` R: the table has R rows (a DP-FEST vocabulary, `set_item_vocabulary`: items
+  map to rows, some sharing one) instead of one per item; inputs stay item ids, labels and
+  logits are rows, `score_items` still scores all M items.
   """
   num_items: int
   max_len: int = 50
@@ -55,6 +61,8 @@ class SeqRecConfig:
   activation: str = "relu"
   tied: bool = True
   item_rank: Optional[int] = None
+  item_norm_share: Optional[float] = None
+  item_table_rows: Optional[int] = None
   loss_positions: str = "all"
   score_padding: bool = False
   reattention: ReAttentionConfig = ReAttentionConfig()
@@ -75,6 +83,19 @@ class SeqRecConfig:
       if self.dp_forward is not None:
         raise ValueError("item_rank does not combine with DP-Forward (its noise is on the "
                          "d-wide representation the service scores)")
+    if self.item_norm_share is not None and not 0 < self.item_norm_share < 1:
+      raise ValueError(f"item_norm_share must be in (0, 1), got {self.item_norm_share}")
+    if self.item_table_rows is not None:
+      if not 1 <= self.item_table_rows <= self.num_items:
+        raise ValueError(f"item_table_rows must be in [1, num_items={self.num_items}], got "
+                         f"{self.item_table_rows}")
+      if self.dp_forward is not None:
+        raise ValueError("item_table_rows does not combine with DP-Forward")
+
+  @property
+  def table_rows(self):
+    """Non-padding rows of the item table: one per item unless a vocabulary is set."""
+    return self.item_table_rows or self.num_items
 
 
 def seqrec_layer_registry():
@@ -126,7 +147,7 @@ class SeqRecModel(DPModel):
     if config.dp_forward is not None:
       self.forward_noise = config.dp_forward.make_layer(forward_noise_generator)
     noise_in_block = self._noise_at("attention")
-    self.item_embedding = TiedItemEmbedding(config.num_items, config.item_rank or config.dim,
+    self.item_embedding = TiedItemEmbedding(config.table_rows, config.item_rank or config.dim,
                                             config.tied, name="item_embedding")
     self.item_projections = None
     if config.item_rank is not None:
@@ -151,8 +172,13 @@ class SeqRecModel(DPModel):
     if self.forward_noise is not None:
       # The service's own popularity prior: a bias per item, learned from the labels it receives.
       self.item_bias = tf.Variable(tf.zeros([config.num_items]), name="item_bias")
-    self.item_variance = tf.Variable(tf.zeros([config.num_items + 1]), trainable=False,
+    self.item_variance = tf.Variable(tf.zeros([config.table_rows + 1]), trainable=False,
                                      name="item_variance")
+    if config.item_table_rows is not None:  # items beyond R share row R until set
+      self.item_row_of = tf.Variable(tf.minimum(tf.range(config.num_items + 1), config.table_rows),
+                                     trainable=False, name="item_row_of")
+      self.item_log_share = tf.Variable(tf.zeros([config.num_items + 1]), trainable=False,
+                                        name="item_log_share")
     self.weight_variance = tf.Variable(0.0, trainable=False, name="weight_variance")
     object.__setattr__(self, "layer_registry", seqrec_layer_registry())
     object.__setattr__(self, "_last_forward", {})
@@ -164,6 +190,21 @@ class SeqRecModel(DPModel):
     """As `DPModel.compile`, with `NextItemLoss` as the default loss."""
     super().compile(optimizer=optimizer, loss=loss or NextItemLoss(), metrics=metrics, **kwargs)
 
+  def set_item_vocabulary(self, vocabulary):
+    """Maps items to table rows (`dprec.sparse.fest.SharedRowVocabulary` with
+    `config.item_table_rows` rows; DP or public, as it is stored in every checkpoint)."""
+    if vocabulary.num_rows != self.config.item_table_rows:
+      raise ValueError(f"the vocabulary has {vocabulary.num_rows} rows, the model "
+                       f"{self.config.item_table_rows}")
+    self.item_row_of.assign(np.asarray(vocabulary.row_of, np.int32))
+    self.item_log_share.assign(np.asarray(vocabulary.log_share, np.float32))
+
+  def rows_of(self, items):
+    """Table rows of item ids (0 stays 0); the identity without a vocabulary."""
+    if self.config.item_table_rows is None:
+      return tf.convert_to_tensor(items)
+    return tf.gather(self.item_row_of, tf.cast(items, tf.int32))
+
   def set_error_model(self, frequencies, noise_multiplier, l2_norm_clip, batch_size,
                       num_examples, scale=1.0):
     """Re-Attention's effective errors (Eq. 5): σ_dp·C/(B·p_i) per item row, σ_dp·C/B for weights.
@@ -172,10 +213,15 @@ class SeqRecModel(DPModel):
     every checkpoint, so they must be public or DP (Remark A.2 assumes them public; `train seqrec`
     takes a public file or `dprec.privacy.user_histogram`'s DP histogram), never exact counts of
     the training data. p_i is clamped to 1/N so unseen items get a large finite variance.
-    σ_dp = 0 gives plain attention.
+    σ_dp = 0 gives plain attention. With a vocabulary, a row's p is the sum over its items
+    (at most 1; set the vocabulary first).
     """
+    frequencies = np.asarray(frequencies, np.float64)
+    if self.config.item_table_rows is not None:
+      frequencies = np.minimum(1.0, np.bincount(self.item_row_of.numpy(), weights=frequencies,
+                                                minlength=self.config.table_rows + 1))
     self.item_variance.assign(variance_lib.item_error_variances(
-        np.asarray(frequencies, np.float32), noise_multiplier, l2_norm_clip, batch_size,
+        frequencies.astype(np.float32), noise_multiplier, l2_norm_clip, batch_size,
         1.0 / num_examples, scale))
     self.weight_variance.assign(
         scale * variance_lib.effective_error(noise_multiplier, l2_norm_clip, batch_size) ** 2)
@@ -185,8 +231,8 @@ class SeqRecModel(DPModel):
     [B, (T_i), M] for the last T_i positions: T_i = 1 (`loss_positions="last"`, and `last_only`
     for evaluation), L (`score_padding`) or the positions from example i's first item on;
     `hidden` [P, d] (or [P, r], projected by P_out) holds the packed hidden states they score
-    (P = Σ T_i)."""
-    items = tf.convert_to_tensor(items)
+    (P = Σ T_i). `items` are item ids; logits and `lookup` are over table rows."""
+    items = self.rows_of(items)
     valid = items > 0
     mask = tf.cast(valid, tf.float32)[..., None]
     lookup = self.item_embedding(items)
@@ -241,24 +287,34 @@ class SeqRecModel(DPModel):
   def call(self, inputs, training=False):
     items = inputs["items"]
     logits, hidden, lookup = self.forward(items, training=training)
-    self._last_forward.update(items=items, hidden=hidden, lookup=lookup, logits=logits)
+    self._last_forward.update(rows=self.rows_of(items), hidden=hidden, lookup=lookup,
+                              logits=logits)
     return logits
 
   def extra_squared_norms(self):
     """Phantom norms of the tied (or untied) item embedding from the step's forward pass, and
-    the clipped sum book-kept from the same gradients (no second softmax backward pass)."""
+    the clipped sum book-kept from the same gradients (no second softmax backward pass); with
+    `item_norm_share`, the table is its own clipping group, book-kept directly."""
     last = self._last_forward
-    logits, hidden = last["logits"], last["hidden"]
+    logits, hidden, rows = last["logits"], last["hidden"], last["rows"]
     row_lengths = logits.row_lengths()
     return [ExtraNorms(
         self.item_embedding.trainable_weights, [last["lookup"], logits.flat_values, hidden],
-        tied_embedding_norm_fn(last["items"], hidden, row_lengths, self.config.tied),
+        tied_embedding_norm_fn(rows, hidden, row_lengths, self.config.tied),
         tied_embedding_clipped_loss_fn(hidden, row_lengths,
-                                       lambda: self.item_embedding.output_table))]
+                                       lambda: self.item_embedding.output_table),
+        norm_share=self.config.item_norm_share,
+        clipped_gradient_fn=tied_embedding_clipped_gradients_fn(
+            rows, hidden, row_lengths, self.config.table_rows, self.config.tied))]
 
   def score_items(self, items):
-    """Scores [B, M] of items 1..M as the next item after each (left-padded) history."""
-    return self.forward(items, last_only=True)[0].flat_values
+    """Scores [B, M] of items 1..M as the next item after each (left-padded) history; with a
+    vocabulary, an item's row's score plus its log share of the row."""
+    scores = self.forward(items, last_only=True)[0].flat_values
+    if self.config.item_table_rows is None:
+      return scores
+    return (tf.gather(scores, self.item_row_of[1:] - 1, axis=1)
+            + self.item_log_share[1:][None, :])
 
 
 def warmup_linear_decay(peak_learning_rate, total_steps, warmup_fraction=0.2):

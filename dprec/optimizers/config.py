@@ -80,14 +80,17 @@ class DPSGD:
       if self.l2_norm_clip == float("inf"):
         raise ValueError("normalisation needs a finite l2_norm_clip")
 
-  def clip_factors(self, squared_norms):
-    """Per-example factors c_i applied to g_i, from ‖g_i‖² [batch]."""
+  def clip_factors(self, squared_norms, share=1.0):
+    """Per-example factors c_i applied to g_i, from ‖g_i‖² [batch], clipping (or normalising)
+    to C·√share: a clipping group with `share` of C² (per-group clipping, McMahan et al. 2018;
+    groups whose shares sum to 1 keep the total sensitivity C)."""
     norms = tf.sqrt(squared_norms)
+    bound = self.l2_norm_clip * share ** 0.5
     if self.normalization_offset is not None:
-      return self.l2_norm_clip / (norms + self.normalization_offset)
+      return bound / (norms + self.normalization_offset)
     if self.l2_norm_clip == float("inf"):
       return tf.ones_like(squared_norms)
-    return self.l2_norm_clip / tf.maximum(self.l2_norm_clip, norms)
+    return bound / tf.maximum(bound, norms)
 
   @property
   def accounting_noise_multiplier(self):

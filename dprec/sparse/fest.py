@@ -67,3 +67,36 @@ def rows_from_ids(ids, table_names, vocab_sizes, top_k: int, epsilon: Optional[f
   per_table = max(1, top_k // len(counts))
   return fest_rows(counts, {name: min(per_table, len(c)) for name, c in counts.items()},
                    epsilon=epsilon, rng=rng)
+
+
+@dataclasses.dataclass
+class SharedRowVocabulary:
+  """A DP-FEST item vocabulary by threshold: items 1..M whose DP count reaches the threshold keep
+  a row of their own (rows 1..K, in item order), the others share row K + 1; row 0 is padding.
+  `row_of` int64[M + 1] maps items to rows (row_of[0] = 0); `log_share` float64[M + 1] is each
+  item's log share of its row's DP count (0 for an item with its own row): a shared row's score
+  plus it ranks every item (log P(item) = log P(row) + log P(item | row))."""
+  row_of: np.ndarray
+  log_share: np.ndarray
+  own_rows: int
+
+  @property
+  def num_rows(self) -> int:
+    """Non-padding rows of the table (K, plus 1 if some items share a row)."""
+    return int(self.row_of.max())
+
+
+def threshold_vocabulary(counts, threshold) -> SharedRowVocabulary:
+  """The vocabulary of items whose count (`counts` float[M + 1], DP or public; index 0 unused)
+  is at least `threshold`. The within-row shares use the counts floored at 1 (a DP count may be
+  ≤ 0). Post-processing of the counts: costs nothing beyond them."""
+  counts = np.asarray(counts, np.float64)
+  kept = counts[1:] >= threshold
+  row_of = np.zeros(len(counts), np.int64)
+  row_of[1:][kept] = np.arange(1, kept.sum() + 1)
+  row_of[1:][~kept] = kept.sum() + 1
+  floored = np.maximum(counts, 1.0)
+  row_totals = np.bincount(row_of[1:], weights=floored[1:], minlength=kept.sum() + 2)
+  log_share = np.zeros(len(counts))
+  log_share[1:] = np.where(kept, 0.0, np.log(floored[1:] / row_totals[row_of[1:]]))
+  return SharedRowVocabulary(row_of, log_share, int(kept.sum()))

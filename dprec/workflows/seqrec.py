@@ -1,8 +1,10 @@
 """`train seqrec`: DPFormer (seed 000) on a `dprec preprocess sequences` output directory.
 
-One example per user (user-level DP, note 000 §4): the user's training sequence, with the
-validation item appended, predicts the next item at every position; the test item is ranked
-against all M items from the full history. σ is calibrated from ε (δ = 1/N by default) for
+One example per user (user-level DP, note 000 §4): the user's training sequence predicts the
+next item at every position; the validation item (if the data has one) is held out and ranked
+from the training items (model selection: `selected_on: "validation"`), the test item from the
+full history, each against all M items (`hold_out_validation=False` trains on the validation
+item too). σ is calibrated from ε (δ = 1/N by default) for
 Poisson sampling at q = B/N over the planned steps, composed with Re-Attention's p_i when they come
 from a DP histogram of users per item (its `item_frequency_share` of ε; else a public file), and
 charged to the run's ledger; ε = inf trains without privacy. Adam (decoupled weight decay 1e-5),
@@ -43,9 +45,10 @@ EPSILON_COVERS = {
                "sequence), covering the model (weights and Re-Attention's p_i)",
     "public": ["settings", "noise multipliers", "train_examples (N) and items (M), assumed "
                "public", "steps_per_second"],
-    "held_out_evaluation": "ndcg_at_10, hit_at_10, by_popularity and test_users rank each test "
-                           "user's held-out last item given their history, which IS training "
-                           "data of this run: these metrics are not covered by ε",
+    "held_out_evaluation": "ndcg_at_10, hit_at_10, by_popularity, test_users, validation and "
+                           "the top-10 diversity (distinct_top10_items, overlaps) rank each "
+                           "user's held-out item given their history, which IS training data of "
+                           "this run: these metrics are not covered by ε",
     "not_covered": "diagnostics_nonprivate (only with --diagnostics): the exact training loss",
 }
 
@@ -70,6 +73,9 @@ class SeqRecTrainOptions(run_lib.FitOptions):
   max_len: int = 50
   dim: int = 64
   item_rank: Optional[int] = None
+  item_norm_share: Optional[float] = None
+  item_vocab_threshold: Optional[float] = None
+  hold_out_validation: bool = True
   num_blocks: int = 2
   num_heads: int = 1
   dropout: float = 0.5
@@ -82,6 +88,7 @@ class SeqRecTrainOptions(run_lib.FitOptions):
   variance_scale: float = 1.0
   item_frequencies: Optional[str] = None  # public p_i file; None: DP histogram
   item_frequency_share: float = 0.05
+  item_histogram_items: Optional[int] = None  # None: max_len
   exclude_history: bool = False
   eval_batch_size: int = 256
   dp_forward: Optional[dp_forward_lib.DPForwardOptions] = None
@@ -106,6 +113,17 @@ class SeqRecTrainOptions(run_lib.FitOptions):
          f"--item-rank must be in [1, --dim {self.dim}], got {self.item_rank}"),
         (self.item_rank is None or self.dp_forward is None,
          "--item-rank does not combine with --dp-forward"),
+        (self.item_norm_share is None or 0 < self.item_norm_share < 1,
+         f"--item-norm-share must be in (0, 1), got {self.item_norm_share}"),
+        (self.item_vocab_threshold is None or self.item_vocab_threshold > 0,
+         f"--item-vocab-threshold must be positive, got {self.item_vocab_threshold}"),
+        (self.dp_forward is None or (self.item_norm_share is None
+                                     and self.item_vocab_threshold is None),
+         "--item-norm-share and --item-vocab-threshold do not combine with --dp-forward"),
+        (self.item_histogram_items is None
+         or 1 <= self.item_histogram_items <= self.max_len,
+         f"--item-histogram-items must be in [1, --max-len {self.max_len}], got "
+         f"{self.item_histogram_items}"),
         (0 < self.item_frequency_share < 1,
          f"--item-frequency-share must be in (0, 1), got {self.item_frequency_share}"),
         (self.optimizer in ("adamw", "adambc") and self.adambc_floor > 0,
@@ -117,11 +135,13 @@ class SeqRecTrainOptions(run_lib.FitOptions):
       if not holds:
         raise DprecError(message)
 
-  def model_config(self, num_items):
+  def model_config(self, num_items, table_rows=None):
+    """`table_rows`: the rows of a DP-FEST vocabulary (None: one per item)."""
     return SeqRecConfig(
         num_items=num_items, max_len=self.max_len, dim=self.dim, num_blocks=self.num_blocks,
         num_heads=self.num_heads, ffn_dim=self.dim, dropout=self.dropout, tied=self.tied,
-        item_rank=self.item_rank, loss_positions=self.loss_positions,
+        item_rank=self.item_rank, item_norm_share=self.item_norm_share,
+        item_table_rows=table_rows, loss_positions=self.loss_positions,
         score_padding=self.score_padding,
         reattention=ReAttentionConfig(enabled=self.reattention,
                                       scale_by_dim=self.reattention_scale_by_dim,
@@ -153,18 +173,21 @@ def plan_privacy(options, num_examples, run=None) -> plan_lib.PrivacyPlan:
                                spent=spent)
 
 
-def build_model(options, examples, plan, frequencies=None, noise_key=None):
+def build_model(options, examples, plan, frequencies=None, noise_key=None, vocabulary=None):
   """A compiled `SeqRecModel`; Re-Attention's error model is set from the plan and `frequencies`
-  (`dprec.workflows.item_frequencies`; None leaves it to a checkpoint restored into the model).
+  (`dprec.workflows.item_frequencies`; None leaves it to a checkpoint restored into the model),
+  its item table from `vocabulary` (`item_frequencies.vocabulary`; None: a row per item).
   The DP and DP-Forward noise generators are keyed from `noise_key` (a run's; None: a fresh
   secret one)."""
   noise_key = noise_key or NoiseKey.fresh()
-  config = options.model_config(examples.num_items)
+  config = options.model_config(examples.num_items, vocabulary and vocabulary.num_rows)
   if plan.forward is not None:
     config = dataclasses.replace(
         config, dp_forward=options.dp_forward.model_config(plan.noise_multiplier))
   model = SeqRecModel(config, forward_noise_generator=noise_key.tf_generator(FORWARD_NOISE))
   model({"items": examples.items[:1]})
+  if vocabulary is not None:
+    model.set_item_vocabulary(vocabulary)
   if frequencies is not None:
     model.set_error_model(frequencies, plan.noise_multiplier, options.l2_norm_clip,
                           options.batch_size, len(examples.items), options.variance_scale)
@@ -190,11 +213,25 @@ def noise_generators(model):
   return generators
 
 
-def evaluate(model, examples: SeqRecExamples, options):
-  """Full-ranking NDCG@10 / HIT@10, overall and per popularity bucket (in [0, 1])."""
+def evaluate(model, examples: SeqRecExamples, options, histories=None, targets=None):
+  """Full-ranking NDCG@10 / HIT@10, overall and per popularity bucket (in [0, 1]), of the test
+  items (or of `targets` after `histories`)."""
   return ranking_metrics.evaluate_model(
-      model, examples.test_histories, examples.test_items, examples.item_frequencies,
+      model, examples.test_histories if histories is None else histories,
+      examples.test_items if targets is None else targets, examples.item_frequencies,
       options.eval_batch_size, options.exclude_history, options.progress)
+
+
+def evaluate_all(model, examples: SeqRecExamples, options):
+  """`evaluate` on the test items, plus the held-out validation items (`validation`) and the
+  top-10 diversity of 2,000 test users (`ranking_metrics.top_k_diversity`)."""
+  metrics = evaluate(model, examples, options)
+  if examples.valid_histories is not None:
+    metrics["validation"] = evaluate(model, examples, options, examples.valid_histories,
+                                     examples.valid_items)
+  metrics.update(ranking_metrics.top_k_diversity(model.score_items, examples.test_histories,
+                                                 examples.item_frequencies))
+  return metrics
 
 
 def _pay_before_training(options, plan, run, resume, num_examples):
@@ -217,7 +254,7 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
   written to `options.summary_json`)."""
   options.validate()
   data = data or load_sequences(options.data)
-  examples = make_examples(data, options.max_len)
+  examples = make_examples(data, options.max_len, options.hold_out_validation)
   batch_size_chosen = options.batch_size is None
   if batch_size_chosen:
     options = dataclasses.replace(
@@ -235,7 +272,10 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
     # The histogram's noise comes from the run's key, so a resumed run draws the same p_i.
     frequencies = frequencies_lib.frequencies(options, data, examples, plan,
                                               run.numpy_rng("item histogram"))
-    model = build_model(options, examples, plan, frequencies, run.noise_key)
+    vocabulary = frequencies_lib.vocabulary(options, examples, frequencies)
+    if vocabulary is not None:  # labels index the table's rows
+      examples = dataclasses.replace(examples, labels=vocabulary.row_of[examples.labels])
+    model = build_model(options, examples, plan, frequencies, run.noise_key, vocabulary)
     resume = run.resume(model, options.run_fingerprint(train_examples=len(examples.items),
                                                        items=examples.num_items),
                         options.keep_checkpoints)
@@ -248,10 +288,11 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
     history = run.fit(model, {"items": examples.items}, examples.labels, options.batch_size,
                       plan.private and plan.poisson and plan.forward is None, plan.steps,
                       resume, callbacks)
-    summary = _summary(options, examples, plan, history, evaluate(model, examples, options),
+    summary = _summary(options, examples, plan, history, evaluate_all(model, examples, options),
                        timer, run, resume)
     summary.update(batch_size_chosen=batch_size_chosen,
-                   item_frequencies=frequencies_lib.source(options, plan, frequencies))
+                   item_frequencies=frequencies_lib.source(options, plan, frequencies),
+                   item_vocabulary=frequencies_lib.vocabulary_summary(options, vocabulary))
   run_lib.write_summary(summary, options.summary_json)
   return summary
 
@@ -267,11 +308,16 @@ def _summary(options, examples, plan, history, metrics, timer, run, resume):
       "tied": options.tied, "reattention": options.reattention,
       "ndcg_at_10": metrics["ndcg_at_10"], "hit_at_10": metrics["hit_at_10"],
       "test_users": metrics["users"], "by_popularity": metrics["by_popularity"],
+      "validation": metrics.get("validation"),
+      "selected_on": "validation" if "validation" in metrics else None,
+      **{key: metrics[key] for key in ("distinct_top10_items", "top10_popularity_overlap",
+                                       "top10_between_users_overlap")},
       **run.privacy_summary(plan, EPSILON_COVERS, options.private, notes),
       "epsilon_budget": options.epsilon, "noise_multiplier": plan.noise_multiplier,
       "sampling_rate": plan.sampling_rate, "steps": plan.steps, "epochs": options.epochs,
       "batch_size": options.batch_size, "learning_rate": options.learning_rate,
       "l2_norm_clip": options.l2_norm_clip, "normalization_offset": options.normalization_offset,
+      "item_rank": options.item_rank, "item_norm_share": options.item_norm_share,
       "loss_positions": options.loss_positions, "train_examples": int(len(examples.items)),
       "items": examples.num_items, "steps_per_second": timer.steps_per_second,
       "seed": options.seed, "run_dir": options.run_dir, "resumed_from_step": resume.step,

@@ -46,6 +46,18 @@ def register(subparsers):
   add("--item-rank", type=int, metavar="R",
       help="low-rank item table: M×R rows meeting the model through R×d projections, so the "
            "noise per item row shrinks from √d to √R (default: a full M×d table)")
+  add("--item-norm-share", type=float, metavar="F",
+      help="per-group clipping: the item table gets F of C² (clipped or normalised to C·√F) "
+           "and the rest of the model 1 − F, so the item rows get a set share of each user's "
+           "norm; the sensitivity stays C (default: one norm over all weights)")
+  add("--item-vocab-threshold", type=float, metavar="T",
+      help="DP-FEST item vocabulary: items whose user count (from the DP histogram of "
+           "--item-frequency-share, the same one release as Re-Attention's p_i, or from "
+           "--item-frequencies) is below T share one row; every item is still ranked (its "
+           "row's score plus its log share of the row's count) (default: a row per item)")
+  add("--no-hold-out-validation", action="store_false", dest="hold_out_validation",
+      help="train on the validation item too (default: hold it out and report its metrics "
+           "under 'validation' for model selection)")
   add("--blocks", type=int, default=2, dest="num_blocks", help="transformer blocks")
   add("--heads", type=int, default=1, dest="num_heads", help="attention heads")
   add("--dropout", type=float, default=0.5, help="dropout rate")
@@ -61,8 +73,11 @@ def register(subparsers):
       help="public Re-Attention frequencies p_i, lines 'ITEM_ID P' (ids as in the input logs); "
            "default: a DP histogram of users per item, charged to the ledger")
   add("--item-frequency-share", type=float, default=0.05, metavar="FRACTION",
-      help="share of ε for the DP histogram of p_i (default 0.05; training's σ is calibrated "
-           "for the rest)")
+      help="share of ε for the DP histogram of p_i (Re-Attention, --item-vocab-threshold) "
+           "(default 0.05; training's σ is calibrated for the rest)")
+  add("--item-histogram-items", type=int, metavar="K",
+      help="the DP histogram counts each user's last K items only: sensitivity √K instead of "
+           "√L (default: --max-len)")
   add("--exclude-history", action="store_true", help="do not rank items already in the history")
   add("--eval-batch-size", type=int, default=256, help="users scored per evaluation batch")
   run_cli.add_run_arguments(

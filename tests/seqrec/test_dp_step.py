@@ -7,6 +7,7 @@ import tensorflow as tf
 from dprec.models.seqrec import NextItemLoss, SeqRecConfig, SeqRecModel
 from dprec.optimizers.config import DPSGD
 from dprec.optimizers.dp_optimizer import DPOptimizer
+from dprec.sparse.fest import threshold_vocabulary
 
 ITEMS = np.array([[0, 0, 3, 5, 3, 3], [1, 2, 4, 2, 7, 8], [0, 0, 0, 0, 0, 9],
                   [13, 12, 13, 1, 5, 6]], np.int32)
@@ -14,7 +15,7 @@ LABELS = np.array([[0, 0, 5, 3, 3, 5], [2, 4, 2, 7, 8, 2], [0, 0, 0, 0, 0, 9],
                    [12, 13, 1, 5, 6, 13]], np.int32)
 
 
-def _model(weights=None, noise_multiplier=1.0, **config):
+def _model(weights=None, noise_multiplier=1.0, vocabulary=None, **config):
   tf.keras.utils.set_random_seed(0)
   model = SeqRecModel(SeqRecConfig(num_items=13, max_len=6, dim=8, ffn_dim=12, dropout=0.0,
                                    **config))
@@ -23,6 +24,8 @@ def _model(weights=None, noise_multiplier=1.0, **config):
     rng = np.random.default_rng(1)
     weights = [rng.normal(0, 0.5, w.shape).astype(np.float32) for w in model.get_weights()]
   model.set_weights(weights)
+  if vocabulary is not None:
+    model.set_item_vocabulary(vocabulary)
   model.set_error_model(np.linspace(0.05, 1.0, 14), noise_multiplier, 1.0, 4, 100)
   return model
 
@@ -89,3 +92,113 @@ def test_noised_step_adds_gaussian_noise_of_std_sigma_c(secure):
   noise = np.concatenate([(a - b).ravel() for a, b in zip(updates[1], updates[0])]) * batch
   assert noise.size > 1000 and np.std(noise) == pytest.approx(sigma * clip, rel=0.1)
   assert abs(np.mean(noise)) < 5 * sigma * clip / np.sqrt(noise.size)
+
+
+def _per_example_gradients(model, labels=LABELS):
+  per_example = []
+  for i in range(len(ITEMS)):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(NextItemLoss(reduction="none")(labels[i:i + 1],
+                                                          model({"items": ITEMS[i:i + 1]})))
+    per_example.append([tf.convert_to_tensor(g).numpy().astype(np.float64)
+                        for g in tape.gradient(loss, model.trainable_variables)])
+  return per_example
+
+
+@pytest.mark.parametrize("config", [
+    {"item_norm_share": 0.8}, {"item_norm_share": 0.3, "tied": False},
+    {"item_norm_share": 0.8, "item_rank": 3}, {"item_norm_share": 0.5, "loss_positions": "last"}],
+                         ids=["tied", "untied", "rank3", "last"])
+@pytest.mark.parametrize("normalize", [False, True], ids=["clip", "normalize"])
+def test_item_norm_share_clips_the_item_table_and_the_rest_separately(config, normalize):
+  """`item_norm_share` F: per-user norms of the item table and of the rest equal brute force;
+  the step equals brute-force clipping of the item table to C√F and the rest to C√(1−F), and
+  every user's clipped gradient has norm ≤ C (the sensitivity, hence the accounting, unchanged)."""
+  model = _model(**config)
+  weights = model.get_weights()
+  table = {id(v) for v in model.item_embedding.trainable_weights}
+  in_table = [id(v) in table for v in model.trainable_variables]
+  per_example = _per_example_gradients(model)
+  group_norms = np.array([[np.sqrt(sum((g ** 2).sum() for g, t in zip(grads, in_table)
+                                       if t == group)) for group in (False, True)]
+                          for grads in per_example])  # [B, (rest, table)]
+  share = config["item_norm_share"]
+  clip = min(1.0, group_norms.min() / 2)
+  bounds = clip * np.sqrt([1 - share, share])
+  offset = 0.01 if normalize else None
+  factors = (bounds / (group_norms + offset) if normalize
+             else np.minimum(1.0, bounds / group_norms))
+  clipped = [[f[int(t)] * g for g, t in zip(grads, in_table)]
+             for f, grads in zip(factors, per_example)]
+  assert all(np.sqrt(sum((g ** 2).sum() for g in c)) <= clip * (1 + 1e-6) for c in clipped)
+  expected = [sum(c[k] for c in clipped) / len(ITEMS) for k in range(len(in_table))]
+  dp_model = _model(weights, **config)
+  optimizer = DPOptimizer(DPSGD(clip, 0.0, normalization_offset=offset),
+                          tf.keras.optimizers.SGD(1.0), expected_batch_size=len(ITEMS),
+                          insecure_noise_seed=0)
+  dp_model.compile(optimizer=optimizer, run_eagerly=True)
+  rest, items = dp_model.per_example_squared_norms({"items": ITEMS}, LABELS, by_group=True)
+  np.testing.assert_allclose(np.sqrt(rest), group_norms[:, 0], rtol=1e-5)
+  np.testing.assert_allclose(np.sqrt(items), group_norms[:, 1], rtol=1e-5)
+  update = _step(dp_model, optimizer)
+  for got, want in zip(update, expected):
+    np.testing.assert_allclose(got, want, atol=2e-6)
+
+
+COUNTS = np.array([0, 9, 1, 8, -2, 7, 3, 6, 0.5, 2, 5, 1, 4, 10], np.float64)  # items 1..13
+
+
+def test_threshold_vocabulary_gives_rare_items_one_shared_row_and_their_share_of_it():
+  vocabulary = threshold_vocabulary(COUNTS, 5.0)
+  kept = [1, 3, 5, 7, 10, 13]
+  assert vocabulary.own_rows == 6 and vocabulary.num_rows == 7
+  np.testing.assert_array_equal(vocabulary.row_of[kept], np.arange(1, 7))
+  shared = [2, 4, 6, 8, 9, 11, 12]
+  assert (vocabulary.row_of[shared] == 7).all() and vocabulary.row_of[0] == 0
+  floored = np.maximum(COUNTS[shared], 1.0)  # DP counts may be ≤ 0
+  np.testing.assert_allclose(vocabulary.log_share[shared], np.log(floored / floored.sum()))
+  assert (vocabulary.log_share[kept] == 0).all()
+
+
+def _vocabulary_model(weights=None, **config):
+  vocabulary = threshold_vocabulary(COUNTS, 5.0)
+  return _model(weights, vocabulary=vocabulary, item_table_rows=vocabulary.num_rows,
+                **config), vocabulary
+
+
+@pytest.mark.parametrize("config", [{}, {"item_norm_share": 0.6}, {"item_rank": 3}],
+                         ids=["joint", "share", "rank3"])
+def test_vocabulary_step_equals_brute_force_and_every_item_is_ranked(config):
+  """With a DP-FEST vocabulary the table has 7 rows, not 13; the clipped step on row labels
+  equals brute force, and `score_items` ranks all 13 items: row score + log share."""
+  model, vocabulary = _vocabulary_model(**config)
+  assert model.item_embedding.embeddings.shape[0] == 8
+  labels = vocabulary.row_of[LABELS]
+  weights = model.get_weights()
+  per_example = _per_example_gradients(model, labels)
+  norms = np.sqrt([sum((g ** 2).sum() for g in grads) for grads in per_example])
+  clip = min(1.0, norms.min() / 2)
+  share = config.get("item_norm_share")
+  if share is None:
+    factors = [[c] * len(per_example[0]) for c in np.minimum(1.0, clip / norms)]
+  else:
+    table = [any(v is w for w in model.item_embedding.trainable_weights)
+             for v in model.trainable_variables]
+    group = lambda grads, t: np.sqrt(sum((g ** 2).sum() for g, u in zip(grads, table) if u == t))
+    factors = [[min(1.0, clip * np.sqrt(share if t else 1 - share) / group(grads, t))
+                for t in table] for grads in per_example]
+  expected = [sum(f[k] * grads[k] for f, grads in zip(factors, per_example)) / len(ITEMS)
+              for k in range(len(per_example[0]))]
+  dp_model, _ = _vocabulary_model(weights, **config)
+  dp_model.compile(optimizer=DPOptimizer(DPSGD(clip, 0.0), tf.keras.optimizers.SGD(1.0),
+                                         expected_batch_size=len(ITEMS), insecure_noise_seed=0),
+                   run_eagerly=True)
+  before = [v.numpy() for v in dp_model.trainable_variables]
+  dp_model.train_on_batch({"items": ITEMS}, labels)
+  for b, v, want in zip(before, dp_model.trainable_variables, expected):
+    np.testing.assert_allclose(b - v.numpy(), want, atol=2e-6)
+  scores = dp_model.score_items(ITEMS).numpy()
+  row_scores = dp_model.forward(ITEMS, last_only=True)[0].flat_values.numpy()
+  assert scores.shape == (len(ITEMS), 13)
+  np.testing.assert_allclose(
+      scores, row_scores[:, vocabulary.row_of[1:] - 1] + vocabulary.log_share[1:], rtol=1e-5)

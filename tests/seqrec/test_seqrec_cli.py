@@ -76,11 +76,14 @@ def test_default_batch_size_fits_tiny_data_and_an_impossible_one_is_refused(data
   assert "--batch-size 1000 exceeds the" in err and "\n" not in err
 
 
+def _latest_model(run_dir):
+  with open(os.path.join(run_dir, "checkpoints", ckpt_lib.LATEST), encoding="utf-8") as f:
+    return os.path.join(run_dir, "checkpoints", f.read().strip(), "model")
+
+
 def _trained_frequencies(run_dir, summary):
   """p_i read back from the final checkpoint's Re-Attention variances σ_eff² = (σ·C/(B·p_i))²."""
-  with open(os.path.join(run_dir, "checkpoints", "LATEST"), encoding="utf-8") as f:
-    latest = os.path.join(run_dir, "checkpoints", f.read().strip(), "model")
-  reader = tf.train.load_checkpoint(latest)
+  reader = tf.train.load_checkpoint(_latest_model(run_dir))
   name = next(n for n in reader.get_variable_to_shape_map() if "item_variance" in n)
   variance = reader.get_tensor(name)[1:]
   return summary["noise_multiplier"] * summary["l2_norm_clip"] / (
@@ -104,7 +107,7 @@ def test_trained_model_holds_dp_frequencies_charged_to_the_ledger(data_dir, tmp_
   assert code == 0
   summary = json.loads(capsys.readouterr().out)
   data = load_sequences(data_dir)
-  examples = make_examples(data, 8)
+  examples = make_examples(data, 8, hold_out_validation=True)
   n = len(examples.items)
   exact = user_histogram.users_per_item(examples.items, data.num_items) / n
   trained = _trained_frequencies(run_dir, summary)
@@ -168,3 +171,46 @@ def test_adambc_optimizer_low_rank_item_table_and_secure_noise_run(data_dir, tmp
   summary = json.loads(capsys.readouterr().out)
   assert summary["secure_noise"] is True
   assert np.isfinite(summary["ndcg_at_10"]) and 0 < summary["epsilon"] <= 5 * (1 + 1e-6)
+
+
+def test_item_vocabulary_and_norm_share_run_selected_on_validation(data_dir, tmp_path, capsys):
+  """`--item-vocab-threshold` (from the same one DP histogram as Re-Attention's p_i: one ledger
+  charge) and `--item-norm-share` (issue 15): the checkpoint's table has the vocabulary's rows,
+  every item maps to one; the summary reports validation metrics for model selection and the
+  top-10 diversity."""
+  run_dir = str(tmp_path / "run")
+  code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "5", "--run-dir",
+                   run_dir, "--item-vocab-threshold", "20", "--item-norm-share", "0.9",
+                   "--item-histogram-items", "4"] + TINY)
+  assert code == 0
+  summary = json.loads(capsys.readouterr().out)
+  vocabulary = summary["item_vocabulary"]
+  data = load_sequences(data_dir)
+  assert vocabulary["items"] == data.num_items and summary["item_norm_share"] == 0.9
+  assert 0 < vocabulary["own_rows"] < data.num_items
+  assert summary["item_frequencies"]["max_items_per_user"] == 4  # sensitivity √4
+  assert vocabulary["table_rows"] == vocabulary["own_rows"] + 1
+  charges = PrivacyLedger(os.path.join(run_dir, "ledger.json")).charges
+  assert [c["label"] for c in charges].count(item_frequencies.LABEL) == 1
+  assert 4.9 < summary["epsilon"] <= 5.0 + 1e-6
+  reader = tf.train.load_checkpoint(_latest_model(run_dir))
+  shapes = reader.get_variable_to_shape_map()
+  table = next(n for n in shapes if "item_embedding" in n and "embeddings" in n
+               and "OPTIMIZER" not in n)
+  assert shapes[table][0] == vocabulary["table_rows"] + 1
+  row_of = reader.get_tensor(next(n for n in shapes if "item_row_of" in n))
+  assert row_of[0] == 0 and set(row_of[1:]) == set(range(1, vocabulary["table_rows"] + 1))
+  assert summary["selected_on"] == "validation"
+  assert summary["validation"]["users"] > 0 and "by_popularity" in summary["validation"]
+  assert 10 <= summary["distinct_top10_items"] <= data.num_items
+  assert 0 <= summary["top10_popularity_overlap"] <= 1
+
+
+def test_vocabulary_alone_pays_for_the_histogram():
+  """Without Re-Attention, the vocabulary still needs the DP counts: the plan pays for them."""
+  from dprec.workflows.seqrec import SeqRecTrainOptions  # pylint: disable=import-outside-toplevel
+  vanilla = SeqRecTrainOptions(reattention=False)
+  assert item_frequencies.mechanisms(vanilla) == []
+  assert item_frequencies.mechanisms(
+      SeqRecTrainOptions(reattention=False, item_vocab_threshold=5)) == [
+          (item_frequencies.LABEL, 0.05)]

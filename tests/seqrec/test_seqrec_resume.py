@@ -72,9 +72,9 @@ def test_killed_run_resumes_to_the_uninterrupted_result(data_dir, frequency_file
   path = frequency_file[0]
   whole = train_seqrec(_options(data_dir, run_dir=str(tmp_path / "whole"), keep_checkpoints=None,
                                 item_frequencies=path))
-  assert whole["steps"] == 8 and whole["resumed_from_step"] == 0
+  assert whole["steps"] == 7 and whole["resumed_from_step"] == 0
   kept = sorted(os.listdir(tmp_path / "whole" / "checkpoints"))
-  assert kept == ["LATEST"] + [f"ckpt-{n:06d}" for n in range(3)]  # steps 3, 6, 8
+  assert kept == ["LATEST"] + [f"ckpt-{n:06d}" for n in range(3)]  # steps 3, 6, 7 (validation items held out)
   saved_options = options_from_checkpoint(_latest(str(tmp_path / "whole")))
   assert saved_options.run_fingerprint() == _options(
       data_dir, item_frequencies=path).run_fingerprint()
