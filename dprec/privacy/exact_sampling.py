@@ -198,20 +198,29 @@ class _Sampler:
     n is the longest run x > U1 > … > Un whose every Vi < (x+2k)/(2k+2); the result is n even.
     Vi's test: with probability 2k/(2k+2) it passes, with 1/(2k+2) it fails, else (1/(2k+2))
     it is a fresh u-rand < x."""
-    n = k.size
-    result = np.zeros(n, bool)
-    previous = _URands(x.first.copy(), x.ids.copy())
-    run = np.zeros(n, np.int64)
-    active = np.arange(n)
-    while active.size:
-      z, going = self._less_fresh(previous, active)
+    def vi_passes(active, going):
       choice = self.below(2 * k[active].astype(np.uint64) + 2).astype(np.int64)
       twice_k = 2 * k[active]
       going &= choice != twice_k + 1
       compare = np.flatnonzero(going & (choice == twice_k))
       if compare.size:
-        _, less = self._less_fresh(x, active[compare])
-        going[compare] = less
+        going[compare] = self._less_fresh(x, active[compare])[1]
+      return going
+    return self._even_run(x, vi_passes)
+
+  def _even_run(self, start, vi_passes):
+    """von Neumann's run start > U1 > … > Un, extended while each Vi passes: whether n is even,
+    per element. `vi_passes(active, going)` is called once per round, after the fresh Ui are
+    compared (`going`: Ui below the previous one, for the elements `active`), and returns
+    `going` with the elements whose Vi fails cleared."""
+    n = start.first.size
+    result = np.zeros(n, bool)
+    previous = _URands(start.first.copy(), start.ids.copy())
+    run = np.zeros(n, np.int64)
+    active = np.arange(n)
+    while active.size:
+      z, going = self._less_fresh(previous, active)
+      going = vi_passes(active, going)
       stopped = active[~going]
       result[stopped] = run[stopped] % 2 == 0
       active = active[going]
@@ -255,12 +264,7 @@ class _Sampler:
     von Neumann's run u > U1 > … > Un with every Vi < c(u + 2j), accepted when n is even.
     Vi's test reads I = ⌊2^(2·BIN_BITS+1)·Vi⌋: I < 2j passes, I > 2j fails, I = 2j compares the
     rest of Vi (a fresh u-rand) with u."""
-    result = np.zeros(j.size, bool)
-    previous = _URands(u.first.copy(), u.ids.copy())
-    run = np.zeros(j.size, np.int64)
-    active = np.arange(j.size)
-    while active.size:
-      z, going = self._less_fresh(previous, active)
+    def vi_passes(active, going):
       tested = np.flatnonzero(going)
       whole = (self.source.words(tested.size) >> np.uint64(63 - 2 * BIN_BITS)).astype(np.int64)
       twice_j = 2 * j[active[tested]]
@@ -269,12 +273,8 @@ class _Sampler:
       if ties.size:
         passes[ties] = self._less_fresh(u, active[tested[ties]])[1]
       going[tested] = passes
-      stopped = active[~going]
-      result[stopped] = run[stopped] % 2 == 0
-      active = active[going]
-      previous.put(active, z.take(going))
-      run[active] += 1
-    return result
+      return going
+    return self._even_run(u, vi_passes)
 
   def _bin_exact(self, prefix, low, high):
     """The bin of U when its 64-bit `prefix` ties table entries low..high−1: U refined 64 bits
