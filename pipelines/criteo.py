@@ -173,9 +173,7 @@ def build_vocabulary(counts: Sequence[Tuple[np.ndarray, np.ndarray]],
                                         top_k=config.per_feature_k())
   from dprec.privacy import split_selection_budget  # pylint: disable=import-outside-toplevel
   from dprec.privacy.noise_key import NoiseKey  # pylint: disable=import-outside-toplevel
-  key = (NoiseKey.fresh() if config.insecure_noise_seed is None
-         else NoiseKey.insecure(config.insecure_noise_seed))
-  rng = key.numpy_rng("criteo dp_top_k")
+  rng = NoiseKey.new(config.insecure_noise_seed).numpy_rng("criteo dp_top_k")
   ks = config.per_feature_k()
   per_draw, _ = split_selection_budget(ks, config.epsilon)
   ids = tuple(dp_top_k_ids(feature_ids, feature_counts, k, k * epsilon, rng)

@@ -43,6 +43,11 @@ class NoiseKey:
     return cls(os.urandom(KEY_BYTES))
 
   @classmethod
+  def new(cls, insecure_seed: Optional[int] = None) -> "NoiseKey":
+    """A fresh secret key, or with `insecure_seed` (`--insecure-noise-seed`) the insecure one."""
+    return cls.fresh() if insecure_seed is None else cls.insecure(insecure_seed)
+
+  @classmethod
   def insecure(cls, seed: int) -> "NoiseKey":
     """A deterministic key from a public seed (warns: the run is not private)."""
     seed = int(seed)

@@ -125,7 +125,7 @@ class Run:
     self._temporary = self._lock = self._scratch_dir = None
     if run_dir is None:
       self.run_id = secrets.token_hex(8)
-      self.noise_key = _key(insecure_noise_seed)
+      self.noise_key = NoiseKey.new(insecure_noise_seed)
       self._temporary = tempfile.mkdtemp(prefix="dprec-run-")
       base = self._temporary
     else:
@@ -180,7 +180,7 @@ class Run:
     if not self.chief:  # the chief creates the run (id, key); the other workers read it
       _wait_for(path, "the chief's run file")
     if not os.path.exists(path):
-      key = _key(insecure_seed)
+      key = NoiseKey.new(insecure_seed)
       if key.private:
         _write_secret(self.key_path, key.key_bytes())
       run_id = secrets.token_hex(8)
@@ -203,7 +203,7 @@ class Run:
                        f"{info.get('insecure_noise_seed')!r}, now {insecure_seed!r}; resume it "
                        "with the same --insecure-noise-seed (or none)")
     if insecure_seed is not None:
-      return run_id, _key(insecure_seed)
+      return run_id, NoiseKey.new(insecure_seed)
     try:
       with open(self.key_path, "rb") as f:
         key = f.read()
@@ -447,10 +447,6 @@ def _wait_for(path, what, timeout=WORKER_WAIT_SECONDS):
       raise DprecError(f"{path}: {what} did not appear within {timeout:g} s; start the chief "
                        "(worker 0) with the same --run-dir")
     time.sleep(0.2)
-
-
-def _key(insecure_seed):
-  return NoiseKey.fresh() if insecure_seed is None else NoiseKey.insecure(insecure_seed)
 
 
 def _write_secret(path, data):
