@@ -94,6 +94,7 @@ def main(argv=None):
   parser.add_argument("--item-vocab-threshold", type=float, default=None)
   parser.add_argument("--item-histogram-items", type=int, default=None)
   parser.add_argument("--item-frequency-share", type=float, default=0.05)
+  parser.add_argument("--popularity-weights", action="store_true")
   parser.add_argument("--dropout", type=float, default=0.5)
   parser.add_argument("--results", default=None, help="append one JSON line per run here")
   parser.add_argument("--runs-dir", default=None,
@@ -135,16 +136,17 @@ def main(argv=None):
         item_norm_share=args.item_norm_share, item_vocab_threshold=args.item_vocab_threshold,
         item_histogram_items=args.item_histogram_items,
         item_frequency_share=args.item_frequency_share, dropout=args.dropout,
-        keep_checkpoints=args.keep_checkpoints,
+        popularity_weights=args.popularity_weights, keep_checkpoints=args.keep_checkpoints,
         run_dir=args.runs_dir and os.path.join(args.runs_dir, (
             f"{method}-eps{eps:g}-seed{seed}-ep{args.epochs:g}-B{args.batch_size}"
-            f"-lr{args.learning_rate:g}-{args.loss_positions}")), **METHODS[method])
+            f"-lr{args.learning_rate:g}-{args.loss_positions}{lever_tag(args)}")),
+        **METHODS[method])
     start = time.perf_counter()
     summary = train_seqrec(options, data)
     summary.update(method=method, wall_seconds=time.perf_counter() - start)
     print(json.dumps({k: summary[k] for k in ("method", "epsilon_budget", "seed", "ndcg_at_10",
                                               "hit_at_10", "noise_multiplier", "validation",
-                                              "distinct_top10_items", "item_vocabulary",
+                                              "distinct_top10_items", "item_vocabulary", "popularity_weights",
                                               "wall_seconds")}), file=sys.stderr)
     if args.results:
       with open(args.results, "a", encoding="utf-8") as out:
@@ -241,6 +243,16 @@ def personalisation(model, examples, users=2000, seed=0):
           f"{diversity['top10_between_users_overlap']:.2f}")
 
 
+def lever_tag(args):
+  """The run directory's suffix naming the issue 15 levers that differ from the defaults."""
+  levers = [("d", args.dim, 64), ("r", args.item_rank, None), ("F", args.item_norm_share, None),
+            ("T", args.item_vocab_threshold, None), ("K", args.item_histogram_items, None),
+            ("f", args.item_frequency_share, 0.05), ("pw", args.popularity_weights, False),
+            ("do", args.dropout, 0.5)]
+  return "".join(f"-{name}{value:g}" if not isinstance(value, bool) else f"-{name}"
+                 for name, value, default in levers if value != default)
+
+
 def table(rows, args):
   """Markdown table: mean ± std over seeds, in %, with the paper's Table 2 cells."""
   validation = ["validation NDCG / HIT"] if args.validation else []
@@ -249,7 +261,8 @@ def table(rows, args):
            f"d={args.dim} item_rank={args.item_rank} item_norm_share={args.item_norm_share} "
            f"item_vocab_threshold={args.item_vocab_threshold} "
            f"item_histogram_items={args.item_histogram_items} "
-           f"item_frequency_share={args.item_frequency_share} dropout={args.dropout} "
+           f"item_frequency_share={args.item_frequency_share} "
+           f"popularity_weights={args.popularity_weights} dropout={args.dropout} "
            f"L={args.max_len} loss={args.loss_positions} normalize={args.normalize} "
            f"variance_scale={args.variance_scale:g} "
            f"C={'<q,q>' if args.no_reattention_scale_by_dim else '<q,q>/d_k'} "

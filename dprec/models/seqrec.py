@@ -50,6 +50,9 @@ class SeqRecConfig:
   `item_table_rows` R: the table has R rows (a DP-FEST vocabulary, `set_item_vocabulary`: items
   map to rows, some sharing one) instead of one per item; inputs stay item ids, labels and
   logits are rows, `score_items` still scores all M items.
+  `popularity_weights`: the table is reparameterised row by row, E[j] = w_j·Ẽ[j] with Ẽ trained
+  and w fixed (`set_popularity_weights`, from a DP count), so a row's share of each user's
+  clipped norm, and its update, scale with w_j while the noise per row of Ẽ stays σC.
   """
   num_items: int
   max_len: int = 50
@@ -63,6 +66,7 @@ class SeqRecConfig:
   item_rank: Optional[int] = None
   item_norm_share: Optional[float] = None
   item_table_rows: Optional[int] = None
+  popularity_weights: bool = False
   loss_positions: str = "all"
   score_padding: bool = False
   reattention: ReAttentionConfig = ReAttentionConfig()
@@ -91,6 +95,8 @@ class SeqRecConfig:
                          f"{self.item_table_rows}")
       if self.dp_forward is not None:
         raise ValueError("item_table_rows does not combine with DP-Forward")
+    if self.popularity_weights and self.dp_forward is not None:
+      raise ValueError("popularity_weights does not combine with DP-Forward")
 
   @property
   def table_rows(self):
@@ -179,6 +185,9 @@ class SeqRecModel(DPModel):
                                      trainable=False, name="item_row_of")
       self.item_log_share = tf.Variable(tf.zeros([config.num_items + 1]), trainable=False,
                                         name="item_log_share")
+    if config.popularity_weights:  # w_j of row j (row 0, padding, unused)
+      self.item_row_weight = tf.Variable(tf.ones([config.table_rows + 1]), trainable=False,
+                                         name="item_row_weight")
     self.weight_variance = tf.Variable(0.0, trainable=False, name="weight_variance")
     object.__setattr__(self, "layer_registry", seqrec_layer_registry())
     object.__setattr__(self, "_last_forward", {})
@@ -198,6 +207,23 @@ class SeqRecModel(DPModel):
                        f"{self.config.item_table_rows}")
     self.item_row_of.assign(np.asarray(vocabulary.row_of, np.int32))
     self.item_log_share.assign(np.asarray(vocabulary.log_share, np.float32))
+
+  def set_popularity_weights(self, weights, keep_effective_table=True):
+    """Sets w [R + 1] of `popularity_weights` (`item_frequencies.popularity_weights`: DP or
+    public, stored in every checkpoint). `keep_effective_table`: divide the rows of Ẽ by w, so
+    E = w·Ẽ is the table the model had (its initialisation unchanged)."""
+    weights = np.asarray(weights, np.float32)
+    if weights.shape != (self.config.table_rows + 1,) or not (weights > 0).all():
+      raise ValueError(f"need {self.config.table_rows + 1} positive row weights, got shape "
+                       f"{weights.shape}")
+    self.item_row_weight.assign(weights)
+    if keep_effective_table:
+      for table in self.item_embedding.trainable_weights:  # the input (and untied output) rows
+        table.assign(table / weights[-table.shape[0]:, None])
+
+  def _row_weights(self, rows):
+    """w of table rows `rows`."""
+    return tf.gather(self.item_row_weight, rows)
 
   def rows_of(self, items):
     """Table rows of item ids (0 stays 0); the identity without a vocabulary."""
@@ -220,23 +246,32 @@ class SeqRecModel(DPModel):
     if self.config.item_table_rows is not None:
       frequencies = np.minimum(1.0, np.bincount(self.item_row_of.numpy(), weights=frequencies,
                                                 minlength=self.config.table_rows + 1))
-    self.item_variance.assign(variance_lib.item_error_variances(
+    variances = variance_lib.item_error_variances(
         frequencies.astype(np.float32), noise_multiplier, l2_norm_clip, batch_size,
-        1.0 / num_examples, scale))
+        1.0 / num_examples, scale)
+    if self.config.popularity_weights:  # noise on Ẽ[j] reaches E[j] = w_j·Ẽ[j] times w_j
+      variances = variances * self.item_row_weight.numpy() ** 2
+    self.item_variance.assign(variances)
     self.weight_variance.assign(
         scale * variance_lib.effective_error(noise_multiplier, l2_norm_clip, batch_size) ** 2)
 
   def forward(self, items, training=False, last_only=False, return_weights=False):
-    """Returns (logits, hidden, lookup[, attention weights per block]). Logits are ragged
-    [B, (T_i), M] for the last T_i positions: T_i = 1 (`loss_positions="last"`, and `last_only`
-    for evaluation), L (`score_padding`) or the positions from example i's first item on;
-    `hidden` [P, d] (or [P, r], projected by P_out) holds the packed hidden states they score
-    (P = Σ T_i). `items` are item ids; logits and `lookup` are over table rows."""
+    """Returns (logits, hidden, lookup, scores[, attention weights per block]). Logits are
+    ragged [B, (T_i), M] for the last T_i positions: T_i = 1 (`loss_positions="last"`, and
+    `last_only` for evaluation), L (`score_padding`) or the positions from example i's first
+    item on; `hidden` [P, d] (or [P, r], projected by P_out) holds the packed hidden states they
+    score (P = Σ T_i); `lookup` is Ẽ[rows] and `scores` [P, M] = hidden·Ẽ[1:]ᵀ, both before
+    the popularity weights (Phantom's inputs). `items` are item ids; logits and `lookup` are
+    over table rows."""
     items = self.rows_of(items)
     valid = items > 0
     mask = tf.cast(valid, tf.float32)[..., None]
     lookup = self.item_embedding(items)
-    embedded = lookup if self.item_projections is None else self.item_projections[0](lookup)
+    embedded = lookup
+    if self.config.popularity_weights:
+      embedded = lookup * self._row_weights(items)[..., None]
+    if self.item_projections is not None:
+      embedded = self.item_projections[0](embedded)
     x = self.input_dropout((embedded + self.positions(embedded)) * mask, training=training)
     variance = None
     if self.config.reattention.enabled:
@@ -266,13 +301,16 @@ class SeqRecModel(DPModel):
                                           tf.int32), axis=1)
       hidden = tf.boolean_mask(hidden, scored_positions(row_lengths, tf.shape(items)[1]))
     scores = self.item_embedding.scores(hidden)
+    weighted = scores
+    if self.config.popularity_weights:
+      weighted = scores * self._row_weights(tf.range(1, self.config.table_rows + 1))
     if self.forward_noise is not None:
-      scores += self.item_bias
+      weighted += self.item_bias
     if row_length is None:
-      logits = tf.RaggedTensor.from_row_lengths(scores, row_lengths, validate=False)
+      logits = tf.RaggedTensor.from_row_lengths(weighted, row_lengths, validate=False)
     else:
-      logits = tf.RaggedTensor.from_uniform_row_length(scores, row_length, validate=False)
-    outputs = (logits, hidden, lookup)
+      logits = tf.RaggedTensor.from_uniform_row_length(weighted, row_length, validate=False)
+    outputs = (logits, hidden, lookup, scores)
     return outputs + (weights,) if return_weights else outputs
 
   def _item_variance_scale(self):
@@ -286,20 +324,22 @@ class SeqRecModel(DPModel):
 
   def call(self, inputs, training=False):
     items = inputs["items"]
-    logits, hidden, lookup = self.forward(items, training=training)
+    logits, hidden, lookup, scores = self.forward(items, training=training)
     self._last_forward.update(rows=self.rows_of(items), hidden=hidden, lookup=lookup,
-                              logits=logits)
+                              logits=logits, scores=scores)
     return logits
 
   def extra_squared_norms(self):
     """Phantom norms of the tied (or untied) item embedding from the step's forward pass, and
     the clipped sum book-kept from the same gradients (no second softmax backward pass); with
-    `item_norm_share`, the table is its own clipping group, book-kept directly."""
+    `item_norm_share`, the table is its own clipping group, book-kept directly. Phantom sees
+    the trained table Ẽ: the raw lookup Ẽ[rows] and the scores H·Ẽ[1:]ᵀ, before the popularity
+    weights, whose gradients carry w (Eq. 16 then gives ‖∂L_i/∂Ẽ‖² exactly)."""
     last = self._last_forward
     logits, hidden, rows = last["logits"], last["hidden"], last["rows"]
     row_lengths = logits.row_lengths()
     return [ExtraNorms(
-        self.item_embedding.trainable_weights, [last["lookup"], logits.flat_values, hidden],
+        self.item_embedding.trainable_weights, [last["lookup"], last["scores"], hidden],
         tied_embedding_norm_fn(rows, hidden, row_lengths, self.config.tied),
         tied_embedding_clipped_loss_fn(hidden, row_lengths,
                                        lambda: self.item_embedding.output_table),

@@ -1,6 +1,7 @@
-"""Item frequencies p_i for `train seqrec`: Re-Attention's error model (note 000 §3) and the
+"""Item frequencies p_i for `train seqrec`: Re-Attention's error model (note 000 §3), the
 DP-FEST item vocabulary (`--item-vocab-threshold`, items whose count p_i·N falls under it share
-one row; `dprec.sparse.fest.threshold_vocabulary`). They end up in the model, so they are never
+one row; `dprec.sparse.fest.threshold_vocabulary`) and the popularity weights of the item rows
+(`--popularity-weights`, `popularity_weights`). They end up in the model, so they are never
 the exact counts. Either a public file (`--item-frequencies`, charged nothing) or, by default, a
 DP histogram of users per item (`dprec.privacy.user_histogram`), one Gaussian mechanism
 calibrated for its share of ε, released once before training, charged to the run's ledger under
@@ -16,7 +17,8 @@ LABEL = "train seqrec item frequencies"
 
 
 def _used(options):
-  return options.reattention or options.item_vocab_threshold is not None
+  return (options.reattention or options.item_vocab_threshold is not None
+          or options.popularity_weights)
 
 
 def mechanisms(options):
@@ -56,16 +58,54 @@ def source(options, plan, p_i):
           "ledger_label": LABEL}
 
 
+def _counts(examples, p_i):
+  """Users per item: p_i·N (the DP histogram or the public file), exact without DP."""
+  if p_i is None:
+    return user_histogram.users_per_item(examples.items, examples.num_items)
+  return np.asarray(p_i) * len(examples.items)
+
+
 def vocabulary(options, examples, p_i):
   """The DP-FEST vocabulary of `--item-vocab-threshold` (None without it) from the counts p_i·N
   (the DP histogram or the public file); a non-private run uses the exact counts."""
   if options.item_vocab_threshold is None:
     return None
-  if p_i is None:
-    counts = user_histogram.users_per_item(examples.items, examples.num_items)
-  else:
-    counts = np.asarray(p_i) * len(examples.items)
-  return fest.threshold_vocabulary(counts, options.item_vocab_threshold)
+  return fest.threshold_vocabulary(_counts(examples, p_i), options.item_vocab_threshold)
+
+
+def popularity_weights(counts, floor):
+  """w [R + 1] of the table rows from their counts n̂ [R + 1] (index 0, padding: w = 1):
+  w_j ∝ max(n̂_j, floor)^(−1/2), scaled so Σ_j n_j·w_j² = Σ_j n_j (n = the floored counts).
+  A user's gradient on row j is scaled by w_j, so head rows cede share of each user's norm to
+  rarer ones while the item table's share stays the same on average; the floor (the count's
+  noise std for a DP count) clips the weights where the count says nothing. Post-processing
+  of the counts: costs nothing beyond them."""
+  floored = np.maximum(np.asarray(counts, np.float64)[1:], floor)
+  return np.concatenate([[1.0], np.sqrt(floored.mean() / floored)])
+
+
+def row_weights(options, plan, examples, p_i, vocabulary_):
+  """(w, floor) of `--popularity-weights` ((None, None) without) from the same counts as the
+  vocabulary (summed over the items of a shared row), floored at the DP histogram's noise
+  std σ·√K (1 for exact or public counts)."""
+  if not options.popularity_weights:
+    return None, None
+  counts = _counts(examples, p_i)
+  if vocabulary_ is not None:
+    counts = np.bincount(vocabulary_.row_of, weights=counts, minlength=vocabulary_.num_rows + 1)
+  floor = 1.0
+  if p_i is not None and options.item_frequencies is None:
+    floor = max(floor, plan.mechanisms[LABEL] * user_histogram.sensitivity(
+        histogram_items(options)))
+  return popularity_weights(counts, floor), floor
+
+
+def weights_summary(weights, floor):
+  """The popularity weights' range for the summary (post-processing of the counts)."""
+  if weights is None:
+    return None
+  return {"count_floor": floor, "min": float(weights[1:].min()),
+          "max": float(weights[1:].max())}
 
 
 def vocabulary_summary(options, vocabulary_):

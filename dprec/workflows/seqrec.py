@@ -75,6 +75,7 @@ class SeqRecTrainOptions(run_lib.FitOptions):
   item_rank: Optional[int] = None
   item_norm_share: Optional[float] = None
   item_vocab_threshold: Optional[float] = None
+  popularity_weights: bool = False
   hold_out_validation: bool = True
   num_blocks: int = 2
   num_heads: int = 1
@@ -118,8 +119,10 @@ class SeqRecTrainOptions(run_lib.FitOptions):
         (self.item_vocab_threshold is None or self.item_vocab_threshold > 0,
          f"--item-vocab-threshold must be positive, got {self.item_vocab_threshold}"),
         (self.dp_forward is None or (self.item_norm_share is None
-                                     and self.item_vocab_threshold is None),
-         "--item-norm-share and --item-vocab-threshold do not combine with --dp-forward"),
+                                     and self.item_vocab_threshold is None
+                                     and not self.popularity_weights),
+         "--item-norm-share, --item-vocab-threshold and --popularity-weights do not combine "
+         "with --dp-forward"),
         (self.item_histogram_items is None
          or 1 <= self.item_histogram_items <= self.max_len,
          f"--item-histogram-items must be in [1, --max-len {self.max_len}], got "
@@ -141,7 +144,8 @@ class SeqRecTrainOptions(run_lib.FitOptions):
         num_items=num_items, max_len=self.max_len, dim=self.dim, num_blocks=self.num_blocks,
         num_heads=self.num_heads, ffn_dim=self.dim, dropout=self.dropout, tied=self.tied,
         item_rank=self.item_rank, item_norm_share=self.item_norm_share,
-        item_table_rows=table_rows, loss_positions=self.loss_positions,
+        item_table_rows=table_rows, popularity_weights=self.popularity_weights,
+        loss_positions=self.loss_positions,
         score_padding=self.score_padding,
         reattention=ReAttentionConfig(enabled=self.reattention,
                                       scale_by_dim=self.reattention_scale_by_dim,
@@ -173,10 +177,13 @@ def plan_privacy(options, num_examples, run=None) -> plan_lib.PrivacyPlan:
                                spent=spent)
 
 
-def build_model(options, examples, plan, frequencies=None, noise_key=None, vocabulary=None):
+def build_model(options, examples, plan, frequencies=None, noise_key=None, vocabulary=None,
+                row_weights=None):
   """A compiled `SeqRecModel`; Re-Attention's error model is set from the plan and `frequencies`
   (`dprec.workflows.item_frequencies`; None leaves it to a checkpoint restored into the model),
-  its item table from `vocabulary` (`item_frequencies.vocabulary`; None: a row per item).
+  its item table from `vocabulary` (`item_frequencies.vocabulary`; None: a row per item) and
+  its popularity weights from `row_weights` (`item_frequencies.row_weights`; None: left to a
+  checkpoint).
   The DP and DP-Forward noise generators are keyed from `noise_key` (a run's; None: a fresh
   secret one)."""
   noise_key = noise_key or NoiseKey.fresh()
@@ -188,6 +195,8 @@ def build_model(options, examples, plan, frequencies=None, noise_key=None, vocab
   model({"items": examples.items[:1]})
   if vocabulary is not None:
     model.set_item_vocabulary(vocabulary)
+  if row_weights is not None:
+    model.set_popularity_weights(row_weights)
   if frequencies is not None:
     model.set_error_model(frequencies, plan.noise_multiplier, options.l2_norm_clip,
                           options.batch_size, len(examples.items), options.variance_scale)
@@ -275,7 +284,8 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
     vocabulary = frequencies_lib.vocabulary(options, examples, frequencies)
     if vocabulary is not None:  # labels index the table's rows
       examples = dataclasses.replace(examples, labels=vocabulary.row_of[examples.labels])
-    model = build_model(options, examples, plan, frequencies, run.noise_key, vocabulary)
+    weights, floor = frequencies_lib.row_weights(options, plan, examples, frequencies, vocabulary)
+    model = build_model(options, examples, plan, frequencies, run.noise_key, vocabulary, weights)
     resume = run.resume(model, options.run_fingerprint(train_examples=len(examples.items),
                                                        items=examples.num_items),
                         options.keep_checkpoints)
@@ -292,7 +302,8 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
                        timer, run, resume)
     summary.update(batch_size_chosen=batch_size_chosen,
                    item_frequencies=frequencies_lib.source(options, plan, frequencies),
-                   item_vocabulary=frequencies_lib.vocabulary_summary(options, vocabulary))
+                   item_vocabulary=frequencies_lib.vocabulary_summary(options, vocabulary),
+                   popularity_weights=frequencies_lib.weights_summary(weights, floor))
   run_lib.write_summary(summary, options.summary_json)
   return summary
 

@@ -55,6 +55,11 @@ def register(subparsers):
            "--item-frequency-share, the same one release as Re-Attention's p_i, or from "
            "--item-frequencies) is below T share one row; every item is still ranked (its "
            "row's score plus its log share of the row's count) (default: a row per item)")
+  add("--popularity-weights", action="store_true",
+      help="item-row weights w_j ∝ n_j^(-1/2) from the same user counts (DP histogram or "
+           "--item-frequencies; floored at the DP count's noise std): row j is trained as "
+           "E[j] = w_j·Ẽ[j], so head rows cede share of each user's clipped norm to rarer ones; "
+           "the sensitivity stays C (default: off)")
   add("--no-hold-out-validation", action="store_false", dest="hold_out_validation",
       help="train on the validation item too (default: hold it out and report its metrics "
            "under 'validation' for model selection)")
@@ -73,7 +78,8 @@ def register(subparsers):
       help="public Re-Attention frequencies p_i, lines 'ITEM_ID P' (ids as in the input logs); "
            "default: a DP histogram of users per item, charged to the ledger")
   add("--item-frequency-share", type=float, default=0.05, metavar="FRACTION",
-      help="share of ε for the DP histogram of p_i (Re-Attention, --item-vocab-threshold) "
+      help="share of ε for the DP histogram of p_i (Re-Attention, --item-vocab-threshold, "
+           "--popularity-weights) "
            "(default 0.05; training's σ is calibrated for the rest)")
   add("--item-histogram-items", type=int, metavar="K",
       help="the DP histogram counts each user's last K items only: sensitivity √K instead of "

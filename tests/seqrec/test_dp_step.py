@@ -14,6 +14,8 @@ ITEMS = np.array([[0, 0, 3, 5, 3, 3], [1, 2, 4, 2, 7, 8], [0, 0, 0, 0, 0, 9],
 LABELS = np.array([[0, 0, 5, 3, 3, 5], [2, 4, 2, 7, 8, 2], [0, 0, 0, 0, 0, 9],
                    [12, 13, 1, 5, 6, 13]], np.int32)
 
+ROW_WEIGHTS = np.linspace(0.25, 3.0, 14).astype(np.float32)  # w of rows 0..13
+
 
 def _model(weights=None, noise_multiplier=1.0, vocabulary=None, **config):
   tf.keras.utils.set_random_seed(0)
@@ -26,6 +28,9 @@ def _model(weights=None, noise_multiplier=1.0, vocabulary=None, **config):
   model.set_weights(weights)
   if vocabulary is not None:
     model.set_item_vocabulary(vocabulary)
+  if config.get("popularity_weights"):
+    model.set_popularity_weights(ROW_WEIGHTS[:model.config.table_rows + 1],
+                                 keep_effective_table=False)
   model.set_error_model(np.linspace(0.05, 1.0, 14), noise_multiplier, 1.0, 4, 100)
   return model
 
@@ -202,3 +207,79 @@ def test_vocabulary_step_equals_brute_force_and_every_item_is_ranked(config):
   assert scores.shape == (len(ITEMS), 13)
   np.testing.assert_allclose(
       scores, row_scores[:, vocabulary.row_of[1:] - 1] + vocabulary.log_share[1:], rtol=1e-5)
+
+
+def _clipped_brute_force(model, per_example, clip, share):
+  """Σ_i clipped g_i / B (per group with `share`), asserting each clipped g_i has norm ≤ C."""
+  table = [any(v is w for w in model.item_embedding.trainable_weights)
+           for v in model.trainable_variables]
+  group = lambda grads, t: np.sqrt(sum((g ** 2).sum() for g, u in zip(grads, table) if u == t))
+  if share is None:
+    factors = [[min(1.0, clip / np.sqrt(group(g, True) ** 2 + group(g, False) ** 2))] * len(g)
+               for g in per_example]
+  else:
+    factors = [[min(1.0, clip * np.sqrt(share if t else 1 - share) / group(grads, t))
+                for t in table] for grads in per_example]
+  clipped = [[f * g for f, g in zip(fs, grads)] for fs, grads in zip(factors, per_example)]
+  assert all(np.sqrt(sum((g ** 2).sum() for g in c)) <= clip * (1 + 1e-6) for c in clipped)
+  return [sum(c[k] for c in clipped) / len(ITEMS) for k in range(len(table))]
+
+
+@pytest.mark.parametrize("config", [
+    {}, {"tied": False}, {"item_rank": 3}, {"loss_positions": "last"},
+    {"item_norm_share": 0.7}], ids=["tied", "untied", "rank3", "last", "share"])
+def test_popularity_weights_norms_and_step_equal_brute_force(config):
+  """`popularity_weights`: E[j] = w_j·Ẽ[j]; Phantom's per-user norms of Ẽ (on the unweighted
+  lookup and scores) equal brute force, they differ from the unweighted model's, and the step
+  equals brute-force clipping to C (every user's clipped gradient ≤ C: sensitivity unchanged)."""
+  config = dict(config, popularity_weights=True)
+  model = _model(**config)
+  weights = model.get_weights()
+  per_example = _per_example_gradients(model)
+  clip = 0.5 * min(np.sqrt(sum((g ** 2).sum() for g in grads)) for grads in per_example)
+  expected = _clipped_brute_force(model, per_example, clip,
+                                  config.get("item_norm_share"))
+  dp_model = _model(weights, **config)
+  optimizer = DPOptimizer(DPSGD(clip, 0.0), tf.keras.optimizers.SGD(1.0),
+                          expected_batch_size=len(ITEMS), insecure_noise_seed=0)
+  dp_model.compile(optimizer=optimizer, run_eagerly=True)
+  norms = dp_model.per_example_squared_norms({"items": ITEMS}, LABELS).numpy()
+  want = [sum((g ** 2).sum() for g in grads) for grads in per_example]
+  np.testing.assert_allclose(norms, want, rtol=1e-5)
+  unweighted = _model(weights, **config)
+  unweighted.set_popularity_weights(np.ones(14, np.float32), keep_effective_table=False)
+  unweighted.compile(optimizer=optimizer, run_eagerly=True)
+  assert not np.allclose(unweighted.per_example_squared_norms({"items": ITEMS}, LABELS), norms,
+                         rtol=1e-2)
+  update = _step(dp_model, optimizer)
+  for got, want_k in zip(update, expected):
+    np.testing.assert_allclose(got, want_k, atol=2e-6)
+
+
+@pytest.mark.parametrize("tied", [True, False], ids=["tied", "untied"])
+def test_popularity_weights_keep_the_effective_table(tied):
+  """`set_popularity_weights` divides Ẽ's rows by w: the model computes what it computed before
+  (the same initialisation), and its Re-Attention row variances scale by w²."""
+  ones = np.ones(14, np.float32)
+  plain = _model(tied=tied, popularity_weights=True)
+  plain.set_popularity_weights(ones, keep_effective_table=False)
+  weighted = _model(plain.get_weights(), tied=tied, popularity_weights=True)
+  weighted.set_popularity_weights(ones, keep_effective_table=False)
+  weighted.set_popularity_weights(ROW_WEIGHTS)
+  np.testing.assert_allclose(weighted.score_items(ITEMS), plain.score_items(ITEMS), rtol=1e-4,
+                             atol=1e-5)
+  for model in (plain, weighted):
+    model.set_error_model(np.linspace(0.05, 1.0, 14), 1.0, 1.0, 4, 100)
+  np.testing.assert_allclose(weighted.item_variance.numpy(),
+                             plain.item_variance.numpy() * ROW_WEIGHTS ** 2, rtol=1e-6)
+
+
+def test_popularity_weights_follow_inverse_root_counts_floored_and_keep_the_mean_share():
+  from dprec.workflows.item_frequencies import popularity_weights  # pylint: disable=import-outside-toplevel
+  counts = np.array([0.0, 400.0, 100.0, 25.0, 3.0, -4.0])
+  w = popularity_weights(counts, floor=10.0)
+  floored = np.array([400.0, 100.0, 25.0, 10.0, 10.0])
+  assert w[0] == 1.0
+  np.testing.assert_allclose(w[1:3] / w[2:4], [0.5, 0.5])  # ∝ n^(-1/2)
+  assert w[4] == w[5] == w[1:].max()  # floored: noise-level counts get the cap
+  np.testing.assert_allclose((floored * w[1:] ** 2).sum(), floored.sum())

@@ -174,14 +174,15 @@ def test_adambc_optimizer_low_rank_item_table_and_secure_noise_run(data_dir, tmp
 
 
 def test_item_vocabulary_and_norm_share_run_selected_on_validation(data_dir, tmp_path, capsys):
-  """`--item-vocab-threshold` (from the same one DP histogram as Re-Attention's p_i: one ledger
-  charge) and `--item-norm-share` (issue 15): the checkpoint's table has the vocabulary's rows,
-  every item maps to one; the summary reports validation metrics for model selection and the
+  """`--item-vocab-threshold` and `--popularity-weights` (from the same one DP histogram as
+  Re-Attention's p_i: one ledger charge) and `--item-norm-share` (issue 15): the checkpoint's
+  table has the vocabulary's rows, every item maps to one, each row has a weight floored at the
+  histogram's noise std; the summary reports validation metrics for model selection and the
   top-10 diversity."""
   run_dir = str(tmp_path / "run")
   code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "5", "--run-dir",
                    run_dir, "--item-vocab-threshold", "20", "--item-norm-share", "0.9",
-                   "--item-histogram-items", "4"] + TINY)
+                   "--item-histogram-items", "4", "--popularity-weights"] + TINY)
   assert code == 0
   summary = json.loads(capsys.readouterr().out)
   vocabulary = summary["item_vocabulary"]
@@ -200,6 +201,14 @@ def test_item_vocabulary_and_norm_share_run_selected_on_validation(data_dir, tmp
   assert shapes[table][0] == vocabulary["table_rows"] + 1
   row_of = reader.get_tensor(next(n for n in shapes if "item_row_of" in n))
   assert row_of[0] == 0 and set(row_of[1:]) == set(range(1, vocabulary["table_rows"] + 1))
+  row_weight = reader.get_tensor(next(n for n in shapes if "item_row_weight" in n))
+  weights = summary["popularity_weights"]
+  assert weights["count_floor"] == pytest.approx(
+      summary["item_frequencies"]["noise_multiplier"] * 2)  # σ·√K, K = 4
+  assert row_weight.shape == (vocabulary["table_rows"] + 1,)
+  np.testing.assert_allclose([row_weight[1:].min(), row_weight[1:].max()],
+                             [weights["min"], weights["max"]], rtol=1e-6)
+  assert weights["min"] < 1 < weights["max"]
   assert summary["selected_on"] == "validation"
   assert summary["validation"]["users"] > 0 and "by_popularity" in summary["validation"]
   assert 10 <= summary["distinct_top10_items"] <= data.num_items
@@ -207,10 +216,11 @@ def test_item_vocabulary_and_norm_share_run_selected_on_validation(data_dir, tmp
 
 
 def test_vocabulary_alone_pays_for_the_histogram():
-  """Without Re-Attention, the vocabulary still needs the DP counts: the plan pays for them."""
+  """Without Re-Attention, the vocabulary or the popularity weights still need the DP counts:
+  the plan pays for them."""
   from dprec.workflows.seqrec import SeqRecTrainOptions  # pylint: disable=import-outside-toplevel
   vanilla = SeqRecTrainOptions(reattention=False)
   assert item_frequencies.mechanisms(vanilla) == []
-  assert item_frequencies.mechanisms(
-      SeqRecTrainOptions(reattention=False, item_vocab_threshold=5)) == [
-          (item_frequencies.LABEL, 0.05)]
+  for levers in ({"item_vocab_threshold": 5}, {"popularity_weights": True}):
+    assert item_frequencies.mechanisms(SeqRecTrainOptions(reattention=False, **levers)) == [
+        (item_frequencies.LABEL, 0.05)]
