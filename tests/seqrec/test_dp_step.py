@@ -8,6 +8,7 @@ from dprec.models.seqrec import NextItemLoss, SeqRecConfig, SeqRecModel
 from dprec.optimizers.config import DPSGD
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.sparse.fest import threshold_vocabulary
+from dprec.workflows.item_frequencies import popularity_weights
 
 ITEMS = np.array([[0, 0, 3, 5, 3, 3], [1, 2, 4, 2, 7, 8], [0, 0, 0, 0, 0, 9],
                   [13, 12, 13, 1, 5, 6]], np.int32)
@@ -275,7 +276,6 @@ def test_popularity_weights_keep_the_effective_table(tied):
 
 
 def test_popularity_weights_follow_inverse_root_counts_floored_and_keep_the_mean_share():
-  from dprec.workflows.item_frequencies import popularity_weights  # pylint: disable=import-outside-toplevel
   counts = np.array([0.0, 400.0, 100.0, 25.0, 3.0, -4.0])
   w = popularity_weights(counts, floor=10.0)
   floored = np.array([400.0, 100.0, 25.0, 10.0, 10.0])
