@@ -204,10 +204,12 @@ def time_steps(data, args):
 
 
 def learning_curve(data, args):
-  """NDCG@10 / HIT@10 (%) of every `--curve-every`-th checkpoint of each run directory."""
-  lines = ["| run | step | epoch | NDCG@10 | HIT@10 | head / torso / tail NDCG | "
+  """NDCG@10 / HIT@10 (%) of every `--curve-every`-th checkpoint of each run directory (and on
+  the validation items, for a run that held them out)."""
+  lines = ["| run | step | epoch | validation NDCG@10 / HIT@10 | validation head / torso / tail "
+           "NDCG | NDCG@10 | HIT@10 | head / torso / tail NDCG | "
            "distinct items in top-10s | top-10 ∩ popularity top-10 | top-10 ∩ other user's |",
-           "|---|---|---|---|---|---|---|---|---|"]
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
   for directory in args.curve:
     paths = sorted(glob.glob(os.path.join(directory, "ckpt-*")))
     paths = [p for i, p in enumerate(paths) if i % args.curve_every == 0 or p == paths[-1]]
@@ -216,21 +218,35 @@ def learning_curve(data, args):
     name = os.path.normpath(directory)
     name = os.path.basename(os.path.dirname(name) if name.endswith("checkpoints") else name)
     options = options_from_checkpoint(paths[0], progress=False)
-    examples = make_examples(data, options.max_len)
+    examples = make_examples(data, options.max_len, options.hold_out_validation)
     plan = plan_privacy(options, len(examples.items))
     model = build_model(options, examples, plan)
     for path in paths:
       checkpoint_objects(model).read(os.path.join(path, MODEL_PREFIX)).assert_consumed()
       step = CheckpointManager.read_state(path)["step"]
       metrics = evaluate(model, examples, options)
-      buckets = " / ".join(f"{100 * metrics['by_popularity'][b]['ndcg_at_10']:.2f}"
-                           for b in ranking_metrics.BUCKETS)
+      validation = (evaluate(model, examples, options, examples.valid_histories,
+                             examples.valid_items)
+                    if examples.valid_histories is not None else None)
       lines.append(f"| {name} | {step} | "
                    f"{step * options.batch_size / len(examples.items):.1f} | "
+                   f"{_ndcg_hit(validation)} | {_buckets(validation)} | "
                    f"{100 * metrics['ndcg_at_10']:.2f} | {100 * metrics['hit_at_10']:.2f} | "
-                   f"{buckets} | {personalisation(model, examples)} |")
+                   f"{_buckets(metrics)} | {personalisation(model, examples)} |")
       print(lines[-1], file=sys.stderr, flush=True)
   return "\n".join(lines)
+
+
+def _ndcg_hit(metrics):
+  return "—" if metrics is None else (f"{100 * metrics['ndcg_at_10']:.2f} / "
+                                      f"{100 * metrics['hit_at_10']:.2f}")
+
+
+def _buckets(metrics):
+  if metrics is None:
+    return "—"
+  return " / ".join(f"{100 * metrics['by_popularity'][b]['ndcg_at_10']:.2f}"
+                    for b in ranking_metrics.BUCKETS)
 
 
 def personalisation(model, examples, users=2000, seed=0):
