@@ -48,7 +48,8 @@ def is_chief() -> bool:
           or (role.get("type") == "worker" and int(role.get("index", 0)) == 0))
 
 
-def _free_ports(count: int) -> List[int]:
+def free_ports(count: int) -> List[int]:
+  """`count` distinct localhost ports free right now."""
   sockets = [socket.socket() for _ in range(count)]
   try:
     for s in sockets:
@@ -63,7 +64,7 @@ def local_tf_configs(num_workers: int) -> List[str]:
   """TF_CONFIG of each worker of a localhost cluster of `num_workers` on free ports."""
   if num_workers < 1:
     raise ValueError(f"a cluster needs at least one worker, got {num_workers}")
-  workers = [f"localhost:{port}" for port in _free_ports(num_workers)]
+  workers = [f"localhost:{port}" for port in free_ports(num_workers)]
   return [json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
           for i in range(num_workers)]
 
