@@ -165,6 +165,11 @@ def in_process_cluster(num_workers: int, num_ps: int):
   ports = cluster.free_ports(num_workers + num_ps)
   spec = tf.train.ClusterSpec({"worker": [f"localhost:{p}" for p in ports[:num_workers]],
                                "ps": [f"localhost:{p}" for p in ports[num_workers:]]})
-  _SERVERS.extend(tf.distribute.Server(spec, job_name=job, task_index=index, protocol="grpc")
+  # In one process the servers share its threads: with fewer than num_workers + 1 inter-op
+  # threads a worker can wait forever for a tensor (TF's in-process test clusters, b/172296720).
+  configs = {"worker": tf.compat.v1.ConfigProto(inter_op_parallelism_threads=num_workers + 1),
+             "ps": None}
+  _SERVERS.extend(tf.distribute.Server(spec, job_name=job, task_index=index, protocol="grpc",
+                                       config=configs[job])
                   for job in ("worker", "ps") for index in range(spec.num_tasks(job)))
   return tf.distribute.cluster_resolver.SimpleClusterResolver(spec, rpc_layer="grpc")
