@@ -5,6 +5,8 @@
 role by the `TF_CONFIG` environment variable (`{"cluster": {"worker": [host:port, ...]},
 "task": {"type": "worker", "index": i}}`), as on a real cluster; worker 0 is the chief.
 `start_local_workers` starts such a cluster on localhost (free ports, one process per worker).
+`--strategy parameter_server`: `dprec.distribute.parameter_server` (tables sharded over
+parameter servers, steps scheduled by the chief).
 """
 import json
 import os
@@ -14,7 +16,7 @@ import sys
 import time
 from typing import List, Optional, Sequence
 
-STRATEGIES = ("none", "mirrored", "multi_worker")
+STRATEGIES = ("none", "mirrored", "multi_worker", "parameter_server")
 
 
 def make_strategy(name: str):
@@ -24,6 +26,8 @@ def make_strategy(name: str):
     return None
   if name == "mirrored":
     return tf.distribute.MirroredStrategy()
+  if name == "parameter_server":
+    raise ValueError("--strategy parameter_server: use dprec.distribute.parameter_server")
   if name == "multi_worker":
     if not os.environ.get("TF_CONFIG"):
       raise ValueError("--strategy multi_worker needs TF_CONFIG (the cluster and this "

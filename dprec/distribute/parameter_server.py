@@ -65,6 +65,21 @@ def make_strategy(cluster_resolver=None, min_rows: int = MIN_ROWS_PER_SHARD):
   return strategy, tf.distribute.experimental.coordinator.ClusterCoordinator(strategy)
 
 
+def serve():
+  """Runs this process's worker or ps task of TF_CONFIG until the cluster is stopped (the chief
+  schedules the steps; the workers need neither the data nor the secret key)."""
+  resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
+  tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
+                       task_index=resolver.task_id, protocol=resolver.rpc_layer or "grpc",
+                       start=True).join()
+
+
+def num_workers(strategy) -> int:
+  """The workers of a `ParameterServerStrategy`'s cluster."""
+  # Its public `cluster_resolver` is None (TF 2.21); the one it was built with is kept here.
+  return strategy._cluster_resolver.cluster_spec().num_tasks("worker")  # pylint: disable=protected-access
+
+
 def in_scope() -> bool:
   """Whether variables now created go to a `ParameterServerStrategy`'s parameter servers."""
   return isinstance(tf.distribute.get_strategy(),
@@ -126,7 +141,7 @@ def fit(model, coordinator, batches: Iterable, noise_states: Iterable, steps: in
   callback_list = tf.keras.callbacks.CallbackList(list(callbacks), model=model)
   callback_list.set_params({"steps": steps, "epochs": 1, "verbose": 0})
   step = _step_function(model)
-  window = coordinator.strategy.extended._num_workers  # pylint: disable=protected-access
+  window = num_workers(coordinator.strategy)
   in_flight, logs = collections.deque(), {}
 
   def wait(keep):

@@ -36,11 +36,13 @@ import tensorflow as tf
 from dprec import privacy
 from dprec.data.ctr_data import CTRData, load_data
 from dprec.distribute import cluster
+from dprec.distribute import parameter_server
 from dprec.errors import DprecError
 from dprec.models import ctr
 from dprec.optimizers import config as config_lib
 from dprec.optimizers import sparse as sparse_optimizers
 from dprec.optimizers.dp_optimizer import DPOptimizer
+from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
 from dprec.sparse import fest
 from dprec.training import poisson
 from dprec.workflows import plan as plan_lib
@@ -50,6 +52,7 @@ COMMAND = "train ctr"
 ALGORITHMS = ("non_private", "dp_sgd", "dp_fest", "dp_adafest", "dp_adafest_plus")
 FEST_ALGORITHMS = ("dp_fest", "dp_adafest_plus")
 STRATEGIES = cluster.STRATEGIES
+LOCAL_CLUSTERS = ("multi_worker", "parameter_server")
 OPTIMIZERS = {"sgd": sparse_optimizers.SparseSGD, "adagrad": sparse_optimizers.SparseAdagrad,
               "adam": sparse_optimizers.LazyAdam, "adambc": sparse_optimizers.AdamBC}
 LOGIT_INITS = ("base_rate", "default")
@@ -80,10 +83,11 @@ EPSILON_COVERS = {
 class CTRTrainOptions(run_lib.FitOptions):
   """Everything `dprec train ctr` accepts (see `dprec.workflows.ctr_cli` for each field)."""
   NOT_FINGERPRINTED = run_lib.FitOptions.NOT_FINGERPRINTED + (
-      "vocab", "log_dir", "eval_batch_size", "strategy", "local_workers")
+      "vocab", "log_dir", "eval_batch_size", "strategy", "local_workers", "local_ps")
   data: str
   strategy: str = "none"
   local_workers: int = 0
+  local_ps: int = 0
   algorithm: str = "dp_adafest"
   epsilon: Optional[float] = None
   delta: Optional[float] = None
@@ -136,9 +140,15 @@ class CTRTrainOptions(run_lib.FitOptions):
       raise DprecError(f"--algorithm {self.algorithm} needs --top-k (rows kept over all tables)")
     if self.top_k_epsilon < 0:
       raise DprecError("--top-k-epsilon must be >= 0")
-    if self.local_workers < 0 or (self.local_workers and self.strategy != "multi_worker"):
+    if self.local_workers < 0 or (self.local_workers and self.strategy not in LOCAL_CLUSTERS):
       raise DprecError("--local-workers N (N >= 1) starts a localhost cluster for --strategy "
-                       "multi_worker")
+                       "multi_worker or parameter_server")
+    if self.local_ps < 0 or bool(self.local_ps) != (
+        self.strategy == "parameter_server" and self.local_workers > 0):
+      raise DprecError("--strategy parameter_server --local-workers N needs --local-ps K "
+                       "(K >= 1 parameter servers), and --local-ps only goes with them")
+    if self.strategy == "parameter_server" and self.secure_noise:
+      raise DprecError("--secure-noise is not available with --strategy parameter_server")
     if (self.strategy == "multi_worker" and self.run_dir is None
         and self.insecure_noise_seed is None):
       raise DprecError("--strategy multi_worker needs --run-dir: the chief keeps the run's secret "
@@ -271,11 +281,22 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
   to `options.summary_json` if set). `options.strategy` "mirrored" or "multi_worker": under
   that `tf.distribute` strategy (`dprec.distribute`; every worker runs this with its TF_CONFIG,
   the chief alone charges the ledger and writes checkpoints and the summary);
-  `options.local_workers`: starts them on localhost (`run_local_cluster`)."""
+  `options.local_workers`: starts them on localhost (`run_local_cluster`). "parameter_server":
+  the chief trains, scheduling steps on the workers (`dprec.distribute.parameter_server`); a
+  worker or ps task of TF_CONFIG serves until the cluster stops; `options.local_workers` and
+  `local_ps`: an in-process localhost cluster."""
   options.validate()
-  if options.local_workers:
+  coordinator = None
+  if options.strategy == "parameter_server":
+    if cluster.task().get("type") in ("worker", "ps"):
+      parameter_server.serve()  # until the cluster is stopped
+    strategy, coordinator = parameter_server.make_strategy(
+        parameter_server.in_process_cluster(options.local_workers, options.local_ps)
+        if options.local_workers else None)
+  elif options.local_workers:
     return run_local_cluster(options)
-  strategy = cluster.make_strategy(options.strategy)
+  else:
+    strategy = cluster.make_strategy(options.strategy)
   chief = cluster.is_chief()
   data = data or load_data(options.data, options.vocab, options.vocab_min_count)
   chosen = {"batch_size_chosen": options.batch_size is None,
@@ -298,14 +319,18 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
     if options.log_dir and options.diagnostics and chief:  # Keras' scalars: exact loss/AUC
       extra.append(tf.keras.callbacks.TensorBoard(
           os.path.join(options.log_dir, "diagnostics_nonprivate"), update_freq=100))
+    # Parameter servers: each scheduled step resets its worker's generator itself.
     timer, callbacks = run.fit_callbacks(
-        {"dp step": model.dp_optimizer.generator}, resume, budget, options.checkpoint_every,
+        {} if coordinator else {NOISE_PURPOSE: model.dp_optimizer.generator}, resume, budget,
+        options.checkpoint_every,
         extra, options.progress and chief and f"{COMMAND} {options.algorithm}",
         options.diagnostics)
     features = {key: data.train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}
     history = run.fit(model, features, data.train["label"], options.batch_size,
-                      plan.private and plan.poisson, options.steps, resume, callbacks)
-    replicas = model.distribute_strategy.num_replicas_in_sync
+                      plan.private and plan.poisson, options.steps, resume, callbacks,
+                      coordinator)
+    replicas = (parameter_server.num_workers(strategy) if coordinator
+                else model.distribute_strategy.num_replicas_in_sync)
     if strategy is not None:  # predict and evaluate on one device: the same on every worker
       model = _local_copy(model)
     calibration = recalibrate(model, data.train, plan, rate, run.numpy_rng("calibration"),
@@ -320,9 +345,15 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
 
 
 def _local_copy(model):
-  """A copy of a model trained under `tf.distribute`, outside it, compiled for evaluation."""
+  """A copy of a model trained under `tf.distribute`, outside it, compiled for evaluation
+  (sharded tables gathered whole)."""
   local = ctr.model_from_config(model.config)
-  for target, source in zip(local.trainable_variables, model.trainable_variables):
+  for target, source in zip(local.dp_tables, model.dp_tables):
+    target.embeddings.assign(tf.convert_to_tensor(source.embeddings))
+  tables = {id(v) for m in (local, model) for t in m.dp_tables
+            for v in [t.embeddings, *getattr(t.embeddings, "variables", [])]}
+  for target, source in zip([v for v in local.trainable_variables if id(v) not in tables],
+                            [v for v in model.trainable_variables if id(v) not in tables]):
     target.assign(source.numpy())
   local.compile()
   return local
