@@ -285,11 +285,11 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
   the chief trains, scheduling steps on the workers (`dprec.distribute.parameter_server`); a
   worker or ps task of TF_CONFIG serves until the cluster stops; `options.local_workers` and
   `local_ps`: an in-process localhost cluster."""
+  if options.strategy == "parameter_server" and cluster.task().get("type") in ("worker", "ps"):
+    parameter_server.serve()  # until the cluster is stopped; the chief holds the options
   options.validate()
   coordinator = None
   if options.strategy == "parameter_server":
-    if cluster.task().get("type") in ("worker", "ps"):
-      parameter_server.serve()  # until the cluster is stopped
     strategy, coordinator = parameter_server.make_strategy(
         parameter_server.in_process_cluster(options.local_workers, options.local_ps)
         if options.local_workers else None)
