@@ -44,6 +44,7 @@ from dprec.optimizers import sparse as sparse_optimizers
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
 from dprec.sparse import fest
+from dprec.training import callbacks as callbacks_lib
 from dprec.training import poisson
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import run as run_lib
@@ -315,7 +316,8 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
                         options.keep_checkpoints)
     budget = (run.budget_callback(plan, label, resume.step, options.charge_every, options.log_dir)
               if run.ledger is not None else None)
-    extra = []
+    # Workers of a multi-worker run stop together when the chief stops at the budget.
+    extra = [callbacks_lib.SharedStop(strategy)] if options.strategy == "multi_worker" else []
     if options.log_dir and options.diagnostics and chief:  # Keras' scalars: exact loss/AUC
       extra.append(tf.keras.callbacks.TensorBoard(
           os.path.join(options.log_dir, "diagnostics_nonprivate"), update_freq=100))
