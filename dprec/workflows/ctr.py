@@ -73,7 +73,7 @@ EPSILON_COVERS = {
                 "calibration_scale", "calibration_shift", "gradient_size",
                 "gradient_size_reduction", "steps", "stopped_at_budget"],
     "public": ["settings", "noise multipliers", "train_rows and eval_rows (N, assumed public)",
-               "dense_embedding_size", "timings"],
+               "dense_embedding_size", "sharded_tables", "timings"],
     "held_out_evaluation": "auc and eval_loss are computed on the last day, which is not "
                            "training data of this run (that day itself is not protected)",
     "not_covered": "diagnostics_nonprivate (only with --diagnostics): exact training loss/AUC",
@@ -84,11 +84,13 @@ EPSILON_COVERS = {
 class CTRTrainOptions(run_lib.FitOptions):
   """Everything `dprec train ctr` accepts (see `dprec.workflows.ctr_cli` for each field)."""
   NOT_FINGERPRINTED = run_lib.FitOptions.NOT_FINGERPRINTED + (
-      "vocab", "log_dir", "eval_batch_size", "strategy", "local_workers", "local_ps")
+      "vocab", "log_dir", "eval_batch_size", "strategy", "local_workers", "local_ps",
+      "min_shard_rows")
   data: str
   strategy: str = "none"
   local_workers: int = 0
   local_ps: int = 0
+  min_shard_rows: int = parameter_server.MIN_ROWS_PER_SHARD
   algorithm: str = "dp_adafest"
   epsilon: Optional[float] = None
   delta: Optional[float] = None
@@ -148,6 +150,8 @@ class CTRTrainOptions(run_lib.FitOptions):
         self.strategy == "parameter_server" and self.local_workers > 0):
       raise DprecError("--strategy parameter_server --local-workers N needs --local-ps K "
                        "(K >= 1 parameter servers), and --local-ps only goes with them")
+    if self.min_shard_rows < 1:
+      raise DprecError(f"--min-shard-rows must be >= 1, got {self.min_shard_rows}")
     if self.strategy == "parameter_server" and self.secure_noise:
       raise DprecError("--secure-noise is not available with --strategy parameter_server")
     if (self.strategy == "multi_worker" and self.run_dir is None
@@ -293,7 +297,7 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
   if options.strategy == "parameter_server":
     strategy, coordinator = parameter_server.make_strategy(
         parameter_server.in_process_cluster(options.local_workers, options.local_ps)
-        if options.local_workers else None)
+        if options.local_workers else None, options.min_shard_rows)
   elif options.local_workers:
     return run_local_cluster(options)
   else:
@@ -333,6 +337,8 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
                       coordinator)
     replicas = (parameter_server.num_workers(strategy) if coordinator
                 else model.distribute_strategy.num_replicas_in_sync)
+    # Public: the number of tables split over parameter servers (by their public sizes).
+    layout = {"sharded_tables": sum(hasattr(t.embeddings, "variables") for t in model.dp_tables)}
     if strategy is not None:  # predict and evaluate on one device: the same on every worker
       model = _local_copy(model)
     calibration = recalibrate(model, data.train, plan, rate, run.numpy_rng("calibration"),
@@ -340,7 +346,7 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
     evaluation = ctr.evaluate(model, data.eval, data.eval["label"], options.eval_batch_size)
     summary = _summary(options, data, model, plan, history, evaluation, timer, budget, run,
                        resume, rate, calibration, replicas)
-    summary.update(chosen)
+    summary.update(chosen, **layout if coordinator else {})
   if chief:
     run_lib.write_summary(summary, options.summary_json)
   return summary

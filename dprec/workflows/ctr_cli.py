@@ -38,6 +38,9 @@ def register(subparsers):
            "(and --local-ps K servers) in this process, the chief; 0: the cluster of TF_CONFIG")
   add("--local-ps", type=int, default=defaults.local_ps, metavar="K",
       help="with --strategy parameter_server --local-workers N: K parameter servers")
+  add("--min-shard-rows", type=int, default=defaults.min_shard_rows, metavar="ROWS",
+      help="with --strategy parameter_server: a table is split by rows over up to all parameter "
+           "servers, each shard at least ROWS rows (smaller tables and dense layers stay whole)")
   add("--algorithm", choices=ctr.ALGORITHMS, default=defaults.algorithm,
       help="training algorithm")
   add("--epsilon", type=float,
