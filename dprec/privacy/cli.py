@@ -133,7 +133,7 @@ def run_agm(args):
 def run_ledger(args):
   if not os.path.exists(args.path):
     raise DprecError(f"{args.path}: no such privacy ledger")
-  summary = ledger_lib.PrivacyLedger(args.path).summary()
+  summary = ledger_lib.PrivacyLedger.read(args.path).summary()
   if not args.charges:
     summary["charges"] = len(summary["charges"])
   return summary

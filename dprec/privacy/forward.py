@@ -18,6 +18,7 @@ import math
 from dprec.errors import DprecError
 from dprec.privacy import accounting
 from dprec.privacy import calibration
+from dprec.privacy import composition
 
 NOTION = "SeqLDP"
 RELEASE_SAMPLING_RATE = 1.0  # every user's representation is released in every epoch
@@ -46,12 +47,6 @@ def seqldp_epsilon(noise_multiplier, epochs, delta, accountant="pld"):
   """ε1 at δ of E epoch releases with noise multiplier z (σ = z·2C)."""
   return accounting.gaussian_epsilon([release_period(noise_multiplier, epochs)], delta,
                                      accountant)
-
-
-def calibrate_release_noise(target_epsilon, delta, epochs, accountant="pld", rtol=1e-3):
-  """The smallest z (within rtol) whose E epoch releases cost at most ε1 = target at δ."""
-  return calibration.calibrate_noise_multiplier(
-      target_epsilon, delta, RELEASE_SAMPLING_RATE, check_epochs(epochs), accountant, rtol)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,8 +85,11 @@ class ForwardPlan:
     }
 
 
-def plan_forward(target_epsilon, delta, epochs, norm_bound, label_epsilon=0.0, accountant="pld"):
-  """Calibrates z so that E releases plus the label's ε2 spend exactly the target ε."""
+def plan_forward(target_epsilon, delta, epochs, norm_bound, label_epsilon=0.0, accountant="pld",
+                 spent: composition.Spent = composition.Spent()):
+  """Calibrates z (within rtol 1e-3) so that E releases, the label's ε2 and what a ledger spent
+  on the data set before the run (`spent`: its periods composed with the releases in the
+  accountant, its selections added) together spend exactly the target ε."""
   if not 0 <= label_epsilon < target_epsilon:
     raise DprecError(f"label epsilon {label_epsilon} leaves nothing of the target "
                      f"{target_epsilon} for the representations")
@@ -99,7 +97,10 @@ def plan_forward(target_epsilon, delta, epochs, norm_bound, label_epsilon=0.0, a
     raise DprecError(f"the representation norm bound C must be positive, got {norm_bound}")
   if not math.isfinite(target_epsilon):
     raise DprecError("DP-Forward needs a finite epsilon")
-  z = calibrate_release_noise(target_epsilon - label_epsilon, delta, epochs, accountant)
+  z = calibration.plan_training(target_epsilon, delta,
+                                [(RELEASE_SAMPLING_RATE, check_epochs(epochs))],
+                                selection_epsilon=label_epsilon, accountant=accountant,
+                                spent=spent).noise_multiplier
   return ForwardPlan(z, float(norm_bound), check_epochs(epochs), delta,
                      seqldp_epsilon(z, epochs, delta, accountant), float(label_epsilon),
                      accountant)

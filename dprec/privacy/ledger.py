@@ -96,9 +96,21 @@ class PrivacyLedger:
       self._result = self._compose(self.charges)
       self._save(self.charges)
 
+  @classmethod
+  def read(cls, path):
+    """The ledger at `path`, read only: no lock is taken and nothing is written, so a ledger in a
+    read-only place can be shown (writers replace the file by an atomic rename, so a reader
+    always sees a whole ledger)."""
+    ledger = cls.__new__(cls)
+    ledger.path, ledger.stamp = os.fspath(path), {}
+    ledger._load(tidy=False)
+    ledger._result = ledger._compose_loaded()
+    return ledger
+
   # -- persistence ---------------------------------------------------------------------------
-  def _load(self, epsilon_budget=None, delta=None, accountant=None):
-    """Reads the file into this instance (the fields given must match it); not composed."""
+  def _load(self, epsilon_budget=None, delta=None, accountant=None, tidy=True):
+    """Reads the file into this instance (the fields given must match it); not composed.
+    `tidy` (only under the lock): also removes temporaries left by a killed writer."""
     try:
       with open(self.path) as f:
         data = json.load(f)
@@ -115,8 +127,8 @@ class PrivacyLedger:
     self.epsilon_budget, self.delta = data["epsilon_budget"], data["delta"]
     self.accountant, self.created = data["accountant"], data.get("created", "")
     self.charges = data["charges"]
-    # Left by a writer killed before its rename (writers hold the lock): the ledger is intact.
-    atomic_io.remove_stale_temporaries(self.path)
+    if tidy:  # Left by a writer killed before its rename (writers hold the lock): intact.
+      atomic_io.remove_stale_temporaries(self.path)
 
   def _compose_loaded(self):
     try:

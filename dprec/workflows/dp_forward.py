@@ -19,6 +19,7 @@ import numpy as np
 import tensorflow as tf
 
 from dprec import atomic_io
+from dprec import privacy
 from dprec.data.sequences import read_item_frequencies
 from dprec.errors import DprecError
 from dprec.layers.forward_noise import DPForwardConfig
@@ -52,20 +53,24 @@ def steps_per_epoch(num_examples, batch_size):
   return num_examples // batch_size
 
 
-def plan(target_epsilon, delta, epochs, options: DPForwardOptions, accountant="pld"):
-  """σ for E epoch releases after deducting ε2 (`dprec.privacy.forward.plan_forward`)."""
+def plan(target_epsilon, delta, epochs, options: DPForwardOptions, accountant="pld",
+         spent=privacy.Spent()):
+  """σ for E epoch releases after deducting ε2 and what the ledger spent before (`spent`;
+  `dprec.privacy.forward.plan_forward`)."""
   try:
     options.model_config(1.0)
   except ValueError as error:
     raise DprecError(str(error)) from error
   return forward_privacy.plan_forward(target_epsilon, delta, epochs, options.norm_bound,
-                                      options.label_epsilon, accountant)
+                                      options.label_epsilon, accountant, spent)
 
 
-def plan_run(options, delta, num_examples) -> plan_lib.PrivacyPlan:
-  """The `train seqrec --dp-forward` plan: `plan`'s σ for the E epoch releases, T = E·⌊N/B⌋
-  service steps (`options`: the run's `SeqRecTrainOptions`)."""
-  forward = plan(options.epsilon, delta, options.epochs, options.dp_forward, options.accountant)
+def plan_run(options, delta, num_examples, spent=privacy.Spent()) -> plan_lib.PrivacyPlan:
+  """The `train seqrec --dp-forward` plan: `plan`'s σ for the E epoch releases, composed with
+  what the run's ledger `spent` on the data before, T = E·⌊N/B⌋ service steps (`options`: the
+  run's `SeqRecTrainOptions`)."""
+  forward = plan(options.epsilon, delta, options.epochs, options.dp_forward, options.accountant,
+                 spent)
   return plan_lib.PrivacyPlan(
       options.epsilon, delta, options.batch_size / num_examples,
       forward.epochs * steps_per_epoch(num_examples, options.batch_size),

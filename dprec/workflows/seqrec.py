@@ -155,15 +155,15 @@ options_from_checkpoint = functools.partial(resume_lib.options_from_checkpoint,
 def plan_privacy(options, num_examples, run=None) -> plan_lib.PrivacyPlan:
   """Steps = epochs·N/B; σ calibrated so the run spends exactly ε at δ (default: the ledger's,
   else 1/N), composed with the DP histogram of p_i and with what `run`'s ledger spent on the
-  data before (`run_lib.plan_prior`); DP-Forward: σ of its E epoch releases
-  (`dp_forward.plan_run`)."""
+  data before (`run_lib.plan_prior`); DP-Forward: σ of its E epoch releases, composed with that
+  too (`dp_forward.plan_run`)."""
   if options.batch_size > num_examples:
     raise DprecError(f"--batch-size {options.batch_size} exceeds the {num_examples} training "
                      "users; give a smaller one or none (then it is chosen from N)")
   delta, spent = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
                                     default_delta=1.0 / num_examples)
   if options.dp_forward is not None:
-    return dp_forward_lib.plan_run(options, delta, num_examples)
+    return dp_forward_lib.plan_run(options, delta, num_examples, spent)
   steps = max(1, int(round(options.epochs * num_examples / options.batch_size)))
   if not options.private:
     return plan_lib.plan_privacy(math.inf, None, num_examples, options.batch_size, steps)

@@ -7,7 +7,9 @@ import numpy as np
 import pytest
 
 from dprec.errors import DprecError
+from dprec.privacy import accounting
 from dprec.privacy import analytic_gaussian
+from dprec.privacy import composition
 from dprec.privacy import forward
 from dprec.privacy import label_rr
 from dprec.privacy.ledger import PrivacyLedger
@@ -51,6 +53,22 @@ def test_label_epsilon_is_deducted_and_reported():
   assert plan.epsilon == pytest.approx(4.0, rel=2e-3)
   report = plan.to_dict()
   assert report["privacy_notion"] == "LDP" and report["label_epsilon"] == 1.5
+
+
+def test_what_a_ledger_spent_before_is_composed_into_the_plan():
+  """A selection spent before is deducted; a Gaussian release spent before is composed with the
+  E releases in the PLD accountant (checked against dp_accounting called directly)."""
+  selection = composition.Spent(selections=((1.0, 0.0),))
+  assert forward.plan_forward(4.0, 1e-5, 2, 1.0, spent=selection).noise_multiplier == \
+      pytest.approx(forward.plan_forward(3.0, 1e-5, 2, 1.0).noise_multiplier, rel=1e-9)
+  earlier = composition.Spent(periods=(accounting.TrainingPeriod(2.0, 1.0, 3),))
+  plan = forward.plan_forward(4.0, 1e-5, 2, 1.0, spent=earlier)
+  accountant = dp_accounting.pld.PLDAccountant()
+  accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.GaussianDpEvent(2.0), 3))
+  accountant.compose(dp_accounting.SelfComposedDpEvent(
+      dp_accounting.GaussianDpEvent(plan.noise_multiplier), 2))
+  assert 3.99 < accountant.get_epsilon(1e-5) <= 4.0 + 1e-6
+  assert plan.noise_multiplier > forward.plan_forward(4.0, 1e-5, 2, 1.0).noise_multiplier
 
 
 def test_bad_plans():

@@ -1,5 +1,6 @@
 """`dprec privacy ...`: JSON outputs agree with the library, bad input is one line and exit 2."""
 import json
+import os
 
 import pytest
 
@@ -76,6 +77,18 @@ def test_ledger_command(run, tmp_path):
   assert code == 0
   assert out["epsilon_spent"] == pytest.approx(0.25) and out["remaining"] == pytest.approx(1.75)
   assert out["charges"] == 1
+
+
+def test_ledger_command_only_reads(run, tmp_path):
+  """Showing a ledger takes no lock and writes nothing, so it works where the user may only read
+  (e.g. a finished run's directory mounted read-only)."""
+  path = tmp_path / "l.json"
+  privacy.PrivacyLedger(path, epsilon_budget=2.0, delta=1e-5).charge_pure(0.5, label="top-k")
+  os.unlink(str(path) + ".lock")
+  before = sorted(os.listdir(tmp_path))
+  code, out, _ = run("ledger", "--path", str(path))
+  assert code == 0 and out["epsilon_spent"] == pytest.approx(0.5)
+  assert sorted(os.listdir(tmp_path)) == before
 
 
 @pytest.mark.parametrize("argv,message", [

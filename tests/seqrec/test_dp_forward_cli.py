@@ -41,6 +41,18 @@ def test_dp_forward_summary_states_seqldp_and_epsilon_matches_dp_accounting(data
   assert 0 <= summary["ndcg_at_10"] <= 1
 
 
+def test_dp_forward_plans_for_what_the_ledger_spent_before(data_dir, tmp_path, capsys):
+  """A ledger already charged ε 1 on the data (e.g. a DP vocabulary): the run plans its
+  releases for the 3 left instead of being refused, and the ledger ends at the budget."""
+  path = tmp_path / "ledger.json"
+  PrivacyLedger(path, epsilon_budget=4.0, delta=1e-5).charge_pure(1.0, label="vocabulary")
+  code, summary, err = run(capsys, "--data", data_dir, "--epsilon", "4", "--ledger", str(path),
+                           *TINY)
+  assert code == 0, err
+  assert 3.99 < summary["epsilon"] <= 4.0 + 1e-6
+  assert summary["dp_forward"]["representation_epsilon"] == pytest.approx(3.0, rel=2e-3)
+
+
 def test_dp_forward_with_label_rr_reports_both_epsilons(data_dir, capsys):
   code, summary, _ = run(capsys, "--data", data_dir, "--epsilon", "6", "--label-epsilon", "2",
                          "--forward-position", "attention", *TINY)
