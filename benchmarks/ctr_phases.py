@@ -29,9 +29,8 @@ import glob
 import json
 import os
 import statistics
-import time
-
 import tempfile
+import time
 
 import tensorflow as tf
 
@@ -73,6 +72,13 @@ def _op_count(function, x, y):
   return len(function.get_concrete_function(x, y).graph.get_operations())
 
 
+def _batch(spec, batch_size):
+  """(vocabulary sizes, features, labels) of one benchmark batch as tensors."""
+  vocab_sizes = tuple(v + 1 for v in synthetic.vocab_sizes(spec))
+  x, y = ctr_step.make_batches(vocab_sizes, batch_size, 1)[0]
+  return vocab_sizes, {k: tf.constant(v) for k, v in x.items()}, tf.constant(y)
+
+
 def executed_ops(function, x, y):
   """Ops run by one call of `function` (after Grappler), from a TF profiler trace."""
   from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=import-outside-toplevel
@@ -112,10 +118,7 @@ def draws_after_gradients(function, x, y):
 
 def structure(spec, batch_size, threshold):
   """{variant: (executed ops per step, draws, draws waiting for a gradient)}."""
-  vocab_sizes = tuple(v + 1 for v in synthetic.vocab_sizes(spec))
-  x, y = ctr_step.make_batches(vocab_sizes, batch_size, 1)[0]
-  x = {k: tf.constant(v) for k, v in x.items()}
-  y = tf.constant(y)
+  vocab_sizes, x, y = _batch(spec, batch_size)
   result = {}
   for variant in ("non_private", "dp_adafest"):
     model, _ = ctr_step.build(variant, vocab_sizes, batch_size, threshold)
@@ -127,10 +130,7 @@ def structure(spec, batch_size, threshold):
 
 def measure(spec, batch_size, rounds, calls, threshold):
   """{variant: {phase: (median CPU ms, median wall ms, ops)}} for one vocabulary."""
-  vocab_sizes = tuple(v + 1 for v in synthetic.vocab_sizes(spec))
-  x, y = ctr_step.make_batches(vocab_sizes, batch_size, 1)[0]
-  x = {k: tf.constant(v) for k, v in x.items()}
-  y = tf.constant(y)
+  vocab_sizes, x, y = _batch(spec, batch_size)
   functions, ops = {}, {}
   for variant in ("non_private", "dp_adafest"):
     model, _ = ctr_step.build(variant, vocab_sizes, batch_size, threshold)
