@@ -360,10 +360,10 @@ class DPModel(tf.keras.Model):
     table_sums = []
     for f, table in enumerate(tables):
       if f in pairs:
-        row = pairs[f].row
-        values = pair_grads[f] * (tf.gather(clip_factors, pairs[f].example)
-                                  * tf.cast(kept[f].pair_kept, losses.dtype))[:, tf.newaxis]
-        table_sums.append(replicas.sum_rows(row, values, kept[f].pair_kept))
+        # A pair whose row is not kept has a row outside the kept rows (kept touched rows are
+        # those of kept pairs; false positives are untouched): the noise step drops it.
+        values = pair_grads[f] * tf.gather(clip_factors, pairs[f].example)[:, tf.newaxis]
+        table_sums.append(replicas.sum_rows(pairs[f].row, values, kept[f].pair_kept))
       else:
         table_sums.append((tf.zeros([0], tf.int64),
                            tf.zeros([0, table.output_dim], losses.dtype)))
