@@ -62,8 +62,10 @@ class StreamOptions(run_lib.RunOptions):
   ratio: float = 5.0
   threshold: float = 1.0
   contribution_clip: float = 1.0
-  learning_rate: float = 0.05
-  optimizer: str = "adagrad"
+  # `train ctr`'s: Adagrad 0.05 ranked held-out days below chance at C2 = 1 (BENCHMARKS.md,
+  # "Streaming end to end by hand")
+  learning_rate: float = ctr_workflow.CTRTrainOptions.learning_rate
+  optimizer: str = ctr_workflow.CTRTrainOptions.optimizer
   adambc_floor: float = ADAMBC_FLOOR
   hidden_units: Tuple[int, ...] = (598, 598, 598, 598)
   headroom: float = 1.5

@@ -57,8 +57,10 @@ def register(subparsers):
   model.add_argument("--ratio", type=float, default=5.0, help="σ1/σ2 of DP-AdaFEST")
   model.add_argument("--threshold", type=float, default=1.0, help="τ of DP-AdaFEST")
   model.add_argument("--contribution-clip", type=float, default=1.0, help="C1 of DP-AdaFEST")
-  model.add_argument("--learning-rate", type=float, default=0.05)
-  model.add_argument("--optimizer", default="adagrad", choices=sorted(ctr.OPTIMIZERS))
+  model.add_argument("--learning-rate", type=float, default=defaults.learning_rate,
+                     help="(default %(default)s)")
+  model.add_argument("--optimizer", default=defaults.optimizer, choices=sorted(ctr.OPTIMIZERS),
+                     help="(default %(default)s; lazy Adam updates only the rows a step keeps)")
   model.add_argument("--adambc-floor", type=float, default=defaults.adambc_floor,
                      help="γ' of --optimizer adambc")
   model.add_argument("--hidden-units", type=ctr_cli.int_list, default=defaults.hidden_units,
