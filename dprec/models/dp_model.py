@@ -384,10 +384,10 @@ class DPModel(tf.keras.Model):
     table_sums = []
     for f, table in enumerate(tables):
       if f in pairs:
-        row = pairs[f].row
-        values = pair_grads[f] * (tf.gather(clip_factors, pairs[f].example)
-                                  * tf.cast(kept[f].pair_kept, losses.dtype))[:, tf.newaxis]
-        table_sums.append(replicas.sum_rows(row, values, kept[f].pair_kept))
+        # A pair whose row is not kept has a row outside the kept rows (kept touched rows are
+        # those of kept pairs; false positives are untouched): the noise step drops it.
+        values = pair_grads[f] * tf.gather(clip_factors, pairs[f].example)[:, tf.newaxis]
+        table_sums.append(replicas.sum_rows(pairs[f].row, values, kept[f].pair_kept))
       else:
         table_sums.append((tf.zeros([0], tf.int64),
                            tf.zeros([0, table.output_dim], losses.dtype)))
@@ -410,14 +410,18 @@ class DPModel(tf.keras.Model):
     if isinstance(getattr(self.optimizer, "noise_variance", None), tf.Variable):
       self.optimizer.noise_variance.assign(tf.square(std / normaliser))
     grads = [noise_lib.noisy_dense(g, std, generator) / normaliser for g in dense_sums]
-    for table, (row, values), rows in zip(self.dp_tables, table_sums, kept_rows):
-      shape = (table.vocab_size, table.output_dim)
-      if rows is None:
-        grad = noise_lib.noisy_dense_rows(row, values, std, generator, shape, normaliser)
+    shapes = [(table.vocab_size, table.output_dim) for table in self.dp_tables]
+    sparse = [f for f, rows in enumerate(kept_rows) if rows is not None]
+    table_grads = dict(zip(sparse, noise_lib.noisy_sparse_rows(
+        [kept_rows[f] for f in sparse], [table_sums[f][0] for f in sparse],
+        [table_sums[f][1] for f in sparse], std, generator, [shapes[f] for f in sparse])))
+    for f, (row, values) in enumerate(table_sums):
+      if f in table_grads:
+        grad = table_grads[f]
+        grads.append(tf.IndexedSlices(grad.values / normaliser, grad.indices, grad.dense_shape))
       else:
-        grad = noise_lib.noisy_sparse_rows(rows, row, values, std, generator, shape)
-        grad = tf.IndexedSlices(grad.values / normaliser, grad.indices, grad.dense_shape)
-      grads.append(grad)
+        grads.append(noise_lib.noisy_dense_rows(row, values, std, generator, shapes[f],
+                                                normaliser))
     return grads
 
   @staticmethod

@@ -61,6 +61,7 @@ STEPS_PER_EPOCH = 500  # default B: the power of two nearest N / STEPS_PER_EPOCH
 BATCH_SIZE_RANGE = (64, 16384)  # ... within these bounds (and at most N/8)
 BASE_RATE_LABEL = "train ctr base rate"
 CALIBRATION_LABEL = "train ctr calibration"
+CALIBRATION_ROWS = 1_000_000  # rows DP Platt scaling fits on (BENCHMARKS: 1M fit = the 5M fit)
 SELECTION_LABEL = "dp-fest top-k"
 VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-k-epsilon 0) are "
                    "treated as public, as seed 001 does, unless dataset.vocab_privacy says the "
@@ -217,6 +218,18 @@ def base_rate(labels, plan, rng) -> float:
   return float(np.clip(total / n, 1.0 / n, 1.0 - 1.0 / n))
 
 
+def calibration_rows(train, rng):
+  """At most `CALIBRATION_ROWS` training rows, drawn uniformly without replacement by `rng`:
+  two parameters need no more, and predicting every row of a large set takes minutes. The
+  mechanism's sensitivity is per example, so its guarantee does not depend on the count
+  (public: min(N, cap))."""
+  n = len(train["label"])
+  if n <= CALIBRATION_ROWS:
+    return train
+  rows = np.sort(rng.choice(n, CALIBRATION_ROWS, replace=False))
+  return {key: values[rows] for key, values in train.items()}
+
+
 def recalibrate(model, train, plan, rate, rng,
                 batch_size=8192) -> Tuple[Optional[float], Optional[float]]:
   """Makes `model`'s logits z into a·z + b, DP Platt scaling (`dprec.privacy.dp_platt_scaling`)
@@ -226,6 +239,7 @@ def recalibrate(model, train, plan, rate, rng,
   sigma = plan.mechanisms.get(CALIBRATION_LABEL)
   if sigma is None:
     return None, None
+  train = calibration_rows(train, rng)
   scale, shift = privacy.dp_platt_scaling(ctr.predict_logits(model, train, batch_size),
                                           train["label"], sigma, rate, rng)
   model.recalibrate_logits(scale, shift)
