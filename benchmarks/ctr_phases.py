@@ -15,15 +15,21 @@ Prefixes:
   step        + gradient-size metric, apply (SparseSGD), metrics (`train_step`)
 
 The non-private model runs `forward`, `gradients` (one backward pass) and `step`. Also printed:
-the number of graph ops of each prefix (a count independent of the load).
+the number of graph ops of each prefix (a count independent of the load), and with `--executed`
+the ops one whole step actually runs after TensorFlow's graph optimisations (counted by the TF
+profiler; each costs the executor a dispatch however small it is), and how many of the step's
+random draws wait for a gradient (such a draw cannot overlap the backward pass).
 
     .venv/bin/python benchmarks/ctr_phases.py --vocab table3 scaled:10M --json after.json
     PYTHONPATH=OLD_TREE .venv/bin/python benchmarks/ctr_phases.py ... --json before.json
     .venv/bin/python benchmarks/ctr_phases.py --compare before.json after.json
 """
 import argparse
+import glob
 import json
+import os
 import statistics
+import tempfile
 import time
 
 import tensorflow as tf
@@ -66,12 +72,65 @@ def _op_count(function, x, y):
   return len(function.get_concrete_function(x, y).graph.get_operations())
 
 
-def measure(spec, batch_size, rounds, calls, threshold):
-  """{variant: {phase: (median CPU ms, median wall ms, ops)}} for one vocabulary."""
+def _batch(spec, batch_size):
+  """(vocabulary sizes, features, labels) of one benchmark batch as tensors."""
   vocab_sizes = tuple(v + 1 for v in synthetic.vocab_sizes(spec))
   x, y = ctr_step.make_batches(vocab_sizes, batch_size, 1)[0]
-  x = {k: tf.constant(v) for k, v in x.items()}
-  y = tf.constant(y)
+  return vocab_sizes, {k: tf.constant(v) for k, v in x.items()}, tf.constant(y)
+
+
+def executed_ops(function, x, y):
+  """Ops run by one call of `function` (after Grappler), from a TF profiler trace."""
+  from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=import-outside-toplevel
+  with tempfile.TemporaryDirectory() as logdir:
+    tf.profiler.experimental.start(logdir)
+    tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, function(x, y))
+    tf.profiler.experimental.stop()
+    space = xplane_pb2.XSpace()
+    with open(glob.glob(os.path.join(logdir, "**", "*.xplane.pb"), recursive=True)[0],
+              "rb") as file:
+      space.ParseFromString(file.read())
+  host = next(plane for plane in space.planes if plane.name == "/host:CPU")
+  names = (host.event_metadata[event.metadata_id].name
+           for line in host.lines if line.name.startswith("tf_Compute") for event in line.events)
+  # Op events are named "node:OpType"; the executor's own are "Class::method".
+  return sum(1 for name in names if ":" in name and "::" not in name)
+
+
+def draws_after_gradients(function, x, y):
+  """(random draws, those waiting for a gradient op) in `function`'s graph: a draw's inputs and
+  control inputs, followed back, reach no op of the gradient tape iff it can run beside the
+  backward pass."""
+  graph = function.get_concrete_function(x, y).graph
+  draws = [op for op in graph.get_operations() if op.type == "RngReadAndSkip"]
+  waiting = 0
+  for draw in draws:
+    seen, stack = set(), [draw]
+    while stack:
+      op = stack.pop()
+      for parent in [t.op for t in op.inputs] + list(op.control_inputs):
+        if parent.name not in seen:
+          seen.add(parent.name)
+          stack.append(parent)
+    waiting += any(name.startswith("gradient_tape") for name in seen)
+  return len(draws), waiting
+
+
+def structure(spec, batch_size, threshold):
+  """{variant: (executed ops per step, draws, draws waiting for a gradient)}."""
+  vocab_sizes, x, y = _batch(spec, batch_size)
+  result = {}
+  for variant in ("non_private", "dp_adafest"):
+    model, _ = ctr_step.build(variant, vocab_sizes, batch_size, threshold)
+    step = tf.function(lambda x, y, model=model: model.train_step((x, y)))
+    step(x, y)  # trace and warm up
+    result[variant] = (executed_ops(step, x, y),) + draws_after_gradients(step, x, y)
+  return result
+
+
+def measure(spec, batch_size, rounds, calls, threshold):
+  """{variant: {phase: (median CPU ms, median wall ms, ops)}} for one vocabulary."""
+  vocab_sizes, x, y = _batch(spec, batch_size)
   functions, ops = {}, {}
   for variant in ("non_private", "dp_adafest"):
     model, _ = ctr_step.build(variant, vocab_sizes, batch_size, threshold)
@@ -144,6 +203,9 @@ def main(argv=None):
   parser.add_argument("--threshold", type=float, default=25.0,
                       help="DP-AdaFEST τ (default: %(default)s)")
   parser.add_argument("--json", help="write the results here (for --compare)")
+  parser.add_argument("--executed", action="store_true",
+                      help="instead of timing: ops one step runs, and draws waiting for a "
+                           "gradient")
   parser.add_argument("--compare", nargs=2, metavar=("BEFORE", "AFTER"),
                       help="print before/after of two --json files instead of measuring")
   args = parser.parse_args(argv)
@@ -153,6 +215,14 @@ def main(argv=None):
       with open(path, encoding="utf-8") as file:
         runs.append(json.load(file))
     compare(*runs)
+    return
+  if args.executed:
+    print("| vocabulary | variant | ops run per step | random draws | draws after a gradient |")
+    print("|---|---|---:|---:|---:|")
+    for spec in args.vocab:
+      for variant, (ops, draws, waiting) in structure(spec, args.batch_size,
+                                                      args.threshold).items():
+        print(f"| {spec} | {variant} | {ops:,} | {draws} | {waiting} |", flush=True)
     return
   print(f"# {machine.describe()}")
   results = {}

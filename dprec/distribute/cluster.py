@@ -5,6 +5,8 @@
 role by the `TF_CONFIG` environment variable (`{"cluster": {"worker": [host:port, ...]},
 "task": {"type": "worker", "index": i}}`), as on a real cluster; worker 0 is the chief.
 `start_local_workers` starts such a cluster on localhost (free ports, one process per worker).
+`--strategy parameter_server`: `dprec.distribute.parameter_server` (tables sharded over
+parameter servers, steps scheduled by the chief).
 """
 import json
 import os
@@ -14,7 +16,7 @@ import sys
 import time
 from typing import List, Optional, Sequence
 
-STRATEGIES = ("none", "mirrored", "multi_worker")
+STRATEGIES = ("none", "mirrored", "multi_worker", "parameter_server")
 
 
 def make_strategy(name: str):
@@ -24,6 +26,8 @@ def make_strategy(name: str):
     return None
   if name == "mirrored":
     return tf.distribute.MirroredStrategy()
+  if name == "parameter_server":
+    raise ValueError("--strategy parameter_server: use dprec.distribute.parameter_server")
   if name == "multi_worker":
     if not os.environ.get("TF_CONFIG"):
       raise ValueError("--strategy multi_worker needs TF_CONFIG (the cluster and this "
@@ -48,7 +52,8 @@ def is_chief() -> bool:
           or (role.get("type") == "worker" and int(role.get("index", 0)) == 0))
 
 
-def _free_ports(count: int) -> List[int]:
+def free_ports(count: int) -> List[int]:
+  """`count` distinct localhost ports free right now."""
   sockets = [socket.socket() for _ in range(count)]
   try:
     for s in sockets:
@@ -63,7 +68,7 @@ def local_tf_configs(num_workers: int) -> List[str]:
   """TF_CONFIG of each worker of a localhost cluster of `num_workers` on free ports."""
   if num_workers < 1:
     raise ValueError(f"a cluster needs at least one worker, got {num_workers}")
-  workers = [f"localhost:{port}" for port in _free_ports(num_workers)]
+  workers = [f"localhost:{port}" for port in free_ports(num_workers)]
   return [json.dumps({"cluster": {"worker": workers}, "task": {"type": "worker", "index": i}})
           for i in range(num_workers)]
 

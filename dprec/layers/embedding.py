@@ -69,7 +69,9 @@ class DPEmbedding(tf.keras.layers.Layer):
       ids = ids[:, tf.newaxis]
     valid = tf.not_equal(ids, self.pad_id)
     safe_ids = tf.where(valid, ids, tf.zeros_like(ids))
-    rows = tf.gather(self.embeddings, safe_ids)  # [n, L, d]
+    # A gather, also of a table sharded by rows (`dprec.distribute.parameter_server`), where
+    # tf.gather returns the rows grouped by shard instead of in the order of the ids (TF 2.21).
+    rows = tf.nn.embedding_lookup(self.embeddings, safe_ids)  # [n, L, d]
     if self._recording is not None:
       self._recording.append(Lookup(safe_ids, valid, rows))
     mask = tf.cast(valid, rows.dtype)[..., tf.newaxis]

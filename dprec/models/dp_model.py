@@ -119,6 +119,30 @@ def _gradient_size(gradient, noised):
   return tf.math.count_nonzero(gradient, dtype=tf.int64)
 
 
+def _table_variable_ids(tables):
+  """ids of the tables' variables: each table's, or the shards of a table partitioned by rows
+  across parameter servers (a `ShardedVariable`, `dprec.distribute.parameter_server`)."""
+  return {id(v) for t in tables
+          for v in [t.embeddings, *getattr(t.embeddings, "variables", [])]}
+
+
+def _shard_gradients(gradient, table):
+  """(gradient, variable) pairs of a table's gradient (dense, or IndexedSlices over sorted rows):
+  one pair for an ordinary table; for a `ShardedVariable` one per shard, the rows falling in it
+  (shard-local ids), so each parameter server receives, reads and updates only its kept rows."""
+  if not isinstance(table, tf.__internal__.distribute.ShardedVariable):
+    return [(gradient, table)]
+  sizes = [shard.shape[0] for shard in table.variables]
+  if not isinstance(gradient, tf.IndexedSlices):
+    return list(zip(tf.split(gradient, sizes), table.variables))
+  starts = [sum(sizes[:s]) for s in range(len(sizes) + 1)]
+  bounds = tf.searchsorted(gradient.indices, tf.constant(starts, gradient.indices.dtype))
+  return [(tf.IndexedSlices(gradient.values[bounds[s]:bounds[s + 1]],
+                            gradient.indices[bounds[s]:bounds[s + 1]] - starts[s],
+                            tf.constant(shard.shape.as_list(), tf.int64)), shard)
+          for s, shard in enumerate(table.variables)]
+
+
 _FUNCTIONAL_VARIANTS = {}
 
 
@@ -246,7 +270,7 @@ class DPModel(tf.keras.Model):
       grads_and_vars = list(zip(tape.gradient(loss, self.trainable_variables),
                                 self.trainable_variables))
     if self.dp_tables:
-      table_vars = {id(t.embeddings) for t in self.dp_tables}
+      table_vars = _table_variable_ids(self.dp_tables)
       noised = config_lib.is_private(config) and config.noise_multiplier > 0
       sizes = [_gradient_size(g, noised) for g, v in grads_and_vars if id(v) in table_vars]
       self.gradient_size_tracker.update_state(
@@ -343,7 +367,7 @@ class DPModel(tf.keras.Model):
       if clipped_fn is not None:
         clipped.update(zip(map(id, record.layer.trainable_weights),
                            clipped_fn(record.layer, record.args, grads, clip_factors)))
-    table_vars = {id(t.embeddings) for t in tables}
+    table_vars = _table_variable_ids(tables)
     dense_vars = [v for v in self.trainable_variables if id(v) not in table_vars]
     remaining = [v for v in dense_vars if id(v) not in clipped]
     if remaining:
@@ -360,10 +384,10 @@ class DPModel(tf.keras.Model):
     table_sums = []
     for f, table in enumerate(tables):
       if f in pairs:
-        row = pairs[f].row
-        values = pair_grads[f] * (tf.gather(clip_factors, pairs[f].example)
-                                  * tf.cast(kept[f].pair_kept, losses.dtype))[:, tf.newaxis]
-        table_sums.append(replicas.sum_rows(row, values, kept[f].pair_kept))
+        # A pair whose row is not kept has a row outside the kept rows (kept touched rows are
+        # those of kept pairs; false positives are untouched): the noise step drops it.
+        values = pair_grads[f] * tf.gather(clip_factors, pairs[f].example)[:, tf.newaxis]
+        table_sums.append(replicas.sum_rows(pairs[f].row, values, kept[f].pair_kept))
       else:
         table_sums.append((tf.zeros([0], tf.int64),
                            tf.zeros([0, table.output_dim], losses.dtype)))
@@ -371,7 +395,10 @@ class DPModel(tf.keras.Model):
                   or replicas.sum(tf.cast(tf.shape(losses)[0], losses.dtype)))
     grads = replicas.once(self._noisy_gradients, config, replicas.sum(dense_grads), table_sums,
                           [k.rows for k in kept], normaliser)
-    return list(zip(grads, dense_vars + [t.embeddings for t in tables])), y_pred
+    grads_and_vars = list(zip(grads[:len(dense_vars)], dense_vars))
+    for table, grad in zip(tables, grads[len(dense_vars):]):
+      grads_and_vars += _shard_gradients(grad, table.embeddings)
+    return grads_and_vars, y_pred
 
   def _noisy_gradients(self, config, dense_sums, table_sums, kept_rows, normaliser):
     """Step 5 on the clipped sums (dense, and (row, value) pairs per table): noise σ2·C2 on
@@ -383,14 +410,18 @@ class DPModel(tf.keras.Model):
     if isinstance(getattr(self.optimizer, "noise_variance", None), tf.Variable):
       self.optimizer.noise_variance.assign(tf.square(std / normaliser))
     grads = [noise_lib.noisy_dense(g, std, generator) / normaliser for g in dense_sums]
-    for table, (row, values), rows in zip(self.dp_tables, table_sums, kept_rows):
-      shape = (table.vocab_size, table.output_dim)
-      if rows is None:
-        grad = noise_lib.noisy_dense_rows(row, values, std, generator, shape, normaliser)
+    shapes = [(table.vocab_size, table.output_dim) for table in self.dp_tables]
+    sparse = [f for f, rows in enumerate(kept_rows) if rows is not None]
+    table_grads = dict(zip(sparse, noise_lib.noisy_sparse_rows(
+        [kept_rows[f] for f in sparse], [table_sums[f][0] for f in sparse],
+        [table_sums[f][1] for f in sparse], std, generator, [shapes[f] for f in sparse])))
+    for f, (row, values) in enumerate(table_sums):
+      if f in table_grads:
+        grad = table_grads[f]
+        grads.append(tf.IndexedSlices(grad.values / normaliser, grad.indices, grad.dense_shape))
       else:
-        grad = noise_lib.noisy_sparse_rows(rows, row, values, std, generator, shape)
-        grad = tf.IndexedSlices(grad.values / normaliser, grad.indices, grad.dense_shape)
-      grads.append(grad)
+        grads.append(noise_lib.noisy_dense_rows(row, values, std, generator, shapes[f],
+                                                normaliser))
     return grads
 
   @staticmethod
@@ -417,7 +448,7 @@ class DPModel(tf.keras.Model):
 
   def _check_coverage(self, tables, records, extras):
     """Every trainable variable needs a per-example norm; refuse silently unclipped ones."""
-    covered = {id(t.embeddings) for t in tables}
+    covered = _table_variable_ids(tables)
     for record in records:
       covered.update(id(w) for w in record.layer.trainable_weights)
     for extra in extras:

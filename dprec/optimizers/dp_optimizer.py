@@ -6,6 +6,7 @@ from typing import Any, Optional
 
 import tensorflow as tf
 
+from dprec.distribute import parameter_server
 from dprec.optimizers import config as config_lib
 from dprec.privacy import secure_noise as secure_noise_lib
 from dprec.privacy.noise_key import InsecureNoiseWarning
@@ -34,6 +35,8 @@ class DPOptimizer:
   `secure_noise`: every noise draw of the step (gradient noise on kept rows and dense variables,
   contribution-map noise, false positives) sampled exactly, with no floating-point artefact
   (`dprec.privacy.secure_noise`: the rounded Gaussian mechanism, accounted as the Gaussian one).
+  Created in a `ParameterServerStrategy`'s scope, the generator has one state per worker
+  (`dprec.distribute.parameter_server`), which each scheduled step resets to its own.
   `private` says whether the noise is secret; `privacy_note` why not."""
   config: Any
   inner: tf.keras.optimizers.Optimizer
@@ -67,8 +70,13 @@ class DPOptimizer:
       self.noise_key = NoiseKey.insecure(self.insecure_noise_seed)
     self.noise_key = self.noise_key or NoiseKey.fresh()
     self.privacy_note = self.noise_key.note
-    self.generator = (self.noise_key.secure_generator(NOISE_PURPOSE) if self.secure_noise
-                      else self.noise_key.tf_generator(NOISE_PURPOSE))
+    if parameter_server.in_scope():  # one state per worker, reset by every scheduled step
+      if self.secure_noise:
+        raise ValueError("secure_noise is not available under ParameterServerStrategy")
+      self.generator = parameter_server.worker_generator(self.noise_key.tf_state(NOISE_PURPOSE))
+    else:
+      self.generator = (self.noise_key.secure_generator(NOISE_PURPOSE) if self.secure_noise
+                        else self.noise_key.tf_generator(NOISE_PURPOSE))
 
   @property
   def private(self) -> bool:

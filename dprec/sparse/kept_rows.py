@@ -77,10 +77,11 @@ def select_kept_rows(config, layout, pairs, batch_size, generator, replicas=None
   example = tf.concat([p.example for p in pairs], axis=0)
   position, inside = universe.positions(
       tf.concat([p.row + offset for p, offset in zip(pairs, layout.offsets)], axis=0))
-  inside_index = tf.where(inside)
-  cmap = contribution_lib.contribution_map(
-      tf.boolean_mask(example, inside), tf.boolean_mask(position, inside), batch_size,
-      config.contribution_clip)
+  if local_sets is not None:  # pairs outside the DP-FEST set take no part
+    inside_index = tf.where(inside)
+    example, position = tf.boolean_mask(example, inside), tf.boolean_mask(position, inside)
+  cmap = contribution_lib.contribution_map(example, position, batch_size,
+                                           config.contribution_clip)
   touched, counts, pair_slot = cmap.rows, cmap.values, cmap.pair_slot
   replicas = replicas or replicas_lib.Replicas()
   if replicas.count > 1:  # the global map V̂ = Σ over all replicas
@@ -90,8 +91,10 @@ def select_kept_rows(config, layout, pairs, batch_size, generator, replicas=None
       selection.select_rows, touched, counts, universe, config.threshold,
       config_lib.noise_std(config.contribution_clip, config.contribution_noise_multiplier),
       generator)
-  pair_kept = tf.scatter_nd(inside_index, tf.cast(tf.gather(keep, pair_slot), tf.int8),
-                            tf.shape(inside, out_type=tf.int64)) > 0
+  pair_kept = tf.gather(keep, pair_slot)
+  if local_sets is not None:
+    pair_kept = tf.scatter_nd(inside_index, tf.cast(pair_kept, tf.int8),
+                              tf.shape(inside, out_type=tf.int64)) > 0
   kept_global = tf.sort(tf.concat([universe.rows(tf.boolean_mask(touched, keep)),
                                    universe.rows(false_positives)], axis=0))
   pair_kept = tf.split(pair_kept, [tf.size(p.row) for p in pairs])

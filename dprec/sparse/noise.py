@@ -29,15 +29,37 @@ def noisy_dense(gradient, noise_std, generator):
   return _maybe_add_noise(gradient, noise_std, generator)
 
 
-def noisy_sparse_rows(kept_rows, pair_row, pair_values, noise_std, generator, table_shape):
-  """IndexedSlices over sorted unique `kept_rows` [K]: the per-pair clipped values [P, d] summed
-  into their rows (pairs whose row is not kept must carry zero values or rows outside
-  `kept_rows`; they are dropped), plus noise on all K rows."""
-  slot, _ = find_sorted(kept_rows, pair_row)  # rows not kept: slot K, an extra one, dropped
-  values = tf.math.unsorted_segment_sum(pair_values, slot,
-                                        tf.size(kept_rows, out_type=tf.int64) + 1)[:-1]
-  values = _maybe_add_noise(values, noise_std, generator)
-  return tf.IndexedSlices(values, kept_rows, tf.constant(table_shape, tf.int64))
+def noisy_sparse_rows(kept_rows, pair_rows, pair_values, noise_std, generator, table_shapes):
+  """One IndexedSlices per table, over its sorted unique `kept_rows[f]` [K_f]: the per-pair
+  clipped values `pair_values[f]` [P_f, d_f] summed into their rows (pairs whose row is not
+  kept must carry zero values or rows outside `kept_rows[f]`; they are dropped), plus noise on
+  all K_f rows. The noise of all tables is one draw sized by the kept rows alone: it does not
+  wait for the clipped sums (nor, through them, for the backward pass), so it is drawn while
+  they are computed instead of table by table after them."""
+  sums = []
+  for rows, row, values in zip(kept_rows, pair_rows, pair_values):
+    slot, _ = find_sorted(rows, row)  # rows not kept: slot K, an extra one, dropped
+    sums.append(tf.math.unsorted_segment_sum(values, slot,
+                                             tf.size(rows, out_type=tf.int64) + 1)[:-1])
+  if noise_std != 0 and not secure_noise.is_secure(generator):
+    noise = _row_noise([tf.size(rows, out_type=tf.int64) for rows in kept_rows],
+                       [shape[1] for shape in table_shapes], noise_std, generator,
+                       sums[0].dtype if sums else tf.float32)
+    sums = [values + part for values, part in zip(sums, noise)]
+  else:
+    sums = [_maybe_add_noise(values, noise_std, generator) for values in sums]
+  return [tf.IndexedSlices(values, rows, tf.constant(shape, tf.int64))
+          for values, rows, shape in zip(sums, kept_rows, table_shapes)]
+
+
+def _row_noise(row_counts, widths, noise_std, generator, dtype):
+  """N(0, noise_std²) blocks [K_f, d_f] for K_f = `row_counts[f]` rows of width d_f, one draw."""
+  if not row_counts:
+    return []
+  sizes = tf.stack([count * width for count, width in zip(row_counts, widths)])
+  flat = gaussian.normal(generator, tf.reduce_sum(sizes, keepdims=True), noise_std, dtype)
+  parts = tf.split(flat, sizes, num=len(widths))
+  return [tf.reshape(part, [-1, width]) for part, width in zip(parts, widths)]
 
 
 def noisy_dense_rows(pair_row, pair_values, noise_std, generator, table_shape, normaliser):

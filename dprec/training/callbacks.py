@@ -153,6 +153,23 @@ class KeyedNoiseCallback(tf.keras.callbacks.Callback):
     self.step += 1
 
 
+class SharedStop(tf.keras.callbacks.Callback):
+  """Stops every worker of a multi-worker `strategy` at the step where any one of them sets
+  `model.stop_training` (the chief, at the budget): after every step the flag is summed over
+  all replicas. Alone, the chief would leave `model.fit` while the other workers wait for it in
+  the next step's collectives forever. (Put it after the callbacks that may stop.)"""
+
+  def __init__(self, strategy):
+    super().__init__()
+    self.strategy = strategy
+
+  def on_train_batch_end(self, batch, logs=None):
+    flag = tf.constant(1.0 if self.model.stop_training else 0.0)
+    stops = self.strategy.reduce(tf.distribute.ReduceOp.SUM, self.strategy.run(lambda: flag),
+                                 axis=None)
+    self.model.stop_training = bool(stops > 0)
+
+
 class CheckpointCallback(tf.keras.callbacks.Callback):
   """Commits an atomic checkpoint (`dprec.training.checkpoint`) every `every` steps of
   `model.fit` and at its end, so a killed run resumes from the last one.

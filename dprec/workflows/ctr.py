@@ -36,12 +36,15 @@ import tensorflow as tf
 from dprec import privacy
 from dprec.data.ctr_data import CTRData, load_data
 from dprec.distribute import cluster
+from dprec.distribute import parameter_server
 from dprec.errors import DprecError
 from dprec.models import ctr
 from dprec.optimizers import config as config_lib
 from dprec.optimizers import sparse as sparse_optimizers
 from dprec.optimizers.dp_optimizer import DPOptimizer
+from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
 from dprec.sparse import fest
+from dprec.training import callbacks as callbacks_lib
 from dprec.training import poisson
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import run as run_lib
@@ -50,6 +53,7 @@ COMMAND = "train ctr"
 ALGORITHMS = ("non_private", "dp_sgd", "dp_fest", "dp_adafest", "dp_adafest_plus")
 FEST_ALGORITHMS = ("dp_fest", "dp_adafest_plus")
 STRATEGIES = cluster.STRATEGIES
+LOCAL_CLUSTERS = ("multi_worker", "parameter_server")
 OPTIMIZERS = {"sgd": sparse_optimizers.SparseSGD, "adagrad": sparse_optimizers.SparseAdagrad,
               "adam": sparse_optimizers.LazyAdam, "adambc": sparse_optimizers.AdamBC}
 LOGIT_INITS = ("base_rate", "default")
@@ -57,6 +61,7 @@ STEPS_PER_EPOCH = 500  # default B: the power of two nearest N / STEPS_PER_EPOCH
 BATCH_SIZE_RANGE = (64, 16384)  # ... within these bounds (and at most N/8)
 BASE_RATE_LABEL = "train ctr base rate"
 CALIBRATION_LABEL = "train ctr calibration"
+CALIBRATION_ROWS = 1_000_000  # rows DP Platt scaling fits on (BENCHMARKS: 1M fit = the 5M fit)
 SELECTION_LABEL = "dp-fest top-k"
 VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-k-epsilon 0) are "
                    "treated as public, as seed 001 does, unless dataset.vocab_privacy says the "
@@ -69,7 +74,7 @@ EPSILON_COVERS = {
                 "calibration_scale", "calibration_shift", "gradient_size",
                 "gradient_size_reduction", "steps", "stopped_at_budget"],
     "public": ["settings", "noise multipliers", "train_rows and eval_rows (N, assumed public)",
-               "dense_embedding_size", "timings"],
+               "dense_embedding_size", "sharded_tables", "timings"],
     "held_out_evaluation": "auc and eval_loss are computed on the last day, which is not "
                            "training data of this run (that day itself is not protected)",
     "not_covered": "diagnostics_nonprivate (only with --diagnostics): exact training loss/AUC",
@@ -80,10 +85,13 @@ EPSILON_COVERS = {
 class CTRTrainOptions(run_lib.FitOptions):
   """Everything `dprec train ctr` accepts (see `dprec.workflows.ctr_cli` for each field)."""
   NOT_FINGERPRINTED = run_lib.FitOptions.NOT_FINGERPRINTED + (
-      "vocab", "log_dir", "eval_batch_size", "strategy", "local_workers")
+      "vocab", "log_dir", "eval_batch_size", "strategy", "local_workers", "local_ps",
+      "min_shard_rows")
   data: str
   strategy: str = "none"
   local_workers: int = 0
+  local_ps: int = 0
+  min_shard_rows: int = parameter_server.MIN_ROWS_PER_SHARD
   algorithm: str = "dp_adafest"
   epsilon: Optional[float] = None
   delta: Optional[float] = None
@@ -136,9 +144,17 @@ class CTRTrainOptions(run_lib.FitOptions):
       raise DprecError(f"--algorithm {self.algorithm} needs --top-k (rows kept over all tables)")
     if self.top_k_epsilon < 0:
       raise DprecError("--top-k-epsilon must be >= 0")
-    if self.local_workers < 0 or (self.local_workers and self.strategy != "multi_worker"):
+    if self.local_workers < 0 or (self.local_workers and self.strategy not in LOCAL_CLUSTERS):
       raise DprecError("--local-workers N (N >= 1) starts a localhost cluster for --strategy "
-                       "multi_worker")
+                       "multi_worker or parameter_server")
+    if self.local_ps < 0 or bool(self.local_ps) != (
+        self.strategy == "parameter_server" and self.local_workers > 0):
+      raise DprecError("--strategy parameter_server --local-workers N needs --local-ps K "
+                       "(K >= 1 parameter servers), and --local-ps only goes with them")
+    if self.min_shard_rows < 1:
+      raise DprecError(f"--min-shard-rows must be >= 1, got {self.min_shard_rows}")
+    if self.strategy == "parameter_server" and self.secure_noise:
+      raise DprecError("--secure-noise is not available with --strategy parameter_server")
     if (self.strategy == "multi_worker" and self.run_dir is None
         and self.insecure_noise_seed is None):
       raise DprecError("--strategy multi_worker needs --run-dir: the chief keeps the run's secret "
@@ -202,6 +218,18 @@ def base_rate(labels, plan, rng) -> float:
   return float(np.clip(total / n, 1.0 / n, 1.0 - 1.0 / n))
 
 
+def calibration_rows(train, rng):
+  """At most `CALIBRATION_ROWS` training rows, drawn uniformly without replacement by `rng`:
+  two parameters need no more, and predicting every row of a large set takes minutes. The
+  mechanism's sensitivity is per example, so its guarantee does not depend on the count
+  (public: min(N, cap))."""
+  n = len(train["label"])
+  if n <= CALIBRATION_ROWS:
+    return train
+  rows = np.sort(rng.choice(n, CALIBRATION_ROWS, replace=False))
+  return {key: values[rows] for key, values in train.items()}
+
+
 def recalibrate(model, train, plan, rate, rng,
                 batch_size=8192) -> Tuple[Optional[float], Optional[float]]:
   """Makes `model`'s logits z into a·z + b, DP Platt scaling (`dprec.privacy.dp_platt_scaling`)
@@ -211,6 +239,7 @@ def recalibrate(model, train, plan, rate, rng,
   sigma = plan.mechanisms.get(CALIBRATION_LABEL)
   if sigma is None:
     return None, None
+  train = calibration_rows(train, rng)
   scale, shift = privacy.dp_platt_scaling(ctr.predict_logits(model, train, batch_size),
                                           train["label"], sigma, rate, rng)
   model.recalibrate_logits(scale, shift)
@@ -271,11 +300,22 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
   to `options.summary_json` if set). `options.strategy` "mirrored" or "multi_worker": under
   that `tf.distribute` strategy (`dprec.distribute`; every worker runs this with its TF_CONFIG,
   the chief alone charges the ledger and writes checkpoints and the summary);
-  `options.local_workers`: starts them on localhost (`run_local_cluster`)."""
+  `options.local_workers`: starts them on localhost (`run_local_cluster`). "parameter_server":
+  the chief trains, scheduling steps on the workers (`dprec.distribute.parameter_server`); a
+  worker or ps task of TF_CONFIG serves until the cluster stops; `options.local_workers` and
+  `local_ps`: an in-process localhost cluster."""
+  if options.strategy == "parameter_server" and cluster.task().get("type") in ("worker", "ps"):
+    parameter_server.serve()  # until the cluster is stopped; the chief holds the options
   options.validate()
-  if options.local_workers:
+  coordinator = None
+  if options.strategy == "parameter_server":
+    strategy, coordinator = parameter_server.make_strategy(
+        parameter_server.in_process_cluster(options.local_workers, options.local_ps)
+        if options.local_workers else None, options.min_shard_rows)
+  elif options.local_workers:
     return run_local_cluster(options)
-  strategy = cluster.make_strategy(options.strategy)
+  else:
+    strategy = cluster.make_strategy(options.strategy)
   chief = cluster.is_chief()
   data = data or load_data(options.data, options.vocab, options.vocab_min_count)
   chosen = {"batch_size_chosen": options.batch_size is None,
@@ -294,18 +334,25 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
                         options.keep_checkpoints)
     budget = (run.budget_callback(plan, label, resume.step, options.charge_every, options.log_dir)
               if run.ledger is not None else None)
-    extra = []
+    # Workers of a multi-worker run stop together when the chief stops at the budget.
+    extra = [callbacks_lib.SharedStop(strategy)] if options.strategy == "multi_worker" else []
     if options.log_dir and options.diagnostics and chief:  # Keras' scalars: exact loss/AUC
       extra.append(tf.keras.callbacks.TensorBoard(
           os.path.join(options.log_dir, "diagnostics_nonprivate"), update_freq=100))
+    # Parameter servers: each scheduled step resets its worker's generator itself.
     timer, callbacks = run.fit_callbacks(
-        {"dp step": model.dp_optimizer.generator}, resume, budget, options.checkpoint_every,
+        {} if coordinator else {NOISE_PURPOSE: model.dp_optimizer.generator}, resume, budget,
+        options.checkpoint_every,
         extra, options.progress and chief and f"{COMMAND} {options.algorithm}",
         options.diagnostics)
     features = {key: data.train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}
     history = run.fit(model, features, data.train["label"], options.batch_size,
-                      plan.private and plan.poisson, options.steps, resume, callbacks)
-    replicas = model.distribute_strategy.num_replicas_in_sync
+                      plan.private and plan.poisson, options.steps, resume, callbacks,
+                      coordinator)
+    replicas = (parameter_server.num_workers(strategy) if coordinator
+                else model.distribute_strategy.num_replicas_in_sync)
+    # Public: the number of tables split over parameter servers (by their public sizes).
+    layout = {"sharded_tables": sum(hasattr(t.embeddings, "variables") for t in model.dp_tables)}
     if strategy is not None:  # predict and evaluate on one device: the same on every worker
       model = _local_copy(model)
     calibration = recalibrate(model, data.train, plan, rate, run.numpy_rng("calibration"),
@@ -313,16 +360,22 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
     evaluation = ctr.evaluate(model, data.eval, data.eval["label"], options.eval_batch_size)
     summary = _summary(options, data, model, plan, history, evaluation, timer, budget, run,
                        resume, rate, calibration, replicas)
-    summary.update(chosen)
+    summary.update(chosen, **layout if coordinator else {})
   if chief:
     run_lib.write_summary(summary, options.summary_json)
   return summary
 
 
 def _local_copy(model):
-  """A copy of a model trained under `tf.distribute`, outside it, compiled for evaluation."""
+  """A copy of a model trained under `tf.distribute`, outside it, compiled for evaluation
+  (sharded tables gathered whole)."""
   local = ctr.model_from_config(model.config)
-  for target, source in zip(local.trainable_variables, model.trainable_variables):
+  for target, source in zip(local.dp_tables, model.dp_tables):
+    target.embeddings.assign(tf.convert_to_tensor(source.embeddings))
+  tables = {id(v) for m in (local, model) for t in m.dp_tables
+            for v in [t.embeddings, *getattr(t.embeddings, "variables", [])]}
+  for target, source in zip([v for v in local.trainable_variables if id(v) not in tables],
+                            [v for v in model.trainable_variables if id(v) not in tables]):
     target.assign(source.numpy())
   local.compile()
   return local

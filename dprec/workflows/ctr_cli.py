@@ -28,11 +28,19 @@ def register(subparsers):
   add("--strategy", choices=ctr.STRATEGIES, default=defaults.strategy,
       help="tf.distribute strategy: none (one device), mirrored (this machine's devices), "
            "multi_worker (the cluster in TF_CONFIG, one process per worker, worker 0 the chief; "
-           "needs --run-dir on a file system all workers share, holding the secret noise key): "
+           "needs --run-dir on a file system all workers share, holding the secret noise key), "
+           "parameter_server (TF_CONFIG's chief, workers and ps: tables sharded by rows over "
+           "the ps, steps scheduled by the chief; worker and ps tasks serve until stopped): "
            "README 'Distributed training'")
   add("--local-workers", type=int, default=defaults.local_workers, metavar="N",
       help="with --strategy multi_worker: start N worker processes on localhost (their "
-           "TF_CONFIG made up) and print the chief's summary; 0: this process is one worker")
+           "TF_CONFIG made up) and print the chief's summary; with parameter_server: N workers "
+           "(and --local-ps K servers) in this process, the chief; 0: the cluster of TF_CONFIG")
+  add("--local-ps", type=int, default=defaults.local_ps, metavar="K",
+      help="with --strategy parameter_server --local-workers N: K parameter servers")
+  add("--min-shard-rows", type=int, default=defaults.min_shard_rows, metavar="ROWS",
+      help="with --strategy parameter_server: a table is split by rows over up to all parameter "
+           "servers, each shard at least ROWS rows (smaller tables and dense layers stay whole)")
   add("--algorithm", choices=ctr.ALGORITHMS, default=defaults.algorithm,
       help="training algorithm")
   add("--epsilon", type=float,

@@ -24,7 +24,6 @@ import tensorflow as tf
 from dprec.errors import DprecError
 from dprec.models import ctr
 from dprec.optimizers.dp_optimizer import DPOptimizer
-from dprec.optimizers.sparse import ADAMBC_FLOOR
 from dprec.training.callbacks import PeriodProgress
 from dprec.training.period_source import BeamStreamSource
 from dprec.training.streaming import PeriodModel, StreamConfig, StreamingTrainer
@@ -58,14 +57,15 @@ class StreamOptions(run_lib.RunOptions):
   top_k: Optional[int] = None
   top_k_epsilon: float = 0.1
   batch_size: int = 1024
-  l2_norm_clip: float = 1.0
-  ratio: float = 5.0
+  # The step's hyper-parameters are `train ctr`'s (one source), but τ, lower for short periods.
+  l2_norm_clip: float = ctr_workflow.CTRTrainOptions.l2_norm_clip
+  ratio: float = ctr_workflow.CTRTrainOptions.ratio
   threshold: float = 1.0
-  contribution_clip: float = 1.0
-  learning_rate: float = 0.05
-  optimizer: str = "adagrad"
-  adambc_floor: float = ADAMBC_FLOOR
-  hidden_units: Tuple[int, ...] = (598, 598, 598, 598)
+  contribution_clip: float = ctr_workflow.CTRTrainOptions.contribution_clip
+  learning_rate: float = ctr_workflow.CTRTrainOptions.learning_rate
+  optimizer: str = ctr_workflow.CTRTrainOptions.optimizer
+  adambc_floor: float = ctr_workflow.CTRTrainOptions.adambc_floor
+  hidden_units: Tuple[int, ...] = ctr_workflow.CTRTrainOptions.hidden_units
   headroom: float = 1.5
 
   @property

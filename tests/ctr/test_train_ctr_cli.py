@@ -415,3 +415,17 @@ def test_cli_without_batch_size_and_steps_trains_one_epoch(data_dir, tmp_path):
   assert summary["steps"] == summary["steps_requested"] == 16
   assert summary["batch_size_chosen"] and summary["steps_chosen"]
   assert summary["sampling_rate"] == pytest.approx(64 / 1000)
+
+
+def test_platt_scaling_fits_on_at_most_the_row_cap(monkeypatch):
+  """Above `CALIBRATION_ROWS` the fit sees a uniform subset of distinct rows, aligned across the
+  features and labels; below it, every row."""
+  monkeypatch.setattr(ctr_workflow, "CALIBRATION_ROWS", 100)
+  train = {"label": np.arange(1000) % 2, "cat_features": np.arange(2000).reshape(1000, 2)}
+  rng = np.random.default_rng(0)
+  subset = ctr_workflow.calibration_rows(train, rng)
+  rows = subset["cat_features"][:, 0] // 2
+  assert len(subset["label"]) == 100 and len(np.unique(rows)) == 100
+  assert (subset["label"] == rows % 2).all()
+  small = {key: values[:100] for key, values in train.items()}
+  assert ctr_workflow.calibration_rows(small, rng) is small

@@ -1,7 +1,7 @@
 """One DP step of a small two-table model (tests/distribute): on one device, under a
 `tf.distribute` strategy, or, run as a script with TF_CONFIG set, as one worker of a
-MultiWorkerMirroredStrategy cluster (`python dist_steps.py OUT.npz`, "{index}" in OUT replaced
-by the worker's index): one step of each algorithm."""
+MultiWorkerMirroredStrategy cluster (`python dist_steps.py OUT.npz [steps|stop]`, "{index}" in
+OUT replaced by the worker's index): one step of each algorithm, or a chief stopping early."""
 import json
 import os
 import sys
@@ -15,6 +15,7 @@ from dprec.layers.embedding import DPMultiEmbedding  # pylint: disable=wrong-imp
 from dprec.models.dp_model import DPModel  # pylint: disable=wrong-import-position
 from dprec.optimizers import DPAdaFEST, DPSGD, DPOptimizer, SparseSGD  # pylint: disable=wrong-import-position
 from dprec.training import poisson  # pylint: disable=wrong-import-position
+from dprec.training.callbacks import SharedStop  # pylint: disable=wrong-import-position
 
 VOCABS = (40, 30)
 DIM = 3
@@ -39,15 +40,15 @@ def data(seed=0):
   return {"cat": cat.astype(np.int64)}, rng.integers(0, 2, (N, 1)).astype(np.float32)
 
 
-def build_model(config, lr=0.5, expected_batch_size=BATCH, vocabs=VOCABS):
-  """The model (tables of `vocabs` rows, ≥ `VOCABS`), compiled with `config` and noise from the
-  insecure seed (call it inside the strategy's scope)."""
+def build_model(config, lr=0.5, expected_batch_size=BATCH, vocabs=VOCABS, optimizer=SparseSGD):
+  """The model (tables of `vocabs` rows, ≥ `VOCABS`), compiled with `config`, `optimizer(lr)`
+  and noise from the insecure seed (call it inside the strategy's scope)."""
   tf.keras.utils.set_random_seed(0)
   cat = tf.keras.Input((2,), dtype=tf.int64, name="cat")
   h = DPMultiEmbedding(vocabs, [DIM] * len(vocabs), table_names=["t0", "t1"])(cat)
   h = tf.keras.layers.Dense(4, activation="tanh")(h)
   model = DPModel(cat, tf.keras.layers.Dense(1)(h))
-  model.compile(DPOptimizer(config, SparseSGD(lr), expected_batch_size=expected_batch_size,
+  model.compile(DPOptimizer(config, optimizer(lr), expected_batch_size=expected_batch_size,
                             insecure_noise_seed=NOISE_SEED),
                 loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
   return model
@@ -71,8 +72,40 @@ def one_step(algorithm, strategy=None, **model_args):
   return [w.numpy() for w in model.trainable_weights]
 
 
-def main(out):
-  """A worker of the MultiWorkerMirroredStrategy cluster that TF_CONFIG describes."""
+class _StopOnChief(tf.keras.callbacks.Callback):
+  """Stops the chief (worker 0) alone after `steps` steps, as the budget callback would."""
+
+  def __init__(self, steps):
+    super().__init__()
+    self.steps, self.done = steps, 0
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.done += 1
+    if self.done == self.steps and json.loads(os.environ["TF_CONFIG"])["task"]["index"] == 0:
+      self.model.stop_training = True
+
+
+def stop_early(out, steps=2):
+  """A worker that trains 4 steps of which the chief alone stops after `steps`; with
+  `SharedStop` every worker stops there (saves the steps it took), else the others hang."""
+  strategy = tf.distribute.MultiWorkerMirroredStrategy()
+  features, labels = data()
+  with strategy.scope():
+    model = build_model(CONFIGS["dp_sgd"])
+  counter = _StopOnChief(steps)
+  model.fit(tf.keras.utils.experimental.DatasetCreator(poisson.replica_dataset_fn(
+      features, labels, poisson.BatchSampling(BATCH, entropy=7), 4)), steps_per_epoch=4,
+            verbose=0, callbacks=[counter, SharedStop(strategy)])
+  np.savez(out.format(index=json.loads(os.environ["TF_CONFIG"])["task"]["index"]),
+           steps=counter.done)
+
+
+def main(out, mode="steps"):
+  """A worker of the MultiWorkerMirroredStrategy cluster that TF_CONFIG describes: one step of
+  each algorithm (mode "steps"), or `stop_early` (mode "stop")."""
+  if mode == "stop":
+    stop_early(out)
+    return
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
   weights = {f"{algorithm}_{i}": w for algorithm in CONFIGS
              for i, w in enumerate(one_step(algorithm, strategy))}

@@ -31,3 +31,21 @@ def test_multi_worker_step_equals_one_device_step(steps, tmp_path):
         got = [saved[f"{algorithm}_{i}"] for i in range(len(single))]
       for g, want in zip(got, single):
         np.testing.assert_allclose(g, want, rtol=1e-5, atol=1e-5, err_msg=f"{algorithm} {out}")
+
+
+@pytest.mark.multiprocess
+def test_workers_stop_with_a_chief_that_stops_early(steps, tmp_path):
+  """The chief alone stops after 2 of 4 steps (as at the budget): `SharedStop` stops the other
+  worker at the same step instead of leaving it waiting in the next step's collectives."""
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get(
+      "PYTHONPATH")])), TF_CPP_MIN_LOG_LEVEL="2")
+  workers = cluster.start_local_workers(
+      [steps.__file__, str(tmp_path / "stop{index}.npz"), "stop"], 2, env)
+  try:
+    codes = [worker.wait(timeout=180) for worker in workers]
+  finally:
+    for worker in workers:
+      if worker.poll() is None:
+        worker.kill()
+  assert codes == [0, 0]
+  assert [int(np.load(tmp_path / f"stop{i}.npz")["steps"]) for i in range(2)] == [2, 2]

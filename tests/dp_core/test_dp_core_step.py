@@ -122,6 +122,37 @@ def test_sparse_noise_on_kept_rows_only(lib, secure):
   np.testing.assert_array_equal(before[untouched], after[untouched])
 
 
+def _ancestors(op):
+  """Every op `op` waits for: data and control inputs, transitively."""
+  seen, stack = {}, [op]
+  while stack:
+    current = stack.pop()
+    for parent in [t.op for t in current.inputs] + list(current.control_inputs):
+      if parent.name not in seen:
+        seen[parent.name] = parent
+        stack.append(parent)
+  return seen.values()
+
+
+def test_noise_draws_wait_for_no_gradient(lib):
+  """Every draw of a DP-AdaFEST step (selection, dense noise, one draw for all tables' kept
+  rows) depends on the input ids and the generator only, so the executor can make it while the
+  backward pass runs; a draw sized by a clipped sum would wait for the gradients."""
+  model = lib.build_model()
+  model.compile(DPOptimizer(DPAdaFEST(1.0, 1.0, contribution_clip=1.0,
+                                      contribution_noise_multiplier=1.0, threshold=0.5),
+                            SparseSGD(0.1), insecure_noise_seed=4), loss=lib.loss)
+  x, y = lib.make_batch(n=6)
+  graph = tf.function(model.train_step).get_concrete_function((x, y)).graph
+  draws = [op for op in graph.get_operations() if op.type == "RngReadAndSkip"]
+  dense = [v for v in model.trainable_variables
+           if all(v is not t.embeddings for t in model.dp_tables)]
+  assert len(draws) == 1 + len(dense) + 1  # contribution noise, each dense variable, kept rows
+  for draw in draws:
+    waits_for = [op.name for op in _ancestors(draw) if "gradient_tape" in op.name]
+    assert not waits_for, (draw.name, waits_for[:3])
+
+
 @pytest.mark.parametrize("secure", [False, True], ids=["default", "secure"])
 def test_dp_sgd_noise_is_dense(lib, secure):
   model = _wide_model(vocab=2000, dim=8)

@@ -1,0 +1,74 @@
+"""One DP step with the tables sharded by rows over 2 parameter servers (ParameterServerStrategy,
+2 workers, in-process servers in a process of their own: `ps_steps.py`), scheduled by the
+coordinator, equals the one-device step with the same insecure key and batch; rows outside the
+kept set and their optimizer slots are bit-identical before and after it."""
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dprec.models import dp_model
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+@pytest.fixture(scope="module")
+def saved(tmp_path_factory):
+  out = tmp_path_factory.mktemp("ps") / "steps.npz"
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get(
+      "PYTHONPATH")])), TF_CPP_MIN_LOG_LEVEL="2")
+  subprocess.run([sys.executable, os.path.join(HERE, "ps_steps.py"), str(out)], env=env,
+                 check=True, timeout=300)
+  with np.load(out) as data:
+    return dict(data)
+
+
+def _state(saved, config, tag):
+  prefix = f"{config}/{tag}/"
+  return {k[len(prefix):]: v for k, v in saved.items() if k.startswith(prefix)}
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("config", ["dp_sgd", "dp_adafest", "dp_adafest_adam"])
+def test_parameter_server_step_equals_one_device_step(saved, config):
+  single, sharded = _state(saved, config, "single_after"), _state(saved, config, "ps_after")
+  assert sorted(single) == sorted(sharded) and len(single) >= 6
+  for name, want in single.items():
+    np.testing.assert_allclose(sharded[name], want, rtol=1e-5, atol=1e-5, err_msg=name)
+    assert not np.array_equal(want, _state(saved, config, "single_before")[name]), name
+
+
+@pytest.mark.multiprocess
+@pytest.mark.parametrize("config", ["dp_adafest_adam", "dp_sgd"])
+def test_rows_outside_the_kept_set_and_their_slots_are_untouched(saved, config):
+  before, after = _state(saved, config, "ps_before"), _state(saved, config, "ps_after")
+  for f in range(2):
+    kept = saved[f"{config}/kept{f}"]
+    rows = before[f"table{f}"].shape[0]
+    outside = np.setdiff1d(np.arange(rows), kept)
+    if config == "dp_sgd":
+      assert outside.size == 0  # every row is noised: the dense baseline
+    else:  # some kept rows on each of the table's two shards, most rows outside
+      assert kept.min() < rows // 2 <= kept.max() and outside.size > rows // 2
+    for name in [n for n in (f"table{f}", f"table{f}_m", f"table{f}_v") if n in before]:
+      np.testing.assert_array_equal(after[name][outside], before[name][outside], err_msg=name)
+      assert np.all(np.any(after[name][kept] != before[name][kept], axis=1)), name
+
+
+def test_shard_gradients_route_rows_to_their_shard():
+  shards = [tf.Variable(tf.zeros([3, 2])), tf.Variable(tf.zeros([2, 2]))]
+  table = tf.__internal__.distribute.ShardedVariable(shards)
+  values = tf.constant([[1., 1.], [2., 2.], [3., 3.]])
+  pairs = dp_model._shard_gradients(  # pylint: disable=protected-access
+      tf.IndexedSlices(values, tf.constant([0, 3, 4], tf.int64), tf.constant([5, 2], tf.int64)),
+      table)
+  assert [v is s for (_, v), s in zip(pairs, shards)] == [True, True]
+  np.testing.assert_array_equal(pairs[0][0].indices, [0])
+  np.testing.assert_array_equal(pairs[1][0].indices, [0, 1])
+  np.testing.assert_array_equal(pairs[1][0].values, [[2., 2.], [3., 3.]])
+  dense = dp_model._shard_gradients(tf.reshape(tf.range(10.), [5, 2]), table)  # pylint: disable=protected-access
+  assert [g.shape.as_list() for g, _ in dense] == [[3, 2], [2, 2]]
