@@ -29,9 +29,12 @@ def _block(path, day, first_line, lines):
 
 
 def _late_letters(out):
-  """The dead letters of periods that closed too late, in path and line order."""
+  """The dead letters of periods that closed too late, in path and line order (only written
+  files: a `.tmp-` temporary of an atomic write may be renamed while the job runs)."""
   letters = []
   for name in sorted(os.listdir(os.path.join(out, "dead_letters"))):
+    if not name.endswith(".jsonl"):
+      continue
     with open(os.path.join(out, "dead_letters", name)) as stream:
       letters += [json.loads(line) for line in stream]
   return sorted(letters, key=lambda letter: (letter["path"], letter["line"]))
