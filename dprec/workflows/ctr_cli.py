@@ -18,6 +18,26 @@ def int_list(text):
   return values
 
 
+def add_step_arguments(add, defaults):
+  """The DP step's options (noise ratio, τ, clips, optimizer), shared by `train ctr` and
+  `stream`; `defaults`: the command's options class."""
+  add("--ratio", type=float, default=defaults.ratio, help="DP-AdaFEST noise ratio r = σ1/σ2")
+  add("--threshold", type=float, default=defaults.threshold,
+      help="DP-AdaFEST threshold τ on noisy counts")
+  add("--contribution-clip", type=float, default=defaults.contribution_clip,
+      help="DP-AdaFEST contribution clip C1")
+  add("--l2-norm-clip", type=float, default=defaults.l2_norm_clip,
+      help="per-example gradient clip C2 (at 1 nearly every example is clipped: best AUC, and "
+           "logits at the label median, which `train ctr --calibration-share` recalibrates)")
+  add("--learning-rate", type=float, default=defaults.learning_rate,
+      help="learning rate (the default suits --optimizer adam)")
+  add("--optimizer", choices=sorted(ctr.OPTIMIZERS), default=defaults.optimizer,
+      help="row-sparse optimizer applying the noisy gradient (adam = lazy Adam; adambc = "
+           "DP-AdamBC, seed 002: Adam with the noise variance subtracted)")
+  add("--adambc-floor", type=float, default=defaults.adambc_floor,
+      help="γ' of --optimizer adambc: floor of the corrected second moment")
+
+
 def register(subparsers):
   parser = subparsers.add_parser(
       "ctr", help="train the pCTR model (seed 001 App. D.1.1) with DP-SGD/FEST/AdaFEST",
@@ -54,21 +74,7 @@ def register(subparsers):
            f"two nearest N/{ctr.STEPS_PER_EPOCH} within [{lowest}, {highest}], at most N/8)")
   add("--steps", type=int, default=defaults.steps,
       help="training steps T (default: one epoch, ⌈N/B⌉)")
-  add("--ratio", type=float, default=defaults.ratio, help="DP-AdaFEST noise ratio r = σ1/σ2")
-  add("--threshold", type=float, default=defaults.threshold,
-      help="DP-AdaFEST threshold τ on noisy counts")
-  add("--contribution-clip", type=float, default=defaults.contribution_clip,
-      help="DP-AdaFEST contribution clip C1")
-  add("--l2-norm-clip", type=float, default=defaults.l2_norm_clip,
-      help="per-example gradient clip C2 (at 1 nearly every example is clipped: best AUC, and "
-           "logits at the label median that --calibration-share recalibrates)")
-  add("--learning-rate", type=float, default=defaults.learning_rate,
-      help="learning rate (the default suits --optimizer adam)")
-  add("--optimizer", choices=sorted(ctr.OPTIMIZERS), default=defaults.optimizer,
-      help="row-sparse optimizer applying the noisy gradient (adam = lazy Adam; adambc = "
-           "DP-AdamBC, seed 002: Adam with the noise variance subtracted)")
-  add("--adambc-floor", type=float, default=defaults.adambc_floor,
-      help="γ' of --optimizer adambc: floor of the corrected second moment")
+  add_step_arguments(add, defaults)
   add("--logit-init", choices=ctr.LOGIT_INITS, default=defaults.logit_init,
       help="base_rate: the logit layer starts at zero weights and the bias at the logit of the "
            "training click rate (DP: a Gaussian estimate charged to the ledger), so the "

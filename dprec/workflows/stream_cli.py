@@ -53,21 +53,8 @@ def register(subparsers):
                   "counts as public")
   model = parser.add_argument_group("model and step")
   model.add_argument("--batch-size", type=int, default=defaults.batch_size,
-                     help="expected (Poisson) batch size (default %(default)s)")
-  model.add_argument("--l2-norm-clip", type=float, default=defaults.l2_norm_clip,
-                     help="C2 (default %(default)s)")
-  model.add_argument("--ratio", type=float, default=defaults.ratio,
-                     help="σ1/σ2 of DP-AdaFEST (default %(default)s)")
-  model.add_argument("--threshold", type=float, default=defaults.threshold,
-                     help="τ of DP-AdaFEST (default %(default)s)")
-  model.add_argument("--contribution-clip", type=float, default=defaults.contribution_clip,
-                     help="C1 of DP-AdaFEST (default %(default)s)")
-  model.add_argument("--learning-rate", type=float, default=defaults.learning_rate,
-                     help="(default %(default)s)")
-  model.add_argument("--optimizer", default=defaults.optimizer, choices=sorted(ctr.OPTIMIZERS),
-                     help="(default %(default)s; lazy Adam updates only the rows a step keeps)")
-  model.add_argument("--adambc-floor", type=float, default=defaults.adambc_floor,
-                     help="γ' of --optimizer adambc")
+                     help="expected (Poisson) batch size")
+  ctr_cli.add_step_arguments(model.add_argument, defaults)
   model.add_argument("--hidden-units", type=ctr_cli.int_list, default=defaults.hidden_units,
                      help="comma-separated Dense widths (default: App. D.1.1's four of 598)")
   model.add_argument("--headroom", type=float, default=1.5,
