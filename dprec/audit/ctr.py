@@ -186,11 +186,6 @@ def audit_ctr(options: CTRAuditOptions, data: Optional[train_ctr.CTRData] = None
       "note": runner.NOTE,
   }
   runner.write_outputs(summary, result.records, options.scores_file, options.summary_json)
-  print(f"ε lower bound {summary['epsilon_lower_bound']:.3f} at {options.confidence:.0%} "
-        f"(ceiling {summary['ceiling']:.3f}: every guess right; Steinke et al. "
-        f"{summary['epsilon_lower_bound_steinke']:.3f}, ceiling "
-        f"{summary['ceiling_steinke']:.3f}); claimed ε "
-        f"{summary['claimed_epsilon'] if private else '∞ (non-private)'}")
   return summary
 
 
@@ -245,4 +240,11 @@ def run(args) -> dict:
   if audit_values["scores_file"] is None and audit_values["summary_json"]:
     stem = os.path.splitext(audit_values["summary_json"])[0]
     audit_values["scores_file"] = stem + ".scores.jsonl"
-  return audit_ctr(CTRAuditOptions(train=train, **audit_values))
+  summary = audit_ctr(CTRAuditOptions(train=train, **audit_values))
+  claimed = summary["claimed_epsilon"]
+  print(f"ε lower bound {summary['epsilon_lower_bound']:.3f} at {summary['confidence']:.0%} "
+        f"(ceiling {summary['ceiling']:.3f}: every guess right; Steinke et al. "
+        f"{summary['epsilon_lower_bound_steinke']:.3f}, ceiling "
+        f"{summary['ceiling_steinke']:.3f}); claimed ε "
+        f"{'∞ (non-private)' if claimed is None else claimed}")
+  return summary
