@@ -32,6 +32,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
+from dprec import privacy
 from dprec.audit import canaries as canaries_lib
 from dprec.audit import runner
 from dprec.audit import scores as scores_lib
@@ -39,7 +40,6 @@ from dprec.audit import white_box
 from dprec.errors import DprecError
 from dprec.models import ctr
 from dprec.optimizers.dp_optimizer import DPOptimizer
-from dprec import privacy
 from dprec.sparse import fest
 from dprec.training import poisson
 # `train ctr`'s options, data loading, privacy plan, algorithm configuration and parser, reused.
