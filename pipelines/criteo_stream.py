@@ -451,8 +451,12 @@ def job_from_args(args) -> StreamJob:
 def main(argv=None) -> int:
   """`python -m pipelines.criteo_stream`; the job classes are used from the imported module, not
   `__main__`, so Beam workers can unpickle them."""
-  from pipelines import cli  # pylint: disable=import-outside-toplevel
-  return cli.job_main("criteo", ["--streaming"] + list(sys.argv[1:] if argv is None else argv))
+  def arguments(parser):
+    criteo.add_arguments(parser)
+    add_arguments(parser.add_argument_group("streaming"))
+
+  return beam_io.job_main("criteo_stream", __doc__, arguments,
+                          lambda args: run(job_from_args(args), args.beam_args), argv)
 
 
 if __name__ == "__main__":
