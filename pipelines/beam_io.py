@@ -24,6 +24,7 @@ from apache_beam.options.pipeline_options import DirectOptions
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.options.pipeline_options import StandardOptions
 
+from dprec.cli_help import use_formatter
 from dprec.errors import DprecError
 
 # The embedded runner: the portable FnApiRunner with two worker processes. Naming it explicitly
@@ -291,7 +292,6 @@ class BeamArgumentParser(argparse.ArgumentParser):
 def job_main(module: str, description: str, add_arguments, run, argv=None) -> int:
   """A `python -m pipelines.<module>` entry point: parses `argv` (default: the command line)
   with `add_arguments(parser)`, runs `run(args)` and prints its JSON summary (`run_main`)."""
-  from dprec.cli import use_formatter  # pylint: disable=import-outside-toplevel
   parser = BeamArgumentParser(prog=f"python -m pipelines.{module}", description=description,
                               epilog=BEAM_EPILOG)
   add_arguments(parser)
