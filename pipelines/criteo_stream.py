@@ -23,7 +23,7 @@ How it runs depends on the runner:
   batch of closed periods. The embedded runner cannot stream a polling source: with several
   worker processes it drops the deferred polls of `Watch` (the job ended after its first poll),
   and in every mode it runs nothing downstream of a GroupByKey before its source is done, so no
-  period would be written while the job watches (README: "Where the streaming job runs").
+  period would be written while the job watches (docs/guide/preprocess.md, "Where the streaming job runs").
 - a streaming runner (`--runner` Dataflow, Flink, Prism): one unbounded pipeline, Beam's `Watch`
   polling DIR with a day-index watermark and the same stop rule. (`MatchContinuously` itself stamps
   matches with the poll time and lets the watermark follow the clock, so day-stamped records would
