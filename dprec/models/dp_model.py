@@ -7,8 +7,10 @@
     model.fit(dataset)                          # batches may vary in size (Poisson sampling)
 
 One step, with one forward pass:
-1. `DPEmbedding` layers record their lookups; every layer in the tensorflow_privacy registry runs
-   through its registry function (`dprec.clipping.registry`).
+1. `DPEmbedding` layers record their lookups; every layer whose class is in the model's layer
+   registry (`DPModel.layer_registry`, default `dprec.clipping.layer_norms.make_layer_registry`:
+   Dense, EinsumDense, Embedding, LayerNormalization) runs through its norm function
+   (`dprec.clipping.registry`).
 2. Kept rows (`dprec.sparse.kept_rows`): all (DP-SGD), the DP-FEST set, or the rows a DP-AdaFEST
    contribution map selects, false positives included.
 3. Per-example squared norms from one backward pass to the recorded tensors: registry layers,
@@ -456,6 +458,7 @@ class DPModel(tf.keras.Model):
     missing = [v.name for v in self.trainable_variables if id(v) not in covered]
     if missing:
       raise DprecError(
-          f"no per-example gradient norm for variables {missing}: use layers from the "
-          "tensorflow_privacy registry or DPEmbedding, register the layer class in "
-          "DPModel.layer_registry, or cover them in DPModel.extra_squared_norms")
+          f"no per-example gradient norm for variables {missing}: use layers of "
+          "DPModel.layer_registry (Dense, EinsumDense, Embedding, LayerNormalization by "
+          "default) or DPEmbedding, register the layer class there, or cover them in "
+          "DPModel.extra_squared_norms")

@@ -326,6 +326,7 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
                    options.secure_noise, options.data, chief=chief) as run:
     plan = plan_privacy(options, len(data.train["label"]), run)
     if run.open_plan_ledger(plan) is not None:
+      run.check_ledger_covers_checkpoint(label)
       run.check_budget(plan, label, options.steps, {SELECTION_LABEL: plan.selection_epsilon})
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
       model, rate = build_model(options, data, plan, run)
