@@ -148,6 +148,11 @@ def per_example_losses(loss, y, y_pred, sample_weight=None):
   without its reduction; trailing axes are averaged, as Keras' reduction does. Refuses a loss
   that returns one value per batch."""
   loss = tf.keras.losses.get(loss)
+  if y is not None and y.shape.rank == 1:
+    # Keras reduces a loss's last axis, which for labels [n] would be the batch axis.
+    y = y[:, tf.newaxis]
+    if y_pred.shape.rank == 1:
+      y_pred = y_pred[:, tf.newaxis]
   if isinstance(loss, tf.keras.losses.Loss):
     config = loss.get_config()
     config["reduction"] = tf.keras.losses.Reduction.NONE
@@ -278,6 +283,8 @@ class DPModel(tf.keras.Model):
   def train_step(self, data):
     x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
     y_pred = self.apply_step(x, y, sample_weight)
+    if config_lib.is_private(self.dp_optimizer.config):
+      self.compute_loss(x, y, y_pred, sample_weight)  # reported loss: the unclipped mean
     logs = self.compute_metrics(x, y, y_pred, sample_weight)
     if self.dp_tables:
       logs["gradient_size_reduction"] = (
@@ -290,7 +297,6 @@ class DPModel(tf.keras.Model):
     config = self.dp_optimizer.config
     if config_lib.is_private(config):
       grads_and_vars, y_pred = self._dp_gradients(config, x, y, sample_weight)
-      self.compute_loss(x, y, y_pred, sample_weight)  # reported loss: the unclipped mean
     else:
       with tf.GradientTape() as tape:
         y_pred = self(x, training=True)

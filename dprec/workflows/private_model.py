@@ -245,7 +245,8 @@ def _refuse_unsupported(model):
                        f"{len(_ranking_tasks(model))}")
   stateful = [m.name for m in model.submodules
               if (isinstance(m, tf.keras.layers.BatchNormalization) and m.trainable)
-              or getattr(m, "stateful", False) is True]
+              or (getattr(m, "stateful", False) is True
+                  and not isinstance(m, tf.keras.metrics.Metric))]
   if stateful:
     raise DprecError(f"make_private refuses stateful layer(s) {', '.join(stateful)}: they update "
                      "state from the batch without clipping or noise (freeze a "
@@ -458,9 +459,13 @@ class PrivateModel(DPModel):
     """Builds the model, refuses unclippable layers, pays the plan's one-off releases, and sets
     the output bias from the DP label statistic."""
     state = self._private
+    # Built on a batch of unknown size, as the DP step will call it (a Sequential built lazily
+    # on one batch size would rebuild itself inside the step, calling its layers twice).
+    specs = {k: tf.TensorSpec((None,) + v.shape[1:], tf.as_dtype(v.dtype))
+             for k, v in features.items()}
+    tf.function(lambda batch: self(self._pack(batch, structure), training=False)
+                ).get_concrete_function(specs)
     layer = self._output_layer(features, structure) if state.kind else None
-    if layer is None:  # builds the model
-      self(self._pack({k: v[:2] for k, v in features.items()}, structure), training=False)
     _refuse_unclippable(self)
     # Slots in the model's variable order (the DP step's is another): `save` and `load_model`
     # of the original class agree on them.
