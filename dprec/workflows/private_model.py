@@ -59,7 +59,11 @@ COMMAND = "make_private"
 TRAINING_LABEL = "make_private training"
 LABEL_STATISTICS_LABEL = "make_private output bias"
 RECALIBRATION_LABEL = "make_private recalibration"
-ALGORITHMS = ("dp_sgd", "dp_adafest")
+ALGORITHMS = ("auto", "dp_sgd", "dp_adafest")
+# "auto": DP-SGD while dense noise on every row of the DP tables is cheap (Σ V·d up to this many
+# floats, the size of a modest Dense layer), DP-AdaFEST above. On the ranking benchmark's small
+# tables DP-SGD was better (docs/experiments/make_private.md); AdaFEST pays off in gradient size.
+AUTO_DENSE_LIMIT = 1 << 20
 PREDICT_BATCH = 8192
 # A stock optimizer's row-sparse twin (`dprec.optimizers.sparse`): the same update, touching
 # only the rows of an IndexedSlices gradient.
@@ -76,7 +80,7 @@ class PrivateOptions:
   delta: Optional[float] = None
   batch_size: Optional[int] = None
   epochs: float = 1
-  algorithm: str = "dp_adafest"
+  algorithm: str = "auto"
   ledger: Optional[str] = None
   l2_norm_clip: float = 1.0
   ratio: float = 5.0
@@ -126,7 +130,7 @@ class PrivateOptions:
 
 
 def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epochs=1,
-                 algorithm="dp_adafest", ledger=None, l2_norm_clip=1.0, ratio=5.0,
+                 algorithm="auto", ledger=None, l2_norm_clip=1.0, ratio=5.0,
                  threshold=5.0, contribution_clip=1.0, init_output_bias=True,
                  output_bias_share=0.02, recalibrate=False, recalibration_share=0.05,
                  label_range=None, accountant="pld", charge_every=100, secure_noise=False,
@@ -147,7 +151,8 @@ def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epo
     epochs: epochs the budget is planned for: T = ⌈epochs·N/B⌉ steps; `fit` may train fewer,
       and stops at the budget if asked for more.
     algorithm: "dp_adafest" (sparse updates of the embedding rows a DP contribution map keeps,
-      seed 001) or "dp_sgd" (noise on every row).
+      seed 001), "dp_sgd" (noise on every row), or "auto": DP-SGD when the embedding tables
+      hold at most `AUTO_DENSE_LIMIT` (2^20) floats in all, else DP-AdaFEST.
     ledger: path of a privacy ledger to charge (shared across runs); default a temporary one.
     l2_norm_clip: C2, the per-example gradient clip.
     ratio, threshold, contribution_clip: DP-AdaFEST's σ1/σ2, τ and C1.
@@ -327,7 +332,11 @@ class PrivateModel(DPModel):
     state.kind = output_layer.loss_kind(kind_loss) if kind_loss is not None else None
     state.logits = output_layer.from_logits(kind_loss)
     state.plan = self._plan()
-    config = ctr.algorithm_config(state.options, state.plan.noise_multiplier)
+    options = state.options
+    if options.algorithm == "auto":
+      options = dataclasses.replace(options, algorithm="dp_sgd" if (
+          self.dense_embedding_size <= AUTO_DENSE_LIMIT) else "dp_adafest")
+    config = ctr.algorithm_config(options, state.plan.noise_multiplier)
     inner = row_sparse_optimizer(optimizer if optimizer is not None
                                  else tf.keras.optimizers.Adam(1e-3))
     super().compile(DPOptimizer(config, inner, expected_batch_size=state.plan.batch_size,
