@@ -1,6 +1,7 @@
 """`dprec.make_private` (issue 30): the conversion keeps weights and names and saves/loads; the
-DP step it makes bounds one example's influence by C2 (functional and TFRS models); ε equals
-dp_accounting's; training stops at the budget; the refusals name what they refuse."""
+DP step it makes bounds one example's influence by C2 (functional, TFRS ranking and full-softmax
+two-tower models; in-batch negatives do not); ε equals dp_accounting's; training stops at the
+budget; the refusals name what they refuse."""
 import warnings
 
 import dp_accounting
@@ -11,6 +12,9 @@ import tensorflow as tf
 import dprec
 from dprec.errors import DprecError
 from dprec.layers.embedding import DPEmbedding
+from dprec.models import retrieval
+from dprec.models.dp_model import DPModel
+from dprec.optimizers import DPOptimizer
 from dprec.optimizers import config as config_lib
 from dprec.privacy.noise_key import InsecureNoiseWarning
 from dprec.training import poisson
@@ -191,3 +195,59 @@ def test_a_loss_that_is_not_per_example_is_refused():
   model.compile(optimizer="sgd", loss=lambda y, p: tf.reduce_mean(tf.square(y - p)))
   with pytest.raises(DprecError, match="one value per batch, not one per example"):
     model.fit(*_data(), epochs=1, verbose=0)
+
+
+class _InBatchNegatives(DPModel):
+  """tfrs.tasks.Retrieval's loss: each query scored against the batch's positives."""
+
+  def __init__(self):
+    super().__init__()
+    self.users = DPEmbedding(USERS, 4)
+    self.items = DPEmbedding(ITEMS, 4)
+
+  def call(self, x):
+    return self.users(x["user"]), self.items(x["item"])
+
+  def forward_losses(self, x, y, sample_weight=None):
+    queries, candidates = self(x, training=True)
+    logits = tf.matmul(queries, candidates, transpose_b=True)
+    return logits, tf.keras.losses.sparse_categorical_crossentropy(
+        tf.range(tf.shape(logits)[0]), logits, from_logits=True)
+
+
+def _removal_distances(model, x, y, removed=(0, 7)):
+  """‖clipped sum(D) − clipped sum(D − {i})‖ for two examples i, the noise off."""
+  model.dp_optimizer.config = config_lib.DPSGD(l2_norm_clip=CLIP, noise_multiplier=0.0)
+
+  def clipped_sum(rows):
+    grads = model.dp_gradients({k: tf.constant(v[rows]) for k, v in x.items()},
+                               None if y is None else tf.constant(y[rows]))
+    grads = sorted(grads, key=lambda pair: pair[1].name)
+    return np.concatenate([_dense(g) for g, _ in grads]) * model.dp_optimizer.expected_batch_size
+
+  full = clipped_sum(np.arange(16))
+  return [np.linalg.norm(full - clipped_sum(np.delete(np.arange(16), i))) for i in removed]
+
+
+def test_two_tower_full_softmax_bounds_one_example_and_in_batch_negatives_do_not():
+  x, _ = _data()
+  x = {k: v[:16].astype(np.int64) for k, v in x.items()}
+  tf.keras.utils.set_random_seed(0)
+  model = _private(retrieval.two_tower(USERS, ITEMS, dim=4, hidden_units=(8,)))
+  model.compile(optimizer="sgd", loss=tf.keras.losses.SparseCategoricalCrossentropy(
+      from_logits=True))
+  model._initialise(*private_model._in_memory({"user": x["user"]}, x["item"]))
+  distances = _removal_distances(model, {"user": x["user"]}, x["item"])
+  assert max(distances) <= CLIP * (1 + 1e-4) and min(distances) >= 0.9 * CLIP
+
+  in_batch = _InBatchNegatives()
+  in_batch.compile(optimizer=DPOptimizer(config_lib.DPSGD(l2_norm_clip=CLIP, noise_multiplier=1.0),
+                                         "sgd", expected_batch_size=16, insecure_noise_seed=0))
+  in_batch(x)
+  # Example 0's item outscores every other positive for every query: each loss is mostly
+  # about it, and removing example 0 changes all 15 other clipped gradients.
+  in_batch.users.embeddings.assign(tf.ones([USERS, 4]))
+  items = np.full([ITEMS, 4], 0.1, np.float32)
+  items[x["item"][0]] = 3.0
+  in_batch.items.embeddings.assign(items)
+  assert _removal_distances(in_batch, x, None, removed=[0])[0] > 3 * CLIP
