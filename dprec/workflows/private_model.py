@@ -48,7 +48,6 @@ from dprec.models.dp_model import refusing_variable_updates
 from dprec.optimizers import sparse as sparse_optimizers
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
-from dprec.training import callbacks as callbacks_lib
 from dprec.training import output_layer
 from dprec.training import poisson
 from dprec.workflows import ctr
