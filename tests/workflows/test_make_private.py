@@ -251,3 +251,16 @@ def test_two_tower_full_softmax_bounds_one_example_and_in_batch_negatives_do_not
   items[x["item"][0]] = 3.0
   in_batch.items.embeddings.assign(items)
   assert _removal_distances(in_batch, x, None, removed=[0])[0] > 3 * CLIP
+
+
+def test_a_sequential_model_is_converted_in_place():
+  tf.keras.utils.set_random_seed(0)
+  model = tf.keras.Sequential([tf.keras.Input((), dtype=tf.int32),
+                               tf.keras.layers.Embedding(USERS, 4, name="table"),
+                               tf.keras.layers.Dense(1, name="out")])
+  before = model.get_weights()
+  private = _private(model)
+  assert isinstance(private, tf.keras.Sequential) and isinstance(private.layers[0], DPEmbedding)
+  assert private.layers[0].name == "table"
+  for old, new in zip(before, private.get_weights()):
+    np.testing.assert_array_equal(old, new)
