@@ -148,7 +148,7 @@ def per_example_losses(loss, y, y_pred, sample_weight=None):
   without its reduction; trailing axes are averaged, as Keras' reduction does. Refuses a loss
   that returns one value per batch."""
   loss = tf.keras.losses.get(loss)
-  if y is not None and y.shape.rank == 1:
+  if isinstance(y, tf.Tensor) and isinstance(y_pred, tf.Tensor) and y.shape.rank == 1:
     # Keras reduces a loss's last axis, which for labels [n] would be the batch axis.
     y = y[:, tf.newaxis]
     if y_pred.shape.rank == 1:
