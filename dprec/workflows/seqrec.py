@@ -26,6 +26,7 @@ from typing import Optional
 
 import tensorflow as tf
 
+from dprec.data import public_users as public_users_lib
 from dprec.data.sequences import SeqRecExamples, load_sequences, make_examples
 from dprec.errors import DprecError
 from dprec.layers.reattention import ReAttentionConfig
@@ -56,6 +57,10 @@ EPSILON_COVERS = {
                            "the top-10 diversity (distinct_top10_items, overlaps) rank each "
                            "user's held-out item given their history, which IS training data of "
                            "this run: these metrics are not covered by ε",
+    "public_users": "with --public-users F (item2item): the users the public rule picks "
+                    "(public_user_selection) opted in as public data; their rows are used "
+                    "exactly and charged nothing, and ε covers the other users only (the "
+                    "metrics are the private users')",
     "not_covered": "diagnostics_nonprivate (only with --diagnostics): the exact training loss",
 }
 
@@ -112,6 +117,9 @@ class SeqRecTrainOptions(run_lib.FitOptions):
   pair_recent_decay: float = 0.5
   pair_popularity_exponent: float = 0.0
   pair_popularity_weight: float = 1e-3
+  # Opt-in public users (dprec.data.public_users): their share and the rule's public salt.
+  public_users: float = 0.0
+  public_users_salt: int = 0
 
   def __post_init__(self):
     if isinstance(self.dp_forward, dict):  # from a checkpoint's fingerprint
@@ -127,6 +135,10 @@ class SeqRecTrainOptions(run_lib.FitOptions):
         (self.model in MODELS, f"--model must be one of {', '.join(MODELS)}, got {self.model}"),
         (self.model != "item2item" or self.dp_forward is None,
          "--model item2item does not combine with --dp-forward"),
+        (0 <= self.public_users < 1, f"--public-users must be in [0, 1), got "
+                                     f"{self.public_users}"),
+        (self.public_users == 0 or self.model == "item2item",
+         "--public-users is built for --model item2item only"),
         (self.pair_window >= 1 and 0 < self.pair_decay <= 1
          and (self.pair_max_items is None or self.pair_max_items >= 2)
          and (self.pair_item_set is None or self.pair_item_set >= 2),
@@ -292,8 +304,12 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
   """Trains (or resumes, see the module docstring) and evaluates; returns the JSON summary (also
   written to `options.summary_json`)."""
   options.validate()
-  data = data or load_sequences(options.data)
+  data, public_data = public_users_lib.split(data or load_sequences(options.data),
+                                             options.public_users, options.public_users_salt)
+  # Training, the DP releases and the evaluation see the private users only.
   examples = make_examples(data, options.max_len, options.hold_out_validation)
+  public = None if public_data is None else make_examples(public_data, options.max_len,
+                                                          options.hold_out_validation)
   batch_size_chosen = options.batch_size is None
   if batch_size_chosen:
     options = dataclasses.replace(
@@ -312,7 +328,9 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
     frequencies = frequencies_lib.frequencies(options, data, examples, plan,
                                               run.numpy_rng("item histogram"))
     if options.model == "item2item":
-      summary = _run_item2item(options, examples, plan, run, frequencies)
+      summary = _run_item2item(options, examples, plan, run, frequencies, public)
+      summary["public_user_selection"] = public_users_lib.summary(
+          options.public_users, options.public_users_salt, public_data, data)
       run_lib.write_summary(summary, options.summary_json)
       return summary
     vocabulary = frequencies_lib.vocabulary(options, examples, frequencies)
@@ -342,16 +360,17 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
   return summary
 
 
-def _run_item2item(options, examples, plan, run, frequencies):
-  """Pays the histogram and the pair release, releases the pairs from the run's key, evaluates
-  and returns the summary (`dprec.workflows.item2item`)."""
+def _run_item2item(options, examples, plan, run, frequencies, public=None):
+  """Pays the histogram and the pair release, releases the pairs from the run's key, adds the
+  `public` users' exact statistics, evaluates and returns the summary
+  (`dprec.workflows.item2item`)."""
   if run.open_plan_ledger(plan) is not None:
     run.check_budget(plan, item2item_lib.LABEL, plan.steps)
     run.pay_once(plan)
     run.pay_steps(plan, item2item_lib.LABEL, plan.steps)
   timer = time.perf_counter()
   model, release = item2item_lib.build_model(options, examples, plan, frequencies,
-                                             run.numpy_rng("item pairs"))
+                                             run.numpy_rng("item pairs"), public)
   metrics = evaluate_all(model, examples, options)
   summary = {
       "model": "item2item", "ndcg_at_10": metrics["ndcg_at_10"],
@@ -365,7 +384,7 @@ def _run_item2item(options, examples, plan, run, frequencies):
       "item_pairs": dict(release, **item2item_lib.settings(options)),
       "item_frequencies": frequencies_lib.source(options, plan, frequencies),
       "train_examples": int(len(examples.items)), "items": examples.num_items,
-      "public_users": 0.0, "seed": options.seed, "run_dir": options.run_dir,
+      "public_users": options.public_users, "seed": options.seed, "run_dir": options.run_dir,
       "seconds": time.perf_counter() - timer}
   if run.ledger is None:
     summary["epsilon"] = float("inf")

@@ -145,6 +145,13 @@ def _add_item2item_arguments(parser):
       metavar="ALPHA", help="divide item j's pair score by its DP count^ALPHA")
   add("--pair-popularity-weight", type=float, default=defaults.pair_popularity_weight,
       metavar="LAMBDA", help="add LAMBDA times the item's DP count / the largest count")
+  add("--public-users", type=float, default=defaults.public_users, metavar="FRACTION",
+      help="treat this share of users, picked by a public hash of the user index and "
+           "--public-users-salt (not by their data), as public, opted-in data: their exact "
+           "counts and pairs are added to the released ones, charged nothing; ε covers, and the "
+           "metrics evaluate, the other users only")
+  add("--public-users-salt", type=int, default=defaults.public_users_salt, metavar="SALT",
+      help="the public salt of the --public-users rule")
 
 
 def _add_dp_forward_arguments(parser):
