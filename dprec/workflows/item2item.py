@@ -30,6 +30,22 @@ from dprec.workflows import plan as plan_lib
 LABEL = "train seqrec item pairs"
 
 
+HYBRID_PAIR_SHARE = 0.3
+
+
+def mechanisms(options):
+  """[(ledger label, ε share)] of `--model hybrid`'s one-off releases beside training: the DP
+  histogram and the pair release (`pair_share`, default 0.3), each calibrated alone."""
+  share = HYBRID_PAIR_SHARE if options.pair_share is None else options.pair_share
+  return frequencies_lib.mechanisms(options) + [(LABEL, share)]
+
+
+def noise_multiplier(plan):
+  """σ of the pair release: its own mechanism beside training (hybrid), else the plan's one
+  step."""
+  return plan.mechanisms.get(LABEL, plan.noise_multiplier)
+
+
 def plan_privacy(options, num_examples, delta, spent) -> plan_lib.PrivacyPlan:
   """The pair release as the plan's one step at q = 1 (a Gaussian mechanism), its σ calibrated
   for what the histogram (a mechanism of the plan) leaves of ε."""
@@ -69,8 +85,8 @@ def released_pairs(options, examples, plan, items, rng):
   if not options.private:
     return statistics, {"released_pairs": int(statistics.nnz), "private": False}
   ids = np.arange(examples.num_items + 1) if items is None else np.concatenate([[0], items])
-  released = item_pairs.release(statistics[ids][:, ids], plan.noise_multiplier,
-                                options.pair_threshold * plan.noise_multiplier
+  sigma = noise_multiplier(plan)
+  released = item_pairs.release(statistics[ids][:, ids], sigma, options.pair_threshold * sigma
                                 * item_pairs.SENSITIVITY, rng)
   cells = released.matrix.tocoo()
   matrix = scipy.sparse.csr_matrix((cells.data, (ids[cells.row], ids[cells.col])),
@@ -116,3 +132,10 @@ def settings(options):
           "max_items": options.pair_max_items, "item_set": options.pair_item_set,
           "threshold_sigmas": options.pair_threshold,
           **dataclasses.asdict(scoring_config(options))}
+
+
+def initial_item_rows(options, examples, plan, p_i, rng, dim):
+  """(float32 [M + 1, d] item rows from the released pairs, release summary) for `--model
+  hybrid`: `Item2ItemModel.item_factors` of the released matrix (post-processing)."""
+  model, summary = build_model(options, examples, plan, p_i, rng)
+  return model.item_factors(dim), summary

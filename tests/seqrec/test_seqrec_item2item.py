@@ -7,8 +7,9 @@ import dp_accounting
 import numpy as np
 
 from dprec import cli
-from dprec.data.sequences import load_sequences, make_examples
 from dprec.data import public_users
+from dprec.data.sequences import load_sequences, make_examples
+from dprec.models.item2item import Item2ItemModel
 from dprec.privacy import PrivacyLedger, item_pairs, user_histogram
 from dprec.workflows import item2item, item_frequencies, seqrec
 
@@ -124,3 +125,53 @@ def test_public_users_are_not_charged(data_dir, tmp_path, capsys):
   assert summary["noise_multiplier"] == plan.noise_multiplier
   assert 4.95 < summary["epsilon"] <= 5.0 + 1e-6
   assert "public_users" in summary["epsilon_covers"]
+
+
+HYBRID = ["--model", "hybrid", "--epochs", "1", "--batch-size", "32", "--max-len", "8",
+          "--dim", "8", "--blocks", "1", "--pair-item-set", "30", "--no-progress"]
+
+
+def test_hybrid_epsilon_composes_histogram_pairs_and_training(data_dir, tmp_path, capsys):
+  ledger = tmp_path / "ledger.json"
+  summary = _run(capsys, "--data", data_dir, "--epsilon", "5", "--ledger", str(ledger), *HYBRID)
+  assert summary["model"] == "hybrid"
+  histogram, pairs = summary["item_frequencies"], summary["item_pairs"]
+  assert histogram["epsilon_share"] == 0.1 and pairs["epsilon_share"] == 0.3
+  accountant = dp_accounting.pld.PLDAccountant()
+  accountant.compose(dp_accounting.GaussianDpEvent(pairs["noise_multiplier"]))
+  assert abs(accountant.get_epsilon(summary["delta"]) - 0.3 * 5) <= 1e-3 * 1.5  # alone
+  accountant.compose(dp_accounting.GaussianDpEvent(histogram["noise_multiplier"]))
+  accountant.compose(dp_accounting.PoissonSampledDpEvent(
+      summary["sampling_rate"], dp_accounting.GaussianDpEvent(summary["noise_multiplier"])),
+      summary["steps"])
+  direct = accountant.get_epsilon(summary["delta"])
+  assert abs(summary["epsilon"] - direct) <= 1e-3 * direct
+  assert 4.9 < summary["epsilon"] <= 5.0 + 1e-6
+  labels = {c["label"] for c in PrivacyLedger(str(ledger)).charges}
+  assert labels == {item_frequencies.LABEL, item2item.LABEL, seqrec.LEDGER_LABEL}
+
+
+def test_hybrid_item_rows_read_only_released_pairs(data_dir):
+  """The factorisation is a function of the released matrix only (its top singular values, untouched
+  items 0); the model's table takes the rows where given (scaled to the random rows' mean norm)
+  and keeps its random rows elsewhere."""
+  released = item_pairs.pair_statistics([np.array([1, 2, 3]), np.array([2, 3, 1, 4])], 6)
+  factors = Item2ItemModel(released, np.ones(7)).item_factors(8)
+  np.testing.assert_array_equal(factors, Item2ItemModel(released, np.arange(7.0))
+                                .item_factors(8))
+  assert not factors[[0, 5, 6]].any()
+  symmetric = ((released + released.T) * 0.5).toarray()[1:5, 1:5]
+  top = np.sort(np.linalg.svd(symmetric, compute_uv=False))[::-1][:3]  # rank min(d, 4 − 1)
+  np.testing.assert_allclose(np.sort((factors ** 2).sum(axis=0))[::-1][:3], top, rtol=1e-5)
+  options = seqrec.SeqRecTrainOptions(model="hybrid", max_len=8, dim=8, num_blocks=1,
+                                      epsilon=float("inf"), batch_size=4)
+  examples = make_examples(load_sequences(data_dir), 8, True)
+  model = seqrec.build_model(options, examples, seqrec.plan_privacy(options, len(examples.items)))
+  before = model.item_embedding.embeddings.numpy()
+  seqrec.initialise_item_rows(model, factors)
+  after = model.item_embedding.embeddings.numpy()
+  np.testing.assert_array_equal(after[[0, 5, 6]], before[[0, 5, 6]])
+  scale = after[1, 0] / factors[1, 0]
+  np.testing.assert_allclose(after[1:5], factors[1:5] * scale, rtol=1e-5)
+  np.testing.assert_allclose(np.linalg.norm(after[1:5], axis=1).mean(),
+                             np.linalg.norm(before[1:5], axis=1).mean(), rtol=1e-5)
