@@ -275,6 +275,8 @@ def initialise_item_rows(model, rows):
   so their mean norm is that of the random rows they replace; the others stay random."""
   table = model.item_embedding.embeddings
   values = table.numpy()
+  if rows.shape != values.shape:
+    raise DprecError(f"item rows {rows.shape} do not fit the item table {values.shape}")
   given = np.linalg.norm(rows, axis=1) > 0
   if given.any():
     scale = (np.linalg.norm(values[given], axis=1).mean()

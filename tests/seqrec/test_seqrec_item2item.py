@@ -155,22 +155,24 @@ def test_hybrid_item_rows_read_only_released_pairs(data_dir):
   """The factorisation is a function of the released matrix only (its top singular values, untouched
   items 0); the model's table takes the rows where given (scaled to the random rows' mean norm)
   and keeps its random rows elsewhere."""
-  released = item_pairs.pair_statistics([np.array([1, 2, 3]), np.array([2, 3, 1, 4])], 6)
-  factors = Item2ItemModel(released, np.ones(7)).item_factors(8)
-  np.testing.assert_array_equal(factors, Item2ItemModel(released, np.arange(7.0))
+  examples = make_examples(load_sequences(data_dir), 8, True)
+  num_items = examples.num_items
+  released = item_pairs.pair_statistics([np.array([1, 2, 3]), np.array([2, 3, 1, 4])], num_items)
+  factors = Item2ItemModel(released, np.ones(num_items + 1)).item_factors(8)
+  np.testing.assert_array_equal(factors, Item2ItemModel(released, np.arange(num_items + 1.0))
                                 .item_factors(8))
-  assert not factors[[0, 5, 6]].any()
+  untouched = np.r_[0, 5:num_items + 1]
+  assert not factors[untouched].any()
   symmetric = ((released + released.T) * 0.5).toarray()[1:5, 1:5]
   top = np.sort(np.linalg.svd(symmetric, compute_uv=False))[::-1][:3]  # rank min(d, 4 − 1)
   np.testing.assert_allclose(np.sort((factors ** 2).sum(axis=0))[::-1][:3], top, rtol=1e-5)
   options = seqrec.SeqRecTrainOptions(model="hybrid", max_len=8, dim=8, num_blocks=1,
                                       epsilon=float("inf"), batch_size=4)
-  examples = make_examples(load_sequences(data_dir), 8, True)
   model = seqrec.build_model(options, examples, seqrec.plan_privacy(options, len(examples.items)))
   before = model.item_embedding.embeddings.numpy()
   seqrec.initialise_item_rows(model, factors)
   after = model.item_embedding.embeddings.numpy()
-  np.testing.assert_array_equal(after[[0, 5, 6]], before[[0, 5, 6]])
+  np.testing.assert_array_equal(after[untouched], before[untouched])
   scale = after[1, 0] / factors[1, 0]
   np.testing.assert_allclose(after[1:5], factors[1:5] * scale, rtol=1e-5)
   np.testing.assert_allclose(np.linalg.norm(after[1:5], axis=1).mean(),
