@@ -64,8 +64,12 @@ def test_the_plan_composes_what_the_ledger_spent_on_the_data_before(tmp_path):
   with run_lib.Run(stream.COMMAND, options.run_dir, ledger, data=data) as run:
     plan = stream.plan_privacy(options, source, 2, run)
     assert plan.delta == 1e-5 and plan.spent == privacy.Spent(selections=((0.2, 0.0),))
-    gaussian = privacy.compute_epsilon(plan.noise_multiplier, plan.sampling_rate,
-                                       2 * plan.steps_per_period, 1e-5, accountant="rdp").epsilon
+    # Rows: the costliest period (the first: its steps, DP base rate and DP Platt scaling)
+    gaussian = privacy.gaussian_epsilon(
+        [privacy.gaussian_mechanism_period(plan.mechanisms[stream.BASE_RATE]),
+         privacy.gaussian_mechanism_period(plan.period_mechanisms[stream.CALIBRATION]),
+         privacy.TrainingPeriod(plan.noise_multiplier, plan.sampling_rate,
+                                plan.steps_per_period)], 1e-5, "rdp")
     assert gaussian == pytest.approx(0.8, rel=5e-3) and gaussian <= 0.8 + 1e-9
     assert plan.planned_epsilon() == pytest.approx(gaussian + 0.2, rel=1e-6)
     summary = stream.build_trainer(options, source, plan, run).summary()  # before any period
