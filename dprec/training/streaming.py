@@ -3,15 +3,20 @@
 The third way in (DESIGN §1.4; seed 001 §4.3 and Table 5). `StreamingTrainer` tails a
 `PeriodSource` (the streaming Beam job's output), and for every complete period p:
   1. evaluates the model trained on periods < p on period p (train on day t, evaluate on t+1);
-  2. pays the privacy ledger for the whole period *before* training on it, and stops cleanly
-     instead when that would exceed the budget fixed up front (`dprec.workflows.plan`);
+  2. pays the privacy ledger for the whole period *before* training on it (its steps, its
+     per-period mechanisms such as DP Platt scaling, the first period's once-only ones such as a
+     DP base rate; for a row-level plan as reading the period's days, so periods compose in
+     parallel), and stops cleanly instead when that would exceed the budget fixed up front
+     (`dprec.workflows.plan`); a user-level plan first keeps at most `group_size` rows of each
+     user (`bound_rows_per_user`);
   3. grows the embedding tables for ids first seen in p (learned rows stay where they are) and,
      for DP-FEST / DP-AdaFEST+, refreshes the top-k rows from the running counts (DP top-k when
      the selection must be private), rows that stay selected keeping what they learned;
   4. trains its Poisson-sampled steps (the plan's T, scaled down for a period of fewer days than
      planned, e.g. the last of 18 days cut into 4-day periods: a public count, never the exact
      number of rows), checkpointing atomically every `checkpoint_every` steps and at the end of
-     the period.
+     the period; the model's `before_training` (first period) and `after_training` (every
+     period) hooks make the plan's other releases on the period's training rows.
 
 The run (`dprec.workflows.run.Run`: directory, secret key, ledger, the charges it has paid) is
 given by the workflow (`dprec.workflows.stream`). Secret randomness: the batch of step (p, s), its

@@ -17,7 +17,9 @@ before training; everything composes sequentially).
 period's DP base rate, each period ends with DP Platt scaling on its training rows (charged
 with that period), kept as an affine a·z + b on the model's output that evaluation applies and
 training never sees (so the next period trains the raw logits on), and without `batch_size` the
-batch comes from the expected period size (`ctr.default_batch_size`). `reference="non_private"`
+batch is `STREAM_BATCH_SIZE`, at most an eighth of the expected period size
+(`default_batch_size`; `train ctr`'s rule, N/500, measured worse on periods of 25k rows:
+docs/experiments/streaming.md). `reference="non_private"`
 also trains a non-private stream on the same periods (under `run_dir/reference_non_private`)
 for the plot and the summary.
 
@@ -40,6 +42,7 @@ from dprec import privacy
 from dprec.errors import DprecError
 from dprec.models import ctr
 from dprec.optimizers.dp_optimizer import DPOptimizer
+from dprec.training import poisson
 from dprec.training import stream_metrics
 from dprec.training.callbacks import PeriodProgress
 from dprec.training.period_source import BeamStreamSource
@@ -57,6 +60,7 @@ MODEL_FIELDS = ("algorithm", "l2_norm_clip", "ratio", "threshold", "contribution
 BASE_RATE = "base rate"  # the plan's once-only mechanism (with the first period)
 CALIBRATION = "calibration"  # the plan's per-period mechanism (DP Platt scaling)
 REFERENCES = ("non_private",)
+STREAM_BATCH_SIZE = 1024
 REFERENCE_DIR = "reference_non_private"
 
 
@@ -81,12 +85,14 @@ class StreamOptions(run_lib.RunOptions):
   privacy_unit: str = "row"
   max_rows_per_user: Optional[int] = None  # privacy unit "user": default 1
   reference: Optional[str] = None
-  batch_size: Optional[int] = None  # None: `ctr.default_batch_size` of the period size
+  batch_size: Optional[int] = None  # None: `default_batch_size` of the period size
   logit_init: str = ctr_workflow.CTRTrainOptions.logit_init
   base_rate_share: float = ctr_workflow.CTRTrainOptions.base_rate_share
   calibration_share: float = ctr_workflow.CTRTrainOptions.calibration_share
-  # The step's hyper-parameters are `train ctr`'s (one source), but τ, lower for short periods.
-  l2_norm_clip: float = ctr_workflow.CTRTrainOptions.l2_norm_clip
+  # The step's hyper-parameters are `train ctr`'s (one source), but τ, lower for short periods,
+  # and C2, which at 1 ranks below chance for the first periods of 25k rows (docs/experiments/
+  # streaming.md: AUC 0.435 → 0.590 after the first period at C2 = 10).
+  l2_norm_clip: float = 10.0
   ratio: float = ctr_workflow.CTRTrainOptions.ratio
   threshold: float = 1.0
   contribution_clip: float = ctr_workflow.CTRTrainOptions.contribution_clip
@@ -273,6 +279,11 @@ def expected_periods(options: StreamOptions, source) -> Tuple[int, str]:
           f"the {len(days)} days in {options.data} (not a live stream: --idle-timeout 0)")
 
 
+def default_batch_size(examples_per_period: int) -> int:
+  """B when none is given: `STREAM_BATCH_SIZE`, at most an eighth of a period (N is public)."""
+  return poisson.default_batch_size(examples_per_period, preferred=STREAM_BATCH_SIZE)
+
+
 def plan_privacy(options: StreamOptions, source, expected: int, run=None) -> plan_lib.PrivacyPlan:
   """One budget over `expected` periods, q from the expected examples per period (default: the
   first period's), composed with what `run`'s ledger spent on the data before (δ: the ledger's,
@@ -291,7 +302,7 @@ def plan_privacy(options: StreamOptions, source, expected: int, run=None) -> pla
                                     default_delta=1.0 / (expected * per_period))
   return plan_lib.plan_stream(
       epsilon, delta, expected, per_period,
-      options.batch_size or ctr_workflow.default_batch_size(per_period),
+      options.batch_size or default_batch_size(per_period),
       epochs_per_period=options.epochs_per_period, selection_epsilon=selection,
       noise_multiplier=options.noise_multiplier, accountant=options.accountant, spent=spent,
       privacy_unit=options.privacy_unit, max_rows_per_user=options.max_rows_per_user or 1,

@@ -66,8 +66,8 @@ def register(subparsers):
                   "unit: of every period; user unit: over all periods); 0: none")
   model = parser.add_argument_group("model and step")
   model.add_argument("--batch-size", type=int, default=None,
-                     help="expected (Poisson) batch size (default: from the expected period "
-                     "size, as `train ctr` sizes it from N)")
+                     help=f"expected (Poisson) batch size (default: {stream.STREAM_BATCH_SIZE}, "
+                     "at most an eighth of the expected period size)")
   model.add_argument("--logit-init", default=defaults.logit_init, choices=ctr.LOGIT_INITS,
                      help="base_rate: the logit layer starts at the first period's (DP) click "
                      "rate; default: Keras' initialisation")
