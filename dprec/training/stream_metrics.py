@@ -98,6 +98,7 @@ def plot_auc_epsilon(rows, path, reference=None):
   if all(e is not None and math.isfinite(e) for e in epsilon):
     eps_axis = auc_axis.twinx()
     eps_axis.step(periods, epsilon, where="post", color="tab:red", alpha=0.6)
+    eps_axis.set_ylim(0, 1.1 * max(epsilon + [1e-9]))  # from 0: a flat ε (rows) reads flat
     eps_axis.set_ylabel("ε spent so far", color="tab:red")
   figure.suptitle("streaming run: utility and privacy per period")
   figure.tight_layout()
