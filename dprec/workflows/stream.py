@@ -123,6 +123,11 @@ class StreamOptions(run_lib.RunOptions):
     if self.max_rows_per_user is not None and (self.privacy_unit != "user"
                                                or self.max_rows_per_user < 1):
       raise DprecError("--max-rows-per-user N (N >= 1) goes with --privacy-unit user")
+    if (self.privacy_unit == "user" and self.algorithm in ctr_workflow.FEST_ALGORITHMS
+        and self.top_k_epsilon > 0):
+      raise DprecError("--privacy-unit user cannot refresh a DP top-k set: the running counts "
+                       "behind it count every row of a user, not at most --max-rows-per-user; "
+                       "use --top-k-epsilon 0 (counts public) or --algorithm dp_adafest")
     if self.reference not in (None,) + REFERENCES:
       raise DprecError(f"--reference must be one of {', '.join(REFERENCES)}, got "
                        f"{self.reference}")

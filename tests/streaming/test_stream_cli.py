@@ -29,6 +29,10 @@ def test_help_names_the_interface(capsys):
 @pytest.mark.parametrize("extra, message", [
     (["--algorithm", "dp_sgd", "--train-days", "3"], "needs a positive --epsilon-total"),
     (["--algorithm", "dp_fest", "--epsilon-total", "1", "--train-days", "3"], "needs --top-k"),
+    (["--algorithm", "dp_fest", "--top-k", "5", "--epsilon-total", "1", "--train-days", "3",
+      "--privacy-unit", "user"], "cannot refresh a DP top-k set"),
+    (["--algorithm", "dp_sgd", "--epsilon-total", "1", "--max-rows-per-user", "2"],
+     "goes with --privacy-unit user"),
     (["--algorithm", "dp_sgd", "--epsilon-total", "1"], "no complete day yet; give --expected"),
     (["--algorithm", "dp_sgd", "--epsilon-total", "1", "--idle-timeout", "5"],
      "a live stream (--idle-timeout > 0) needs --expected-periods"),
