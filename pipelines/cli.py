@@ -2,7 +2,7 @@
 
 Every option the job does not know is handed to Beam's `PipelineOptions` unchanged, so the same
 command runs on the embedded multi-process DirectRunner (the default) or, with `--runner` and its
-options, on Dataflow, Flink or Spark.
+options, on Dask, Dataflow, Flink or Spark.
 """
 import argparse
 import sys
@@ -12,7 +12,10 @@ from pipelines import beam_io
 BEAM_EPILOG = ("Any other --option is passed to Beam's PipelineOptions (e.g. --runner, "
                "--direct_num_workers, --project). Default: the embedded runner with "
                f"{beam_io.EMBEDDED_WORKERS} worker processes (--streaming: one bounded pipeline "
-               "per closed period, each on one in-process worker).")
+               "per closed period, each on one in-process worker). --runner DaskRunner runs a "
+               "batch job on the Dask cluster at --dask_client_address HOST:PORT, or on a local "
+               "one of --dask-workers N processes (default "
+               f"{beam_io.EMBEDDED_WORKERS}) that the command starts and stops.")
 
 
 class BeamArgumentParser(argparse.ArgumentParser):
