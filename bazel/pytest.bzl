@@ -10,5 +10,7 @@ def pytest_test(name, srcs, deps = [], data = [], **kwargs):
         deps = deps,
         data = data + ["//:pytest_config"] + native.glob(["conftest.py"]),
         legacy_create_init = False,
+        # Each test process imports TensorFlow first: Bazel's 300 s default is tight on 2 cores.
+        timeout = kwargs.pop("timeout", "long"),
         **kwargs
     )
