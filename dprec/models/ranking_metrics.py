@@ -91,13 +91,18 @@ def evaluate_full_ranking(score_fn, histories, targets, buckets, k=10, batch_siz
 
 def evaluate_model(model, histories, targets, item_frequencies, batch_size=512,
                    exclude_history=False, progress=False):
-  """`evaluate_full_ranking` of a model with `score_items(histories) -> [b, M]` (e.g.
-  `SeqRecModel`), buckets from `item_frequencies` [M + 1]; a tqdm bar on stderr with `progress`."""
-  score = tf.function(model.score_items, reduce_retracing=True)
+  """`evaluate_full_ranking` of a model with `score_items(histories) -> [b, M]` (a Keras model,
+  e.g. `SeqRecModel`, traced once; or any object scoring numpy histories, e.g.
+  `Item2ItemModel`), buckets from `item_frequencies` [M + 1]; a tqdm bar on stderr with
+  `progress`."""
+  score = model.score_items
+  if isinstance(model, tf.keras.Model):
+    traced = tf.function(model.score_items, reduce_retracing=True)
+    score = lambda h: traced(tf.constant(h))
   bar = None
   if progress:
     bar = lambda it: progress_bar(it, desc="full ranking", unit="batch")
-  return evaluate_full_ranking(lambda h: score(tf.constant(h)), histories, targets,
+  return evaluate_full_ranking(score, histories, targets,
                                popularity_buckets(item_frequencies), batch_size=batch_size,
                                exclude_history=exclude_history, progress=bar)
 

@@ -14,17 +14,18 @@ from dprec.privacy import user_histogram
 from dprec.sparse import fest
 
 LABEL = "train seqrec item frequencies"
+DPFORMER_SHARE, ITEM2ITEM_SHARE, ITEM2ITEM_HISTOGRAM_ITEMS = 0.05, 0.3, 10
 
 
 def _used(options):
-  return (options.reattention or options.item_vocab_threshold is not None
-          or options.popularity_weights)
+  return (options.model == "item2item" or options.reattention
+          or options.item_vocab_threshold is not None or options.popularity_weights)
 
 
 def mechanisms(options):
   """[(ledger label, ε share)] of the plan: the DP histogram, unless p_i are public or unused."""
   if _used(options) and options.item_frequencies is None:
-    return [(LABEL, options.item_frequency_share)]
+    return [(LABEL, share(options))]
   return []
 
 
@@ -43,8 +44,20 @@ def frequencies(options, data, examples, plan, rng):
 
 
 def histogram_items(options):
-  """K: the items per user the DP histogram counts (sensitivity √K)."""
-  return options.item_histogram_items or options.max_len
+  """K: the items per user the DP histogram counts (sensitivity √K); default L for the
+  transformer, 10 for item2item (whose item set needs counts accurate around rank 1,000)."""
+  if options.item_histogram_items:
+    return options.item_histogram_items
+  return min(ITEM2ITEM_HISTOGRAM_ITEMS, options.max_len) if options.model == "item2item" \
+      else options.max_len
+
+
+def share(options):
+  """The histogram's share of ε: default 0.05 for the transformer (Re-Attention's p_i), 0.3 for
+  item2item (its popularity and item set; the pair release gets the rest)."""
+  if options.item_frequency_share is not None:
+    return options.item_frequency_share
+  return ITEM2ITEM_SHARE if options.model == "item2item" else DPFORMER_SHARE
 
 
 def source(options, plan, p_i):
@@ -53,7 +66,7 @@ def source(options, plan, p_i):
     return None
   if options.item_frequencies is not None:
     return {"source": "public file", "path": options.item_frequencies, "public": True}
-  return {"source": "dp histogram", "epsilon_share": options.item_frequency_share,
+  return {"source": "dp histogram", "epsilon_share": share(options),
           "noise_multiplier": plan.mechanisms[LABEL], "max_items_per_user": histogram_items(options),
           "ledger_label": LABEL}
 

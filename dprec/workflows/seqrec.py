@@ -13,11 +13,15 @@ noise come from the run's secret key; `seed` seeds only initialisation and dropo
 directory the run checkpoints every `checkpoint_every` steps and the same options resume a killed
 run on the very batches and noise an uninterrupted run would have used, paying no step twice.
 `dp_forward` trains DP-Forward instead (seed 003, `dprec.workflows.dp_forward`): SeqLDP.
+`model="item2item"` releases DP item-to-item statistics once instead of training a transformer
+(`dprec.workflows.item2item`; the command line's default, measured best on Amazon Games'
+validation items: docs/experiments/seqrec_item2item.md).
 """
 import dataclasses
 import functools
 import math
 import os
+import time
 from typing import Optional
 
 import tensorflow as tf
@@ -33,16 +37,19 @@ from dprec.optimizers.sparse import ADAMBC_FLOOR, AdamBC
 from dprec.privacy.noise_key import NoiseKey
 from dprec.training import poisson
 from dprec.workflows import dp_forward as dp_forward_lib
+from dprec.workflows import item2item as item2item_lib
 from dprec.workflows import item_frequencies as frequencies_lib
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import resume as resume_lib
 from dprec.workflows import run as run_lib
 
 COMMAND = LEDGER_LABEL = "train seqrec"
+MODELS = ("item2item", "dpformer")
 FORWARD_NOISE = "forward noise"
 EPSILON_COVERS = {
     "epsilon": "(epsilon, delta)-DP for adding or removing one user (all of their training "
-               "sequence), covering the model (weights and Re-Attention's p_i)",
+               "sequence), covering the model (weights and Re-Attention's p_i; for item2item "
+               "the released item pairs and the DP histogram)",
     "public": ["settings", "noise multipliers", "train_examples (N) and items (M), assumed "
                "public", "steps_per_second"],
     "held_out_evaluation": "ndcg_at_10, hit_at_10, by_popularity, test_users, validation and "
@@ -60,6 +67,8 @@ class SeqRecTrainOptions(run_lib.FitOptions):
   NOT_FINGERPRINTED = run_lib.FitOptions.NOT_FINGERPRINTED + (
       "exclude_history", "eval_batch_size", "reattention_at_eval")
   data: Optional[str] = None
+  # The library's default is the transformer; `dprec train seqrec`'s is item2item.
+  model: str = "dpformer"
   epsilon: float = 5.0
   delta: Optional[float] = None
   epochs: float = 100.0
@@ -88,11 +97,21 @@ class SeqRecTrainOptions(run_lib.FitOptions):
   reattention_at_eval: bool = True
   variance_scale: float = 1.0
   item_frequencies: Optional[str] = None  # public p_i file; None: DP histogram
-  item_frequency_share: float = 0.05
-  item_histogram_items: Optional[int] = None  # None: max_len
+  item_frequency_share: Optional[float] = None  # None: 0.05 (dpformer), 0.3 (item2item)
+  item_histogram_items: Optional[int] = None  # None: max_len (dpformer), 10 (item2item)
   exclude_history: bool = False
   eval_batch_size: int = 256
   dp_forward: Optional[dp_forward_lib.DPForwardOptions] = None
+  # --model item2item (dprec.workflows.item2item)
+  pair_window: int = 2
+  pair_decay: float = 0.5
+  pair_max_items: Optional[int] = 20
+  pair_item_set: Optional[int] = 1000
+  pair_threshold: float = 3.0
+  pair_recent: int = 3
+  pair_recent_decay: float = 0.5
+  pair_popularity_exponent: float = 0.0
+  pair_popularity_weight: float = 1e-3
 
   def __post_init__(self):
     if isinstance(self.dp_forward, dict):  # from a checkpoint's fingerprint
@@ -105,6 +124,15 @@ class SeqRecTrainOptions(run_lib.FitOptions):
   def validate(self):
     super().validate()
     checks = [
+        (self.model in MODELS, f"--model must be one of {', '.join(MODELS)}, got {self.model}"),
+        (self.model != "item2item" or self.dp_forward is None,
+         "--model item2item does not combine with --dp-forward"),
+        (self.pair_window >= 1 and 0 < self.pair_decay <= 1
+         and (self.pair_max_items is None or self.pair_max_items >= 2)
+         and (self.pair_item_set is None or self.pair_item_set >= 2),
+         f"--pair-window must be >= 1, --pair-decay in (0, 1], --pair-max-items and "
+         f"--pair-item-set >= 2, got {self.pair_window}, {self.pair_decay}, "
+         f"{self.pair_max_items}, {self.pair_item_set}"),
         (self.epsilon > 0, f"--epsilon must be positive (or inf), got {self.epsilon}"),
         (self.epochs > 0 and (self.batch_size is None or self.batch_size >= 1),
          f"--epochs and --batch-size must be positive, got {self.epochs}, {self.batch_size}"),
@@ -127,7 +155,7 @@ class SeqRecTrainOptions(run_lib.FitOptions):
          or 1 <= self.item_histogram_items <= self.max_len,
          f"--item-histogram-items must be in [1, --max-len {self.max_len}], got "
          f"{self.item_histogram_items}"),
-        (0 < self.item_frequency_share < 1,
+        (self.item_frequency_share is None or 0 < self.item_frequency_share < 1,
          f"--item-frequency-share must be in (0, 1), got {self.item_frequency_share}"),
         (self.optimizer in ("adamw", "adambc") and self.adambc_floor > 0,
          f"--optimizer must be adamw or adambc and --adambc-floor positive, got "
@@ -160,12 +188,14 @@ def plan_privacy(options, num_examples, run=None) -> plan_lib.PrivacyPlan:
   """Steps = epochs·N/B; σ calibrated so the run spends exactly ε at δ (default: the ledger's,
   else 1/N), composed with the DP histogram of p_i and with what `run`'s ledger spent on the
   data before (`run_lib.plan_prior`); DP-Forward: σ of its E epoch releases, composed with that
-  too (`dp_forward.plan_run`)."""
+  too (`dp_forward.plan_run`); item2item: the pair release's σ (`item2item.plan_privacy`)."""
+  delta, spent = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
+                                    default_delta=1.0 / num_examples)
+  if options.model == "item2item":
+    return item2item_lib.plan_privacy(options, num_examples, delta, spent)
   if options.batch_size > num_examples:
     raise DprecError(f"--batch-size {options.batch_size} exceeds the {num_examples} training "
                      "users; give a smaller one or none (then it is chosen from N)")
-  delta, spent = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
-                                    default_delta=1.0 / num_examples)
   if options.dp_forward is not None:
     return dp_forward_lib.plan_run(options, delta, num_examples, spent)
   steps = max(1, int(round(options.epochs * num_examples / options.batch_size)))
@@ -281,6 +311,10 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
     # The histogram's noise comes from the run's key, so a resumed run draws the same p_i.
     frequencies = frequencies_lib.frequencies(options, data, examples, plan,
                                               run.numpy_rng("item histogram"))
+    if options.model == "item2item":
+      summary = _run_item2item(options, examples, plan, run, frequencies)
+      run_lib.write_summary(summary, options.summary_json)
+      return summary
     vocabulary = frequencies_lib.vocabulary(options, examples, frequencies)
     if vocabulary is not None:  # labels index the table's rows
       examples = dataclasses.replace(examples, labels=vocabulary.row_of[examples.labels])
@@ -308,6 +342,36 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
   return summary
 
 
+def _run_item2item(options, examples, plan, run, frequencies):
+  """Pays the histogram and the pair release, releases the pairs from the run's key, evaluates
+  and returns the summary (`dprec.workflows.item2item`)."""
+  if run.open_plan_ledger(plan) is not None:
+    run.check_budget(plan, item2item_lib.LABEL, plan.steps)
+    run.pay_once(plan)
+    run.pay_steps(plan, item2item_lib.LABEL, plan.steps)
+  timer = time.perf_counter()
+  model, release = item2item_lib.build_model(options, examples, plan, frequencies,
+                                             run.numpy_rng("item pairs"))
+  metrics = evaluate_all(model, examples, options)
+  summary = {
+      "model": "item2item", "ndcg_at_10": metrics["ndcg_at_10"],
+      "hit_at_10": metrics["hit_at_10"], "test_users": metrics["users"],
+      "by_popularity": metrics["by_popularity"], "validation": metrics.get("validation"),
+      "selected_on": "validation" if "validation" in metrics else None,
+      **{key: metrics[key] for key in ("distinct_top10_items", "top10_popularity_overlap",
+                                       "top10_between_users_overlap")},
+      **run.privacy_summary(plan, EPSILON_COVERS, options.private),
+      "epsilon_budget": options.epsilon, "noise_multiplier": plan.noise_multiplier,
+      "item_pairs": dict(release, **item2item_lib.settings(options)),
+      "item_frequencies": frequencies_lib.source(options, plan, frequencies),
+      "train_examples": int(len(examples.items)), "items": examples.num_items,
+      "public_users": 0.0, "seed": options.seed, "run_dir": options.run_dir,
+      "seconds": time.perf_counter() - timer}
+  if run.ledger is None:
+    summary["epsilon"] = float("inf")
+  return summary
+
+
 def _summary(options, examples, plan, history, metrics, timer, run, resume):
   losses = history.get("loss") or [resume.loss if resume.loss is not None else float("nan")]
   notes, forward = [], None
@@ -315,7 +379,7 @@ def _summary(options, examples, plan, history, metrics, timer, run, resume):
     forward = dp_forward_lib.summary(plan.forward, options.dp_forward)
     notes.append(forward["privacy_note"])
   summary = {
-      "model": "dpformer" if options.reattention else "vanilla",
+      "model": "dpformer" if options.reattention else "vanilla", "public_users": 0.0,
       "tied": options.tied, "reattention": options.reattention,
       "ndcg_at_10": metrics["ndcg_at_10"], "hit_at_10": metrics["hit_at_10"],
       "test_users": metrics["users"], "by_popularity": metrics["by_popularity"],

@@ -17,12 +17,21 @@ def _epsilon(text):
 def register(subparsers):
   """Adds `seqrec` to the `train` group."""
   parser = subparsers.add_parser(
-      "seqrec", help="train DPFormer (sequential recommender) with or without DP",
-      description="Train the DPFormer sequential recommender (Phantom Clipping, Re-Attention) on "
-      "a `dprec preprocess sequences` output; prints a JSON summary with full-ranking NDCG@10 "
-      "and HIT@10 overall and by item popularity (head/torso/tail).")
+      "seqrec", help="train a sequential recommender (DP item-to-item or DPFormer) with or "
+                     "without DP",
+      description="Train a next-item recommender on a `dprec preprocess sequences` output: by "
+      "default from DP item-to-item statistics released once (--model item2item), or the "
+      "DPFormer transformer (--model dpformer: Phantom Clipping, Re-Attention); prints a JSON "
+      "summary with full-ranking NDCG@10 and HIT@10 overall and by item popularity "
+      "(head/torso/tail).")
   add = parser.add_argument
   add("--data", required=True, help="directory written by `dprec preprocess sequences`")
+  add("--model", choices=seqrec.MODELS, default="item2item",
+      help="item2item: each user's (item, later item) pairs, scaled to norm 1, released once "
+           "with Gaussian noise over the DP histogram's top items and thresholded, scored from "
+           "the user's recent items (best on Amazon Games' validation items at eps 5, "
+           "docs/experiments/seqrec_item2item.md); dpformer: the transformer trained with DP-SGD "
+           "(the options below up to --variance-scale)")
   add("--epsilon", type=_epsilon, default=5.0,
       help="privacy budget ε, the total: what --ledger spent on this data before is composed "
            "in; 'inf' trains non-privately")
@@ -77,15 +86,17 @@ def register(subparsers):
   add("--item-frequencies", metavar="FILE",
       help="public Re-Attention frequencies p_i, lines 'ITEM_ID P' (ids as in the input logs); "
            "default: a DP histogram of users per item, charged to the ledger")
-  add("--item-frequency-share", type=float, default=0.05, metavar="FRACTION",
+  add("--item-frequency-share", type=float, metavar="FRACTION",
       help="share of ε for the DP histogram of p_i (Re-Attention, --item-vocab-threshold, "
-           "--popularity-weights) "
-           "(default 0.05; training's σ is calibrated for the rest)")
+           "--popularity-weights; item2item's popularity and item set) "
+           "(default 0.05 for dpformer, 0.3 for item2item; training's or the pair release's σ "
+           "is calibrated for the rest)")
   add("--item-histogram-items", type=int, metavar="K",
       help="the DP histogram counts each user's last K items only: sensitivity √K instead of "
-           "√L (default: --max-len)")
+           "√L (default: --max-len for dpformer, 10 for item2item)")
   add("--exclude-history", action="store_true", help="do not rank items already in the history")
   add("--eval-batch-size", type=int, default=256, help="users scored per evaluation batch")
+  _add_item2item_arguments(parser)
   run_cli.add_run_arguments(
       add, seqrec.SeqRecTrainOptions, randomness="noise, batches and the histogram's noise",
       diagnostics="the exact training loss",
@@ -104,8 +115,36 @@ def run(args):
                                       dp_forward=None)
   if args.dp_forward:
     options = dataclasses.replace(options, dp_forward=_dp_forward_options(args),
-                                  loss_positions="last", reattention=False)
+                                  loss_positions="last", reattention=False, model="dpformer")
   return seqrec.run(options)
+
+
+def _add_item2item_arguments(parser):
+  """The pair statistics and scoring of `--model item2item` (defaults: the dataclass's)."""
+  defaults = seqrec.SeqRecTrainOptions()
+  group = parser.add_argument_group(
+      "item2item (--model item2item)", "the DP pair statistics (sensitivity 1 per user) and "
+      "how they score the next item")
+  add = group.add_argument
+  add("--pair-window", type=int, default=defaults.pair_window, metavar="W",
+      help="pairs (s_t, s_t+g) for gaps g <= W")
+  add("--pair-decay", type=float, default=defaults.pair_decay,
+      help="weight decay^(g-1) of a pair at gap g (before the user's scaling to norm 1)")
+  add("--pair-max-items", type=int, default=defaults.pair_max_items, metavar="N",
+      help="pairs from each user's last N items")
+  add("--pair-item-set", type=int, default=defaults.pair_item_set, metavar="K",
+      help="release pairs among the K items of largest DP count (the other items are ranked "
+           "by popularity only)")
+  add("--pair-threshold", type=float, default=defaults.pair_threshold, metavar="SIGMAS",
+      help="release a pair where its noisy value reaches SIGMAS times the noise std")
+  add("--pair-recent", type=int, default=defaults.pair_recent, metavar="R",
+      help="score from the user's R most recent items")
+  add("--pair-recent-decay", type=float, default=defaults.pair_recent_decay,
+      help="weight decay^(k-1) of the k-th most recent item")
+  add("--pair-popularity-exponent", type=float, default=defaults.pair_popularity_exponent,
+      metavar="ALPHA", help="divide item j's pair score by its DP count^ALPHA")
+  add("--pair-popularity-weight", type=float, default=defaults.pair_popularity_weight,
+      metavar="LAMBDA", help="add LAMBDA times the item's DP count / the largest count")
 
 
 def _add_dp_forward_arguments(parser):
@@ -114,7 +153,7 @@ def _add_dp_forward_arguments(parser):
       "DP-Forward (seed 003)", "noise on each user's representation instead of on gradients: "
       "SeqLDP per user (local DP of the sequence; the next-item label is sent in the clear "
       "unless --label-epsilon), not central DP; the service trains with non-private steps. "
-      "Implies --loss-positions last and no Re-Attention; --epochs must be whole")
+      "Implies --model dpformer, --loss-positions last and no Re-Attention; --epochs must be whole")
   add = group.add_argument
   add("--dp-forward", action="store_true", help="train with DP-Forward instead of DP-SGD")
   add("--forward-position", choices=("output", "attention"), default="output",

@@ -1,0 +1,96 @@
+"""`train seqrec --model item2item`: next-item recommendation from DP item-to-item statistics.
+
+One release, user-level DP (the unit `train seqrec` protects):
+1. the DP histogram of users per item (`item_frequencies`, its `item_frequency_share` of ε): the
+   items' popularity, and the item set, its `pair_item_set` most counted items (post-processing);
+2. the pair statistics over that item set (`dprec.privacy.item_pairs`: each user's (item, later
+   item) pairs scaled to norm 1, sensitivity 1), Gaussian noise on every cell, released where the
+   noisy value reaches `pair_threshold`·σ: one Gaussian mechanism, σ calibrated so that it and the
+   histogram compose (PLD) to ε at δ (the plan's one step at q = 1).
+Both are charged to the run's ledger and drawn from the run's key; the model
+(`dprec.models.item2item`) reads only them. ε = inf: the exact statistics over every item (the
+non-private item-kNN baseline).
+"""
+import dataclasses
+
+import numpy as np
+import scipy.sparse
+
+from dprec.models.item2item import Item2ItemConfig, Item2ItemModel
+from dprec.privacy import item_pairs
+from dprec.privacy import user_histogram
+from dprec.workflows import item_frequencies as frequencies_lib
+from dprec.workflows import plan as plan_lib
+
+LABEL = "train seqrec item pairs"
+
+
+def plan_privacy(options, num_examples, delta, spent) -> plan_lib.PrivacyPlan:
+  """The pair release as the plan's one step at q = 1 (a Gaussian mechanism), its σ calibrated
+  for what the histogram (a mechanism of the plan) leaves of ε."""
+  return plan_lib.plan_privacy(
+      options.epsilon, delta, num_examples, num_examples, 1,
+      mechanisms=frequencies_lib.mechanisms(options), accountant=options.accountant,
+      spent=spent)
+
+
+def training_sequences(examples):
+  """Each training user's items in order, as `train seqrec` trains on them (the inputs, then
+  the last target: at most L + 1 items)."""
+  last = examples.labels[:, -1:]
+  rows = np.concatenate([examples.items, last], axis=1)
+  return [row[row > 0] for row in rows]
+
+
+def item_set(options, popularity):
+  """Sorted ids of the `pair_item_set` items with the largest (DP) counts (None: every item)."""
+  if options.pair_item_set is None or options.pair_item_set >= len(popularity) - 1:
+    return None
+  order = np.argsort(-popularity[1:], kind="stable")[:options.pair_item_set] + 1
+  return np.sort(order)
+
+
+def released_pairs(options, examples, plan, items, rng):
+  """(csr [M + 1, M + 1] of released values, release summary): the pair statistics restricted
+  to `items` (None: all), released with the plan's σ (exact without DP)."""
+  statistics = item_pairs.pair_statistics(training_sequences(examples), examples.num_items,
+                                          options.pair_window, options.pair_decay,
+                                          options.pair_max_items)
+  if not options.private:
+    return statistics, {"released_pairs": int(statistics.nnz), "private": False}
+  ids = np.arange(examples.num_items + 1) if items is None else np.concatenate([[0], items])
+  released = item_pairs.release(statistics[ids][:, ids], plan.noise_multiplier,
+                                options.pair_threshold * plan.noise_multiplier
+                                * item_pairs.SENSITIVITY, rng)
+  cells = released.matrix.tocoo()
+  matrix = scipy.sparse.csr_matrix((cells.data, (ids[cells.row], ids[cells.col])),
+                                   shape=statistics.shape)
+  return matrix, dict(released.summary(), item_set=len(ids) - 1, ledger_label=LABEL)
+
+
+def popularity(examples, p_i):
+  """Users per item: the DP histogram's p_i·N, exact without DP."""
+  if p_i is None:
+    return user_histogram.users_per_item(examples.items, examples.num_items).astype(np.float64)
+  return np.asarray(p_i) * len(examples.items)
+
+
+def build_model(options, examples, plan, p_i, rng):
+  """(`Item2ItemModel`, release summary) from the released histogram `p_i` and pairs."""
+  counts = popularity(examples, p_i)
+  matrix, summary = released_pairs(options, examples, plan, item_set(options, counts), rng)
+  return Item2ItemModel(matrix, counts, scoring_config(options)), summary
+
+
+def scoring_config(options):
+  return Item2ItemConfig(recent=options.pair_recent, recent_decay=options.pair_recent_decay,
+                         popularity_exponent=options.pair_popularity_exponent,
+                         popularity_weight=options.pair_popularity_weight)
+
+
+def settings(options):
+  """The model's settings for the summary (public)."""
+  return {"window": options.pair_window, "decay": options.pair_decay,
+          "max_items": options.pair_max_items, "item_set": options.pair_item_set,
+          "threshold_sigmas": options.pair_threshold,
+          **dataclasses.asdict(scoring_config(options))}
