@@ -9,7 +9,7 @@ LEGACY_VENV := .venv-legacy
 LEGACY_STAMP := $(LEGACY_VENV)/.installed
 DEMO_DIR ?= demo_out
 
-.PHONY: demo test test-legacy install clean bazel
+.PHONY: demo test test-legacy install clean docs bazel
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,10 @@ test: $(STAMP)
 
 test-legacy: $(LEGACY_STAMP)
 	DPREC_REQUIRE_PEERS=1 $(LEGACY_VENV)/bin/python -m pytest -n 2 -q tests
+
+# The API reference from the docstrings (warnings are errors; tests/test_api_docs.py builds it too).
+docs: $(STAMP)
+	$(PY) -m sphinx -W --keep-going -E -q -b html docs/api build/api
 
 clean:
 	rm -rf $(VENV) $(LEGACY_VENV) $(DEMO_DIR) build *.egg-info

@@ -1,9 +1,11 @@
-"""Pieces shared by the dprec Beam jobs: options, line-block reading, dead letters, atomic writes.
+"""Pieces shared by the dprec Beam jobs: options and entry points, line-block reading, dead
+letters, atomic writes.
 
 Input files are cut into byte-range splits at line boundaries (gzip files are one split each), so
 a runner spreads a large file over its workers while every line keeps its 1-based line number for
 dead letters. A split is read in blocks of whole lines that are parsed in one vectorised call.
 """
+import argparse
 import contextlib
 import dataclasses
 import gzip
@@ -23,6 +25,7 @@ from apache_beam.options.pipeline_options import DirectOptions
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.options.pipeline_options import StandardOptions
 
+from dprec.cli_help import use_formatter
 from dprec.errors import DprecError
 
 # The embedded runner: the portable FnApiRunner with two worker processes. Naming it explicitly
@@ -348,6 +351,35 @@ def write_dead_letters(path: str, letters: Sequence[DeadLetter]) -> Optional[str
     return None
   atomic_write(path, "".join(letter.to_json() + "\n" for letter in letters).encode())
   return path
+
+
+BEAM_EPILOG = ("Any other --option is passed to Beam's PipelineOptions (e.g. --runner, "
+               "--direct_num_workers, --project). Default: the embedded runner with "
+               f"{EMBEDDED_WORKERS} worker processes (--streaming: one bounded pipeline "
+               "per closed period, each on one in-process worker). --runner DaskRunner runs a "
+               "batch job on the Dask cluster at --dask_client_address HOST:PORT, or on a local "
+               f"one of --dask-workers N processes (default {EMBEDDED_WORKERS}) that the command "
+               "starts and stops.")
+
+
+class BeamArgumentParser(argparse.ArgumentParser):
+  """Keeps the options it does not know in `args.beam_args` instead of rejecting them."""
+
+  def parse_known_args(self, args=None, namespace=None):
+    namespace, extras = super().parse_known_args(args, namespace)
+    namespace.beam_args = list(getattr(namespace, "beam_args", None) or []) + extras
+    return namespace, []
+
+
+def job_main(module: str, description: str, add_arguments, run, argv=None) -> int:
+  """A `python -m pipelines.<module>` entry point: parses `argv` (default: the command line)
+  with `add_arguments(parser)`, runs `run(args)` and prints its JSON summary (`run_main`)."""
+  parser = BeamArgumentParser(prog=f"python -m pipelines.{module}", description=description,
+                              epilog=BEAM_EPILOG)
+  add_arguments(parser)
+  use_formatter(parser)
+  args = parser.parse_args(sys.argv[1:] if argv is None else argv)
+  return run_main(lambda: run(args))
 
 
 def run_main(job) -> int:

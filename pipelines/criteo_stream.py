@@ -23,7 +23,7 @@ How it runs depends on the runner:
   batch of closed periods. The embedded runner cannot stream a polling source: with several
   worker processes it drops the deferred polls of `Watch` (the job ended after its first poll),
   and in every mode it runs nothing downstream of a GroupByKey before its source is done, so no
-  period would be written while the job watches (README: "Where the streaming job runs").
+  period would be written while the job watches (docs/guide/preprocess.md, "Where the streaming job runs").
 - a streaming runner (`--runner` Dataflow, Flink, Prism): one unbounded pipeline, Beam's `Watch`
   polling DIR with a day-index watermark and the same stop rule. Runners of bounded pipelines
   only (`BATCH_ONLY_RUNNERS`: Dask) are refused with the list of those that stream. (`MatchContinuously` itself stamps
@@ -463,8 +463,12 @@ def job_from_args(args) -> StreamJob:
 def main(argv=None) -> int:
   """`python -m pipelines.criteo_stream`; the job classes are used from the imported module, not
   `__main__`, so Beam workers can unpickle them."""
-  from pipelines import cli  # pylint: disable=import-outside-toplevel
-  return cli.job_main("criteo", ["--streaming"] + list(sys.argv[1:] if argv is None else argv))
+  def arguments(parser):
+    criteo.add_arguments(parser)
+    add_arguments(parser.add_argument_group("streaming"))
+
+  return beam_io.job_main("criteo_stream", __doc__, arguments,
+                          lambda args: run(job_from_args(args), args.beam_args), argv)
 
 
 if __name__ == "__main__":

@@ -320,8 +320,8 @@ def job_from_args(args) -> SequencesJob:
 def main(argv=None) -> int:
   """`python -m pipelines.sequences`; the job classes are used from the imported module, not
   `__main__`, so Beam workers can unpickle them."""
-  from pipelines import cli  # pylint: disable=import-outside-toplevel
-  return cli.job_main("sequences", argv)
+  return beam_io.job_main("sequences", __doc__, add_arguments,
+                         lambda args: run(job_from_args(args), args.beam_args), argv)
 
 
 if __name__ == "__main__":

@@ -57,8 +57,8 @@ LOCAL_CLUSTERS = ("multi_worker", "parameter_server")
 OPTIMIZERS = {"sgd": sparse_optimizers.SparseSGD, "adagrad": sparse_optimizers.SparseAdagrad,
               "adam": sparse_optimizers.LazyAdam, "adambc": sparse_optimizers.AdamBC}
 LOGIT_INITS = ("base_rate", "default")
-STEPS_PER_EPOCH = 500  # default B: the power of two nearest N / STEPS_PER_EPOCH ...
-BATCH_SIZE_RANGE = (64, 16384)  # ... within these bounds (and at most N/8)
+STEPS_PER_EPOCH = poisson.STEPS_PER_EPOCH  # default B: `default_batch_size`
+BATCH_SIZE_RANGE = poisson.DATA_SIZED_RANGE
 BASE_RATE_LABEL = "train ctr base rate"
 CALIBRATION_LABEL = "train ctr calibration"
 CALIBRATION_ROWS = 1_000_000  # rows DP Platt scaling fits on (BENCHMARKS: 1M fit = the 5M fit)
@@ -162,12 +162,9 @@ class CTRTrainOptions(run_lib.FitOptions):
 
 
 def default_batch_size(num_examples: int) -> int:
-  """B when none is given: the power of two nearest N / `STEPS_PER_EPOCH` within
-  `BATCH_SIZE_RANGE`, capped by `poisson.default_batch_size` (at most N/8)."""
-  lowest, highest = BATCH_SIZE_RANGE
-  target = max(num_examples, 1) / STEPS_PER_EPOCH
-  preferred = min(highest, max(lowest, 2 ** round(math.log2(max(target, 1)))))
-  return poisson.default_batch_size(num_examples, preferred=preferred)
+  """B when none is given: `poisson.data_sized_batch_size` (N / `STEPS_PER_EPOCH` as a power of
+  two within `BATCH_SIZE_RANGE`, at most N/8)."""
+  return poisson.data_sized_batch_size(num_examples)
 
 
 def sized_for(options: CTRTrainOptions, num_examples: int) -> CTRTrainOptions:
@@ -326,6 +323,7 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
                    options.secure_noise, options.data, chief=chief) as run:
     plan = plan_privacy(options, len(data.train["label"]), run)
     if run.open_plan_ledger(plan) is not None:
+      run.check_ledger_covers_checkpoint(label)
       run.check_budget(plan, label, options.steps, {SELECTION_LABEL: plan.selection_epsilon})
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
       model, rate = build_model(options, data, plan, run)

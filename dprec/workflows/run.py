@@ -324,6 +324,23 @@ class Run:
       self.ledger.charge_gaussian(plan.noise_multiplier, plan.sampling_rate, unpaid,
                                   poisson=plan.poisson, label=label)
 
+  def check_ledger_covers_checkpoint(self, label):
+    """Raises `DprecError` if the ledger holds fewer steps of this run under `label` than its
+    newest checkpoint has trained (steps are paid before they are taken): the run's ledger was
+    deleted or replaced after it trained, and going on would release a model the ledger does
+    not account for. Call it before the run charges anything (the chief: it alone charges)."""
+    if not self.chief:
+      return
+    trained = resume_lib.checkpointed_step(self.checkpoint_dir) if self.run_dir else 0
+    paid = self.steps_paid(self.ledger, label)
+    if paid < trained:
+      raise DprecError(
+          f"{self.ledger.path}: this ledger holds {paid} steps of run {self.run_id} under "
+          f"'{label}', but the run's checkpoints in {self.run_dir} have trained {trained}: the "
+          "run's ledger was deleted or replaced after it trained. Put the run's ledger back at "
+          "that path (or give it with --ledger) and rerun; to train from scratch instead, use "
+          "a new --run-dir")
+
   def budget_callback(self, plan, label, start_step=0, charge_every=100, log_dir=None):
     """`PrivacyBudgetCallback` paying the plan's steps under `label` ahead of `model.fit`; a
     resumed run (at `start_step`) pays again only for steps it has not paid. None on a worker
