@@ -9,7 +9,7 @@ LEGACY_VENV := .venv-legacy
 LEGACY_STAMP := $(LEGACY_VENV)/.installed
 DEMO_DIR ?= demo_out
 
-.PHONY: demo test test-legacy install clean docs
+.PHONY: demo test test-legacy install clean docs bazel
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -40,3 +40,9 @@ docs: $(STAMP)
 
 clean:
 	rm -rf $(VENV) $(LEGACY_VENV) $(DEMO_DIR) build *.egg-info
+
+# Bazel (Debian's bazel-bootstrap, offline: see WORKSPACE): every BUILD target builds, and the
+# privacy and DP-core tests run under `bazel test` with this venv's interpreter first on PATH.
+bazel: $(STAMP)
+	bazel build //...
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bazel test --local_test_jobs=2 //tests/privacy/... //tests/dp_core/...
