@@ -20,7 +20,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 STEPS, EVERY, EPSILON, LABEL = 6, 2, 2.0, "train ctr dp_adafest"
 TIMEOUT = 900  # seconds for one chief run (about 1 min on a quiet 2-core machine)
 
-pytestmark = [pytest.mark.multiprocess, pytest.mark.slow]
+pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.faults]
 
 
 @pytest.fixture(scope="module")
