@@ -1,16 +1,16 @@
-"""Empirical ε lower bounds (`dprec audit`) next to the claimed ε, for every algorithm at
-ε ∈ {1, 4, 16} and non-private, on synthetic Criteo data.
+"""Empirical ε lower bounds (`dprec audit`) next to the claimed ε, per algorithm and ε, on
+synthetic Criteo data, in either threat model.
 
 Every row goes through `dprec audit`'s code path (`audit_ctr`, the real DP step) on data
-generated and loaded once; the bound is the one-run method of Steinke, Nasr & Jagielski 2023 at
-95% confidence with the guesses of all runs pooled. DP-FEST and DP-AdaFEST+ select their rows from
-DP top-k counts, which fresh-row canaries (count 1) essentially never reach.
+generated and loaded once; the bound is the one-run f-DP/GDP bound of Mahloujifar et al. 2024 at
+95% (Steinke et al. 2023 as a second line), beside the ceiling its guesses allow, the ε of the DP
+steps alone, the canaries and the wall time (2-core machine shared with other jobs).
 
-    .venv/bin/python benchmarks/audit.py --rows 200000 --canaries 1000 --runs 4 --steps 500
-    .venv/bin/python benchmarks/audit.py --rows 100000 --canaries 2000 --runs 4 --steps 300 \
-        --batch-size 256 --hidden-units 64   # BENCHMARKS.md's table (~30 min, loaded machine)
-    .venv/bin/python benchmarks/audit.py --rows 20000 --canaries 400 --runs 1 --steps 150 \
-        --hidden-units 64 --epsilons 1 16   # reduced
+    # BENCHMARKS.md's white-box table: q = 1/2, T = 20, 100,000 Dirac canaries per run
+    .venv/bin/python benchmarks/audit.py --threat-model white_box --rows 30000 \
+        --batch-size 10000 --steps 20 --epsilons 1 2 4 8 16
+    # BENCHMARKS.md's black-box table: `dprec audit`'s defaults (data-sized B and T, m = 1000)
+    .venv/bin/python benchmarks/audit.py --threat-model black_box --rows 60000 --epsilons 1 4 16
 """
 import argparse
 import os
@@ -26,37 +26,47 @@ ALGORITHMS = ("dp_sgd", "dp_fest", "dp_adafest", "dp_adafest_plus")
 def main():
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--rows", type=int, default=200000, help="synthetic rows (3 days)")
+  parser.add_argument("--threat-model", default="white_box", choices=audit_ctr.THREAT_MODELS)
+  parser.add_argument("--rows", type=int, default=30000, help="synthetic rows (3 days)")
   parser.add_argument("--vocab", default="scaled:100k", help="synthetic vocabulary spec")
-  parser.add_argument("--canaries", type=int, default=1000, help="canaries per run")
-  parser.add_argument("--runs", type=int, default=4, help="runs per row (guesses pooled)")
-  parser.add_argument("--steps", type=int, default=500, help="training steps")
-  parser.add_argument("--batch-size", type=int, default=512, help="expected batch size")
-  parser.add_argument("--hidden-units", default="64,64", help="Dense widths")
-  parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 4.0, 16.0])
+  parser.add_argument("--canaries", type=int, help="canaries per run (default: the audit's)")
+  parser.add_argument("--runs", type=int, default=1, help="runs per row (canaries pooled)")
+  parser.add_argument("--steps", type=int, help="training steps (default: data-sized)")
+  parser.add_argument("--batch-size", type=int, help="expected batch size (default: data-sized)")
+  parser.add_argument("--hidden-units", default=None, help="Dense widths (default: train ctr's)")
+  parser.add_argument("--epsilons", type=float, nargs="+", default=[1.0, 2.0, 4.0, 8.0, 16.0])
+  parser.add_argument("--algorithms", nargs="+", default=list(ALGORITHMS), choices=ALGORITHMS)
   parser.add_argument("--top-k", type=int, default=2600, help="DP-FEST / AdaFEST+ rows")
-  parser.add_argument("--threshold", type=float, default=5.0, help="DP-AdaFEST τ")
-  parser.add_argument("--accountant", default="rdp", choices=("pld", "rdp"))
+  parser.add_argument("--accountant", default="pld", choices=("pld", "rdp"))
   args = parser.parse_args()
   with tempfile.TemporaryDirectory() as directory:
     synthetic.generate_criteo(directory, rows=args.rows, days=3, seed=0, vocab=args.vocab,
                               progress=False)
     data = ctr_workflow.load_data(directory)
-  runs = [("non_private", None)] + [(a, e) for e in args.epsilons for a in ALGORITHMS]
-  print("| algorithm | claimed ε | ε lower bound (95%) | canaries × runs | correct / guesses |")
-  print("|---|---|---|---|---|")
+  extra = {}
+  if args.hidden_units:
+    extra["hidden_units"] = tuple(int(u) for u in args.hidden_units.split(","))
+  runs = [("non_private", None)] + [(a, e) for e in args.epsilons for a in args.algorithms]
+  print(f"threat model {args.threat_model}; N = {len(data.train['label'])} training rows")
+  print("| algorithm | claimed ε | ε of the DP steps | ε lower bound (GDP, 95%) | ceiling | "
+        "Steinke et al. (ceiling) | canaries × runs | q, T | seconds |")
+  print("|---|---|---|---|---|---|---|---|---|")
   for algorithm, epsilon in runs:
     train = ctr_workflow.CTRTrainOptions(
         data=directory, algorithm=algorithm, epsilon=epsilon, batch_size=args.batch_size,
-        steps=args.steps, hidden_units=tuple(int(u) for u in args.hidden_units.split(",")),
-        top_k=args.top_k, threshold=args.threshold, accountant=args.accountant,
-        progress=False)
-    summary = audit_ctr.audit_ctr(
-        audit_ctr.CTRAuditOptions(train=train, canaries=args.canaries, runs=args.runs), data)
+        steps=args.steps, top_k=args.top_k, accountant=args.accountant, progress=False, **extra)
+    summary = audit_ctr.audit_ctr(audit_ctr.CTRAuditOptions(
+        train=train, threat_model=args.threat_model, canaries=args.canaries, runs=args.runs),
+        data)
     claimed = "∞" if epsilon is None else f"{epsilon:g}"
-    print(f"| {algorithm} | {claimed} | {summary['epsilon_lower_bound']:.3f} | "
-          f"{args.canaries} × {args.runs} | {summary['correct_guesses']} / "
-          f"{summary['guesses']} |", flush=True)
+    steps_epsilon = summary["steps_epsilon"]
+    print(f"| {algorithm} | {claimed} | "
+          f"{'∞' if steps_epsilon is None else f'{steps_epsilon:.2f}'} | "
+          f"**{summary['epsilon_lower_bound']:.2f}** | {summary['ceiling']:.2f} | "
+          f"{summary['epsilon_lower_bound_steinke']:.2f} ({summary['ceiling_steinke']:.2f}) | "
+          f"{summary['canaries']} × {summary['runs']} | "
+          f"{summary['sampling_rate']:.3g}, {summary['steps']} | {summary['seconds']:.0f} |",
+          flush=True)
 
 
 if __name__ == "__main__":

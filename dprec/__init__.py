@@ -28,3 +28,12 @@ def _select_keras_2():
 
 
 _select_keras_2()
+
+
+def __getattr__(name):
+  """`dprec.make_private`, imported on first use (it loads TensorFlow; `import dprec` stays
+  cheap)."""
+  if name == "make_private":
+    from dprec.workflows.private_model import make_private  # pylint: disable=import-outside-toplevel
+    return make_private
+  raise AttributeError(f"module 'dprec' has no attribute {name!r}")

@@ -15,6 +15,7 @@ import os
 import sys
 import tempfile
 
+from dprec.cli_help import use_formatter
 from dprec.errors import DprecError
 
 # command → (summary for `dprec --help`, modules registering it). A command with several modules
@@ -37,26 +38,6 @@ COMMANDS = {
 }
 GROUPS = ("train",)
 USES_TENSORFLOW = ("demo", "preprocess", "train", "stream", "audit")
-
-
-class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-  """Descriptions as written; every option's help ends with its default unless it names it."""
-
-  def _get_help_string(self, action):
-    text = action.help or ""
-    if (not action.option_strings or "default" in text or action.default in (None, False)
-        or action.default is argparse.SUPPRESS):
-      return text
-    return f"{text} (default: %(default)s)".lstrip()
-
-
-def use_formatter(parser, formatter_class=HelpFormatter):
-  """Sets `formatter_class` on `parser` and every sub-command parser below it."""
-  parser.formatter_class = formatter_class
-  for action in parser._actions:  # pylint: disable=protected-access
-    if isinstance(action, argparse._SubParsersAction):  # pylint: disable=protected-access
-      for sub in action.choices.values():
-        use_formatter(sub, formatter_class)
 
 
 def build_parser(load=None):

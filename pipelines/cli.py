@@ -2,26 +2,12 @@
 
 Every option the job does not know is handed to Beam's `PipelineOptions` unchanged, so the same
 command runs on the embedded multi-process DirectRunner (the default) or, with `--runner` and its
-options, on Dataflow, Flink or Spark.
+options, on Dask, Dataflow, Flink or Spark.
 """
 import argparse
-import sys
 
-from pipelines import beam_io
-
-BEAM_EPILOG = ("Any other --option is passed to Beam's PipelineOptions (e.g. --runner, "
-               "--direct_num_workers, --project). Default: the embedded runner with "
-               f"{beam_io.EMBEDDED_WORKERS} worker processes (--streaming: one bounded pipeline "
-               "per closed period, each on one in-process worker).")
-
-
-class BeamArgumentParser(argparse.ArgumentParser):
-  """Keeps the options it does not know in `args.beam_args` instead of rejecting them."""
-
-  def parse_known_args(self, args=None, namespace=None):
-    namespace, extras = super().parse_known_args(args, namespace)
-    namespace.beam_args = list(getattr(namespace, "beam_args", None) or []) + extras
-    return namespace, []
+from pipelines.beam_io import BEAM_EPILOG
+from pipelines.beam_io import BeamArgumentParser
 
 
 def run_criteo(args) -> dict:
@@ -65,13 +51,3 @@ def register(subparsers) -> None:
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   add_jobs(parser.add_subparsers(dest="job", metavar="JOB", required=True,
                                  parser_class=BeamArgumentParser))
-
-
-def job_main(job: str, argv=None) -> int:
-  """`python -m pipelines.<job>`: the same options as `dprec preprocess <job>`."""
-  from dprec.cli import use_formatter  # pylint: disable=import-outside-toplevel
-  parser = argparse.ArgumentParser(prog=f"python -m pipelines.{job}")
-  add_jobs(parser.add_subparsers(dest="job", required=True, parser_class=BeamArgumentParser))
-  use_formatter(parser)
-  args = parser.parse_args([job] + list(sys.argv[1:] if argv is None else argv))
-  return beam_io.run_main(lambda: args.func(args))

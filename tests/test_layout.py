@@ -1,4 +1,4 @@
-"""The package's layering (README "Layout"): models are models only, the layers below the
+"""The package's layering (docs/layout.md): models are models only, the layers below the
 workflows never import them, and the command-line modules only parse and call."""
 import ast
 from pathlib import Path

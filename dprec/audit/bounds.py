@@ -1,21 +1,37 @@
-"""ε lower bounds from canary guesses: the one-run audit of Steinke, Nasr & Jagielski (2023,
-"Privacy auditing with one (1) training run", Thm. 3.1/5.2 and their Algorithm 1).
+"""ε lower bounds from canary guesses, two one-run analyses.
 
-Each of m canaries is inserted independently with probability 1/2. From the scores of the
-trained model the auditor guesses "in" for the `k_plus` highest and "out" for the `k_minus`
-lowest and abstains on the rest: r = k_plus + k_minus guesses, v of them right. If training is
-(ε, δ)-DP, v is stochastically dominated by Binomial(r, e^ε/(1+e^ε)) up to a δ term:
+Each of m canaries is inserted independently with probability 1/2. From what the auditor
+observes it guesses "in" for the `k_plus` highest-scored canaries and "out" for the `k_minus`
+lowest and abstains on the rest: r = k_plus + k_minus guesses, v of them right.
+
+Steinke, Nasr & Jagielski (2023, "Privacy auditing with one (1) training run", Thm. 3.1/5.2 and
+their Algorithm 1), for any (ε, δ)-DP mechanism: v is stochastically dominated by
+Binomial(r, e^ε/(1+e^ε)) up to a δ term,
 
     Pr[V ≥ v] ≤ β + 2mδ·α,   β = Pr[Bin(r, q) ≥ v],
                              α = max_{1≤i≤v} Pr[v − i ≤ Bin(r, q) < v] / i,   q = e^ε/(1+e^ε).
 
-The lower bound at confidence c is the largest ε whose p-value is still below 1 − c: every ε
-below it is rejected. Guesses of independent runs pool (each run's guesses are dominated
-independently), so R runs of m canaries count as r = Σ r_j guesses out of R·m canaries.
+Mahloujifar, Melis & Chaudhuri (2024, "Auditing f-differential privacy in one run", the
+`audit_rh_with_cap` procedure of their §4; jax-privacy's `auditing` module implements it) test
+a tradeoff function f instead: if every canary's inclusion is f-DP, k "in" guesses with c right
+have probability below β unless a recursion on (r, h) — lower bounds on the masses of the right
+and wrong guesses, r pushed through x ↦ f(1 − x) — ends with r + h ≤ k/m. We test μ-GDP
+(f(α) = Φ(Φ⁻¹(1 − α) − μ), Dong, Roth & Su 2022 Def. 2.7), whose (ε, δ) curve is
+δ(ε) = Φ(−ε/μ + μ/2) − e^ε·Φ(−ε/μ − μ/2) (their Cor. 2.13): the bound is the ε at δ of the
+largest μ rejected. It is the tighter of the two when the mechanism's tradeoff curve is close to
+a Gaussian one (many noisy steps: Dong et al.'s CLT), which is the claim tested; Steinke et al.'s
+bound needs no such assumption.
+
+Either way the lower bound at confidence c is the largest ε whose p-value is below 1 − c, and
+guesses of independent runs pool (R runs of m canaries count as r = Σ r_j guesses out of R·m).
 """
+import dataclasses
 import math
+from typing import Dict, Optional
 
 import numpy as np
+from scipy import optimize
+from scipy import special
 from scipy import stats
 
 
@@ -69,3 +85,118 @@ def guess_membership(scores, included, k_plus: int, k_minus: int, rng=None):
   right = int(np.sum(~included[order[:k_minus]]))
   right += int(np.sum(included[order[scores.size - k_plus:]])) if k_plus else 0
   return k_plus + k_minus, right
+
+
+def gdp_delta(epsilon: float, mu: float) -> float:
+  """δ(ε) of μ-GDP (Dong, Roth & Su 2022, Cor. 2.13), computed in the log domain."""
+  if mu <= 0:
+    return 0.0
+  first = stats.norm.logcdf(-epsilon / mu + mu / 2)
+  second = epsilon + stats.norm.logcdf(-epsilon / mu - mu / 2)
+  return float(np.exp(first) * -np.expm1(second - first)) if first > second else 0.0
+
+
+def gdp_epsilon(mu: float, delta: float) -> float:
+  """The smallest ε with δ(ε) ≤ `delta` for μ-GDP (0 for μ = 0)."""
+  if not 0 < delta < 1:
+    raise ValueError(f"delta must be in (0, 1), got {delta}")
+  if mu <= 0 or gdp_delta(0.0, mu) <= delta:
+    return 0.0
+  high = 1.0
+  while gdp_delta(high, mu) > delta:
+    high *= 2
+  return float(optimize.brentq(lambda e: gdp_delta(e, mu) - delta, 0.0, high, xtol=1e-9))
+
+
+def gdp_mu(epsilon: float, delta: float) -> float:
+  """The μ whose GDP curve passes through (ε, δ): the Gaussian claim an (ε, δ) claim is read as."""
+  if epsilon <= 0:
+    return 0.0
+  high = 1.0
+  while gdp_delta(epsilon, high) < delta:
+    high *= 2
+  return float(optimize.brentq(lambda mu: gdp_delta(epsilon, mu) - delta, 1e-9, high,
+                               xtol=1e-12))
+
+
+def gdp_rejects(m: int, k: int, c: int, mu: float, significance: float) -> bool:
+  """Whether c right among k "in" guesses on m canaries refutes μ-GDP at `significance`
+  (Mahloujifar et al. 2024, `audit_rh_with_cap`)."""
+  if not 0 <= c <= k <= m:
+    raise ValueError(f"need 0 <= c <= k <= m, got c={c}, k={k}, m={m}")
+  if c == 0:
+    return False
+  right, wrong = significance * c / m, significance * (k - c) / m
+  for i in range(c - 1, -1, -1):
+    # x ↦ f(1 − x) for f = G_μ: Φ(Φ⁻¹(x) − μ).
+    pushed = max(wrong, float(special.ndtr(special.ndtri(right) - mu)))
+    if pushed == wrong:
+      break  # neither mass moves again
+    right = min(right + i / (k - i) * (pushed - wrong), 1.0)
+    wrong = pushed
+  return right + wrong > k / m
+
+
+def gdp_epsilon_lower_bound(m: int, k: int, c: int, delta: float, confidence: float = 0.95,
+                            mu_max: float = 50.0, tolerance: float = 1e-6) -> float:
+  """The ε at `delta` of the largest μ-GDP claim that c right of k "in" guesses refute at
+  `confidence` (0 if none is): bisection on μ, rejection being monotone in it."""
+  if not 0 < confidence < 1:
+    raise ValueError(f"confidence must be in (0, 1), got {confidence}")
+  significance = 1.0 - confidence
+  if not gdp_rejects(m, k, c, tolerance, significance):
+    return 0.0
+  low, high = tolerance, mu_max
+  if gdp_rejects(m, k, c, high, significance):
+    return gdp_epsilon(high, delta)
+  while high - low > tolerance:
+    middle = 0.5 * (low + high)
+    if gdp_rejects(m, k, c, middle, significance):
+      low = middle
+    else:
+      high = middle
+  return gdp_epsilon(low, delta)
+
+
+MIN_GUESSES = 16  # the fewest "in" guesses tried
+
+
+def guess_counts(canaries: int):
+  """The numbers of "in" guesses tried: m/2, m/4, ... down to `MIN_GUESSES` (or m/2 if fewer)."""
+  counts = [canaries >> j for j in range(1, canaries.bit_length()) if canaries >> j >= MIN_GUESSES]
+  return counts or [max(1, canaries // 2)]
+
+
+@dataclasses.dataclass
+class Bound:
+  """One analysis' bound: ε, the score and guesses that gave it, and the ceiling (the bound if
+  every guess were right, best over the guess counts tried)."""
+  epsilon: float
+  ceiling: float
+  score: Optional[str] = None
+  guesses: int = 0
+  correct: int = 0
+
+
+def best_bounds(scores: Dict[str, np.ndarray], included, delta: float, confidence: float,
+                rng: np.random.Generator) -> Dict[str, Bound]:
+  """{"gdp": Mahloujifar et al.'s bound, "steinke": Steinke et al.'s} from "in" guesses on the
+  k highest scores, for every score and every k in `guess_counts` — each hypothesis tested at
+  (1 − confidence)/H for H of them (Bonferroni), so the best is valid at `confidence`."""
+  included = np.asarray(included, bool)
+  m = included.size
+  counts = guess_counts(m)
+  level = 1.0 - (1.0 - confidence) / (len(scores) * len(counts))
+  analyses = {"gdp": lambda k, c: gdp_epsilon_lower_bound(m, k, c, delta, level),
+              "steinke": lambda k, c: epsilon_lower_bound(m, k, c, delta, level)}
+  result = {}
+  for name, bound_of in analyses.items():
+    best = Bound(0.0, max(bound_of(k, k) for k in counts))
+    for score, values in scores.items():
+      for k in counts:
+        _, correct = guess_membership(values, included, k, 0, rng)
+        epsilon = bound_of(k, correct)
+        if epsilon > best.epsilon:
+          best = Bound(epsilon, best.ceiling, score, k, correct)
+    result[name] = best
+  return result

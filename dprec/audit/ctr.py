@@ -1,13 +1,23 @@
 """`dprec audit`: an empirical ε lower bound for a `train ctr` configuration, from canaries.
 
-    dprec audit --data DIR --algorithm dp_adafest --epsilon 2 --canaries 1000 --runs 2
+    dprec audit --data DIR --algorithm dp_adafest --epsilon 2                 # black box
+    dprec audit --data DIR --algorithm dp_sgd --epsilon 2 --threat-model white_box
 
-Per run: m fresh-row canaries (`canaries.py`), a random half inserted into the training days, the
-pCTR model trained with the real DP step (`DPModel` + `DPOptimizer`, planned from --epsilon as
-`train ctr` plans it), every canary scored (`scores.py`), and the guesses of all runs turned into
-the one-run ε lower bound of Steinke, Nasr & Jagielski 2023 (`bounds.py`) at --confidence.
-DP-AdaFEST is audited as it runs: a canary row moves only if its noisy count passes τ or it is
-drawn as a false positive, and then by its clipped gradient plus noise.
+--threat-model black_box (the final model): per run, m fresh-row canaries (`canaries.py`), a
+random half inserted into the training days, the pCTR model trained with the real DP step
+(`DPModel` + `DPOptimizer`, planned from --epsilon as `train ctr` plans it), every canary scored
+on the final model (`scores.py`: alignment, movement and loss drop of its rows). DP-AdaFEST is
+audited as it runs: a canary row moves only if its noisy count passes τ or it is drawn as a
+false positive, and then by its clipped gradient plus noise.
+
+--threat-model white_box (every step's release, Nasr et al. 2023): Dirac gradient canaries on
+rows only they touch go through the same DP step at the configuration's q, T, σ, clip,
+threshold and normaliser, and the adversary reads every released update (`white_box.py`).
+
+Either way the canaries of all runs are guessed on together and the guesses turned into the
+one-run ε lower bound of Mahloujifar et al. 2024 (f-DP against Gaussian DP), with Steinke, Nasr &
+Jagielski 2023's as a second line (`bounds.py`), at --confidence; the summary gives the ceiling,
+the largest bound the guesses allow.
 
 The data, model and privacy options are `train ctr`'s; the audit writes no ledger, logs or
 evaluation, so --ledger and --log-dir are refused and --charge-every, --eval-batch-size ignored.
@@ -16,14 +26,17 @@ The scores file says which canaries were inserted; it is a private artefact of t
 import argparse
 import dataclasses
 import os
+import time
 from typing import Optional
 
 import numpy as np
 import tensorflow as tf
 
+from dprec import privacy
 from dprec.audit import canaries as canaries_lib
 from dprec.audit import runner
 from dprec.audit import scores as scores_lib
+from dprec.audit import white_box
 from dprec.errors import DprecError
 from dprec.models import ctr
 from dprec.optimizers.dp_optimizer import DPOptimizer
@@ -38,24 +51,36 @@ from dprec.workflows import ctr_cli as train_ctr_cli
 class CTRAuditOptions:
   """`train ctr`'s options plus the audit's own (see `register`)."""
   train: train_ctr.CTRTrainOptions
-  canaries: int = 1000
+  threat_model: str = "black_box"
+  canaries: Optional[int] = None  # default: DEFAULT_CANARIES[threat_model]
   runs: int = 1
-  guesses: Optional[int] = None  # per side (in and out); default m/4
   confidence: float = 0.95
-  score: str = "alignment"
+  score: str = "all"
   scores_file: Optional[str] = None
   summary_json: Optional[str] = None
 
+  @property
+  def canary_count(self) -> int:
+    return self.canaries or DEFAULT_CANARIES[self.threat_model]
+
   def validate(self):
     self.train.validate()
-    if self.canaries < 4 or self.runs < 1:
+    if self.threat_model not in THREAT_MODELS:
+      raise DprecError(f"--threat-model must be one of {', '.join(THREAT_MODELS)}")
+    if self.canary_count < 4 or self.runs < 1:
       raise DprecError("--canaries must be >= 4 and --runs >= 1")
-    if self.guesses is not None and not 0 < 2 * self.guesses <= self.canaries:
-      raise DprecError(f"--guesses must be in [1, canaries/2], got {self.guesses}")
     if not 0 < self.confidence < 1:
       raise DprecError(f"--confidence must be in (0, 1), got {self.confidence}")
-    if self.score not in scores_lib.SCORES:
-      raise DprecError(f"--score must be one of {', '.join(scores_lib.SCORES)}")
+    if self.score not in scores_lib.SCORES + ("all",):
+      raise DprecError(f"--score must be one of {', '.join(scores_lib.SCORES)} or all")
+    if self.threat_model == "white_box" and self.score != "all":
+      raise DprecError("--score chooses among the black-box scores; white_box uses "
+                       f"{', '.join(white_box.SCORES)}")
+
+
+THREAT_MODELS = ("black_box", "white_box")
+# Black box: canaries are rows of the training data; white box: coordinates of one small table.
+DEFAULT_CANARIES = {"black_box": 1000, "white_box": 100_000}
 
 
 def _train_with_canaries(options, data, canaries):
@@ -78,7 +103,8 @@ def _train_with_canaries(options, data, canaries):
                                       expected_batch_size=train_options.batch_size,
                                       secure_noise=train_options.secure_noise))
   model.optimizer.build(model.trainable_variables)
-  scorer = scores_lib.CanaryScorer(model, canaries, options.score)
+  scorer = scores_lib.CanaryScorer(
+      model, canaries, scores_lib.SCORES if options.score == "all" else (options.score,))
   # Fresh secret randomness per run (the runs' noise and batches must be independent): the
   # DPOptimizer's default key and BatchSampling's default entropy both come from the OS CSPRNG.
   sampling = poisson.BatchSampling(train_options.batch_size,
@@ -89,44 +115,73 @@ def _train_with_canaries(options, data, canaries):
   return scorer.scores(model), plan
 
 
+def _white_box_run(options, num_examples):
+  """One white-box run (`white_box.run_canaries`) of the configuration planned as `train ctr`
+  plans it on N = `num_examples` rows."""
+  train_options = options.train
+  plan = train_ctr.plan_privacy(train_options, num_examples)
+  selected = ({white_box.CANARY_TABLE: [0]}  # replaced by the canary rows
+              if train_options.algorithm in train_ctr.FEST_ALGORITHMS else None)
+  config = train_ctr.algorithm_config(train_options, plan.noise_multiplier, selected)
+
+  def train_and_score(rng):
+    scores, included = white_box.run_canaries(
+        config, options.canary_count, train_options.batch_size / num_examples,
+        train_options.steps, train_options.batch_size, rng, train_options.secure_noise)
+    return scores, included, plan
+
+  return train_and_score
+
+
 def audit_ctr(options: CTRAuditOptions, data: Optional[train_ctr.CTRData] = None) -> dict:
   """Runs the audit; returns (and writes to `options.summary_json`) its JSON summary."""
   options.validate()
   data = data or train_ctr.load_data(options.train.data, options.train.vocab,
                                      options.train.vocab_min_count)
-  options = dataclasses.replace(options, train=train_ctr.sized_for(options.train,
-                                                                   len(data.train["label"])))
+  num_examples = len(data.train["label"])
+  options = dataclasses.replace(options, train=train_ctr.sized_for(options.train, num_examples))
   train_options = options.train
   tf.keras.utils.set_random_seed(train_options.seed)  # public: initialisation only
   num_integer_features = data.train[ctr.INT_FEATURES].shape[1]
 
   def train_and_score(rng):
     canaries = canaries_lib.make_ctr_canaries(data.vocab_sizes, num_integer_features,
-                                              options.canaries, rng)
+                                              options.canary_count, rng)
     scores, plan = _train_with_canaries(options, data, canaries)
     return scores, canaries.included, plan
 
-  result = runner.run_audit(train_and_score, options.canaries, options.runs,
-                            options.guesses or options.canaries // 4, options.confidence,
+  if options.threat_model == "white_box":
+    train_and_score = _white_box_run(options, num_examples)
+  delta = train_options.delta or 1.0 / num_examples  # `train ctr`'s default δ = 1/N
+  started = time.perf_counter()
+  result = runner.run_audit(train_and_score, options.runs, delta, options.confidence,
                             np.random.default_rng())
   plan = result.plan
+  private = train_options.algorithm != "non_private"
+  steps_epsilon = None
+  if private:  # the ε of the DP steps alone (the rest of `train ctr`'s budget is not audited)
+    accounted = train_options.batch_size / plan.examples_per_period
+    steps_epsilon = privacy.compute_epsilon(
+        plan.noise_multiplier, accounted, train_options.steps, plan.delta,
+        train_options.accountant, not train_options.fixed_batches).epsilon
   summary = {
       "algorithm": train_options.algorithm,
-      "claimed_epsilon": train_options.epsilon if train_options.algorithm != "non_private"
-                         else None,
-      "delta": plan.delta,
-      "epsilon_lower_bound": result.epsilon_lower_bound,
+      "threat_model": options.threat_model,
+      "claimed_epsilon": train_options.epsilon if private else None,
+      "steps_epsilon": steps_epsilon,
+      "delta": delta,
+      **result.summary_fields(),
       "confidence": options.confidence,
-      "canaries": options.canaries,
+      "canaries": options.canary_count,
       "runs": options.runs,
-      "guesses": result.guesses,
-      "correct_guesses": result.correct_guesses,
-      "score": options.score,
-      "method": runner.METHOD,
+      "scores": (list(white_box.SCORES) if options.threat_model == "white_box" else
+                 list(scores_lib.SCORES) if options.score == "all" else [options.score]),
       "noise_multiplier": plan.noise_multiplier,
       "secure_noise": train_options.secure_noise,
       "steps": train_options.steps,
       "batch_size": train_options.batch_size,
+      "sampling_rate": train_options.batch_size / plan.examples_per_period,
+      "seconds": round(time.perf_counter() - started, 1),
       "scores_file": options.scores_file,
       "note": runner.NOTE,
   }
@@ -145,7 +200,7 @@ class _AuditParserAsSubparsers:
     return self.parser
 
 
-AUDIT_ONLY = ("canaries", "runs", "guesses", "confidence", "score", "scores_file",
+AUDIT_ONLY = ("threat_model", "canaries", "runs", "confidence", "score", "scores_file",
               "summary_json")
 NOT_USED = ("ledger", "charge_every", "log_dir", "eval_batch_size", "run_dir",
             "checkpoint_every", "keep_checkpoints")  # `train ctr`-only
@@ -158,13 +213,18 @@ def register(subparsers):
   train_ctr_cli.register(_AuditParserAsSubparsers(parser))
   defaults = CTRAuditOptions
   add = parser.add_argument
-  add("--canaries", type=int, default=defaults.canaries, help="canaries per run m")
-  add("--runs", type=int, default=defaults.runs, help="training runs R (guesses pooled)")
-  add("--guesses", type=int, help="guesses per side and run (default m/4 'in' and m/4 'out')")
+  add("--threat-model", choices=THREAT_MODELS, default=defaults.threat_model,
+      help="black_box: the adversary sees the final model; white_box: every step's released "
+           "noisy update, with Dirac gradient canaries in the DP step")
+  add("--canaries", type=int,
+      help="canaries per run m (default: "
+           + ", ".join(f"{k} {v}" for k, v in DEFAULT_CANARIES.items()) + ")")
+  add("--runs", type=int, default=defaults.runs, help="training runs R (canaries pooled)")
   add("--confidence", type=float, default=defaults.confidence,
       help="confidence of the lower bound")
-  add("--score", choices=scores_lib.SCORES, default=defaults.score,
-      help="canary score: alignment of its rows' movement with its gradient, or loss drop")
+  add("--score", choices=scores_lib.SCORES + ("all",), default=defaults.score,
+      help="black-box canary score: alignment of its rows' movement with its gradient, their "
+           "movement, its loss drop, or all (the best, Bonferroni-corrected)")
   add("--scores-file", help="write every canary's score and membership here (JSON lines)")
   parser.set_defaults(func=run)
 
@@ -180,4 +240,11 @@ def run(args) -> dict:
   if audit_values["scores_file"] is None and audit_values["summary_json"]:
     stem = os.path.splitext(audit_values["summary_json"])[0]
     audit_values["scores_file"] = stem + ".scores.jsonl"
-  return audit_ctr(CTRAuditOptions(train=train, **audit_values))
+  summary = audit_ctr(CTRAuditOptions(train=train, **audit_values))
+  claimed = summary["claimed_epsilon"]
+  print(f"ε lower bound {summary['epsilon_lower_bound']:.3f} at {summary['confidence']:.0%} "
+        f"(ceiling {summary['ceiling']:.3f}: every guess right; Steinke et al. "
+        f"{summary['epsilon_lower_bound_steinke']:.3f}, ceiling "
+        f"{summary['ceiling_steinke']:.3f}); claimed ε "
+        f"{'∞ (non-private)' if claimed is None else claimed}")
+  return summary

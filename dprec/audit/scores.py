@@ -1,13 +1,15 @@
-"""Canary scores of a trained pCTR model (higher: more likely trained on).
+"""Canary scores of a trained pCTR model (higher: more likely trained on), from the final model.
 
-`alignment` (white box): ⟨θ_T − θ_0, −∇L_i(θ_0)⟩/‖∇L_i(θ_0)‖ over canary i's own rows — how far
-its rows moved in the direction its own gradient at initialisation points. A canary never kept
-scores exactly 0. `loss` (black box): L_i(θ_0) − L_i(θ_T), the drop of its loss.
+`alignment`: ⟨θ_T − θ_0, −∇L_i(θ_0)⟩/‖∇L_i(θ_0)‖ over canary i's own rows — how far its rows
+moved in the direction its own gradient at initialisation points. `movement`: ‖θ_T − θ_0‖ over
+its rows — how far they moved at all (a row no step updated, as a canary never sampled by a
+sparse step, has not moved). A canary never kept scores exactly 0 on both. `loss`:
+L_i(θ_0) − L_i(θ_T), the drop of its loss.
 """
 import numpy as np
 import tensorflow as tf
 
-SCORES = ("alignment", "loss")
+SCORES = ("alignment", "movement", "loss")
 
 
 def canary_losses(model, canaries):
@@ -46,23 +48,25 @@ def canary_row_gradients(model, canaries):
 
 
 class CanaryScorer:
-  """Records what a score needs at initialisation; `scores(model)` after training."""
+  """Records what the scores need at initialisation; `scores(model)` after training."""
 
-  def __init__(self, model, canaries, score="alignment"):
-    if score not in SCORES:
-      raise ValueError(f"score must be one of {SCORES}, got {score!r}")
-    self.canaries, self.score = canaries, score
-    if score == "loss":
-      self.initial_losses = canary_losses(model, canaries)
-    else:
-      self.initial_rows = canary_rows(model, canaries)
-      self.gradients = canary_row_gradients(model, canaries)
+  def __init__(self, model, canaries, scores=SCORES):
+    unknown = set(scores) - set(SCORES)
+    if unknown or not scores:
+      raise ValueError(f"scores must be among {SCORES}, got {scores!r}")
+    self.canaries, self.names = canaries, tuple(scores)
+    self.initial_losses = canary_losses(model, canaries)
+    self.initial_rows = canary_rows(model, canaries)
+    self.gradients = canary_row_gradients(model, canaries)
 
-  def scores(self, model) -> np.ndarray:
-    if self.score == "loss":
-      return self.initial_losses - canary_losses(model, self.canaries)
+  def scores(self, model) -> dict:
+    """{score name: [m] scores}."""
     moved = [final - first for final, first in zip(canary_rows(model, self.canaries),
                                                     self.initial_rows)]
     dot = sum(np.sum(-m * g, axis=1, dtype=np.float64) for m, g in zip(moved, self.gradients))
     norm = np.sqrt(sum(np.sum(np.square(g, dtype=np.float64), axis=1) for g in self.gradients))
-    return dot / np.maximum(norm, 1e-30)
+    every = {"alignment": dot / np.maximum(norm, 1e-30),
+             "movement": np.sqrt(sum(np.sum(np.square(m, dtype=np.float64), axis=1)
+                                     for m in moved)),
+             "loss": self.initial_losses - canary_losses(model, self.canaries)}
+    return {name: every[name] for name in self.names}

@@ -49,7 +49,7 @@ def _target_log_probabilities(model, histories, targets):
 
 
 def audit_seqrec(options: train_seqrec.SeqRecTrainOptions, canaries: int = 500, runs: int = 1,
-                 confidence: float = 0.95, guesses=None, data=None, scores_file=None,
+                 confidence: float = 0.95, data=None, scores_file=None,
                  summary_json=None) -> dict:
   """Runs the seqrec audit (of the transformer's DP-SGD training); returns (and writes) its
   JSON summary."""
@@ -72,22 +72,21 @@ def audit_seqrec(options: train_seqrec.SeqRecTrainOptions, canaries: int = 500, 
                                      options.private and not options.fixed_batches)
     dataset = poisson.sampled_dataset({"items": grown.items}, grown.labels, sampling, plan.steps)
     model.fit(dataset, epochs=1, steps_per_epoch=plan.steps, verbose=0)
-    return _target_log_probabilities(model, histories, targets) - before, included, plan
+    rise = _target_log_probabilities(model, histories, targets) - before
+    return {"log_probability_rise": rise}, included, plan
 
-  result = runner.run_audit(train_and_score, canaries, runs, guesses or canaries // 4,
-                            confidence, np.random.default_rng())
+  delta = options.delta or 1.0 / len(examples.items)  # `train seqrec`'s default δ = 1/N
+  result = runner.run_audit(train_and_score, runs, delta, confidence, np.random.default_rng())
   summary = {
       "algorithm": "dpformer_dp_sgd" if options.private else "non_private",
       "claimed_epsilon": options.epsilon if options.private else None,
-      "delta": result.plan.delta,
-      "epsilon_lower_bound": result.epsilon_lower_bound,
+      "delta": delta,
+      "threat_model": "black_box",
+      **result.summary_fields(),
       "confidence": confidence,
       "canaries": canaries,
       "runs": runs,
-      "guesses": result.guesses,
-      "correct_guesses": result.correct_guesses,
-      "score": "log-probability rise of the canary's next item",
-      "method": runner.METHOD,
+      "scores": ["log_probability_rise"],
       "noise_multiplier": result.plan.noise_multiplier,
       "steps": result.plan.steps,
       "batch_size": options.batch_size,

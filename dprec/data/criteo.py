@@ -132,6 +132,8 @@ def parse_bytes(data: bytes, path: str, first_line_no: int = 1, strict: bool = T
   """
   if not data:
     return _empty_chunk(path)
+  if not _is_utf8(data):  # pyarrow fails on such a line without saying where it is
+    data = _without_binary(data, path, first_line_no, strict)
   table, skipped = _read_table(data, use_threads=True)
   if skipped:  # Row numbers of ragged lines are only known to the single-threaded reader.
     table, skipped = _read_table(data, use_threads=False)
@@ -183,6 +185,33 @@ def parse_bytes(data: bytes, path: str, first_line_no: int = 1, strict: bool = T
       int_values=int_values, int_missing=int_missing, cat_values=cat_values, padded=padded,
       bad_rows=[BadRow(path, line_no, f"field {field}: {reason}", raw)
                 for line_no, field, reason, raw in bad])
+
+
+def _is_utf8(data: bytes) -> bool:
+  """Whether `data` is UTF-8 text (checked fast for ASCII, as Criteo's files are)."""
+  if data.isascii():
+    return True
+  try:
+    data.decode("utf-8")
+  except UnicodeDecodeError:
+    return False
+  return True
+
+
+def _without_binary(data: bytes, path: str, first_line_no: int, strict: bool) -> bytes:
+  """Strict: raises `InputError` for the first line of `data` that is not UTF-8 text, naming the
+  field holding the first bad byte. Permissive: `data` with such bytes replaced by U+FFFD, so
+  the line is reported as a bad row by the checks of its fields."""
+  for offset, line in enumerate(data.split(b"\n") if strict else ()):
+    try:
+      line.decode("utf-8")
+    except UnicodeDecodeError as error:
+      fields = line[:error.start].count(b"\t")
+      field = COLUMNS[fields] if fields < len(COLUMNS) else "line"
+      raise InputError(path, first_line_no + offset, field,
+                       f"not UTF-8 text (binary data?): byte 0x{line[error.start]:02x} at "
+                       f"character {error.start + 1} of the line") from None
+  return data.decode("utf-8", errors="replace").encode("utf-8")
 
 
 def _with_padded_lines(table, line_numbers, short, first_line_no):

@@ -7,8 +7,10 @@
     model.fit(dataset)                          # batches may vary in size (Poisson sampling)
 
 One step, with one forward pass:
-1. `DPEmbedding` layers record their lookups; every layer in the tensorflow_privacy registry runs
-   through its registry function (`dprec.clipping.registry`).
+1. `DPEmbedding` layers record their lookups; every layer whose class is in the model's layer
+   registry (`DPModel.layer_registry`, default `dprec.clipping.layer_norms.make_layer_registry`:
+   Dense, EinsumDense, Embedding, LayerNormalization) runs through its norm function
+   (`dprec.clipping.registry`).
 2. Kept rows (`dprec.sparse.kept_rows`): all (DP-SGD), the DP-FEST set, or the rows a DP-AdaFEST
    contribution map selects, false positives included.
 3. Per-example squared norms from one backward pass to the recorded tensors: registry layers,
@@ -143,6 +145,33 @@ def _shard_gradients(gradient, table):
           for s, shard in enumerate(table.variables)]
 
 
+def per_example_losses(loss, y, y_pred, sample_weight=None):
+  """Per-example losses [batch] (weighted) of a Keras loss (object, class name or function),
+  without its reduction; trailing axes are averaged, as Keras' reduction does. Refuses a loss
+  that returns one value per batch."""
+  loss = tf.keras.losses.get(loss)
+  if isinstance(y, tf.Tensor) and isinstance(y_pred, tf.Tensor) and y.shape.rank == 1:
+    # Keras reduces a loss's last axis, which for labels [n] would be the batch axis.
+    y = y[:, tf.newaxis]
+    if y_pred.shape.rank == 1:
+      y_pred = y_pred[:, tf.newaxis]
+  if isinstance(loss, tf.keras.losses.Loss):
+    config = loss.get_config()
+    config["reduction"] = tf.keras.losses.Reduction.NONE
+    losses = type(loss).from_config(config)(y, y_pred, sample_weight)
+  else:
+    losses = loss(y, y_pred)
+    if sample_weight is not None:
+      losses *= tf.reshape(tf.cast(sample_weight, losses.dtype), tf.shape(losses))
+  if losses.shape.rank == 0:
+    raise DprecError(f"the loss {getattr(loss, '__name__', type(loss).__name__)} returns one "
+                     "value per batch, not one per example: DP clipping needs per-example "
+                     "losses (a Keras loss, or a function returning a loss per example)")
+  if losses.shape.rank > 1:
+    losses = tf.reduce_mean(losses, axis=list(range(1, losses.shape.rank)))
+  return losses
+
+
 _FUNCTIONAL_VARIANTS = {}
 
 
@@ -150,7 +179,7 @@ _VARIABLE_WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariabl
 
 
 @contextlib.contextmanager
-def _refusing_variable_updates():
+def refusing_variable_updates():
   """Refuses a training forward pass that writes variables (BatchNormalization's moving
   statistics, a layer's `assign` or `add_update`): their new values would come from the batch
   with neither clipping nor noise. Checked in the traced step's graph (eager steps: unchecked)."""
@@ -224,20 +253,16 @@ class DPModel(tf.keras.Model):
   layer_registry = None  # a dprec.clipping.LayerRegistry; None: layer_norms.make_layer_registry()
 
   def per_example_loss(self, y, y_pred, sample_weight=None):
-    """Per-example losses [batch] (weighted); the compiled loss without reduction by default.
-    Trailing axes are averaged, as Keras' reduction does."""
-    loss = tf.keras.losses.get(self.loss)
-    if isinstance(loss, tf.keras.losses.Loss):
-      config = loss.get_config()
-      config["reduction"] = tf.keras.losses.Reduction.NONE
-      losses = type(loss).from_config(config)(y, y_pred, sample_weight)
-    else:
-      losses = loss(y, y_pred)
-      if sample_weight is not None:
-        losses *= tf.reshape(tf.cast(sample_weight, losses.dtype), tf.shape(losses))
-    if losses.shape.rank > 1:
-      losses = tf.reduce_mean(losses, axis=list(range(1, losses.shape.rank)))
-    return losses
+    """Per-example losses [batch] (weighted); the compiled loss without reduction by default
+    (`per_example_losses`)."""
+    return per_example_losses(self.loss, y, y_pred, sample_weight)
+
+  def forward_losses(self, x, y, sample_weight=None):
+    """Hook: the training forward pass of a DP step, (predictions, per-example losses [batch]).
+    Default: `self(x, training=True)` (refusing variable updates) and `per_example_loss`."""
+    with refusing_variable_updates():
+      y_pred = self(x, training=True)
+    return y_pred, self.per_example_loss(y, y_pred, sample_weight)
 
   def extra_squared_norms(self):
     """Hook: per-example squared norms of variables neither the layer registry nor
@@ -259,10 +284,21 @@ class DPModel(tf.keras.Model):
 
   def train_step(self, data):
     x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
+    y_pred = self.apply_step(x, y, sample_weight)
+    if config_lib.is_private(self.dp_optimizer.config):
+      self.compute_loss(x, y, y_pred, sample_weight)  # reported loss: the unclipped mean
+    logs = self.compute_metrics(x, y, y_pred, sample_weight)
+    if self.dp_tables:
+      logs["gradient_size_reduction"] = (
+          self.dense_embedding_size / tf.maximum(self.gradient_size_tracker.result(), 1.0))
+    return logs
+
+  def apply_step(self, x, y, sample_weight=None):
+    """One training step on a batch (DP or not, as compiled); returns the predictions (what
+    `forward_losses` returned as such in a DP step)."""
     config = self.dp_optimizer.config
     if config_lib.is_private(config):
       grads_and_vars, y_pred = self._dp_gradients(config, x, y, sample_weight)
-      self.compute_loss(x, y, y_pred, sample_weight)  # reported loss: the unclipped mean
     else:
       with tf.GradientTape() as tape:
         y_pred = self(x, training=True)
@@ -278,11 +314,7 @@ class DPModel(tf.keras.Model):
     # A DP step's gradients are already summed over the replicas (`_dp_gradients`).
     self.optimizer.apply_gradients(
         grads_and_vars, experimental_aggregate_gradients=not config_lib.is_private(config))
-    logs = self.compute_metrics(x, y, y_pred, sample_weight)
-    if self.dp_tables:
-      logs["gradient_size_reduction"] = (
-          self.dense_embedding_size / tf.maximum(self.gradient_size_tracker.result(), 1.0))
-    return logs
+    return y_pred
 
   def per_example_squared_norms(self, x, y, sample_weight=None, by_group=False):
     """‖g_i‖² per example as the compiled DP configuration clips it (kept rows only); with
@@ -310,11 +342,9 @@ class DPModel(tf.keras.Model):
       try:
         with registry_lib.RegistryRecorder(
             layers, self.layer_registry or layer_norms.make_layer_registry(), tape) as recorder:
-          with _refusing_variable_updates():
-            y_pred = self(x, training=True)
+          y_pred, losses = self.forward_losses(x, y, sample_weight)
       finally:
         lookups = [table.stop_recording() for table in tables]
-      losses = self.per_example_loss(y, y_pred, sample_weight)
       summed_loss = tf.reduce_sum(losses)
       extras = list(self.extra_squared_norms())
     self._check_coverage(tables, recorder.records, extras)
@@ -456,6 +486,7 @@ class DPModel(tf.keras.Model):
     missing = [v.name for v in self.trainable_variables if id(v) not in covered]
     if missing:
       raise DprecError(
-          f"no per-example gradient norm for variables {missing}: use layers from the "
-          "tensorflow_privacy registry or DPEmbedding, register the layer class in "
-          "DPModel.layer_registry, or cover them in DPModel.extra_squared_norms")
+          f"no per-example gradient norm for variables {missing}: use layers of "
+          "DPModel.layer_registry (Dense, EinsumDense, Embedding, LayerNormalization by "
+          "default) or DPEmbedding, register the layer class there, or cover them in "
+          "DPModel.extra_squared_norms")

@@ -1,5 +1,5 @@
-"""Privacy accounting, noise calibration, DP top-k selection, DP user histograms, DP Platt
-scaling and the persistent ledger."""
+"""Privacy accounting, noise calibration, DP top-k selection, DP user histograms, DP label
+statistics, DP Platt and affine recalibration and the persistent ledger."""
 from dprec.privacy.accounting import adafest_noise_multipliers
 from dprec.privacy.accounting import composed_noise_multiplier
 from dprec.privacy.accounting import compute_epsilon
@@ -18,6 +18,7 @@ from dprec.privacy.analytic_gaussian import matrix_gaussian
 from dprec.privacy.calibration import calibrate_noise_multiplier
 from dprec.privacy.calibration import plan_training
 from dprec.privacy.calibration import TrainingPlan
+from dprec.privacy.composition import compose_partitioned
 from dprec.privacy.composition import compose_periods
 from dprec.privacy.forward import plan_forward
 from dprec.privacy.forward import ForwardPlan
@@ -32,6 +33,10 @@ from dprec.privacy.top_k import Selection
 from dprec.privacy.top_k import top_k_selection_cost
 from dprec.privacy.top_k import split_selection_budget
 from dprec.privacy.ledger import PrivacyLedger
+from dprec.privacy.label_stats import dp_class_counts
+from dprec.privacy.label_stats import dp_label_range
+from dprec.privacy.label_stats import dp_mean
+from dprec.privacy.recalibration import dp_affine_recalibration
 from dprec.privacy.recalibration import dp_platt_scaling
 from dprec.privacy.top_k import zcdp_budget
 from dprec.privacy.top_k import zcdp_of_draws

@@ -86,3 +86,39 @@ def dp_platt_scaling(logits, labels, noise_multiplier, base_rate, rng=None, step
 
 def _sigmoid(x):
   return 0.5 * (1.0 + np.tanh(0.5 * x))
+
+
+MIN_VARIANCE_STDS = 10.0  # the predictions' DP variance is floored at this many noise stds / N
+
+
+def dp_affine_recalibration(predictions, labels, label_range, noise_multiplier,
+                            rng=None) -> Tuple[float, float]:
+  """(a, b) of the least-squares fit y ≈ a·z + b of labels on a regression model's predictions
+  z, under DP: with both clipped to the (public or DP) `label_range` [lo, hi] and centred at
+  c = (lo + hi)/2, so |z − c|, |y − c| ≤ R = (hi − lo)/2, one release of the sums of
+  (z, y, z², z·y) (centred), whose L2 sensitivity is R·√(2 + 2R²), with N(0, (σ·R·√(2 + 2R²))²)
+  per coordinate; a = cov(z, y)/var(z) (the variance floored at `MIN_VARIANCE_STDS` noise
+  standard deviations over N), at least `MIN_SCALE` so the ranking is kept. Why a DP
+  regression model needs it: clipping pulls its output towards the label median, and noise
+  spreads its predictions (docs/experiments/make_private.md)."""
+  z = np.asarray(predictions, np.float64).reshape(-1)
+  y = np.asarray(labels, np.float64).reshape(-1)
+  if z.shape != y.shape or not z.size:
+    raise DprecError(f"need as many predictions as labels (> 0), got {z.size} and {y.size}")
+  if not noise_multiplier >= 0:
+    raise DprecError(f"noise_multiplier must be >= 0, got {noise_multiplier}")
+  lo, hi = map(float, label_range)
+  center, radius = (lo + hi) / 2, (hi - lo) / 2
+  z, y = np.clip(z, lo, hi) - center, np.clip(y, lo, hi) - center
+  sums = np.array([z.sum(), y.sum(), (z * z).sum(), (z * y).sum()])
+  noise_std = noise_multiplier * radius * math.sqrt(2 + 2 * radius ** 2)
+  if noise_std:
+    rng = rng if rng is not None else np.random.default_rng()
+    sums += noise_std * rng.normal(size=4)
+  n = z.size
+  mean_z, mean_y, mean_zz, mean_zy = sums / n
+  variance = max(mean_zz - mean_z ** 2, MIN_VARIANCE_STDS * noise_std / n, 1e-12)
+  scale = max((mean_zy - mean_z * mean_y) / variance, MIN_SCALE)
+  shift = mean_y - scale * mean_z
+  # back to uncentred predictions: y − c ≈ a·(z − c) + s
+  return float(scale), float(center + shift - scale * center)

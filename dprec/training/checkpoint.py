@@ -12,8 +12,10 @@ import os
 import re
 import shutil
 import uuid
+import warnings
 
 from dprec import atomic_io
+from dprec.errors import DprecError
 
 _NAME = re.compile(r"^ckpt-(\d+)$")
 LATEST = "LATEST"
@@ -25,6 +27,10 @@ def atomic_copy(src, dst):
   """Copies a small file atomically (used to publish and restore the ledger)."""
   with open(src, "rb") as f:
     atomic_io.write_bytes(dst, f.read())
+
+
+class CheckpointFallbackWarning(UserWarning):
+  """The newest checkpoint did not restore; an older one was used."""
 
 
 class CheckpointManager:
@@ -55,6 +61,32 @@ class CheckpointManager:
     """
     committed = self._committed()
     return os.path.join(self.directory, f"ckpt-{committed[-1]:06d}") if committed else None
+
+  def restore_newest(self, restore):
+    """Restores the newest committed checkpoint that `restore(path)` reads without error and
+    returns its path (None: no checkpoint). A newer one that fails (e.g. its `model.data-*`
+    truncated by a full disk or an interrupted copy) is skipped with a `CheckpointFallbackWarning`
+    naming it and its error; `restore` must then restore everything again from the older one.
+    Raises `DprecError` if none restores."""
+    failed = []
+    for number in reversed(self._committed()):
+      path = os.path.join(self.directory, f"ckpt-{number:06d}")
+      try:
+        restore(path)
+      except DprecError:
+        raise
+      except Exception as error:  # pylint: disable=broad-except
+        failed.append(f"{path}: {type(error).__name__}: {error}")
+        continue
+      if failed:
+        warnings.warn(f"{'; '.join(failed)}; so resuming from the older checkpoint {path}",
+                      CheckpointFallbackWarning, stacklevel=2)
+      return path
+    if failed:
+      raise DprecError(f"no checkpoint in {self.directory} restores ({'; '.join(failed)}); move "
+                       "the directory aside to train the run again from step 0 (its ledger "
+                       "keeps every charge, and steps it has paid are not paid again)")
+    return None
 
   @staticmethod
   def read_state(path):

@@ -9,6 +9,7 @@ experiments did) are available as an option; the ledger must then say "accounted
 """
 import dataclasses
 import itertools
+import math
 import os
 from typing import Dict, Iterator, Mapping, Optional, Tuple
 
@@ -18,6 +19,8 @@ import tensorflow as tf
 
 DEFAULT_BATCH_SIZE = 1024
 DEFAULT_MAX_SAMPLING_RATE = 1 / 8
+STEPS_PER_EPOCH = 500  # data-sized B: the power of two nearest N / STEPS_PER_EPOCH ...
+DATA_SIZED_RANGE = (64, 16384)  # ... within these bounds (and at most N/8)
 
 
 def default_batch_size(num_examples: int, preferred: int = DEFAULT_BATCH_SIZE,
@@ -28,6 +31,18 @@ def default_batch_size(num_examples: int, preferred: int = DEFAULT_BATCH_SIZE,
   if num_examples < 1:
     raise ValueError(f"need at least one training example, got {num_examples}")
   return max(1, min(preferred, int(num_examples * max_sampling_rate)))
+
+
+def data_sized_batch_size(num_examples: int) -> int:
+  """B when none is given to a DP run that trains for epochs of N examples: the power of two
+  nearest N / `STEPS_PER_EPOCH` within `DATA_SIZED_RANGE`, capped by `default_batch_size` (at
+  most N/8). At ε ≈ 1, σ hardly grows with B, so the noise on the mean gradient, σ·C2/B, falls
+  almost as 1/B, and DP-AdaFEST keeps more rows (their counts grow with B at a fixed τ): one
+  epoch in about `STEPS_PER_EPOCH` steps (BENCHMARKS.md, "Calibrated DP pCTR")."""
+  lowest, highest = DATA_SIZED_RANGE
+  target = max(num_examples, 1) / STEPS_PER_EPOCH
+  preferred = min(highest, max(lowest, 2 ** round(math.log2(max(target, 1)))))
+  return default_batch_size(num_examples, preferred=preferred)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -57,8 +57,8 @@ LOCAL_CLUSTERS = ("multi_worker", "parameter_server")
 OPTIMIZERS = {"sgd": sparse_optimizers.SparseSGD, "adagrad": sparse_optimizers.SparseAdagrad,
               "adam": sparse_optimizers.LazyAdam, "adambc": sparse_optimizers.AdamBC}
 LOGIT_INITS = ("base_rate", "default")
-STEPS_PER_EPOCH = 500  # default B: the power of two nearest N / STEPS_PER_EPOCH ...
-BATCH_SIZE_RANGE = (64, 16384)  # ... within these bounds (and at most N/8)
+STEPS_PER_EPOCH = poisson.STEPS_PER_EPOCH  # default B: `default_batch_size`
+BATCH_SIZE_RANGE = poisson.DATA_SIZED_RANGE
 BASE_RATE_LABEL = "train ctr base rate"
 CALIBRATION_LABEL = "train ctr calibration"
 CALIBRATION_ROWS = 1_000_000  # rows DP Platt scaling fits on (BENCHMARKS: 1M fit = the 5M fit)
@@ -162,12 +162,9 @@ class CTRTrainOptions(run_lib.FitOptions):
 
 
 def default_batch_size(num_examples: int) -> int:
-  """B when none is given: the power of two nearest N / `STEPS_PER_EPOCH` within
-  `BATCH_SIZE_RANGE`, capped by `poisson.default_batch_size` (at most N/8)."""
-  lowest, highest = BATCH_SIZE_RANGE
-  target = max(num_examples, 1) / STEPS_PER_EPOCH
-  preferred = min(highest, max(lowest, 2 ** round(math.log2(max(target, 1)))))
-  return poisson.default_batch_size(num_examples, preferred=preferred)
+  """B when none is given: `poisson.data_sized_batch_size` (N / `STEPS_PER_EPOCH` as a power of
+  two within `BATCH_SIZE_RANGE`, at most N/8)."""
+  return poisson.data_sized_batch_size(num_examples)
 
 
 def sized_for(options: CTRTrainOptions, num_examples: int) -> CTRTrainOptions:
@@ -207,14 +204,14 @@ def noise_multipliers(options, noise_multiplier) -> Tuple[Optional[float], Optio
   return None, noise_multiplier
 
 
-def base_rate(labels, plan, rng) -> float:
-  """The training click rate: exact for a non-private run; else the Gaussian mechanism on the
-  label sum (sensitivity 1, σ_b from the plan, noise from the secret `rng`: the run's key)
-  divided by the public row count. Clipped to [1/N, 1 − 1/N]."""
+def base_rate(labels, noise_multiplier, rng) -> float:
+  """The training click rate: exact without a `noise_multiplier` (a non-private run); else the
+  Gaussian mechanism on the label sum (sensitivity 1, σ_b = `noise_multiplier`, noise from the
+  secret `rng`: the run's key) divided by the public row count. Clipped to [1/N, 1 − 1/N]."""
   n = len(labels)
   total = float(np.sum(labels))
-  if BASE_RATE_LABEL in plan.mechanisms:
-    total += plan.mechanisms[BASE_RATE_LABEL] * rng.normal()
+  if noise_multiplier is not None:
+    total += noise_multiplier * rng.normal()
   return float(np.clip(total / n, 1.0 / n, 1.0 - 1.0 / n))
 
 
@@ -274,7 +271,8 @@ def make_optimizer(options):
 def build_model(options, data, plan, run):
   """(the compiled pCTR model, the base rate): the logit bias starts at the (DP) base rate and
   DP-FEST's rows are drawn, both from the run's key and paid once; noise from the run's key."""
-  rate = base_rate(data.train["label"], plan, run.numpy_rng("base rate"))
+  rate = base_rate(data.train["label"], plan.mechanisms.get(BASE_RATE_LABEL),
+                   run.numpy_rng("base rate"))
   tf.keras.utils.set_random_seed(options.seed)
   model = ctr.build_ctr_model(
       data.vocab_sizes, hidden_units=options.hidden_units,
@@ -326,6 +324,7 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
                    options.secure_noise, options.data, chief=chief) as run:
     plan = plan_privacy(options, len(data.train["label"]), run)
     if run.open_plan_ledger(plan) is not None:
+      run.check_ledger_covers_checkpoint(label)
       run.check_budget(plan, label, options.steps, {SELECTION_LABEL: plan.selection_epsilon})
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
       model, rate = build_model(options, data, plan, run)

@@ -51,7 +51,7 @@ def register(subparsers):
            "needs --run-dir on a file system all workers share, holding the secret noise key), "
            "parameter_server (TF_CONFIG's chief, workers and ps: tables sharded by rows over "
            "the ps, steps scheduled by the chief; worker and ps tasks serve until stopped): "
-           "README 'Distributed training'")
+           "docs/guide/train_ctr.md, 'Distributed training'")
   add("--local-workers", type=int, default=defaults.local_workers, metavar="N",
       help="with --strategy multi_worker: start N worker processes on localhost (their "
            "TF_CONFIG made up) and print the chief's summary; with parameter_server: N workers "

@@ -4,7 +4,8 @@ A run directory's `checkpoints/` holds atomic `ckpt-<n>` commits (`dprec.trainin
 `checkpoint_objects` (the model, its optimizer slots and step; no generator state: a step's noise
 and batch are re-derived from the run's key and the step) and a JSON state with the step and the
 run's `fingerprint` (the options a resumed run must share with the run it continues). `Resume`
-restores the newest into a freshly built model, refusing other settings, and commits new ones.
+restores the newest that reads (an older one if the newest is damaged, with a warning) into a freshly
+built model, refusing other settings, and commits new ones.
 """
 import dataclasses
 import json
@@ -25,18 +26,19 @@ class Resume:
     if directory is None:
       return
     self.manager = checkpoint_lib.CheckpointManager(directory, keep=keep or None)
-    latest = self.manager.latest()
-    if latest is None:
-      return
-    state = self.manager.read_state(latest)
-    changed = {k: (state["fingerprint"].get(k), v) for k, v in fingerprint.items()
+    self.manager.restore_newest(self._restore)
+
+  def _restore(self, path):
+    state = self.manager.read_state(path)
+    changed = {k: (state["fingerprint"].get(k), v) for k, v in self.fingerprint.items()
                if state["fingerprint"].get(k) != v}
     if changed:
       raise DprecError(
-          f"{os.path.dirname(directory)}: its checkpoints belong to a run with other settings ("
+          f"{os.path.dirname(self.manager.directory)}: its checkpoints belong to a run with "
+          "other settings ("
           + ", ".join(f"{k}: {old!r} there, {new!r} now" for k, (old, new) in changed.items())
           + "); resume with the same settings or use another --run-dir")
-    objects.read(os.path.join(latest, checkpoint_lib.MODEL_PREFIX)).assert_consumed()
+    self.objects.read(os.path.join(path, checkpoint_lib.MODEL_PREFIX)).assert_consumed()
     self.step, self.loss = state["step"], state["loss"]
 
   def callback(self, every, scratch=None):
@@ -63,6 +65,18 @@ def fingerprint(options, ignored, **extra) -> dict:
   holds it (tuples as lists), so that it compares equal to a checkpoint's."""
   return json.loads(json.dumps(dict(
       {k: v for k, v in dataclasses.asdict(options).items() if k not in ignored}, **extra)))
+
+
+def checkpointed_step(directory) -> int:
+  """The step of the newest checkpoint in `directory` (0: none, or its state is unreadable,
+  which `Resume` then reports)."""
+  if not os.path.isdir(directory):
+    return 0
+  latest = checkpoint_lib.CheckpointManager(directory).latest()
+  try:
+    return checkpoint_lib.CheckpointManager.read_state(latest)["step"] if latest else 0
+  except (OSError, ValueError, KeyError, TypeError):
+    return 0
 
 
 def options_from_checkpoint(options_class, path, missing=None, **overrides):

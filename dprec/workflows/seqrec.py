@@ -324,6 +324,7 @@ def _pay_before_training(options, plan, run, resume, num_examples):
     return dp_forward_lib.pay_before_training(
         run, plan, LEDGER_LABEL, resume.step,
         dp_forward_lib.steps_per_epoch(num_examples, options.batch_size))
+  run.check_ledger_covers_checkpoint(LEDGER_LABEL)
   run.check_budget(plan, LEDGER_LABEL, plan.steps)
   run.pay_once(plan)
   return run.budget_callback(plan, LEDGER_LABEL, resume.step, options.charge_every)

@@ -65,3 +65,46 @@ def test_guesses_break_ties_at_random():
   assert (r, v) == (50, 50)
   with pytest.raises(ValueError):
     bounds.guess_membership(np.zeros(4), np.zeros(4, bool), 3, 3)
+
+
+def test_gdp_curve_round_trips_and_matches_dp_accounting():
+  import dp_accounting  # pylint: disable=import-outside-toplevel
+  for epsilon in (0.5, 2.0, 8.0):
+    mu = bounds.gdp_mu(epsilon, 1e-5)
+    assert bounds.gdp_epsilon(mu, 1e-5) == pytest.approx(epsilon, rel=1e-6)
+    # μ-GDP is the Gaussian mechanism with σ = 1/μ (Dong et al. Thm. 2.7).
+    assert 1.0 / mu == pytest.approx(dp_accounting.get_sigma_gaussian(epsilon, 1e-5), rel=1e-4)
+  assert bounds.gdp_epsilon(0.0, 1e-5) == 0.0
+
+
+def test_gdp_bound_grows_with_right_guesses_up_to_the_ceiling():
+  m, k = 2000, 250
+  values = [bounds.gdp_epsilon_lower_bound(m, k, c, 1e-5) for c in (125, 200, 240, 250)]
+  assert values[0] == 0.0 and values == sorted(values) and values[-1] > 5
+  # Tighter than Steinke et al. on the same guesses.
+  assert values[2] > bounds.epsilon_lower_bound(m, k, 240, 1e-5)
+
+
+def test_gdp_bound_is_valid_for_the_gaussian_mechanism():
+  # Each canary's score is N(μ, 1) if in, N(0, 1) if out: exactly μ-GDP, i.e. (ε, δ)-DP at
+  # ε = gdp_epsilon(μ, δ). The 95% bound (with its Bonferroni over k) exceeds ε in at most ~5%.
+  rng = np.random.default_rng(0)
+  mu, delta, m, over, trials = 1.5, 1e-5, 300, 0, 40
+  epsilon = bounds.gdp_epsilon(mu, delta)
+  for _ in range(trials):
+    included = rng.random(m) < 0.5
+    scores = {"s": mu * included + rng.standard_normal(m)}
+    over += bounds.best_bounds(scores, included, delta, 0.95, rng)["gdp"].epsilon > epsilon
+  assert over <= stats.binom.isf(1e-3, trials, 0.05)
+
+
+def test_best_bounds_reports_the_ceiling_and_the_best_guesses():
+  rng = np.random.default_rng(1)
+  included = rng.random(400) < 0.5
+  result = bounds.best_bounds({"perfect": included.astype(float), "noise": rng.random(400)},
+                              included, 1e-5, 0.95, rng)
+  gdp = result["gdp"]
+  assert gdp.score == "perfect" and gdp.correct == gdp.guesses
+  assert gdp.epsilon == pytest.approx(gdp.ceiling)
+  assert bounds.guess_counts(400) == [200, 100, 50, 25]
+  assert result["steinke"].epsilon <= result["steinke"].ceiling

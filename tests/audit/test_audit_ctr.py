@@ -1,5 +1,6 @@
 """`dprec audit` on tiny generated Criteo data: no noise and a broken DP step are caught (lower
-bound well above 1 at 95%), the real DP-SGD and DP-AdaFEST at ε = 2 are not (bound ≤ 2)."""
+bound above the claimed ε at 95%), the real DP-SGD and DP-AdaFEST at ε = 2 are not (bound ≤ 2),
+in both threat models."""
 import json
 
 import pytest
@@ -36,13 +37,32 @@ def _audit(data_dir, tmp_path, algorithm, *extra):
 
 def test_non_private_training_is_caught(data_dir, tmp_path):
   summary = _audit(data_dir, tmp_path, "non_private")
-  assert {"epsilon_lower_bound", "confidence", "canaries", "claimed_epsilon",
-          "algorithm"} <= set(summary)
+  assert {"epsilon_lower_bound", "ceiling", "confidence", "canaries", "claimed_epsilon",
+          "threat_model", "method", "algorithm"} <= set(summary)
   assert summary["confidence"] == 0.95 and summary["canaries"] == CANARIES
-  assert summary["epsilon_lower_bound"] > EPSILON
+  assert summary["threat_model"] == "black_box" and summary["claimed_epsilon"] is None
+  # The rows of a canary no step sampled have not moved: the "in" guesses on moved rows are
+  # all right, and the bound is the ceiling those guesses allow.
+  assert summary["epsilon_lower_bound"] == pytest.approx(summary["ceiling"])
+  assert summary["ceiling"] > EPSILON
   with open(summary["scores_file"], encoding="utf-8") as stream:
     records = [json.loads(line) for line in stream]
-  assert len(records) == CANARIES and {"included", "score"} <= set(records[0])
+  assert len(records) == CANARIES and {"included", "alignment", "movement",
+                                       "loss"} <= set(records[0])
+
+
+@pytest.mark.parametrize("algorithm", ["non_private", "dp_sgd"])
+def test_white_box_threat_model(data_dir, tmp_path, algorithm):
+  summary = _audit(data_dir, tmp_path, algorithm, "--threat-model", "white_box",
+                   "--batch-size", "500", "--steps", "10")
+  assert summary["threat_model"] == "white_box" and summary["canaries"] == CANARIES
+  assert summary["sampling_rate"] == pytest.approx(500 / 1000)
+  if algorithm == "non_private":
+    assert summary["epsilon_lower_bound"] == pytest.approx(summary["ceiling"])
+    assert summary["ceiling"] > EPSILON
+  else:
+    assert summary["steps_epsilon"] <= EPSILON
+    assert 0.0 <= summary["epsilon_lower_bound"] <= EPSILON
 
 
 @pytest.mark.parametrize("algorithm, extra", [("dp_sgd", ()), ("dp_adafest", ()),

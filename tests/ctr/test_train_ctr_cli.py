@@ -14,6 +14,7 @@ from dprec import cli
 from dprec import privacy
 from dprec.data import synthetic
 from dprec.privacy.noise_key import InsecureNoiseWarning
+from dprec.training.checkpoint import CheckpointFallbackWarning
 from dprec.workflows import ctr as ctr_workflow
 
 STEPS, BATCH, EPSILON = 6, 64, 2.0
@@ -127,6 +128,11 @@ def test_bad_inputs_are_one_line_errors(data_dir, tmp_path, capsys):
     (broken / f"day_{day}").write_text("".join(lines), encoding="utf-8")
   assert "day_0:7" in _error(capsys, base + ["--data", str(broken), "--algorithm",
                                              "non_private"])
+  lines = (broken / "day_0").read_bytes().split(b"\n")
+  lines[6] = b"\x00\x01\xff\xfe\x80"  # a binary line: pyarrow's reader located nothing
+  (broken / "day_0").write_bytes(b"\n".join(lines))
+  assert f"{broken / 'day_0'}:7: field label: not UTF-8 text" in _error(
+      capsys, base + ["--data", str(broken), "--algorithm", "non_private"])
 
 
 def test_refuses_a_ledger_with_nothing_useful_left(data_dir, tmp_path, capsys):
@@ -252,6 +258,52 @@ def test_rerunning_a_finished_run_evaluates_it_again_and_other_settings_are_refu
                         "--steps", "2", "--batch-size", str(BATCH), "--hidden-units", "8",
                         "--no-progress", "--run-dir", str(tmp_path / "run")])
   assert f"steps: {STEPS} there, 2 now" in err
+
+
+def _ckpt_data_files(run_dir, number):
+  directory = run_dir / "checkpoints" / f"ckpt-{number:06d}"
+  return sorted(directory.glob("model.data-*"))
+
+
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(data_dir, tmp_path, capsys):
+  """A truncated `model.data-*` in the newest checkpoint (a full disk, a broken copy): the rerun
+  says so, resumes from the previous checkpoint, retrains the steps since without paying them
+  again; with no checkpoint that restores it says what to do."""
+  run_dir = tmp_path / "run"
+  first = _train(data_dir, tmp_path, "dp_sgd", "--run-dir", str(run_dir), "--checkpoint-every",
+                 "3")
+  assert first["steps"] == STEPS
+  ledger = (tmp_path / "ledger.json").read_bytes()
+  for data_file in _ckpt_data_files(run_dir, 1):
+    data_file.write_bytes(data_file.read_bytes()[:data_file.stat().st_size // 2])
+  with pytest.warns(CheckpointFallbackWarning, match="ckpt-000001.*older checkpoint .*ckpt-000000"):
+    again = _train(data_dir, tmp_path, "dp_sgd", "--run-dir", str(run_dir), "--checkpoint-every",
+                   "3")
+  assert again["resumed_from_step"] == 3 and again["steps"] == STEPS
+  assert again["epsilon"] == first["epsilon"]
+  assert (tmp_path / "ledger.json").read_bytes() == ledger  # every charge kept, none added
+  for number in (2, 3):  # the new checkpoints; now damage every one
+    for data_file in _ckpt_data_files(run_dir, number):
+      data_file.write_bytes(b"")
+  err = _error(capsys, ["train", "ctr", "--data", data_dir, "--algorithm", "dp_sgd",
+                        "--batch-size", str(BATCH), "--steps", str(STEPS), "--hidden-units", "8",
+                        "--no-progress", "--charge-every", "4", "--epsilon", str(EPSILON),
+                        "--ledger", str(tmp_path / "ledger.json"), "--run-dir", str(run_dir),
+                        "--checkpoint-every", "3"])
+  assert "no checkpoint in" in err and "restores" in err and "move the directory aside" in err
+  assert (tmp_path / "ledger.json").read_bytes() == ledger
+
+
+def test_a_run_whose_ledger_was_deleted_says_so(data_dir, tmp_path, capsys):
+  run_dir = tmp_path / "run"
+  _train(data_dir, tmp_path, "dp_sgd", "--run-dir", str(run_dir))
+  (tmp_path / "ledger.json").unlink()
+  err = _error(capsys, ["train", "ctr", "--data", data_dir, "--algorithm", "dp_sgd",
+                        "--batch-size", str(BATCH), "--steps", str(STEPS), "--hidden-units", "8",
+                        "--no-progress", "--charge-every", "4", "--epsilon", str(EPSILON),
+                        "--ledger", str(tmp_path / "ledger.json"), "--run-dir", str(run_dir)])
+  assert "holds 0 steps of run" in err and f"have trained {STEPS}" in err
+  assert "ledger was deleted or replaced" in err and "Put the run's ledger back" in err
 
 
 KILL_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_DETERMINISTIC_OPS="1",

@@ -71,6 +71,28 @@ def test_permissive_mode_skips_and_reports(tmp_path, line, field, reason, strict
   assert chunk.bad_rows == [criteo.BadRow(path, 3, f"field {field}: {reason}", line)]
 
 
+# Bytes that are not UTF-8 (a binary line), line 3 of the file: the field holding the first one.
+BINARY = [
+    (b"\x00\x01\xff\xfe garbage \x80", "label", "byte 0xff at character 3 of the line"),
+    (GOOD.encode().replace(b"\t-3\t", b"\t-\xff3\t"), "I3", "byte 0xff at character 7"),
+    (GOOD.encode()[:-3] + b"\xc3", "C26", "byte 0xc3 at character"),
+]
+
+
+@pytest.mark.parametrize("line, field, reason", BINARY)
+def test_a_binary_line_is_located_by_file_line_and_field(tmp_path, line, field, reason):
+  path = tmp_path / "day_0"
+  path.write_bytes(b"\n".join([GOOD.encode(), GOOD.encode(), line, GOOD.encode()]) + b"\n")
+  with pytest.raises(InputError) as error:
+    list(criteo.read_criteo_tsv(str(path), chunk_rows=8))
+  assert (error.value.path, error.value.line, error.value.field) == (str(path), 3, field)
+  assert error.value.reason.startswith("not UTF-8 text") and reason in error.value.reason
+  chunk = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(str(path), strict=False)))
+  assert chunk.line_numbers.tolist() == [1, 2, 4]
+  assert [row.line_no for row in chunk.bad_rows] == [3]
+  assert chunk.bad_rows[0].reason.startswith(f"field {field}:")
+
+
 def test_lines_without_trailing_fields_read_as_missing_values_in_line_order(tmp_path):
   """Copies with stripped trailing tabs: fewer than 40 fields are missing trailing values (as
   pandas.read_csv with 40 names reads them), flagged `padded`; order and line numbers kept."""

@@ -103,8 +103,20 @@ def test_uncovered_variables_are_refused(lib):
   inputs = tf.keras.Input((4,))
   model = DPModel(inputs, tf.keras.layers.Dense(1)(_Scale()(inputs)))
   model.compile(DPOptimizer(DPSGD(1.0, 1.0), SparseSGD(0.1)), loss=lib.loss)
-  with pytest.raises(DprecError, match="no per-example gradient norm"):
+  with pytest.raises(DprecError, match="no per-example gradient norm") as error:
     model.per_example_squared_norms(tf.ones([2, 4]), tf.ones([2, 1]))
+  assert "DPModel.layer_registry" in str(error.value)
+
+
+def test_the_docs_name_the_registry_the_step_uses():
+  """DPModel clips through its own `layer_registry` (dprec.clipping.layer_norms), not
+  tensorflow_privacy's: the module docstring and the refusal say so, naming its layers."""
+  from dprec.clipping import layer_norms  # pylint: disable=import-outside-toplevel
+  from dprec.models import dp_model  # pylint: disable=import-outside-toplevel
+  assert "tensorflow_privacy registry" not in dp_model.__doc__
+  assert "DPModel.layer_registry" in dp_model.__doc__
+  registered = layer_norms.make_layer_registry()._functions  # pylint: disable=protected-access
+  assert all(layer.__name__ in dp_model.__doc__ for layer in registered)
 
 
 class _BookKeptHookModel(_HookModel):

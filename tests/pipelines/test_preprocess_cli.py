@@ -1,8 +1,12 @@
 """`dprec preprocess`: Beam options pass through, help everywhere, one-line errors, JSON result."""
+import ast
+import importlib
 import json
+from pathlib import Path
 
 import pytest
 
+import pipelines
 from dprec import cli
 
 
@@ -38,3 +42,35 @@ def test_sequences_command_prints_json_and_errors_are_one_line(tmp_path, capsys,
   code = cli.main(["preprocess", "criteo", "--input", str(tmp_path), "--output", out,
                    "--streaming", "--vocab-mode", "dp_top_k", "--top-k", "3", "--epsilon", "1"])
   assert code == 2 and "DP top-k selection is a batch job" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("module", ["criteo", "criteo_stream", "sequences"])
+def test_python_m_entry_points_show_help_with_defaults(module, capsys):
+  job = importlib.import_module(f"pipelines.{module}")
+  with pytest.raises(SystemExit) as exit_info:
+    job.main(["--help"])
+  assert exit_info.value.code == 0
+  out = capsys.readouterr().out
+  assert f"usage: python -m pipelines.{module}" in out and "(default" in out
+  assert ("--idle-timeout" in out) == (module == "criteo_stream")
+
+
+def test_python_m_sequences_prints_json_and_passes_beam_options(tmp_path, capsys, in_process):
+  from pipelines import sequences  # pylint: disable=import-outside-toplevel
+  (tmp_path / "good.txt").write_text("1 5\n1 6\n2 5\n")
+  assert sequences.main(["--input", str(tmp_path / "good.txt"), "--format", "sasrec",
+                         "--output", str(tmp_path / "out")] + in_process) == 0
+  assert json.loads(capsys.readouterr().out)["actions"] == 3
+
+
+def test_the_job_modules_do_not_import_the_command_line_module():
+  """`pipelines.cli` imports the jobs; the jobs' own `python -m` entry points import only
+  `pipelines.beam_io`, so nothing imports in a circle."""
+  for path in sorted(Path(pipelines.__file__).parent.glob("*.py")):
+    imported = set()
+    for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+      if isinstance(node, ast.ImportFrom) and node.module:
+        imported.update(f"{node.module}.{alias.name}" for alias in node.names)
+      elif isinstance(node, ast.Import):
+        imported.update(alias.name for alias in node.names)
+    assert "pipelines.cli" not in imported, path

@@ -1,0 +1,580 @@
+"""`dprec.make_private`: one call from an ordinary Keras or TFRS model to one that trains
+privately through the ordinary `compile` and `fit` calls.
+
+    model = dprec.make_private(model, epsilon=1.0, train_size=len(y))
+    model.compile(optimizer="adagrad", loss="mse", metrics=[...])
+    history = model.fit(x, y, epochs=5)          # history.history["epsilon"], model.epsilon_spent
+
+What the call does to `model` (in place; the same object is returned):
+- every `tf.keras.layers.Embedding` becomes a `DPEmbedding` (`dprec.layers.embedding.
+  convert_embedding`: same object, name and weights), and the model's class becomes a private
+  subclass of its own (`PrivateModel` first, then the model's class: a functional, Sequential,
+  subclassed or `tfrs.Model` keeps its `call`, `compute_loss`, `evaluate`, `predict`, `save`;
+  a saved model loads as the original class, with `DPEmbedding` tables);
+- it refuses, in one line naming them, what per-example clipping cannot bound: layers without a
+  per-example norm in the clipping registry, stateful layers (BatchNormalization, stateful
+  RNNs), `tfrs.tasks.Retrieval` (in-batch negatives couple the examples), and, at the first step,
+  losses that return one value per batch.
+
+`compile` plans privacy (`dprec.workflows.plan`: one σ by PLD for ε over the planned steps
+T = ⌈epochs·N/B⌉ at q = B/N, composed with the one-off releases below and whatever the ledger
+spent on the data before), makes the algorithm's `DPOptimizer` with the run's secret key, and
+swaps a stock SGD, Adagrad or Adam for its row-sparse twin (same hyperparameters).
+`fit` draws Poisson batches at q from the run's key, charges the ledger (the one given, else a
+temporary one) before each block of steps, stops at the budget, and first initialises the
+output bias from a DP label statistic (`dprec.training.output_layer`; MSE, binary and sparse
+categorical cross-entropy), and optionally recalibrates the output after training under DP.
+N (`train_size`) is public, as are every option and the model's architecture; vocabularies are
+the model's (public, as in seed 001). ε covers the trained weights, the bias initialisation and
+the recalibration; the training metrics Keras reports are not covered (exact, non-private
+diagnostics of the training batches).
+"""
+import dataclasses
+import math
+import sys
+import weakref
+from typing import Optional, Tuple
+
+import numpy as np
+import tensorflow as tf
+
+from dprec.clipping import layer_norms
+from dprec.errors import DprecError
+from dprec.layers.embedding import DPEmbedding
+from dprec.layers.embedding import convert_embedding
+from dprec.models.dp_model import DPModel
+from dprec.models.dp_model import per_example_losses
+from dprec.models.dp_model import refusing_variable_updates
+from dprec.optimizers import sparse as sparse_optimizers
+from dprec.optimizers.dp_optimizer import DPOptimizer
+from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
+from dprec.training import output_layer
+from dprec.training import poisson
+from dprec.workflows import ctr
+from dprec.workflows import plan as plan_lib
+from dprec.workflows import run as run_lib
+
+COMMAND = "make_private"
+TRAINING_LABEL = "make_private training"
+LABEL_STATISTICS_LABEL = "make_private output bias"
+RECALIBRATION_LABEL = "make_private recalibration"
+ALGORITHMS = ("auto", "dp_sgd", "dp_adafest")
+# "auto": DP-SGD while dense noise on every row of the DP tables is cheap (Σ V·d up to this many
+# floats, the size of a modest Dense layer), DP-AdaFEST above. On the ranking benchmark's small
+# tables DP-SGD was better (docs/experiments/make_private.md); AdaFEST pays off in gradient size.
+AUTO_DENSE_LIMIT = 1 << 20
+PREDICT_BATCH = 8192
+# A stock optimizer's row-sparse twin (`dprec.optimizers.sparse`): the same update, touching
+# only the rows of an IndexedSlices gradient.
+ROW_SPARSE = {tf.keras.optimizers.SGD: sparse_optimizers.SparseSGD,
+              tf.keras.optimizers.Adagrad: sparse_optimizers.SparseAdagrad,
+              tf.keras.optimizers.Adam: sparse_optimizers.LazyAdam}
+
+
+@dataclasses.dataclass
+class PrivateOptions:
+  """The options of `make_private` (documented there)."""
+  epsilon: float
+  train_size: int
+  delta: Optional[float] = None
+  batch_size: Optional[int] = None
+  epochs: float = 1
+  algorithm: str = "auto"
+  ledger: Optional[str] = None
+  l2_norm_clip: float = 1.0
+  ratio: float = 5.0
+  threshold: float = 5.0
+  contribution_clip: float = 1.0
+  init_output_bias: bool = True
+  output_bias_share: float = 0.02
+  recalibrate: bool = False
+  recalibration_share: float = 0.05
+  label_range: Optional[Tuple[float, float]] = None
+  accountant: str = "pld"
+  charge_every: int = 100
+  secure_noise: bool = False
+  insecure_noise_seed: Optional[int] = None
+
+  private = True  # `ctr.algorithm_config` reads it
+
+  def validate(self):
+    if not self.epsilon > 0 or not math.isfinite(self.epsilon):
+      raise DprecError(f"epsilon must be positive and finite, got {self.epsilon}")
+    if int(self.train_size) < 1:
+      raise DprecError(f"train_size must be a positive number of examples, got "
+                       f"{self.train_size}")
+    if self.delta is not None and not 0 < self.delta < 1:
+      raise DprecError(f"delta must be in (0, 1), got {self.delta}")
+    if self.batch_size is not None and not 1 <= self.batch_size <= self.train_size:
+      raise DprecError(f"batch_size must be in [1, train_size={self.train_size}], got "
+                       f"{self.batch_size}")
+    if not self.epochs > 0:
+      raise DprecError(f"epochs must be positive, got {self.epochs}")
+    if self.algorithm not in ALGORITHMS:
+      raise DprecError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got "
+                       f"{self.algorithm!r}")
+    for name in ("l2_norm_clip", "ratio", "threshold", "contribution_clip"):
+      if not getattr(self, name) > 0:
+        raise DprecError(f"{name} must be positive, got {getattr(self, name)}")
+    shares = self.output_bias_share * self.init_output_bias + (
+        self.recalibration_share * self.recalibrate)
+    if not (0 < self.output_bias_share < 1 and 0 < self.recalibration_share < 1
+            and shares < 0.5):
+      raise DprecError("output_bias_share and recalibration_share must be in (0, 1) and leave "
+                       f"training at least half of epsilon, got {self.output_bias_share}, "
+                       f"{self.recalibration_share}")
+    if self.label_range is not None and not (len(self.label_range) == 2
+                                             and self.label_range[0] < self.label_range[1]):
+      raise DprecError(f"label_range must be (lo, hi) with lo < hi, got {self.label_range}")
+
+
+def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epochs=1,
+                 algorithm="auto", ledger=None, l2_norm_clip=1.0, ratio=5.0,
+                 threshold=5.0, contribution_clip=1.0, init_output_bias=True,
+                 output_bias_share=0.02, recalibrate=False, recalibration_share=0.05,
+                 label_range=None, accountant="pld", charge_every=100, secure_noise=False,
+                 insecure_noise_seed=None):
+  """Makes `model` (a `tf.keras.Model`: functional, Sequential, subclassed, or a TFRS
+  `tfrs.Model` whose `compute_loss` calls a `tfrs.tasks.Ranking`) train with (ε, δ)-DP for
+  adding or removing one training example, through its ordinary `compile(optimizer, loss,
+  metrics)` and `fit(x, y, epochs=...)` (arrays, dicts of arrays, or a finite `tf.data.Dataset`;
+  TFRS: features with the label inside). Changes `model` in place and returns it (module
+  docstring: what changes, what is refused).
+
+  Args:
+    epsilon: ε of everything the run releases (training, output bias, recalibration).
+    train_size: N, the number of training examples (public; `fit` refuses other data sizes).
+    delta: δ (default 1/N, or the existing ledger's).
+    batch_size: expected Poisson batch size B (default: from N as `train ctr` chooses,
+      `dprec.training.poisson.data_sized_batch_size`: about 500 steps per epoch).
+    epochs: epochs the budget is planned for: T = ⌈epochs·N/B⌉ steps; `fit` may train fewer,
+      and stops at the budget if asked for more.
+    algorithm: "dp_adafest" (sparse updates of the embedding rows a DP contribution map keeps,
+      seed 001), "dp_sgd" (noise on every row), or "auto": DP-SGD when the embedding tables
+      hold at most `AUTO_DENSE_LIMIT` (2^20) floats in all, else DP-AdaFEST.
+    ledger: path of a privacy ledger to charge (shared across runs); default a temporary one.
+    l2_norm_clip: C2, the per-example gradient clip.
+    ratio, threshold, contribution_clip: DP-AdaFEST's σ1/σ2, τ and C1.
+    init_output_bias: set the output layer's bias from a DP label statistic before training
+      (MSE: mean; binary cross-entropy: logit of the rate; sparse categorical: log class
+      frequencies), at `output_bias_share` of ε.
+    recalibrate: after training, fit an affine map of the output under DP (MSE: least squares;
+      binary cross-entropy: Platt scaling of the logit) at `recalibration_share` of ε.
+    label_range: (lo, hi) public bounds of regression labels (default: found under DP within
+      the output bias's share).
+    accountant: "pld" or "rdp". charge_every: steps paid per ledger charge.
+    secure_noise: exact noise sampling (`dprec.privacy.secure_noise`).
+    insecure_noise_seed: public noise seed: reproducible and NOT private (flagged).
+
+  After `fit`: `history.history["epsilon"]`, `model.epsilon_spent`, `model.privacy_ledger`.
+  """
+  options = PrivateOptions(
+      epsilon=epsilon, train_size=int(train_size), delta=delta, batch_size=batch_size,
+      epochs=epochs, algorithm=algorithm, ledger=ledger, l2_norm_clip=l2_norm_clip, ratio=ratio,
+      threshold=threshold, contribution_clip=contribution_clip,
+      init_output_bias=init_output_bias, output_bias_share=output_bias_share,
+      recalibrate=recalibrate, recalibration_share=recalibration_share,
+      label_range=tuple(label_range) if label_range is not None else None,
+      accountant=accountant, charge_every=charge_every, secure_noise=secure_noise,
+      insecure_noise_seed=insecure_noise_seed)
+  options.validate()
+  if not isinstance(model, tf.keras.Model):
+    raise DprecError(f"make_private needs a tf.keras.Model, got {type(model).__name__}")
+  if isinstance(model, PrivateModel):
+    raise DprecError(f"model '{model.name}' is already private")
+  _refuse_unsupported(model)
+  for layer in _unique(m for m in model.submodules
+                       if type(m) is tf.keras.layers.Embedding):  # pylint: disable=unidiomatic-typecheck
+    convert_embedding(layer)
+  if model.built:
+    _refuse_unclippable(model)
+  model.__class__ = _private_class(type(model))
+  run = run_lib.Run(COMMAND, ledger=options.ledger,
+                    insecure_noise_seed=options.insecure_noise_seed,
+                    secure_noise=options.secure_noise)
+  weakref.finalize(model, run.close)  # removes a temporary ledger
+  object.__setattr__(model, "_private", _State(options, run))
+  return model
+
+
+@dataclasses.dataclass
+class _State:
+  options: PrivateOptions
+  run: run_lib.Run
+  plan: Optional[plan_lib.PrivacyPlan] = None
+  kind: Optional[str] = None
+  logits: bool = False
+  steps: int = 0
+  fits: int = 0
+  initialised: bool = False
+  label_range: Optional[Tuple[float, float]] = None
+  prior: Optional[float] = None
+  recalibration: Optional[Tuple[float, float]] = None
+
+
+def _unique(items):
+  seen, result = set(), []
+  for item in items:
+    if id(item) not in seen:
+      seen.add(id(item))
+      result.append(item)
+  return result
+
+
+def _tfrs():
+  """The TFRS module if the process imported it (a TFRS model implies it did)."""
+  return sys.modules.get("tensorflow_recommenders")
+
+
+def _ranking_tasks(model):
+  tfrs = _tfrs()
+  if tfrs is None:
+    return []
+  return [m for m in model.submodules if isinstance(m, tfrs.tasks.Ranking)]
+
+
+def _refuse_unsupported(model):
+  tfrs = _tfrs()
+  if tfrs is not None:
+    retrieval = [m.name for m in model.submodules if isinstance(m, tfrs.tasks.Retrieval)]
+    if retrieval:
+      raise DprecError(
+          f"make_private refuses tfrs.tasks.Retrieval ({', '.join(retrieval)}): its in-batch "
+          "negatives make every example part of every other example's loss, so clipping each "
+          "example's gradient does not bound its influence; use dprec's private two-tower "
+          "retrieval with negatives sampled independently of the batch")
+    if isinstance(model, tfrs.models.Model) and len(_ranking_tasks(model)) != 1:
+      raise DprecError(f"make_private supports a tfrs.Model whose compute_loss calls one "
+                       f"tfrs.tasks.Ranking; '{model.name}' has "
+                       f"{len(_ranking_tasks(model))}")
+  stateful = [m.name for m in model.submodules
+              if (isinstance(m, tf.keras.layers.BatchNormalization) and m.trainable)
+              or (getattr(m, "stateful", False) is True
+                  and not isinstance(m, tf.keras.metrics.Metric))]
+  if stateful:
+    raise DprecError(f"make_private refuses stateful layer(s) {', '.join(stateful)}: they update "
+                     "state from the batch without clipping or noise (freeze a "
+                     "BatchNormalization with trainable=False, or use LayerNormalization)")
+
+
+def _refuse_unclippable(model):
+  """Refuses trainable weights that no per-example norm function covers (DP tables and the
+  clipping registry's layers), naming the innermost layers that hold them."""
+  registry = getattr(model, "layer_registry", None) or layer_norms.make_layer_registry()
+  layers = [m for m in model.submodules if isinstance(m, tf.keras.layers.Layer)]
+  covered = {id(w) for m in layers if isinstance(m, DPEmbedding) or registry.is_elem(m)
+             for w in m.trainable_weights}
+  owners = set()
+  for weight in model.trainable_weights:
+    if id(weight) in covered:
+      continue
+    holders = [m for m in layers if any(w is weight for w in m.trainable_weights)]
+    owner = min(holders, key=lambda m: len(m.trainable_weights)) if holders else None
+    owners.add(f"{owner.name} ({type(owner).__name__})" if owner else weight.name)
+  if owners:
+    raise DprecError(f"make_private cannot clip layer(s) {', '.join(sorted(owners))} exactly: "
+                     "no per-example gradient-norm function in the clipping registry "
+                     "(dprec.clipping.layer_norms); use Dense, EinsumDense, Embedding or "
+                     "LayerNormalization, or register the layer in DPModel.layer_registry")
+
+
+_PRIVATE_CLASSES = {}
+
+
+def _private_class(cls):
+  """`PrivateModel` mixed into `cls`, under `cls`'s own name and module, so that a saved
+  model records (and loads as) the original class."""
+  if cls not in _PRIVATE_CLASSES:
+    _PRIVATE_CLASSES[cls] = type(cls.__name__, (PrivateModel, cls),
+                                 {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
+  return _PRIVATE_CLASSES[cls]
+
+
+def row_sparse_optimizer(optimizer):
+  """A stock Keras SGD (without momentum), Adagrad or Adam as its row-sparse twin with the same
+  hyperparameters; any other optimizer as it is."""
+  optimizer = tf.keras.optimizers.get(optimizer)
+  twin = ROW_SPARSE.get(type(optimizer))
+  if twin is None or (twin is sparse_optimizers.SparseSGD and optimizer.momentum):
+    return optimizer
+  config = optimizer.get_config()
+  for key in ("name", "is_legacy_optimizer", "jit_compile", "momentum", "nesterov", "amsgrad"):
+    config.pop(key, None) if key != "amsgrad" or not config.get(key) else None
+  return twin.from_config(config)
+
+
+class PrivateModel(DPModel):
+  """The private subclass `make_private` gives a model (its methods come first)."""
+
+  @property
+  def privacy_ledger(self):
+    """The run's `dprec.privacy.PrivacyLedger` (None before `compile`)."""
+    return self._private.run.ledger
+
+  @property
+  def epsilon_spent(self) -> float:
+    """ε the ledger has been charged (prepaid steps included; 0 before training)."""
+    ledger = self.privacy_ledger
+    return ledger.epsilon_spent() if ledger is not None else 0.0
+
+  @property
+  def privacy_plan(self):
+    """The `dprec.workflows.plan.PrivacyPlan` of the run (after `compile`)."""
+    return self._private.plan
+
+  def compile(self, optimizer=None, loss=None, metrics=None, **kwargs):  # pylint: disable=arguments-renamed
+    """As `tf.keras.Model.compile`, with a DP step: plans σ for the budget and wraps the
+    optimizer (default: Adam at 1e-3) in the algorithm's `DPOptimizer`."""
+    state = self._private
+    tasks = _ranking_tasks(self)
+    kind_loss = getattr(tasks[0], "_loss", None) if tasks else loss
+    state.kind = output_layer.loss_kind(kind_loss) if kind_loss is not None else None
+    state.logits = output_layer.from_logits(kind_loss)
+    state.plan = self._plan()
+    options = state.options
+    if options.algorithm == "auto":
+      options = dataclasses.replace(options, algorithm="dp_sgd" if (
+          self.dense_embedding_size <= AUTO_DENSE_LIMIT) else "dp_adafest")
+    config = ctr.algorithm_config(options, state.plan.noise_multiplier)
+    inner = row_sparse_optimizer(optimizer if optimizer is not None
+                                 else tf.keras.optimizers.Adam(1e-3))
+    super().compile(DPOptimizer(config, inner, expected_batch_size=state.plan.batch_size,
+                                noise_key=state.run.noise_key,
+                                secure_noise=state.options.secure_noise),
+                    loss=loss, metrics=metrics, **kwargs)
+
+  def _plan(self):
+    state, options = self._private, self._private.options
+    n = options.train_size
+    batch_size = options.batch_size or poisson.data_sized_batch_size(n)
+    steps = max(1, math.ceil(options.epochs * n / batch_size))
+    mechanisms = []
+    if options.init_output_bias and state.kind is not None:
+      mechanisms.append((LABEL_STATISTICS_LABEL, options.output_bias_share))
+    if options.recalibrate and state.kind in (output_layer.MSE, output_layer.BCE):
+      mechanisms.append((RECALIBRATION_LABEL, options.recalibration_share))
+    delta, spent = run_lib.plan_prior(state.run, options.epsilon, options.delta,
+                                      options.accountant, default_delta=1.0 / n)
+    plan = plan_lib.plan_privacy(options.epsilon, delta, n, batch_size, steps,
+                                 mechanisms=mechanisms, accountant=options.accountant,
+                                 spent=spent)
+    state.run.open_plan_ledger(plan)
+    state.run.check_budget(plan, TRAINING_LABEL, steps)
+    return plan
+
+  # ---- the DP step of a TFRS model: its Ranking task's per-example losses --------------------
+
+  def forward_losses(self, x, y, sample_weight=None):
+    tasks = _ranking_tasks(self)
+    if not tasks:
+      return super().forward_losses(x, y, sample_weight)
+    records = []
+    with _recording_task(tasks[0], records), refusing_variable_updates():
+      self.compute_loss(dict(x) if isinstance(x, dict) else x, training=True)
+    if len(records) != 1:
+      raise DprecError(f"compute_loss of '{self.name}' called its Ranking task {len(records)} "
+                       "times in one step; make_private needs exactly one call")
+    labels, predictions, weights, losses = records[0]
+    return (labels, predictions, weights), losses
+
+  def train_step(self, data):
+    tasks = _ranking_tasks(self)
+    if not tasks:
+      return super().train_step(data)
+    labels, predictions, weights = self.apply_step(data, None, None)
+    loss = tasks[0](labels, predictions, sample_weight=weights, compute_metrics=True)
+    return dict({m.name: m.result() for m in self.metrics}, loss=loss)
+
+  # ---- fit -----------------------------------------------------------------------------------
+
+  def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
+          validation_data=None, sample_weight=None, **kwargs):  # pylint: disable=arguments-differ
+    """As `tf.keras.Model.fit` on in-memory data (arrays, dicts, or a finite dataset, loaded
+    into memory for Poisson sampling), with `epochs` of ⌈N/B⌉ DP steps each; stops at the
+    budget. The first call initialises the output bias under DP; with `recalibrate`, the call
+    that completes the planned steps recalibrates the output."""
+    state = self._private
+    if state.plan is None:
+      raise DprecError("compile the private model before fit")
+    unsupported = {k: v for k, v in kwargs.items() if v is not None and k in (
+        "steps_per_epoch", "class_weight", "validation_split", "shuffle")}
+    if sample_weight is not None or unsupported:
+      raise DprecError(f"make_private's fit does not take "
+                       f"{', '.join(['sample_weight'] * (sample_weight is not None) + list(unsupported))}"
+                       ": per-example weights would change the sensitivity, and batches are "
+                       "Poisson-sampled from the whole training set")
+    if batch_size is not None and batch_size != state.plan.batch_size:
+      raise DprecError(f"fit(batch_size={batch_size}) differs from the planned batch size "
+                       f"{state.plan.batch_size}: give batch_size to make_private")
+    features, labels, structure = _in_memory(x, y)
+    n = len(next(iter(features.values())))
+    if n != state.options.train_size:
+      raise DprecError(f"fit got {n} training examples but make_private was planned for "
+                       f"train_size={state.options.train_size}")
+    if not state.initialised:
+      self._initialise(features, labels, structure)
+    steps_per_epoch = math.ceil(n / state.plan.batch_size)
+    sampling = poisson.BatchSampling(state.plan.batch_size, True,
+                                     state.run.entropy("poisson", state.fits))
+    dataset = poisson.sampled_dataset(features, labels, sampling, epochs * steps_per_epoch)
+    dataset = dataset.map(_packer(structure, labels is not None))
+    budget = state.run.budget_callback(state.plan, TRAINING_LABEL, state.steps,
+                                       state.options.charge_every)
+    fit_callbacks = [state.run.noise_callback({NOISE_PURPOSE: self.dp_optimizer.generator},
+                                              start_step=state.steps), budget,
+                     *(callbacks or [])]
+    state.fits += 1
+    start = budget.steps_taken
+    try:
+      history = super().fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch,
+                            verbose=verbose, callbacks=fit_callbacks,
+                            validation_data=validation_data, **kwargs)
+    finally:
+      state.steps += budget.steps_taken - start
+    if (state.options.recalibrate and state.recalibration is None
+        and state.steps >= state.plan.steps and RECALIBRATION_LABEL in state.plan.mechanisms):
+      self._recalibrate(features, labels, structure)
+    return history
+
+  def _pack(self, features, structure):
+    return tf.nest.pack_sequence_as(structure, [features[k] for k in _keys(structure)])
+
+  def _labels_and_predictions(self, features, labels, structure):
+    """(labels, predictions) over the training examples, in order (a TFRS model's labels are
+    what its compute_loss gives its Ranking task)."""
+    tasks = _ranking_tasks(self)
+    n = len(next(iter(features.values())))
+    if not tasks:
+      predictions = self.predict(self._pack(features, structure), batch_size=PREDICT_BATCH,
+                                 verbose=0)
+      return np.asarray(labels), np.asarray(predictions)
+    found, predicted = [], []
+    for start in range(0, n, PREDICT_BATCH):
+      batch = self._pack({k: v[start:start + PREDICT_BATCH] for k, v in features.items()},
+                         structure)
+      records = []
+      with _recording_task(tasks[0], records):
+        self.compute_loss(dict(batch) if isinstance(batch, dict) else batch, training=False)
+      found.append(records[-1][0].numpy())
+      predicted.append(records[-1][1].numpy())
+    return np.concatenate(found), np.concatenate(predicted)
+
+  def _output_layer(self, features, structure):
+    sample = self._pack({k: v[:2] for k, v in features.items()}, structure)
+    return output_layer.output_dense(self, sample)
+
+  def _initialise(self, features, labels, structure):
+    """Builds the model, refuses unclippable layers, pays the plan's one-off releases, and sets
+    the output bias from the DP label statistic."""
+    state = self._private
+    # Built on a batch of unknown size, as the DP step will call it (a Sequential built lazily
+    # on one batch size would rebuild itself inside the step, calling its layers twice).
+    specs = {k: tf.TensorSpec((None,) + v.shape[1:], tf.as_dtype(v.dtype))
+             for k, v in features.items()}
+    tf.function(lambda batch: self(self._pack(batch, structure), training=False)
+                ).get_concrete_function(specs)
+    layer = self._output_layer(features, structure) if state.kind else None
+    _refuse_unclippable(self)
+    # Slots in the model's variable order (the DP step's is another): `save` and `load_model`
+    # of the original class agree on them.
+    self.optimizer.build(self.trainable_variables)
+    state.run.pay_once(state.plan)  # before anything they shape is released
+    state.initialised = True
+    sigma = state.plan.mechanisms.get(LABEL_STATISTICS_LABEL)
+    if sigma is None:
+      return
+    true_labels, _ = (self._labels_and_predictions(features, labels, structure)
+                      if labels is None else (labels, None))
+    rng = state.run.numpy_rng("output bias")
+    state.label_range = state.options.label_range
+    releases = 1
+    if state.kind == output_layer.MSE and state.label_range is None:
+      releases = 2  # the range and the mean, each at σ·√2 (`dprec.privacy.label_stats`)
+      state.label_range = output_layer.privacy.dp_label_range(true_labels,
+                                                              sigma * math.sqrt(2), rng)
+    bias = output_layer.initial_bias(state.kind, true_labels, sigma * math.sqrt(releases), rng,
+                                     num_classes=layer.units, label_range=state.label_range)
+    output_layer.set_bias(layer, bias)
+    if state.kind == output_layer.BCE:
+      state.prior = float(1 / (1 + np.exp(-bias[0])))
+
+  def _recalibrate(self, features, labels, structure):
+    state = self._private
+    layer = self._output_layer(features, structure)
+    true_labels, predictions = self._labels_and_predictions(features, labels, structure)
+    if state.kind == output_layer.MSE and state.label_range is None:
+      raise DprecError("recalibrating a regression model needs a label range: give "
+                       "label_range, or keep init_output_bias on (it finds one under DP)")
+    state.recalibration = output_layer.recalibrate(
+        layer, state.kind, predictions, true_labels,
+        state.plan.mechanisms[RECALIBRATION_LABEL], state.run.numpy_rng("recalibration"),
+        prior=state.prior if state.prior is not None else 0.5,
+        label_range=state.label_range, logits=state.logits)
+
+
+class _recording_task:  # pylint: disable=invalid-name
+  """While active, a Ranking task's calls record (labels, predictions, sample weights,
+  per-example losses) and compute no metrics (their updates would be batch state)."""
+
+  def __init__(self, task, records):
+    self.task, self.records = task, records
+
+  def __enter__(self):
+    task, records = self.task, self.records
+
+    def call(labels, predictions, sample_weight=None, training=False, compute_metrics=True):
+      del training, compute_metrics
+      losses = per_example_losses(task._loss, labels, predictions, sample_weight)  # pylint: disable=protected-access
+      records.append((labels, predictions, sample_weight, losses))
+      return tf.reduce_mean(losses)
+
+    object.__setattr__(task, "call", call)
+    return self
+
+  def __exit__(self, *exc):
+    object.__delattr__(self.task, "call")
+
+
+def _keys(structure):
+  return [f"input_{i}" for i in range(len(tf.nest.flatten(structure)))]
+
+
+def _packer(structure, with_labels):
+  keys = _keys(structure)
+
+  def pack(features, labels=None):
+    packed = tf.nest.pack_sequence_as(structure, [features[k] for k in keys])
+    return (packed, labels) if with_labels else packed
+
+  return pack
+
+
+def _in_memory(x, y):
+  """(features {input_i: array}, labels or None, the structure of x) of in-memory data or a
+  finite dataset of (x, y) or of features (a TFRS model's, labels inside)."""
+  if isinstance(x, tf.data.Dataset):
+    if y is not None:
+      raise DprecError("give y inside the dataset, not beside it")
+    dataset = x
+    leaves = tf.nest.flatten(dataset.element_spec)
+    if not all(spec.shape.rank and spec.shape[0] is None for spec in leaves):
+      dataset = dataset.batch(PREDICT_BATCH)  # unbatched elements
+    parts = list(dataset.as_numpy_iterator())
+    if not parts:
+      raise DprecError("the training dataset is empty")
+    element = tf.nest.map_structure(lambda *a: np.concatenate(a), *parts)
+    if isinstance(element, tuple) and len(element) == 2:
+      x, y = element
+    elif isinstance(element, tuple) and len(element) == 3:
+      raise DprecError("make_private's fit does not take sample weights")
+    else:
+      x = element
+  leaves = [np.asarray(leaf) for leaf in tf.nest.flatten(x)]
+  if not leaves:
+    raise DprecError("fit needs training features")
+  structure = tf.nest.map_structure(lambda _: 0, x)
+  features = dict(zip(_keys(structure), leaves))
+  for key, leaf in features.items():
+    if leaf.dtype.kind in "OU":  # str → bytes, which tf.data holds as tf.string
+      features[key] = leaf.astype(bytes)
+  return features, (None if y is None else np.asarray(y)), structure

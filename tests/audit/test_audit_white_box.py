@@ -1,0 +1,71 @@
+"""The white-box audit against deliberately broken DP steps (test-only substitutions, never
+options): each broken step's bound exceeds the claimed ε, the correct step's stays at or below."""
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dprec.audit import bounds
+from dprec.audit import white_box
+from dprec.optimizers import config as config_lib
+from dprec.privacy import calibrate_noise_multiplier
+from dprec.sparse import gaussian
+from dprec.sparse import selection
+
+EPSILON, DELTA, RATE, STEPS, CANARIES, CLIP = 1.0, 1e-5, 0.5, 10, 4000, 1.0
+SIGMA = calibrate_noise_multiplier(EPSILON, DELTA, RATE, STEPS)
+
+
+def _config(algorithm):
+  if algorithm == "dp_sgd":
+    return config_lib.DPSGD(CLIP, SIGMA)
+  # τ below a lone canary's count (1): kept when sampled unless the noise says otherwise.
+  return config_lib.DPAdaFEST.from_noise_multiplier(CLIP, SIGMA, contribution_clip=1.0,
+                                                    threshold=0.5)
+
+
+def _bound(algorithm):
+  rng = np.random.default_rng()
+  scores, included = white_box.run_canaries(_config(algorithm), CANARIES, RATE, STEPS, 64.0, rng)
+  return bounds.best_bounds(scores, included, DELTA, 0.95, rng)["gdp"]
+
+
+@pytest.mark.parametrize("algorithm", ["dp_sgd", "dp_adafest"])
+def test_correct_step_stays_below_its_claim(algorithm):
+  bound = _bound(algorithm)
+  assert 0.0 <= bound.epsilon <= EPSILON < bound.ceiling
+
+
+def test_noise_divided_by_four_is_caught(monkeypatch):
+  noise_std = config_lib.noise_std
+  monkeypatch.setattr(config_lib, "noise_std", lambda clip, sigma: noise_std(clip, sigma) / 4)
+  assert _bound("dp_sgd").epsilon > EPSILON
+
+
+def test_skipped_clipping_is_caught(monkeypatch):
+  monkeypatch.setattr(config_lib.DPSGD, "clip_factors",
+                      lambda self, squared_norms, share=1.0: tf.ones_like(squared_norms))
+  assert _bound("dp_sgd").epsilon > EPSILON
+
+
+def test_noise_reused_at_every_step_is_caught(monkeypatch):
+  # Same draw each step (a generator reset to one state): same shape, same noise.
+  monkeypatch.setattr(gaussian, "normal", lambda generator, shape, stddev=1.0, dtype=tf.float32:
+                      tf.random.stateless_normal(shape, [3, 7], stddev=stddev, dtype=dtype))
+  bound = _bound("dp_sgd")
+  assert bound.epsilon > EPSILON and bound.score == "spread"
+
+
+def test_dropped_selection_noise_is_caught(monkeypatch):
+  select_rows = selection.select_rows
+  monkeypatch.setattr(selection, "select_rows",
+                      lambda touched, contributions, universe, threshold, noise_std, generator:
+                      select_rows(touched, contributions, universe, threshold, 0.0, generator))
+  assert _bound("dp_adafest").epsilon > EPSILON
+
+
+def test_claim_of_each_algorithm():
+  claim = white_box.Claim.of(_config("dp_adafest"), RATE)
+  # σ2 of the released rows is above the composed σ the plan accounts (σ⁻² = σ1⁻² + σ2⁻²).
+  assert 0 < claim.keep_out < claim.keep_in < 1 and claim.noise_multiplier > SIGMA
+  assert white_box.Claim.of(_config("dp_sgd"), RATE) == white_box.Claim(RATE, SIGMA)
+  assert white_box.Claim.of(config_lib.NonPrivate(), RATE).noise_multiplier == 0.0

@@ -1,0 +1,266 @@
+"""`dprec.make_private` (issue 30): the conversion keeps weights and names and saves/loads; the
+DP step it makes bounds one example's influence by C2 (functional, TFRS ranking and full-softmax
+two-tower models; in-batch negatives do not); ε equals dp_accounting's; training stops at the
+budget; the refusals name what they refuse."""
+import warnings
+
+import dp_accounting
+import numpy as np
+import pytest
+import tensorflow as tf
+
+import dprec
+from dprec.errors import DprecError
+from dprec.layers.embedding import DPEmbedding
+from dprec.models import retrieval
+from dprec.models.dp_model import DPModel
+from dprec.optimizers import DPOptimizer
+from dprec.optimizers import config as config_lib
+from dprec.privacy.noise_key import InsecureNoiseWarning
+from dprec.training import poisson
+from dprec.workflows import private_model
+
+tfrs = pytest.importorskip("tensorflow_recommenders")
+
+USERS, ITEMS, N, CLIP = 30, 40, 256, 0.5
+
+
+def _data(seed=0):
+  rng = np.random.default_rng(seed)
+  users = rng.integers(0, USERS, N).astype(np.int32)
+  items = rng.integers(0, ITEMS, N).astype(np.int32)
+  ratings = (1 + (users + items) % 5).astype(np.float32)
+  return {"user": users, "item": items}, ratings
+
+
+def _functional():
+  tf.keras.utils.set_random_seed(0)
+  user = tf.keras.Input((), dtype=tf.int32, name="user")
+  item = tf.keras.Input((), dtype=tf.int32, name="item")
+  joined = tf.keras.layers.Concatenate()([
+      tf.keras.layers.Embedding(USERS, 4, name="user_table")(user),
+      tf.keras.layers.Embedding(ITEMS, 4, name="item_table")(item)])
+  hidden = tf.keras.layers.Dense(8, activation="relu", name="hidden")(joined)
+  return tf.keras.Model({"user": user, "item": item},
+                        tf.keras.layers.Dense(1, name="rating")(hidden))
+
+
+class _Ranking(tfrs.models.Model):
+  """The TFRS tutorial's shape: Sequential towers of embeddings, a Ranking task."""
+
+  def __init__(self):
+    super().__init__()
+    self.users = tf.keras.Sequential([tf.keras.layers.Embedding(USERS, 4)])
+    self.items = tf.keras.Sequential([tf.keras.layers.Embedding(ITEMS, 4)])
+    self.head = tf.keras.Sequential([tf.keras.layers.Dense(8, activation="relu"),
+                                     tf.keras.layers.Dense(1)])
+    self.task = tfrs.tasks.Ranking(loss=tf.keras.losses.MeanSquaredError(),
+                                   metrics=[tf.keras.metrics.RootMeanSquaredError()])
+
+  def call(self, features):
+    return self.head(tf.concat([self.users(features["user"]), self.items(features["item"])], 1))
+
+  def compute_loss(self, features, training=False):
+    labels = features.pop("rating")
+    return self.task(labels=labels, predictions=self(features))
+
+
+def _private(model, **options):
+  options = dict(dict(epsilon=1.0, train_size=N, batch_size=32, algorithm="dp_sgd",
+                      l2_norm_clip=CLIP, insecure_noise_seed=0), **options)
+  with warnings.catch_warnings():  # the insecure seed (reproducible tests) is flagged
+    warnings.simplefilter("ignore", InsecureNoiseWarning)
+    return dprec.make_private(model, **options)
+
+
+def test_conversion_keeps_weights_and_names_and_a_saved_model_predicts_the_same(tmp_path):
+  model = _functional()
+  before = {layer.name: [w.copy() for w in layer.get_weights()] for layer in model.layers}
+  private = _private(model)
+  assert private is model
+  assert isinstance(model.get_layer("user_table"), DPEmbedding)
+  for layer in model.layers:
+    np.testing.assert_array_equal(np.concatenate([w.ravel() for w in before[layer.name]] or [[]]),
+                                  np.concatenate([w.ravel() for w in layer.get_weights()] or [[]]))
+  model.compile(optimizer="adagrad", loss="mse")
+  x, y = _data()
+  model.fit(x, y, epochs=1, verbose=0)
+  model.save(tmp_path / "model.keras")
+  loaded = tf.keras.models.load_model(tmp_path / "model.keras")
+  assert not isinstance(loaded, private_model.PrivateModel)
+  assert isinstance(loaded.get_layer("item_table"), DPEmbedding)
+  np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0),
+                             rtol=1e-6)
+
+
+def _dense(gradient):
+  return tf.convert_to_tensor(gradient).numpy().ravel()
+
+
+@pytest.mark.parametrize("kind", ["functional", "tfrs"])
+def test_removing_one_example_moves_the_clipped_sum_by_at_most_c2(kind):
+  model = _private(_functional() if kind == "functional" else _Ranking())
+  model.compile(optimizer="sgd", loss="mse" if kind == "functional" else None)
+  model.dp_optimizer.config = config_lib.DPSGD(l2_norm_clip=CLIP, noise_multiplier=0.0)
+  x, y = _data()
+  x = {k: v[:16] for k, v in x.items()}
+  y = 100 * y[:16]
+  model._initialise(*private_model._in_memory(x, y))  # builds it, as the first fit does  # far from the predictions: every example is clipped to norm C2
+
+  def clipped_sum(rows):
+    features = {k: tf.constant(v[rows]) for k, v in x.items()}
+    if kind == "tfrs":
+      features["rating"] = tf.constant(y[rows])
+      grads = model.dp_gradients(features, None)
+    else:
+      grads = model.dp_gradients(features, tf.constant(y[rows]))
+    order = sorted(range(len(grads)), key=lambda i: grads[i][1].name)
+    return np.concatenate([_dense(grads[i][0]) for i in order]) * model.dp_optimizer \
+        .expected_batch_size
+
+  full = clipped_sum(np.arange(16))
+  for removed in (0, 7):
+    difference = np.linalg.norm(full - clipped_sum(np.delete(np.arange(16), removed)))
+    assert difference <= CLIP * (1 + 1e-4)
+    assert difference >= 0.9 * CLIP  # the removed example's whole clipped gradient
+
+
+def test_epsilon_equals_dp_accounting_and_training_stops_at_the_budget():
+  model = _private(_functional(), epochs=1, label_range=(1.0, 5.0))
+  model.compile(optimizer="adagrad", loss="mse")
+  plan = model.privacy_plan
+  assert plan.steps == N // 32 and plan.sampling_rate == 32 / N
+  x, y = _data()
+  history = model.fit(x, y, epochs=3, verbose=0)  # asks for three planned epochs' steps
+  accountant = dp_accounting.pld.PLDAccountant(
+      dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+  accountant.compose(dp_accounting.GaussianDpEvent(
+      plan.mechanisms[private_model.LABEL_STATISTICS_LABEL]))
+  accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+      plan.sampling_rate, dp_accounting.GaussianDpEvent(plan.noise_multiplier)), plan.steps))
+  expected = accountant.get_epsilon(1 / N)
+  assert model.epsilon_spent == pytest.approx(expected, rel=1e-3)
+  assert expected == pytest.approx(1.0, rel=2e-3)
+  assert history.history["epsilon"][-1] == pytest.approx(model.epsilon_spent)
+  assert model._private.steps == plan.steps  # stopped at the budget, not after 3 epochs
+  with pytest.raises(DprecError, match="budget"):
+    model.fit(x, y, epochs=1, verbose=0)
+
+
+def test_data_sized_batch_and_dp_output_bias():
+  x, y = _data()
+  model = _private(_functional(), batch_size=None, epsilon=50.0, label_range=(1.0, 5.0))
+  model.compile(optimizer="sgd", loss="mse")
+  assert model.privacy_plan.batch_size == poisson.data_sized_batch_size(N)
+  model._initialise(*private_model._in_memory(x, y))  # what the first fit does
+  assert model.get_layer("rating").bias.numpy()[0] == pytest.approx(y.mean(), abs=0.1)
+
+
+class _Scalar(tf.keras.layers.Layer):
+  def build(self, input_shape):
+    self.scale = self.add_weight(name="scale", shape=(), initializer="ones")
+
+  def call(self, inputs):
+    return inputs * self.scale
+
+
+def _with(layer):
+  inputs = tf.keras.Input((3,))
+  return tf.keras.Model(inputs, tf.keras.layers.Dense(1)(layer(inputs)))
+
+
+@pytest.mark.parametrize("build, named", [
+    (lambda: _with(tf.keras.layers.BatchNormalization(name="bn")), "stateful layer(s) bn"),
+    (lambda: _with(_Scalar(name="odd")), "cannot clip layer(s) odd (_Scalar)"),
+])
+def test_refusals_name_the_layer_in_one_line(build, named):
+  with pytest.raises(DprecError) as error:
+    _private(build())
+  assert named in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_retrieval_task_is_refused_for_its_in_batch_negatives():
+  class Retrieval(tfrs.models.Model):
+    def __init__(self):
+      super().__init__()
+      self.task = tfrs.tasks.Retrieval()
+
+  with pytest.raises(DprecError) as error:
+    _private(Retrieval())
+  assert "in-batch negatives" in str(error.value) and "\n" not in str(error.value)
+
+
+def test_a_loss_that_is_not_per_example_is_refused():
+  model = _private(_functional())
+  model.compile(optimizer="sgd", loss=lambda y, p: tf.reduce_mean(tf.square(y - p)))
+  with pytest.raises(DprecError, match="one value per batch, not one per example"):
+    model.fit(*_data(), epochs=1, verbose=0)
+
+
+class _InBatchNegatives(DPModel):
+  """tfrs.tasks.Retrieval's loss: each query scored against the batch's positives."""
+
+  def __init__(self):
+    super().__init__()
+    self.users = DPEmbedding(USERS, 4)
+    self.items = DPEmbedding(ITEMS, 4)
+
+  def call(self, x):
+    return self.users(x["user"]), self.items(x["item"])
+
+  def forward_losses(self, x, y, sample_weight=None):
+    queries, candidates = self(x, training=True)
+    logits = tf.matmul(queries, candidates, transpose_b=True)
+    return logits, tf.keras.losses.sparse_categorical_crossentropy(
+        tf.range(tf.shape(logits)[0]), logits, from_logits=True)
+
+
+def _removal_distances(model, x, y, removed=(0, 7)):
+  """‖clipped sum(D) − clipped sum(D − {i})‖ for two examples i, the noise off."""
+  model.dp_optimizer.config = config_lib.DPSGD(l2_norm_clip=CLIP, noise_multiplier=0.0)
+
+  def clipped_sum(rows):
+    grads = model.dp_gradients({k: tf.constant(v[rows]) for k, v in x.items()},
+                               None if y is None else tf.constant(y[rows]))
+    grads = sorted(grads, key=lambda pair: pair[1].name)
+    return np.concatenate([_dense(g) for g, _ in grads]) * model.dp_optimizer.expected_batch_size
+
+  full = clipped_sum(np.arange(16))
+  return [np.linalg.norm(full - clipped_sum(np.delete(np.arange(16), i))) for i in removed]
+
+
+def test_two_tower_full_softmax_bounds_one_example_and_in_batch_negatives_do_not():
+  x, _ = _data()
+  x = {k: v[:16].astype(np.int64) for k, v in x.items()}
+  tf.keras.utils.set_random_seed(0)
+  model = _private(retrieval.two_tower(USERS, ITEMS, dim=4, hidden_units=(8,)))
+  model.compile(optimizer="sgd", loss=tf.keras.losses.SparseCategoricalCrossentropy(
+      from_logits=True))
+  model._initialise(*private_model._in_memory({"user": x["user"]}, x["item"]))
+  distances = _removal_distances(model, {"user": x["user"]}, x["item"])
+  assert max(distances) <= CLIP * (1 + 1e-4) and min(distances) >= 0.9 * CLIP
+
+  in_batch = _InBatchNegatives()
+  in_batch.compile(optimizer=DPOptimizer(config_lib.DPSGD(l2_norm_clip=CLIP, noise_multiplier=1.0),
+                                         "sgd", expected_batch_size=16, insecure_noise_seed=0))
+  in_batch(x)
+  # Example 0's item outscores every other positive for every query: each loss is mostly
+  # about it, and removing example 0 changes all 15 other clipped gradients.
+  in_batch.users.embeddings.assign(tf.ones([USERS, 4]))
+  items = np.full([ITEMS, 4], 0.1, np.float32)
+  items[x["item"][0]] = 3.0
+  in_batch.items.embeddings.assign(items)
+  assert _removal_distances(in_batch, x, None, removed=[0])[0] > 3 * CLIP
+
+
+def test_a_sequential_model_is_converted_in_place():
+  tf.keras.utils.set_random_seed(0)
+  model = tf.keras.Sequential([tf.keras.Input((), dtype=tf.int32),
+                               tf.keras.layers.Embedding(USERS, 4, name="table"),
+                               tf.keras.layers.Dense(1, name="out")])
+  before = model.get_weights()
+  private = _private(model)
+  assert isinstance(private, tf.keras.Sequential) and isinstance(private.layers[0], DPEmbedding)
+  assert private.layers[0].name == "table"
+  for old, new in zip(before, private.get_weights()):
+    np.testing.assert_array_equal(old, new)
