@@ -40,8 +40,12 @@ setup(
     packages=find_packages(include=["dprec", "dprec.*", "pipelines", "pipelines.*"]),
     install_requires=REQUIRES,
     extras_require={
-        "test": ["pytest", "pytest-xdist", "nbformat", "nbclient", "ipykernel", *DOCS],
+        # apache-beam[dask]: Beam's DaskRunner, on which tests/pipelines/test_dask_runner.py
+        # checks that the Beam jobs write the embedded runner's bytes (`--runner DaskRunner`).
+        "test": ["pytest", "pytest-xdist", "nbformat", "nbclient", "ipykernel", *DOCS,
+                 "apache-beam[dask]"],
         "docs": DOCS,
+        "dask": ["apache-beam[dask]"],
         "notebooks": ["jupyter", "nbformat", "nbclient", "ipykernel"],
         "tfp": PEERS,
     },

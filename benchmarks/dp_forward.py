@@ -121,9 +121,10 @@ def tiny_model(args, work_dir):
   out = os.path.join(work_dir, "tiny")
   sequences.run(sequences.SequencesJob(inputs=(source,), input_format="sasrec", output=out))
   examples = make_examples(load_sequences(out), 20)
-  options = seqrec.SeqRecTrainOptions(epsilon=float("inf"), epochs=args.tiny_epochs,
-                                          batch_size=64, max_len=20, dim=32, num_blocks=1,
-                                          dropout=0.1, reattention=False, progress=False)
+  options = seqrec.SeqRecTrainOptions(model="dpformer", epsilon=float("inf"),
+                                      epochs=args.tiny_epochs, batch_size=64, max_len=20,
+                                      dim=32, num_blocks=1, dropout=0.1, reattention=False,
+                                      progress=False)
   tf.keras.utils.set_random_seed(0)
   model = seqrec.build_model(options, examples,
                              seqrec.plan_privacy(options, len(examples.items)))

@@ -126,7 +126,7 @@ def main(argv=None):
   rows = {}
   for eps, method, seed in runs:
     options = SeqRecTrainOptions(
-        epsilon=eps, epochs=args.epochs, batch_size=args.batch_size,
+        model="dpformer", epsilon=eps, epochs=args.epochs, batch_size=args.batch_size,
         learning_rate=args.learning_rate, loss_positions=args.loss_positions,
         normalization_offset=args.normalize, variance_scale=args.variance_scale,
         reattention_scale_by_dim=not args.no_reattention_scale_by_dim,
@@ -187,7 +187,8 @@ def time_steps(data, args):
            "| scored positions | s/step | × packed |", "|---|---|---|"]
   seconds = {}
   for name, score_padding in (("with a target (packed)", False), ("all L (padding too)", True)):
-    options = SeqRecTrainOptions(epsilon=5.0, epochs=args.epochs, batch_size=args.batch_size,
+    options = SeqRecTrainOptions(model="dpformer", epsilon=5.0, epochs=args.epochs,
+                                 batch_size=args.batch_size,
                                  loss_positions=args.loss_positions, max_len=args.max_len,
                                  normalization_offset=args.normalize, score_padding=score_padding)
     tf.keras.utils.set_random_seed(0)

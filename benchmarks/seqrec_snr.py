@@ -155,7 +155,7 @@ def main(argv=None):
   from dpformer_amazon import preprocess  # pylint: disable=import-outside-toplevel
   tf.keras.utils.set_random_seed(args.seed)
   data = load_sequences(preprocess(args.data, args.work_dir))
-  options = SeqRecTrainOptions(epsilon=args.epsilon, epochs=args.epochs,
+  options = SeqRecTrainOptions(model="dpformer", epsilon=args.epsilon, epochs=args.epochs,
                                batch_size=args.batch_size, dim=args.dim, reattention=False,
                                item_rank=args.item_rank,
                                dropout=args.dropout,

@@ -16,6 +16,7 @@ DP-AdaFEST's gradient-size reduction) and writes it as JSON.
 import argparse
 import json
 import os
+import shlex
 import shutil
 import sys
 import tempfile
@@ -40,7 +41,7 @@ def _stream_args(data, run_dir, algorithm, epsilon, period, options):
           "--delta", str(1.0 / (options.rows_per_day * TRAIN_DAYS))]
   if epsilon is not None:
     argv += ["--epsilon-total", str(epsilon)]
-  return parser.parse_args(argv)
+  return parser.parse_args(argv + shlex.split(options.stream_args))
 
 
 def prepare_stream(root, options):
@@ -108,6 +109,9 @@ def main(argv=None):
   parser.add_argument("--epochs", type=float, default=1.0, help="passes over each period's data")
   parser.add_argument("--threshold", type=float, default=1.0)
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--stream-args", default="",
+                      help="more `dprec stream` options for every run, e.g. '--optimizer adagrad "
+                      "--l2-norm-clip 1' (the step of the first Table 5 record)")
   parser.add_argument("--out", default=None, help="keep data and runs here (default: temp dir)")
   parser.add_argument("--json", default="streaming_criteo.json")
   options = parser.parse_args(argv)

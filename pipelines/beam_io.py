@@ -6,6 +6,7 @@ a runner spreads a large file over its workers while every line keeps its 1-base
 dead letters. A split is read in blocks of whole lines that are parsed in one vectorised call.
 """
 import argparse
+import contextlib
 import dataclasses
 import gzip
 import json
@@ -35,6 +36,13 @@ EMBEDDED_WORKERS = 2
 # bundle-based runner, none of which streams a polling source; see pipelines/criteo_stream.py).
 EMBEDDED_RUNNERS = ("FnApiRunner", "DirectRunner", "SwitchingDirectRunner",
                     "BundleBasedDirectRunner")
+# Beam's runner for a Dask cluster (`pip install apache-beam[dask]`), which Beam does not know by
+# its short name. It runs bounded pipelines only and reports no metrics. Its `Create` packs 128
+# elements into a Dask partition by default; ours are splits (up to 32 MB of lines) or files, so
+# one each, or a few splits would all run on one worker.
+DASK_RUNNER = "apache_beam.runners.dask.dask_runner.DaskRunner"
+RUNNER_NAMES = {"DaskRunner": DASK_RUNNER}
+DASK_PARTITIONING = ("--dask_npartitions", "--dask_partition_size")
 SPLIT_BYTES = 32 << 20
 _READ_BYTES = 8 << 20
 _DAY_NAME = re.compile(r"(?:^|[^0-9a-zA-Z])day_(\d+)(?:\.gz)?$")
@@ -45,25 +53,77 @@ def pipeline_options(beam_args: Sequence[str], streaming: bool = False,
                      embedded: Tuple[str, int] = ("multi_processing", EMBEDDED_WORKERS)
                      ) -> PipelineOptions:
   """All Beam options pass through; without `--runner`, the embedded runner, in the `embedded`
-  (running mode, workers) unless `--direct_running_mode` or `--direct_num_workers` is given."""
-  options = PipelineOptions(list(beam_args))
+  (running mode, workers) unless `--direct_running_mode` or `--direct_num_workers` is given.
+  `--runner DaskRunner` names Beam's Dask runner, one element of a `Create` per Dask partition
+  unless `--dask_npartitions` or `--dask_partition_size` is given."""
+  args, given = list(beam_args), " ".join(beam_args)
+  runner = PipelineOptions(args).view_as(StandardOptions).runner
+  runner = RUNNER_NAMES.get(runner, runner)
+  if runner == DASK_RUNNER and not any(flag in given for flag in DASK_PARTITIONING):
+    args.append("--dask_partition_size=1")
+  options = PipelineOptions(args)
   standard = options.view_as(StandardOptions)
+  standard.runner = runner
   if streaming:
     standard.streaming = True
   if standard.runner is None:
     standard.runner = EMBEDDED_RUNNER
-    given = " ".join(beam_args)
     if "--direct_num_workers" not in given and "--direct_running_mode" not in given:
       direct = options.view_as(DirectOptions)
       direct.direct_running_mode, direct.direct_num_workers = embedded
   return options
 
 
-def is_embedded(options: PipelineOptions) -> bool:
-  """Whether `options` (from `pipeline_options`) run the pipeline on an embedded runner."""
+def runner_name(options: PipelineOptions) -> str:
+  """The class name of the runner of `options` ("FnApiRunner", "DaskRunner", ...)."""
   runner = options.view_as(StandardOptions).runner
   name = runner if isinstance(runner, str) else type(runner).__name__
-  return name.rsplit(".", 1)[-1] in EMBEDDED_RUNNERS
+  return name.rsplit(".", 1)[-1]
+
+
+def is_embedded(options: PipelineOptions) -> bool:
+  """Whether `options` (from `pipeline_options`) run the pipeline on an embedded runner."""
+  return runner_name(options) in EMBEDDED_RUNNERS
+
+
+class LocalDaskOptions(PipelineOptions):
+  """`--dask-workers N`: the local Dask cluster the job starts when `--runner DaskRunner` has no
+  `--dask_client_address` (or `--dask_scheduler_file`)."""
+
+  @classmethod
+  def _add_argparse_args(cls, parser):
+    parser.add_argument("--dask-workers", "--dask_workers", dest="dask_workers", type=int,
+                        default=EMBEDDED_WORKERS,
+                        help="worker processes (one thread each) of the local Dask cluster")
+
+
+@contextlib.contextmanager
+def dask_cluster(options: PipelineOptions):
+  """For `--runner DaskRunner` without a scheduler address: a `distributed.LocalCluster` of
+  `--dask-workers` single-threaded worker processes for the duration of the block, its address
+  set in `options`. Other runners, or a given address, pass through."""
+  if runner_name(options) != "DaskRunner":
+    yield
+    return
+  try:
+    from apache_beam.runners.dask.dask_runner import DaskOptions  # pylint: disable=import-outside-toplevel
+    from distributed import LocalCluster  # pylint: disable=import-outside-toplevel
+  except ImportError as error:
+    raise DprecError(f"--runner DaskRunner needs Dask: pip install 'apache-beam[dask]' ({error})"
+                     ) from None
+  dask = options.view_as(DaskOptions)
+  if dask.address or dask.scheduler_file:
+    yield
+    return
+  workers = options.view_as(LocalDaskOptions).dask_workers
+  if workers < 1:
+    raise DprecError(f"--dask-workers must be at least 1, got {workers}")
+  with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True) as cluster:
+    dask.address = cluster.scheduler_address
+    try:
+      yield
+    finally:
+      dask.address = None
 
 
 class DeadLetter(NamedTuple):
@@ -238,13 +298,31 @@ def makedirs(path: str) -> None:
     FileSystems.mkdirs(path)
 
 
-def run_pipeline(options: PipelineOptions, build, namespace: str) -> dict:
-  """Builds (`build(pipeline)`), runs and waits; returns the job's Beam counters by name."""
-  pipeline = beam.Pipeline(options=options)
-  build(pipeline)
-  result = pipeline.run()
-  result.wait_until_finish()
-  counters = result.metrics().query(MetricsFilter().with_namespace(namespace))["counters"]
+def run_pipeline(options: PipelineOptions, build, namespace: str) -> Optional[dict]:
+  """Builds (`build(pipeline)`), runs and waits (on a local Dask cluster for a DaskRunner without
+  an address); returns the job's Beam counters by name, None if the runner reports no metrics.
+
+  The jobs' counts come from their own outputs (`stats.json`), so they do not depend on metrics.
+  """
+  with dask_cluster(options):
+    pipeline = beam.Pipeline(options=options)
+    build(pipeline)
+    result = pipeline.run()
+    try:
+      result.wait_until_finish()
+      return _counters(result, namespace)
+    finally:
+      client = getattr(result, "client", None)  # The DaskRunner's; Beam leaves it open.
+      if client is not None:
+        client.close()
+
+
+def _counters(result, namespace: str) -> Optional[dict]:
+  try:
+    metrics = result.metrics()
+  except NotImplementedError:  # The DaskRunner (Beam 2.77): "collecting metrics will come later!"
+    return None
+  counters = metrics.query(MetricsFilter().with_namespace(namespace))["counters"]
   totals = {}
   for counter in counters:
     value = counter.committed if counter.committed is not None else counter.attempted
@@ -261,7 +339,8 @@ def check_bad_fraction(dead: int, total: int, limit: float, unit: str, where: st
 
 
 def remove_stale(path: str) -> None:
-  """Removes an old output file so a failed run cannot leave it pointing at new data."""
+  """Removes an old output file (or directory) so a failed run cannot leave it pointing at new
+  data."""
   if FileSystems.exists(path):
     FileSystems.delete([path])
 
@@ -277,7 +356,10 @@ def write_dead_letters(path: str, letters: Sequence[DeadLetter]) -> Optional[str
 BEAM_EPILOG = ("Any other --option is passed to Beam's PipelineOptions (e.g. --runner, "
                "--direct_num_workers, --project). Default: the embedded runner with "
                f"{EMBEDDED_WORKERS} worker processes (--streaming: one bounded pipeline "
-               "per closed period, each on one in-process worker).")
+               "per closed period, each on one in-process worker). --runner DaskRunner runs a "
+               "batch job on the Dask cluster at --dask_client_address HOST:PORT, or on a local "
+               f"one of --dask-workers N processes (default {EMBEDDED_WORKERS}) that the command "
+               "starts and stops.")
 
 
 class BeamArgumentParser(argparse.ArgumentParser):

@@ -2,7 +2,7 @@
 
 Every option the job does not know is handed to Beam's `PipelineOptions` unchanged, so the same
 command runs on the embedded multi-process DirectRunner (the default) or, with `--runner` and its
-options, on Dataflow, Flink or Spark.
+options, on Dask, Dataflow, Flink or Spark.
 """
 import argparse
 

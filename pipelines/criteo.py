@@ -268,7 +268,12 @@ def count_dead_letters(stats: ShardStats, letters: Sequence[beam_io.DeadLetter])
 
 
 class WriteSplit(beam.DoFn):
-  """Second read of a split: transform with the vocabulary, write its shard, emit dead letters."""
+  """Second read of a split: transform with the vocabulary, write its shard and its dead letters
+  (`dead_letters/part-NNNNN.jsonl`, in line order; none if it has none), emit its statistics.
+
+  Writing the dead letters here, not in a branch of the pipeline of their own, keeps them on the
+  path to the final summary: Beam's DaskRunner computes only what the last transform depends on.
+  """
 
   def __init__(self, output: str, strict_columns: bool = False):
     self._output, self._strict_columns = output, strict_columns
@@ -283,12 +288,12 @@ class WriteSplit(beam.DoFn):
         if chunk is not None:
           yield chunk
 
-    name = f"part-{split.index:05d}.tfrecord"
-    stats = write_shard(os.path.join(self._output, f"day_{split.day}", name), chunks(), vocab)
-    stats.files = {split.day: [(name, stats.rows_out)]}
+    name = f"part-{split.index:05d}"
+    stats = write_shard(os.path.join(self._output, f"day_{split.day}", f"{name}.tfrecord"),
+                        chunks(), vocab)
+    stats.files = {split.day: [(f"{name}.tfrecord", stats.rows_out)]}
+    beam_io.write_dead_letters(os.path.join(self._output, DEAD_LETTERS, f"{name}.jsonl"), letters)
     yield count_dead_letters(stats, letters)
-    for letter in letters:
-      yield beam.pvalue.TaggedOutput(DEAD_LETTERS, letter)
 
 
 class MergeStatsFn(beam.CombineFn):
@@ -386,14 +391,9 @@ def build_pipeline(pipeline: beam.Pipeline, job: CriteoJob, splits: Sequence[bea
            | "BuildVocabulary" >> beam.Map(
                lambda pairs, config: build_vocabulary([p for _, p in sorted(
                    pairs, key=lambda kv: kv[0])], config), job.vocab))
-  written = split_pc | "Write" >> beam.ParDo(
-      WriteSplit(job.output, job.strict_columns), beam.pvalue.AsSingleton(vocab)).with_outputs(
-          DEAD_LETTERS, main="stats")
-  (written[DEAD_LETTERS]
-   | "DeadLetterJson" >> beam.Map(beam_io.DeadLetter.to_json)
-   | "WriteDeadLetters" >> beam.io.WriteToText(
-       os.path.join(job.output, DEAD_LETTERS, "dead_letters"), file_name_suffix=".jsonl"))
-  return (written.stats
+  written = split_pc | "Write" >> beam.ParDo(WriteSplit(job.output, job.strict_columns),
+                                             beam.pvalue.AsSingleton(vocab))
+  return (written
           | "MergeStats" >> beam.CombineGlobally(MergeStatsFn())
           | "Finish" >> beam.ParDo(Finish(job), beam.pvalue.AsSingleton(vocab)))
 
@@ -430,17 +430,19 @@ def run(job: CriteoJob, beam_args: Sequence[str] = ()) -> dict:
   paths = beam_io.match_inputs(job.inputs)
   splits = beam_io.plan_splits(paths, job.split_bytes)
   beam_io.makedirs(job.output)
-  beam_io.remove_stale(os.path.join(job.output, criteo_tfrecord.MANIFEST))
+  for stale in (criteo_tfrecord.MANIFEST, DEAD_LETTERS):
+    beam_io.remove_stale(os.path.join(job.output, stale))
   job = dataclasses.replace(job, dataset_id=job.dataset_id or identity.new_dataset_id())
   privacy = charge_selection(job)
   counters = beam_io.run_pipeline(beam_io.pipeline_options(beam_args),
                                   lambda pipeline: build_pipeline(pipeline, job, splits),
                                   METRICS_NAMESPACE)
   summary = beam_io.read_json(os.path.join(job.output, criteo_tfrecord.STATS))
-  summary["beam_counters"] = counters
   if privacy:
     summary["privacy"] = privacy
     beam_io.write_json(os.path.join(job.output, criteo_tfrecord.STATS), summary)
+  if counters is not None:  # Not every runner reports metrics (the DaskRunner does not).
+    summary["beam_counters"] = counters
   beam_io.check_bad_fraction(summary["dead_letters"], summary["rows_in"], job.max_bad_fraction,
                              "rows", summary["dead_letter_files"])
   summary["output"], summary["dataset_id"] = job.output, job.dataset_id

@@ -25,7 +25,8 @@ How it runs depends on the runner:
   and in every mode it runs nothing downstream of a GroupByKey before its source is done, so no
   period would be written while the job watches (docs/guide/preprocess.md, "Where the streaming job runs").
 - a streaming runner (`--runner` Dataflow, Flink, Prism): one unbounded pipeline, Beam's `Watch`
-  polling DIR with a day-index watermark and the same stop rule. (`MatchContinuously` itself stamps
+  polling DIR with a day-index watermark and the same stop rule. Runners of bounded pipelines
+  only (`BATCH_ONLY_RUNNERS`: Dask) are refused with the list of those that stream. (`MatchContinuously` itself stamps
   matches with the poll time and lets the watermark follow the clock, so day-stamped records would
   all be late; its poll budget also counts polls, not idle time.)
 """
@@ -62,6 +63,10 @@ from pipelines.day_watch import DAY_SECONDS
 from pipelines.day_watch import day_timestamp
 
 STATE = "stream_state.pkl"
+# Beam runners that run the unbounded pipeline (a polling splittable DoFn, event-time windows,
+# per-key state), and those that run only bounded pipelines, which are refused.
+STREAMING_RUNNERS = ("DataflowRunner", "FlinkRunner (portable)", "PrismRunner")
+BATCH_ONLY_RUNNERS = ("DaskRunner",)
 # The period pipelines' embedded runner: one in-process worker. A period is read file by file and
 # written by one stateful step (one key), and parsing already uses pyarrow's threads, so worker
 # processes would only add their start-up to every period.
@@ -363,7 +368,13 @@ def run(job: StreamJob, beam_args: Sequence[str] = ()) -> dict:
   beam_io.makedirs(job.output)
   job = dataclasses.replace(job, dataset_id=job.dataset_id or identity.manifest_field(
       job.output, identity.DATASET_ID) or identity.new_dataset_id())
-  if beam_io.is_embedded(beam_io.pipeline_options(beam_args)):
+  options = beam_io.pipeline_options(beam_args)
+  if beam_io.runner_name(options) in BATCH_ONLY_RUNNERS:
+    raise DprecError(
+        f"--streaming cannot run on {beam_io.runner_name(options)}, which runs bounded pipelines "
+        f"only; the streaming job runs unbounded on {', '.join(STREAMING_RUNNERS)}, and on the "
+        "default embedded runner as one bounded pipeline per closed period")
+  if beam_io.is_embedded(options):
     counters = run_periods(job, beam_args)
   else:
     counters = run_unbounded(job, beam_args)
@@ -373,7 +384,8 @@ def run(job: StreamJob, beam_args: Sequence[str] = ()) -> dict:
                      + ("" if job.idle_timeout is None else
                         f" within --idle-timeout {job.idle_timeout:g} s") + "; nothing written")
   summary = beam_io.read_json(stats_path)
-  summary["beam_counters"] = counters
+  if counters is not None:  # Not every runner reports metrics.
+    summary["beam_counters"] = counters
   summary["output"] = job.output
   return summary
 
@@ -400,7 +412,7 @@ def run_periods(job: StreamJob, beam_args: Sequence[str] = ()) -> dict:
     closed = sorted(first for first in pending if last or first + job.period_days <= newest)
     if closed:
       files = [metadata for first in closed for metadata in pending.pop(first).values()]
-      counters.update(beam_io.run_pipeline(
+      counters.update(beam_io.run_pipeline(  # The embedded runners report metrics.
           beam_io.pipeline_options(beam_args, embedded=PERIOD_RUNNER),
           lambda p: build_period_pipeline(p, job, files),
           criteo.METRICS_NAMESPACE))

@@ -8,7 +8,8 @@ of training. Canary items get the public frequency of one user (1/N) in Re-Atten
 whether inserted or not. The bound is the one-run method of `bounds.py`, guesses pooled over runs.
 
     from dprec.audit import seqrec
-    seqrec.audit_seqrec(SeqRecTrainOptions(data=..., epsilon=2, epochs=5), canaries=500)
+    seqrec.audit_seqrec(SeqRecTrainOptions(model="dpformer", data=..., epsilon=2, epochs=5),
+                       canaries=500)
 """
 import dataclasses
 
@@ -18,6 +19,7 @@ import tensorflow as tf
 from dprec.audit import runner
 from dprec.data.sequences import load_sequences
 from dprec.data.sequences import make_examples
+from dprec.errors import DprecError
 from dprec.training import poisson
 from dprec.workflows import seqrec as train_seqrec
 
@@ -49,8 +51,12 @@ def _target_log_probabilities(model, histories, targets):
 def audit_seqrec(options: train_seqrec.SeqRecTrainOptions, canaries: int = 500, runs: int = 1,
                  confidence: float = 0.95, data=None, scores_file=None,
                  summary_json=None) -> dict:
-  """Runs the seqrec audit; returns (and writes) its JSON summary."""
+  """Runs the seqrec audit (of the transformer's DP-SGD training); returns (and writes) its
+  JSON summary."""
   options.validate()
+  if options.model != "dpformer":
+    raise DprecError(f"the seqrec audit trains the transformer: give model='dpformer', got "
+                     f"{options.model!r}")
   examples = make_examples(data or load_sequences(options.data), options.max_len)
 
   def train_and_score(rng):

@@ -66,6 +66,8 @@ class SequenceData:
 
 
 def _example(user: int, train: np.ndarray, valid: int, test: int) -> bytes:
+  """One user's serialized Example, its feature map in key order (protobuf's default order
+  follows the process's string hashing, so the bytes would differ from process to process)."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
 
   def int64s(values):
@@ -73,7 +75,7 @@ def _example(user: int, train: np.ndarray, valid: int, test: int) -> bytes:
 
   return tf.train.Example(features=tf.train.Features(feature={
       "user": int64s([user]), "train_items": int64s(train), "valid_item": int64s([valid]),
-      "test_item": int64s([test])})).SerializeToString()
+      "test_item": int64s([test])})).SerializeToString(deterministic=True)
 
 
 def write_sequences(directory: str, result: dict, shard_users: int) -> List[str]:

@@ -14,6 +14,7 @@ import dataclasses
 
 import numpy as np
 import scipy.sparse
+import scipy.sparse.linalg
 
 from dprec.errors import DprecError
 
@@ -71,3 +72,17 @@ class Item2ItemModel:
   def score_items(self, histories):
     """float32 [b, M]: the scores of items 1..M after each left-padded history."""
     return self.transition_scores(histories) * self.column_scale + self.popularity_score
+
+  def item_factors(self, dim):
+    """float32 [M + 1, d]: U_d·√Σ_d of the truncated SVD of (S̃ + S̃ᵀ)/2 (the released
+    co-occurrences, symmetrised), rows of items no released pair touches (and padding) 0."""
+    symmetric = ((self.matrix + self.matrix.T) * 0.5).astype(np.float64)
+    factors = np.zeros((self.num_items + 1, dim), np.float32)
+    touched = np.flatnonzero(symmetric.getnnz(axis=1))
+    rank = min(dim, len(touched) - 1)
+    if rank < 1:
+      return factors
+    left, values, _ = scipy.sparse.linalg.svds(symmetric[touched][:, touched], k=rank,
+                                               random_state=0)
+    factors[touched, :rank] = left * np.sqrt(values)
+    return factors

@@ -18,6 +18,7 @@ from dprec.privacy.analytic_gaussian import matrix_gaussian
 from dprec.privacy.calibration import calibrate_noise_multiplier
 from dprec.privacy.calibration import plan_training
 from dprec.privacy.calibration import TrainingPlan
+from dprec.privacy.composition import compose_partitioned
 from dprec.privacy.composition import compose_periods
 from dprec.privacy.forward import plan_forward
 from dprec.privacy.forward import ForwardPlan

@@ -4,6 +4,11 @@ Gaussian periods compose inside the accountant. Selection charges, pure ε or (�
 basic composition (note 001 App. C.3, Lemma C.5): the training part is evaluated at
 δ − Σ δ_i and the ε_i are added. Both parts are reported. `Spent` is what a ledger recorded
 before a run (a preprocessing job's DP top-k, another run's training), in the same two parts.
+
+Parallel composition (`compose_partitioned`): releases that each read one part of a partition of
+the data (a row-level stream's periods: every row lives in one day) compose, for one unit, only
+with the releases that read that unit's part and with those that read every part; ε is the
+largest over the parts (README, "Privacy model": adaptive parallel composition).
 """
 import dataclasses
 from typing import List, Sequence, Tuple
@@ -42,6 +47,8 @@ class CompositionResult:
   accountant: str
   periods: List[dict]
   note: str = ""
+  # Parallel composition: [{"days", "epsilon"}] per part of the data (the result is the worst).
+  partitions: List[dict] = dataclasses.field(default_factory=list)
 
   def to_dict(self):
     return dataclasses.asdict(self)
@@ -65,3 +72,32 @@ def compose_periods(periods: Sequence[accounting.TrainingPeriod], delta, account
       training_delta=delta - selection_delta, selection_epsilon=selection,
       selection_delta=selection_delta, accountant=accountant,
       periods=[dataclasses.asdict(p) for p in periods], note=accounting.poisson_note(poisson))
+
+
+def compose_partitioned(shared: Spent, parts: Sequence[Tuple[Tuple[int, ...], Spent]], delta,
+                        accountant="pld") -> CompositionResult:
+  """ε at δ of releases `shared` that read every unit, composed with releases that each read one
+  part of the data: `parts` [(days, what the releases reading exactly those days spent)].
+
+  A unit (a row) lives in one day d; removing it changes only the releases whose days contain d
+  and the shared ones, whatever the others (adaptively) did with their outputs, so it is
+  protected at the composition of those; the run's ε is the largest over the days
+  (README, "Privacy model"). Without parts: `compose_periods` of `shared`."""
+  by_day = {}
+  for index, (days, _) in enumerate(parts):
+    for day in days:
+      by_day.setdefault(int(day), []).append(index)
+  if not by_day:
+    return compose_periods(list(shared.periods), delta, accountant, selections=shared.selections)
+  groups = {}  # days read by the same releases have the same ε
+  for day, indices in sorted(by_day.items()):
+    groups.setdefault(tuple(indices), []).append(day)
+  results = []
+  for indices, days in groups.items():
+    spents = [shared] + [parts[i][1] for i in indices]
+    result = compose_periods([p for s in spents for p in s.periods], delta, accountant,
+                             selections=[c for s in spents for c in s.selections])
+    results.append((result, days))
+  worst = max(results, key=lambda pair: pair[0].epsilon)[0]
+  return dataclasses.replace(
+      worst, partitions=[{"days": days, "epsilon": r.epsilon} for r, days in results])

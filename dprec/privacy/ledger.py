@@ -13,6 +13,10 @@ the output directory and the id its manifest carries, `dprec.data.identity`), an
 preprocessing job's charges say `stage: "preprocessing"`. A training run composes everything
 recorded before its first charge on its data set (`spent_before`), refuses a ledger holding
 charges for another data set (`check_dataset`), and reports the parts (`parts`).
+
+A charge may say which `days` of the data set its release read (a row-level stream's period):
+charges of disjoint days compose in parallel (`composition.compose_partitioned`: ε is the worst
+day's, each day's charges composed with the charges that read every day, those without `days`).
 """
 import datetime
 import json
@@ -36,7 +40,14 @@ def _now():
 
 
 def _gaussian_key(charge):
-  return (charge["noise_multiplier"], charge["sampling_rate"], charge["poisson"])
+  return (charge["noise_multiplier"], charge["sampling_rate"], charge["poisson"],
+          _days(charge))
+
+
+def _days(charge):
+  """The days a charge's release read (None: every day)."""
+  days = charge.get("days")
+  return None if days is None else tuple(int(d) for d in days)
 
 
 def same_dataset(a, b) -> bool:
@@ -53,12 +64,17 @@ def _spent(charges):
   steps = {}
   for charge in charges:
     if charge["mechanism"] == GAUSSIAN:
-      steps[_gaussian_key(charge)] = steps.get(_gaussian_key(charge), 0) + charge["steps"]
+      key = _gaussian_key(charge)[:3]
+      steps[key] = steps.get(key, 0) + charge["steps"]
   return composition.Spent(
       periods=tuple(accounting.TrainingPeriod(s, q, n, poisson)
                     for (s, q, poisson), n in steps.items()),
       selections=tuple((c["epsilon"], c.get("delta", 0.0)) for c in charges
                        if c["mechanism"] in (PURE, APPROXIMATE)))
+
+
+def _days_field(days):
+  return {} if days is None else {"days": [int(d) for d in days]}
 
 
 class PrivacyLedger:
@@ -153,10 +169,15 @@ class PrivacyLedger:
     return self._result
 
   def _compose(self, charges):
-    """Gaussian periods (grouped by σ, q: composition commutes) with the selection charges."""
-    spent = _spent(charges)
-    return composition.compose_periods(list(spent.periods), self.delta, self.accountant,
-                                       selections=spent.selections)
+    """Gaussian periods (grouped by σ, q: composition commutes) with the selection charges; the
+    charges of disjoint `days` in parallel (`composition.compose_partitioned`)."""
+    by_days = {}
+    for charge in charges:
+      by_days.setdefault(_days(charge), []).append(charge)
+    shared = _spent(by_days.pop(None, []))
+    return composition.compose_partitioned(
+        shared, [(days, _spent(group)) for days, group in by_days.items()], self.delta,
+        self.accountant)
 
   def epsilon_spent(self):
     return self.composition().epsilon
@@ -164,14 +185,15 @@ class PrivacyLedger:
   def remaining(self):
     return max(0.0, self.epsilon_budget - self.epsilon_spent())
 
-  def _with_gaussian(self, noise_multiplier, sampling_rate, steps, poisson, label, charges=None):
-    """The charge list (default: the ledger's) after a Gaussian charge; merged into the last
-    entry when identical."""
+  def _with_gaussian(self, noise_multiplier, sampling_rate, steps, poisson, label, charges=None,
+                     days=None):
+    """The charge list (default: the ledger's) after a Gaussian charge (reading `days` of the
+    data set; None: every day); merged into the last entry when identical."""
     charges = self.charges if charges is None else charges
     accounting.check_gaussian_parameters(noise_multiplier, sampling_rate, steps)
     charge = {"mechanism": GAUSSIAN, "noise_multiplier": float(noise_multiplier),
               "sampling_rate": float(sampling_rate), "steps": int(steps), "poisson": bool(poisson),
-              "label": label, **self.stamp}
+              "label": label, **_days_field(days), **self.stamp}
     last = charges[-1] if charges else None
     if (last is not None and last["mechanism"] == GAUSSIAN and last["label"] == label
         and last.get("run_id") == charge.get("run_id")
@@ -183,13 +205,16 @@ class PrivacyLedger:
     return charges + [charge]
 
   def epsilon_if_charged(self, noise_multiplier, sampling_rate, steps, poisson=True, label="",
-                         gaussian_mechanisms=()):
+                         gaussian_mechanisms=(), days=None):
     """ε the ledger would reach after this Gaussian charge, preceded by the Gaussian mechanisms
-    [(noise multiplier, label)] (`charge_gaussian_mechanism`); nothing is recorded."""
+    [(noise multiplier, label)] (`charge_gaussian_mechanism`), all reading `days`; nothing is
+    recorded."""
     charges = self.charges
     for mechanism_sigma, mechanism_label in gaussian_mechanisms:
-      charges = self._with_gaussian(mechanism_sigma, 1.0, 1, True, mechanism_label, charges)
-    charges = self._with_gaussian(noise_multiplier, sampling_rate, steps, poisson, label, charges)
+      charges = self._with_gaussian(mechanism_sigma, 1.0, 1, True, mechanism_label, charges,
+                                    days)
+    charges = self._with_gaussian(noise_multiplier, sampling_rate, steps, poisson, label, charges,
+                                  days)
     return self._compose(charges).epsilon
 
   def _commit(self, add, description):
@@ -217,20 +242,22 @@ class PrivacyLedger:
     self.charges, self._result = charges, result
     return result.epsilon
 
-  def charge_gaussian(self, noise_multiplier, sampling_rate, steps, poisson=True, label=""):
-    """Record T sampled-Gaussian steps; returns ε so far. Over budget: raises, records nothing."""
+  def charge_gaussian(self, noise_multiplier, sampling_rate, steps, poisson=True, label="",
+                      days=None):
+    """Record T sampled-Gaussian steps (on the data set's `days`; None: any row); returns ε so
+    far. Over budget: raises, records nothing."""
     return self._commit(
         lambda charges: self._with_gaussian(noise_multiplier, sampling_rate, steps, poisson,
-                                            label, charges),
+                                            label, charges, days),
         f"charging {steps} steps (sigma {noise_multiplier:g}, q {sampling_rate:g}"
         f"{', ' + label if label else ''})")
 
-  def charge_gaussian_mechanism(self, noise_multiplier, label=""):
+  def charge_gaussian_mechanism(self, noise_multiplier, label="", days=None):
     """Record one release of the (unsampled) Gaussian mechanism, e.g. a DP histogram, composed
     with training in the accountant (`accounting.gaussian_mechanism_period`); returns ε so far."""
     period = accounting.gaussian_mechanism_period(noise_multiplier)
     return self.charge_gaussian(period.noise_multiplier, period.sampling_rate, period.steps,
-                                period.poisson, label)
+                                period.poisson, label, days)
 
   def charge_pure(self, epsilon, label=""):
     """Record a pure ε-DP release (e.g. DP top-k selection); returns ε so far."""
@@ -254,7 +281,8 @@ class PrivacyLedger:
 
   def spent_before(self, run_id):
     """What the charges recorded before run `run_id`'s first one (all, if it has none) spent,
-    its own excluded (`composition.Spent`): what that run's plan composes with. Charges only
+    its own excluded (`composition.Spent`): what that run's plan composes with, every charge as
+    if it read every day (an upper bound for charges of some `days`). Charges only
     ever append, so a resumed run finds what it found when it started; later charges of other
     runs still count against the budget (`epsilon_if_charged`, `_commit`)."""
     earlier = []
@@ -285,8 +313,9 @@ class PrivacyLedger:
   def parts(self):
     """ε and δ split into the preprocessing selections (charges with `stage:
     "preprocessing"`, e.g. a DP top-k vocabulary) and training (everything else: the
-    Gaussian periods composed in the accountant plus in-run selections). The parts add up to
-    the total by basic composition (`composition`)."""
+    Gaussian periods composed in the accountant plus in-run selections; with charges of
+    `days`, the worst day's, each day's ε in `by_days`). The parts add up to the total by basic
+    composition (`composition`)."""
     result = self.composition()
     preprocessing = [c for c in self.charges if c.get("stage") == PREPROCESSING]
     epsilon = float(sum(c["epsilon"] for c in preprocessing))
@@ -300,7 +329,9 @@ class PrivacyLedger:
                          "private": c.get("private", True)} for c in preprocessing]},
         "training": {
             "epsilon": result.epsilon - epsilon, "delta": result.delta - delta,
-            "runs": sorted({c.get("run_id") or "(none recorded)" for c in training})},
+            "runs": sorted({c.get("run_id") or "(none recorded)" for c in training}),
+            # Parallel composition: ε of each group of days (the total is the worst's).
+            "by_days": result.partitions},
     }
 
   def summary(self):

@@ -19,10 +19,10 @@ PLOT_NAME = "auc_epsilon.png"
 SUMMARY_NAME = "summary.json"
 # ε-covered or public fields only (`streaming.EPSILON_COVERS`); the exact sizes and losses are
 # in a row's `diagnostics_nonprivate` (only with diagnostics on), shown under that name.
-COLUMNS = ("period", "eval_period", "auc", "eval_loss", "epsilon_so_far",
+COLUMNS = ("period", "eval_period", "auc", "log_loss", "base_rate_log_loss", "epsilon_so_far",
            "gradient_size_reduction", "steps", "new_ids", "vocab_size", "noise_multiplier",
-           "sampling_rate", "train_seconds")
-SCALARS = ("auc", "eval_loss", "epsilon_so_far", "gradient_size_reduction")
+           "sampling_rate", "calibration_scale", "calibration_shift", "train_seconds")
+SCALARS = ("auc", "log_loss", "base_rate_log_loss", "epsilon_so_far", "gradient_size_reduction")
 DIAGNOSTICS = "diagnostics_nonprivate"
 
 
@@ -64,25 +64,43 @@ class MetricsWriter:
     atomic_io.write_json(os.path.join(self.run_dir, SUMMARY_NAME), summary, sort_keys=True)
 
 
-def plot_auc_epsilon(rows, path):
-  """AUC on the next period (left axis) and ε spent so far (right axis) against the period."""
+def _values(rows, key):
+  return [row[key] if row.get(key) is not None else float("nan") for row in rows]
+
+
+def plot_auc_epsilon(rows, path, reference=None):
+  """Two panels against the training period: the AUC on the next period with the chance line
+  (and ε spent so far on a right axis), and the log loss on the next period with the base
+  rate's; `reference`: the rows of a non-private stream on the same periods, dashed."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
   from matplotlib import ticker  # pylint: disable=import-outside-toplevel
   periods = [row["period"] for row in rows]
-  figure, auc_axis = pyplot.subplots(figsize=(6, 3.5))
-  auc = [row["auc"] if row.get("auc") is not None else float("nan") for row in rows]
-  auc_axis.plot(periods, auc, "o-", color="tab:blue", label="AUC on next period")
-  auc_axis.set_xlabel("training period")
-  auc_axis.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
-  auc_axis.set_ylabel("AUC (next period)", color="tab:blue")
+  figure, (auc_axis, loss_axis) = pyplot.subplots(1, 2, figsize=(10, 3.8))
+  auc_axis.plot(periods, _values(rows, "auc"), "o-", color="tab:blue", label="this run")
+  loss_axis.plot(periods, _values(rows, "log_loss"), "o-", color="tab:blue", label="this run")
+  if reference:
+    ref_periods = [row["period"] for row in reference]
+    auc_axis.plot(ref_periods, _values(reference, "auc"), "s--", color="tab:gray",
+                  label="non-private stream")
+    loss_axis.plot(ref_periods, _values(reference, "log_loss"), "s--", color="tab:gray",
+                   label="non-private stream")
+  auc_axis.axhline(0.5, color="black", linewidth=0.8, linestyle=":", label="chance (0.5)")
+  loss_axis.plot(periods, _values(rows, "base_rate_log_loss"), ":", color="black",
+                 label="base rate (constant)")
+  for axis, name in ((auc_axis, "AUC"), (loss_axis, "log loss")):
+    axis.set_xlabel("training period (evaluated on the next)")
+    axis.xaxis.set_major_locator(ticker.MaxNLocator(integer=True))
+    axis.set_ylabel(f"{name} on the next period")
+    axis.legend(loc="best", fontsize="small")
   epsilon = [row.get("epsilon_so_far") for row in rows]
   if all(e is not None and math.isfinite(e) for e in epsilon):
     eps_axis = auc_axis.twinx()
-    eps_axis.step(periods, epsilon, where="post", color="tab:red", label="ε so far")
+    eps_axis.step(periods, epsilon, where="post", color="tab:red", alpha=0.6)
+    eps_axis.set_ylim(0, 1.1 * max(epsilon + [1e-9]))  # from 0: a flat ε (rows) reads flat
     eps_axis.set_ylabel("ε spent so far", color="tab:red")
-  auc_axis.set_title("streaming run: utility and privacy per period")
+  figure.suptitle("streaming run: utility and privacy per period")
   figure.tight_layout()
   image = io.BytesIO()
   figure.savefig(image, format="png", dpi=100)

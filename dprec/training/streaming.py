@@ -3,15 +3,20 @@
 The third way in (DESIGN §1.4; seed 001 §4.3 and Table 5). `StreamingTrainer` tails a
 `PeriodSource` (the streaming Beam job's output), and for every complete period p:
   1. evaluates the model trained on periods < p on period p (train on day t, evaluate on t+1);
-  2. pays the privacy ledger for the whole period *before* training on it, and stops cleanly
-     instead when that would exceed the budget fixed up front (`dprec.workflows.plan`);
+  2. pays the privacy ledger for the whole period *before* training on it (its steps, its
+     per-period mechanisms such as DP Platt scaling, the first period's once-only ones such as a
+     DP base rate; for a row-level plan as reading the period's days, so periods compose in
+     parallel), and stops cleanly instead when that would exceed the budget fixed up front
+     (`dprec.workflows.plan`); a user-level plan first keeps at most `group_size` rows of each
+     user (`bound_rows_per_user`);
   3. grows the embedding tables for ids first seen in p (learned rows stay where they are) and,
      for DP-FEST / DP-AdaFEST+, refreshes the top-k rows from the running counts (DP top-k when
      the selection must be private), rows that stay selected keeping what they learned;
   4. trains its Poisson-sampled steps (the plan's T, scaled down for a period of fewer days than
      planned, e.g. the last of 18 days cut into 4-day periods: a public count, never the exact
      number of rows), checkpointing atomically every `checkpoint_every` steps and at the end of
-     the period.
+     the period; the model's `before_training` (first period) and `after_training` (every
+     period) hooks make the plan's other releases on the period's training rows.
 
 The run (`dprec.workflows.run.Run`: directory, secret key, ledger, the charges it has paid) is
 given by the workflow (`dprec.workflows.stream`). Secret randomness: the batch of step (p, s), its
@@ -44,7 +49,7 @@ import tensorflow as tf
 
 from dprec import atomic_io
 from dprec.data.criteo import ID_DOMAIN
-from dprec.errors import BudgetExceededError
+from dprec.errors import BudgetExceededError, DprecError
 from dprec.sparse import fest
 from dprec.training import checkpoint as ckpt_lib
 from dprec.training import stream_metrics
@@ -52,20 +57,34 @@ from dprec.training.period_source import CATEGORICAL_KEY, Period, PeriodSource
 from dprec.training.poisson import poisson_batch_indices
 
 JOURNAL = "steps.jsonl"
+USER_KEY = "user_id"  # int [n] user ids of a period's rows (needed by privacy unit "user")
+UNITS = {
+    "row": "adding or removing one training example (row) of the whole stream: each row lives "
+           "in one period, so the periods compose in parallel (the costliest period's ε), "
+           "composed sequentially with what reads several periods (DP top-k refreshes of the "
+           "running counts, preprocessing charges), in one ledger",
+    "user": "adding or removing one user (all their rows) of the whole stream: at most "
+            "max_rows_per_user rows of a user per period, every period, DP top-k refresh and "
+            "preprocessing charge composed sequentially in one ledger",
+}
 EPSILON_COVERS = {
-    "epsilon": "(epsilon, delta)-DP for adding or removing one training example (row) of the "
-               "whole stream, all periods and DP top-k refreshes composed in one ledger",
+    "epsilon": "(epsilon, delta)-DP for " + UNITS["row"],
     "covered": ["the model", "steps", "gradient_size_reduction", "epsilon_so_far", "stopped",
+                "calibration_scale and calibration_shift (DP Platt scaling of each period)",
+                "base_rate (DP, first period) and base_rate_log_loss",
                 "holdout (final model on the hold-out days, not training data of this run)"],
     "public": ["plan", "settings", "days", "vocab_size and new_ids (vocabularies treated as "
                "public)", "timings"],
-    "held_out_evaluation": "each period's auc and eval_loss evaluate the model trained before "
-                           "it on period p, which IS training data of this run (trained on "
-                           "next): not covered by ε; holdout evaluates days never trained on",
+    "held_out_evaluation": "each period's auc, log_loss (= eval_loss) and base_rate_log_loss "
+                           "evaluate the model trained before it on period p, which IS training "
+                           "data of this run (trained on next): not covered by ε; holdout "
+                           "evaluates days never trained on",
     "not_covered": "diagnostics_nonprivate (only with --diagnostics): exact period sizes, "
                    "Poisson batch sizes and training losses",
 }
 MIN_SPARE_ROWS = 8  # tiny tables (e.g. 3 buckets) would otherwise need a rebuild per new id
+# {mechanism name: (its noise multiplier, or None when not private; a secret numpy Generator)}
+Releases = Mapping[str, Tuple[Optional[float], np.random.Generator]]
 
 
 class PeriodModel(abc.ABC):
@@ -101,7 +120,24 @@ class PeriodModel(abc.ABC):
 
   @abc.abstractmethod
   def evaluate(self, features: Mapping[str, np.ndarray], labels: np.ndarray) -> Dict[str, float]:
-    """Metrics on held-out data: at least `auc` and `loss`."""
+    """Metrics on held-out data: at least `auc` and `loss` (log loss); `base_rate_log_loss`
+    (of the constant the model starts from) if it has one."""
+
+  def before_training(self, features, labels, releases: Releases) -> Dict[str, float]:
+    """Called once before the first step of the first period (never again on resume), on its
+    training rows, with the Gaussian mechanisms the plan releases once {name: (σ, secret rng)}
+    (e.g. a DP base rate for the logit bias). Returns the released values (public: covered by
+    ε). State it changes must be in `trackables`."""
+    del features, labels, releases
+    return {}
+
+  def after_training(self, features, labels, releases: Releases) -> Dict[str, float]:
+    """Called after the last step of every period on its training rows, with the mechanisms
+    the plan releases in every period (e.g. DP Platt scaling, charged with the period), and
+    again on a resume that replays the period's last steps (same rng: same release). Returns
+    the released values."""
+    del features, labels, releases
+    return {}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -174,6 +210,26 @@ class StreamingTrainer:
       self._loaded = (period.index, period.load())
     return self._loaded[1]
 
+  def _training_rows(self, period: Period):
+    """Period p's rows to train on: all of them, or for a user-level plan at most
+    `group_size` of each user's, drawn uniformly by the run's key (`bound_rows_per_user`)."""
+    features, labels = self._load(period)
+    if self.plan.privacy_unit != "user":
+      return features, labels
+    if USER_KEY not in features:
+      raise DprecError(f"period {period.index} (days {list(period.days)}): --privacy-unit user "
+                       f"needs a '{USER_KEY}' column in the stream's records")
+    kept = bound_rows_per_user(features[USER_KEY], self.plan.group_size,
+                               self.run_state.numpy_rng("rows per user", period.index))
+    return {k: v[kept] for k, v in features.items()}, labels[kept]
+
+  def _releases(self, mechanisms, purpose, period):
+    """{name: (σ, secret rng)} of the plan's `mechanisms` ({} when not private)."""
+    if not self.plan.private:
+      return {}
+    return {name: (sigma, self.run_state.numpy_rng(f"{purpose} {name}", period))
+            for name, sigma in mechanisms.items()}
+
   # ---- state and checkpoints ----------------------------------------------------------------
 
   def _ordered(self, by_name):
@@ -215,8 +271,8 @@ class StreamingTrainer:
 
   # ---- privacy ---------------------------------------------------------------------------
 
-  def _label(self, period):
-    return f"stream period {period}"
+  def _label(self, index):
+    return f"stream period {index}"
 
   def epsilon_spent(self):
     """ε charged so far (None for a non-private run)."""
@@ -231,21 +287,36 @@ class StreamingTrainer:
     scaled = math.ceil(plan.steps_per_period * len(period.days) / planned_days)
     return max(1, min(plan.steps_per_period, scaled))
 
-  def _pay_for_period(self, period, steps):
-    """Charges the ledger for period p's selection and `steps` steps, unless already charged.
+  def _mechanisms(self, index):
+    """{ledger label: σ} of the Gaussian mechanisms period `index` releases: the plan's
+    once-only ones with the first period, its per-period ones (DP Platt scaling) with each."""
+    label = self._label(index)
+    mechanisms = {f"{label} {name}": sigma for name, sigma in self.plan.period_mechanisms.items()}
+    if index == 0:
+      mechanisms.update({f"stream {name}": sigma for name, sigma in self.plan.mechanisms.items()})
+    return mechanisms
+
+  def _pay_for_period(self, period: Period, steps):
+    """Charges the ledger for period p's selection, mechanisms and `steps` steps, unless
+    already charged. Row-level plans charge the steps and mechanisms as reading the period's
+    days (parallel composition across periods), the selection (running counts) as reading all.
 
     Returns None once paid, or, charging nothing, the ε the period would have brought the run to.
     """
     if self.ledger is None:
       return None
-    run, label = self.run_state, self._label(period)
+    run, label = self.run_state, self._label(period.index)
+    days = list(period.days) if self.plan.parallel_periods else None
     selection = {label + " selection": self.plan.selection_epsilon_per_period}
-    projected = run.epsilon_if_paid(self.plan, label, steps, selection)
+    mechanisms = self._mechanisms(period.index)
+    projected = run.epsilon_if_paid(self.plan, label, steps, selection, mechanisms=mechanisms,
+                                    days=days)
     if not run.fits(projected):
       return projected
     try:
-      run.pay_once(self.plan, {name: (epsilon, 0.0) for name, epsilon in selection.items()})
-      run.pay_steps(self.plan, label, steps)
+      run.pay_once(self.plan, {name: (epsilon, 0.0) for name, epsilon in selection.items()},
+                   mechanisms=mechanisms, days=days)
+      run.pay_steps(self.plan, label, steps, days=days)
     except BudgetExceededError:
       return projected
     return None
@@ -268,8 +339,10 @@ class StreamingTrainer:
     features, labels = self._load(period)
     metrics = self.model.evaluate(self._known_ids(features), labels)
     row = self.state["rows"][-1]
+    constant = metrics.get("base_rate_log_loss")
     row.update(eval_period=period.index, auc=float(metrics["auc"]),
-               eval_loss=float(metrics["loss"]))
+               eval_loss=float(metrics["loss"]), log_loss=float(metrics["loss"]),
+               base_rate_log_loss=None if constant is None else float(constant))
 
   def _known_ids(self, features):
     """Ids the model has no row for yet (first seen after its last training period) → OOV 0."""
@@ -314,7 +387,7 @@ class StreamingTrainer:
 
   def _train_period(self, period: Period):
     """Trains the rest of period p in chunks that end at checkpoints."""
-    features, labels = self._load(period)
+    features, labels = self._training_rows(period)
     running = self.state["running"]
     total, every = running["total"], self.config.checkpoint_every
 
@@ -370,7 +443,7 @@ class StreamingTrainer:
         break
       if self.state["step"] == 0 and self.state["running"] is None:
         steps = self._period_steps(period)
-        unaffordable = self._pay_for_period(index, steps)
+        unaffordable = self._pay_for_period(period, steps)
         if unaffordable is not None:
           self.state["stopped"] = (
               f"privacy budget: training period {index} would bring ε to {unaffordable:.4g} > "
@@ -378,11 +451,18 @@ class StreamingTrainer:
               f"on periods 0..{index - 1}); stopped before it")
           break
         new_ids = self._refresh(period)
+        released = {}
+        if index == 0:
+          released = self.model.before_training(
+              *self._training_rows(period), self._releases(self.plan.mechanisms, "stream", 0))
         self.state["running"] = {"loss": 0.0, "reduction": 0.0, "batch": 0, "steps": 0,
-                                 "total": steps, "new_ids": new_ids}
+                                 "total": steps, "new_ids": new_ids, "released": released}
         self._commit()
       started = time.monotonic()
       running, n = self._train_period(period)
+      released = dict(running.get("released") or {}, **self.model.after_training(
+          *self._training_rows(period),
+          self._releases(self.plan.period_mechanisms, self._label(index), index)))
       steps = max(1, running["steps"])
       row = {
           "period": index, "days": list(period.days),
@@ -392,8 +472,9 @@ class StreamingTrainer:
           "vocab_size": int(sum(self.state["vocab_sizes"].values())),
           "noise_multiplier": self.plan.noise_multiplier,
           "sampling_rate": self.plan.sampling_rate,
-          "train_seconds": time.monotonic() - started,
-          "auc": None, "eval_loss": None, "eval_period": None}
+          "train_seconds": time.monotonic() - started, **released,
+          "auc": None, "eval_loss": None, "log_loss": None, "base_rate_log_loss": None,
+          "eval_period": None}
       if self.config.diagnostics:
         row["diagnostics_nonprivate"] = {"examples": n, "train_loss": running["loss"] / steps,
                                          "mean_batch_size": running["batch"] / steps}
@@ -421,13 +502,30 @@ class StreamingTrainer:
     features = {k: np.concatenate([f[k] for f, _ in loaded]) for k in loaded[0][0]}
     metrics = self.model.evaluate(self._known_ids(features),
                                   np.concatenate([y for _, y in loaded]))
+    constant = metrics.get("base_rate_log_loss")
     return {"days": [d for p in periods for d in p.days], "auc": float(metrics["auc"]),
-            "loss": float(metrics["loss"])}
+            "loss": float(metrics["loss"]), "log_loss": float(metrics["loss"]),
+            "base_rate_log_loss": None if constant is None else float(constant)}
+
+  def _composition(self):
+    """How the ledger composed the run's ε (public accounting), for the summary."""
+    if self.ledger is None:
+      return None
+    result = self.ledger.composition()
+    return {"periods": "parallel" if self.plan.parallel_periods else "sequential",
+            "training_epsilon": result.training_epsilon,
+            "sequential_selection_epsilon": result.selection_epsilon,
+            "by_days": result.partitions}
 
   def summary(self, resumed=False):
     rows = self.state["rows"]
+    unit = self.plan.privacy_unit or "row"
+    covers = dict(EPSILON_COVERS, epsilon="(epsilon, delta)-DP for " + UNITS[unit])
     return {
-        **self.run_state.privacy_fields(self.plan.private, EPSILON_COVERS),
+        **self.run_state.privacy_fields(self.plan.private, covers),
+        "privacy_unit": unit,
+        "max_rows_per_user": self.plan.group_size if unit == "user" else None,
+        "epsilon_composition": self._composition(),
         "periods": rows,
         "periods_trained": len(rows),
         "epsilon": self.epsilon_spent(),
@@ -440,6 +538,18 @@ class StreamingTrainer:
         "resumed": resumed,
         "run_dir": self.run_state.run_dir,
     }
+
+
+def bound_rows_per_user(users: np.ndarray, max_rows: int, rng: np.random.Generator) -> np.ndarray:
+  """Sorted indices of the rows kept when each user keeps at most `max_rows` of theirs, drawn
+  uniformly (a random order, then each user's first `max_rows`) by the secret `rng`."""
+  order = rng.permutation(len(users))
+  shuffled = np.asarray(users)[order]
+  by_user = np.argsort(shuffled, kind="stable")
+  sorted_users = shuffled[by_user]
+  starts = np.r_[0, np.flatnonzero(sorted_users[1:] != sorted_users[:-1]) + 1]
+  rank = np.arange(len(users)) - np.repeat(starts, np.diff(np.r_[starts, len(users)]))
+  return np.sort(order[by_user[rank < max_rows]])
 
 
 def transfer_variable(old_value: np.ndarray, new_variable: tf.Variable):

@@ -204,14 +204,14 @@ def noise_multipliers(options, noise_multiplier) -> Tuple[Optional[float], Optio
   return None, noise_multiplier
 
 
-def base_rate(labels, plan, rng) -> float:
-  """The training click rate: exact for a non-private run; else the Gaussian mechanism on the
-  label sum (sensitivity 1, σ_b from the plan, noise from the secret `rng`: the run's key)
-  divided by the public row count. Clipped to [1/N, 1 − 1/N]."""
+def base_rate(labels, noise_multiplier, rng) -> float:
+  """The training click rate: exact without a `noise_multiplier` (a non-private run); else the
+  Gaussian mechanism on the label sum (sensitivity 1, σ_b = `noise_multiplier`, noise from the
+  secret `rng`: the run's key) divided by the public row count. Clipped to [1/N, 1 − 1/N]."""
   n = len(labels)
   total = float(np.sum(labels))
-  if BASE_RATE_LABEL in plan.mechanisms:
-    total += plan.mechanisms[BASE_RATE_LABEL] * rng.normal()
+  if noise_multiplier is not None:
+    total += noise_multiplier * rng.normal()
   return float(np.clip(total / n, 1.0 / n, 1.0 - 1.0 / n))
 
 
@@ -271,7 +271,8 @@ def make_optimizer(options):
 def build_model(options, data, plan, run):
   """(the compiled pCTR model, the base rate): the logit bias starts at the (DP) base rate and
   DP-FEST's rows are drawn, both from the run's key and paid once; noise from the run's key."""
-  rate = base_rate(data.train["label"], plan, run.numpy_rng("base rate"))
+  rate = base_rate(data.train["label"], plan.mechanisms.get(BASE_RATE_LABEL),
+                   run.numpy_rng("base rate"))
   tf.keras.utils.set_random_seed(options.seed)
   model = ctr.build_ctr_model(
       data.vocab_sizes, hidden_units=options.hidden_units,

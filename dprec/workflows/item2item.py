@@ -10,6 +10,11 @@ One release, user-level DP (the unit `train seqrec` protects):
 Both are charged to the run's ledger and drawn from the run's key; the model
 (`dprec.models.item2item`) reads only them. ε = inf: the exact statistics over every item (the
 non-private item-kNN baseline).
+
+Public users (`--public-users`, `dprec.data.public_users`): both releases cover the private
+users only (N, δ = 1/N and the sensitivities are theirs); the public users' exact counts and
+pair statistics (over every item) are added to the released ones afterwards, public data added
+to a release: post-processing, charged nothing.
 """
 import dataclasses
 
@@ -23,6 +28,22 @@ from dprec.workflows import item_frequencies as frequencies_lib
 from dprec.workflows import plan as plan_lib
 
 LABEL = "train seqrec item pairs"
+
+
+HYBRID_PAIR_SHARE = 0.3
+
+
+def mechanisms(options):
+  """[(ledger label, ε share)] of `--model hybrid`'s one-off releases beside training: the DP
+  histogram and the pair release (`pair_share`, default 0.3), each calibrated alone."""
+  share = HYBRID_PAIR_SHARE if options.pair_share is None else options.pair_share
+  return frequencies_lib.mechanisms(options) + [(LABEL, share)]
+
+
+def noise_multiplier(plan):
+  """σ of the pair release: its own mechanism beside training (hybrid), else the plan's one
+  step."""
+  return plan.mechanisms.get(LABEL, plan.noise_multiplier)
 
 
 def plan_privacy(options, num_examples, delta, spent) -> plan_lib.PrivacyPlan:
@@ -50,17 +71,22 @@ def item_set(options, popularity):
   return np.sort(order)
 
 
+def pair_statistics(options, examples):
+  """The exact pair statistics of `examples`' users (`item_pairs.pair_statistics`)."""
+  return item_pairs.pair_statistics(training_sequences(examples), examples.num_items,
+                                    options.pair_window, options.pair_decay,
+                                    options.pair_max_items)
+
+
 def released_pairs(options, examples, plan, items, rng):
   """(csr [M + 1, M + 1] of released values, release summary): the pair statistics restricted
   to `items` (None: all), released with the plan's σ (exact without DP)."""
-  statistics = item_pairs.pair_statistics(training_sequences(examples), examples.num_items,
-                                          options.pair_window, options.pair_decay,
-                                          options.pair_max_items)
+  statistics = pair_statistics(options, examples)
   if not options.private:
     return statistics, {"released_pairs": int(statistics.nnz), "private": False}
   ids = np.arange(examples.num_items + 1) if items is None else np.concatenate([[0], items])
-  released = item_pairs.release(statistics[ids][:, ids], plan.noise_multiplier,
-                                options.pair_threshold * plan.noise_multiplier
+  sigma = noise_multiplier(plan)
+  released = item_pairs.release(statistics[ids][:, ids], sigma, options.pair_threshold * sigma
                                 * item_pairs.SENSITIVITY, rng)
   cells = released.matrix.tocoo()
   matrix = scipy.sparse.csr_matrix((cells.data, (ids[cells.row], ids[cells.col])),
@@ -68,17 +94,29 @@ def released_pairs(options, examples, plan, items, rng):
   return matrix, dict(released.summary(), item_set=len(ids) - 1, ledger_label=LABEL)
 
 
-def popularity(examples, p_i):
-  """Users per item: the DP histogram's p_i·N, exact without DP."""
+def popularity(options, examples, p_i, public=None):
+  """Users per item: the DP histogram's p_i·N (exact without DP), plus the `public` users'
+  exact counts over the same items per user."""
   if p_i is None:
-    return user_histogram.users_per_item(examples.items, examples.num_items).astype(np.float64)
-  return np.asarray(p_i) * len(examples.items)
+    counts = user_histogram.users_per_item(examples.items, examples.num_items)
+  else:
+    counts = np.asarray(p_i) * len(examples.items)
+  if public is not None:
+    counted = public.items if p_i is None else \
+        public.items[:, -frequencies_lib.histogram_items(options):]
+    counts = counts + user_histogram.users_per_item(counted, public.num_items)
+  return np.asarray(counts, np.float64)
 
 
-def build_model(options, examples, plan, p_i, rng):
-  """(`Item2ItemModel`, release summary) from the released histogram `p_i` and pairs."""
-  counts = popularity(examples, p_i)
+def build_model(options, examples, plan, p_i, rng, public=None):
+  """(`Item2ItemModel`, release summary) from the released histogram `p_i` and pairs of the
+  private users `examples`, plus the exact ones of the `public` users (None: none)."""
+  counts = popularity(options, examples, p_i, public)
   matrix, summary = released_pairs(options, examples, plan, item_set(options, counts), rng)
+  if public is not None:
+    public_pairs = pair_statistics(options, public)
+    matrix = matrix + public_pairs
+    summary = dict(summary, public_pairs=int(public_pairs.nnz))
   return Item2ItemModel(matrix, counts, scoring_config(options)), summary
 
 
@@ -94,3 +132,10 @@ def settings(options):
           "max_items": options.pair_max_items, "item_set": options.pair_item_set,
           "threshold_sigmas": options.pair_threshold,
           **dataclasses.asdict(scoring_config(options))}
+
+
+def initial_item_rows(options, examples, plan, p_i, rng, dim):
+  """(float32 [M + 1, d] item rows from the released pairs, release summary) for `--model
+  hybrid`: `Item2ItemModel.item_factors` of the released matrix (post-processing)."""
+  model, summary = build_model(options, examples, plan, p_i, rng)
+  return model.item_factors(dim), summary

@@ -7,7 +7,11 @@ p_i; each calibrated alone for its share of ε) and pure-ε DP top-k selections 
 in total, split evenly over the periods). One σ is calibrated (`dprec.privacy.plan_training`, PLD
 by default) so that everything planned spends at most `epsilon_total`: the mechanisms composed
 with the steps in the accountant, the selections deducted first by basic composition (note 001
-App. C.3; a stream's periods compose sequentially, a user's impressions recurring across days).
+App. C.3). A stream's periods compose by the unit it protects (`plan_stream`; README, "Privacy
+model"): for a row, which lives in one period, in parallel (σ is calibrated for the costliest
+period; the DP top-k refreshes read the running counts of every period so far and compose
+sequentially); for a user, whose rows recur across periods, sequentially, each period's rows of
+a user bounded by `group_size` and accounted as one unit of that many rows.
 For DP-AdaFEST the σ is the composed (σ1⁻² + σ2⁻²)^(−1/2) (seed 001 §3.3). What the run's ledger
 spent on the data set before it (`spent`, `dprec.workflows.run.plan_prior`: a preprocessing
 job's DP top-k vocabulary, other runs' training) is composed the same way, so σ is calibrated
@@ -43,6 +47,12 @@ class PrivacyPlan:
     mechanisms: {ledger label: σ} of Gaussian mechanisms released once before training.
     forward: DP-Forward's `dprec.privacy.ForwardPlan` (SeqLDP releases instead of DP steps).
     spent: what the ledger had spent on the data set before the run (composed with it).
+    privacy_unit: what a stream protects, "row" or "user" (None: a single run, a row).
+    parallel_periods: the periods read disjoint units and compose in parallel (row streams).
+    period_mechanisms: {name: σ} of Gaussian mechanisms released in every period (DP Platt
+      scaling), charged under the period's label.
+    group_size: rows of one protected unit a period may hold (a user's, `--max-rows-per-user`):
+      the step's σ (noise on C2-clipped rows) is `group_size` times the unit's (`accounted`).
   """
   epsilon_total: float
   delta: Optional[float]
@@ -58,6 +68,24 @@ class PrivacyPlan:
   mechanisms: Mapping[str, float] = dataclasses.field(default_factory=dict)
   forward: Optional[object] = None
   spent: privacy.Spent = privacy.Spent()
+  privacy_unit: Optional[str] = None
+  parallel_periods: bool = False
+  period_mechanisms: Mapping[str, float] = dataclasses.field(default_factory=dict)
+  group_size: int = 1
+
+  def accounted(self, noise_multiplier):
+    """A release's noise multiplier per protected unit: a unit of `group_size` rows, each
+    clipped to C, moves a sum by up to `group_size`·C."""
+    return noise_multiplier / self.group_size
+
+  def accounted_rate(self, sampling_rate):
+    """The chance that a Poisson batch at rate q holds any of a unit's `group_size` rows. With
+    `accounted`, the sampled Gaussian at these is a dominating pair of a unit's step: the
+    mixture over how many of its rows are sampled is dominated, in every hockey-stick
+    divergence (joint convexity), by its worst component, all rows in."""
+    if self.group_size == 1:
+      return sampling_rate
+    return 1.0 - (1.0 - sampling_rate) ** self.group_size
 
   @property
   def private(self) -> bool:
@@ -84,16 +112,21 @@ class PrivacyPlan:
     if not self.private:
       return math.inf
     periods = self.expected_periods if periods is None else periods
-    training = privacy.TrainingPeriod(self.noise_multiplier, self.sampling_rate,
-                                      self.steps_per_period * periods)
+    composed = min(periods, 1) if self.parallel_periods else periods  # the costliest period
+    training = privacy.TrainingPeriod(self.accounted(self.noise_multiplier),
+                                      self.accounted_rate(self.sampling_rate),
+                                      self.steps_per_period * composed)
+    mechanisms = [privacy.gaussian_mechanism_period(self.accounted(sigma))
+                  for sigma in list(self.mechanisms.values()) * bool(periods)
+                  + list(self.period_mechanisms.values()) * composed]
     return privacy.compose_periods(  # selections by basic composition
-        list(self.spent.periods) + [training], self.delta, self.accountant,
+        list(self.spent.periods) + mechanisms + [training], self.delta, self.accountant,
         selections=self.spent.selections + ((self.selection_epsilon_per_period * periods, 0.0),)
     ).epsilon
 
   def to_dict(self):
     return {k: v for k, v in dataclasses.asdict(self).items()
-            if k not in ("mechanisms", "forward", "poisson")}
+            if k not in ("mechanisms", "period_mechanisms", "forward", "poisson")}
 
 
 @functools.lru_cache(maxsize=64)
@@ -163,18 +196,57 @@ def plan_privacy(epsilon_total, delta, examples_per_period, batch_size, steps_pe
                      selection_epsilon_per_period=selection_epsilon / expected_periods, **common)
 
 
+PRIVACY_UNITS = ("row", "user")
+
+
 def plan_stream(epsilon_total, delta, expected_periods, examples_per_period, batch_size,
                 epochs_per_period=1.0, selection_epsilon=0.0,
                 noise_multiplier: Optional[float] = None, accountant="pld",
-                spent: privacy.Spent = privacy.Spent()):
+                spent: privacy.Spent = privacy.Spent(), privacy_unit="row", max_rows_per_user=1,
+                mechanisms: Sequence[Tuple[str, float]] = (),
+                period_mechanisms: Sequence[Tuple[str, float]] = ()):
   """The plan of a stream: T = ceil(epochs · N_period / B) steps per period at q = B / N_period
   (from the *expected* examples per period, fixed before any data is seen), σ 0 when
-  non-private."""
+  non-private.
+
+  `privacy_unit` "row": each row lives in one period, so the periods compose in parallel and σ
+  is calibrated for one period (its T steps, the `period_mechanisms`, and the `mechanisms`
+  released once, with the first period), with every selection (`selection_epsilon` in all,
+  sequential) deducted. "user": a user's rows recur across periods, so everything composes
+  sequentially over `expected_periods`, each period holding at most `max_rows_per_user` rows of
+  a user (`PrivacyPlan.group_size`); each period mechanism gets its share over the periods.
+  `mechanisms` / `period_mechanisms`: [(name, ε share)], each calibrated alone to its share of
+  `epsilon_total` (per unit)."""
   _check_sizes(expected_periods, examples_per_period, batch_size)
   if not epsilon_total > 0:
     raise DprecError(f"--epsilon-total must be positive, got {epsilon_total}")
+  if privacy_unit not in PRIVACY_UNITS:
+    raise DprecError(f"--privacy-unit must be one of {', '.join(PRIVACY_UNITS)}, got "
+                     f"{privacy_unit!r}")
+  if max_rows_per_user < 1 or (privacy_unit == "row" and max_rows_per_user != 1):
+    raise DprecError(f"--max-rows-per-user must be >= 1 and goes with --privacy-unit user, got "
+                     f"{max_rows_per_user}")
+  parallel = privacy_unit == "row"
   steps = max(1, math.ceil(epochs_per_period * examples_per_period / batch_size))
-  plan = plan_privacy(epsilon_total, delta, examples_per_period, batch_size, steps,
-                      expected_periods, selection_epsilon, noise_multiplier=noise_multiplier,
-                      accountant=accountant, spent=spent)
-  return plan if plan.private else dataclasses.replace(plan, noise_multiplier=0.0)
+  common = dict(epsilon_total=epsilon_total, delta=delta,
+                sampling_rate=min(1.0, batch_size / examples_per_period), steps_per_period=steps,
+                expected_periods=expected_periods, examples_per_period=examples_per_period,
+                batch_size=batch_size, accountant=accountant, spent=spent,
+                privacy_unit=privacy_unit, parallel_periods=parallel,
+                group_size=int(max_rows_per_user))
+  if not math.isfinite(epsilon_total):
+    return PrivacyPlan(noise_multiplier=0.0, **common)
+  repeats = 1 if parallel else expected_periods
+  group = common["group_size"]
+  once = {name: group * _mechanism_sigma(share * epsilon_total, delta, accountant)
+          for name, share in mechanisms}
+  each = {name: group * _mechanism_sigma(share * epsilon_total / repeats, delta, accountant)
+          for name, share in period_mechanisms}
+  plan = PrivacyPlan(noise_multiplier=noise_multiplier, mechanisms=once, period_mechanisms=each,
+                     selection_epsilon_per_period=selection_epsilon / expected_periods, **common)
+  if noise_multiplier is None:
+    fixed = tuple(plan.accounted(s) for s in list(once.values()) + list(each.values()) * repeats)
+    unit_sigma = _calibrated(epsilon_total, delta, plan.accounted_rate(plan.sampling_rate),
+                             steps * repeats, selection_epsilon, accountant, True, fixed, spent)
+    plan = dataclasses.replace(plan, noise_multiplier=group * unit_sigma)
+  return plan

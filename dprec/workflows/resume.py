@@ -79,9 +79,11 @@ def checkpointed_step(directory) -> int:
     return 0
 
 
-def options_from_checkpoint(options_class, path, **overrides):
+def options_from_checkpoint(options_class, path, missing=None, **overrides):
   """The `options_class` options of the run that wrote checkpoint directory `path`
-  (`checkpoints/ckpt-<n>`), e.g. to evaluate it: `overrides` set what the fingerprint omits."""
+  (`checkpoints/ckpt-<n>`), e.g. to evaluate it: `overrides` set what the fingerprint omits,
+  `missing` what an older fingerprint lacks (where the options' default has changed since)."""
   saved = checkpoint_lib.CheckpointManager.read_state(path)["fingerprint"]
   fields = {f.name for f in dataclasses.fields(options_class)}
-  return options_class(**{k: v for k, v in saved.items() if k in fields}, **overrides)
+  return options_class(**{**(missing or {}), **{k: v for k, v in saved.items() if k in fields},
+                          **overrides})

@@ -269,24 +269,28 @@ class Run:
     """Whether this run has charged `label` already."""
     return bool(ledger.charges_of(self.run_id, label))
 
-  def _unpaid(self, plan, selections):
-    mechanisms = [(sigma, label) for label, sigma in plan.mechanisms.items()
-                  if not self.paid(self.ledger, label)]
+  def _unpaid(self, plan, selections, mechanisms=None):
+    mechanisms = plan.mechanisms if mechanisms is None else mechanisms
+    gaussian = [(plan.accounted(sigma), label) for label, sigma in mechanisms.items()
+                if not self.paid(self.ledger, label)]
     pure = {label: epsilon for label, epsilon in selections.items()
             if epsilon and not self.paid(self.ledger, label)}
-    return mechanisms, pure
+    return gaussian, pure
 
   def epsilon_if_paid(self, plan, label, steps, selections=None, noise_multiplier=None,
-                      sampling_rate=None) -> float:
+                      sampling_rate=None, mechanisms=None, days=None) -> float:
     """ε the ledger would reach once this run has paid for `steps` steps under `label` (at the
-    plan's σ and q unless given), the plan's Gaussian mechanisms and the pure-ε `selections`
-    {label: ε}; what it has paid already counts once. Nothing is charged."""
-    mechanisms, pure = self._unpaid(plan, selections or {})
+    plan's σ and q unless given), the Gaussian `mechanisms` {label: σ} (default: the plan's)
+    and the pure-ε `selections` {label: ε}; what it has paid already counts once. The steps and
+    mechanisms read the data set's `days` (None: every day; `PrivacyLedger`), the selections
+    every day. σ and q are the plan's per protected unit (`PrivacyPlan.accounted`). Nothing is
+    charged."""
+    gaussian, pure = self._unpaid(plan, selections or {}, mechanisms)
     unpaid = max(0, steps - self.steps_paid(self.ledger, label))
     epsilon = self.ledger.epsilon_if_charged(
-        plan.noise_multiplier if noise_multiplier is None else noise_multiplier,
-        plan.sampling_rate if sampling_rate is None else sampling_rate, unpaid,
-        poisson=plan.poisson, label=label, gaussian_mechanisms=mechanisms)
+        plan.accounted(plan.noise_multiplier if noise_multiplier is None else noise_multiplier),
+        plan.accounted_rate(plan.sampling_rate if sampling_rate is None else sampling_rate),
+        unpaid, poisson=plan.poisson, label=label, gaussian_mechanisms=gaussian, days=days)
     return epsilon + sum(pure.values())  # basic composition, as the ledger does
 
   def fits(self, epsilon) -> bool:
@@ -302,27 +306,29 @@ class Run:
           f"budget {self.ledger.epsilon_budget:g} (already spent "
           f"{self.ledger.epsilon_spent():.4g})")
 
-  def pay_once(self, plan, selections=None):
-    """Charges the plan's Gaussian mechanisms, then the `selections` {label: (ε, δ)}, that this
-    run has not paid yet (a resumed run re-draws them from the key and pays nothing again).
-    Only the chief of a multi-worker run charges (here and in `pay_steps`, `budget_callback`)."""
+  def pay_once(self, plan, selections=None, mechanisms=None, days=None):
+    """Charges the Gaussian `mechanisms` {label: σ} (default: the plan's) on `days`, then the
+    `selections` {label: (ε, δ)}, that this run has not paid yet (a resumed run re-draws them
+    from the key and pays nothing again). Only the chief of a multi-worker run charges (here
+    and in `pay_steps`, `budget_callback`)."""
     if not self.chief:
       return
-    for label, sigma in plan.mechanisms.items():
+    for label, sigma in (plan.mechanisms if mechanisms is None else mechanisms).items():
       if not self.paid(self.ledger, label):
-        self.ledger.charge_gaussian_mechanism(sigma, label)
+        self.ledger.charge_gaussian_mechanism(plan.accounted(sigma), label, days)
     for label, (epsilon, delta) in (selections or {}).items():
       if epsilon and not self.paid(self.ledger, label):
         self.ledger.charge_approximate(epsilon, delta, label)
 
-  def pay_steps(self, plan, label, steps):
-    """Charges the steps of `steps` under `label` this run has not paid yet."""
+  def pay_steps(self, plan, label, steps, days=None):
+    """Charges the steps of `steps` under `label` (reading `days`) this run has not paid yet."""
     if not self.chief:
       return
     unpaid = steps - self.steps_paid(self.ledger, label)
     if unpaid > 0:
-      self.ledger.charge_gaussian(plan.noise_multiplier, plan.sampling_rate, unpaid,
-                                  poisson=plan.poisson, label=label)
+      self.ledger.charge_gaussian(plan.accounted(plan.noise_multiplier),
+                                  plan.accounted_rate(plan.sampling_rate), unpaid,
+                                  poisson=plan.poisson, label=label, days=days)
 
   def check_ledger_covers_checkpoint(self, label):
     """Raises `DprecError` if the ledger holds fewer steps of this run under `label` than its
@@ -349,7 +355,8 @@ class Run:
       return None
     from dprec.training import callbacks  # pylint: disable=import-outside-toplevel
     return callbacks.PrivacyBudgetCallback(
-        self.ledger, plan.noise_multiplier, plan.sampling_rate, poisson=plan.poisson,
+        self.ledger, plan.accounted(plan.noise_multiplier),
+        plan.accounted_rate(plan.sampling_rate), poisson=plan.poisson,
         charge_every=charge_every, label=label, log_dir=log_dir, steps_taken=start_step,
         steps_charged=self.steps_paid(self.ledger, label))
 

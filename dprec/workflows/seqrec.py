@@ -14,8 +14,10 @@ directory the run checkpoints every `checkpoint_every` steps and the same option
 run on the very batches and noise an uninterrupted run would have used, paying no step twice.
 `dp_forward` trains DP-Forward instead (seed 003, `dprec.workflows.dp_forward`): SeqLDP.
 `model="item2item"` releases DP item-to-item statistics once instead of training a transformer
-(`dprec.workflows.item2item`; the command line's default, measured best on Amazon Games'
-validation items: docs/experiments/seqrec_item2item.md).
+(`dprec.workflows.item2item`; the default, measured best on Amazon Games' validation items:
+docs/experiments/seqrec_item2item.md). `model="hybrid"` releases them too, as a mechanism of
+the plan beside training (`pair_share` of ε), and initialises the transformer's item rows from
+their truncated SVD (post-processing) before DP training with the rest of ε.
 """
 import dataclasses
 import functools
@@ -24,8 +26,10 @@ import os
 import time
 from typing import Optional
 
+import numpy as np
 import tensorflow as tf
 
+from dprec.data import public_users as public_users_lib
 from dprec.data.sequences import SeqRecExamples, load_sequences, make_examples
 from dprec.errors import DprecError
 from dprec.layers.reattention import ReAttentionConfig
@@ -44,18 +48,22 @@ from dprec.workflows import resume as resume_lib
 from dprec.workflows import run as run_lib
 
 COMMAND = LEDGER_LABEL = "train seqrec"
-MODELS = ("item2item", "dpformer")
+MODELS = ("item2item", "dpformer", "hybrid")
 FORWARD_NOISE = "forward noise"
 EPSILON_COVERS = {
     "epsilon": "(epsilon, delta)-DP for adding or removing one user (all of their training "
                "sequence), covering the model (weights and Re-Attention's p_i; for item2item "
-               "the released item pairs and the DP histogram)",
+               "the released item pairs and the DP histogram; for hybrid all three, composed)",
     "public": ["settings", "noise multipliers", "train_examples (N) and items (M), assumed "
                "public", "steps_per_second"],
     "held_out_evaluation": "ndcg_at_10, hit_at_10, by_popularity, test_users, validation and "
                            "the top-10 diversity (distinct_top10_items, overlaps) rank each "
                            "user's held-out item given their history, which IS training data of "
                            "this run: these metrics are not covered by ε",
+    "public_users": "with --public-users F (item2item): the users the public rule picks "
+                    "(public_user_selection) opted in as public data; their rows are used "
+                    "exactly and charged nothing, and ε covers the other users only (the "
+                    "metrics are the private users')",
     "not_covered": "diagnostics_nonprivate (only with --diagnostics): the exact training loss",
 }
 
@@ -67,8 +75,7 @@ class SeqRecTrainOptions(run_lib.FitOptions):
   NOT_FINGERPRINTED = run_lib.FitOptions.NOT_FINGERPRINTED + (
       "exclude_history", "eval_batch_size", "reattention_at_eval")
   data: Optional[str] = None
-  # The library's default is the transformer; `dprec train seqrec`'s is item2item.
-  model: str = "dpformer"
+  model: str = "item2item"  # as `dprec train seqrec`'s; "dpformer": the transformer
   epsilon: float = 5.0
   delta: Optional[float] = None
   epochs: float = 100.0
@@ -112,6 +119,10 @@ class SeqRecTrainOptions(run_lib.FitOptions):
   pair_recent_decay: float = 0.5
   pair_popularity_exponent: float = 0.0
   pair_popularity_weight: float = 1e-3
+  pair_share: Optional[float] = None  # --model hybrid: the pair release's ε share (None: 0.3)
+  # Opt-in public users (dprec.data.public_users): their share and the rule's public salt.
+  public_users: float = 0.0
+  public_users_salt: int = 0
 
   def __post_init__(self):
     if isinstance(self.dp_forward, dict):  # from a checkpoint's fingerprint
@@ -127,6 +138,18 @@ class SeqRecTrainOptions(run_lib.FitOptions):
         (self.model in MODELS, f"--model must be one of {', '.join(MODELS)}, got {self.model}"),
         (self.model != "item2item" or self.dp_forward is None,
          "--model item2item does not combine with --dp-forward"),
+        (0 <= self.public_users < 1, f"--public-users must be in [0, 1), got "
+                                     f"{self.public_users}"),
+        (self.model != "hybrid" or (self.dp_forward is None and self.item_rank is None
+                                    and self.item_vocab_threshold is None and self.tied
+                                    and not self.popularity_weights),
+         "--model hybrid initialises a tied item table with a row per item: it does not combine "
+         "with --dp-forward, --item-rank, --item-vocab-threshold, --popularity-weights or "
+         "--untied"),
+        (self.pair_share is None or 0 < self.pair_share < 1,
+         f"--pair-share must be in (0, 1), got {self.pair_share}"),
+        (self.public_users == 0 or self.model == "item2item",
+         "--public-users is built for --model item2item only"),
         (self.pair_window >= 1 and 0 < self.pair_decay <= 1
          and (self.pair_max_items is None or self.pair_max_items >= 2)
          and (self.pair_item_set is None or self.pair_item_set >= 2),
@@ -180,8 +203,9 @@ class SeqRecTrainOptions(run_lib.FitOptions):
                                       at_eval=self.reattention_at_eval))
 
 
+# Only the transformer writes checkpoints: a fingerprint from before `model` existed is dpformer's.
 options_from_checkpoint = functools.partial(resume_lib.options_from_checkpoint,
-                                            SeqRecTrainOptions)
+                                            SeqRecTrainOptions, missing={"model": "dpformer"})
 
 
 def plan_privacy(options, num_examples, run=None) -> plan_lib.PrivacyPlan:
@@ -201,8 +225,10 @@ def plan_privacy(options, num_examples, run=None) -> plan_lib.PrivacyPlan:
   steps = max(1, int(round(options.epochs * num_examples / options.batch_size)))
   if not options.private:
     return plan_lib.plan_privacy(math.inf, None, num_examples, options.batch_size, steps)
+  mechanisms = (item2item_lib.mechanisms(options) if options.model == "hybrid"
+                else frequencies_lib.mechanisms(options))
   return plan_lib.plan_privacy(options.epsilon, delta, num_examples, options.batch_size, steps,
-                               mechanisms=frequencies_lib.mechanisms(options),
+                               mechanisms=mechanisms,
                                accountant=options.accountant, poisson=not options.fixed_batches,
                                spent=spent)
 
@@ -242,6 +268,21 @@ def build_model(options, examples, plan, frequencies=None, noise_key=None, vocab
   model.compile(optimizer=DPOptimizer(algorithm, adam, expected_batch_size=options.batch_size,
                                       noise_key=noise_key, secure_noise=options.secure_noise))
   return model
+
+
+def initialise_item_rows(model, rows):
+  """Sets the item table's rows where `rows` [M + 1, d] (released values) is nonzero, scaled
+  so their mean norm is that of the random rows they replace; the others stay random."""
+  table = model.item_embedding.embeddings
+  values = table.numpy()
+  if rows.shape != values.shape:
+    raise DprecError(f"item rows {rows.shape} do not fit the item table {values.shape}")
+  given = np.linalg.norm(rows, axis=1) > 0
+  if given.any():
+    scale = (np.linalg.norm(values[given], axis=1).mean()
+             / np.linalg.norm(rows[given], axis=1).mean())
+    values[given] = rows[given] * scale
+    table.assign(values)
 
 
 def noise_generators(model):
@@ -293,8 +334,12 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
   """Trains (or resumes, see the module docstring) and evaluates; returns the JSON summary (also
   written to `options.summary_json`)."""
   options.validate()
-  data = data or load_sequences(options.data)
+  data, public_data = public_users_lib.split(data or load_sequences(options.data),
+                                             options.public_users, options.public_users_salt)
+  # Training, the DP releases and the evaluation see the private users only.
   examples = make_examples(data, options.max_len, options.hold_out_validation)
+  public = None if public_data is None else make_examples(public_data, options.max_len,
+                                                          options.hold_out_validation)
   batch_size_chosen = options.batch_size is None
   if batch_size_chosen:
     options = dataclasses.replace(
@@ -313,7 +358,9 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
     frequencies = frequencies_lib.frequencies(options, data, examples, plan,
                                               run.numpy_rng("item histogram"))
     if options.model == "item2item":
-      summary = _run_item2item(options, examples, plan, run, frequencies)
+      summary = _run_item2item(options, examples, plan, run, frequencies, public)
+      summary["public_user_selection"] = public_users_lib.summary(
+          options.public_users, options.public_users_salt, public_data, data)
       run_lib.write_summary(summary, options.summary_json)
       return summary
     vocabulary = frequencies_lib.vocabulary(options, examples, frequencies)
@@ -321,6 +368,11 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
       examples = dataclasses.replace(examples, labels=vocabulary.row_of[examples.labels])
     weights, floor = frequencies_lib.row_weights(options, plan, examples, frequencies, vocabulary)
     model = build_model(options, examples, plan, frequencies, run.noise_key, vocabulary, weights)
+    release = None
+    if options.model == "hybrid":  # before a checkpoint is restored over the rows
+      rows, release = item2item_lib.initial_item_rows(options, examples, plan, frequencies,
+                                                      run.numpy_rng("item pairs"), options.dim)
+      initialise_item_rows(model, rows)
     resume = run.resume(model, options.run_fingerprint(train_examples=len(examples.items),
                                                        items=examples.num_items),
                         options.keep_checkpoints)
@@ -339,20 +391,26 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
                    item_frequencies=frequencies_lib.source(options, plan, frequencies),
                    item_vocabulary=frequencies_lib.vocabulary_summary(options, vocabulary),
                    popularity_weights=frequencies_lib.weights_summary(weights, floor))
+    if release is not None:
+      summary.update(model="hybrid", item_pairs=dict(
+          release, noise_multiplier=plan.mechanisms[item2item_lib.LABEL],
+          epsilon_share=item2item_lib.mechanisms(options)[-1][1],
+          **item2item_lib.settings(options)))
   run_lib.write_summary(summary, options.summary_json)
   return summary
 
 
-def _run_item2item(options, examples, plan, run, frequencies):
-  """Pays the histogram and the pair release, releases the pairs from the run's key, evaluates
-  and returns the summary (`dprec.workflows.item2item`)."""
+def _run_item2item(options, examples, plan, run, frequencies, public=None):
+  """Pays the histogram and the pair release, releases the pairs from the run's key, adds the
+  `public` users' exact statistics, evaluates and returns the summary
+  (`dprec.workflows.item2item`)."""
   if run.open_plan_ledger(plan) is not None:
     run.check_budget(plan, item2item_lib.LABEL, plan.steps)
     run.pay_once(plan)
     run.pay_steps(plan, item2item_lib.LABEL, plan.steps)
   timer = time.perf_counter()
   model, release = item2item_lib.build_model(options, examples, plan, frequencies,
-                                             run.numpy_rng("item pairs"))
+                                             run.numpy_rng("item pairs"), public)
   metrics = evaluate_all(model, examples, options)
   summary = {
       "model": "item2item", "ndcg_at_10": metrics["ndcg_at_10"],
@@ -366,7 +424,7 @@ def _run_item2item(options, examples, plan, run, frequencies):
       "item_pairs": dict(release, **item2item_lib.settings(options)),
       "item_frequencies": frequencies_lib.source(options, plan, frequencies),
       "train_examples": int(len(examples.items)), "items": examples.num_items,
-      "public_users": 0.0, "seed": options.seed, "run_dir": options.run_dir,
+      "public_users": options.public_users, "seed": options.seed, "run_dir": options.run_dir,
       "seconds": time.perf_counter() - timer}
   if run.ledger is None:
     summary["epsilon"] = float("inf")

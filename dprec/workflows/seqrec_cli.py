@@ -31,7 +31,9 @@ def register(subparsers):
            "with Gaussian noise over the DP histogram's top items and thresholded, scored from "
            "the user's recent items (best on Amazon Games' validation items at eps 5, "
            "docs/experiments/seqrec_item2item.md); dpformer: the transformer trained with DP-SGD "
-           "(the options below up to --variance-scale)")
+           "(the options below up to --variance-scale); hybrid: the transformer with its item rows "
+           "initialised from the truncated SVD of the released pairs (--pair-share of ε), then "
+           "trained with DP-SGD on the rest of ε (not measured on Amazon yet)")
   add("--epsilon", type=_epsilon, default=5.0,
       help="privacy budget ε, the total: what --ledger spent on this data before is composed "
            "in; 'inf' trains non-privately")
@@ -145,6 +147,16 @@ def _add_item2item_arguments(parser):
       metavar="ALPHA", help="divide item j's pair score by its DP count^ALPHA")
   add("--pair-popularity-weight", type=float, default=defaults.pair_popularity_weight,
       metavar="LAMBDA", help="add LAMBDA times the item's DP count / the largest count")
+  add("--pair-share", type=float, default=defaults.pair_share, metavar="SHARE",
+      help="--model hybrid: the pair release's share of ε, calibrated alone (default 0.3; the "
+           "histogram gets --item-frequency-share, default 0.1, and training the rest)")
+  add("--public-users", type=float, default=defaults.public_users, metavar="FRACTION",
+      help="treat this share of users, picked by a public hash of the user index and "
+           "--public-users-salt (not by their data), as public, opted-in data: their exact "
+           "counts and pairs are added to the released ones, charged nothing; ε covers, and the "
+           "metrics evaluate, the other users only")
+  add("--public-users-salt", type=int, default=defaults.public_users_salt, metavar="SALT",
+      help="the public salt of the --public-users rule")
 
 
 def _add_dp_forward_arguments(parser):

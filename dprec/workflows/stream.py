@@ -7,6 +7,22 @@ stopped (`dprec.training.streaming.StreamingTrainer`). Batches, noise and DP top
 from the run's secret key (`run_dir/secret`: keep the run directory private);
 `insecure_noise_seed` makes them reproducible and the run not private.
 
+What ε protects (`privacy_unit`, README "Privacy model"): a row (the default, for Criteo data:
+each row lives in one day, so the periods compose in parallel and ε is the costliest period's,
+plus the DP top-k refreshes of the running counts, which compose sequentially) or a user (a
+`user_id` column; at most `max_rows_per_user` rows of a user per period, drawn by the run's key
+before training; everything composes sequentially).
+
+`train ctr`'s utility levers (`dprec.workflows.ctr`): the logit bias starts at the first
+period's DP base rate, each period ends with DP Platt scaling on its training rows (charged
+with that period), kept as an affine a·z + b on the model's output that evaluation applies and
+training never sees (so the next period trains the raw logits on), and without `batch_size` the
+batch is `STREAM_BATCH_SIZE`, at most an eighth of the expected period size
+(`default_batch_size`; `train ctr`'s rule, N/500, measured worse on periods of 25k rows:
+docs/experiments/streaming.md). `reference="non_private"`
+also trains a non-private stream on the same periods (under `run_dir/reference_non_private`)
+for the plot and the summary.
+
 The pCTR model streams as `CTRPeriodModel`: tables that grow as the Beam job assigns ids to new
 buckets (a new `CTRModel` with more rows; every learned row and optimizer slot carried over, new
 rows freshly initialised; the noise generator re-keyed by the trainer at every step from the run's
@@ -16,14 +32,18 @@ vocabulary so rows keep their shape.
 """
 import dataclasses
 import math
+import os
 from typing import Mapping, Optional, Tuple
 
 import numpy as np
 import tensorflow as tf
 
+from dprec import privacy
 from dprec.errors import DprecError
 from dprec.models import ctr
 from dprec.optimizers.dp_optimizer import DPOptimizer
+from dprec.training import poisson
+from dprec.training import stream_metrics
 from dprec.training.callbacks import PeriodProgress
 from dprec.training.period_source import BeamStreamSource
 from dprec.training.streaming import PeriodModel, StreamConfig, StreamingTrainer
@@ -35,7 +55,13 @@ from dprec.workflows import run as run_lib
 COMMAND = "stream"
 # `train ctr`'s options that shape the streamed model and its step.
 MODEL_FIELDS = ("algorithm", "l2_norm_clip", "ratio", "threshold", "contribution_clip",
-                "learning_rate", "optimizer", "adambc_floor", "hidden_units", "seed")
+                "learning_rate", "optimizer", "adambc_floor", "hidden_units", "seed",
+                "logit_init", "secure_noise")
+BASE_RATE = "base rate"  # the plan's once-only mechanism (with the first period)
+CALIBRATION = "calibration"  # the plan's per-period mechanism (DP Platt scaling)
+REFERENCES = ("non_private",)
+STREAM_BATCH_SIZE = 1024
+REFERENCE_DIR = "reference_non_private"
 
 
 @dataclasses.dataclass
@@ -56,9 +82,17 @@ class StreamOptions(run_lib.RunOptions):
   noise_multiplier: Optional[float] = None
   top_k: Optional[int] = None
   top_k_epsilon: float = 0.1
-  batch_size: int = 1024
-  # The step's hyper-parameters are `train ctr`'s (one source), but τ, lower for short periods.
-  l2_norm_clip: float = ctr_workflow.CTRTrainOptions.l2_norm_clip
+  privacy_unit: str = "row"
+  max_rows_per_user: Optional[int] = None  # privacy unit "user": default 1
+  reference: Optional[str] = None
+  batch_size: Optional[int] = None  # None: `default_batch_size` of the period size
+  logit_init: str = ctr_workflow.CTRTrainOptions.logit_init
+  base_rate_share: float = ctr_workflow.CTRTrainOptions.base_rate_share
+  calibration_share: float = ctr_workflow.CTRTrainOptions.calibration_share
+  # The step's hyper-parameters are `train ctr`'s (one source), but τ, lower for short periods,
+  # and C2, which at 1 ranks below chance for the first periods of 25k rows (docs/experiments/
+  # streaming.md: AUC 0.435 → 0.590 after the first period at C2 = 10).
+  l2_norm_clip: float = 10.0
   ratio: float = ctr_workflow.CTRTrainOptions.ratio
   threshold: float = 1.0
   contribution_clip: float = ctr_workflow.CTRTrainOptions.contribution_clip
@@ -83,6 +117,26 @@ class StreamOptions(run_lib.RunOptions):
     if self.expected_periods is None and self.train_days is None and self.idle_timeout > 0:
       raise DprecError("a live stream (--idle-timeout > 0) needs --expected-periods (or "
                        "--train-days) so the budget can be planned")
+    if self.privacy_unit not in plan_lib.PRIVACY_UNITS:
+      raise DprecError(f"--privacy-unit must be one of {', '.join(plan_lib.PRIVACY_UNITS)}, "
+                       f"got {self.privacy_unit}")
+    if self.max_rows_per_user is not None and (self.privacy_unit != "user"
+                                               or self.max_rows_per_user < 1):
+      raise DprecError("--max-rows-per-user N (N >= 1) goes with --privacy-unit user")
+    if (self.privacy_unit == "user" and self.algorithm in ctr_workflow.FEST_ALGORITHMS
+        and self.top_k_epsilon > 0):
+      raise DprecError("--privacy-unit user cannot refresh a DP top-k set: the running counts "
+                       "behind it count every row of a user, not at most --max-rows-per-user; "
+                       "use --top-k-epsilon 0 (counts public) or --algorithm dp_adafest")
+    if self.reference not in (None,) + REFERENCES:
+      raise DprecError(f"--reference must be one of {', '.join(REFERENCES)}, got "
+                       f"{self.reference}")
+    if self.batch_size is not None and self.batch_size < 1:
+      raise DprecError(f"--batch-size must be positive, got {self.batch_size}")
+    if self.logit_init not in ctr_workflow.LOGIT_INITS:
+      raise DprecError(f"--logit-init must be one of {', '.join(ctr_workflow.LOGIT_INITS)}")
+    if not 0 < self.base_rate_share < 1 or not 0 <= self.calibration_share < 1:
+      raise DprecError("--base-rate-share must be in (0, 1) and --calibration-share in [0, 1)")
 
   def model_options(self) -> ctr_workflow.CTRTrainOptions:
     """`train ctr`'s options of the model and its step (algorithm, clips, optimizer, ...)."""
@@ -107,6 +161,10 @@ class CTRPeriodModel(PeriodModel):
     self.expected_batch_size = expected_batch_size
     self.model = self.optimizer = self.embedding_dims = None
     self._compiled_for = None  # (model, selected rows) the train step was last compiled for
+    # Released, covered by ε, checkpointed: DP Platt scaling's (a, b) on the output (training
+    # never sees it) and the first period's (DP) base rate (0: none).
+    self.calibration = tf.Variable([1.0, 0.0], dtype=tf.float64, trainable=False)
+    self.base_rate = tf.Variable(0.0, dtype=tf.float64, trainable=False)
 
   def build(self, table_rows: Mapping[str, int]):
     names = tuple(table_rows)
@@ -126,7 +184,35 @@ class CTRPeriodModel(PeriodModel):
     self.model, self.optimizer = model, optimizer
 
   def trackables(self):
-    return {"model": self.model, "optimizer": self.optimizer}
+    return {"model": self.model, "optimizer": self.optimizer, "calibration": self.calibration,
+            "base_rate": self.base_rate}
+
+  def before_training(self, features, labels, releases):
+    """The logit layer starts at the (DP) base rate of the first period's labels (`train
+    ctr`'s `base_rate`): zero kernel, bias logit(r). A private run without the mechanism
+    releases nothing."""
+    if self.options.private and BASE_RATE not in releases:
+      return {}
+    sigma, rng = releases.get(BASE_RATE, (None, None))
+    rate = ctr_workflow.base_rate(labels, sigma, rng)
+    self.base_rate.assign(rate)
+    if self.options.logit_init == "base_rate":
+      self.model.logit.kernel.assign(tf.zeros_like(self.model.logit.kernel))
+      self.model.logit.bias.assign([math.log(rate / (1 - rate))])
+    return {"base_rate": rate}
+
+  def after_training(self, features, labels, releases):
+    """DP Platt scaling (`dprec.privacy.dp_platt_scaling`) of the raw logits on the period's
+    training rows, towards the base rate: the affine evaluation applies."""
+    if CALIBRATION not in releases or not self.base_rate.numpy() > 0:
+      return {}
+    sigma, rng = releases[CALIBRATION]
+    rows = ctr_workflow.calibration_rows(dict(features, label=labels), rng)
+    scale, shift = privacy.dp_platt_scaling(
+        ctr.predict_logits(self.model, rows, self.options.eval_batch_size), rows["label"], sigma,
+        float(self.base_rate.numpy()), rng)
+    self.calibration.assign([scale, shift])
+    return {"calibration_scale": scale, "calibration_shift": shift}
 
   def noise_generators(self):
     return {"dp step": self.model.dp_optimizer.generator}
@@ -160,7 +246,17 @@ class CTRPeriodModel(PeriodModel):
                    steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[_OnStep(on_step)])
 
   def evaluate(self, features, labels):
-    return ctr.evaluate(self.model, features, labels, self.options.eval_batch_size)
+    """AUC and log loss of the calibrated output σ(a·z + b), and the base rate's log loss."""
+    scale, shift = self.calibration.numpy()
+    logits = scale * ctr.predict_logits(self.model, features, self.options.eval_batch_size)
+    logits += shift
+    auc = tf.keras.metrics.AUC(num_thresholds=self.model.config.auc_thresholds, from_logits=True)
+    auc.update_state(labels, logits)
+    loss = tf.nn.sigmoid_cross_entropy_with_logits(labels=np.asarray(labels, np.float64),
+                                                   logits=logits)
+    rate = float(self.base_rate.numpy())
+    return {"auc": float(auc.result()), "loss": float(tf.reduce_mean(loss)),
+            "base_rate_log_loss": ctr.log_loss_of_constant(labels, rate) if rate > 0 else None}
 
 
 class _OnStep(tf.keras.callbacks.Callback):
@@ -188,6 +284,11 @@ def expected_periods(options: StreamOptions, source) -> Tuple[int, str]:
           f"the {len(days)} days in {options.data} (not a live stream: --idle-timeout 0)")
 
 
+def default_batch_size(examples_per_period: int) -> int:
+  """B when none is given: `STREAM_BATCH_SIZE`, at most an eighth of a period (N is public)."""
+  return poisson.default_batch_size(examples_per_period, preferred=STREAM_BATCH_SIZE)
+
+
 def plan_privacy(options: StreamOptions, source, expected: int, run=None) -> plan_lib.PrivacyPlan:
   """One budget over `expected` periods, q from the expected examples per period (default: the
   first period's), composed with what `run`'s ledger spent on the data before (δ: the ledger's,
@@ -205,9 +306,14 @@ def plan_privacy(options: StreamOptions, source, expected: int, run=None) -> pla
   delta, spent = run_lib.plan_prior(run, epsilon, options.delta, options.accountant,
                                     default_delta=1.0 / (expected * per_period))
   return plan_lib.plan_stream(
-      epsilon, delta, expected, per_period, options.batch_size,
+      epsilon, delta, expected, per_period,
+      options.batch_size or default_batch_size(per_period),
       epochs_per_period=options.epochs_per_period, selection_epsilon=selection,
-      noise_multiplier=options.noise_multiplier, accountant=options.accountant, spent=spent)
+      noise_multiplier=options.noise_multiplier, accountant=options.accountant, spent=spent,
+      privacy_unit=options.privacy_unit, max_rows_per_user=options.max_rows_per_user or 1,
+      mechanisms=[(BASE_RATE, options.base_rate_share)],
+      period_mechanisms=[(CALIBRATION, options.calibration_share)] * bool(
+          options.calibration_share))
 
 
 def build_trainer(options: StreamOptions, source, plan, run) -> StreamingTrainer:
@@ -236,5 +342,24 @@ def run(options: StreamOptions) -> dict:
     summary = build_trainer(options, source, plan, run).run()
   summary["algorithm"] = options.algorithm
   summary["expected_periods"], summary["expected_periods_from"] = expected, expected_from
+  summary["batch_size"], summary["batch_size_chosen"] = plan.batch_size, not options.batch_size
+  if options.reference:
+    summary["reference"] = _reference(options)
+    stream_metrics.plot_auc_epsilon(
+        summary["periods"], os.path.join(options.run_dir, stream_metrics.PLOT_NAME),
+        reference=summary["reference"]["periods"])
   run_lib.write_summary(summary, options.summary_json)
   return summary
+
+
+def _reference(options: StreamOptions) -> dict:
+  """The non-private stream of the same periods and model (`reference`): its per-period AUC and
+  log loss, and its hold-out (no privacy: a yardstick, not a release of the private run)."""
+  reference = run(dataclasses.replace(
+      options, algorithm="non_private", epsilon_total=None, delta=None, noise_multiplier=None,
+      reference=None, ledger=None, summary_json=None, privacy_unit="row",
+      max_rows_per_user=None, run_dir=os.path.join(options.run_dir, REFERENCE_DIR)))
+  keep = ("period", "eval_period", "auc", "log_loss", "base_rate_log_loss")
+  return {"algorithm": "non_private", "run_dir": reference["run_dir"],
+          "periods": [{k: row.get(k) for k in keep} for row in reference["periods"]],
+          "holdout": reference["holdout"]}

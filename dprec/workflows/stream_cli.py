@@ -51,14 +51,34 @@ def register(subparsers):
   dp.add_argument("--top-k-epsilon", type=float, default=0.1,
                   help="total pure ε of the per-period DP top-k refreshes; 0 treats the "
                   "counts as public")
+  dp.add_argument("--privacy-unit", default=defaults.privacy_unit, choices=("row", "user"),
+                  help="what ε protects: a row (each lives in one period: the periods compose "
+                  "in parallel, ε is the costliest period's plus the DP top-k refreshes) or a "
+                  "user (the records' user_id; periods compose sequentially)")
+  dp.add_argument("--max-rows-per-user", type=int, default=None,
+                  help="--privacy-unit user: rows of a user kept per period, drawn by the run's "
+                  "key before training (default 1)")
+  dp.add_argument("--base-rate-share", type=float, default=defaults.base_rate_share,
+                  help="share of ε for the DP click rate of the first period (the logit "
+                  "layer's starting bias, DP Platt scaling's prior)")
+  dp.add_argument("--calibration-share", type=float, default=defaults.calibration_share,
+                  help="share of ε for DP Platt scaling after each period, on its rows (row "
+                  "unit: of every period; user unit: over all periods); 0: none")
   model = parser.add_argument_group("model and step")
-  model.add_argument("--batch-size", type=int, default=defaults.batch_size,
-                     help="expected (Poisson) batch size")
+  model.add_argument("--batch-size", type=int, default=None,
+                     help=f"expected (Poisson) batch size (default: {stream.STREAM_BATCH_SIZE}, "
+                     "at most an eighth of the expected period size)")
+  model.add_argument("--logit-init", default=defaults.logit_init, choices=ctr.LOGIT_INITS,
+                     help="base_rate: the logit layer starts at the first period's (DP) click "
+                     "rate; default: Keras' initialisation")
   ctr_cli.add_step_arguments(model.add_argument, defaults)
   model.add_argument("--hidden-units", type=ctr_cli.int_list, default=defaults.hidden_units,
                      help="comma-separated Dense widths (default: App. D.1.1's four of 598)")
   model.add_argument("--headroom", type=float, default=1.5,
                      help="spare table rows for new ids, as a factor (default 1.5)")
+  model.add_argument("--reference", default=None, choices=stream.REFERENCES,
+                     help="also train a non-private stream on the same periods (RUN/"
+                     f"{stream.REFERENCE_DIR}), shown in the plot and the summary")
   run_cli.add_run_arguments(
       parser.add_argument_group("run").add_argument, defaults,
       randomness="batches, noise and DP top-k draws",

@@ -23,9 +23,9 @@ def data_dir(tmp_path_factory):
 
 
 def _options(data_dir, epsilon):
-  return SeqRecTrainOptions(data=data_dir, epsilon=epsilon, epochs=10, batch_size=32, max_len=8,
-                            dim=16, num_blocks=1, dropout=0.0, learning_rate=1e-2,
-                            accountant="rdp", progress=False)
+  return SeqRecTrainOptions(model="dpformer", data=data_dir, epsilon=epsilon, epochs=10,
+                            batch_size=32, max_len=8, dim=16, num_blocks=1, dropout=0.0,
+                            learning_rate=1e-2, accountant="rdp", progress=False)
 
 
 def test_non_private_seqrec_is_caught(data_dir, tmp_path):

@@ -266,3 +266,31 @@ def test_two_processes_sharing_a_ledger_lose_no_charge(tmp_path):
   with pytest.raises(BudgetExceededError):
     first.charge_pure(0.4, label="a")  # 0.4 + 0.4 + 0.4 > 1, though `first` knew only 0.4
   assert len(privacy.PrivacyLedger(path).charges) == 2
+
+
+def test_charges_of_disjoint_days_compose_in_parallel(tmp_path):
+  """A row lives in one day: ε is the worst day's charges composed with those reading every day
+  (a row-level stream), computed by dp_accounting directly."""
+  ledger = privacy.PrivacyLedger(tmp_path / "l.json", epsilon_budget=10.0, delta=DELTA)
+  ledger.charge_pure(0.1, label="dp top-k refresh")  # running counts: every day
+  ledger.charge_gaussian_mechanism(20.0, label="base rate", days=[0])
+  for day in range(3):
+    ledger.charge_gaussian(1.0, 0.01, 100, label=f"period {day}", days=[day])
+  worst = _direct_pld([dp_accounting.GaussianDpEvent(20.0), privacy.dp_sgd_event(1.0, 0.01, 100)])
+  other = _direct_pld([privacy.dp_sgd_event(1.0, 0.01, 100)])
+  assert ledger.epsilon_spent() == pytest.approx(worst + 0.1, rel=1e-9)
+  by_days = ledger.parts()["training"]["by_days"]
+  assert [d["days"] for d in by_days] == [[0], [1], [2]]
+  assert [d["epsilon"] for d in by_days] == pytest.approx([worst + 0.1] + [other + 0.1] * 2,
+                                                         rel=1e-9)
+  reloaded = privacy.PrivacyLedger(tmp_path / "l.json")  # the days are on disk
+  assert reloaded.epsilon_spent() == pytest.approx(worst + 0.1, rel=1e-9)
+  # Sequential charges of the same releases cost more: the parallel total is below it.
+  sequential = _direct_pld([dp_accounting.GaussianDpEvent(20.0),
+                            privacy.dp_sgd_event(1.0, 0.01, 300)]) + 0.1
+  assert ledger.epsilon_spent() < sequential
+  # A release reading days 1 and 2 composes with both days' charges.
+  ledger.charge_gaussian(1.0, 0.01, 100, label="days 1-2", days=[1, 2])
+  both = _direct_pld([privacy.dp_sgd_event(1.0, 0.01, 200)])
+  assert ledger.epsilon_spent() == pytest.approx(max(worst, both) + 0.1, rel=1e-9)
+  assert ledger.spent_before("someone else").periods  # a plan composes them all (upper bound)

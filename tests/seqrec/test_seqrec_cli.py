@@ -219,8 +219,8 @@ def test_vocabulary_alone_pays_for_the_histogram():
   """Without Re-Attention, the vocabulary or the popularity weights still need the DP counts:
   the plan pays for them."""
   from dprec.workflows.seqrec import SeqRecTrainOptions  # pylint: disable=import-outside-toplevel
-  vanilla = SeqRecTrainOptions(reattention=False)
+  vanilla = SeqRecTrainOptions(model="dpformer", reattention=False)
   assert item_frequencies.mechanisms(vanilla) == []
   for levers in ({"item_vocab_threshold": 5}, {"popularity_weights": True}):
-    assert item_frequencies.mechanisms(SeqRecTrainOptions(reattention=False, **levers)) == [
+    assert item_frequencies.mechanisms(SeqRecTrainOptions(model="dpformer", reattention=False, **levers)) == [
         (item_frequencies.LABEL, 0.05)]

@@ -22,7 +22,7 @@ KILL_AFTER_STEP = 5
 
 def _options(data_dir, **overrides):
   # dropout 0: Keras' dropout masks are not part of the checkpoint; everything else is.
-  options = dict(data=data_dir, epsilon=5.0, epochs=2, batch_size=32, max_len=8, dim=8,
+  options = dict(model="dpformer", data=data_dir, epsilon=5.0, epochs=2, batch_size=32, max_len=8, dim=8,
                  num_blocks=1, dropout=0.0, progress=False, checkpoint_every=3, charge_every=2)
   return SeqRecTrainOptions(**dict(options, **overrides))
 

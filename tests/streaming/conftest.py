@@ -28,7 +28,8 @@ def make_days(days=4, rows=400, seed=0, new_ids_per_day=2):
     ints = rng.normal(size=(rows, 2)).astype(np.float32)
     logit = (ids % 2).sum(axis=1) - 1.5 + ints[:, 0]
     labels = (rng.random(rows) < 1 / (1 + np.exp(-logit))).astype(np.int32)
-    out.append(({"cat_features": ids, "int_features": ints}, labels))
+    users = np.random.default_rng([seed, day]).integers(0, rows // 2, size=rows)
+    out.append(({"cat_features": ids, "int_features": ints, "user_id": users}, labels))
   return out
 
 
@@ -120,11 +121,12 @@ class StandInModel(PeriodModel):
 
 def make_trainer(run_dir, epsilon_total, source, train_periods=None, checkpoint_every=7,
                  expected_periods=3, noise_multiplier=2.0, batch_size=40, accountant="pld",
-                 ledger_path=None, insecure_noise_seed=None, diagnostics=False):
-  """A StreamingTrainer of the stand-in model over `source` (examples per period from day 0)."""
+                 ledger_path=None, insecure_noise_seed=None, diagnostics=False, **plan_options):
+  """A StreamingTrainer of the stand-in model over `source` (examples per period from day 0);
+  `plan_options`: more of `plan_stream`'s (privacy_unit, mechanisms, ...)."""
   plan = plan_stream(epsilon_total, 1e-5, expected_periods=expected_periods,
                      examples_per_period=source.period(0).examples, batch_size=batch_size,
-                     noise_multiplier=noise_multiplier, accountant=accountant)
+                     noise_multiplier=noise_multiplier, accountant=accountant, **plan_options)
   model = StandInModel(noise_multiplier=plan.noise_multiplier)
   config = StreamConfig(checkpoint_every=checkpoint_every, train_periods=train_periods,
                         diagnostics=diagnostics)

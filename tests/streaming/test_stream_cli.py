@@ -29,6 +29,10 @@ def test_help_names_the_interface(capsys):
 @pytest.mark.parametrize("extra, message", [
     (["--algorithm", "dp_sgd", "--train-days", "3"], "needs a positive --epsilon-total"),
     (["--algorithm", "dp_fest", "--epsilon-total", "1", "--train-days", "3"], "needs --top-k"),
+    (["--algorithm", "dp_fest", "--top-k", "5", "--epsilon-total", "1", "--train-days", "3",
+      "--privacy-unit", "user"], "cannot refresh a DP top-k set"),
+    (["--algorithm", "dp_sgd", "--epsilon-total", "1", "--max-rows-per-user", "2"],
+     "goes with --privacy-unit user"),
     (["--algorithm", "dp_sgd", "--epsilon-total", "1"], "no complete day yet; give --expected"),
     (["--algorithm", "dp_sgd", "--epsilon-total", "1", "--idle-timeout", "5"],
      "a live stream (--idle-timeout > 0) needs --expected-periods"),
@@ -64,8 +68,12 @@ def test_the_plan_composes_what_the_ledger_spent_on_the_data_before(tmp_path):
   with run_lib.Run(stream.COMMAND, options.run_dir, ledger, data=data) as run:
     plan = stream.plan_privacy(options, source, 2, run)
     assert plan.delta == 1e-5 and plan.spent == privacy.Spent(selections=((0.2, 0.0),))
-    gaussian = privacy.compute_epsilon(plan.noise_multiplier, plan.sampling_rate,
-                                       2 * plan.steps_per_period, 1e-5, accountant="rdp").epsilon
+    # Rows: the costliest period (the first: its steps, DP base rate and DP Platt scaling)
+    gaussian = privacy.gaussian_epsilon(
+        [privacy.gaussian_mechanism_period(plan.mechanisms[stream.BASE_RATE]),
+         privacy.gaussian_mechanism_period(plan.period_mechanisms[stream.CALIBRATION]),
+         privacy.TrainingPeriod(plan.noise_multiplier, plan.sampling_rate,
+                                plan.steps_per_period)], 1e-5, "rdp")
     assert gaussian == pytest.approx(0.8, rel=5e-3) and gaussian <= 0.8 + 1e-9
     assert plan.planned_epsilon() == pytest.approx(gaussian + 0.2, rel=1e-6)
     summary = stream.build_trainer(options, source, plan, run).summary()  # before any period

@@ -1,13 +1,17 @@
 """The pCTR model in a stream: tables grow for new ids and the DP-FEST set is refreshed per period
 without losing what was learned (seed 001 §4.3 streaming-based frequency information)."""
-import numpy as np
+import json
 
+import numpy as np
+import pytest
+
+from dprec.models import ctr
 from dprec.training.period_source import ArrayPeriodSource
 from dprec.training.streaming import StreamConfig, StreamingTrainer
 from dprec.workflows.ctr import CTRTrainOptions
 from dprec.workflows.plan import plan_stream
 from dprec.workflows.run import Run
-from dprec.workflows.stream import CTRPeriodModel
+from dprec.workflows.stream import BASE_RATE, CALIBRATION, CTRPeriodModel
 
 
 def _days(num_days=3, rows=300, seed=1):
@@ -95,3 +99,48 @@ def test_refreshing_the_top_k_set_keeps_learned_rows(tmp_path):
     outside = np.setdiff1d(np.arange(final.shape[0]), second_rows[name])
     np.testing.assert_array_equal(final[outside], new[outside])
     assert np.abs(final[second_rows[name]] - new[second_rows[name]]).max() > 0
+
+
+def test_base_rate_start_and_platt_scaling_on_the_output_only(tmp_path):
+  """The first period starts the logit layer at the DP base rate; each period's DP Platt
+  scaling (charged with it, on its days) is an affine on the output that evaluation applies and
+  the next period's training does not see."""
+  days = _days(num_days=3, rows=400)
+  source = ArrayPeriodSource(days, train_days=2)
+  plan = plan_stream(20.0, 1e-5, expected_periods=2, examples_per_period=400, batch_size=40,
+                     noise_multiplier=1.0, mechanisms=[(BASE_RATE, 0.01)],
+                     period_mechanisms=[(CALIBRATION, 0.1)])
+  options = CTRTrainOptions(data="", algorithm="dp_sgd", hidden_units=(8,))
+  model = CTRPeriodModel(options, plan.noise_multiplier, 40.0)
+  logit_layer = {}
+  original_before = model.before_training
+
+  def before(features, labels, releases):
+    released = original_before(features, labels, releases)
+    logit_layer["start"] = (model.model.logit.kernel.numpy().copy(),
+                            model.model.logit.bias.numpy().copy())
+    return released
+
+  model.before_training = before
+  summary = StreamingTrainer(model, source, plan, StreamConfig(train_periods=2),
+                             Run("stream", str(tmp_path))).run()
+  kernel, bias = logit_layer["start"]
+  rate = summary["periods"][0]["base_rate"]
+  assert not kernel.any() and bias[0] == pytest.approx(np.log(rate / (1 - rate)))
+  assert abs(rate - days[0][1].mean()) < 4 * plan.mechanisms[BASE_RATE] / 400  # DP: σ_b / N
+  scale, shift = model.calibration.numpy()
+  last = summary["periods"][-1]
+  assert (scale, shift) == pytest.approx((last["calibration_scale"], last["calibration_shift"]))
+  assert (scale, shift) != pytest.approx((1.0, 0.0))
+  # Evaluation applies the affine to the raw logits; the logit layer itself is not rescaled.
+  features, labels = days[2]
+  raw = ctr.predict_logits(model.model, features)
+  expected = np.mean(np.logaddexp(0, scale * raw + shift) - labels * (scale * raw + shift))
+  assert model.evaluate(features, labels)["loss"] == pytest.approx(expected, rel=1e-5)
+  row = summary["periods"][0]
+  assert row["log_loss"] == row["eval_loss"] and row["base_rate_log_loss"] == pytest.approx(
+      ctr.log_loss_of_constant(days[1][1], rate))
+  charges = json.loads((tmp_path / "ledger.json").read_text())["charges"]
+  assert {(c["label"], tuple(c["days"])) for c in charges if c["sampling_rate"] == 1} == {
+      ("stream base rate", (0,)), ("stream period 0 calibration", (0,)),
+      ("stream period 1 calibration", (1,))}

@@ -13,8 +13,8 @@ import time
 
 import pytest
 
+from dprec import privacy
 from dprec.data.synthetic import generate_criteo
-from dprec.privacy import compute_epsilon
 
 DAYS, ROWS, BATCH = 4, 500, 10
 STEPS = ROWS // BATCH  # per period: one expected pass at an expected batch of 10
@@ -124,15 +124,26 @@ def test_watcher_and_trainer_with_a_sigkill_in_the_middle_of_a_period(tmp_path):
     summary = json.load(f)
   with open(os.path.join(run_dir, "ledger.json")) as f:
     charges = json.load(f)["charges"]
-  # The ledger is exact: one charge per period, none repeated by the restart, and its ε is that
-  # of the 3·T steps composed directly.
-  assert [(c["label"], c["steps"]) for c in charges] == [
-      (f"stream period {p}", STEPS) for p in range(DAYS - 1)]
+  # The ledger is exact: one charge per period (its steps and DP Platt scaling, the first's DP
+  # base rate too), each reading its day, none repeated by the restart; its ε is one period's
+  # (rows live in one period: parallel composition) composed directly.
+  steps = [(c["label"], c["steps"], c["days"]) for c in charges if c["sampling_rate"] < 1]
+  assert steps == [(f"stream period {p}", STEPS, [p]) for p in range(DAYS - 1)]
+  assert [(c["label"], c["days"]) for c in charges if c["sampling_rate"] == 1] == [
+      ("stream period 0 calibration", [0]), ("stream base rate", [0])] + [
+      (f"stream period {p} calibration", [p]) for p in range(1, DAYS - 1)]
   assert len({c["run_id"] for c in charges}) == 1
   plan = summary["plan"]
-  expected = compute_epsilon(plan["noise_multiplier"], plan["sampling_rate"],
-                             (DAYS - 1) * STEPS, summary["delta"], "rdp").epsilon
+  mechanisms = [c["noise_multiplier"] for c in charges if c["days"] == [0]
+                and c["sampling_rate"] == 1]
+  expected = privacy.gaussian_epsilon(
+      [privacy.gaussian_mechanism_period(s) for s in mechanisms]
+      + [privacy.TrainingPeriod(plan["noise_multiplier"], plan["sampling_rate"], STEPS)],
+      summary["delta"], "rdp")
   assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
+  assert summary["privacy_unit"] == "row"
+  assert all(r["log_loss"] is not None and r["base_rate_log_loss"] is not None
+             for r in summary["periods"])
   assert summary["resumed"] and summary["stopped"] == f"trained the {DAYS - 1} training periods"
   assert [row["period"] for row in summary["periods"]] == list(range(DAYS - 1))
   assert all(row["auc"] is not None for row in summary["periods"])  # each evaluated on the next

@@ -102,7 +102,9 @@ def test_sigkill_mid_period_and_restart_equals_an_uninterrupted_run(stream_outpu
 
   # No spent budget forgotten, none paid twice: the same charges, period by period.
   assert _ledger(killed) == _ledger(plain)
-  assert [c["label"] for c in _ledger(plain)] == ["stream period 0", "stream period 1"]
+  assert [c["label"] for c in _ledger(plain)] == [
+      "stream period 0 calibration", "stream base rate", "stream period 0",
+      "stream period 1 calibration", "stream period 1"]
   # Every (period, step) trained once, none skipped, with the same Poisson batch.
   def batches(run_dir):
     return [(r["period"], r["step"], r["diagnostics_nonprivate"]["batch_size"])
@@ -119,7 +121,8 @@ def test_sigkill_mid_period_and_restart_equals_an_uninterrupted_run(stream_outpu
   assert killed_summary["resumed"] and not plain_summary["resumed"]
   for mine, theirs in zip(killed_summary["periods"], plain_summary["periods"]):
     assert {"period", "auc", "epsilon_so_far", "gradient_size_reduction"} <= mine.keys()
-    for key in ("period", "auc", "epsilon_so_far", "gradient_size_reduction"):
+    for key in ("period", "auc", "epsilon_so_far", "gradient_size_reduction", "log_loss",
+                "calibration_scale", "calibration_shift"):
       assert mine[key] == pytest.approx(theirs[key], rel=1e-5), key
     assert mine["diagnostics_nonprivate"] == pytest.approx(theirs["diagnostics_nonprivate"],
                                                            rel=1e-5)

@@ -24,9 +24,23 @@ def _direct_epsilon(sigma, q, steps, delta, accountant="pld"):
   return accountant.get_epsilon(delta)
 
 
-def test_plan_spends_the_budget_over_the_expected_periods():
+def test_row_plan_spends_the_budget_on_one_period():
+  """Rows live in one period: the periods compose in parallel, σ is one period's."""
   plan = plan_stream(1.0, 1e-5, expected_periods=4, examples_per_period=200, batch_size=20,
                      epochs_per_period=1.5)
+  assert plan.parallel_periods and plan.privacy_unit == "row"
+  direct = _direct_epsilon(plan.noise_multiplier, plan.sampling_rate, 15, 1e-5)
+  assert direct == pytest.approx(1.0, rel=5e-3) and direct <= 1.0 + 1e-9
+  assert plan.planned_epsilon() == pytest.approx(direct, rel=1e-9)
+  assert plan.planned_epsilon(7) == plan.planned_epsilon()  # more periods cost no more
+  sequential = plan_stream(1.0, 1e-5, expected_periods=4, examples_per_period=200,
+                           batch_size=20, epochs_per_period=1.5, privacy_unit="user")
+  assert plan.noise_multiplier < sequential.noise_multiplier / 1.5
+
+
+def test_user_plan_spends_the_budget_over_the_expected_periods():
+  plan = plan_stream(1.0, 1e-5, expected_periods=4, examples_per_period=200, batch_size=20,
+                     epochs_per_period=1.5, privacy_unit="user")
   assert plan.sampling_rate == pytest.approx(20 / 200)
   assert plan.steps_per_period == 15
   direct = _direct_epsilon(plan.noise_multiplier, plan.sampling_rate, 4 * 15, 1e-5)
@@ -38,7 +52,7 @@ def test_plan_spends_the_budget_over_the_expected_periods():
 
 def test_selection_budget_is_deducted_from_training():
   plan = plan_stream(2.0, 1e-5, expected_periods=3, examples_per_period=200, batch_size=20,
-                     selection_epsilon=0.3, accountant="rdp")
+                     selection_epsilon=0.3, accountant="rdp", privacy_unit="user")
   assert plan.selection_epsilon_per_period == pytest.approx(0.1)
   gaussian = _direct_epsilon(plan.noise_multiplier, plan.sampling_rate,
                              3 * plan.steps_per_period, 1e-5, "rdp")
@@ -103,7 +117,7 @@ def test_atomic_write_replaces_whole_files(tmp_path):
 def test_what_the_ledger_spent_before_is_composed_into_the_plan():
   spent = privacy.Spent(selections=((0.3, 0.0),))  # e.g. a DP top-k vocabulary
   plan = plan_stream(2.0, 1e-5, expected_periods=3, examples_per_period=200, batch_size=20,
-                     accountant="rdp", spent=spent)
+                     accountant="rdp", spent=spent, privacy_unit="user")
   gaussian = _direct_epsilon(plan.noise_multiplier, plan.sampling_rate,
                              3 * plan.steps_per_period, 1e-5, "rdp")
   assert gaussian == pytest.approx(1.7, rel=5e-3) and gaussian <= 1.7 + 1e-9

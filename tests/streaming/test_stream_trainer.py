@@ -27,7 +27,9 @@ def test_budget_stops_cleanly_before_the_period_that_would_exceed_it(tmp_path, s
   source = ArrayPeriodSource(standin.make_days(5))
   q, steps = 40 / 400, 10  # the stand-in plan: B = 40 of 400 examples per period, one epoch
   two, three = _pld_epsilon(2.0, q, 2 * steps), _pld_epsilon(2.0, q, 3 * steps)
-  trainer = standin.make_trainer(str(tmp_path), (two + three) / 2, source, noise_multiplier=2.0)
+  # A user's rows recur across periods: the periods compose sequentially.
+  trainer = standin.make_trainer(str(tmp_path), (two + three) / 2, source, noise_multiplier=2.0,
+                                 privacy_unit="user")
   summary = trainer.run()
   assert [row["period"] for row in summary["periods"]] == [0, 1]
   assert "privacy budget" in summary["stopped"] and "period 2" in summary["stopped"]
@@ -39,7 +41,8 @@ def test_budget_stops_cleanly_before_the_period_that_would_exceed_it(tmp_path, s
   # Restarting does not train on: the stop is part of the checkpoint, the ledger is unchanged.
   ledger = (tmp_path / "ledger.json").read_text()
   trainer.run_state.close()  # the process ends: its run directory is free again
-  again = standin.make_trainer(str(tmp_path), (two + three) / 2, source, noise_multiplier=2.0)
+  again = standin.make_trainer(str(tmp_path), (two + three) / 2, source, noise_multiplier=2.0,
+                               privacy_unit="user")
   assert again.run()["periods_trained"] == 2
   assert (tmp_path / "ledger.json").read_text() == ledger
 
