@@ -103,7 +103,7 @@ def main():
   parser.add_argument("--epochs", type=int, default=5)
   parser.add_argument("--optimizer", default="adagrad", choices=("adagrad", "sgd", "adam"))
   parser.add_argument("--learning-rate", type=float, default=0.1)
-  parser.add_argument("--algorithm", default="dp_adafest")
+  parser.add_argument("--algorithm", default="auto")
   parser.add_argument("--batch-size", type=int, default=None)
   parser.add_argument("--clip", type=float, default=None)
   parser.add_argument("--threshold", type=float, default=None)
