@@ -6,8 +6,9 @@ privately through the ordinary `compile` and `fit` calls.
     history = model.fit(x, y, epochs=5)          # history.history["epsilon"], model.epsilon_spent
 
 What the call does to `model` (in place; the same object is returned):
-- every `tf.keras.layers.Embedding` becomes a `DPEmbedding` (`dprec.layers.embedding.
-  convert_embedding`: same object, name and weights), and the model's class becomes a private
+- every `tf.keras.layers.Embedding` becomes a `DPEmbedding`
+  (`dprec.layers.embedding.convert_embedding`: same object, name and weights), and the model's
+  class becomes a private
   subclass of its own (`PrivateModel` first, then the model's class: a functional, Sequential,
   subclassed or `tfrs.Model` keeps its `call`, `compute_loss`, `evaluate`, `predict`, `save`;
   a saved model loads as the original class, with `DPEmbedding` tables);
