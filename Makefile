@@ -9,7 +9,8 @@ LEGACY_VENV := .venv-legacy
 LEGACY_STAMP := $(LEGACY_VENV)/.installed
 DEMO_DIR ?= demo_out
 
-.PHONY: demo test test-legacy install clean docs bazel
+
+.PHONY: demo test test-faults test-legacy install clean docs bazel
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,10 +30,13 @@ demo: $(STAMP)
 	$(VENV)/bin/dprec demo --out $(DEMO_DIR)
 
 test: $(STAMP)
-	$(PY) -m pytest -n 2 -q tests
+	$(PY) -m pytest -n 2 -q -m "not faults" tests
 
-# The fault tests (parameter servers killed mid-run) are about the cluster, not the stack: the
-# default leg runs them, the legacy leg does not pay their minutes again.
+# Parameter-server fault tests (processes killed mid-run; minutes each). Out of CI until they are
+# re-checked against the stream's new Run charges (session 2026-11-25 (4) note).
+test-faults: $(STAMP)
+	$(PY) -m pytest -p no:xdist -q -m faults tests
+
 test-legacy: $(LEGACY_STAMP)
 	DPREC_REQUIRE_PEERS=1 $(LEGACY_VENV)/bin/python -m pytest -n 2 -q -m "not faults" tests
 
