@@ -98,7 +98,8 @@ def _rest_share(group_squared):
   return 1.0 - sum(shares)
 
 
-def _unique(items):
+def unique_by_identity(items):
+  """`items` without repeats (by object identity), in first-seen order."""
   seen, result = set(), []
   for item in items:
     if id(item) not in seen:
@@ -275,7 +276,7 @@ class DPModel(tf.keras.Model):
   @property
   def dp_tables(self):
     """The model's `DPEmbedding` layers, in a fixed order."""
-    return _unique(m for m in self.submodules if isinstance(m, DPEmbedding))
+    return unique_by_identity(m for m in self.submodules if isinstance(m, DPEmbedding))
 
   @property
   def dense_embedding_size(self):

@@ -46,6 +46,7 @@ from dprec.layers.embedding import convert_embedding
 from dprec.models.dp_model import DPModel
 from dprec.models.dp_model import per_example_losses
 from dprec.models.dp_model import refusing_variable_updates
+from dprec.models.dp_model import unique_by_identity
 from dprec.optimizers import sparse as sparse_optimizers
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
@@ -184,7 +185,7 @@ def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epo
   if isinstance(model, PrivateModel):
     raise DprecError(f"model '{model.name}' is already private")
   _refuse_unsupported(model)
-  for layer in _unique(m for m in model.submodules
+  for layer in unique_by_identity(m for m in model.submodules
                        if type(m) is tf.keras.layers.Embedding):  # pylint: disable=unidiomatic-typecheck
     convert_embedding(layer)
   if model.built:
@@ -211,15 +212,6 @@ class _State:
   label_range: Optional[Tuple[float, float]] = None
   prior: Optional[float] = None
   recalibration: Optional[Tuple[float, float]] = None
-
-
-def _unique(items):
-  seen, result = set(), []
-  for item in items:
-    if id(item) not in seen:
-      seen.add(id(item))
-      result.append(item)
-  return result
 
 
 def _tfrs():
