@@ -6,6 +6,7 @@ import json
 import pytest
 
 from dprec import cli
+from dprec.audit import bounds
 from dprec.audit import ctr as audit_ctr
 from dprec.data import synthetic
 from dprec.optimizers import config as config_lib
@@ -35,21 +36,30 @@ def _audit(data_dir, tmp_path, algorithm, *extra):
     return json.load(stream)
 
 
-@pytest.mark.xfail(strict=False, reason="after the h30/h31 merges the non-private black-box bound fell to 2.87 of a 3.99 ceiling in the full suite; under investigation (session note)")
 def test_non_private_training_is_caught(data_dir, tmp_path):
   summary = _audit(data_dir, tmp_path, "non_private")
   assert {"epsilon_lower_bound", "ceiling", "confidence", "canaries", "claimed_epsilon",
           "threat_model", "method", "algorithm"} <= set(summary)
   assert summary["confidence"] == 0.95 and summary["canaries"] == CANARIES
   assert summary["threat_model"] == "black_box" and summary["claimed_epsilon"] is None
-  # The rows of a canary no step sampled have not moved: the "in" guesses on moved rows are
-  # all right, and the bound is the ceiling those guesses allow.
-  assert summary["epsilon_lower_bound"] == pytest.approx(summary["ceiling"])
-  assert summary["ceiling"] > EPSILON
+  _assert_caught_with_every_guess_right(summary)
   with open(summary["scores_file"], encoding="utf-8") as stream:
     records = [json.loads(line) for line in stream]
   assert len(records) == CANARIES and {"included", "alignment", "movement",
                                        "loss"} <= set(records[0])
+
+
+def _assert_caught_with_every_guess_right(summary):
+  """Without noise the canaries a step sampled moved and the others did not: the m/4 highest
+  scores are all "in", so the bound is at least what m/4 right guesses give. Not necessarily the
+  ceiling: the ceiling's m/2 guesses are all right only when at least m/2 canaries went in (a
+  coin flip) and every one of them was sampled."""
+  tries = len(summary["scores"]) * len(summary["guess_counts"])
+  level = 1.0 - (1.0 - summary["confidence"]) / tries
+  quarter = summary["guess_counts"][1]
+  all_right = bounds.gdp_epsilon_lower_bound(CANARIES, quarter, quarter, summary["delta"], level)
+  assert summary["ceiling"] >= summary["epsilon_lower_bound"] >= all_right - 1e-6
+  assert all_right > EPSILON
 
 
 @pytest.mark.parametrize("algorithm", ["non_private", "dp_sgd"])
@@ -59,8 +69,7 @@ def test_white_box_threat_model(data_dir, tmp_path, algorithm):
   assert summary["threat_model"] == "white_box" and summary["canaries"] == CANARIES
   assert summary["sampling_rate"] == pytest.approx(500 / 1000)
   if algorithm == "non_private":
-    assert summary["epsilon_lower_bound"] == pytest.approx(summary["ceiling"])
-    assert summary["ceiling"] > EPSILON
+    _assert_caught_with_every_guess_right(summary)
   else:
     assert summary["steps_epsilon"] <= EPSILON
     assert 0.0 <= summary["epsilon_lower_bound"] <= EPSILON

@@ -13,9 +13,11 @@ DELTA = 1e-5
 
 
 def test_one_planner_for_a_single_run_and_for_periods():
-  """P periods of T steps are planned like one run of P·T steps, and both spend the budget."""
+  """A user-level stream of P periods of T steps is planned like one run of P·T steps; a
+  row-level stream's periods compose in parallel, so it is planned like one run of T steps
+  (every selection still deducted); all spend the budget."""
   stream = plan_stream(2.0, DELTA, expected_periods=3, examples_per_period=400, batch_size=40,
-                       selection_epsilon=0.3, accountant="rdp")
+                       selection_epsilon=0.3, accountant="rdp", privacy_unit="user")
   single = plan_privacy(2.0, DELTA, 400, 40, 3 * stream.steps_per_period, selection_epsilon=0.3,
                         accountant="rdp")
   assert stream.noise_multiplier == pytest.approx(single.noise_multiplier, rel=1e-9)
@@ -25,6 +27,14 @@ def test_one_planner_for_a_single_run_and_for_periods():
   assert stream.selection_epsilon == pytest.approx(0.3) == single.selection_epsilon
   assert stream.planned_epsilon() == pytest.approx(2.0, rel=2e-3)
   assert stream.planned_epsilon() <= 2.0 * (1 + 1e-6)
+
+  rows = plan_stream(2.0, DELTA, expected_periods=3, examples_per_period=400, batch_size=40,
+                     selection_epsilon=0.3, accountant="rdp", privacy_unit="row")
+  one_period = plan_privacy(2.0, DELTA, 400, 40, rows.steps_per_period, selection_epsilon=0.3,
+                            accountant="rdp")
+  assert rows.noise_multiplier == pytest.approx(one_period.noise_multiplier, rel=1e-9)
+  assert rows.noise_multiplier < stream.noise_multiplier
+  assert rows.planned_epsilon() == pytest.approx(2.0, rel=2e-3)
 
 
 def test_a_mechanism_released_once_is_composed_with_training():
