@@ -77,34 +77,53 @@ def evaluate_full_ranking(score_fn, histories, targets, buckets, k=10, batch_siz
   `exclude_history` drops items already in the history from the ranking (the paper does not say;
   off by default). `progress` wraps the batch iterator (e.g. tqdm).
   """
+  return evaluate_scorings(lambda history: [score_fn(history)], histories, targets, buckets, k,
+                           batch_size, exclude_history, progress)[0]
+
+
+def evaluate_scorings(scores_fn, histories, targets, buckets, k=10, batch_size=512,
+                      exclude_history=False, progress=None):
+  """`evaluate_full_ranking` of several scorings in one pass: `scores_fn(histories_batch)`
+  returns a list of [b, M] scores (e.g. one model's logits under several prior weights, the
+  model run once); returns one `summarize(...)` per scoring, in order."""
   histories, targets = np.asarray(histories), np.asarray(targets)
   starts = range(0, len(targets), batch_size)
   ranks = []
   for start in (progress(starts) if progress else starts):
     history = histories[start:start + batch_size]
-    scores = score_fn(history)
-    exclude = _seen_items(history, int(scores.shape[1])) if exclude_history else None
-    ranks.append(target_ranks(scores, targets[start:start + batch_size] - 1, exclude).numpy())
-  ranks = np.concatenate(ranks) if ranks else np.zeros([0], np.int64)
-  return summarize(ranks, targets, buckets, k)
+    scorings = scores_fn(history)
+    exclude = (_seen_items(history, int(scorings[0].shape[1])) if exclude_history else None)
+    ranks.append([target_ranks(scores, targets[start:start + batch_size] - 1, exclude).numpy()
+                  for scores in scorings])
+  if not ranks:
+    return [summarize(np.zeros([0], np.int64), targets, buckets, k)]
+  return [summarize(np.concatenate(column), targets, buckets, k) for column in zip(*ranks)]
+
+
+def scorer(model):
+  """`model.score_items` as a function of numpy histories [b, L] -> [b, M] (a Keras model's,
+  e.g. `SeqRecModel`, traced once; any other object's, e.g. `Item2ItemModel`, as it is)."""
+  if isinstance(model, tf.keras.Model):
+    traced = tf.function(model.score_items, reduce_retracing=True)
+    return lambda histories: traced(tf.constant(histories))
+  return model.score_items
+
+
+def ranking_progress(progress):
+  """A tqdm wrapper of the batch iterator on stderr if `progress`, else None."""
+  if not progress:
+    return None
+  return lambda batches: progress_bar(batches, desc="full ranking", unit="batch")
 
 
 def evaluate_model(model, histories, targets, item_frequencies, batch_size=512,
                    exclude_history=False, progress=False):
-  """`evaluate_full_ranking` of a model with `score_items(histories) -> [b, M]` (a Keras model,
-  e.g. `SeqRecModel`, traced once; or any object scoring numpy histories, e.g.
-  `Item2ItemModel`), buckets from `item_frequencies` [M + 1]; a tqdm bar on stderr with
-  `progress`."""
-  score = model.score_items
-  if isinstance(model, tf.keras.Model):
-    traced = tf.function(model.score_items, reduce_retracing=True)
-    score = lambda h: traced(tf.constant(h))
-  bar = None
-  if progress:
-    bar = lambda it: progress_bar(it, desc="full ranking", unit="batch")
-  return evaluate_full_ranking(score, histories, targets,
+  """`evaluate_full_ranking` of a model with `score_items(histories) -> [b, M]` (`scorer`),
+  buckets from `item_frequencies` [M + 1]; a tqdm bar on stderr with `progress`."""
+  return evaluate_full_ranking(scorer(model), histories, targets,
                                popularity_buckets(item_frequencies), batch_size=batch_size,
-                               exclude_history=exclude_history, progress=bar)
+                               exclude_history=exclude_history,
+                               progress=ranking_progress(progress))
 
 
 def top_k_diversity(score_fn, histories, item_frequencies, users=2000, k=10, seed=0):

@@ -132,10 +132,3 @@ def settings(options):
           "max_items": options.pair_max_items, "item_set": options.pair_item_set,
           "threshold_sigmas": options.pair_threshold,
           **dataclasses.asdict(scoring_config(options))}
-
-
-def initial_item_rows(options, examples, plan, p_i, rng, dim):
-  """(float32 [M + 1, d] item rows from the released pairs, release summary) for `--model
-  hybrid`: `Item2ItemModel.item_factors` of the released matrix (post-processing)."""
-  model, summary = build_model(options, examples, plan, p_i, rng)
-  return model.item_factors(dim), summary

@@ -17,7 +17,9 @@ run on the very batches and noise an uninterrupted run would have used, paying n
 (`dprec.workflows.item2item`; the default, measured best on Amazon Games' validation items:
 docs/experiments/seqrec_item2item.md). `model="hybrid"` releases them too, as a mechanism of
 the plan beside training (`pair_share` of ε), and initialises the transformer's item rows from
-their truncated SVD (post-processing) before DP training with the rest of ε.
+their truncated SVD (post-processing; `pair_init`) before DP training with the rest of ε, and
+can add their item-to-item score to the trained transformer's logits as a fixed prior
+(`prior_weight`, `dprec.models.logit_prior`; post-processing too).
 """
 import dataclasses
 import functools
@@ -34,6 +36,7 @@ from dprec.data.sequences import SeqRecExamples, load_sequences, make_examples
 from dprec.errors import DprecError
 from dprec.layers.reattention import ReAttentionConfig
 from dprec.models import ranking_metrics
+from dprec.models.logit_prior import LogitPrior
 from dprec.models.seqrec import SeqRecConfig, SeqRecModel, warmup_linear_decay
 from dprec.optimizers import config as config_lib
 from dprec.optimizers.dp_optimizer import DPOptimizer
@@ -59,7 +62,9 @@ EPSILON_COVERS = {
     "held_out_evaluation": "ndcg_at_10, hit_at_10, by_popularity, test_users, validation and "
                            "the top-10 diversity (distinct_top10_items, overlaps) rank each "
                            "user's held-out item given their history, which IS training data of "
-                           "this run: these metrics are not covered by ε",
+                           "this run: these metrics are not covered by ε; nor is the logit "
+                           "prior's weight that --prior-weight auto picks on the validation "
+                           "items (with a given weight the prior reads released pairs only)",
     "public_users": "with --public-users F (item2item): the users the public rule picks "
                     "(public_user_selection) opted in as public data; their rows are used "
                     "exactly and charged nothing, and ε covers the other users only (the "
@@ -120,6 +125,10 @@ class SeqRecTrainOptions(run_lib.FitOptions):
   pair_popularity_exponent: float = 0.0
   pair_popularity_weight: float = 1e-3
   pair_share: Optional[float] = None  # --model hybrid: the pair release's ε share (None: 0.3)
+  pair_init: bool = True  # --model hybrid: item rows from the released pairs' SVD
+  # --model hybrid: w of the item2item prior on the logits (dprec.models.logit_prior); None:
+  # the weight of PRIOR_WEIGHTS best on the validation items (not covered by ε)
+  prior_weight: Optional[float] = 0.0
   # Opt-in public users (dprec.data.public_users): their share and the rule's public salt.
   public_users: float = 0.0
   public_users_salt: int = 0
@@ -148,6 +157,13 @@ class SeqRecTrainOptions(run_lib.FitOptions):
          "--untied"),
         (self.pair_share is None or 0 < self.pair_share < 1,
          f"--pair-share must be in (0, 1), got {self.pair_share}"),
+        (self.prior_weight is None or self.prior_weight >= 0,
+         f"--prior-weight must be >= 0 or auto, got {self.prior_weight}"),
+        (self.model == "hybrid" or (self.pair_init and self.prior_weight == 0),
+         "--no-pair-init and --prior-weight are --model hybrid's"),
+        (self.prior_weight is not None or self.hold_out_validation,
+         "--prior-weight auto selects the weight on the validation items: it needs them held "
+         "out"),
         (self.public_users == 0 or self.model == "item2item",
          "--public-users is built for --model item2item only"),
         (self.pair_window >= 1 and 0 < self.pair_decay <= 1
@@ -309,9 +325,61 @@ def evaluate_all(model, examples: SeqRecExamples, options):
   if examples.valid_histories is not None:
     metrics["validation"] = evaluate(model, examples, options, examples.valid_histories,
                                      examples.valid_items)
-  metrics.update(ranking_metrics.top_k_diversity(model.score_items, examples.test_histories,
-                                                 examples.item_frequencies))
-  return metrics
+  return _with_diversity(metrics, model.score_items, examples)
+
+
+def _with_diversity(metrics, score_fn, examples):
+  return dict(metrics, **ranking_metrics.top_k_diversity(score_fn, examples.test_histories,
+                                                         examples.item_frequencies))
+
+
+# --prior-weight auto's candidates: 0 is the transformer alone; from 10 on a released pair
+# outranks any logit gap on Amazon Games (docs/experiments/seqrec_item2item.md).
+PRIOR_WEIGHTS = (0.0, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
+
+
+def evaluate_with_prior(model, prior, examples: SeqRecExamples, options):
+  """(`evaluate_all`'s metrics of the transformer plus the released pairs' prior at
+  `options.prior_weight` (None: the `PRIOR_WEIGHTS` weight of best validation NDCG@10, the
+  smallest of equals), the prior's summary: the weight, the validation metrics of every
+  candidate and the metrics without the prior)."""
+  scorer = LogitPrior(model, prior)
+  buckets = ranking_metrics.popularity_buckets(examples.item_frequencies)
+
+  def at_weights(weights, histories, targets):
+    return dict(zip(weights, ranking_metrics.evaluate_scorings(
+        lambda history: scorer.score_weights(history, weights), histories, targets, buckets,
+        batch_size=options.eval_batch_size, exclude_history=options.exclude_history,
+        progress=ranking_metrics.ranking_progress(options.progress))))
+
+  candidates = sorted(set(PRIOR_WEIGHTS) | {options.prior_weight or 0.0})
+  validation = None
+  if examples.valid_histories is not None and len(examples.valid_items):
+    validation = at_weights(candidates, examples.valid_histories, examples.valid_items)
+  elif options.prior_weight is None:
+    raise DprecError("--prior-weight auto selects the weight on the validation items, and the "
+                     "data has none (preprocess with a validation item, or give a weight)")
+  weight = options.prior_weight
+  if weight is None:
+    weight = max(candidates, key=lambda w: (validation[w]["ndcg_at_10"], -w))
+  test = at_weights([weight, 0.0], examples.test_histories, examples.test_items)
+
+  def metrics_at(w):
+    return _with_diversity(dict(test[w], validation=validation and validation[w]),
+                           LogitPrior(model, prior, w).score_items, examples)
+
+  without = metrics_at(0.0)
+  chosen = without if weight == 0 else metrics_at(weight)
+  summary = {
+      "weight": weight,
+      "selected_on": "validation" if options.prior_weight is None else "--prior-weight",
+      "validation_by_weight": validation and {
+          str(w): {key: m[key] for key in ("ndcg_at_10", "hit_at_10", "by_popularity")}
+          for w, m in validation.items()},
+      "without_prior": {key: without[key] for key in (
+          "ndcg_at_10", "hit_at_10", "by_popularity", "validation", "distinct_top10_items",
+          "top10_popularity_overlap", "top10_between_users_overlap")}}
+  return chosen, summary
 
 
 def _pay_before_training(options, plan, run, resume, num_examples):
@@ -368,11 +436,12 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
       examples = dataclasses.replace(examples, labels=vocabulary.row_of[examples.labels])
     weights, floor = frequencies_lib.row_weights(options, plan, examples, frequencies, vocabulary)
     model = build_model(options, examples, plan, frequencies, run.noise_key, vocabulary, weights)
-    release = None
+    prior = release = None
     if options.model == "hybrid":  # before a checkpoint is restored over the rows
-      rows, release = item2item_lib.initial_item_rows(options, examples, plan, frequencies,
-                                                      run.numpy_rng("item pairs"), options.dim)
-      initialise_item_rows(model, rows)
+      prior, release = item2item_lib.build_model(options, examples, plan, frequencies,
+                                                 run.numpy_rng("item pairs"))
+      if options.pair_init:
+        initialise_item_rows(model, prior.item_factors(options.dim))
     resume = run.resume(model, options.run_fingerprint(train_examples=len(examples.items),
                                                        items=examples.num_items),
                         options.keep_checkpoints)
@@ -385,17 +454,20 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
     history = run.fit(model, {"items": examples.items}, examples.labels, options.batch_size,
                       plan.private and plan.poisson and plan.forward is None, plan.steps,
                       resume, callbacks)
-    summary = _summary(options, examples, plan, history, evaluate_all(model, examples, options),
-                       timer, run, resume)
+    if prior is None:
+      metrics, prior_summary = evaluate_all(model, examples, options), None
+    else:
+      metrics, prior_summary = evaluate_with_prior(model, prior, examples, options)
+    summary = _summary(options, examples, plan, history, metrics, timer, run, resume)
     summary.update(batch_size_chosen=batch_size_chosen,
                    item_frequencies=frequencies_lib.source(options, plan, frequencies),
                    item_vocabulary=frequencies_lib.vocabulary_summary(options, vocabulary),
                    popularity_weights=frequencies_lib.weights_summary(weights, floor))
     if release is not None:
       summary.update(model="hybrid", item_pairs=dict(
-          release, noise_multiplier=plan.mechanisms[item2item_lib.LABEL],
-          epsilon_share=item2item_lib.mechanisms(options)[-1][1],
-          **item2item_lib.settings(options)))
+          release, noise_multiplier=plan.mechanisms.get(item2item_lib.LABEL),
+          epsilon_share=item2item_lib.mechanisms(options)[-1][1], init=options.pair_init,
+          **item2item_lib.settings(options)), logit_prior=prior_summary)
   run_lib.write_summary(summary, options.summary_json)
   return summary
 

@@ -14,6 +14,15 @@ def _epsilon(text):
     raise argparse.ArgumentTypeError(f"must be a number or 'inf', got {text!r}") from error
 
 
+def _prior_weight(text):
+  if text == "auto":
+    return None
+  try:
+    return float(text)
+  except ValueError as error:
+    raise argparse.ArgumentTypeError(f"must be a number or 'auto', got {text!r}") from error
+
+
 def register(subparsers):
   """Adds `seqrec` to the `train` group."""
   parser = subparsers.add_parser(
@@ -150,6 +159,14 @@ def _add_item2item_arguments(parser):
   add("--pair-share", type=float, default=defaults.pair_share, metavar="SHARE",
       help="--model hybrid: the pair release's share of ε, calibrated alone (default 0.3; the "
            "histogram gets --item-frequency-share, default 0.1, and training the rest)")
+  add("--no-pair-init", action="store_false", dest="pair_init",
+      help="--model hybrid: keep the random item rows (default: the rows of items a released "
+           "pair touches from the pairs' truncated SVD)")
+  add("--prior-weight", type=_prior_weight, default=defaults.prior_weight, metavar="W",
+      help="--model hybrid: add W times the released pairs' item-to-item score of the user's "
+           "recent items (--pair-recent) to the transformer's logits (post-processing); 'auto': "
+           f"the weight of {', '.join(f'{w:g}' for w in seqrec.PRIOR_WEIGHTS)} with the best "
+           "validation NDCG@10, a choice not covered by ε (default: %(default)s)")
   add("--public-users", type=float, default=defaults.public_users, metavar="FRACTION",
       help="treat this share of users, picked by a public hash of the user index and "
            "--public-users-salt (not by their data), as public, opted-in data: their exact "

@@ -10,6 +10,7 @@ from dprec import cli
 from dprec.data import public_users
 from dprec.data.sequences import load_sequences, make_examples
 from dprec.models.item2item import Item2ItemModel
+from dprec.models.logit_prior import LogitPrior
 from dprec.privacy import PrivacyLedger, item_pairs, user_histogram
 from dprec.workflows import item2item, item_frequencies, seqrec
 
@@ -177,3 +178,53 @@ def test_hybrid_item_rows_read_only_released_pairs(data_dir):
   np.testing.assert_allclose(after[1:5], factors[1:5] * scale, rtol=1e-5)
   np.testing.assert_allclose(np.linalg.norm(after[1:5], axis=1).mean(),
                              np.linalg.norm(before[1:5], axis=1).mean(), rtol=1e-5)
+
+
+def test_logit_prior_adds_the_released_pairs_score_and_reads_only_released_values(data_dir):
+  """LogitPrior at w is the model's logits plus w·Σ_{k≤3} ½^(k−1)·S̃[h_k, j] (brute force over
+  the dense matrix), the same for two models sharing the released matrix but not the
+  popularity; `score_weights` gives every weight's scores from one pass."""
+  examples = make_examples(load_sequences(data_dir), 8, True)
+  num_items = examples.num_items
+  released = item_pairs.pair_statistics([np.array([1, 2, 3]), np.array([2, 3, 1, 4])], num_items)
+  options = seqrec.SeqRecTrainOptions(model="hybrid", max_len=8, dim=8, num_blocks=1,
+                                      epsilon=float("inf"), batch_size=4)
+  model = seqrec.build_model(options, examples, seqrec.plan_privacy(options, len(examples.items)))
+  histories = np.array([[0, 0, 0, 0, 0, 1, 2, 3], [5, 6, 7, 8, 9, 4, 1, 2],
+                        [0, 0, 0, 0, 0, 0, 0, 9], [3, 3, 3, 3, 3, 3, 2, 1]])
+  logits = model.score_items(histories).numpy()
+  dense = released.toarray()
+  expected = np.stack([sum(0.5 ** k * dense[h, 1:] for k, h in enumerate(row[::-1][:3]))
+                       for row in histories])
+  assert expected.any()
+  priors = [Item2ItemModel(released, np.ones(num_items + 1)),
+            Item2ItemModel(released, np.arange(num_items + 1.0))]
+  weights = [0.0, 0.5, 10.0]
+  together = LogitPrior(model, priors[0]).score_weights(histories, weights)
+  for weight, scores in zip(weights, together):
+    alone = [LogitPrior(model, prior, weight).score_items(histories) for prior in priors]
+    np.testing.assert_array_equal(alone[0], alone[1])
+    np.testing.assert_array_equal(alone[0], scores)
+    np.testing.assert_allclose(scores, logits + weight * expected, rtol=1e-5, atol=1e-5)
+
+
+def test_hybrid_prior_weight_auto_is_the_best_candidate_on_validation(data_dir, capsys):
+  summary = _run(capsys, "--data", data_dir, "--epsilon", "5", "--prior-weight", "auto",
+                 "--no-pair-init", *HYBRID)
+  prior = summary["logit_prior"]
+  by_weight = prior["validation_by_weight"]
+  assert set(by_weight) == {str(w) for w in seqrec.PRIOR_WEIGHTS}
+  assert prior["selected_on"] == "validation" and summary["item_pairs"]["init"] is False
+  best = max(m["ndcg_at_10"] for m in by_weight.values())
+  assert by_weight[str(prior["weight"])]["ndcg_at_10"] == best
+  assert summary["validation"]["ndcg_at_10"] == best
+  assert prior["without_prior"]["validation"]["ndcg_at_10"] == by_weight["0.0"]["ndcg_at_10"]
+  assert "prior" in summary["epsilon_covers"]["held_out_evaluation"]
+
+
+def test_prior_weight_auto_needs_validation_items_and_the_hybrid(data_dir, capsys):
+  assert cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "inf",
+                   "--prior-weight", "auto", "--no-hold-out-validation", *HYBRID]) == 2
+  assert "validation items" in capsys.readouterr().err
+  assert cli.main(["train", "seqrec", "--data", data_dir, "--prior-weight", "1", *SMALL]) == 2
+  assert "--model hybrid's" in capsys.readouterr().err
