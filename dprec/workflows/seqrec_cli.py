@@ -42,7 +42,8 @@ def register(subparsers):
            "docs/experiments/seqrec_item2item.md); dpformer: the transformer trained with DP-SGD "
            "(the options below up to --variance-scale); hybrid: the transformer with its item rows "
            "initialised from the truncated SVD of the released pairs (--pair-share of ε), then "
-           "trained with DP-SGD on the rest of ε (not measured on Amazon yet)")
+           "trained with DP-SGD on the rest of ε, optionally with the pairs' score as a prior on "
+           "its logits (--prior-weight; below item2item on Amazon at the sizes measured)")
   add("--epsilon", type=_epsilon, default=5.0,
       help="privacy budget ε, the total: what --ledger spent on this data before is composed "
            "in; 'inf' trains non-privately")
