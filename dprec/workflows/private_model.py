@@ -39,6 +39,7 @@ from typing import Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
+from dprec import privacy
 from dprec.clipping import layer_norms
 from dprec.errors import DprecError
 from dprec.layers.embedding import DPEmbedding
@@ -47,6 +48,7 @@ from dprec.models.dp_model import DPModel
 from dprec.models.dp_model import per_example_losses
 from dprec.models.dp_model import refusing_variable_updates
 from dprec.models.dp_model import unique_by_identity
+from dprec.optimizers import config as config_lib
 from dprec.optimizers import sparse as sparse_optimizers
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
@@ -66,6 +68,10 @@ ALGORITHMS = ("auto", "dp_sgd", "dp_adafest")
 # tables DP-SGD was better (docs/experiments/make_private.md); AdaFEST pays off in gradient size.
 AUTO_DENSE_LIMIT = 1 << 20
 PREDICT_BATCH = 8192
+# σ_b of the quantile count per expected batch example: the noisy unclipped fraction has std
+# 1/20 (Andrew et al. 2021 §3: σ_b = m/20); at B = 128 and σ = 0.74 it raises the gradient's σ
+# by 0.2%. Never below σ itself (the gradient's σ then grows by at most 15%).
+QUANTILE_COUNT_NOISE = 1 / 20
 # A stock optimizer's row-sparse twin (`dprec.optimizers.sparse`): the same update, touching
 # only the rows of an IndexedSlices gradient.
 ROW_SPARSE = {tf.keras.optimizers.SGD: sparse_optimizers.SparseSGD,
@@ -84,6 +90,8 @@ class PrivateOptions:
   algorithm: str = "auto"
   ledger: Optional[str] = None
   l2_norm_clip: float = 1.0
+  target_quantile: Optional[float] = None
+  clip_learning_rate: float = 0.2
   ratio: float = 5.0
   threshold: float = 5.0
   contribution_clip: float = 1.0
@@ -115,7 +123,10 @@ class PrivateOptions:
     if self.algorithm not in ALGORITHMS:
       raise DprecError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got "
                        f"{self.algorithm!r}")
-    for name in ("l2_norm_clip", "ratio", "threshold", "contribution_clip"):
+    if self.target_quantile is not None and not 0 < self.target_quantile < 1:
+      raise DprecError(f"target_quantile must be in (0, 1) or None, got {self.target_quantile}")
+    for name in ("l2_norm_clip", "clip_learning_rate", "ratio", "threshold",
+                 "contribution_clip"):
       if not getattr(self, name) > 0:
         raise DprecError(f"{name} must be positive, got {getattr(self, name)}")
     shares = self.output_bias_share * self.init_output_bias + (
@@ -131,7 +142,8 @@ class PrivateOptions:
 
 
 def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epochs=1,
-                 algorithm="auto", ledger=None, l2_norm_clip=1.0, ratio=5.0,
+                 algorithm="auto", ledger=None, l2_norm_clip=1.0, target_quantile=None,
+                 clip_learning_rate=0.2, ratio=5.0,
                  threshold=5.0, contribution_clip=1.0, init_output_bias=True,
                  output_bias_share=0.02, recalibrate=False, recalibration_share=0.05,
                  label_range=None, accountant="pld", charge_every=100, secure_noise=False,
@@ -155,7 +167,13 @@ def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epo
       seed 001), "dp_sgd" (noise on every row), or "auto": DP-SGD when the embedding tables
       hold at most `AUTO_DENSE_LIMIT` (2^20) floats in all, else DP-AdaFEST.
     ledger: path of a privacy ledger to charge (shared across runs); default a temporary one.
-    l2_norm_clip: C2, the per-example gradient clip.
+    l2_norm_clip: C2, the per-example gradient clip (with `target_quantile`: its start).
+    target_quantile: None (C2 fixed), or γ in (0, 1): C2 follows the γ-quantile of the
+      per-example gradient norms under DP (adaptive clipping, Andrew et al. 2021, Algorithm 1:
+      a noisy count of unclipped examples per step, noise σ_b = max(B/20, σ), its cost taken
+      from the gradient's σ so that each step still costs the planned σ;
+      `dprec.optimizers.config.QuantileClipping`). `model.dp_optimizer.clip` holds C2.
+    clip_learning_rate: η_C of the geometric update C2 ← C2·exp(−η_C·(b̃ − γ)).
     ratio, threshold, contribution_clip: DP-AdaFEST's σ1/σ2, τ and C1.
     init_output_bias: set the output layer's bias from a DP label statistic before training
       (MSE: mean; binary cross-entropy: logit of the rate; sparse categorical: log class
@@ -172,7 +190,8 @@ def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epo
   """
   options = PrivateOptions(
       epsilon=epsilon, train_size=int(train_size), delta=delta, batch_size=batch_size,
-      epochs=epochs, algorithm=algorithm, ledger=ledger, l2_norm_clip=l2_norm_clip, ratio=ratio,
+      epochs=epochs, algorithm=algorithm, ledger=ledger, l2_norm_clip=l2_norm_clip,
+      target_quantile=target_quantile, clip_learning_rate=clip_learning_rate, ratio=ratio,
       threshold=threshold, contribution_clip=contribution_clip,
       init_output_bias=init_output_bias, output_bias_share=output_bias_share,
       recalibrate=recalibrate, recalibration_share=recalibration_share,
@@ -296,6 +315,19 @@ def row_sparse_optimizer(optimizer):
   return twin.from_config(config)
 
 
+def _algorithm_config(options, plan):
+  """The DP configuration of the step at the plan's σ: with `target_quantile`, σ is shared
+  between the gradient (σ_Δ) and the quantile count (2σ_b), composed back to σ."""
+  if options.target_quantile is None:
+    return ctr.algorithm_config(options, plan.noise_multiplier)
+  quantile = config_lib.QuantileClipping(
+      count_noise_multiplier=max(QUANTILE_COUNT_NOISE * plan.batch_size, plan.noise_multiplier),
+      target_quantile=options.target_quantile, learning_rate=options.clip_learning_rate)
+  sigma = privacy.quantile_gradient_noise_multiplier(plan.noise_multiplier,
+                                                     quantile.count_noise_multiplier)
+  return dataclasses.replace(ctr.algorithm_config(options, sigma), quantile_clipping=quantile)
+
+
 class PrivateModel(DPModel):
   """The private subclass `make_private` gives a model (its methods come first)."""
 
@@ -328,7 +360,7 @@ class PrivateModel(DPModel):
     if options.algorithm == "auto":
       options = dataclasses.replace(options, algorithm="dp_sgd" if (
           self.dense_embedding_size <= AUTO_DENSE_LIMIT) else "dp_adafest")
-    config = ctr.algorithm_config(options, state.plan.noise_multiplier)
+    config = _algorithm_config(options, state.plan)
     inner = row_sparse_optimizer(optimizer if optimizer is not None
                                  else tf.keras.optimizers.Adam(1e-3))
     super().compile(DPOptimizer(config, inner, expected_batch_size=state.plan.batch_size,
@@ -376,7 +408,7 @@ class PrivateModel(DPModel):
       return super().train_step(data)
     labels, predictions, weights = self.apply_step(data, None, None)
     loss = tasks[0](labels, predictions, sample_weight=weights, compute_metrics=True)
-    return dict({m.name: m.result() for m in self.metrics}, loss=loss)
+    return dict({m.name: m.result() for m in self.metrics}, loss=loss, **self.clip_logs())
 
   # ---- fit -----------------------------------------------------------------------------------
 
