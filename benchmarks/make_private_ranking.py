@@ -77,13 +77,15 @@ def run(args, data, epsilon, seed):
   else:
     options = dict(epsilon=epsilon, train_size=len(train["rating"]), epochs=args.epochs,
                    algorithm=args.algorithm, init_output_bias=not args.no_bias_init,
-                   recalibrate=args.recalibrate, insecure_noise_seed=None)
+                   insecure_noise_seed=None)
+    if args.recalibrate is not None:
+      options["recalibrate"] = args.recalibrate
     for name in ("batch_size", "clip", "threshold", "target_quantile"):
       if getattr(args, name) is not None:
         options["l2_norm_clip" if name == "clip" else name] = getattr(args, name)
     model = dprec.make_private(model, **options)
     model.compile(optimizer=optimizer)
-    if args.recalibrate:  # the same run's model before recalibration (trained at 95% of ε)
+    if args.recalibrate is not False:  # the model before recalibration (trained at 95% of ε)
       recalibrate = model._recalibrate  # pylint: disable=protected-access
 
       def measured_first(*inputs):
@@ -119,7 +121,8 @@ def main():
   parser.add_argument("--target-quantile", type=float, default=None,
                       help="adaptive clipping to this quantile of the norms (--clip: start)")
   parser.add_argument("--no-bias-init", action="store_true")
-  parser.add_argument("--recalibrate", action="store_true")
+  parser.add_argument("--recalibrate", action=argparse.BooleanOptionalAction, default=None,
+                      help="DP recalibration after training (default: make_private's, on)")
   parser.add_argument("--json", help="append each result as a JSON line here")
   args = parser.parse_args()
   data = synthetic_ratings()

@@ -142,8 +142,8 @@ def test_epsilon_equals_dp_accounting_and_training_stops_at_the_budget():
   history = model.fit(x, y, epochs=3, verbose=0)  # asks for three planned epochs' steps
   accountant = dp_accounting.pld.PLDAccountant(
       dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
-  accountant.compose(dp_accounting.GaussianDpEvent(
-      plan.mechanisms[private_model.LABEL_STATISTICS_LABEL]))
+  for label in (private_model.LABEL_STATISTICS_LABEL, private_model.RECALIBRATION_LABEL):
+    accountant.compose(dp_accounting.GaussianDpEvent(plan.mechanisms[label]))
   accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
       plan.sampling_rate, dp_accounting.GaussianDpEvent(plan.noise_multiplier)), plan.steps))
   expected = accountant.get_epsilon(1 / N)
@@ -169,8 +169,8 @@ def test_quantile_clipping_costs_the_planned_sigma_and_moves_the_clip_in_fit():
   history = model.fit(*_data(), epochs=1, verbose=0)
   accountant = dp_accounting.pld.PLDAccountant(
       dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
-  accountant.compose(dp_accounting.GaussianDpEvent(
-      plan.mechanisms[private_model.LABEL_STATISTICS_LABEL]))
+  for label in (private_model.LABEL_STATISTICS_LABEL, private_model.RECALIBRATION_LABEL):
+    accountant.compose(dp_accounting.GaussianDpEvent(plan.mechanisms[label]))
   accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
       plan.sampling_rate, dp_accounting.GaussianDpEvent(  # the pair as one Gaussian
           (config.noise_multiplier ** -2 + (2 * sigma_b) ** -2) ** -0.5)), plan.steps))
@@ -180,11 +180,26 @@ def test_quantile_clipping_costs_the_planned_sigma_and_moves_the_clip_in_fit():
   assert clip != CLIP
 
 
+def test_recalibration_is_planned_by_default_when_it_can_run():
+  """MSE recalibrates by default given a label range (given, or found with the output bias);
+  without one it is skipped by default and refused at compile when asked for."""
+  for options, planned in ((dict(), True), (dict(init_output_bias=False), False),
+                           (dict(init_output_bias=False, label_range=(1.0, 5.0)), True),
+                           (dict(recalibrate=False), False)):
+    model = _private(_functional(), **options)
+    model.compile(optimizer="sgd", loss="mse")
+    assert (private_model.RECALIBRATION_LABEL in model.privacy_plan.mechanisms) == planned
+  model = _private(_functional(), init_output_bias=False, recalibrate=True)
+  with pytest.raises(DprecError, match="label range"):
+    model.compile(optimizer="sgd", loss="mse")
+
+
 def test_data_sized_batch_and_dp_output_bias():
   x, y = _data()
   model = _private(_functional(), batch_size=None, epsilon=50.0, label_range=(1.0, 5.0))
   model.compile(optimizer="sgd", loss="mse")
-  assert model.privacy_plan.batch_size == poisson.data_sized_batch_size(N)
+  assert model.privacy_plan.batch_size == poisson.data_sized_batch_size(
+      N, private_model.STEPS_PER_EPOCH)
   model._initialise(*private_model._in_memory(x, y))  # what the first fit does
   assert model.get_layer("rating").bias.numpy()[0] == pytest.approx(y.mean(), abs=0.1)
 
