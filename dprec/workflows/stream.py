@@ -60,7 +60,6 @@ MODEL_FIELDS = ("algorithm", "l2_norm_clip", "ratio", "threshold", "contribution
 BASE_RATE = "base rate"  # the plan's once-only mechanism (with the first period)
 CALIBRATION = "calibration"  # the plan's per-period mechanism (DP Platt scaling)
 REFERENCES = ("non_private",)
-CALIBRATION_MODES = ("output", "fold")
 STREAM_BATCH_SIZE = 1024
 REFERENCE_DIR = "reference_non_private"
 
@@ -90,9 +89,6 @@ class StreamOptions(run_lib.RunOptions):
   logit_init: str = ctr_workflow.CTRTrainOptions.logit_init
   base_rate_share: float = ctr_workflow.CTRTrainOptions.base_rate_share
   calibration_share: float = ctr_workflow.CTRTrainOptions.calibration_share
-  # "output": DP Platt scaling's affine stays on the output (training sees the raw logits);
-  # "fold": it is folded into the logit layer, so the next period trains calibrated logits.
-  calibration_mode: str = "output"
   # The step's hyper-parameters are `train ctr`'s (one source), but τ, lower for short periods,
   # and C2, which at 1 ranks below chance for the first periods of 25k rows (docs/experiments/
   # streaming.md: AUC 0.435 → 0.590 after the first period at C2 = 10).
@@ -141,9 +137,6 @@ class StreamOptions(run_lib.RunOptions):
       raise DprecError(f"--logit-init must be one of {', '.join(ctr_workflow.LOGIT_INITS)}")
     if not 0 < self.base_rate_share < 1 or not 0 <= self.calibration_share < 1:
       raise DprecError("--base-rate-share must be in (0, 1) and --calibration-share in [0, 1)")
-    if self.calibration_mode not in CALIBRATION_MODES:
-      raise DprecError(f"--calibration-mode must be one of {', '.join(CALIBRATION_MODES)}, got "
-                       f"{self.calibration_mode}")
 
   def model_options(self) -> ctr_workflow.CTRTrainOptions:
     """`train ctr`'s options of the model and its step (algorithm, clips, optimizer, ...)."""
@@ -163,9 +156,8 @@ class CTRPeriodModel(PeriodModel):
   """
 
   def __init__(self, options: ctr_workflow.CTRTrainOptions, noise_multiplier: float,
-               expected_batch_size: float, calibration_mode: str = "output"):
+               expected_batch_size: float):
     self.options, self.noise_multiplier = options, noise_multiplier
-    self.calibration_mode = calibration_mode
     self.expected_batch_size = expected_batch_size
     self.model = self.optimizer = self.embedding_dims = None
     self._compiled_for = None  # (model, selected rows) the train step was last compiled for
@@ -210,10 +202,8 @@ class CTRPeriodModel(PeriodModel):
     return {"base_rate": rate}
 
   def after_training(self, features, labels, releases):
-    """DP Platt scaling (`dprec.privacy.dp_platt_scaling`) of the logits on the period's
-    training rows, towards the base rate: the affine evaluation applies ("output"), or folded
-    into the logit layer ("fold": `CTRModel.recalibrate_logits`; the output affine stays the
-    identity)."""
+    """DP Platt scaling (`dprec.privacy.dp_platt_scaling`) of the raw logits on the period's
+    training rows, towards the base rate: the affine evaluation applies."""
     if CALIBRATION not in releases or not self.base_rate.numpy() > 0:
       return {}
     sigma, rng = releases[CALIBRATION]
@@ -221,10 +211,7 @@ class CTRPeriodModel(PeriodModel):
     scale, shift = privacy.dp_platt_scaling(
         ctr.predict_logits(self.model, rows, self.options.eval_batch_size), rows["label"], sigma,
         float(self.base_rate.numpy()), rng)
-    if self.calibration_mode == "fold":
-      self.model.recalibrate_logits(scale, shift)
-    else:
-      self.calibration.assign([scale, shift])
+    self.calibration.assign([scale, shift])
     return {"calibration_scale": scale, "calibration_shift": shift}
 
   def noise_generators(self):
@@ -332,7 +319,7 @@ def plan_privacy(options: StreamOptions, source, expected: int, run=None) -> pla
 def build_trainer(options: StreamOptions, source, plan, run) -> StreamingTrainer:
   """The `StreamingTrainer` of `options` on `source` under `plan` in `run`."""
   model = CTRPeriodModel(options.model_options(), plan.noise_multiplier,
-                         plan.sampling_rate * plan.examples_per_period, options.calibration_mode)
+                         plan.sampling_rate * plan.examples_per_period)
   config = StreamConfig(
       checkpoint_every=options.checkpoint_every,
       train_periods=None if options.train_days is None else plan.expected_periods,

@@ -64,11 +64,6 @@ def register(subparsers):
   dp.add_argument("--calibration-share", type=float, default=defaults.calibration_share,
                   help="share of ε for DP Platt scaling after each period, on its rows (row "
                   "unit: of every period; user unit: over all periods); 0: none")
-  dp.add_argument("--calibration-mode", default=defaults.calibration_mode,
-                  choices=stream.CALIBRATION_MODES,
-                  help="output: DP Platt scaling's affine on the output, training sees raw "
-                  "logits; fold: folded into the logit layer before the next period "
-                  "(default %(default)s)")
   model = parser.add_argument_group("model and step")
   model.add_argument("--batch-size", type=int, default=None,
                      help=f"expected (Poisson) batch size (default: {stream.STREAM_BATCH_SIZE}, "
