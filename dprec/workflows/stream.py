@@ -89,8 +89,10 @@ class StreamOptions(run_lib.RunOptions):
   logit_init: str = ctr_workflow.CTRTrainOptions.logit_init
   base_rate_share: float = ctr_workflow.CTRTrainOptions.base_rate_share
   calibration_share: float = ctr_workflow.CTRTrainOptions.calibration_share
-  # DP Platt scaling's L: the fit clips z − logit(base rate) to ±L (`CTRPeriodModel.after_training`)
-  calibration_logit_bound: float = privacy.recalibration.LOGIT_BOUND
+  # DP Platt scaling's L: the fit clips z − logit(base rate) to ±L (`CTRPeriodModel.after_training`;
+  # `train ctr`'s 10 kept the scale at its floor on the stream's narrow logits: docs/experiments/
+  # streaming.md, log loss 0.002–0.005 lower after every period at L = 1, two draws)
+  calibration_logit_bound: float = 1.0
   # The step's hyper-parameters are `train ctr`'s (one source), but τ, lower for short periods,
   # and C2, which at 1 ranks below chance for the first periods of 25k rows (docs/experiments/
   # streaming.md: AUC 0.435 → 0.590 after the first period at C2 = 10).
@@ -158,11 +160,11 @@ class CTRPeriodModel(PeriodModel):
       adambc_floor, hidden_units, eval_batch_size, seed: public, initialisation only).
     noise_multiplier: the plan's composed σ (split into σ1 = r·σ2 and σ2 for DP-AdaFEST).
     expected_batch_size: q · N_period, the normaliser of the noisy sum (DESIGN §4 step 5).
+    calibration_logit_bound: L of DP Platt scaling's fit on z − logit(base rate).
   """
 
   def __init__(self, options: ctr_workflow.CTRTrainOptions, noise_multiplier: float,
-               expected_batch_size: float,
-               calibration_logit_bound: float = privacy.recalibration.LOGIT_BOUND):
+               expected_batch_size: float, calibration_logit_bound: float = 1.0):
     self.options, self.noise_multiplier = options, noise_multiplier
     self.calibration_logit_bound = calibration_logit_bound
     self.expected_batch_size = expected_batch_size
