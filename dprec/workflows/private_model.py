@@ -466,7 +466,10 @@ class PrivateModel(DPModel):
              for k, v in features.items()}
     tf.function(lambda batch: self(self._pack(batch, structure), training=False)
                 ).get_concrete_function(specs)
-    layer = self._output_layer(features, structure) if state.kind else None
+    # A model may release its own output statistics (`initialise_output(x, y, σ, rng)`: one
+    # Gaussian release of L2 sensitivity 1 per example, e.g. `SampledTwoTower`'s item histogram).
+    custom = getattr(self, "initialise_output", None)
+    layer = self._output_layer(features, structure) if state.kind and not custom else None
     _refuse_unclippable(self)
     # Slots in the model's variable order (the DP step's is another): `save` and `load_model`
     # of the original class agree on them.
@@ -475,6 +478,9 @@ class PrivateModel(DPModel):
     state.initialised = True
     sigma = state.plan.mechanisms.get(LABEL_STATISTICS_LABEL)
     if sigma is None:
+      return
+    if custom is not None:
+      custom(self._pack(features, structure), labels, sigma, state.run.numpy_rng("output bias"))
       return
     true_labels, _ = (self._labels_and_predictions(features, labels, structure)
                       if labels is None else (labels, None))
