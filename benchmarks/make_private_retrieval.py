@@ -3,8 +3,8 @@
 Data: ../shared/data/amazon-video-games/Video.txt (SASRec format, `user item` lines in time
 order). Leave-one-out as in DPFormer: each user's last item is the test target, the one before
 the validation target, the rest are training examples (user, item). Every choice (epochs, K,
-learning rate) is made on validation (`--split valid`, the default); `--split test` reports the
-chosen configuration. The model is `dprec.models.retrieval.SampledTwoTower` (K negatives drawn
+learning rate) is made on validation (`--splits valid`, the default); `--splits valid test`
+also reports test, to be read only for the configuration validation chose. The model is `dprec.models.retrieval.SampledTwoTower` (K negatives drawn
 per example, logQ correction, a fixed log-popularity prior); the metrics rank each target
 against all items (`dprec.models.ranking_metrics`), overall and per popularity bucket of the
 target, beside most popular and the non-private model (exact training counts for its sampling
@@ -12,9 +12,10 @@ distribution and prior; the DP model uses make_private's DP item histogram). The
 is one training interaction (example-level DP), NOT one user: a user with many interactions is
 protected only as a group of that size (train seqrec protects users).
 
-    python benchmarks/make_private_retrieval.py --epsilon 5 --epochs 1 --split valid
+    python benchmarks/make_private_retrieval.py --epsilon 5 --epochs 1 --splits valid test
 """
 import argparse
+import dataclasses
 import json
 import math
 import os
@@ -83,7 +84,19 @@ class _StepTimer(tf.keras.callbacks.Callback):
             "s/step", flush=True)
 
 
-def train(args, private, num_users, num_items, train_u, train_i, counts):
+class _EpochEvaluation(tf.keras.callbacks.Callback):
+  """Prints the metrics after every epoch (choosing epochs on validation)."""
+
+  def __init__(self, evaluate_model):
+    super().__init__()
+    self.evaluate_model = evaluate_model
+
+  def on_epoch_end(self, epoch, logs=None):
+    for split, summary in self.evaluate_model(self.model).items():
+      print(row(f"after epoch {epoch + 1} ({split})", summary), flush=True)
+
+
+def train(args, private, num_users, num_items, train_u, train_i, counts, evaluate_model):
   tf.keras.utils.set_random_seed(args.seed)
   model = retrieval.SampledTwoTower(
       num_users, num_items + 1, args.dim, num_negatives=args.num_negatives,
@@ -93,11 +106,15 @@ def train(args, private, num_users, num_items, train_u, train_i, counts):
   optimizer = tf.keras.optimizers.Adam(args.learning_rate)
   labels = retrieval.positive_labels(len(train_u))
   x = {retrieval.USER: train_u, retrieval.ITEM: train_i}
-  callbacks = [_StepTimer()]
+  callbacks = [_StepTimer()] + [_EpochEvaluation(evaluate_model)] * args.every_epoch
   if private:
     model = dprec.make_private(model, epsilon=args.epsilon, train_size=len(train_u),
-                               epochs=args.epochs, l2_norm_clip=args.clip)
+                               epochs=args.epochs, l2_norm_clip=args.clip,
+                               algorithm=args.algorithm)
     model.compile(optimizer=optimizer, loss=loss)
+    if args.no_noise:  # a diagnostic: clipping alone, NOT private
+      model.dp_optimizer.config = dataclasses.replace(model.dp_optimizer.config,
+                                                      noise_multiplier=0.0)
     print(f"  DP plan: B = {model.privacy_plan.batch_size}, {model.privacy_plan.steps} steps, "
           f"σ = {model.privacy_plan.noise_multiplier:.3f}, "
           f"algorithm {model.dp_optimizer.config}", flush=True)
@@ -118,8 +135,8 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--data", default=DATA)
-  parser.add_argument("--split", choices=("valid", "test"), default="valid",
-                      help="targets to rank: choices on valid, the chosen one on test")
+  parser.add_argument("--splits", nargs="+", choices=("valid", "test"), default=["valid"],
+                      help="targets to rank: choose on valid; read test only for the choice")
   parser.add_argument("--models", nargs="+", choices=MODELS, default=list(MODELS))
   parser.add_argument("--epsilon", type=float, default=5.0)
   parser.add_argument("--epochs", type=float, default=1.0)
@@ -132,37 +149,51 @@ def main():
   parser.add_argument("--learning-rate", type=float, default=1e-3)
   parser.add_argument("--batch-size", type=int, default=512, help="non-private batch")
   parser.add_argument("--clip", type=float, default=1.0, help="C2 of the DP model")
+  parser.add_argument("--algorithm", default="auto", choices=("auto", "dp_sgd", "dp_adafest"),
+                      help="make_private's algorithm")
+  parser.add_argument("--no-noise", action="store_true",
+                      help="diagnostic: the DP step without its gradient noise (AdaFEST keeps its "
+                           "selection noise) "
+                           "(NOT private)")
   parser.add_argument("--seed", type=int, default=0)
+  parser.add_argument("--every-epoch", action="store_true",
+                      help="also print the metrics after every epoch")
   parser.add_argument("--json")
   args = parser.parse_args()
   parts, num_items = load(args.data)
   train_u, train_i = parts["train"]
-  eval_u, eval_i = parts[args.split]
   num_users = int(max(u.max() for u, _ in parts.values())) + 1
   counts = np.bincount(train_i, minlength=num_items + 1)
   buckets = ranking_metrics.popularity_buckets(counts)
-  print(f"{len(train_u)} training interactions, {len(eval_u)} {args.split} users, "
+  print(f"{len(train_u)} training interactions, {len(parts['valid'][0])} valid and "
+        f"{len(parts['test'][0])} test users, "
         f"{num_items} items; {vars(args)}")
   print("| model | HIT@10 | NDCG@10 | head HIT | head NDCG | torso HIT | torso NDCG | tail HIT | "
         "tail NDCG | ε spent | s |")
   print("|---|" + "---:|" * 10, flush=True)
   results = {}
+
+  def evaluate_model(model):
+    score = tf.function(model.score_items)
+    return {split: evaluate(lambda users: score(tf.constant(users)), *parts[split], buckets)
+            for split in args.splits}
+
   if "popular" in args.models:
-    results["most_popular"] = evaluate(
-        lambda users: np.tile(counts.astype(np.float32), (len(users), 1)), eval_u, eval_i,
-        buckets)
-    print(row("most popular (training counts, not private)", results["most_popular"]),
-          flush=True)
+    results["most_popular"] = {split: evaluate(
+        lambda users: np.tile(counts.astype(np.float32), (len(users), 1)), *parts[split],
+        buckets) for split in args.splits}
+    for split, summary in results["most_popular"].items():
+      print(row(f"most popular (training counts, not private; {split})", summary), flush=True)
   for private in [False] * ("nonprivate" in args.models) + [True] * ("dp" in args.models):
     started = time.perf_counter()
-    model = train(args, private, num_users, num_items, train_u, train_i, counts)
+    model = train(args, private, num_users, num_items, train_u, train_i, counts, evaluate_model)
     seconds = time.perf_counter() - started
-    score = tf.function(model.score_items)
     name = f"DP ε = {args.epsilon:g}" if private else "non-private"
-    results[name] = evaluate(lambda users: score(tf.constant(users)), eval_u, eval_i, buckets)
-    results[name]["seconds"] = seconds
-    print(row(name, results[name], seconds, model.epsilon_spent if private else None),
-          flush=True)
+    name += " (clipping only, no noise: NOT private)" * (private and args.no_noise)
+    results[name] = dict(evaluate_model(model), seconds=seconds)
+    for split in args.splits:
+      print(row(f"{name} ({split})", results[name][split], seconds,
+                model.epsilon_spent if private else None), flush=True)
   if args.json:
     with open(args.json, "w", encoding="utf-8") as f:
       json.dump(dict(results, args=vars(args)), f, indent=1)
