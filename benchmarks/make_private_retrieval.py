@@ -85,15 +85,15 @@ class _StepTimer(tf.keras.callbacks.Callback):
 
 
 class _EpochEvaluation(tf.keras.callbacks.Callback):
-  """Prints the metrics after every epoch (choosing epochs on validation)."""
+  """Prints the validation metrics after every epoch (choosing epochs)."""
 
   def __init__(self, evaluate_model):
     super().__init__()
     self.evaluate_model = evaluate_model
 
   def on_epoch_end(self, epoch, logs=None):
-    for split, summary in self.evaluate_model(self.model).items():
-      print(row(f"after epoch {epoch + 1} ({split})", summary), flush=True)
+    summary = self.evaluate_model(self.model, ["valid"])["valid"]
+    print(row(f"after epoch {epoch + 1} (valid)", summary), flush=True)
 
 
 def train(args, private, num_users, num_items, train_u, train_i, counts, evaluate_model):
@@ -118,7 +118,10 @@ def train(args, private, num_users, num_items, train_u, train_i, counts, evaluat
     print(f"  DP plan: B = {model.privacy_plan.batch_size}, {model.privacy_plan.steps} steps, "
           f"σ = {model.privacy_plan.noise_multiplier:.3f}, "
           f"algorithm {model.dp_optimizer.config}", flush=True)
-    model.fit(x, labels, epochs=math.ceil(args.epochs), verbose=0, callbacks=callbacks)
+    history = model.fit(x, labels, epochs=math.ceil(args.epochs), verbose=0,
+                        callbacks=callbacks).history
+    print(f"  noised embedding-gradient coordinates per step {history['gradient_size'][-1]:.0f}"
+          f" of {model.dense_embedding_size} (last epoch's mean)", flush=True)
   else:
     model.set_item_counts(counts)  # exact training counts: the non-private baseline
     model.compile(optimizer=optimizer, loss=loss)
@@ -157,7 +160,7 @@ def main():
                            "(NOT private)")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--every-epoch", action="store_true",
-                      help="also print the metrics after every epoch")
+                      help="also print the validation metrics after every epoch")
   parser.add_argument("--json")
   args = parser.parse_args()
   parts, num_items = load(args.data)
@@ -173,10 +176,10 @@ def main():
   print("|---|" + "---:|" * 10, flush=True)
   results = {}
 
-  def evaluate_model(model):
+  def evaluate_model(model, splits=args.splits):
     score = tf.function(model.score_items)
     return {split: evaluate(lambda users: score(tf.constant(users)), *parts[split], buckets)
-            for split in args.splits}
+            for split in splits}
 
   if "popular" in args.models:
     results["most_popular"] = {split: evaluate(
