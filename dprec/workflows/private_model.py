@@ -159,7 +159,9 @@ def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epo
     ratio, threshold, contribution_clip: DP-AdaFEST's σ1/σ2, τ and C1.
     init_output_bias: set the output layer's bias from a DP label statistic before training
       (MSE: mean; binary cross-entropy: logit of the rate; sparse categorical: log class
-      frequencies), at `output_bias_share` of ε.
+      frequencies), at `output_bias_share` of ε; a model with `initialise_output(x, y, σ, rng)`
+      releases its own statistic there instead (`dprec.models.retrieval.SampledTwoTower`: the
+      DP item histogram behind its negatives' distribution and popularity prior).
     recalibrate: after training, fit an affine map of the output under DP (MSE: least squares;
       binary cross-entropy: Platt scaling of the logit) at `recalibration_share` of ε.
     label_range: (lo, hi) public bounds of regression labels (default: found under DP within
