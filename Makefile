@@ -30,13 +30,13 @@ demo: $(STAMP)
 	$(VENV)/bin/dprec demo --out $(DEMO_DIR)
 
 test: $(STAMP)
-	$(PY) -m pytest -n 2 -q -m "not faults" tests
+	$(PY) -m pytest -n 2 -q tests
 
-# Parameter-server fault tests (processes killed mid-run; minutes each). Out of CI until they are
-# re-checked against the stream's new Run charges (session 2026-11-25 (4) note).
+# Parameter-server fault tests alone (processes killed mid-run; minutes each).
 test-faults: $(STAMP)
 	$(PY) -m pytest -p no:xdist -q -m faults tests
 
+# The legacy leg runs the peer tests; the fault tests (minutes, no peer) run on the default leg.
 test-legacy: $(LEGACY_STAMP)
 	DPREC_REQUIRE_PEERS=1 $(LEGACY_VENV)/bin/python -m pytest -n 2 -q -m "not faults" tests
 

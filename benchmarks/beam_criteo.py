@@ -22,11 +22,12 @@ import numpy as np
 import pandas as pd
 import tensorflow as tf  # Imported up front: neither timing includes the driver's TF import.
 
+import criteo_input
+
 from dprec.data import criteo_tfrecord
 from dprec.data.criteo import CATEGORICAL_FEATURES
 from dprec.data.criteo import COLUMNS
 from dprec.data.criteo import INTEGER_FEATURES
-from dprec.data.synthetic import generate_criteo
 from pipelines import beam_io
 from pipelines import criteo
 
@@ -69,16 +70,10 @@ def _peak_mib(who):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--rows", type=int, default=2_000_000)
-  parser.add_argument("--days", type=int, default=2)
-  parser.add_argument("--data", default=None, help="reuse/generate the input here")
+  criteo_input.add_arguments(parser)
   args = parser.parse_args(argv)
   work = tempfile.mkdtemp(prefix="beam_criteo_")
-  data = args.data or os.path.join(work, "input")
-  paths = [os.path.join(data, f"day_{d}") for d in range(args.days)]
-  if not all(os.path.exists(p) for p in paths):
-    generate_criteo(data, rows=args.rows, days=args.days, seed=0)
-  size = sum(os.path.getsize(p) for p in paths) / 2**20
+  _, paths, size = criteo_input.day_files(args, work)
 
   start = time.perf_counter()
   job = criteo.CriteoJob(inputs=tuple(paths), output=os.path.join(work, "beam"))

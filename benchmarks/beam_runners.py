@@ -18,10 +18,10 @@ import sys
 import tempfile
 import time
 
+import criteo_input
 import machine
 import psutil  # installed with distributed (apache-beam[dask])
 
-from dprec.data.synthetic import generate_criteo
 
 RUNNERS = {"embedded (FnApiRunner, 2 processes)": [],
            "Dask (LocalCluster, 2 processes)": ["--runner", "DaskRunner", "--dask-workers", "2"]}
@@ -62,15 +62,10 @@ def digests(directory):
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
-  parser.add_argument("--rows", type=int, default=2_000_000)
-  parser.add_argument("--days", type=int, default=2)
-  parser.add_argument("--data", default=None, help="reuse/generate the input here")
+  criteo_input.add_arguments(parser)
   args = parser.parse_args(argv)
   work = tempfile.mkdtemp(prefix="beam_runners_")
-  data = args.data or os.path.join(work, "input")
-  if not all(os.path.exists(os.path.join(data, f"day_{d}")) for d in range(args.days)):
-    generate_criteo(data, rows=args.rows, days=args.days, seed=0)
-  size = sum(os.path.getsize(os.path.join(data, f"day_{d}")) for d in range(args.days)) / 2**20
+  data, _, size = criteo_input.day_files(args, work)
   dprec = [sys.executable, "-m", "dprec.cli", "preprocess", "criteo", "--input", data]
   rows, outputs = [], []
   print(f"before: {machine.describe()}", flush=True)

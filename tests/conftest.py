@@ -25,3 +25,22 @@ def tensorflow_privacy():
       pytest.fail(f"DPREC_REQUIRE_PEERS=1 but tensorflow_privacy does not import: {error}")
     pytest.skip(f"peer test: tensorflow_privacy does not import here ({error})")
   return tfp
+
+
+@pytest.fixture(scope="session")
+def criteo_days(tmp_path_factory):
+  """`criteo_days(rows, days)`: a directory of tiny synthetic Criteo days (seed 0, vocabularies
+  scaled to 3k buckets), generated once per size for the whole session; tests only read it."""
+  # Imported here: not every Bazel test target depends on dprec.data.
+  from dprec.data import synthetic  # pylint: disable=import-outside-toplevel
+  made = {}
+
+  def make(rows, days):
+    if (rows, days) not in made:
+      directory = tmp_path_factory.mktemp("criteo")
+      synthetic.generate_criteo(str(directory), rows=rows, days=days, seed=0, vocab="scaled:3k",
+                                progress=False)
+      made[rows, days] = str(directory)
+    return made[rows, days]
+
+  return make

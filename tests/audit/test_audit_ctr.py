@@ -8,7 +8,6 @@ import pytest
 from dprec import cli
 from dprec.audit import bounds
 from dprec.audit import ctr as audit_ctr
-from dprec.data import synthetic
 from dprec.optimizers import config as config_lib
 from dprec.workflows import ctr as ctr_workflow
 
@@ -18,11 +17,8 @@ COMMON = ["--canaries", str(CANARIES), "--batch-size", str(BATCH), "--steps", st
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  directory = tmp_path_factory.mktemp("criteo")
-  synthetic.generate_criteo(str(directory), rows=1500, days=3, seed=0, vocab="scaled:3k",
-                            progress=False)
-  return str(directory)
+def data_dir(criteo_days):
+  return criteo_days(1500, 3)
 
 
 def _audit(data_dir, tmp_path, algorithm, *extra):

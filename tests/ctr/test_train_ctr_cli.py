@@ -12,7 +12,6 @@ import tensorflow as tf
 
 from dprec import cli
 from dprec import privacy
-from dprec.data import synthetic
 from dprec.privacy.noise_key import InsecureNoiseWarning
 from dprec.training.checkpoint import CheckpointFallbackWarning
 from dprec.workflows import ctr as ctr_workflow
@@ -22,11 +21,8 @@ REQUIRED = {"algorithm", "auc", "epsilon", "delta", "gradient_size_reduction", "
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  directory = tmp_path_factory.mktemp("criteo")
-  synthetic.generate_criteo(str(directory), rows=1500, days=3, seed=0, vocab="scaled:3k",
-                            progress=False)
-  return str(directory)
+def data_dir(criteo_days):
+  return criteo_days(1500, 3)
 
 
 def _train(data_dir, tmp_path, algorithm, *extra):

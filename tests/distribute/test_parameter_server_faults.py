@@ -13,7 +13,6 @@ import time
 import pytest
 
 from dprec import privacy
-from dprec.data import synthetic
 from dprec.distribute import cluster
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -24,11 +23,8 @@ pytestmark = [pytest.mark.multiprocess, pytest.mark.slow, pytest.mark.faults]
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  directory = tmp_path_factory.mktemp("criteo")
-  synthetic.generate_criteo(str(directory), rows=800, days=2, seed=0, vocab="scaled:3k",
-                            progress=False)
-  return str(directory)
+def data_dir(criteo_days):
+  return criteo_days(800, 2)
 
 
 class Cluster:

@@ -11,18 +11,14 @@ import pytest
 
 from dprec import cli
 from dprec import privacy
-from dprec.data import synthetic
 
 STEPS, BATCH, EPSILON = 4, 64, 2.0
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
 @pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  directory = tmp_path_factory.mktemp("criteo")
-  synthetic.generate_criteo(str(directory), rows=800, days=2, seed=0, vocab="scaled:3k",
-                            progress=False)
-  return str(directory)
+def data_dir(criteo_days):
+  return criteo_days(800, 2)
 
 
 def _train(data_dir, out, *extra):

@@ -39,10 +39,13 @@ def stream_output(tmp_path_factory):
   return str(root / "out")
 
 
-def _command(data, run_dir):
+def _command(data, run_dir, batch_size=10):
+  """The stream's command; the kill test's batch of 10 gives `STEPS` steps a period, the other
+  tests pass a larger one (a few steps a period: they check plans and keys, not training)."""
   return [sys.executable, "-m", "dprec.cli", "stream", "--data", data, "--run-dir", run_dir,
           "--algorithm", "dp_adafest", "--epsilon-total", "20", "--noise-multiplier", "1.0",
-          "--accountant", "rdp", "--train-days", "2", "--batch-size", "10", "--hidden-units", "8",
+          "--accountant", "rdp", "--train-days", "2", "--batch-size", str(batch_size),
+          "--hidden-units", "8",
           "--checkpoint-every", "7", "--no-progress", "--diagnostics",
           "--summary-json", os.path.join(run_dir, "cli_summary.json")]
 
@@ -136,7 +139,8 @@ def test_cli_runs_with_the_same_arguments_differ_unless_given_an_insecure_seed(s
 
   def run(name, *extra):
     run_dir = str(tmp_path / name)
-    command = _command(stream_output, run_dir)[3:] + ["--train-days", "1", "--seed", "7",
+    command = _command(stream_output, run_dir, batch_size=250)[3:] + ["--train-days", "1",
+                                                                       "--seed", "7",
                                                        *extra]
     assert cli.main(command) == 0
     return _summary(run_dir), _weights(run_dir)
@@ -155,7 +159,7 @@ def test_a_finished_output_plans_for_the_days_it_holds(stream_output, tmp_path):
   """Not a live stream (--idle-timeout 0) and neither --expected-periods nor --train-days: the
   budget lasts the periods of the days present, and the summary says where that came from."""
   from dprec import cli  # pylint: disable=import-outside-toplevel
-  command = _command(stream_output, str(tmp_path))[3:]
+  command = _command(stream_output, str(tmp_path), batch_size=250)[3:]
   at = command.index("--train-days")
   assert cli.main(command[:at] + command[at + 2:]) == 0
   summary = _summary(str(tmp_path))
