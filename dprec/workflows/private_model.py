@@ -190,7 +190,9 @@ def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epo
     ratio, threshold, contribution_clip: DP-AdaFEST's σ1/σ2, τ and C1.
     init_output_bias: set the output layer's bias from a DP label statistic before training
       (MSE: mean; binary cross-entropy: logit of the rate; sparse categorical: log class
-      frequencies), at `output_bias_share` of ε.
+      frequencies), at `output_bias_share` of ε; a model with `initialise_output(x, y, σ, rng)`
+      releases its own statistic there instead (`dprec.models.retrieval.SampledTwoTower`: the
+      DP item histogram behind its negatives' distribution and popularity prior).
     recalibrate: after training, fit an affine map of the output under DP (MSE: least squares;
       binary cross-entropy: Platt scaling of the logit) at `recalibration_share` of ε. None
       (default): for binary cross-entropy, and for MSE when a label range is known
@@ -529,7 +531,10 @@ class PrivateModel(DPModel):
              for k, v in features.items()}
     tf.function(lambda batch: self(self._pack(batch, structure), training=False)
                 ).get_concrete_function(specs)
-    layer = self._output_layer(features, structure) if state.kind else None
+    # A model may release its own output statistics (`initialise_output(x, y, σ, rng)`: one
+    # Gaussian release of L2 sensitivity 1 per example, e.g. `SampledTwoTower`'s item histogram).
+    custom = getattr(self, "initialise_output", None)
+    layer = self._output_layer(features, structure) if state.kind and not custom else None
     _refuse_unclippable(self)
     # Slots in the model's variable order (the DP step's is another): `save` and `load_model`
     # of the original class agree on them.
@@ -538,6 +543,9 @@ class PrivateModel(DPModel):
     state.initialised = True
     sigma = state.plan.mechanisms.get(LABEL_STATISTICS_LABEL)
     if sigma is None:
+      return
+    if custom is not None:
+      custom(self._pack(features, structure), labels, sigma, state.run.numpy_rng("output bias"))
       return
     true_labels, _ = (self._labels_and_predictions(features, labels, structure)
                       if labels is None else (labels, None))
