@@ -77,17 +77,28 @@ def run(args, data, epsilon, seed):
   else:
     options = dict(epsilon=epsilon, train_size=len(train["rating"]), epochs=args.epochs,
                    algorithm=args.algorithm, init_output_bias=not args.no_bias_init,
-                   recalibrate=args.recalibrate, insecure_noise_seed=None)
-    for name in ("batch_size", "clip", "threshold"):
+                   insecure_noise_seed=None)
+    if args.recalibrate is not None:
+      options["recalibrate"] = args.recalibrate
+    for name in ("batch_size", "clip", "threshold", "target_quantile"):
       if getattr(args, name) is not None:
         options["l2_norm_clip" if name == "clip" else name] = getattr(args, name)
     model = dprec.make_private(model, **options)
     model.compile(optimizer=optimizer)
+    if args.recalibrate is not False:  # the model before recalibration (trained at 95% of ε)
+      recalibrate = model._recalibrate  # pylint: disable=protected-access
+
+      def measured_first(*inputs):
+        result["test_rmse_before_recalibration"] = rmse(model, test)
+        recalibrate(*inputs)
+
+      model._recalibrate = measured_first  # pylint: disable=protected-access
     history = model.fit(train, epochs=args.epochs, verbose=0)
     result.update(epsilon_spent=model.epsilon_spent,
                   sigma=model.privacy_plan.noise_multiplier,
                   batch_size=model.privacy_plan.batch_size,
-                  train_rmse_nonprivate=history.history["root_mean_squared_error"][-1])
+                  train_rmse_nonprivate=history.history["root_mean_squared_error"][-1],
+                  final_clip=history.history.get("l2_norm_clip", [None])[-1])
   result.update(test_rmse=rmse(model, test), seconds=time.perf_counter() - started,
                 train_mean_rmse=float(np.sqrt(np.mean(
                     (test["rating"] - train["rating"].mean()) ** 2))))
@@ -107,19 +118,25 @@ def main():
   parser.add_argument("--batch-size", type=int, default=None)
   parser.add_argument("--clip", type=float, default=None)
   parser.add_argument("--threshold", type=float, default=None)
+  parser.add_argument("--target-quantile", type=float, default=None,
+                      help="adaptive clipping to this quantile of the norms (--clip: start)")
   parser.add_argument("--no-bias-init", action="store_true")
-  parser.add_argument("--recalibrate", action="store_true")
+  parser.add_argument("--recalibrate", action=argparse.BooleanOptionalAction, default=None,
+                      help="DP recalibration after training (default: make_private's, on)")
   parser.add_argument("--json", help="append each result as a JSON line here")
   args = parser.parse_args()
   data = synthetic_ratings()
-  print("| ε | seed | B | σ | test RMSE | training mean's | ε spent | s |")
-  print("|---|---:|---:|---:|---:|---:|---:|---:|")
+  print("| ε | seed | B | σ | test RMSE | before recalibration | final C2 | training mean's "
+        "| ε spent | s |")
+  print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
   for seed in args.seeds:
     for epsilon in ([] if args.no_nonprivate else [None]) + list(args.epsilons):
       result = run(args, data, epsilon, seed)
       print(f"| {'non-private' if epsilon is None else f'{epsilon:g}'} | {seed} | "
             f"{result.get('batch_size', 1024)} | {result.get('sigma') or 0:.3f} | "
-            f"{result['test_rmse']:.4f} | {result['train_mean_rmse']:.4f} | "
+            f"{result['test_rmse']:.4f} | "
+            f"{result.get('test_rmse_before_recalibration') or float('nan'):.4f} | "
+            f"{result.get('final_clip') or float('nan'):.3g} | {result['train_mean_rmse']:.4f} | "
             f"{result.get('epsilon_spent') or 0:.3f} | {result['seconds']:.0f} |", flush=True)
       if args.json:
         with open(args.json, "a", encoding="utf-8") as f:

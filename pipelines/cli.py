@@ -6,6 +6,7 @@ options, on Dask, Dataflow, Flink or Spark.
 """
 import argparse
 
+from dprec.errors import DprecError
 from pipelines.beam_io import BEAM_EPILOG
 from pipelines.beam_io import BeamArgumentParser
 
@@ -15,6 +16,8 @@ def run_criteo(args) -> dict:
   if args.streaming:
     from pipelines import criteo_stream  # pylint: disable=import-outside-toplevel
     return criteo_stream.run(criteo_stream.job_from_args(args), args.beam_args)
+  if args.user_column:
+    raise DprecError("--user-column goes with --streaming (the batch job writes no user_id)")
   from pipelines import criteo  # pylint: disable=import-outside-toplevel
   return criteo.run(criteo.job_from_args(args), args.beam_args)
 

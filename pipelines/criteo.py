@@ -181,13 +181,14 @@ def build_vocabulary(counts: Sequence[Tuple[np.ndarray, np.ndarray]],
   return CriteoVocabulary(ids, tuple(np.zeros(len(i), np.int64) for i in ids))
 
 
-def parse_block(item, metrics: bool = False, strict_columns: bool = False):
+def parse_block(item, metrics: bool = False, strict_columns: bool = False,
+                user_column: bool = False):
   """A `LineBlock` → (parsed chunk, dead letters); a `DeadLetter` from reading → (None, [it])."""
   if isinstance(item, beam_io.DeadLetter):
     letters, chunk = [item], None
   else:
     chunk = parse_bytes(item.data, item.path, item.first_line, strict=False,
-                        strict_columns=strict_columns)
+                        strict_columns=strict_columns, user_column=user_column)
     letters = [beam_io.DeadLetter(*bad) for bad in chunk.bad_rows]
   if metrics:
     rows = 0 if chunk is None else len(chunk)

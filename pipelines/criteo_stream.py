@@ -89,6 +89,7 @@ class StreamJob:
   stop_after_day: Optional[int] = None
   settle_seconds: float = 2.0
   strict_columns: bool = False  # refuse lines with fewer than 40 fields instead of padding them
+  user_column: bool = False  # lines end with a user_id field, carried into the records
   dataset_id: Optional[str] = None  # `run` keeps the output's, or draws one
 
   def __post_init__(self):
@@ -104,7 +105,10 @@ class StreamJob:
 
   def settings(self) -> dict:
     """What the running state depends on: a rerun on the same output must use the same."""
-    return {"period_days": self.period_days, "min_count": self.min_count, "top_k": self.top_k}
+    settings = {"period_days": self.period_days, "min_count": self.min_count, "top_k": self.top_k}
+    if self.user_column:  # (absent when off: outputs written before the option still resume)
+      settings["user_column"] = True
+    return settings
 
   def period_start(self, day: int) -> int:
     """First day of the period (fixed window from day 0) that holds `day`."""
@@ -297,9 +301,12 @@ class RunningVocabulary(beam.DoFn):
     summary["periods"] = len(state["entries"])
     beam_io.write_json(os.path.join(job.output, criteo_tfrecord.STATS), summary)
     newest = f"day_{max(state['entries'])}/vocab"
-    beam_io.write_json(os.path.join(job.output, criteo_tfrecord.MANIFEST), criteo.manifest(
+    manifest = criteo.manifest(
         state["stats"], vocab, vocab_dir=newest, extra_entries=state["entries"],
-        dataset_id=job.dataset_id, vocab_privacy=identity.public_vocab_privacy("running_counts")))
+        dataset_id=job.dataset_id, vocab_privacy=identity.public_vocab_privacy("running_counts"))
+    if job.user_column:
+      manifest[criteo_tfrecord.USER_COLUMN_KEY] = True
+    beam_io.write_json(os.path.join(job.output, criteo_tfrecord.MANIFEST), manifest)
     beam_io.atomic_write(os.path.join(job.output, STATE), pickle.dumps(state))
 
 
@@ -321,7 +328,8 @@ class StreamingCriteo(beam.PTransform):
     seconds = self._job.period_days * DAY_SECONDS
     return (blocks
             | "Parse" >> beam.Map(criteo.parse_block, metrics=True,
-                                  strict_columns=self._job.strict_columns)
+                                  strict_columns=self._job.strict_columns,
+                                  user_column=self._job.user_column)
             | "Period" >> beam.WindowInto(
                 window.FixedWindows(seconds),
                 allowed_lateness=Duration(seconds=ALLOWED_LATENESS_DAYS * DAY_SECONDS))
@@ -443,6 +451,10 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--settle-seconds", type=float, default=2.0,
                       help="take a day file once it has not changed for this long, so a file "
                       "written in place is not read half-written (default 2)")
+  parser.add_argument("--user-column", action="store_true",
+                      help="every line ends with a 41st field, a user id (`dprec synth criteo "
+                      "--users N`), carried into the records as user_id for `dprec stream "
+                      "--privacy-unit user` (default: the 40 Criteo columns)")
 
 
 def job_from_args(args) -> StreamJob:
@@ -457,7 +469,8 @@ def job_from_args(args) -> StreamJob:
   return StreamJob(input_dir=args.input[0], output=args.output, period_days=args.period_days,
                    min_count=args.min_count, top_k=top_k, poll_seconds=args.poll_seconds,
                    idle_timeout=args.idle_timeout, stop_after_day=args.stop_after_day,
-                   settle_seconds=args.settle_seconds, strict_columns=args.strict_columns)
+                   settle_seconds=args.settle_seconds, strict_columns=args.strict_columns,
+                   user_column=args.user_column)
 
 
 def main(argv=None) -> int:

@@ -29,6 +29,12 @@ def register(subparsers):
                       "signal sits in frequent buckets; for studying sparse DP training when the "
                       "tail carries little (benchmarks/utility_ctr.py). 0 (default) = off, same "
                       "bytes as without the flag")
+  criteo.add_argument("--users", type=int, default=synthetic.CriteoSynthConfig.users,
+                      metavar="N",
+                      help="add a trailing user_id column (1..N, Zipf activity P(u) ≈ "
+                      f"u^-{synthetic.CriteoSynthConfig.user_zipf}, independent of clicks) for "
+                      "`dprec stream --privacy-unit user` (read it with `dprec preprocess criteo "
+                      "--streaming --user-column`); 0 (default) = the Criteo format, same bytes")
   _add_common(criteo, "output directory", _criteo)
 
   sequences = commands.add_parser(
@@ -64,7 +70,7 @@ def _positive(text):
 def _criteo(args):
   return synthetic.generate_criteo(
       args.out, args.rows, args.days, args.seed, args.vocab,
-      synthetic.CriteoSynthConfig(ctr=args.ctr, tail_decay=args.tail_decay),
+      synthetic.CriteoSynthConfig(ctr=args.ctr, tail_decay=args.tail_decay, users=args.users),
       progress=not args.no_progress)
 
 

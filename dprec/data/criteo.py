@@ -11,6 +11,10 @@ are missing loses its trailing tabs). Such a line, with fewer than 40 fields, is
 trailing values (as `pandas.read_csv` with 40 names does) and flagged in `ParsedChunk.padded`;
 `strict_columns=True` refuses it as malformed instead. A line with more than 40 fields is always
 malformed.
+
+A file may carry one more, trailing column `user_id` (a non-negative decimal integer, required on
+every line; `user_column=True`, e.g. `dprec synth criteo --users N`): the key by which `dprec
+stream --privacy-unit user` bounds and accounts a user's rows. Such a line has 41 fields.
 """
 import dataclasses
 import gzip
@@ -31,6 +35,7 @@ from dprec.errors import DprecError, InputError
 INTEGER_FEATURES = [f"I{i}" for i in range(1, 14)]
 CATEGORICAL_FEATURES = [f"C{i}" for i in range(1, 27)]
 COLUMNS = ["label"] + INTEGER_FEATURES + CATEGORICAL_FEATURES
+USER_COLUMN = "user_id"  # the optional trailing column (module docstring)
 ID_DOMAIN = 1 << 32  # categorical ids are 8 hex digits: the candidates of every DP selection
 
 # Note 001 Table 3: the paper's categorical-feature-14 … -39 are C1 … C26 (sum 338,782).
@@ -40,6 +45,7 @@ TABLE3_VOCAB_SIZES = (
 
 DEFAULT_CHUNK_ROWS = 1 << 18
 _INTEGER_PATTERN = r"^-?[0-9]{1,18}$"
+_USER_PATTERN = r"^[0-9]{1,18}$"
 _DAY_FILE = re.compile(r"^day_(\d+)(\.gz)?$")
 
 _HEX_DIGITS = np.frombuffer(b"0123456789abcdef", dtype=np.uint8)
@@ -68,6 +74,7 @@ class ParsedChunk:
   cat_values: np.ndarray  # int64[n, 26], the hex id as an integer, -1 where missing
   padded: np.ndarray  # bool[n], the line had fewer than 40 fields (trailing values missing)
   bad_rows: List[BadRow]
+  user_id: Optional[np.ndarray] = None  # int64[n], the `USER_COLUMN` (None: no such column)
 
   def __len__(self):
     return len(self.label)
@@ -78,7 +85,12 @@ class ParsedChunk:
     if not chunks:
       return _empty_chunk("")
     joined = {field.name: np.concatenate([getattr(c, field.name) for c in chunks])
-              for field in dataclasses.fields(cls) if field.name not in ("path", "bad_rows")}
+              for field in dataclasses.fields(cls)
+              if field.name not in ("path", "bad_rows", "user_id")}
+    users = [c.user_id for c in chunks]
+    if any(u is None for u in users) and any(u is not None for u in users):
+      raise DprecError("cannot join chunks with and without a user_id column")
+    joined["user_id"] = None if users[0] is None else np.concatenate(users)
     return cls(path=chunks[0].path, bad_rows=[r for c in chunks for r in c.bad_rows], **joined)
 
 
@@ -115,28 +127,31 @@ def parse_hex_ids(strings: Union[pa.Array, Sequence[str]]) -> Tuple[np.ndarray, 
 
 
 def parse_lines(lines: Iterable[Union[str, bytes]], path: str, first_line_no: int = 1,
-                strict: bool = True, strict_columns: bool = False) -> ParsedChunk:
+                strict: bool = True, strict_columns: bool = False,
+                user_column: bool = False) -> ParsedChunk:
   """Parses consecutive lines (without their newlines) that start at `first_line_no` of `path`."""
   lines = [line.encode() if isinstance(line, str) else line for line in lines]
   return parse_bytes(b"\n".join(lines) + b"\n" if lines else b"", path, first_line_no, strict,
-                     strict_columns)
+                     strict_columns, user_column)
 
 
 def parse_bytes(data: bytes, path: str, first_line_no: int = 1, strict: bool = True,
-                strict_columns: bool = False) -> ParsedChunk:
+                strict_columns: bool = False, user_column: bool = False) -> ParsedChunk:
   """Parses a block of whole lines; the first one is line `first_line_no` of `path`.
 
   Strict mode raises `InputError` for the first malformed line; permissive mode returns malformed
   lines in `bad_rows` and the rest parsed. Lines with fewer than 40 fields are padded with
-  missing values (module docstring) unless `strict_columns`.
+  missing values (module docstring) unless `strict_columns`. `user_column`: every line ends
+  with a 41st field, `USER_COLUMN` (a line without it is malformed).
   """
+  names = COLUMNS + [USER_COLUMN] * user_column
   if not data:
-    return _empty_chunk(path)
+    return _empty_chunk(path, user_column)
   if not _is_utf8(data):  # pyarrow fails on such a line without saying where it is
     data = _without_binary(data, path, first_line_no, strict)
-  table, skipped = _read_table(data, use_threads=True)
+  table, skipped = _read_table(data, True, names)
   if skipped:  # Row numbers of ragged lines are only known to the single-threaded reader.
-    table, skipped = _read_table(data, use_threads=False)
+    table, skipped = _read_table(data, False, names)
   line_numbers = np.arange(table.num_rows + len(skipped), dtype=np.int64) + first_line_no
   if skipped:
     keep = np.ones(len(line_numbers), dtype=bool)
@@ -146,26 +161,30 @@ def parse_bytes(data: bytes, path: str, first_line_no: int = 1, strict: bool = T
   short = [] if strict_columns else [row for row in skipped if row[2] < len(COLUMNS)]
   texts = {number + first_line_no - 1: text for number, text, _ in short}  # as read, unpadded
   if short:
-    table, line_numbers, padded = _with_padded_lines(table, line_numbers, short, first_line_no)
+    table, line_numbers, padded = _with_padded_lines(table, line_numbers, short, first_line_no,
+                                                     names)
     skipped = [row for row in skipped if row[2] >= len(COLUMNS)]
   bad = [(number + first_line_no - 1, "line",
-          f"expected {len(COLUMNS)} tab-separated fields, found {count}", text)
+          f"expected {len(names)} tab-separated fields, found {count}", text)
          for number, text, count in skipped]
 
   columns = [table.column(name).combine_chunks() for name in COLUMNS]
+  users = table.column(USER_COLUMN).combine_chunks() if user_column else None
   label_ok = np.asarray(pc.or_(pc.equal(columns[0], "0"), pc.equal(columns[0], "1")))
   int_missing = np.stack([np.asarray(pc.equal(c, "")) for c in columns[1:14]], axis=1)
   int_ok = np.stack([np.asarray(pc.match_substring_regex(c, _INTEGER_PATTERN)) for c in
                      columns[1:14]], axis=1) | int_missing
   cat_ok, cat_values = (np.stack(a, axis=1) for a in zip(*map(parse_hex_ids, columns[14:])))
-  row_ok = label_ok & int_ok.all(axis=1) & cat_ok.all(axis=1)
+  user_ok = (np.asarray(pc.match_substring_regex(users, _USER_PATTERN)) if user_column
+             else np.ones(len(label_ok), bool))
+  row_ok = label_ok & int_ok.all(axis=1) & cat_ok.all(axis=1) & user_ok
   bad_table_rows = np.flatnonzero(~row_ok)
   for row in bad_table_rows[:1] if strict else bad_table_rows:  # strict: only the first matters
-    fields = [c[row].as_py() for c in columns]
+    fields = [c[row].as_py() for c in columns] + ([users[row].as_py()] if user_column else [])
     raw = "\t".join(fields) if any(fields) else ""  # pyarrow reads an empty line as 40 ''.
     raw = texts.get(int(line_numbers[row]), raw)
     bad.append((int(line_numbers[row]),) + _field_reason(fields, label_ok[row], int_ok[row],
-                                                         cat_ok[row]) + (raw,))
+                                                         cat_ok[row], user_ok[row]) + (raw,))
   if bad:
     bad.sort()
     if strict:
@@ -173,6 +192,7 @@ def parse_bytes(data: bytes, path: str, first_line_no: int = 1, strict: bool = T
       raise InputError(path, line_no, field, reason)
     good = pa.array(row_ok)
     columns = [c.filter(good) for c in columns]
+    users = users.filter(good) if user_column else None
     line_numbers, padded = line_numbers[row_ok], padded[row_ok]
     int_missing = int_missing[row_ok]
     cat_values = np.stack([parse_hex_ids(c)[1] for c in columns[14:]], axis=1)
@@ -184,7 +204,8 @@ def parse_bytes(data: bytes, path: str, first_line_no: int = 1, strict: bool = T
       label=np.asarray(pc.cast(columns[0], pa.int32())),
       int_values=int_values, int_missing=int_missing, cat_values=cat_values, padded=padded,
       bad_rows=[BadRow(path, line_no, f"field {field}: {reason}", raw)
-                for line_no, field, reason, raw in bad])
+                for line_no, field, reason, raw in bad],
+      user_id=np.asarray(pc.cast(users, pa.int64())) if user_column else None)
 
 
 def _is_utf8(data: bytes) -> bool:
@@ -214,20 +235,22 @@ def _without_binary(data: bytes, path: str, first_line_no: int, strict: bool) ->
   return data.decode("utf-8", errors="replace").encode("utf-8")
 
 
-def _with_padded_lines(table, line_numbers, short, first_line_no):
+def _with_padded_lines(table, line_numbers, short, first_line_no, names):
   """`table` with the `short` lines (pyarrow's skipped (number, text, fields)) padded with empty
-  trailing fields, all rows in line order; returns (table, line numbers, padded flags)."""
-  data = b"".join(text.encode() + b"\t" * (len(COLUMNS) - count) + b"\n"
+  trailing fields (to the `names` columns: an empty user id, then, is malformed), all rows in
+  line order; returns (table, line numbers, padded flags)."""
+  data = b"".join(text.encode() + b"\t" * (len(names) - count) + b"\n"
                   for _, text, count in short)
-  extra, _ = _read_table(data, use_threads=False)
+  extra, _ = _read_table(data, False, names)
   lines = np.concatenate([line_numbers, [number + first_line_no - 1 for number, _, _ in short]])
   flags = np.concatenate([np.zeros(table.num_rows, bool), np.ones(extra.num_rows, bool)])
   order = np.argsort(lines, kind="stable")
   return pa.concat_tables([table, extra]).take(pa.array(order)), lines[order], flags[order]
 
 
-def _read_table(data: bytes, use_threads: bool) -> Tuple[pa.Table, List[Tuple[int, str, int]]]:
-  """All 40 columns as strings (no quoting); ragged lines are skipped and listed."""
+def _read_table(data: bytes, use_threads: bool,
+                names: Sequence[str]) -> Tuple[pa.Table, List[Tuple[int, str, int]]]:
+  """All columns `names` as strings (no quoting); ragged lines are skipped and listed."""
   skipped = []
 
   def on_invalid_row(row):
@@ -236,18 +259,18 @@ def _read_table(data: bytes, use_threads: bool) -> Tuple[pa.Table, List[Tuple[in
 
   table = pa_csv.read_csv(
       io.BytesIO(data),
-      read_options=pa_csv.ReadOptions(column_names=COLUMNS, use_threads=use_threads,
+      read_options=pa_csv.ReadOptions(column_names=list(names), use_threads=use_threads,
                                       block_size=1 << 22),
       parse_options=pa_csv.ParseOptions(delimiter="\t", quote_char=False, double_quote=False,
                                         ignore_empty_lines=False,
                                         invalid_row_handler=on_invalid_row),
-      convert_options=pa_csv.ConvertOptions(column_types={name: pa.string() for name in COLUMNS},
+      convert_options=pa_csv.ConvertOptions(column_types={name: pa.string() for name in names},
                                             strings_can_be_null=False,
                                             quoted_strings_can_be_null=False))
   return table, skipped
 
 
-def _field_reason(fields, label_ok, int_ok, cat_ok) -> Tuple[str, str]:
+def _field_reason(fields, label_ok, int_ok, cat_ok, user_ok=True) -> Tuple[str, str]:
   """The first bad field of a row with the right number of columns, and why it is bad."""
   if not any(fields):
     return "line", "empty line"
@@ -256,17 +279,19 @@ def _field_reason(fields, label_ok, int_ok, cat_ok) -> Tuple[str, str]:
   for name, ok, value in zip(INTEGER_FEATURES, int_ok, fields[1:14]):
     if not ok:
       return name, f"not an integer of at most 18 digits: {value!r}"
-  for name, ok, value in zip(CATEGORICAL_FEATURES, cat_ok, fields[14:]):
+  for name, ok, value in zip(CATEGORICAL_FEATURES, cat_ok, fields[14:40]):
     if not ok:
       return name, f"not an 8-hex-digit id: {value!r}"
+  if not user_ok:
+    return USER_COLUMN, f"not a non-negative integer of at most 18 digits: {fields[40]!r}"
   raise AssertionError("row flagged bad without a bad field")
 
 
-def _empty_chunk(path: str) -> ParsedChunk:
+def _empty_chunk(path: str, user_column: bool = False) -> ParsedChunk:
   return ParsedChunk(path, np.zeros(0, np.int64), np.zeros(0, np.int32),
                      np.zeros((0, 13), np.int64),
                      np.zeros((0, 13), bool), np.zeros((0, 26), np.int64), np.zeros(0, bool),
-                     [])
+                     [], np.zeros(0, np.int64) if user_column else None)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -405,12 +430,16 @@ def count_categories(chunks: Iterable[ParsedChunk]) -> List[Tuple[np.ndarray, np
 
 
 def transform(parsed: ParsedChunk, vocab: CriteoVocabulary) -> dict:
-  """Model inputs: label, log(1 + max(x, 0)) integers (missing → 0), vocabulary indices."""
-  return {
+  """Model inputs: label, log(1 + max(x, 0)) integers (missing → 0), vocabulary indices, and
+  the `USER_COLUMN` when the chunk has one."""
+  batch = {
       "label": parsed.label.astype(np.int32),
       "int_features": np.log1p(np.maximum(parsed.int_values, 0)).astype(np.float32),
       "cat_features": vocab.lookup(parsed.cat_values),
   }
+  if parsed.user_id is not None:
+    batch[USER_COLUMN] = parsed.user_id
+  return batch
 
 
 def criteo_day_files(directory: str) -> List[str]:

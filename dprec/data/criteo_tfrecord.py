@@ -6,7 +6,9 @@ output's `dataset_id` (`dprec.data.identity`) and `vocab_privacy`: whether the v
 top-k, with its ε, or built from exact counts),
 `stats.json`, the vocabulary files (`dprec.data.criteo.CriteoVocabulary.save` layout) and per-day
 directories of `tf.train.Example`s with `label` int64[1], `int_features` float32[13] (already
-log(1 + max(x, 0)), missing → 0) and `cat_features` int64[26] (vocabulary indices, 0 = OOV).
+log(1 + max(x, 0)), missing → 0) and `cat_features` int64[26] (vocabulary indices, 0 = OOV),
+and `user_id` int64[1] when the input had the trailing user-id column (the manifest's
+`USER_COLUMN_KEY` is then true; `dprec.data.criteo`, module docstring).
 Reading yields the same dict as `dprec.data.criteo.transform`, so the trainer cannot tell whether
 its rows came from TSV or from the Beam job.
 """
@@ -20,21 +22,26 @@ import numpy as np
 from dprec.data.criteo import CATEGORICAL_FEATURES
 from dprec.data.criteo import CriteoVocabulary
 from dprec.data.criteo import INTEGER_FEATURES
+from dprec.data.criteo import USER_COLUMN
 from dprec.errors import DprecError
 
 FORMAT = "dprec-criteo-v1"
 MANIFEST = "manifest.json"
 STATS = "stats.json"
+USER_COLUMN_KEY = "user_column"  # manifest: the records carry `user_id`
 
 
-def feature_spec():
-  """`tf.io.parse_example` spec of one row."""
+def feature_spec(user_column: bool = False):
+  """`tf.io.parse_example` spec of one row (with `user_id` if `user_column`)."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  return {
+  spec = {
       "label": tf.io.FixedLenFeature([1], tf.int64),
       "int_features": tf.io.FixedLenFeature([len(INTEGER_FEATURES)], tf.float32),
       "cat_features": tf.io.FixedLenFeature([len(CATEGORICAL_FEATURES)], tf.int64),
   }
+  if user_column:
+    spec[USER_COLUMN] = tf.io.FixedLenFeature([1], tf.int64)
+  return spec
 
 
 def encode_examples(batch: dict) -> np.ndarray:
@@ -63,6 +70,9 @@ def encode_examples(batch: dict) -> np.ndarray:
       "cat_features": ("int64_list", "tensorflow.Int64List",
                        np.asarray(batch["cat_features"], np.int64)),
   }
+  if USER_COLUMN in batch:
+    lists[USER_COLUMN] = ("int64_list", "tensorflow.Int64List",
+                          np.asarray(batch[USER_COLUMN], np.int64).reshape(n, 1))
   entries = []
   for key, (kind, list_type, values) in lists.items():
     value_list = encode(list_type, ["value"], [values], repeated(values.shape[1]))
@@ -143,17 +153,22 @@ def _entry(manifest: dict, day: int, directory: str) -> dict:
 
 def criteo_tfrecord_dataset(directory: str, days: Optional[Iterable[int]] = None,
                             batch_size: int = 1024, drop_remainder: bool = False):
-  """A `tf.data.Dataset` of `{"label", "int_features", "cat_features"}` batches, like `transform`."""
+  """A `tf.data.Dataset` of `{"label", "int_features", "cat_features"}` batches, like `transform`
+  (and `user_id` int64 when the manifest says the records carry it)."""
   import tensorflow as tf  # pylint: disable=import-outside-toplevel
   if batch_size < 1:
     raise DprecError(f"batch_size must be positive, got {batch_size}")
-  spec = feature_spec()
+  user_column = bool(load_manifest(directory).get(USER_COLUMN_KEY))
+  spec = feature_spec(user_column)
 
   def parse(serialized):
     row = tf.io.parse_example(serialized, spec)
-    return {"label": tf.cast(row["label"][:, 0], tf.int32),
-            "int_features": row["int_features"],
-            "cat_features": tf.cast(row["cat_features"], tf.int32)}
+    batch = {"label": tf.cast(row["label"][:, 0], tf.int32),
+             "int_features": row["int_features"],
+             "cat_features": tf.cast(row["cat_features"], tf.int32)}
+    if user_column:
+      batch[USER_COLUMN] = row[USER_COLUMN][:, 0]
+    return batch
 
   dataset = tf.data.TFRecordDataset(day_files(directory, days))
   return dataset.batch(batch_size, drop_remainder=drop_remainder).map(parse)

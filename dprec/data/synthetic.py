@@ -58,10 +58,18 @@ class CriteoSynthConfig:
   # in count as the rarest rank). 0 = off. It moves the click signal into frequent buckets, the
   # regime seed 001's Criteo results imply (rows kept by per-batch selection carry the AUC).
   tail_decay: float = 0.0
+  # A trailing 41st column `user_id` (1..users; 0 = no column, the Criteo format): each row's
+  # user drawn from a Zipf law of activity, P(user u) ≈ u^-user_zipf (the continuous law of the
+  # bucket ranks, `_bounded_zipf`), on every day alike and independent of the clicks (for
+  # `dprec stream --privacy-unit user`).
+  users: int = 0
+  user_zipf: float = 1.1
 
   def __post_init__(self):
     if not 0 < self.ctr < 1:
       raise DprecError(f"ctr must be in (0, 1), got {self.ctr}")
+    if self.users < 0 or not self.user_zipf > 1:
+      raise DprecError(f"need users >= 0 and user_zipf > 1, got {self.users}, {self.user_zipf}")
     if not self.tail_decay >= 0:
       raise DprecError(f"tail_decay must be >= 0, got {self.tail_decay}")
 
@@ -213,9 +221,11 @@ def _join_fields(blocks: Sequence[Tuple[np.ndarray, np.ndarray]], separator: int
 
 
 def _criteo_text(block: Dict[str, np.ndarray]) -> bytes:
-  return _join_fields([_int_text(block["label"][:, None]),
-                       _int_text(block["ints"], block["int_missing"]),
-                       _hex_text(block["hex_ids"], block["ids"] >= 0)], _TAB)
+  fields = [_int_text(block["label"][:, None]), _int_text(block["ints"], block["int_missing"]),
+            _hex_text(block["hex_ids"], block["ids"] >= 0)]
+  if "user_id" in block:
+    fields.append(_int_text(block["user_id"][:, None]))
+  return _join_fields(fields, _TAB)
 
 
 def _top_share(counts: Sequence[np.ndarray], fraction: float = 0.01) -> Tuple[float, List[float]]:
@@ -234,7 +244,8 @@ def criteo_blocks(rows: int, days: int = 1, seed: int = 0,
                   ) -> Iterator[Tuple[int, Dict[str, np.ndarray]]]:
   """The generator's stream: `(day, block)` with `label`, `logit` (the true click logit), `ints`,
   `int_missing`, `ids` (bucket ids, -1 missing), `weights` (each bucket's click weight in the
-  logit, 0 missing) and `hex_ids` (as written), `rows` in all.
+  logit, 0 missing) and `hex_ids` (as written), `rows` in all; with `config.users`, also
+  `user_id` (from a random stream of its own: the other columns are the same bytes as without).
 
   Buckets follow per-feature Zipf laws over `vocab_sizes(config.vocab)` ranks; each day some
   ranks change buckets and some buckets are new (drift). Clicks are Bernoulli(σ(logit)) with a
@@ -243,7 +254,8 @@ def criteo_blocks(rows: int, days: int = 1, seed: int = 0,
   """
   if days < 1 or rows < days:
     raise DprecError(f"need days >= 1 and rows >= days, got rows={rows}, days={days}")
-  world = _CriteoWorld(config or CriteoSynthConfig(), seed)
+  config = config or CriteoSynthConfig()
+  world = _CriteoWorld(config, seed)
   for day in range(days):
     if day:
       world.advance_day()
@@ -252,6 +264,10 @@ def criteo_blocks(rows: int, days: int = 1, seed: int = 0,
       sample = world.sample(np.random.default_rng([seed, 4, day, block]),
                             min(BLOCK_ROWS, day_rows - first))
       sample["hex_ids"] = world.hex_ids(sample["ids"])
+      if config.users:
+        uniform = np.random.default_rng([seed, 5, day, block]).random(len(sample["label"]))
+        sample["user_id"] = 1 + _bounded_zipf(uniform, np.asarray([config.users]),
+                                              np.asarray([config.user_zipf]))
       yield day, sample
 
 
@@ -265,6 +281,7 @@ def generate_criteo(out_dir: str, rows: int, days: int = 1, seed: int = 0,
   os.makedirs(out_dir, exist_ok=True)
   counts = [np.zeros(v, np.int64) for v in sizes]
   clicks = int_missing = cat_missing = 0
+  user_rows = np.zeros(config.users + 1, np.int64)
   files, out, start = [], None, time.perf_counter()
   with progress_bar(total=rows, unit="row", unit_scale=True, disable=not progress,
                     desc="synth criteo") as bar:
@@ -282,6 +299,8 @@ def generate_criteo(out_dir: str, rows: int, days: int = 1, seed: int = 0,
       clicks += int(sample["label"].sum())
       int_missing += int(sample["int_missing"].sum())
       cat_missing += int((sample["ids"] < 0).sum())
+      if config.users:
+        user_rows += np.bincount(sample["user_id"], minlength=len(user_rows))
       bar.update(len(sample["label"]))
     out.close()
   seconds = time.perf_counter() - start
@@ -296,6 +315,8 @@ def generate_criteo(out_dir: str, rows: int, days: int = 1, seed: int = 0,
       "top1pct_bucket_share": share,
       "top1pct_bucket_share_by_feature": dict(zip(CATEGORICAL_FEATURES, by_feature)),
       "seconds": seconds, "rows_per_second": rows / max(seconds, 1e-9),
+      **({"users": config.users, "active_users": int((user_rows > 0).sum()),
+          "max_rows_per_user": int(user_rows.max())} if config.users else {}),
   }
 
 

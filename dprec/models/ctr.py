@@ -115,13 +115,6 @@ class CTRModel(DPModel):
         sample_weight=batch)
     return tf.nn.compute_average_loss(losses)
 
-  def recalibrate_logits(self, scale: float, shift: float):
-    """Makes every logit z into scale·z + shift (Platt scaling, e.g. the fit of
-    `dprec.privacy.dp_platt_scaling`) by rescaling the logit layer's kernel and bias. A positive
-    scale keeps the ranking, hence the AUC."""
-    self.logit.kernel.assign(scale * self.logit.kernel)
-    self.logit.bias.assign(scale * self.logit.bias + shift)
-
   def per_example_loss(self, y, y_pred, sample_weight=None):
     """BCE of each example [n], which the DP step clips (the task's loss before its mean)."""
     losses = tf.nn.sigmoid_cross_entropy_with_logits(labels=_column(y), logits=y_pred)[:, 0]

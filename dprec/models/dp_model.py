@@ -292,7 +292,12 @@ class DPModel(tf.keras.Model):
     if self.dp_tables:
       logs["gradient_size_reduction"] = (
           self.dense_embedding_size / tf.maximum(self.gradient_size_tracker.result(), 1.0))
-    return logs
+    return dict(logs, **self.clip_logs())
+
+  def clip_logs(self):
+    """{"l2_norm_clip": C2 after the step} under quantile clipping (a DP release), else {}."""
+    clip = self.dp_optimizer.clip
+    return {} if clip is None else {"l2_norm_clip": tf.convert_to_tensor(clip)}
 
   def apply_step(self, x, y, sample_weight=None):
     """One training step on a batch (DP or not, as compiled); returns the predictions (what
@@ -387,11 +392,14 @@ class DPModel(tf.keras.Model):
     tape, y_pred, losses, tables = forward.tape, forward.y_pred, forward.losses, forward.tables
     pairs, pair_grads, kept = forward.pairs, forward.pair_grads, forward.kept
     # Step 4: the clipped sum: book-kept where the layer allows, else a second backward pass.
+    # Under quantile clipping C2 is this step's value of `DPOptimizer.clip`.
+    adaptive = self.dp_optimizer.clip
+    clip = tf.convert_to_tensor(adaptive) if adaptive is not None else None
     clip_factors = tf.stop_gradient(config.clip_factors(
-        forward.squared, _rest_share(forward.group_squared)))
+        forward.squared, _rest_share(forward.group_squared), clip=clip))
     clipped = {}
     for extra, grads, squared in forward.group_squared:
-      factors = tf.stop_gradient(config.clip_factors(squared, extra.norm_share))
+      factors = tf.stop_gradient(config.clip_factors(squared, extra.norm_share, clip=clip))
       clipped.update(zip(map(id, extra.variables), extra.clipped_gradient_fn(grads, factors)))
     for record, grads in zip(forward.records, forward.record_grads):
       clipped_fn = registry_lib.CLIPPED_GRADIENT_FUNCTIONS.get(type(record.layer))
@@ -407,6 +415,9 @@ class DPModel(tf.keras.Model):
       clipped.update(zip(map(id, remaining), tape.gradient(
           weighted_loss, remaining, unconnected_gradients=tf.UnconnectedGradients.ZERO)))
     dense_grads = [clipped[id(v)] for v in dense_vars]
+    if clip is not None:
+      total_squared = tf.add_n([forward.squared] + [sq for _, _, sq in forward.group_squared])
+      centered_count = config.quantile_clipping.centered_count(total_squared, clip)
     del tape, forward
 
     # Step 5: the clipped sums over all replicas (one outside tf.distribute), then one noise
@@ -425,17 +436,27 @@ class DPModel(tf.keras.Model):
     normaliser = (self.dp_optimizer.expected_batch_size
                   or replicas.sum(tf.cast(tf.shape(losses)[0], losses.dtype)))
     grads = replicas.once(self._noisy_gradients, config, replicas.sum(dense_grads), table_sums,
-                          [k.rows for k in kept], normaliser)
+                          [k.rows for k in kept], normaliser, clip)
+    if clip is not None:  # after the gradient's noise, which used this step's C2
+      replicas.once(self._update_clip, config.quantile_clipping, replicas.sum(centered_count),
+                    normaliser)
     grads_and_vars = list(zip(grads[:len(dense_vars)], dense_vars))
     for table, grad in zip(tables, grads[len(dense_vars):]):
       grads_and_vars += _shard_gradients(grad, table.embeddings)
     return grads_and_vars, y_pred
 
-  def _noisy_gradients(self, config, dense_sums, table_sums, kept_rows, normaliser):
+  def _noisy_gradients(self, config, dense_sums, table_sums, kept_rows, normaliser, clip=None):
     """Step 5 on the clipped sums (dense, and (row, value) pairs per table): noise σ2·C2 on
-    dense variables and kept rows (`kept_rows` None: every row), divided by `normaliser`."""
+    dense variables and kept rows (`kept_rows` None: every row), divided by `normaliser`.
+    `clip`: this step's adaptive C2 (a tensor); the sums are noised in its units, (S/C2 +
+    N(0, σ2²))·C2, so every noise draw keeps a constant standard deviation."""
     generator = self._dp_generator
-    std = config_lib.noise_std(config.l2_norm_clip, config.noise_multiplier)
+    std = config_lib.noise_std(config.l2_norm_clip if clip is None else 1.0,
+                               config.noise_multiplier)
+    if clip is not None:
+      dense_sums = [g / clip for g in dense_sums]
+      table_sums = [(row, values / clip) for row, values in table_sums]
+      normaliser = normaliser / clip
     # An optimizer that corrects for the noise (DP-AdamBC) learns its per-coordinate variance;
     # the rows it falls on are those of each IndexedSlices below (every kept row is noised).
     if isinstance(getattr(self.optimizer, "noise_variance", None), tf.Variable):
@@ -454,6 +475,15 @@ class DPModel(tf.keras.Model):
         grads.append(noise_lib.noisy_dense_rows(row, values, std, generator, shapes[f],
                                                 normaliser))
     return grads
+
+  def _update_clip(self, quantile_clipping, centered_count, normaliser):
+    """Quantile clipping's update of `DPOptimizer.clip` from the noisy count (N(0, σ_b²) from
+    the step's generator; `dprec.optimizers.config.QuantileClipping`)."""
+    noisy = noise_lib.noisy_dense(centered_count, quantile_clipping.count_noise_multiplier,
+                                  self._dp_generator)
+    clip = self.dp_optimizer.clip
+    clip.assign(quantile_clipping.next_clip(clip.read_value(), noisy,
+                                            tf.cast(normaliser, clip.dtype)))
 
   @staticmethod
   def _clipped_loss(forward, clip_factors):

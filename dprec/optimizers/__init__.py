@@ -6,6 +6,7 @@ from dprec.optimizers.config import DPAdaFESTPlus
 from dprec.optimizers.config import DPFEST
 from dprec.optimizers.config import DPSGD
 from dprec.optimizers.config import NonPrivate
+from dprec.optimizers.config import QuantileClipping
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.sparse import AdamBC
 from dprec.optimizers.sparse import LazyAdam

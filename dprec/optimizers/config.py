@@ -48,6 +48,53 @@ def _freeze_rows(selected_rows):
 
 
 @dataclasses.dataclass(frozen=True)
+class QuantileClipping:
+  """Adaptive clipping to a quantile of the per-example gradient norms (Andrew, Thakkar,
+  McMahan & Ramaswamy 2021, "Differentially private learning with adaptive clipping",
+  Algorithm 1 with the geometric update): after each step, with b_i = 1[‖g_i‖ ≤ C],
+      b̃ = (Σ_i (b_i − ½) + N(0, σ_b²)) / B + ½,      C ← C·exp(−η·(b̃ − γ)),
+  B the expected batch size (under Poisson sampling the batch's size is private, but Σ(b_i − ½)
+  over a Poisson batch has mean B·(P[‖g‖ ≤ C] − ½), so b̃ is unbiased). Adding or removing one
+  example moves Σ(b_i − ½) by exactly ½: the count is a Gaussian mechanism of noise multiplier
+  2σ_b, composed with the gradient's into one Gaussian of σ = (σ_Δ⁻² + (2σ_b)⁻²)^(−1/2) (their
+  Theorem 1); `dprec.privacy.quantile_gradient_noise_multiplier` inverts it for a planned σ.
+  C depends on the data only through the noisy counts of earlier steps (adaptive composition).
+
+  count_noise_multiplier: σ_b, the std of the noise on the count (the paper's m/20: B/20).
+  target_quantile: γ, the quantile C tracks (0.5: the median, the paper's default).
+  learning_rate: η_C (0.2, the paper's default for the geometric update).
+  """
+  count_noise_multiplier: float
+  target_quantile: float = 0.5
+  learning_rate: float = 0.2
+
+  def __post_init__(self):
+    _check_positive("count_noise_multiplier", self.count_noise_multiplier)
+    _check_positive("learning_rate", self.learning_rate)
+    if not 0 < self.target_quantile < 1:
+      raise ValueError(f"target_quantile must be in (0, 1), got {self.target_quantile!r}")
+
+  @staticmethod
+  def centered_count(squared_norms, clip):
+    """Σ_i (1[‖g_i‖ ≤ C] − ½) from ‖g_i‖² [batch]: sensitivity ½ per example."""
+    unclipped = tf.cast(squared_norms <= tf.square(tf.cast(clip, squared_norms.dtype)),
+                        squared_norms.dtype)
+    return tf.reduce_sum(unclipped - 0.5)
+
+  def next_clip(self, clip, noisy_centered_count, expected_batch_size):
+    """C·exp(−η·(b̃ − γ)) for the noisy Σ(b_i − ½) (noise already added)."""
+    fraction = noisy_centered_count / tf.cast(expected_batch_size, clip.dtype) + 0.5
+    return clip * tf.exp(-self.learning_rate * (fraction - self.target_quantile))
+
+  def with_count(self, noise_multiplier):
+    """σ of the step with the count: the gradient's σ composed with the count's 2σ_b."""
+    from dprec.privacy import composed_noise_multiplier  # pylint: disable=import-outside-toplevel
+    if noise_multiplier == 0:
+      return 0.0
+    return composed_noise_multiplier(noise_multiplier, 2 * self.count_noise_multiplier)
+
+
+@dataclasses.dataclass(frozen=True)
 class NonPrivate:
   """Plain training: no clipping, no noise; embedding updates on the rows the batch touched."""
   name = "non_private"
@@ -65,10 +112,15 @@ class DPSGD:
   `normalization_offset` γ (keyword only) switches clipping min(1, C/‖g_i‖) to per-example
   normalisation C/(‖g_i‖ + γ) ("automatic clipping", Bu et al. 2022, which DPFormer trains with:
   C = 1, γ = 0.01 as in fastDP; note 000 §1.4). Either way ‖c_i·g_i‖ < C, so the sensitivity and
-  the accounting are unchanged."""
+  the accounting are unchanged.
+
+  `quantile_clipping` (keyword only, a `QuantileClipping`) makes C2 adaptive: `l2_norm_clip` is
+  its initial value, `DPOptimizer.clip` the current one; `noise_multiplier` is the gradient's
+  σ_Δ and each step is accounted with the count's noise composed in."""
   l2_norm_clip: float
   noise_multiplier: float
   normalization_offset: Optional[float] = dataclasses.field(default=None, kw_only=True)
+  quantile_clipping: Optional[QuantileClipping] = dataclasses.field(default=None, kw_only=True)
   name = "dp_sgd"
 
   def __post_init__(self):
@@ -79,12 +131,22 @@ class DPSGD:
       _check_positive("normalization_offset", self.normalization_offset)
       if self.l2_norm_clip == float("inf"):
         raise ValueError("normalisation needs a finite l2_norm_clip")
+    if self.quantile_clipping is not None:
+      if not isinstance(self.quantile_clipping, QuantileClipping):
+        raise ValueError(f"quantile_clipping must be a QuantileClipping, got "
+                         f"{type(self.quantile_clipping).__name__}")
+      if self.normalization_offset is not None or math.isinf(self.l2_norm_clip):
+        raise ValueError("quantile clipping needs a finite l2_norm_clip and no normalisation")
 
-  def clip_factors(self, squared_norms, share=1.0):
+  def clip_factors(self, squared_norms, share=1.0, clip=None):
     """Per-example factors c_i applied to g_i, from ‖g_i‖² [batch], clipping (or normalising)
     to C·√share: a clipping group with `share` of C² (per-group clipping, McMahan et al. 2018;
-    groups whose shares sum to 1 keep the total sensitivity C)."""
+    groups whose shares sum to 1 keep the total sensitivity C). `clip`: this step's C (a
+    tensor, under quantile clipping) instead of `l2_norm_clip`."""
     norms = tf.sqrt(squared_norms)
+    if clip is not None:
+      bound = tf.cast(clip, squared_norms.dtype) * share ** 0.5
+      return bound / tf.maximum(bound, norms)
     bound = self.l2_norm_clip * share ** 0.5
     if self.normalization_offset is not None:
       return bound / (norms + self.normalization_offset)
@@ -92,10 +154,15 @@ class DPSGD:
       return tf.ones_like(squared_norms)
     return bound / tf.maximum(bound, norms)
 
+  def _with_count(self, noise_multiplier):
+    if self.quantile_clipping is None:
+      return noise_multiplier
+    return self.quantile_clipping.with_count(noise_multiplier)
+
   @property
   def accounting_noise_multiplier(self):
     """σ of the single Gaussian mechanism each step is accounted as."""
-    return self.noise_multiplier
+    return self._with_count(self.noise_multiplier)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -152,7 +219,7 @@ class DPAdaFEST(DPSGD):
     sigma1, sigma2 = self.contribution_noise_multiplier, self.noise_multiplier
     if sigma1 == 0 or sigma2 == 0:
       return 0.0
-    return composed_noise_multiplier(sigma1, sigma2)
+    return self._with_count(composed_noise_multiplier(sigma1, sigma2))
 
 
 @dataclasses.dataclass(frozen=True)

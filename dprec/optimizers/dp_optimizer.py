@@ -37,7 +37,9 @@ class DPOptimizer:
   (`dprec.privacy.secure_noise`: the rounded Gaussian mechanism, accounted as the Gaussian one).
   Created in a `ParameterServerStrategy`'s scope, the generator has one state per worker
   (`dprec.distribute.parameter_server`), which each scheduled step resets to its own.
-  `private` says whether the noise is secret; `privacy_note` why not."""
+  `private` says whether the noise is secret; `privacy_note` why not.
+  `clip`: under the config's `quantile_clipping`, the current C2 (a non-trainable variable,
+  starting at `l2_norm_clip`, updated by every step; a DP release like the weights); else None."""
   config: Any
   inner: tf.keras.optimizers.Optimizer
   expected_batch_size: Optional[float] = None
@@ -59,6 +61,8 @@ class DPOptimizer:
       raise ValueError(f"give at most one of noise_key, insecure_noise_seed, generator; got "
                        f"{', '.join(given)}")
     self.privacy_note = None
+    self.clip = (tf.Variable(float(self.config.l2_norm_clip), trainable=False, name="dp_clip")
+                 if getattr(self.config, "quantile_clipping", None) is not None else None)
     if self.generator is not None:
       if self.secure_noise != secure_noise_lib.is_secure(self.generator):
         raise ValueError("secure_noise needs a SecureNoise generator, and a SecureNoise "

@@ -10,6 +10,7 @@ from dprec.privacy.accounting import gaussian_mechanism_period
 from dprec.privacy.accounting import make_accountant
 from dprec.privacy.accounting import NOT_POISSON_NOTE
 from dprec.privacy.accounting import PrivacyResult
+from dprec.privacy.accounting import quantile_gradient_noise_multiplier
 from dprec.privacy.accounting import TrainingPeriod
 from dprec.privacy.calibration import calibrate_gaussian_mechanism
 from dprec.privacy.analytic_gaussian import analytic_gaussian_sigma

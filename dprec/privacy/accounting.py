@@ -155,6 +155,16 @@ def composed_noise_multiplier(sigma1, sigma2):
   return (sigma1 ** -2 + sigma2 ** -2) ** -0.5
 
 
+def quantile_gradient_noise_multiplier(noise_multiplier, count_noise_multiplier):
+  """σ_Δ of the clipped sum when the same step also releases a quantile count of noise σ_b
+  and sensitivity ½ (Andrew et al. 2021, Theorem 1): σ_Δ = (σ⁻² − (2σ_b)⁻²)^(−1/2), so that
+  the pair is one Gaussian of multiplier σ (`composed_noise_multiplier(σ_Δ, 2σ_b)`)."""
+  if noise_multiplier <= 0 or not 2 * count_noise_multiplier > noise_multiplier:
+    raise DprecError(f"the quantile count's noise 2·σ_b = {2 * count_noise_multiplier} must "
+                     f"exceed the step's σ = {noise_multiplier} (> 0)")
+  return (noise_multiplier ** -2 - (2 * count_noise_multiplier) ** -2) ** -0.5
+
+
 def adafest_noise_multipliers(noise_multiplier, ratio=5.0):
   """Split σ into (σ1, σ2) with σ1 = r·σ2 and composed(σ1, σ2) = σ: σ2 = σ·sqrt(1 + r⁻²).
 

@@ -41,14 +41,18 @@ MIN_SCALE = 0.01  # a ≤ 0 (noise, at a few thousand rows) would reverse or era
 
 
 def dp_platt_scaling(logits, labels, noise_multiplier, base_rate, rng=None, steps=STEPS,
-                     logit_bound=LOGIT_BOUND, prior_examples=PRIOR_EXAMPLES) -> Tuple[float, float]:
+                     logit_bound=LOGIT_BOUND, prior_examples=PRIOR_EXAMPLES,
+                     center=0.0) -> Tuple[float, float]:
   """(a, b) of DP Platt scaling σ(a·z + b) (module docstring) for classifier logits `logits`
   [N] and 0/1 `labels` [N], at composed noise multiplier `noise_multiplier` (each of the
   `steps` + 1 releases adds N(0, 2·noise_multiplier²·(steps + 1)) per coordinate; 0: exact),
   from and towards the constant prediction `base_rate` in (0, 1) (a DP or public click rate)
   with the weight of `prior_examples` examples (0: maximum likelihood).
   `rng` (a numpy Generator) must be secret in a private run. The scale is at least `MIN_SCALE`
-  (post-processing), so the ranking is kept."""
+  (post-processing), so the ranking is kept. `center` c (public or DP, e.g. logit(base_rate)):
+  the feature is u = clip(z − c, −L, L)/L instead, so logits that sit in a narrow band away
+  from 0 are not a sliver of [−L, L] (whose variance the noise floor swamps); the sensitivity
+  is the same, and (a, b) still apply to z."""
   logits = np.asarray(logits, np.float64).reshape(-1)
   labels = np.asarray(labels, np.float64).reshape(-1)
   if logits.shape != labels.shape or not logits.size:
@@ -66,7 +70,7 @@ def dp_platt_scaling(logits, labels, noise_multiplier, base_rate, rng=None, step
   def release(vector):
     return (vector + noise_std * rng.normal(size=2)) / n if noise_std else vector / n
 
-  u = np.clip(logits, -logit_bound, logit_bound) / logit_bound
+  u = np.clip(logits - center, -logit_bound, logit_bound) / logit_bound
   mean_u, mean_u2 = release(np.array([u.sum(), np.square(u).sum()]))
   mean_u = float(np.clip(mean_u, -1.0, 1.0))
   variance = max(mean_u2 - mean_u ** 2, NOISE_FLOOR * noise_std / n, 1e-12)
@@ -81,7 +85,8 @@ def dp_platt_scaling(logits, labels, noise_multiplier, base_rate, rng=None, step
     weights = weights - np.linalg.solve((1.0 + prior) * curvature, gradient)
     iterates.append(weights)
   alpha, beta = np.mean(iterates[steps // 2:], axis=0)
-  return max(float(alpha / logit_bound), MIN_SCALE), float(beta)
+  scale = max(float(alpha / logit_bound), MIN_SCALE)
+  return scale, float(beta) - scale * center  # σ(a·(z − c) + β) = σ(a·z + β − a·c)
 
 
 def _sigmoid(x):

@@ -33,14 +33,14 @@ def default_batch_size(num_examples: int, preferred: int = DEFAULT_BATCH_SIZE,
   return max(1, min(preferred, int(num_examples * max_sampling_rate)))
 
 
-def data_sized_batch_size(num_examples: int) -> int:
+def data_sized_batch_size(num_examples: int, steps_per_epoch: int = STEPS_PER_EPOCH) -> int:
   """B when none is given to a DP run that trains for epochs of N examples: the power of two
-  nearest N / `STEPS_PER_EPOCH` within `DATA_SIZED_RANGE`, capped by `default_batch_size` (at
+  nearest N / `steps_per_epoch` within `DATA_SIZED_RANGE`, capped by `default_batch_size` (at
   most N/8). At ε ≈ 1, σ hardly grows with B, so the noise on the mean gradient, σ·C2/B, falls
   almost as 1/B, and DP-AdaFEST keeps more rows (their counts grow with B at a fixed τ): one
   epoch in about `STEPS_PER_EPOCH` steps (BENCHMARKS.md, "Calibrated DP pCTR")."""
   lowest, highest = DATA_SIZED_RANGE
-  target = max(num_examples, 1) / STEPS_PER_EPOCH
+  target = max(num_examples, 1) / steps_per_epoch
   preferred = min(highest, max(lowest, 2 ** round(math.log2(max(target, 1)))))
   return default_batch_size(num_examples, preferred=preferred)
 

@@ -45,6 +45,7 @@ from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
 from dprec.sparse import fest
 from dprec.training import callbacks as callbacks_lib
+from dprec.training import output_layer
 from dprec.training import poisson
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import run as run_lib
@@ -229,18 +230,18 @@ def calibration_rows(train, rng):
 
 def recalibrate(model, train, plan, rate, rng,
                 batch_size=8192) -> Tuple[Optional[float], Optional[float]]:
-  """Makes `model`'s logits z into a·z + b, DP Platt scaling (`dprec.privacy.dp_platt_scaling`)
-  fitted on the training examples `train` from the DP base rate `rate`, with σ_c from the plan
-  (paid with its other one-off releases) and noise from the secret `rng`; returns (a, b), or
-  (None, None) when the plan has none."""
+  """Makes `model`'s logits z into a·z + b by DP Platt scaling fitted on the training examples
+  `train` from the DP base rate `rate` (`dprec.training.output_layer.recalibrate`, shared with
+  `make_private`: `dprec.privacy.dp_platt_scaling` folded into the logit layer), with σ_c from
+  the plan (paid with its other one-off releases) and noise from the secret `rng`; returns
+  (a, b), or (None, None) when the plan has none."""
   sigma = plan.mechanisms.get(CALIBRATION_LABEL)
   if sigma is None:
     return None, None
   train = calibration_rows(train, rng)
-  scale, shift = privacy.dp_platt_scaling(ctr.predict_logits(model, train, batch_size),
-                                          train["label"], sigma, rate, rng)
-  model.recalibrate_logits(scale, shift)
-  return scale, shift
+  return output_layer.recalibrate(model.logit, output_layer.BCE,
+                                  ctr.predict_logits(model, train, batch_size), train["label"],
+                                  sigma, rng, prior=rate, logits=True)
 
 
 def algorithm_config(options, noise_multiplier, selected=None):

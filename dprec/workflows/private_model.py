@@ -24,7 +24,8 @@ swaps a stock SGD, Adagrad or Adam for its row-sparse twin (same hyperparameters
 `fit` draws Poisson batches at q from the run's key, charges the ledger (the one given, else a
 temporary one) before each block of steps, stops at the budget, and first initialises the
 output bias from a DP label statistic (`dprec.training.output_layer`; MSE, binary and sparse
-categorical cross-entropy), and optionally recalibrates the output after training under DP.
+categorical cross-entropy), and recalibrates the output after training under DP (MSE and binary
+cross-entropy, by default).
 N (`train_size`) is public, as are every option and the model's architecture; vocabularies are
 the model's (public, as in seed 001). ε covers the trained weights, the bias initialisation and
 the recalibration; the training metrics Keras reports are not covered (exact, non-private
@@ -39,6 +40,7 @@ from typing import Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
+from dprec import privacy
 from dprec.clipping import layer_norms
 from dprec.errors import DprecError
 from dprec.layers.embedding import DPEmbedding
@@ -47,6 +49,7 @@ from dprec.models.dp_model import DPModel
 from dprec.models.dp_model import per_example_losses
 from dprec.models.dp_model import refusing_variable_updates
 from dprec.models.dp_model import unique_by_identity
+from dprec.optimizers import config as config_lib
 from dprec.optimizers import sparse as sparse_optimizers
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
@@ -66,6 +69,20 @@ ALGORITHMS = ("auto", "dp_sgd", "dp_adafest")
 # tables DP-SGD was better (docs/experiments/make_private.md); AdaFEST pays off in gradient size.
 AUTO_DENSE_LIMIT = 1 << 20
 PREDICT_BATCH = 8192
+# The default B: about this many steps per epoch (`train ctr` plans 500). On the TFRS ranking
+# benchmark with Adagrad 0.1 (N = 79,626: B = 512, not 128) test RMSE fell from 0.961–0.972 to
+# 0.928–0.932 at ε = 1 (C2 = 3, 3 seeds): per step σ·C2/B falls 3× while the planned σ grows
+# 1.34×, and Adagrad's accumulator, filled by noise, shrinks its steps less
+# (docs/experiments/make_private.md, "Adaptive clipping and the batch").
+STEPS_PER_EPOCH = 150
+# The default C2 by loss kind: MSE on a rating scale has per-example norms around 8 (the median
+# adaptive clipping found); C2 = 1 clips nearly every example and trains towards the label
+# median (ε = 8, B = 512: 0.961 against 0.915 at C2 = 3). Other losses keep 1 (not re-measured).
+DEFAULT_CLIP = {output_layer.MSE: 3.0}
+# σ_b of the quantile count per expected batch example: the noisy unclipped fraction has std
+# 1/20 (Andrew et al. 2021 §3: σ_b = m/20); at B = 128 and σ = 0.74 it raises the gradient's σ
+# by 0.2%. Never below σ itself (the gradient's σ then grows by at most 15%).
+QUANTILE_COUNT_NOISE = 1 / 20
 # A stock optimizer's row-sparse twin (`dprec.optimizers.sparse`): the same update, touching
 # only the rows of an IndexedSlices gradient.
 ROW_SPARSE = {tf.keras.optimizers.SGD: sparse_optimizers.SparseSGD,
@@ -83,13 +100,15 @@ class PrivateOptions:
   epochs: float = 1
   algorithm: str = "auto"
   ledger: Optional[str] = None
-  l2_norm_clip: float = 1.0
+  l2_norm_clip: Optional[float] = None
+  target_quantile: Optional[float] = None
+  clip_learning_rate: float = 0.2
   ratio: float = 5.0
   threshold: float = 5.0
   contribution_clip: float = 1.0
   init_output_bias: bool = True
   output_bias_share: float = 0.02
-  recalibrate: bool = False
+  recalibrate: Optional[bool] = None
   recalibration_share: float = 0.05
   label_range: Optional[Tuple[float, float]] = None
   accountant: str = "pld"
@@ -115,11 +134,14 @@ class PrivateOptions:
     if self.algorithm not in ALGORITHMS:
       raise DprecError(f"algorithm must be one of {', '.join(ALGORITHMS)}, got "
                        f"{self.algorithm!r}")
-    for name in ("l2_norm_clip", "ratio", "threshold", "contribution_clip"):
-      if not getattr(self, name) > 0:
+    if self.target_quantile is not None and not 0 < self.target_quantile < 1:
+      raise DprecError(f"target_quantile must be in (0, 1) or None, got {self.target_quantile}")
+    for name in ("l2_norm_clip", "clip_learning_rate", "ratio", "threshold",
+                 "contribution_clip"):
+      if getattr(self, name) is not None and not getattr(self, name) > 0:
         raise DprecError(f"{name} must be positive, got {getattr(self, name)}")
     shares = self.output_bias_share * self.init_output_bias + (
-        self.recalibration_share * self.recalibrate)
+        self.recalibration_share * (self.recalibrate is not False))
     if not (0 < self.output_bias_share < 1 and 0 < self.recalibration_share < 1
             and shares < 0.5):
       raise DprecError("output_bias_share and recalibration_share must be in (0, 1) and leave "
@@ -131,9 +153,10 @@ class PrivateOptions:
 
 
 def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epochs=1,
-                 algorithm="auto", ledger=None, l2_norm_clip=1.0, ratio=5.0,
+                 algorithm="auto", ledger=None, l2_norm_clip=None, target_quantile=None,
+                 clip_learning_rate=0.2, ratio=5.0,
                  threshold=5.0, contribution_clip=1.0, init_output_bias=True,
-                 output_bias_share=0.02, recalibrate=False, recalibration_share=0.05,
+                 output_bias_share=0.02, recalibrate=None, recalibration_share=0.05,
                  label_range=None, accountant="pld", charge_every=100, secure_noise=False,
                  insecure_noise_seed=None):
   """Makes `model` (a `tf.keras.Model`: functional, Sequential, subclassed, or a TFRS
@@ -147,21 +170,34 @@ def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epo
     epsilon: ε of everything the run releases (training, output bias, recalibration).
     train_size: N, the number of training examples (public; `fit` refuses other data sizes).
     delta: δ (default 1/N, or the existing ledger's).
-    batch_size: expected Poisson batch size B (default: from N as `train ctr` chooses,
-      `dprec.training.poisson.data_sized_batch_size`: about 500 steps per epoch).
+    batch_size: expected Poisson batch size B (default: the power of two nearest
+      N / `STEPS_PER_EPOCH`, `dprec.training.poisson.data_sized_batch_size`: about 150 steps
+      per epoch).
     epochs: epochs the budget is planned for: T = ⌈epochs·N/B⌉ steps; `fit` may train fewer,
       and stops at the budget if asked for more.
     algorithm: "dp_adafest" (sparse updates of the embedding rows a DP contribution map keeps,
       seed 001), "dp_sgd" (noise on every row), or "auto": DP-SGD when the embedding tables
       hold at most `AUTO_DENSE_LIMIT` (2^20) floats in all, else DP-AdaFEST.
     ledger: path of a privacy ledger to charge (shared across runs); default a temporary one.
-    l2_norm_clip: C2, the per-example gradient clip.
+    l2_norm_clip: C2, the per-example gradient clip (with `target_quantile`: its start);
+      default `DEFAULT_CLIP` by the loss: 3 for MSE, 1 otherwise.
+    target_quantile: None (C2 fixed), or γ in (0, 1): C2 follows the γ-quantile of the
+      per-example gradient norms under DP (adaptive clipping, Andrew et al. 2021, Algorithm 1:
+      a noisy count of unclipped examples per step, noise σ_b = max(B/20, σ), its cost taken
+      from the gradient's σ so that each step still costs the planned σ;
+      `dprec.optimizers.config.QuantileClipping`). `model.dp_optimizer.clip` holds C2.
+    clip_learning_rate: η_C of the geometric update C2 ← C2·exp(−η_C·(b̃ − γ)).
     ratio, threshold, contribution_clip: DP-AdaFEST's σ1/σ2, τ and C1.
     init_output_bias: set the output layer's bias from a DP label statistic before training
       (MSE: mean; binary cross-entropy: logit of the rate; sparse categorical: log class
-      frequencies), at `output_bias_share` of ε.
+      frequencies), at `output_bias_share` of ε; a model with `initialise_output(x, y, σ, rng)`
+      releases its own statistic there instead (`dprec.models.retrieval.SampledTwoTower`: the
+      DP item histogram behind its negatives' distribution and popularity prior).
     recalibrate: after training, fit an affine map of the output under DP (MSE: least squares;
-      binary cross-entropy: Platt scaling of the logit) at `recalibration_share` of ε.
+      binary cross-entropy: Platt scaling of the logit) at `recalibration_share` of ε. None
+      (default): for binary cross-entropy, and for MSE when a label range is known
+      (`label_range`, or `init_output_bias` finds one); True: also refuses, at `compile`, an
+      MSE model without one.
     label_range: (lo, hi) public bounds of regression labels (default: found under DP within
       the output bias's share).
     accountant: "pld" or "rdp". charge_every: steps paid per ledger charge.
@@ -172,7 +208,8 @@ def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epo
   """
   options = PrivateOptions(
       epsilon=epsilon, train_size=int(train_size), delta=delta, batch_size=batch_size,
-      epochs=epochs, algorithm=algorithm, ledger=ledger, l2_norm_clip=l2_norm_clip, ratio=ratio,
+      epochs=epochs, algorithm=algorithm, ledger=ledger, l2_norm_clip=l2_norm_clip,
+      target_quantile=target_quantile, clip_learning_rate=clip_learning_rate, ratio=ratio,
       threshold=threshold, contribution_clip=contribution_clip,
       init_output_bias=init_output_bias, output_bias_share=output_bias_share,
       recalibrate=recalibrate, recalibration_share=recalibration_share,
@@ -296,6 +333,19 @@ def row_sparse_optimizer(optimizer):
   return twin.from_config(config)
 
 
+def _algorithm_config(options, plan):
+  """The DP configuration of the step at the plan's σ: with `target_quantile`, σ is shared
+  between the gradient (σ_Δ) and the quantile count (2σ_b), composed back to σ."""
+  if options.target_quantile is None:
+    return ctr.algorithm_config(options, plan.noise_multiplier)
+  quantile = config_lib.QuantileClipping(
+      count_noise_multiplier=max(QUANTILE_COUNT_NOISE * plan.batch_size, plan.noise_multiplier),
+      target_quantile=options.target_quantile, learning_rate=options.clip_learning_rate)
+  sigma = privacy.quantile_gradient_noise_multiplier(plan.noise_multiplier,
+                                                     quantile.count_noise_multiplier)
+  return dataclasses.replace(ctr.algorithm_config(options, sigma), quantile_clipping=quantile)
+
+
 class PrivateModel(DPModel):
   """The private subclass `make_private` gives a model (its methods come first)."""
 
@@ -328,7 +378,9 @@ class PrivateModel(DPModel):
     if options.algorithm == "auto":
       options = dataclasses.replace(options, algorithm="dp_sgd" if (
           self.dense_embedding_size <= AUTO_DENSE_LIMIT) else "dp_adafest")
-    config = ctr.algorithm_config(options, state.plan.noise_multiplier)
+    if options.l2_norm_clip is None:
+      options = dataclasses.replace(options, l2_norm_clip=DEFAULT_CLIP.get(state.kind, 1.0))
+    config = _algorithm_config(options, state.plan)
     inner = row_sparse_optimizer(optimizer if optimizer is not None
                                  else tf.keras.optimizers.Adam(1e-3))
     super().compile(DPOptimizer(config, inner, expected_batch_size=state.plan.batch_size,
@@ -336,15 +388,28 @@ class PrivateModel(DPModel):
                                 secure_noise=state.options.secure_noise),
                     loss=loss, metrics=metrics, **kwargs)
 
+  @staticmethod
+  def _recalibrates(options, kind):
+    """Whether the run plans a recalibration (`make_private`'s `recalibrate`)."""
+    if options.recalibrate is False or kind not in (output_layer.MSE, output_layer.BCE):
+      return False
+    has_range = options.label_range is not None or options.init_output_bias
+    if kind == output_layer.MSE and not has_range:
+      if options.recalibrate:
+        raise DprecError("recalibrating a regression model needs a label range: give "
+                         "label_range, or keep init_output_bias on (it finds one under DP)")
+      return False
+    return True
+
   def _plan(self):
     state, options = self._private, self._private.options
     n = options.train_size
-    batch_size = options.batch_size or poisson.data_sized_batch_size(n)
+    batch_size = options.batch_size or poisson.data_sized_batch_size(n, STEPS_PER_EPOCH)
     steps = max(1, math.ceil(options.epochs * n / batch_size))
     mechanisms = []
     if options.init_output_bias and state.kind is not None:
       mechanisms.append((LABEL_STATISTICS_LABEL, options.output_bias_share))
-    if options.recalibrate and state.kind in (output_layer.MSE, output_layer.BCE):
+    if self._recalibrates(options, state.kind):
       mechanisms.append((RECALIBRATION_LABEL, options.recalibration_share))
     delta, spent = run_lib.plan_prior(state.run, options.epsilon, options.delta,
                                       options.accountant, default_delta=1.0 / n)
@@ -376,7 +441,7 @@ class PrivateModel(DPModel):
       return super().train_step(data)
     labels, predictions, weights = self.apply_step(data, None, None)
     loss = tasks[0](labels, predictions, sample_weight=weights, compute_metrics=True)
-    return dict({m.name: m.result() for m in self.metrics}, loss=loss)
+    return dict({m.name: m.result() for m in self.metrics}, loss=loss, **self.clip_logs())
 
   # ---- fit -----------------------------------------------------------------------------------
 
@@ -424,7 +489,7 @@ class PrivateModel(DPModel):
                             validation_data=validation_data, **kwargs)
     finally:
       state.steps += budget.steps_taken - start
-    if (state.options.recalibrate and state.recalibration is None
+    if (state.recalibration is None
         and state.steps >= state.plan.steps and RECALIBRATION_LABEL in state.plan.mechanisms):
       self._recalibrate(features, labels, structure)
     return history
@@ -466,7 +531,10 @@ class PrivateModel(DPModel):
              for k, v in features.items()}
     tf.function(lambda batch: self(self._pack(batch, structure), training=False)
                 ).get_concrete_function(specs)
-    layer = self._output_layer(features, structure) if state.kind else None
+    # A model may release its own output statistics (`initialise_output(x, y, σ, rng)`: one
+    # Gaussian release of L2 sensitivity 1 per example, e.g. `SampledTwoTower`'s item histogram).
+    custom = getattr(self, "initialise_output", None)
+    layer = self._output_layer(features, structure) if state.kind and not custom else None
     _refuse_unclippable(self)
     # Slots in the model's variable order (the DP step's is another): `save` and `load_model`
     # of the original class agree on them.
@@ -475,6 +543,9 @@ class PrivateModel(DPModel):
     state.initialised = True
     sigma = state.plan.mechanisms.get(LABEL_STATISTICS_LABEL)
     if sigma is None:
+      return
+    if custom is not None:
+      custom(self._pack(features, structure), labels, sigma, state.run.numpy_rng("output bias"))
       return
     true_labels, _ = (self._labels_and_predictions(features, labels, structure)
                       if labels is None else (labels, None))
@@ -495,9 +566,6 @@ class PrivateModel(DPModel):
     state = self._private
     layer = self._output_layer(features, structure)
     true_labels, predictions = self._labels_and_predictions(features, labels, structure)
-    if state.kind == output_layer.MSE and state.label_range is None:
-      raise DprecError("recalibrating a regression model needs a label range: give "
-                       "label_range, or keep init_output_bias on (it finds one under DP)")
     state.recalibration = output_layer.recalibrate(
         layer, state.kind, predictions, true_labels,
         state.plan.mechanisms[RECALIBRATION_LABEL], state.run.numpy_rng("recalibration"),

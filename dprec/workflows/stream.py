@@ -89,6 +89,10 @@ class StreamOptions(run_lib.RunOptions):
   logit_init: str = ctr_workflow.CTRTrainOptions.logit_init
   base_rate_share: float = ctr_workflow.CTRTrainOptions.base_rate_share
   calibration_share: float = ctr_workflow.CTRTrainOptions.calibration_share
+  # DP Platt scaling's L: the fit clips z − logit(base rate) to ±L (`CTRPeriodModel.after_training`;
+  # `train ctr`'s 10 kept the scale at its floor on the stream's narrow logits: docs/experiments/
+  # streaming.md, log loss 0.002–0.005 lower after every period at L = 1, two draws)
+  calibration_logit_bound: float = 1.0
   # The step's hyper-parameters are `train ctr`'s (one source), but τ, lower for short periods,
   # and C2, which at 1 ranks below chance for the first periods of 25k rows (docs/experiments/
   # streaming.md: AUC 0.435 → 0.590 after the first period at C2 = 10).
@@ -137,6 +141,9 @@ class StreamOptions(run_lib.RunOptions):
       raise DprecError(f"--logit-init must be one of {', '.join(ctr_workflow.LOGIT_INITS)}")
     if not 0 < self.base_rate_share < 1 or not 0 <= self.calibration_share < 1:
       raise DprecError("--base-rate-share must be in (0, 1) and --calibration-share in [0, 1)")
+    if not self.calibration_logit_bound > 0:
+      raise DprecError(f"--calibration-logit-bound must be positive, got "
+                       f"{self.calibration_logit_bound}")
 
   def model_options(self) -> ctr_workflow.CTRTrainOptions:
     """`train ctr`'s options of the model and its step (algorithm, clips, optimizer, ...)."""
@@ -153,11 +160,13 @@ class CTRPeriodModel(PeriodModel):
       adambc_floor, hidden_units, eval_batch_size, seed: public, initialisation only).
     noise_multiplier: the plan's composed σ (split into σ1 = r·σ2 and σ2 for DP-AdaFEST).
     expected_batch_size: q · N_period, the normaliser of the noisy sum (DESIGN §4 step 5).
+    calibration_logit_bound: L of DP Platt scaling's fit on z − logit(base rate).
   """
 
   def __init__(self, options: ctr_workflow.CTRTrainOptions, noise_multiplier: float,
-               expected_batch_size: float):
+               expected_batch_size: float, calibration_logit_bound: float = 1.0):
     self.options, self.noise_multiplier = options, noise_multiplier
+    self.calibration_logit_bound = calibration_logit_bound
     self.expected_batch_size = expected_batch_size
     self.model = self.optimizer = self.embedding_dims = None
     self._compiled_for = None  # (model, selected rows) the train step was last compiled for
@@ -203,14 +212,18 @@ class CTRPeriodModel(PeriodModel):
 
   def after_training(self, features, labels, releases):
     """DP Platt scaling (`dprec.privacy.dp_platt_scaling`) of the raw logits on the period's
-    training rows, towards the base rate: the affine evaluation applies."""
+    training rows, towards the base rate r: the affine evaluation applies. The fit reads
+    z − logit(r) clipped to ±`calibration_logit_bound` (centring on a released value is
+    post-processing), so the narrow logits of a DP model are not a sliver of [−L, L] that the
+    fit's noise floor swamps (docs/experiments/streaming.md)."""
     if CALIBRATION not in releases or not self.base_rate.numpy() > 0:
       return {}
     sigma, rng = releases[CALIBRATION]
     rows = ctr_workflow.calibration_rows(dict(features, label=labels), rng)
+    rate = float(self.base_rate.numpy())
     scale, shift = privacy.dp_platt_scaling(
         ctr.predict_logits(self.model, rows, self.options.eval_batch_size), rows["label"], sigma,
-        float(self.base_rate.numpy()), rng)
+        rate, rng, logit_bound=self.calibration_logit_bound, center=math.log(rate / (1 - rate)))
     self.calibration.assign([scale, shift])
     return {"calibration_scale": scale, "calibration_shift": shift}
 
@@ -319,7 +332,8 @@ def plan_privacy(options: StreamOptions, source, expected: int, run=None) -> pla
 def build_trainer(options: StreamOptions, source, plan, run) -> StreamingTrainer:
   """The `StreamingTrainer` of `options` on `source` under `plan` in `run`."""
   model = CTRPeriodModel(options.model_options(), plan.noise_multiplier,
-                         plan.sampling_rate * plan.examples_per_period)
+                         plan.sampling_rate * plan.examples_per_period,
+                         options.calibration_logit_bound)
   config = StreamConfig(
       checkpoint_every=options.checkpoint_every,
       train_periods=None if options.train_days is None else plan.expected_periods,

@@ -64,6 +64,10 @@ def register(subparsers):
   dp.add_argument("--calibration-share", type=float, default=defaults.calibration_share,
                   help="share of ε for DP Platt scaling after each period, on its rows (row "
                   "unit: of every period; user unit: over all periods); 0: none")
+  dp.add_argument("--calibration-logit-bound", type=float,
+                  default=defaults.calibration_logit_bound,
+                  help="DP Platt scaling fits on z − logit(base rate) clipped to ± this "
+                  "(default %(default)s)")
   model = parser.add_argument_group("model and step")
   model.add_argument("--batch-size", type=int, default=None,
                      help=f"expected (Poisson) batch size (default: {stream.STREAM_BATCH_SIZE}, "

@@ -7,6 +7,7 @@ from dprec.models import ctr
 from dprec.optimizers import config as config_lib
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.sparse import SparseSGD
+from dprec.training import output_layer
 
 # Note 001 §5.1: Table 3 vocabularies (C1..C26 order) and the dims int(2·V^0.25) it derives.
 TABLE3 = [1472, 577, 82741, 18940, 305, 23, 1172, 633, 3, 9090, 5918, 64300, 3207, 27, 1550,
@@ -59,11 +60,11 @@ def test_loss_is_binary_cross_entropy_of_the_logit():
   np.testing.assert_allclose(mean, expected.mean(), rtol=1e-5)
 
 
-def test_recalibrate_logits_makes_every_logit_scale_z_plus_shift():
+def test_folding_an_affine_map_into_the_logit_layer_makes_every_logit_scale_z_plus_shift():
   model = ctr.build_ctr_model((7, 9, 4), hidden_units=(8,))
   features, _ = _batch(model.config, 16)
   before = model(features).numpy()
-  model.recalibrate_logits(0.4, 1.5)
+  output_layer.fold_affine(model.logit, 0.4, 1.5)  # what `train ctr`'s recalibration does
   np.testing.assert_allclose(model(features).numpy(), 0.4 * before + 1.5, rtol=1e-5, atol=1e-6)
 
 

@@ -226,3 +226,24 @@ def test_format_hex_round_trips():
   assert text.tolist() == [b"00000000", b"00000001", b"deadbeef", b"ffffffff"]
   ok, parsed = criteo.parse_hex_ids([t.decode() for t in text] + [""])
   assert ok.all() and parsed.tolist() == ids.tolist() + [-1]
+
+
+def test_a_trailing_user_id_column_is_parsed_and_checked():
+  chunk = criteo.parse_lines([GOOD + "\t7", GOOD + "\t0"], "f", user_column=True)
+  np.testing.assert_array_equal(chunk.user_id, [7, 0])
+  assert criteo.parse_lines([GOOD], "f").user_id is None  # the Criteo format: no column
+  permissive = criteo.parse_lines([GOOD + "\t7", GOOD, GOOD + "\t-2", GOOD + "\tx"], "f",
+                                  strict=False, user_column=True)
+  np.testing.assert_array_equal(permissive.user_id, [7])
+  assert [(r.line_no, r.reason.split(":")[0]) for r in permissive.bad_rows] == [
+      (2, "field line"), (3, "field user_id"), (4, "field user_id")]
+  with pytest.raises(InputError, match="f:2: field user_id"):
+    criteo.parse_lines([GOOD + "\t7", GOOD + "\t"], "f", user_column=True)
+  joined = criteo.ParsedChunk.concatenate([permissive, permissive])
+  np.testing.assert_array_equal(joined.user_id, [7, 7])
+  np.testing.assert_array_equal(criteo.transform(joined, _vocabulary())["user_id"], [7, 7])
+
+
+def _vocabulary():
+  return criteo.CriteoVocabulary(tuple(np.zeros(0, np.int64) for _ in range(26)),
+                                 tuple(np.zeros(0, np.int64) for _ in range(26)))

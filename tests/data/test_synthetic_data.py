@@ -86,6 +86,28 @@ def test_same_seed_same_bytes(tmp_path):
   assert a == b and a != c
 
 
+def test_users_add_a_zipf_user_id_column_and_change_nothing_else(tmp_path):
+  plain = synthetic.generate_criteo(str(tmp_path / "a"), 4000, 2, 3, SMALL, progress=False)
+  summary = synthetic.generate_criteo(str(tmp_path / "b"), 4000, 2, 3, SMALL,
+                                      synthetic.CriteoSynthConfig(users=50), progress=False)
+  assert "users" not in plain and summary["users"] == 50
+  users = []
+  for day in ("day_0", "day_1"):
+    a = (tmp_path / "a" / day).read_text().splitlines()
+    b = [line.rsplit("\t", 1) for line in (tmp_path / "b" / day).read_text().splitlines()]
+    assert [fields for fields, _ in b] == a  # the 40 Criteo columns: the same bytes
+    users += [int(user) for _, user in b]
+    chunk = criteo.parse_lines([line for line in (tmp_path / "b" / day).read_text().splitlines()],
+                               day, user_column=True)
+    assert len(chunk) == len(a)
+  counts = np.bincount(users, minlength=51)[1:]
+  assert counts.max() == summary["max_rows_per_user"] and counts.argmax() == 0  # user 1 most active
+  # The continuous Zipf law of the bucket ranks: P(user ≤ k) = ((k + 1)^(1−s) − 1)/(51^(1−s) − 1).
+  power = 1 - synthetic.CriteoSynthConfig.user_zipf
+  cdf = (np.arange(1, 52, dtype=float) ** power - 1) / (51.0 ** power - 1)
+  assert stats.chisquare(counts, np.diff(cdf) * len(users)).pvalue > 1e-4
+
+
 def test_tail_decay_moves_the_click_signal_into_frequent_buckets():
   """tail_decay = α scales each bucket's click weight by (1 + its day-0 rank)^-α, ids new after
   day 0 counting as rank V, and changes nothing else that is drawn: the same buckets and

@@ -31,6 +31,27 @@ def test_a_pure_offset_is_undone():
   assert scale == pytest.approx(1.0, abs=0.05) and shift == pytest.approx(3.0, abs=0.15)
 
 
+def test_centring_keeps_the_slope_of_narrow_logits_under_the_stream_noise():
+  # A DP stream's logits (docs/experiments/streaming.md): a narrow band around the base rate's
+  # logit, σ_c of 10% of ε = 1 per period, 25k rows. Uncentred with L = 10, u is a sliver of
+  # [−1, 1], the variance floor swamps it and the slope stays near the floor; centred at
+  # logit(r) with L = 1 the fit finds it. Centring moves nothing else: (a, b) apply to z.
+  rng = np.random.default_rng(3)
+  rate, n = 0.25, 25000
+  center = math.log(rate / (1 - rate))
+  logits = rng.normal(center, 0.2, n)
+  labels = (rng.random(n) < _sigmoid(2.0 * (logits - center) + center)).astype(float)
+  wide, _ = dp_platt_scaling(logits, labels, 40.0, rate, np.random.default_rng(4))
+  scale, _ = dp_platt_scaling(logits, labels, 40.0, rate, np.random.default_rng(4),
+                              logit_bound=1.0, center=center)
+  assert wide < 0.1 and scale > 0.6  # (0.03 and 0.99: the prior of 10k rows pulls it too)
+  exact = dp_platt_scaling(logits, labels, 0.0, rate, logit_bound=1.0, center=center,
+                           prior_examples=0)
+  assert exact[0] == pytest.approx(2.0, abs=0.15) and exact[1] == pytest.approx(-center, abs=0.1)
+  residual = _sigmoid(exact[0] * logits + exact[1]) - labels  # |z − c| < 1 almost everywhere
+  assert abs(residual.mean()) < 1e-3
+
+
 def test_noise_of_the_estimate_is_what_the_composed_sigma_gives():
   # Two groups at u = ±1/2 whose click rates (0.184, 0.816) make p(1 − p) = 0.15 = c at the
   # fit: every round then lands on the fixed point plus (c·M)⁻¹ times its own noise, and the mean

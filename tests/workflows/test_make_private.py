@@ -2,6 +2,7 @@
 DP step it makes bounds one example's influence by C2 (functional, TFRS ranking and full-softmax
 two-tower models; in-batch negatives do not); ε equals dp_accounting's; training stops at the
 budget; the refusals name what they refuse."""
+import dataclasses
 import warnings
 
 import dp_accounting
@@ -97,11 +98,18 @@ def _dense(gradient):
   return tf.convert_to_tensor(gradient).numpy().ravel()
 
 
-@pytest.mark.parametrize("kind", ["functional", "tfrs"])
+@pytest.mark.parametrize("kind", ["functional", "tfrs", "adaptive"])
 def test_removing_one_example_moves_the_clipped_sum_by_at_most_c2(kind):
-  model = _private(_functional() if kind == "functional" else _Ranking())
-  model.compile(optimizer="sgd", loss="mse" if kind == "functional" else None)
-  model.dp_optimizer.config = config_lib.DPSGD(l2_norm_clip=CLIP, noise_multiplier=0.0)
+  adaptive = dict(target_quantile=0.5, l2_norm_clip=7.0) if kind == "adaptive" else {}
+  model = _private(_Ranking() if kind == "tfrs" else _functional(), **adaptive)
+  model.compile(optimizer="sgd", loss=None if kind == "tfrs" else "mse")
+  if kind == "adaptive":  # C2 from the clip variable (set to CLIP), without noise
+    model.dp_optimizer.config = dataclasses.replace(model.dp_optimizer.config,
+                                                    noise_multiplier=0.0)
+    model.dp_optimizer.clip.assign(CLIP)
+    model._update_clip = lambda *args: None  # pylint: disable=protected-access
+  else:
+    model.dp_optimizer.config = config_lib.DPSGD(l2_norm_clip=CLIP, noise_multiplier=0.0)
   x, y = _data()
   x = {k: v[:16] for k, v in x.items()}
   y = 100 * y[:16]
@@ -134,8 +142,8 @@ def test_epsilon_equals_dp_accounting_and_training_stops_at_the_budget():
   history = model.fit(x, y, epochs=3, verbose=0)  # asks for three planned epochs' steps
   accountant = dp_accounting.pld.PLDAccountant(
       dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
-  accountant.compose(dp_accounting.GaussianDpEvent(
-      plan.mechanisms[private_model.LABEL_STATISTICS_LABEL]))
+  for label in (private_model.LABEL_STATISTICS_LABEL, private_model.RECALIBRATION_LABEL):
+    accountant.compose(dp_accounting.GaussianDpEvent(plan.mechanisms[label]))
   accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
       plan.sampling_rate, dp_accounting.GaussianDpEvent(plan.noise_multiplier)), plan.steps))
   expected = accountant.get_epsilon(1 / N)
@@ -147,12 +155,52 @@ def test_epsilon_equals_dp_accounting_and_training_stops_at_the_budget():
     model.fit(x, y, epochs=1, verbose=0)
 
 
+def test_quantile_clipping_costs_the_planned_sigma_and_moves_the_clip_in_fit():
+  """`target_quantile`: the gradient's σ_Δ and the count's 2σ_b compose to the plan's σ, ε
+  equals dp_accounting's for it, and fit (traced) moves C2 away from its start."""
+  model = _private(_functional(), epochs=1, label_range=(1.0, 5.0), target_quantile=0.5)
+  model.compile(optimizer="adagrad", loss="mse")
+  plan, config = model.privacy_plan, model.dp_optimizer.config
+  sigma_b = config.quantile_clipping.count_noise_multiplier
+  assert sigma_b == max(32 / 20, plan.noise_multiplier)
+  assert config.noise_multiplier == pytest.approx(
+      (plan.noise_multiplier ** -2 - (2 * sigma_b) ** -2) ** -0.5)
+  assert config.accounting_noise_multiplier == pytest.approx(plan.noise_multiplier)
+  history = model.fit(*_data(), epochs=1, verbose=0)
+  accountant = dp_accounting.pld.PLDAccountant(
+      dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
+  for label in (private_model.LABEL_STATISTICS_LABEL, private_model.RECALIBRATION_LABEL):
+    accountant.compose(dp_accounting.GaussianDpEvent(plan.mechanisms[label]))
+  accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+      plan.sampling_rate, dp_accounting.GaussianDpEvent(  # the pair as one Gaussian
+          (config.noise_multiplier ** -2 + (2 * sigma_b) ** -2) ** -0.5)), plan.steps))
+  assert model.epsilon_spent == pytest.approx(accountant.get_epsilon(1 / N), rel=2e-3)
+  clip = float(model.dp_optimizer.clip)
+  assert history.history["l2_norm_clip"][-1] == pytest.approx(clip)
+  assert clip != CLIP
+
+
+def test_recalibration_is_planned_by_default_when_it_can_run():
+  """MSE recalibrates by default given a label range (given, or found with the output bias);
+  without one it is skipped by default and refused at compile when asked for."""
+  for options, planned in ((dict(), True), (dict(init_output_bias=False), False),
+                           (dict(init_output_bias=False, label_range=(1.0, 5.0)), True),
+                           (dict(recalibrate=False), False)):
+    model = _private(_functional(), **options)
+    model.compile(optimizer="sgd", loss="mse")
+    assert (private_model.RECALIBRATION_LABEL in model.privacy_plan.mechanisms) == planned
+  model = _private(_functional(), init_output_bias=False, recalibrate=True)
+  with pytest.raises(DprecError, match="label range"):
+    model.compile(optimizer="sgd", loss="mse")
+
+
 def test_data_sized_batch_and_dp_output_bias():
   x, y = _data()
   model = _private(_functional(), batch_size=None, epsilon=50.0, label_range=(1.0, 5.0),
                    accountant="rdp")  # PLD at σ this small takes minutes
   model.compile(optimizer="sgd", loss="mse")
-  assert model.privacy_plan.batch_size == poisson.data_sized_batch_size(N)
+  assert model.privacy_plan.batch_size == poisson.data_sized_batch_size(
+      N, private_model.STEPS_PER_EPOCH)
   model._initialise(*private_model._in_memory(x, y))  # what the first fit does
   assert model.get_layer("rating").bias.numpy()[0] == pytest.approx(y.mean(), abs=0.1)
 
