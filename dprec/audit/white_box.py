@@ -93,20 +93,20 @@ class CanaryModel(DPModel):
   def compute_metrics(self, x, y, y_pred, sample_weight=None):
     return {}
 
-  def _noisy_gradients(self, config, dense_sums, table_sums, kept_rows, normaliser):
+  def _noisy_gradients(self, config, dense_sums, table_sums, kept_rows, normaliser, clip=None):
     """The real step's release, observed on the canary rows, then passed on unchanged."""
-    grads = super()._noisy_gradients(config, dense_sums, table_sums, kept_rows, normaliser)
-    self._observe(grads[-1], normaliser)
+    grads = super()._noisy_gradients(config, dense_sums, table_sums, kept_rows, normaliser, clip)
+    self._observe(grads[-1], normaliser, self.clip if clip is None else clip)
     return grads
 
-  def _observe(self, gradient, normaliser):
+  def _observe(self, gradient, normaliser, clip):
     if isinstance(gradient, tf.IndexedSlices):
       rows = gradient.indices[:, tf.newaxis]
       values = tf.scatter_nd(rows, gradient.values[:, 0], [self.count])
       kept = tf.scatter_nd(rows, tf.ones_like(gradient.values[:, 0]), [self.count])
     else:
       values, kept = gradient[:, 0], tf.ones([self.count], gradient.dtype)
-    x = tf.cast(-values * normaliser / self.clip, tf.float64)
+    x = tf.cast(-values * normaliser / clip, tf.float64)
     kept = tf.cast(kept, tf.float64)
     self.llr.assign_add(_step_llr(x, kept, self.claim))
     self.released.assign_add(kept)

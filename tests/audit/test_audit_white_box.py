@@ -43,7 +43,7 @@ def test_noise_divided_by_four_is_caught(monkeypatch):
 
 def test_skipped_clipping_is_caught(monkeypatch):
   monkeypatch.setattr(config_lib.DPSGD, "clip_factors",
-                      lambda self, squared_norms, share=1.0: tf.ones_like(squared_norms))
+                      lambda self, squared_norms, share=1.0, clip=None: tf.ones_like(squared_norms))
   assert _bound("dp_sgd").epsilon > EPSILON
 
 
