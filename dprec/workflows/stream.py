@@ -260,9 +260,9 @@ class CTRPeriodModel(PeriodModel):
 
   def evaluate(self, features, labels):
     """AUC and log loss of the calibrated output σ(a·z + b), and the base rate's log loss."""
-    scale, shift = self.calibration.numpy()
-    logits = scale * ctr.predict_logits(self.model, features, self.options.eval_batch_size)
-    logits += shift
+    scale, shift = (float(value) for value in self.calibration.numpy())
+    logits = tf.cast(ctr.predict_logits(self.model, features, self.options.eval_batch_size),
+                     tf.float64) * scale + shift
     auc = tf.keras.metrics.AUC(num_thresholds=self.model.config.auc_thresholds, from_logits=True)
     auc.update_state(labels, logits)
     loss = tf.nn.sigmoid_cross_entropy_with_logits(labels=np.asarray(labels, np.float64),
