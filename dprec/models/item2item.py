@@ -82,7 +82,9 @@ class Item2ItemModel:
     rank = min(dim, len(touched) - 1)
     if rank < 1:
       return factors
+    # A public start for ARPACK (post-processing); a Generator, which scipy accepts with
+    # numpy 1.26 (the legacy leg) as well as 2.x, unlike an int seed there.
     left, values, _ = scipy.sparse.linalg.svds(symmetric[touched][:, touched], k=rank,
-                                               random_state=0)
+                                               random_state=np.random.default_rng(0))
     factors[touched, :rank] = left * np.sqrt(values)
     return factors
