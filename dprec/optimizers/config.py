@@ -144,10 +144,8 @@ class DPSGD:
     groups whose shares sum to 1 keep the total sensitivity C). `clip`: this step's C (a
     tensor, under quantile clipping) instead of `l2_norm_clip`."""
     norms = tf.sqrt(squared_norms)
-    if clip is not None:
-      bound = tf.cast(clip, squared_norms.dtype) * share ** 0.5
-      return bound / tf.maximum(bound, norms)
-    bound = self.l2_norm_clip * share ** 0.5
+    limit = self.l2_norm_clip if clip is None else tf.cast(clip, squared_norms.dtype)
+    bound = limit * share ** 0.5
     if self.normalization_offset is not None:
       return bound / (norms + self.normalization_offset)
     if self.l2_norm_clip == float("inf"):

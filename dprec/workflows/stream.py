@@ -164,7 +164,8 @@ class CTRPeriodModel(PeriodModel):
   """
 
   def __init__(self, options: ctr_workflow.CTRTrainOptions, noise_multiplier: float,
-               expected_batch_size: float, calibration_logit_bound: float = 1.0):
+               expected_batch_size: float,
+               calibration_logit_bound: float = StreamOptions.calibration_logit_bound):
     self.options, self.noise_multiplier = options, noise_multiplier
     self.calibration_logit_bound = calibration_logit_bound
     self.expected_batch_size = expected_batch_size
