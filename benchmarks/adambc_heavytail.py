@@ -140,8 +140,9 @@ class Problem:
     self.example_group = tf.constant(group_of_class[labels], tf.int32)
 
 
-def train(problem, name, lr, gamma, generator, args, max_steps):
-  """One run from W = 0; per-step curves of loss and accuracy, overall and per group."""
+def train(problem, name, lr, gamma, generator, args, max_steps, progress=lambda partial: None):
+  """One run from W = 0; per-step curves of loss and accuracy, overall and per group;
+  `progress` sees the curves so far every 100 steps."""
   n, groups = problem.n, problem.groups
   layer = linear_model(problem.c, problem.d)
   config = DPSGD(l2_norm_clip=args.clip, noise_multiplier=args.sigma)
@@ -185,6 +186,9 @@ def train(problem, name, lr, gamma, generator, args, max_steps):
       since += 1
     if since >= args.patience:
       break
+    if t % 100 == 0:
+      progress({"optimizer": name, "learning_rate": lr, "gamma": gamma, "steps": t,
+                "stopped": "running", "loss_curve": losses, "accuracy_curve": accuracies})
   loss, accuracy = evaluate()  # the model after the last update: the one reported
   losses.append(loss.numpy().tolist())
   accuracies.append(accuracy.numpy().tolist())
@@ -312,7 +316,21 @@ def main(argv=None):
   parser.add_argument("--threads", type=int, help="TF intra-op threads (default: TF's)")
   parser.add_argument("--json", help="write every run (with its curves) here")
   parser.add_argument("--plot", help="write the best runs' learning curves (PNG) here")
+  parser.add_argument("--from-json", nargs="+",
+                      help="no training: the table and plot of these --json files' runs (the "
+                           "parts of a grid run as separate processes)")
   args = parser.parse_args(argv)
+  if args.from_json:
+    runs = []
+    for path in args.from_json:
+      with open(path, encoding="utf-8") as f:
+        runs += [r for r in json.load(f) if r["top_class"] == args.top_class]
+    args.optimizers = [name for name in args.optimizers if any(r["optimizer"] == name
+                                                               for r in runs)]
+    print_table(runs, args, len(runs[0]["loss_curve"][0]) - 1)
+    if args.plot:
+      plot(runs, args, args.plot)
+    return
   if args.threads:
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
   problem = Problem(args.top_class, args.data_seed)
@@ -324,22 +342,29 @@ def main(argv=None):
     jobs = [(draw, name, lr, gamma) for draw in range(args.draws) for name in args.optimizers
             for lr in (args.learning_rates or GRIDS[name])
             for gamma in floors(name, args, problem.n)]
-    for draw, name, lr, gamma in jobs:
-      generator = run.noise_key.tf_generator("adambc_heavytail", draw)
-      result = train(problem, name, lr, gamma, generator, args, max_steps)
+    def save(partial=None):  # after every run and during one: a long grid keeps what it did
+      if args.json:
+        with open(args.json, "w", encoding="utf-8") as out:
+          json.dump(runs + ([partial] if partial else []), out)
+
+    def describe(result, draw):
       result.update(draw=draw, n=problem.n, d=problem.d, c=problem.c, noise=noise,
                     top_class=args.top_class, sigma=args.sigma, clip=args.clip,
                     delta=args.delta)
       result["epsilon"], result["epsilon_exact"] = epsilon_full_batch(
           args.sigma, result["steps"], args.delta)
-      runs.append(result)
+      return result
+
+    for draw, name, lr, gamma in jobs:
+      generator = run.noise_key.tf_generator("adambc_heavytail", draw)
+      result = train(problem, name, lr, gamma, generator, args, max_steps,
+                     lambda partial, draw=draw: save(describe(partial, draw)))
+      runs.append(describe(result, draw))
       summary = {k: v for k, v in result.items() if not k.endswith("_curve") and k != "noise"}
       summary.update({k: v for k, v in report(result).items() if not k.startswith("group")})
       summary["rare_accuracy"] = report(result)["group_accuracy"][-1]
       print(json.dumps(summary), file=sys.stderr, flush=True)
-      if args.json:  # after every run: a long grid keeps what it has done
-        with open(args.json, "w", encoding="utf-8") as out:
-          json.dump(runs, out)
+      save()
   print_table(runs, args, problem.groups)
   if args.plot:
     plot(runs, args, args.plot)
