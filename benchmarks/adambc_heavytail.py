@@ -300,6 +300,9 @@ def main(argv=None):
   parser.add_argument("--floor-ratios", type=float, nargs="+", default=list(FLOOR_RATIOS),
                       help="DP-AdamBC's γ' grid as fractions of Φ = (σC/n)²")
   parser.add_argument("--draws", type=int, default=1, help="noise draws per configuration")
+  parser.add_argument("--first-draw", type=int, default=0,
+                      help="label of the first draw (a process run alongside another takes "
+                           "other labels; its secret key is its own either way)")
   parser.add_argument("--patience", type=int, default=100,
                       help="stop when the loss has not improved for this many steps")
   parser.add_argument("--tolerance", type=float, default=1e-3,
@@ -339,7 +342,9 @@ def main(argv=None):
   with Run("benchmarks/adambc_heavytail.py", insecure_noise_seed=args.insecure_noise_seed) as run:
     noise = ("noise from the run's secret key" if run.noise_key.private else
              f"INSECURE noise seed {args.insecure_noise_seed}: reproducible, not private")
-    jobs = [(draw, name, lr, gamma) for draw in range(args.draws) for name in args.optimizers
+    jobs = [(draw, name, lr, gamma)
+            for draw in range(args.first_draw, args.first_draw + args.draws)
+            for name in args.optimizers
             for lr in (args.learning_rates or GRIDS[name])
             for gamma in floors(name, args, problem.n)]
     def save(partial=None):  # after every run and during one: a long grid keeps what it did
