@@ -137,6 +137,7 @@ class Problem:
     self.labels = labels
     self.x = tf.constant(x)
     self.y = tf.one_hot(labels, self.c)
+    self.group_of_class = group_of_class
     self.example_group = tf.constant(group_of_class[labels], tf.int32)
 
 
@@ -195,9 +196,35 @@ def train(problem, name, lr, gamma, generator, args, max_steps, progress=lambda 
   stopped = ("diverged" if not math.isfinite(losses[-1][0]) else
              "patience" if since >= args.patience else "max_epsilon")
   return {"optimizer": name, "learning_rate": lr, "gamma": gamma, "steps": t,
+          "preconditioner": preconditioner_by_group(optimizer, name, problem.group_of_class,
+                                                    (noise_std / n) ** 2),
           "stopped": stopped, "seconds": time.time() - start,
           "seconds_per_step": (time.time() - traced) / max(t - 1, 1),
           "loss_curve": losses, "accuracy_curve": accuracies}
+
+
+def preconditioner_by_group(optimizer, name, group_of_class, noise_variance):
+  """Per frequency group, the median over its coordinates of the denominator of the update
+  relative to the noise's std sqrt(Φ) (DP-Adam: sqrt(v̂); DP-AdamBC: sqrt(max(v̂ − Φ̂, γ'))),
+  and DP-AdamBC's share of coordinates at the floor γ': how the two precondition rare against
+  frequent classes (note 002 §2.1)."""
+  if name not in ("dp_adam", "dp_adambc"):
+    return None
+  t = float(optimizer.iterations.numpy())
+  if name == "dp_adam":
+    v, phi = optimizer._velocities[0].numpy(), 0.0  # pylint: disable=protected-access
+  else:
+    _, v, phi, _ = (s.numpy() for s in optimizer._slots[0])  # pylint: disable=protected-access
+    phi = phi[:, None]  # one Φ̂ per row of the kernel [d, c]: every row is noised each step
+  correction = 1 - optimizer.beta_2 ** t
+  corrected = v / correction - phi / correction
+  floor = optimizer.floor if name == "dp_adambc" else 0.0
+  denominator = np.sqrt(np.maximum(corrected, floor)) / math.sqrt(noise_variance)
+  groups = int(group_of_class.max()) + 1
+  return {"median_denominator": [float(np.median(denominator[:, group_of_class == j]))
+                                 for j in range(groups)],
+          "at_floor": [float(np.mean(corrected[:, group_of_class == j] <= floor))
+                       for j in range(groups)]}
 
 
 def report(run):
