@@ -163,6 +163,11 @@ def train(problem, name, lr, gamma, generator, args, max_steps, progress=lambda 
   def evaluate():
     return measure(tf.matmul(problem.x, layer.kernel))
 
+  @tf.function
+  def signal():  # the noiseless clipped gradient at the current model
+    residual = tf.nn.softmax(tf.matmul(problem.x, layer.kernel)) - problem.y
+    return clipped_gradient_sum(layer, config, problem.x, residual) / n
+
   def measure(logits):
     losses = tf.nn.softmax_cross_entropy_with_logits(problem.y, logits)
     correct = tf.cast(tf.equal(tf.argmax(logits, axis=1, output_type=tf.int32),
@@ -195,9 +200,17 @@ def train(problem, name, lr, gamma, generator, args, max_steps, progress=lambda 
   accuracies.append(accuracy.numpy().tolist())
   stopped = ("diverged" if not math.isfinite(losses[-1][0]) else
              "patience" if since >= args.patience else "max_epsilon")
+  noise_variance = (noise_std / n) ** 2
+  signal_to_noise = signal().numpy() ** 2 / noise_variance
+  groups = problem.groups
   return {"optimizer": name, "learning_rate": lr, "gamma": gamma, "steps": t,
           "preconditioner": preconditioner_by_group(optimizer, name, problem.group_of_class,
-                                                    (noise_std / n) ** 2),
+                                                    noise_variance),
+          # g²/Φ per coordinate at the end, median per group: below v̂'s own noise,
+          # std(v̂)/Φ ≈ sqrt(2(1 − β2)/(1 + β2)) ≈ 0.032 (more before 1/(1 − β2) steps),
+          # v̂ − Φ̂ cannot tell the signal from the noise (note 002 §2.1).
+          "signal_to_noise": [float(np.median(signal_to_noise[:, problem.group_of_class == j]))
+                              for j in range(groups)],
           "stopped": stopped, "seconds": time.time() - start,
           "seconds_per_step": (time.time() - traced) / max(t - 1, 1),
           "loss_curve": losses, "accuracy_curve": accuracies}
@@ -346,6 +359,9 @@ def main(argv=None):
   parser.add_argument("--threads", type=int, help="TF intra-op threads (default: TF's)")
   parser.add_argument("--json", help="write every run (with its curves) here")
   parser.add_argument("--plot", help="write the best runs' learning curves (PNG) here")
+  parser.add_argument("--signal-at-start", action="store_true",
+                      help="no training: print g²/Φ per group at W = 0 (the noiseless clipped "
+                           "gradient's squared coordinates over the noise variance)")
   parser.add_argument("--from-json", nargs="+",
                       help="no training: the table and plot of these --json files' runs (the "
                            "parts of a grid run as separate processes)")
@@ -364,6 +380,17 @@ def main(argv=None):
   if args.threads:
     tf.config.threading.set_intra_op_parallelism_threads(args.threads)
   problem = Problem(args.top_class, args.data_seed)
+  if args.signal_at_start:
+    layer = linear_model(problem.c, problem.d)
+    residual = tf.nn.softmax(tf.matmul(problem.x, layer.kernel)) - problem.y
+    gradient = clipped_gradient_sum(layer, DPSGD(l2_norm_clip=args.clip,
+                                                 noise_multiplier=args.sigma),
+                                    problem.x, residual).numpy() / problem.n
+    ratio = gradient ** 2 / (args.sigma * args.clip / problem.n) ** 2
+    print(f"S = {args.top_class}: median g²/Φ per group at W = 0: " + "  ".join(
+        f"g{j} {np.median(ratio[:, problem.group_of_class == j]):.2e}"
+        for j in range(problem.groups)))
+    return
   max_steps = args.max_steps or steps_for_epsilon(args.sigma, args.max_epsilon, args.delta)
   runs = []
   with Run("benchmarks/adambc_heavytail.py", insecure_noise_seed=args.insecure_noise_seed) as run:
