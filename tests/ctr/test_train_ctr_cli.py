@@ -334,6 +334,7 @@ def _charges(run_dir):
           for c in privacy.PrivacyLedger(os.path.join(run_dir, "ledger.json")).charges]
 
 
+@pytest.mark.slow
 def test_sigkill_mid_run_and_rerun_equals_an_uninterrupted_run(data_dir, tmp_path):
   """`train ctr --run-dir D` killed (SIGKILL) mid-run and rerun: the same weights, optimizer
   slots and ledger as an uninterrupted run (exact with --insecure-noise-seed: same noise,

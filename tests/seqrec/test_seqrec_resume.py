@@ -66,6 +66,7 @@ def _kill_after_step(monkeypatch, step):
   monkeypatch.setattr(callbacks_lib.StepTimer, "on_train_batch_end", killed_after_step)
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_uninterrupted_result(data_dir, frequency_file, tmp_path,
                                                         monkeypatch):
   # Public p_i: the DP histogram's noise is secret, so two runs would differ (see below).

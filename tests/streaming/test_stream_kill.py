@@ -77,6 +77,7 @@ def _summary(run_dir):
     return json.load(f)
 
 
+@pytest.mark.slow
 def test_sigkill_mid_period_and_restart_equals_an_uninterrupted_run(stream_output, tmp_path):
   plain, killed = str(tmp_path / "plain"), str(tmp_path / "killed")
   Run("stream", plain).close()  # run id and secret key, shared by both directories
