@@ -9,11 +9,14 @@ Outside a DP step the layer is a plain embedding.
 """
 import collections
 
+import numpy as np
 import tensorflow as tf
 
 # One call of a DPEmbedding inside a DP step: local row ids [n, L] (pads replaced by row 0),
-# `valid` [n, L] (False at pads) and the gathered rows [n, L, d] whose gradients the step reads.
-Lookup = collections.namedtuple("Lookup", ["ids", "valid", "rows"])
+# `valid` [n, L] (False at pads) and the gathered rows [n, L, d] whose gradients the step reads;
+# `distinct_columns`: no two columns can hold the same row (columns of different stacked tables).
+Lookup = collections.namedtuple("Lookup", ["ids", "valid", "rows", "distinct_columns"],
+                                defaults=[False])
 
 COMBINERS = (None, "sum", "mean")
 
@@ -51,6 +54,11 @@ class DPEmbedding(tf.keras.layers.Layer):
         name="embeddings", shape=(self.vocab_size, self.output_dim),
         initializer=self.embeddings_initializer, trainable=True)
     super().build(input_shape)
+
+  @property
+  def sub_tables(self):
+    """(table name, rows) of the tables this layer's variable holds, in row order."""
+    return [(self.table_name, self.vocab_size)]
 
   def start_recording(self):
     object.__setattr__(self, "_recording", [])
@@ -94,16 +102,64 @@ class DPEmbedding(tf.keras.layers.Layer):
 
 
 @tf.keras.utils.register_keras_serializable(package="dprec")
+class DPStackedEmbedding(DPEmbedding):
+  """Single-valued tables of one width stacked in one variable, table f's local row r at row
+  `row_offsets[f]` + r (TPUEmbedding's table stacking): the DP step's per-table work (pairs,
+  kept rows, noise, sparse update, optimizer slots) runs once for all of them. Inputs: int
+  local ids [n, F], column f for table f; output [n, F, d]. Made by
+  `DPMultiEmbedding(stack_tables=True)`; `table_names` keep naming the tables (DP-FEST sets)."""
+
+  def __init__(self, vocab_sizes, output_dim, table_names, pad_id=-1, **kwargs):
+    kwargs.pop("vocab_size", None)
+    kwargs.pop("combiner", None)
+    self.table_vocab_sizes = [int(v) for v in vocab_sizes]
+    self.table_names = list(table_names)
+    if len(self.table_names) != len(self.table_vocab_sizes):
+      raise ValueError("table_names must name each stacked table")
+    super().__init__(sum(self.table_vocab_sizes), output_dim, combiner=None, pad_id=pad_id,
+                     **kwargs)
+    self.row_offsets = np.concatenate(
+        [[0], np.cumsum(self.table_vocab_sizes)[:-1]]).astype(np.int64)
+
+  @property
+  def sub_tables(self):
+    return list(zip(self.table_names, self.table_vocab_sizes))
+
+  def call(self, inputs):
+    ids = tf.cast(inputs, tf.int64)
+    valid = tf.not_equal(ids, self.pad_id)
+    # A pad looks up its own table's row 0, as an unstacked single-valued table does.
+    safe_ids = tf.where(valid, ids, tf.zeros_like(ids)) + self.row_offsets
+    rows = tf.nn.embedding_lookup(self.embeddings, safe_ids)  # [n, F, d]
+    if self._recording is not None:
+      self._recording.append(Lookup(safe_ids, valid, rows, distinct_columns=True))
+    return rows
+
+  def table_rows(self, name):
+    """The rows of the stacked table `name` (a tensor of its vocabulary × width)."""
+    f = self.table_names.index(name)
+    return self.embeddings[self.row_offsets[f]:self.row_offsets[f] + self.table_vocab_sizes[f]]
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(vocab_sizes=self.table_vocab_sizes, table_names=self.table_names)
+    return config
+
+
+@tf.keras.utils.register_keras_serializable(package="dprec")
 class DPMultiEmbedding(tf.keras.layers.Layer):
   """One single-valued `DPEmbedding` per column of an int [n, F] input, outputs concatenated.
 
   The pCTR model of seed 001 App. D.1.1 uses one table per categorical feature; the DP step
   lays the F tables out in one global row-id space so a single contribution map is clipped
-  jointly across all of them (Algorithm 1, Fig. 2).
+  jointly across all of them (Algorithm 1, Fig. 2). `stack_tables`: the tables of each width
+  live in one `DPStackedEmbedding` (in order of first appearance of the width, tables in column
+  order); the outputs are the same, and so is a DP step with the same key (`DPModel` lays the
+  tables of an unstacked model out grouped by width in that order).
   """
 
   def __init__(self, vocab_sizes, output_dims, table_names=None,
-               embeddings_initializer="uniform", **kwargs):
+               embeddings_initializer="uniform", stack_tables=False, **kwargs):
     super().__init__(**kwargs)
     if len(vocab_sizes) != len(output_dims):
       raise ValueError("vocab_sizes and output_dims must have the same length")
@@ -114,20 +170,58 @@ class DPMultiEmbedding(tf.keras.layers.Layer):
     self.output_dims = [int(d) for d in output_dims]
     self.table_names = table_names
     self.embeddings_initializer = embeddings_initializer
+    self.stack_tables = bool(stack_tables)
+    if not self.stack_tables:
+      self.tables = [
+          DPEmbedding(v, d, embeddings_initializer=embeddings_initializer, table_name=t,
+                      name=f"{self.name}_{t}")
+          for v, d, t in zip(self.vocab_sizes, self.output_dims, table_names)]
+      return
+    widths = list(dict.fromkeys(self.output_dims))
+    self._stack_columns = [[f for f, d in enumerate(self.output_dims) if d == width]
+                           for width in widths]
     self.tables = [
-        DPEmbedding(v, d, embeddings_initializer=embeddings_initializer, table_name=t,
-                    name=f"{self.name}_{t}")
-        for v, d, t in zip(self.vocab_sizes, self.output_dims, table_names)]
+        DPStackedEmbedding([self.vocab_sizes[f] for f in columns], width,
+                           [table_names[f] for f in columns],
+                           embeddings_initializer=embeddings_initializer,
+                           name=f"{self.name}_stack_{width}")
+        for width, columns in zip(widths, self._stack_columns)]
+    # Output coordinates of the stacks' concatenation, put back in column order.
+    starts, start = {}, 0
+    for width, columns in zip(widths, self._stack_columns):
+      for f in columns:
+        starts[f], start = start, start + width
+    permutation = np.concatenate([np.arange(starts[f], starts[f] + d)
+                                  for f, d in enumerate(self.output_dims)])
+    self._permutation = (None if np.array_equal(permutation, np.arange(start))
+                         else tf.constant(permutation, tf.int32))
 
   def call(self, inputs):
-    columns = tf.unstack(inputs, num=len(self.tables), axis=1)
-    return tf.concat([table(column) for table, column in zip(self.tables, columns)], axis=1)
+    if not self.stack_tables:
+      columns = tf.unstack(inputs, num=len(self.tables), axis=1)
+      return tf.concat([table(column) for table, column in zip(self.tables, columns)], axis=1)
+    outputs = [tf.reshape(stack(tf.gather(inputs, columns, axis=1)),
+                          [-1, len(columns) * stack.output_dim])
+               for stack, columns in zip(self.tables, self._stack_columns)]
+    outputs = tf.concat(outputs, axis=1) if len(outputs) > 1 else outputs[0]
+    return outputs if self._permutation is None else tf.gather(outputs, self._permutation,
+                                                               axis=1)
+
+  def table_embeddings(self, name):
+    """The embedding matrix (vocabulary × width) of the table `name`, stacked or not."""
+    for table in self.tables:
+      if isinstance(table, DPStackedEmbedding) and name in table.table_names:
+        return table.table_rows(name)
+      if table.table_name == name:
+        return tf.convert_to_tensor(table.embeddings)
+    raise KeyError(f"no table {name!r}; the tables are {self.table_names}")
 
   def get_config(self):
     config = super().get_config()
     config.update(vocab_sizes=self.vocab_sizes, output_dims=self.output_dims,
                   table_names=self.table_names,
-                  embeddings_initializer=self.embeddings_initializer)
+                  embeddings_initializer=self.embeddings_initializer,
+                  stack_tables=self.stack_tables)
     return config
 
 

@@ -279,6 +279,16 @@ class DPModel(tf.keras.Model):
     return unique_by_identity(m for m in self.submodules if isinstance(m, DPEmbedding))
 
   @property
+  def dp_step_tables(self):
+    """`dp_tables` grouped by width (widths in order of first appearance, tables in model order
+    within a width): the order of the DP step's global row ids and of its noise draws. A model
+    whose tables of one width are stacked (`DPMultiEmbedding(stack_tables=True)`) has its
+    stacks in this order, so it draws the same noise for the same rows as its unstacked twin."""
+    tables = self.dp_tables
+    widths = list(dict.fromkeys(t.output_dim for t in tables))
+    return sorted(tables, key=lambda t: widths.index(t.output_dim))
+
+  @property
   def dense_embedding_size(self):
     """Σ V·d over the DP tables: the size of DP-SGD's dense embedding gradient."""
     return sum(t.vocab_size * t.output_dim for t in self.dp_tables)
@@ -336,8 +346,10 @@ class DPModel(tf.keras.Model):
 
   def _dp_forward(self, config, x, y, sample_weight):
     """Steps 1–3: forward pass, kept rows, per-example squared norms."""
-    tables = self.dp_tables
-    layout = kept_rows_lib.TableLayout([t.table_name for t in tables],
+    tables = self.dp_step_tables
+    sub_tables = [sub for t in tables for sub in t.sub_tables]
+    layout = kept_rows_lib.TableLayout([name for name, _ in sub_tables],
+                                       [rows for _, rows in sub_tables],
                                        [t.vocab_size for t in tables])
     layers = [m for m in self.submodules
               if isinstance(m, tf.keras.layers.Layer) and not isinstance(m, DPEmbedding)]
@@ -462,7 +474,8 @@ class DPModel(tf.keras.Model):
     if isinstance(getattr(self.optimizer, "noise_variance", None), tf.Variable):
       self.optimizer.noise_variance.assign(tf.square(std / normaliser))
     grads = [noise_lib.noisy_dense(g, std, generator) / normaliser for g in dense_sums]
-    shapes = [(table.vocab_size, table.output_dim) for table in self.dp_tables]
+    tables = self.dp_step_tables
+    shapes = [(table.vocab_size, table.output_dim) for table in tables]
     sparse = [f for f, rows in enumerate(kept_rows) if rows is not None]
     table_grads = dict(zip(sparse, noise_lib.noisy_sparse_rows(
         [kept_rows[f] for f in sparse], [table_sums[f][0] for f in sparse],
@@ -473,7 +486,8 @@ class DPModel(tf.keras.Model):
         grads.append(tf.IndexedSlices(grad.values / normaliser, grad.indices, grad.dense_shape))
       else:
         grads.append(noise_lib.noisy_dense_rows(row, values, std, generator, shapes[f],
-                                                normaliser))
+                                                normaliser,
+                                                [rows for _, rows in tables[f].sub_tables]))
     return grads
 
   def _update_clip(self, quantile_clipping, centered_count, normaliser):

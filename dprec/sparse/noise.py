@@ -62,17 +62,23 @@ def _row_noise(row_counts, widths, noise_std, generator, dtype):
   return [tf.reshape(part, [-1, width]) for part, width in zip(parts, widths)]
 
 
-def noisy_dense_rows(pair_row, pair_values, noise_std, generator, table_shape, normaliser):
+def noisy_dense_rows(pair_row, pair_values, noise_std, generator, table_shape, normaliser,
+                     row_blocks=None):
   """DP-SGD's embedding gradient: (per-pair clipped values scattered into a dense [V, d]
   tensor + noise on every coordinate) / normaliser — the O(V·d) baseline, built with a single
   V×d allocation (the scatter updates the noise buffer in place; secure mode: noise on the
-  scattered sum)."""
+  scattered sum). `row_blocks`: the rows of the tables a stacked variable holds; their noise is
+  drawn table by table, as for unstacked tables (one more V×d buffer for the concatenation)."""
   if secure_noise.is_secure(generator):
     dense = tf.tensor_scatter_nd_add(tf.zeros(table_shape, pair_values.dtype),
                                      pair_row[:, tf.newaxis], pair_values)
     return _maybe_add_noise(dense, noise_std, generator) / normaliser
   if noise_std == 0:
     dense = tf.zeros(table_shape, pair_values.dtype)
+  elif row_blocks is not None and len(row_blocks) > 1:
+    dense = tf.concat([gaussian.normal(generator, (rows,) + tuple(table_shape[1:]),
+                                       noise_std / normaliser, pair_values.dtype)
+                       for rows in row_blocks], axis=0)
   else:
     dense = gaussian.normal(generator, table_shape, noise_std / normaliser, pair_values.dtype)
   return tf.tensor_scatter_nd_add(dense, pair_row[:, tf.newaxis], pair_values / normaliser)
