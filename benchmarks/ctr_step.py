@@ -9,6 +9,9 @@ Variants, run one after another in this process on the same batches:
   dp_adafest_secure, dp_sgd_secure
                 the same with `secure_noise=True` (every noise draw exact, no floating-point
                 artefact: `dprec.privacy.secure_noise`); not in the default list
+  non_private_stacked, dp_adafest_stacked, dp_sgd_stacked
+                the same with the tables of each width stacked in one variable
+                (`CTRConfig.stack_tables`); not in the default list
   tfp_dpmodel   tensorflow_privacy's DPModel (`make_dp_model_class`) with its fast gradient
                 clipping layer registry and stock Keras SGD: the tool users have today (only
                 where tensorflow_privacy imports, TF <= 2.15: `pip install -e .[tfp]`; skipped
@@ -18,7 +21,7 @@ Variants, run one after another in this process on the same batches:
 Batches: Zipf-like ids (P(rank r) ∝ 1/r) per table, heavy-tailed integers; vocabularies of note
 001 Table 3 (`table3`) or scaled to M rows in all (`scaled:10M`), each plus the OOV row.
 Times exclude the first step (tracing). Prints a Markdown table; ratios are against
-`non_private` in the same run.
+`non_private` in the same run (a `_stacked` variant's against `non_private_stacked` if it ran).
 
     .venv/bin/python benchmarks/ctr_step.py --vocab table3 scaled:10M
     .venv/bin/python benchmarks/ctr_step.py --vocab table3 scaled:10M \
@@ -44,7 +47,8 @@ import machine
 
 VARIANTS = ("non_private", "dp_adafest", "dp_sgd", "tfp_dpmodel", "keras")
 SECURE = ("dp_adafest_secure", "dp_sgd_secure")  # `secure_noise=True`; on request only
-DENSE = ("dp_sgd", "dp_sgd_secure", "tfp_dpmodel", "keras")  # cost ∝ V·d: fewer steps at large V
+STACKED = ("non_private_stacked", "dp_adafest_stacked", "dp_sgd_stacked")  # on request only
+DENSE = ("dp_sgd", "dp_sgd_secure", "dp_sgd_stacked", "tfp_dpmodel", "keras")  # cost ∝ V·d
 LEARNING_RATE, C2, SIGMA2, SIGMA1, C1 = 0.5, 10.0, 1.0, 5.0, 1.0
 
 
@@ -62,8 +66,8 @@ def make_batches(vocab_sizes, batch_size, count, seed=0):
   return batches
 
 
-def _dprec_model(vocab_sizes, algorithm, batch_size, secure_noise=False):
-  model = ctr.build_ctr_model(vocab_sizes)
+def _dprec_model(vocab_sizes, algorithm, batch_size, secure_noise=False, stack_tables=False):
+  model = ctr.build_ctr_model(vocab_sizes, stack_tables=stack_tables)
   model.compile(optimizer=DPOptimizer(algorithm, SparseSGD(LEARNING_RATE),
                                       expected_batch_size=batch_size, secure_noise=secure_noise))
   model.optimizer.build(model.trainable_variables)
@@ -115,8 +119,9 @@ def build(variant, vocab_sizes, batch_size, threshold):
       "dp_adafest": config_lib.DPAdaFEST(l2_norm_clip=C2, noise_multiplier=SIGMA2,
                                          contribution_clip=C1, contribution_noise_multiplier=SIGMA1,
                                          threshold=threshold),
-  }[variant.removesuffix("_secure")]
-  model = _dprec_model(vocab_sizes, algorithm, batch_size, variant.endswith("_secure"))
+  }[variant.removesuffix("_secure").removesuffix("_stacked")]
+  model = _dprec_model(vocab_sizes, algorithm, batch_size, variant.endswith("_secure"),
+                       variant.endswith("_stacked"))
   return model, lambda features, labels: (features, labels)
 
 
@@ -132,7 +137,7 @@ def time_variant(variant, vocab_sizes, batches, steps, threshold):
   model.fit(dataset, epochs=1, steps_per_epoch=steps + 1, callbacks=[timer], verbose=0)
   seconds = timer.seconds / (timer.steps - 1)
   extra = {}
-  if variant.startswith("dp_") or variant == "non_private":
+  if variant.startswith(("dp_", "non_private")):
     extra["gradient_size"] = float(model.gradient_size_tracker.result())
   del model, inputs, dataset
   tf.keras.backend.clear_session()
@@ -153,7 +158,7 @@ def main(argv=None):
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--vocab", nargs="+", default=["table3", "scaled:10M"],
                       help="vocabularies: table3 and/or scaled:M")
-  parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS + SECURE)
+  parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS + SECURE + STACKED)
   parser.add_argument("--batch-size", type=int, default=2048)
   parser.add_argument("--steps", type=int, default=10, help="timed steps per variant")
   parser.add_argument("--dense-steps", type=int, default=3,
@@ -182,7 +187,9 @@ def main(argv=None):
       print(f"# {spec} {variant}: {1000 * seconds:.1f} ms/step ({steps} steps) {extra}",
             file=sys.stderr, flush=True)
     for variant, seconds in rows.items():
-      ratio = seconds / rows["non_private"] if "non_private" in rows else float("nan")
+      reference = "non_private_stacked" if variant.endswith("_stacked") else "non_private"
+      reference = reference if reference in rows else "non_private"
+      ratio = seconds / rows[reference] if reference in rows else float("nan")
       versus = rows["tfp_dpmodel"] / seconds if "tfp_dpmodel" in rows else float("nan")
       print(f"| {spec} | {sum(vocab_sizes):,} | {variant} | {1000 * seconds:.1f} | "
             f"{ratio:.2f} | {versus:.2f} |", flush=True)

@@ -57,8 +57,10 @@ class DPEmbedding(tf.keras.layers.Layer):
 
   @property
   def sub_tables(self):
-    """(table name, rows) of the tables this layer's variable holds, in row order."""
-    return [(self.table_name, self.vocab_size)]
+    """(table name, rows, width) of the tables this layer's variable holds, in row order."""
+    return [(self.table_name, self.vocab_size, self.output_dim)]
+
+  padded = False  # a `DPStackedEmbedding` may hold tables narrower than its variable
 
   def start_recording(self):
     object.__setattr__(self, "_recording", [])
@@ -103,19 +105,26 @@ class DPEmbedding(tf.keras.layers.Layer):
 
 @tf.keras.utils.register_keras_serializable(package="dprec")
 class DPStackedEmbedding(DPEmbedding):
-  """Single-valued tables of one width stacked in one variable, table f's local row r at row
-  `row_offsets[f]` + r (TPUEmbedding's table stacking): the DP step's per-table work (pairs,
-  kept rows, noise, sparse update, optimizer slots) runs once for all of them. Inputs: int
-  local ids [n, F], column f for table f; output [n, F, d]. Made by
-  `DPMultiEmbedding(stack_tables=True)`; `table_names` keep naming the tables (DP-FEST sets)."""
+  """Single-valued tables of widths ≤ `output_dim` stacked in one variable of that width (table
+  f's local row r at row `row_offsets[f]` + r, its columns the first `table_dims[f]`; the others
+  are padding, never read, with zero gradient, noise and update), as TPUEmbedding stacks tables:
+  the DP step's per-table work (pairs, kept rows, noise, sparse update, optimizer slots) runs
+  once for all of them. Inputs: int local ids [n, F], column f for table f; output [n, F, d]
+  (padding columns included). Made by `DPMultiEmbedding(stack_tables=...)`; `table_names` keep
+  naming the tables (DP-FEST sets)."""
 
-  def __init__(self, vocab_sizes, output_dim, table_names, pad_id=-1, **kwargs):
-    kwargs.pop("vocab_size", None)
-    kwargs.pop("combiner", None)
+  def __init__(self, vocab_sizes, table_dims, table_names, output_dim=None, pad_id=-1,
+               **kwargs):
+    for key in ("vocab_size", "combiner", "table_name"):
+      kwargs.pop(key, None)
     self.table_vocab_sizes = [int(v) for v in vocab_sizes]
+    self.table_dims = [int(d) for d in table_dims]
     self.table_names = list(table_names)
-    if len(self.table_names) != len(self.table_vocab_sizes):
-      raise ValueError("table_names must name each stacked table")
+    if not len(self.table_names) == len(self.table_vocab_sizes) == len(self.table_dims):
+      raise ValueError("give one vocabulary size, width and name per stacked table")
+    output_dim = max(self.table_dims) if output_dim is None else int(output_dim)
+    if max(self.table_dims) > output_dim:
+      raise ValueError(f"tables of widths {self.table_dims} do not fit a stack of {output_dim}")
     super().__init__(sum(self.table_vocab_sizes), output_dim, combiner=None, pad_id=pad_id,
                      **kwargs)
     self.row_offsets = np.concatenate(
@@ -123,7 +132,12 @@ class DPStackedEmbedding(DPEmbedding):
 
   @property
   def sub_tables(self):
-    return list(zip(self.table_names, self.table_vocab_sizes))
+    return list(zip(self.table_names, self.table_vocab_sizes, self.table_dims))
+
+  @property
+  def padded(self):
+    """Whether some table is narrower than the stack (its rows end in padding columns)."""
+    return min(self.table_dims) < self.output_dim
 
   def call(self, inputs):
     ids = tf.cast(inputs, tf.int64)
@@ -138,12 +152,22 @@ class DPStackedEmbedding(DPEmbedding):
   def table_rows(self, name):
     """The rows of the stacked table `name` (a tensor of its vocabulary × width)."""
     f = self.table_names.index(name)
-    return self.embeddings[self.row_offsets[f]:self.row_offsets[f] + self.table_vocab_sizes[f]]
+    start = self.row_offsets[f]
+    return tf.convert_to_tensor(self.embeddings)[start:start + self.table_vocab_sizes[f],
+                                                 :self.table_dims[f]]
 
   def get_config(self):
     config = super().get_config()
-    config.update(vocab_sizes=self.table_vocab_sizes, table_names=self.table_names)
+    for key in ("vocab_size", "combiner", "table_name"):
+      config.pop(key)
+    config.update(vocab_sizes=self.table_vocab_sizes, table_dims=self.table_dims,
+                  table_names=self.table_names)
     return config
+
+
+def stack_width(dim, multiple):
+  """The width of the stack holding a table of width `dim`: `dim` rounded up to `multiple`."""
+  return -(-int(dim) // int(multiple)) * int(multiple)
 
 
 @tf.keras.utils.register_keras_serializable(package="dprec")
@@ -152,10 +176,14 @@ class DPMultiEmbedding(tf.keras.layers.Layer):
 
   The pCTR model of seed 001 App. D.1.1 uses one table per categorical feature; the DP step
   lays the F tables out in one global row-id space so a single contribution map is clipped
-  jointly across all of them (Algorithm 1, Fig. 2). `stack_tables`: the tables of each width
-  live in one `DPStackedEmbedding` (in order of first appearance of the width, tables in column
-  order); the outputs are the same, and so is a DP step with the same key (`DPModel` lays the
-  tables of an unstacked model out grouped by width in that order).
+  jointly across all of them (Algorithm 1, Fig. 2).
+
+  `stack_tables`: False (one variable per table), True (the tables of each width in one
+  `DPStackedEmbedding`) or an int m (tables whose widths round up to the same multiple of m in
+  one stack of that width, e.g. m = 8 puts Table 3's 20 widths in 5 stacks for 14% more
+  stored parameters, all padding). Stacks are ordered by width, tables within a stack by width
+  then column, which is the order in which `DPModel.dp_step_tables` lays out unstacked tables:
+  the outputs are the same, and so is a DP step with the same key.
   """
 
   def __init__(self, vocab_sizes, output_dims, table_names=None,
@@ -166,53 +194,60 @@ class DPMultiEmbedding(tf.keras.layers.Layer):
     table_names = list(table_names or [f"{self.name}_{i}" for i in range(len(vocab_sizes))])
     if len(table_names) != len(vocab_sizes) or len(set(table_names)) != len(table_names):
       raise ValueError("table_names must be unique, one per table")
+    if stack_tables is not False and (isinstance(stack_tables, float) or int(stack_tables) < 1):
+      raise ValueError(f"stack_tables must be False, True or a width multiple >= 1, got "
+                       f"{stack_tables!r}")
     self.vocab_sizes = [int(v) for v in vocab_sizes]
     self.output_dims = [int(d) for d in output_dims]
     self.table_names = table_names
     self.embeddings_initializer = embeddings_initializer
-    self.stack_tables = bool(stack_tables)
-    if not self.stack_tables:
+    self.stack_tables = stack_tables if isinstance(stack_tables, bool) else int(stack_tables)
+    if self.stack_tables is False:
       self.tables = [
           DPEmbedding(v, d, embeddings_initializer=embeddings_initializer, table_name=t,
                       name=f"{self.name}_{t}")
           for v, d, t in zip(self.vocab_sizes, self.output_dims, table_names)]
       return
-    widths = list(dict.fromkeys(self.output_dims))
-    self._stack_columns = [[f for f, d in enumerate(self.output_dims) if d == width]
-                           for width in widths]
+    widths = [stack_width(d, self.stack_tables) for d in self.output_dims]
+    self._stack_columns = [
+        sorted((f for f, w in enumerate(widths) if w == width), key=lambda f: self.output_dims[f])
+        for width in sorted(set(widths))]
     self.tables = [
-        DPStackedEmbedding([self.vocab_sizes[f] for f in columns], width,
-                           [table_names[f] for f in columns],
+        DPStackedEmbedding([self.vocab_sizes[f] for f in columns],
+                           [self.output_dims[f] for f in columns],
+                           [table_names[f] for f in columns], output_dim=widths[columns[0]],
                            embeddings_initializer=embeddings_initializer,
-                           name=f"{self.name}_stack_{width}")
-        for width, columns in zip(widths, self._stack_columns)]
-    # Output coordinates of the stacks' concatenation, put back in column order.
+                           name=f"{self.name}_stack_{widths[columns[0]]}")
+        for columns in self._stack_columns]
+    # The stacks' outputs are concatenated; these coordinates of it, in column order, are the
+    # tables' (padding columns left out).
     starts, start = {}, 0
-    for width, columns in zip(widths, self._stack_columns):
+    for stack, columns in zip(self.tables, self._stack_columns):
       for f in columns:
-        starts[f], start = start, start + width
-    permutation = np.concatenate([np.arange(starts[f], starts[f] + d)
+        starts[f], start = start, start + stack.output_dim
+    coordinates = np.concatenate([np.arange(starts[f], starts[f] + d)
                                   for f, d in enumerate(self.output_dims)])
-    self._permutation = (None if np.array_equal(permutation, np.arange(start))
-                         else tf.constant(permutation, tf.int32))
+    self._coordinates = (None if np.array_equal(coordinates, np.arange(start))
+                         else tf.constant(coordinates, tf.int32))
 
   def call(self, inputs):
-    if not self.stack_tables:
+    if self.stack_tables is False:
       columns = tf.unstack(inputs, num=len(self.tables), axis=1)
       return tf.concat([table(column) for table, column in zip(self.tables, columns)], axis=1)
     outputs = [tf.reshape(stack(tf.gather(inputs, columns, axis=1)),
                           [-1, len(columns) * stack.output_dim])
                for stack, columns in zip(self.tables, self._stack_columns)]
     outputs = tf.concat(outputs, axis=1) if len(outputs) > 1 else outputs[0]
-    return outputs if self._permutation is None else tf.gather(outputs, self._permutation,
+    return outputs if self._coordinates is None else tf.gather(outputs, self._coordinates,
                                                                axis=1)
 
   def table_embeddings(self, name):
     """The embedding matrix (vocabulary × width) of the table `name`, stacked or not."""
     for table in self.tables:
-      if isinstance(table, DPStackedEmbedding) and name in table.table_names:
-        return table.table_rows(name)
-      if table.table_name == name:
+      if isinstance(table, DPStackedEmbedding):
+        if name in table.table_names:
+          return table.table_rows(name)
+      elif table.table_name == name:
         return tf.convert_to_tensor(table.embeddings)
     raise KeyError(f"no table {name!r}; the tables are {self.table_names}")
 
