@@ -10,8 +10,9 @@ Variants, run one after another in this process on the same batches:
                 the same with `secure_noise=True` (every noise draw exact, no floating-point
                 artefact: `dprec.privacy.secure_noise`); not in the default list
   non_private_stacked, dp_adafest_stacked, dp_sgd_stacked
-                the same with the tables of each width stacked in one variable
-                (`CTRConfig.stack_tables`); not in the default list
+                the same with the tables stacked in one variable per width rounded up to
+                a multiple of --stack-multiple (`CTRConfig.stack_tables`; 1: exact widths);
+                not in the default list
   tfp_dpmodel   tensorflow_privacy's DPModel (`make_dp_model_class`) with its fast gradient
                 clipping layer registry and stock Keras SGD: the tool users have today (only
                 where tensorflow_privacy imports, TF <= 2.15: `pip install -e .[tfp]`; skipped
@@ -103,7 +104,7 @@ def _keras_model(vocab_sizes, dp):
   return model, config.table_names
 
 
-def build(variant, vocab_sizes, batch_size, threshold):
+def build(variant, vocab_sizes, batch_size, threshold, stack_multiple=8):
   """(model, function mapping a dprec batch (features, labels) to this model's)."""
   if variant in ("tfp_dpmodel", "keras"):
     model, names = _keras_model(vocab_sizes, dp=variant == "tfp_dpmodel")
@@ -121,13 +122,13 @@ def build(variant, vocab_sizes, batch_size, threshold):
                                          threshold=threshold),
   }[variant.removesuffix("_secure").removesuffix("_stacked")]
   model = _dprec_model(vocab_sizes, algorithm, batch_size, variant.endswith("_secure"),
-                       variant.endswith("_stacked"))
+                       variant.endswith("_stacked") and stack_multiple)
   return model, lambda features, labels: (features, labels)
 
 
-def time_variant(variant, vocab_sizes, batches, steps, threshold):
+def time_variant(variant, vocab_sizes, batches, steps, threshold, stack_multiple=8):
   """Seconds per step over `steps` timed steps (after one untimed tracing step)."""
-  model, adapt = build(variant, vocab_sizes, len(batches[0][1]), threshold)
+  model, adapt = build(variant, vocab_sizes, len(batches[0][1]), threshold, stack_multiple)
   inputs = [adapt(x, y) for x, y in batches]
   dataset = tf.data.Dataset.from_generator(
       lambda: (inputs[i % len(inputs)] for i in range(steps + 1)),
@@ -164,6 +165,8 @@ def main(argv=None):
   parser.add_argument("--dense-steps", type=int, default=3,
                       help="timed steps of dense variants above 1M rows")
   parser.add_argument("--threshold", type=float, default=15.0, help="DP-AdaFEST τ")
+  parser.add_argument("--stack-multiple", type=int, default=8,
+                      help="_stacked variants: stack widths round up to this (default: 8)")
   parser.add_argument("--json", help="also write the results here")
   args = parser.parse_args(argv)
   if "tfp_dpmodel" in args.variants and not _tensorflow_privacy_imports():
@@ -180,7 +183,8 @@ def main(argv=None):
     rows = {}
     for variant in args.variants:
       steps = args.dense_steps if variant in DENSE and sum(vocab_sizes) > 10 ** 6 else args.steps
-      seconds, extra = time_variant(variant, vocab_sizes, batches, steps, args.threshold)
+      seconds, extra = time_variant(variant, vocab_sizes, batches, steps, args.threshold,
+                                    args.stack_multiple)
       rows[variant] = seconds
       results.append(dict(vocab=spec, rows=sum(vocab_sizes), variant=variant,
                           seconds_per_step=seconds, timed_steps=steps, **extra))
