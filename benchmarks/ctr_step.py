@@ -31,7 +31,9 @@ Times exclude the first step (tracing). Prints a Markdown table; ratios are agai
 import argparse
 import gc
 import json
+import statistics
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -146,6 +148,27 @@ def time_variant(variant, vocab_sizes, batches, steps, threshold, stack_multiple
   return seconds, extra
 
 
+def interleaved(variants, vocab_sizes, batches, rounds, calls, threshold, stack_multiple=8):
+  """{variant: (median wall ms, median CPU ms)} per step: every variant's `train_step` (one
+  `tf.function` each, traced first) run `calls` times in turn, `rounds` rounds, so a shared
+  machine's load changes hit every variant alike; CPU is the process's, summed over threads."""
+  steps, inputs = {}, [(tf.nest.map_structure(tf.constant, x), tf.constant(y)) for x, y in batches]
+  for variant in variants:
+    model, _ = build(variant, vocab_sizes, len(batches[0][1]), threshold, stack_multiple)
+    steps[variant] = tf.function(lambda x, y, model=model: model.train_step((x, y)))
+    tf.nest.map_structure(lambda t: t.numpy(), steps[variant](*inputs[0]))
+  wall, cpu = {v: [] for v in variants}, {v: [] for v in variants}
+  for r in range(rounds):
+    for variant, step in steps.items():
+      start, start_cpu = time.perf_counter(), time.process_time()
+      for i in range(calls):
+        logs = step(*inputs[(r * calls + i) % len(inputs)])
+      tf.nest.map_structure(lambda t: t.numpy(), logs)
+      wall[variant].append(1000 * (time.perf_counter() - start) / calls)
+      cpu[variant].append(1000 * (time.process_time() - start_cpu) / calls)
+  return {v: (statistics.median(wall[v]), statistics.median(cpu[v])) for v in variants}
+
+
 def _tensorflow_privacy_imports():
   try:
     import tensorflow_privacy  # pylint: disable=import-outside-toplevel,unused-import
@@ -168,6 +191,9 @@ def main(argv=None):
   parser.add_argument("--stack-multiple", type=int, default=8,
                       help="_stacked variants: stack widths round up to this (default: 8)")
   parser.add_argument("--json", help="also write the results here")
+  parser.add_argument("--interleaved", type=int, metavar="ROUNDS",
+                      help="instead: all variants' steps in turn, ROUNDS rounds of --steps calls "
+                           "each; median wall and CPU ms per step (for a shared machine)")
   args = parser.parse_args(argv)
   if "tfp_dpmodel" in args.variants and not _tensorflow_privacy_imports():
     args.variants.remove("tfp_dpmodel")
@@ -175,6 +201,26 @@ def main(argv=None):
           f"({tf.__version__}); run on the [tfp] stack for it", file=sys.stderr)
   results = []
   print(f"# {machine.describe()}")
+  if args.interleaved:
+    print("| vocabulary | variant | wall ms/step | CPU ms/step | wall × reference | "
+          "CPU × reference |")
+    print("|---|---|---:|---:|---:|---:|")
+    for spec in args.vocab:
+      vocab_sizes = tuple(v + 1 for v in synthetic.vocab_sizes(spec))
+      times = interleaved(args.variants, vocab_sizes,
+                          make_batches(vocab_sizes, args.batch_size, 8), args.interleaved,
+                          args.steps, args.threshold, args.stack_multiple)
+      for variant, (wall_ms, cpu_ms) in times.items():
+        reference = times.get("non_private_stacked" if variant.endswith("_stacked")
+                              else "non_private", times.get("non_private", (np.nan, np.nan)))
+        print(f"| {spec} | {variant} | {wall_ms:.1f} | {cpu_ms:.1f} | "
+              f"{wall_ms / reference[0]:.2f} | {cpu_ms / reference[1]:.2f} |", flush=True)
+        results.append(dict(vocab=spec, variant=variant, wall_ms=wall_ms, cpu_ms=cpu_ms))
+    print(f"# {machine.describe()}")
+    if args.json:
+      with open(args.json, "w", encoding="utf-8") as out:
+        json.dump(results, out, indent=2)
+    return
   print("| vocabulary | rows | variant | ms/step | × non_private | tfp_dpmodel / variant |")
   print("|---|---:|---|---:|---:|---:|")
   for spec in args.vocab:
