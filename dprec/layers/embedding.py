@@ -219,27 +219,20 @@ class DPMultiEmbedding(tf.keras.layers.Layer):
                            embeddings_initializer=embeddings_initializer,
                            name=f"{self.name}_stack_{widths[columns[0]]}")
         for columns in self._stack_columns]
-    # The stacks' outputs are concatenated; these coordinates of it, in column order, are the
-    # tables' (padding columns left out).
-    starts, start = {}, 0
-    for stack, columns in zip(self.tables, self._stack_columns):
-      for f in columns:
-        starts[f], start = start, start + stack.output_dim
-    coordinates = np.concatenate([np.arange(starts[f], starts[f] + d)
-                                  for f, d in enumerate(self.output_dims)])
-    self._coordinates = (None if np.array_equal(coordinates, np.arange(start))
-                         else tf.constant(coordinates, tf.int32))
 
   def call(self, inputs):
     if self.stack_tables is False:
       columns = tf.unstack(inputs, num=len(self.tables), axis=1)
       return tf.concat([table(column) for table, column in zip(self.tables, columns)], axis=1)
-    outputs = [tf.reshape(stack(tf.gather(inputs, columns, axis=1)),
-                          [-1, len(columns) * stack.output_dim])
-               for stack, columns in zip(self.tables, self._stack_columns)]
-    outputs = tf.concat(outputs, axis=1) if len(outputs) > 1 else outputs[0]
-    return outputs if self._coordinates is None else tf.gather(outputs, self._coordinates,
-                                                               axis=1)
+    # Each table's output is its stack's column for it without padding, all in column order
+    # (unstack and slices: cheaper to differentiate than one gather along axis 1).
+    outputs = {}
+    for stack, columns in zip(self.tables, self._stack_columns):
+      rows = tf.unstack(stack(tf.gather(inputs, columns, axis=1)), num=len(columns), axis=1)
+      for f, row in zip(columns, rows):
+        width = self.output_dims[f]
+        outputs[f] = row if width == stack.output_dim else row[:, :width]
+    return tf.concat([outputs[f] for f in range(len(self.output_dims))], axis=1)
 
   def table_embeddings(self, name):
     """The embedding matrix (vocabulary × width) of the table `name`, stacked or not."""
