@@ -103,9 +103,10 @@ def train(args, runs):
   """Runs every (point, draw) of `args.phases` not yet in `args.jsonl`, appending each."""
   tag = data_tag(args.data, args.validation_rows)
   done = {(r["label"], r["draw"]) for r in runs}
+  # Within a phase: every DP point's draw 0, then draw 1, ...; the non-private reference last.
   todo = [(phase, full(point), draw) for phase in args.phases
-          for draw in range(args.draws) for point in PHASES[phase]
-          if draw == 0 or point["algorithm"] != "non_private"]
+          for private in (True, False) for draw in range(args.draws) for point in PHASES[phase]
+          if (point["algorithm"] != "non_private") == private and (private or draw == 0)]
   todo = [(phase, p, d) for phase, p, d in todo if (label(p), d) not in done]
   print(f"# {tag}: {len(todo)} runs to do", file=sys.stderr, flush=True)
   if not todo:
