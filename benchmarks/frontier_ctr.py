@@ -211,7 +211,10 @@ def plot(runs, draws, path, title):
   matplotlib.use("Agg")
   from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
   chosen, _ = frontier(runs, draws)
-  line = next(s for s in chosen.values() if s["algorithm"] == "dp_sgd")
+  line = next((s for s in chosen.values() if s["algorithm"] == "dp_sgd"), None)
+  if line is None:
+    print(f"\nNo plot: DP-SGD has no variant with {draws} draws yet", file=sys.stderr)
+    return
   figure, (ax_auc, ax_loss) = pyplot.subplots(1, 2, figsize=(12, 4.8))
   default = full(adafest(DEFAULTS.ratio, DEFAULTS.threshold))
   for ax, key in ((ax_auc, "auc"), (ax_loss, "eval_log_loss")):
