@@ -93,9 +93,9 @@ def best_reductions(results):
   return baseline, table
 
 
-def signal_by_frequency(tail_decay, rows, batch_size, seed=0):
+def signal_by_frequency(tail_decay, rows, batch_size, taus=SIGNAL_TAUS, seed=0):
   """AUC of the generator's true click logit on `rows` day-0 rows: in full, and with the click
-  weights of buckets expected fewer than τ·√26 times per batch zeroed, for τ in `SIGNAL_TAUS`.
+  weights of buckets expected fewer than τ·√26 times per batch zeroed, for τ in `taus`.
   τ·√26 is about what a bucket needs to pass DP-AdaFEST's selection at C1 = 1 (26 features, so
   each example adds 1/√26 to each of its buckets). The gap is the AUC only rarer rows carry."""
   config = synthetic.CriteoSynthConfig(tail_decay=tail_decay)
@@ -110,17 +110,17 @@ def signal_by_frequency(tail_decay, rows, batch_size, seed=0):
   rest = logit - weights.sum(axis=1)
   return [auc(label, logit)] + [auc(label, rest + np.where(per_batch >= tau * math.sqrt(26),
                                                               weights, 0.0).sum(axis=1))
-                                for tau in SIGNAL_TAUS]
+                                for tau in taus]
 
 
-def _print_signal(tail_decays, rows, batch_size):
+def _print_signal(tail_decays, rows, batch_size, taus):
   print(f"AUC of the true click logit, {rows:,} day-0 rows; 'n ≥ k': only buckets expected ≥ k "
         f"times per batch of {batch_size} keep their click weight\n")
   print("| --tail-decay | all buckets | " + " | ".join(
-      f"n ≥ {tau * math.sqrt(26):.0f} (τ = {tau:g})" for tau in SIGNAL_TAUS) + " |")
-  print("|---:|---:|" + "---:|" * len(SIGNAL_TAUS))
+      f"n ≥ {tau * math.sqrt(26):.0f} (τ = {tau:g})" for tau in taus) + " |")
+  print("|---:|---:|" + "---:|" * len(taus))
   for tail_decay in tail_decays:
-    aucs = signal_by_frequency(tail_decay, rows, batch_size)
+    aucs = signal_by_frequency(tail_decay, rows, batch_size, taus)
     print(f"| {tail_decay:g} | " + " | ".join(f"{a:.4f}" for a in aucs) + " |", flush=True)
 
 
@@ -165,9 +165,11 @@ def main(argv=None):
                       help="only print where the click signal sits for these --tail-decay "
                            "values (on --signal-rows generated rows) and exit")
   parser.add_argument("--signal-rows", type=int, default=400_000)
+  parser.add_argument("--signal-taus", type=float, nargs="+", default=SIGNAL_TAUS,
+                      help="τ (at C1 = 1) of the --signal columns")
   args = parser.parse_args(argv)
   if args.signal:
-    _print_signal(args.signal, args.signal_rows, args.batch_size)
+    _print_signal(args.signal, args.signal_rows, args.batch_size, args.signal_taus)
     return
   runs = grid(args.grid)
   if args.only:

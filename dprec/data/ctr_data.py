@@ -15,11 +15,25 @@ from dprec.errors import DprecError
 
 @dataclasses.dataclass
 class CTRData:
-  """Training and held-out arrays (`dprec.data.criteo.transform` dicts) and table sizes."""
+  """Training and held-out arrays (`dprec.data.criteo.transform` dicts) and table sizes;
+  `validation`, when set (`hold_out_validation`), is evaluated beside `eval` for model
+  selection."""
   train: Dict[str, np.ndarray]
   eval: Dict[str, np.ndarray]
   vocab_sizes: Tuple[int, ...]
   source: str
+  validation: Optional[Dict[str, np.ndarray]] = None
+
+
+def hold_out_validation(data: CTRData, rows: int) -> CTRData:
+  """`data` with its last `rows` training rows (the end of the last training day) moved to
+  `validation`: hyperparameters chosen on it never see the held-out day. The vocabularies stay
+  those of all training days (public, as in `load_data`)."""
+  n = len(data.train["label"])
+  if not 0 < rows < n:
+    raise DprecError(f"validation rows must be in (0, {n}) training rows, got {rows}")
+  return dataclasses.replace(data, train={k: v[:n - rows] for k, v in data.train.items()},
+                             validation={k: v[n - rows:] for k, v in data.train.items()})
 
 
 def load_data(directory: str, vocab_dir: Optional[str] = None, min_count: int = 1) -> CTRData:

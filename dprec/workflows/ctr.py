@@ -73,11 +73,14 @@ EPSILON_COVERS = {
                "covering the model, the DP top-k rows and every field listed under 'covered'",
     "covered": ["auc", "eval_loss", "eval_log_loss", "base_rate", "base_rate_log_loss",
                 "calibration_scale", "calibration_shift", "gradient_size",
-                "gradient_size_reduction", "steps", "stopped_at_budget"],
-    "public": ["settings", "noise multipliers", "train_rows and eval_rows (N, assumed public)",
+                "gradient_size_reduction", "steps", "stopped_at_budget", "validation_auc",
+                "validation_log_loss"],
+    "public": ["settings", "noise multipliers", "train_rows, eval_rows and validation_rows (N, assumed public)",
                "dense_embedding_size", "sharded_tables", "timings"],
     "held_out_evaluation": "auc and eval_loss are computed on the last day, which is not "
-                           "training data of this run (that day itself is not protected)",
+                           "training data of this run (that day itself is not protected); so "
+                           "are validation_auc and validation_log_loss, on held-out training "
+                           "rows (dprec.data.ctr_data.hold_out_validation)",
     "not_covered": "diagnostics_nonprivate (only with --diagnostics): exact training loss/AUC",
 }
 
@@ -360,6 +363,12 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
     evaluation = ctr.evaluate(model, data.eval, data.eval["label"], options.eval_batch_size)
     summary = _summary(options, data, model, plan, history, evaluation, timer, budget, run,
                        resume, rate, calibration, replicas)
+    if data.validation is not None:
+      validation = ctr.evaluate(model, data.validation, data.validation["label"],
+                                options.eval_batch_size)
+      summary.update(validation_auc=float(validation["auc"]),
+                     validation_log_loss=float(validation["loss"]),
+                     validation_rows=int(len(data.validation["label"])))
     summary.update(chosen, **layout if coordinator else {})
   if chief:
     run_lib.write_summary(summary, options.summary_json)

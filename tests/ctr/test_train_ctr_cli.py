@@ -12,6 +12,7 @@ import tensorflow as tf
 
 from dprec import cli
 from dprec import privacy
+from dprec.errors import DprecError
 from dprec.privacy.noise_key import InsecureNoiseWarning
 from dprec.training.checkpoint import CheckpointFallbackWarning
 from dprec.workflows import ctr as ctr_workflow
@@ -476,3 +477,19 @@ def test_platt_scaling_fits_on_at_most_the_row_cap(monkeypatch):
   assert (subset["label"] == rows % 2).all()
   small = {key: values[:100] for key, values in train.items()}
   assert ctr_workflow.calibration_rows(small, rng) is small
+
+
+def test_validation_rows_are_held_out_of_training_and_evaluated(data_dir):
+  from dprec.data import ctr_data  # pylint: disable=import-outside-toplevel
+  data = ctr_workflow.load_data(data_dir)
+  n = len(data.train["label"])
+  split = ctr_data.hold_out_validation(data, 200)
+  assert len(split.train["label"]) == n - 200 and len(split.validation["label"]) == 200
+  np.testing.assert_array_equal(split.validation["label"], data.train["label"][n - 200:])
+  summary = ctr_workflow.run(ctr_workflow.CTRTrainOptions(
+      data=data_dir, algorithm="dp_sgd", epsilon=EPSILON, batch_size=BATCH, steps=STEPS,
+      hidden_units=(8,), progress=False), split)
+  assert summary["train_rows"] == n - 200 and summary["validation_rows"] == 200
+  assert 0 <= summary["validation_auc"] <= 1 and summary["validation_log_loss"] > 0
+  with pytest.raises(DprecError, match="validation rows"):
+    ctr_data.hold_out_validation(data, n)

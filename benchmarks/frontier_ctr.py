@@ -1,0 +1,297 @@
+"""Seed 001's headline as a frontier with error bars: held-out AUC against embedding-gradient
+size reduction for DP-SGD (the line), DP-FEST, DP-AdaFEST and DP-AdaFEST+ at ε = 1 (note 001
+§4.2: "AUC loss < 0.005 at > 5×10⁵"; issue 37).
+
+Every run goes through `train ctr`'s code path (`ctr.run`) on data loaded once, with `train ctr`'s
+defaults (B and steps from N: one epoch; DP Platt scaling) except what the point names. The last
+`--validation-rows` training rows are held out of training (`ctr_data.hold_out_validation`):
+each run reports AUC on them and on the held-out last day (test). Per point (algorithm and its
+selection parameters τ, r, C1, k), lr and C2 are chosen among the evaluated variants with ≥ `--draws`
+draws by mean VALIDATION AUC, never test; that variant's test AUC (mean ± SE over the draws:
+different secret noise keys and initialisation seeds) is the point on the frontier.
+
+C1 needs no axis of its own here: every example touches one row of each of the 26 tables (a
+missing value is row 0), so its contribution map has norm √26 ≥ C1 and the noisy count
+C1·(n/√26 + σ1·Z) ≥ τ is the event n/√26 + σ1·Z ≥ τ/C1: (τ, C1) selects exactly as (τ/C1, 1).
+
+Resumable: each finished run is appended to `--jsonl` (one JSON object a line) and skipped when
+the same data, point, variant and draw is there; `--report` only prints the tables and draws the
+plot from that file. Phases run in `--phases` order (most informative first):
+
+    dprec synth criteo --rows 6000000 --days 6 --seed 0 --out DATA
+    PYTHONPATH=. .venv/bin/python benchmarks/frontier_ctr.py --data DATA --jsonl F.jsonl \\
+        --phases headline small tune fest wide
+    PYTHONPATH=. .venv/bin/python benchmarks/frontier_ctr.py --data DATA --jsonl F.jsonl --report \\
+        --plot docs/experiments/ctr_frontier.png
+"""
+import argparse
+import dataclasses
+import json
+import math
+import os
+import sys
+import time
+
+import numpy as np
+
+from dprec.data import ctr_data
+from dprec.workflows import ctr as ctr_workflow
+from utility_ctr import THRESHOLDS
+
+DEFAULTS = ctr_workflow.CTRTrainOptions(data="")
+TARGET = 0.005  # seed 001's AUC loss against DP-SGD
+SELECTION_KEYS = ("algorithm", "ratio", "threshold", "contribution_clip", "top_k")
+VARIANT_KEYS = ("learning_rate", "l2_norm_clip")
+
+
+def adafest(ratio, threshold, **variant):
+  return dict(algorithm="dp_adafest", ratio=float(ratio), threshold=float(threshold),
+              contribution_clip=1.0, **variant)
+
+
+# Points (selection parameters, and lr / C2 when not `train ctr`'s) of each phase, in run order.
+PHASES = {
+    # The claim's two ends at `train ctr`'s defaults: DP-SGD and DP-AdaFEST r = 5, τ = 15, C1 = 1.
+    "headline": [dict(algorithm="non_private"), dict(algorithm="dp_sgd"),
+                 adafest(DEFAULTS.ratio, DEFAULTS.threshold)],
+    # More rows kept at ≥ 10²×: smaller τ, and smaller r where its σ1 keeps false positives rare.
+    "small": [adafest(2, 7), adafest(5, 10), adafest(1, 5), adafest(2, 5)],
+    # lr and C2 of DP-SGD and of the default DP-AdaFEST point, one lever at a time.
+    "tune": [dict(point, **variant)
+             for point in (dict(algorithm="dp_sgd"), adafest(DEFAULTS.ratio, DEFAULTS.threshold))
+             for variant in (dict(learning_rate=1e-3), dict(learning_rate=1e-2),
+                             dict(l2_norm_clip=0.5), dict(l2_norm_clip=2.0))],
+    "fest": [dict(algorithm="dp_fest", top_k=2600), dict(algorithm="dp_fest", top_k=26000),
+             dict(adafest(2, 7), algorithm="dp_adafest_plus", top_k=26000)],
+    "wide": [adafest(5, 20), adafest(3, 10), adafest(5, 12), adafest(1, 3), adafest(10, 20)],
+}
+
+
+def full(point):
+  """`point` with every selection and variant key filled in (`train ctr`'s defaults)."""
+  filled = {key: getattr(DEFAULTS, key) for key in VARIANT_KEYS}
+  filled.update(point)
+  if filled["algorithm"] == "non_private":
+    filled.pop("l2_norm_clip")
+  return filled
+
+
+def family(point):
+  """The frontier point a run belongs to: its algorithm and selection parameters."""
+  return tuple((key, point[key]) for key in SELECTION_KEYS if key in point)
+
+
+def label(point):
+  names = {"ratio": "r", "threshold": "tau", "contribution_clip": "C1", "top_k": "k",
+           "learning_rate": "lr", "l2_norm_clip": "C2"}
+  return " ".join([point["algorithm"]] + [f"{names[k]}={point[k]:g}" for k in names if k in point])
+
+
+def data_tag(data_dir, validation_rows):
+  return f"{os.path.basename(os.path.normpath(data_dir))} val={validation_rows}"
+
+
+def read_runs(path, tag=None):
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as stream:
+    runs = [json.loads(line) for line in stream if line.strip()]
+  return [r for r in runs if tag is None or r["data"] == tag]
+
+
+def train(args, runs):
+  """Runs every (point, draw) of `args.phases` not yet in `args.jsonl`, appending each."""
+  tag = data_tag(args.data, args.validation_rows)
+  done = {(r["label"], r["draw"]) for r in runs}
+  # Within a phase: every DP point's draw 0, then draw 1, ...; the non-private reference last.
+  todo = [(phase, full(point), draw) for phase in args.phases
+          for private in (True, False) for draw in range(args.draws) for point in PHASES[phase]
+          if (point["algorithm"] != "non_private") == private and (private or draw == 0)]
+  todo = [(phase, p, d) for phase, p, d in todo if (label(p), d) not in done]
+  print(f"# {tag}: {len(todo)} runs to do", file=sys.stderr, flush=True)
+  if not todo:
+    return
+  start = time.time()
+  data = ctr_data.hold_out_validation(ctr_workflow.load_data(args.data), args.validation_rows)
+  print(f"# loaded in {time.time() - start:.0f} s: {len(data.train['label']):,} training rows, "
+        f"{args.validation_rows:,} validation, {len(data.eval['label']):,} test, "
+        f"{sum(data.vocab_sizes):,} embedding rows", file=sys.stderr, flush=True)
+  for phase, point, draw in todo:
+    options = dataclasses.replace(
+        DEFAULTS, data=args.data, epsilon=None if point["algorithm"] == "non_private" else
+        args.epsilon, batch_size=args.batch_size, steps=args.steps, seed=draw, progress=False,
+        top_k_epsilon=args.top_k_epsilon, **point)
+    start = time.time()
+    summary = ctr_workflow.run(options, data)
+    record = dict(data=tag, phase=phase, label=label(point), point=point, draw=draw,
+                  wall_seconds=time.time() - start, **summary)
+    with open(args.jsonl, "a", encoding="utf-8") as out:
+      out.write(json.dumps(record) + "\n")
+    print(f"{record['label']} draw {draw}: test AUC {summary['auc']:.4f}, validation "
+          f"{summary['validation_auc']:.4f}, {summary['gradient_size_reduction']:.1f}×, "
+          f"{record['wall_seconds']:.0f} s", file=sys.stderr, flush=True)
+
+
+def _mean_se(values):
+  values = np.asarray(values, dtype=float)
+  se = values.std(ddof=1) / math.sqrt(len(values)) if len(values) > 1 else math.nan
+  return float(values.mean()), float(se)
+
+
+def frontier(runs, draws):
+  """{family: the chosen variant's statistics}, and every variant's statistics (a list)."""
+  groups = {}
+  for r in runs:
+    groups.setdefault((family(r["point"]), label(r["point"])), []).append(r)
+  variants = []
+  for (fam, name), members in groups.items():
+    stats = dict(family=fam, label=name, point=members[0]["point"], n=len(members),
+                 algorithm=members[0]["algorithm"])
+    for key in ("auc", "validation_auc", "eval_log_loss", "gradient_size_reduction",
+                "wall_seconds", "base_rate_log_loss"):
+      stats[key], stats[key + "_se"] = _mean_se([m[key] for m in members])
+    variants.append(stats)
+  chosen = {}
+  for stats in variants:
+    enough = stats["n"] >= draws or stats["algorithm"] == "non_private"
+    best = chosen.get(stats["family"])
+    if enough and (best is None or stats["validation_auc"] > best["validation_auc"]):
+      chosen[stats["family"]] = stats
+  return chosen, sorted(variants, key=lambda s: (s["algorithm"], -s["gradient_size_reduction"]))
+
+
+def _difference(stats, line):
+  diff = stats["auc"] - line["auc"]
+  return diff, math.hypot(stats["auc_se"], line["auc_se"])
+
+
+def print_report(runs, draws):
+  chosen, variants = frontier(runs, draws)
+  line = next((s for s in chosen.values() if s["algorithm"] == "dp_sgd"), None)
+  print("| run | draws | validation AUC | test AUC (mean ± SE) | Δ vs DP-SGD (± SE) | "
+        "log loss (mean ± SE) | reduction | wall s/run | chosen |")
+  print("|---|---:|---:|---:|---:|---:|---:|---:|:---:|")
+  for s in variants:
+    diff = "—"
+    if line is not None and s["algorithm"] not in ("dp_sgd", "non_private"):
+      d, se = _difference(s, line)
+      diff = f"{d:+.4f} ± {se:.4f}"
+    picked = "✓" if chosen.get(s["family"]) is s else ""
+    print(f"| {s['label']} | {s['n']} | {s['validation_auc']:.4f} | {s['auc']:.4f} ± "
+          f"{s['auc_se']:.4f} | {diff} | {s['eval_log_loss']:.4f} ± {s['eval_log_loss_se']:.4f} "
+          f"| {s['gradient_size_reduction']:.1f}× | {s['wall_seconds']:.0f} | {picked} |")
+  if line is None:
+    return
+  base = variants[0]["base_rate_log_loss"]
+  print(f"\nDP-SGD (the line, lr and C2 chosen on validation: {line['label']}): test AUC "
+        f"{line['auc']:.4f} ± {line['auc_se']:.4f} over {line['n']} draws; base rate: AUC 0.5, "
+        f"log loss {base:.4f}")
+  print("\nLargest reduction at AUC loss ≤ t vs DP-SGD (points chosen on validation, ≥ "
+        f"{draws} draws; Δ ± SE of the difference of means; 'sure' if Δ + t > 1.645·SE):\n")
+  print("| algorithm | " + " | ".join(f"≤ {t}" for t in THRESHOLDS) + " |")
+  print("|---|" + "---:|" * len(THRESHOLDS))
+  for algorithm in ("dp_fest", "dp_adafest", "dp_adafest_plus"):
+    cells = []
+    for t in THRESHOLDS:
+      within = [s for s in chosen.values() if s["algorithm"] == algorithm
+                and _difference(s, line)[0] >= -t]
+      if not within:
+        cells.append("—")
+        continue
+      best = max(within, key=lambda s: s["gradient_size_reduction"])
+      d, se = _difference(best, line)
+      sure = ", sure" if d + t > 1.645 * se else ""
+      cells.append(f"{best['gradient_size_reduction']:.0f}× ({best['label']}; "
+                   f"Δ {d:+.4f} ± {se:.4f}{sure})")
+    print(f"| {algorithm} | " + " | ".join(cells) + " |")
+
+
+def plot(runs, draws, path, title):
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
+  chosen, _ = frontier(runs, draws)
+  line = next((s for s in chosen.values() if s["algorithm"] == "dp_sgd"), None)
+  if line is None:
+    print(f"\nNo plot: DP-SGD has no variant with {draws} draws yet", file=sys.stderr)
+    return
+  figure, (ax_auc, ax_loss) = pyplot.subplots(1, 2, figsize=(12, 4.8))
+  default = full(adafest(DEFAULTS.ratio, DEFAULTS.threshold))
+  for ax, key in ((ax_auc, "auc"), (ax_loss, "eval_log_loss")):
+    ax.axhspan(line[key] - line[key + "_se"], line[key] + line[key + "_se"], color="grey",
+               alpha=0.3, label=f"DP-SGD mean ± SE ({line['n']} draws)")
+    ax.axhline(line[key], color="grey", lw=1)
+    for s in chosen.values():
+      if s["algorithm"] == "non_private":
+        ax.axhline(s[key], color="green", ls="--", label="non-private")
+    markers = {"dp_sgd": "s", "dp_fest": "^", "dp_adafest": "o", "dp_adafest_plus": "D"}
+    for algorithm, marker in markers.items():
+      points = [s for s in chosen.values() if s["algorithm"] == algorithm]
+      if points:
+        ax.errorbar([math.log10(s["gradient_size_reduction"]) for s in points],
+                    [s[key] for s in points], yerr=[s[key + "_se"] for s in points],
+                    fmt=marker, capsize=3, label=algorithm)
+    for s in chosen.values():
+      if s["point"].get("algorithm") == "dp_adafest" and family(s["point"]) == family(default):
+        ax.annotate("train ctr default", (math.log10(s["gradient_size_reduction"]), s[key]),
+                    textcoords="offset points", xytext=(6, 6), fontsize=8)
+    ax.set_xlabel("log10 embedding-gradient size reduction vs DP-SGD")
+  ax_auc.axhline(line["auc"] - TARGET, color="red", ls=":", label=f"DP-SGD − {TARGET}")
+  ax_auc.set_ylabel("test AUC (base rate: 0.5, off scale)")
+  ax_loss.axhline(runs[0]["base_rate_log_loss"], color="black", ls="-.", label="base rate")
+  ax_loss.set_ylabel("test log loss")
+  ax_auc.legend(fontsize=7, loc="lower left")
+  ax_loss.legend(fontsize=7)
+  figure.suptitle(title, fontsize=10)
+  figure.tight_layout()
+  figure.savefig(path, dpi=110)
+
+
+def estimate(runs, args):
+  """Measured wall time per run and what the remaining phases would take."""
+  walls = [r["wall_seconds"] for r in runs if r["algorithm"] != "non_private"]
+  if not walls:
+    return
+  per_run = float(np.median(walls))
+  done = {(r["label"], r["draw"]) for r in runs}
+  left = {phase: sum((label(full(p)), d) not in done for p in PHASES[phase]
+                     for d in range(args.draws) if d == 0 or p["algorithm"] != "non_private")
+          for phase in PHASES}
+  print(f"\nMedian wall time per DP run: {per_run:.0f} s (loaded shared machine); runs left per "
+        "phase (hours at that rate): " + ", ".join(
+            f"{phase} {n} ({n * per_run / 3600:.1f} h)" for phase, n in left.items()))
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__,
+                                   formatter_class=argparse.RawDescriptionHelpFormatter)
+  parser.add_argument("--data", required=True, help="Criteo TSV day_N directory (last day: test)")
+  parser.add_argument("--jsonl", required=True, help="finished runs, appended one a line")
+  parser.add_argument("--phases", nargs="+", choices=list(PHASES), default=["headline"])
+  parser.add_argument("--draws", type=int, default=3, help="noise draws (secret keys) per point")
+  parser.add_argument("--validation-rows", type=int, default=250_000,
+                      help="last training rows held out for choosing lr and C2")
+  parser.add_argument("--epsilon", type=float, default=1.0)
+  parser.add_argument("--batch-size", type=int, help="default: train ctr's, from N")
+  parser.add_argument("--steps", type=int, help="default: train ctr's, one epoch")
+  parser.add_argument("--top-k-epsilon", type=float, default=DEFAULTS.top_k_epsilon)
+  parser.add_argument("--report", action="store_true", help="no training: tables (and plot)")
+  parser.add_argument("--plot", help="save the frontier plot (PNG) here")
+  args = parser.parse_args(argv)
+  tag = data_tag(args.data, args.validation_rows)
+  if not args.report:
+    train(args, read_runs(args.jsonl, tag))
+  runs = read_runs(args.jsonl, tag)
+  if not runs:
+    return
+  print(f"## {tag}: {runs[0]['train_rows']:,} training rows, B = {runs[0]['batch_size']}, "
+        f"{runs[0]['steps']} steps, ε = {args.epsilon}\n")
+  print_report(runs, args.draws)
+  estimate(runs, args)
+  if args.plot:
+    plot(runs, args.draws, args.plot, f"{tag}: {runs[0]['train_rows']:,} training rows, "
+         f"B = {runs[0]['batch_size']}, {runs[0]['steps']} steps, ε = {args.epsilon}")
+
+
+if __name__ == "__main__":
+  main()
