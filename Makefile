@@ -30,7 +30,7 @@ demo: $(STAMP)
 	$(VENV)/bin/dprec demo --out $(DEMO_DIR)
 
 test: $(STAMP)
-	$(PY) -m pytest -n 2 -q tests
+	$(PY) -m pytest -n 2 --maxschedchunk 2 -q tests
 
 # Parameter-server fault tests alone (processes killed mid-run; minutes each).
 test-faults: $(STAMP)
@@ -38,7 +38,7 @@ test-faults: $(STAMP)
 
 # The legacy leg runs the peer tests; the fault tests (minutes, no peer) run on the default leg.
 test-legacy: $(LEGACY_STAMP)
-	DPREC_REQUIRE_PEERS=1 $(LEGACY_VENV)/bin/python -m pytest -n 2 -q -m "not faults" tests
+	DPREC_REQUIRE_PEERS=1 $(LEGACY_VENV)/bin/python -m pytest -n 2 --maxschedchunk 2 -q -m "not faults" tests
 
 # The API reference from the docstrings (warnings are errors; tests/test_api_docs.py builds it too).
 docs: $(STAMP)

@@ -44,3 +44,16 @@ def criteo_days(tmp_path_factory):
     return made[rows, days]
 
   return make
+
+
+# The longest tests start first, so the two xdist workers do not end on one of them while the
+# other waits (longest-first scheduling; the Makefile's `--maxschedchunk 2` hands tests out two
+# at a time, so they spread over both workers); the rest keeps its order.
+LONGEST_FIRST = ("faults", "multiprocess", "slow")
+
+
+def pytest_collection_modifyitems(items):
+  def rank(item):
+    return next((i for i, name in enumerate(LONGEST_FIRST) if item.get_closest_marker(name)),
+                len(LONGEST_FIRST))
+  items.sort(key=rank)

@@ -53,6 +53,7 @@ def test_notebook_is_stored_with_its_results(name):
 
 
 @pytest.mark.parametrize("name", sorted(EXPECTED))
+@pytest.mark.slow
 def test_notebook_runs_again_on_tiny_data(name, tmp_path, monkeypatch):
   monkeypatch.setenv("DPREC_NOTEBOOK_TINY", "1")
   monkeypatch.setenv("TF_CPP_MIN_LOG_LEVEL", "3")

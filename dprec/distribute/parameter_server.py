@@ -116,12 +116,18 @@ def worker_generator(state) -> tf.random.Generator:
   return _WorkerGenerator.from_state(state, alg="philox")
 
 
-def _step_function(model):
+def _step_function(model, x, y, noise_state):
   """The scheduled step: one DP step of `model` on batch (x, y) with its generator on
-  `noise_state` first (a non-private model has no generator to reset)."""
+  `noise_state` first (a non-private model has no generator to reset). Traced once for every
+  batch size (Poisson batches vary): its signature leaves the batch dimension of (x, y) open."""
   generator = getattr(model, "dp_optimizer", None) and model.dp_optimizer.generator
 
-  @tf.function
+  def spec(tensor):
+    tensor = tf.convert_to_tensor(tensor)
+    return tf.TensorSpec([None, *tensor.shape[1:]], tensor.dtype)
+
+  @tf.function(input_signature=(tf.nest.map_structure(spec, x), tf.nest.map_structure(spec, y),
+                                tf.TensorSpec.from_tensor(noise_state)))
   def step(x, y, noise_state):
     if generator is not None:
       generator.reset(noise_state)
@@ -140,7 +146,7 @@ def fit(model, coordinator, batches: Iterable, noise_states: Iterable, steps: in
   Returns the last step's logs as `model.fit`'s history of one epoch ({name: [value]})."""
   callback_list = tf.keras.callbacks.CallbackList(list(callbacks), model=model)
   callback_list.set_params({"steps": steps, "epochs": 1, "verbose": 0})
-  step = _step_function(model)
+  step = None
   window = num_workers(coordinator.strategy)
   in_flight, logs = collections.deque(), {}
 
@@ -156,7 +162,9 @@ def fit(model, coordinator, batches: Iterable, noise_states: Iterable, steps: in
     if i >= steps or model.stop_training:
       break
     callback_list.on_train_batch_begin(i)
-    in_flight.append(coordinator.schedule(step, args=(x, y, tf.constant(state))))
+    state = tf.constant(state)
+    step = step or _step_function(model, x, y, state)
+    in_flight.append(coordinator.schedule(step, args=(x, y, state)))
     wait(0 if sync_every and (i + 1) % sync_every == 0 else window)
     callback_list.on_train_batch_end(i, dict(logs))
   coordinator.join()

@@ -8,6 +8,7 @@ import pytest
 from dprec import cli
 
 
+@pytest.mark.slow
 def test_demo_trains_dp_adafest_and_spends_the_planned_epsilon(tmp_path, capsys):
   out = tmp_path / "demo"
   argv = ["demo", "--out", str(out), "--rows", "1500", "--steps", "3", "--batch-size", "64",

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from dprec.distribute import parameter_server
 from dprec.models import dp_model
 
 HERE = os.path.dirname(os.path.abspath(__file__))
@@ -72,3 +73,16 @@ def test_shard_gradients_route_rows_to_their_shard():
   np.testing.assert_array_equal(pairs[1][0].values, [[2., 2.], [3., 3.]])
   dense = dp_model._shard_gradients(tf.reshape(tf.range(10.), [5, 2]), table)  # pylint: disable=protected-access
   assert [g.shape.as_list() for g, _ in dense] == [[3, 2], [2, 2]]
+
+
+def test_the_scheduled_step_is_traced_once_for_every_batch_size(steps):
+  """Poisson batches vary in size: the step's signature leaves the batch dimension open, so a
+  run traces it once (it retraced for every new size: minutes of a short run)."""
+  model = steps.build_model(steps.CONFIGS["dp_sgd"])
+  features, labels = steps.data()
+  state = tf.constant(model.dp_optimizer.generator.state)
+  step = parameter_server._step_function(  # pylint: disable=protected-access
+      model, {"cat": features["cat"][:20]}, labels[:20], state)
+  for size in (20, 23, 17):
+    step({"cat": features["cat"][:size]}, labels[:size], state)
+  assert step.experimental_get_tracing_count() == 1

@@ -66,6 +66,7 @@ def _kill_after_step(monkeypatch, step):
   monkeypatch.setattr(callbacks_lib.StepTimer, "on_train_batch_end", killed_after_step)
 
 
+@pytest.mark.slow
 def test_killed_run_resumes_to_the_uninterrupted_result(data_dir, frequency_file, tmp_path,
                                                         monkeypatch):
   # Public p_i: the DP histogram's noise is secret, so two runs would differ (see below).
@@ -126,13 +127,14 @@ def test_resumed_run_keeps_its_dp_frequencies_and_pays_for_them_once(data_dir, t
   assert resumed["epsilon"] <= 5.0 + 1e-6
 
 
-def test_runs_sharing_a_ledger_without_run_dir_each_pay(data_dir, tmp_path):
+def test_runs_sharing_a_ledger_each_pay_with_or_without_a_run_dir(data_dir, tmp_path):
   ledger = str(tmp_path / "ledger.json")
-  options = _options(data_dir, epochs=0.5, ledger=ledger)
-  first = train_seqrec(options)
+  first = train_seqrec(_options(data_dir, epochs=0.5, ledger=ledger))  # no run directory
   assert first["epsilon"] <= 5.0 + 1e-6
-  with pytest.raises(BudgetExceededError, match="already spent"):
-    train_seqrec(options)
+  for run_dir in (None, str(tmp_path / "b")):
+    with pytest.raises(BudgetExceededError, match="already spent"):
+      train_seqrec(_options(data_dir, epochs=0.5, ledger=ledger, run_dir=run_dir))
+  assert {c["run_id"] for c in PrivacyLedger(ledger).charges} == {first["run_id"]}
 
 
 def _run_privately(data_dir, run_dir, **overrides):
@@ -140,29 +142,14 @@ def _run_privately(data_dir, run_dir, **overrides):
   return summary, _final_variables(run_dir)
 
 
-def test_same_arguments_give_different_noise_unless_an_insecure_seed(data_dir, tmp_path):
-  (first, first_weights), (second, second_weights) = [
-      _run_privately(data_dir, str(tmp_path / name)) for name in ("a", "b")]
-  assert first["private"] and second["private"] and first["run_id"] != second["run_id"]
-  assert any(not np.array_equal(first_weights[k], second_weights[k]) for k in first_weights)
-
-  with pytest.warns(InsecureNoiseWarning):
-    third, third_weights = _run_privately(data_dir, str(tmp_path / "c"), insecure_noise_seed=3)
-  fourth, fourth_weights = _run_privately(data_dir, str(tmp_path / "d"), insecure_noise_seed=3)
-  assert third_weights.keys() == fourth_weights.keys()
-  for name, value in third_weights.items():
-    np.testing.assert_array_equal(fourth_weights[name], value, err_msg=name)
-  assert third["private"] is False and "--insecure-noise-seed 3" in third["privacy_note"]
-  assert all(c["private"] is False and c["run_id"] == third["run_id"]
-             for c in _charges(str(tmp_path / "c")))
-  with pytest.raises(DprecError, match="insecure_noise_seed"):  # resumes only as it started
-    train_seqrec(_options(data_dir, run_dir=str(tmp_path / "c"), epochs=1, seed=7))
-
-
-def test_key_stays_in_the_secret_file_and_no_output_holds_a_class_c_field(data_dir, tmp_path):
-  run_dir = tmp_path / "run"
-  summary = train_seqrec(_options(data_dir, run_dir=str(run_dir), epochs=1,
-                                  summary_json=str(tmp_path / "summary.json")))
+def test_the_key_is_secret_and_all_that_differs_between_runs_of_the_same_arguments(
+    data_dir, tmp_path):
+  """A secure run keeps its key in the secret file alone, and ends apart from an insecure-seed
+  run of the same arguments. (Same key, same result: the killed-run test above; an insecure seed
+  gives one key every time: test_noise_key.) An insecure run resumes only as it started."""
+  run_dir = tmp_path / "a"
+  secure, secure_weights = _run_privately(data_dir, str(run_dir),
+                                          summary_json=str(tmp_path / "summary.json"))
   key_path = run_dir / "secret" / "noise_key"
   assert os.stat(key_path).st_mode & 0o777 == 0o600
   key = key_path.read_bytes()
@@ -174,19 +161,24 @@ def test_key_stays_in_the_secret_file_and_no_output_holds_a_class_c_field(data_d
   variables = tf.train.list_variables(os.path.join(_latest(str(run_dir)), "model"))
   assert not any("generator" in name or "/state/" in name
                  for name, _ in variables)  # no Philox state in the checkpoint
-  assert "final_loss" not in summary and "diagnostics_nonprivate" not in summary
-  assert "training data of this run" in summary["epsilon_covers"]["held_out_evaluation"]
+  assert "final_loss" not in secure and "diagnostics_nonprivate" not in secure
+  assert "training data of this run" in secure["epsilon_covers"]["held_out_evaluation"]
+
+  with pytest.warns(InsecureNoiseWarning):
+    insecure, insecure_weights = _run_privately(data_dir, str(tmp_path / "c"),
+                                                insecure_noise_seed=3)
+  assert secure["private"] and secure_weights.keys() == insecure_weights.keys()
+  assert any(not np.array_equal(secure_weights[k], insecure_weights[k]) for k in secure_weights)
+  assert insecure["private"] is False and "--insecure-noise-seed 3" in insecure["privacy_note"]
+  assert all(c["private"] is False and c["run_id"] == insecure["run_id"]
+             for c in _charges(str(tmp_path / "c")))
+  with pytest.raises(DprecError, match="insecure_noise_seed"):  # resumes only as it started
+    train_seqrec(_options(data_dir, run_dir=str(tmp_path / "c"), epochs=1, seed=7))
+
+
+def test_diagnostics_are_reported_under_a_name_that_says_so(data_dir):
   diagnosed = train_seqrec(_options(data_dir, epochs=0.5, diagnostics=True))
   assert "final_loss" in diagnosed["diagnostics_nonprivate"]
-
-
-def test_runs_with_their_own_run_dirs_sharing_a_ledger_each_pay(data_dir, tmp_path):
-  ledger = str(tmp_path / "ledger.json")
-  first = train_seqrec(_options(data_dir, epochs=0.5, ledger=ledger,
-                                run_dir=str(tmp_path / "a")))
-  with pytest.raises(BudgetExceededError, match="already spent"):
-    train_seqrec(_options(data_dir, epochs=0.5, ledger=ledger, run_dir=str(tmp_path / "b")))
-  assert {c["run_id"] for c in PrivacyLedger(ledger).charges} == {first["run_id"]}
 
 
 def test_a_preprocessing_charge_on_the_data_set_is_composed_with_training(data_dir, tmp_path):
