@@ -9,6 +9,10 @@ Variants, run one after another in this process on the same batches:
   dp_adafest_secure, dp_sgd_secure
                 the same with `secure_noise=True` (every noise draw exact, no floating-point
                 artefact: `dprec.privacy.secure_noise`); not in the default list
+  non_private_stacked, dp_adafest_stacked, dp_sgd_stacked
+                the same with the tables stacked in one variable per width rounded up to
+                a multiple of --stack-multiple (`CTRConfig.stack_tables`; 1: exact widths);
+                not in the default list
   tfp_dpmodel   tensorflow_privacy's DPModel (`make_dp_model_class`) with its fast gradient
                 clipping layer registry and stock Keras SGD: the tool users have today (only
                 where tensorflow_privacy imports, TF <= 2.15: `pip install -e .[tfp]`; skipped
@@ -18,7 +22,7 @@ Variants, run one after another in this process on the same batches:
 Batches: Zipf-like ids (P(rank r) ∝ 1/r) per table, heavy-tailed integers; vocabularies of note
 001 Table 3 (`table3`) or scaled to M rows in all (`scaled:10M`), each plus the OOV row.
 Times exclude the first step (tracing). Prints a Markdown table; ratios are against
-`non_private` in the same run.
+`non_private` in the same run (a `_stacked` variant's against `non_private_stacked` if it ran).
 
     .venv/bin/python benchmarks/ctr_step.py --vocab table3 scaled:10M
     .venv/bin/python benchmarks/ctr_step.py --vocab table3 scaled:10M \
@@ -27,7 +31,9 @@ Times exclude the first step (tracing). Prints a Markdown table; ratios are agai
 import argparse
 import gc
 import json
+import statistics
 import sys
+import time
 
 import numpy as np
 import tensorflow as tf
@@ -44,7 +50,8 @@ import machine
 
 VARIANTS = ("non_private", "dp_adafest", "dp_sgd", "tfp_dpmodel", "keras")
 SECURE = ("dp_adafest_secure", "dp_sgd_secure")  # `secure_noise=True`; on request only
-DENSE = ("dp_sgd", "dp_sgd_secure", "tfp_dpmodel", "keras")  # cost ∝ V·d: fewer steps at large V
+STACKED = ("non_private_stacked", "dp_adafest_stacked", "dp_sgd_stacked")  # on request only
+DENSE = ("dp_sgd", "dp_sgd_secure", "dp_sgd_stacked", "tfp_dpmodel", "keras")  # cost ∝ V·d
 LEARNING_RATE, C2, SIGMA2, SIGMA1, C1 = 0.5, 10.0, 1.0, 5.0, 1.0
 
 
@@ -62,8 +69,8 @@ def make_batches(vocab_sizes, batch_size, count, seed=0):
   return batches
 
 
-def _dprec_model(vocab_sizes, algorithm, batch_size, secure_noise=False):
-  model = ctr.build_ctr_model(vocab_sizes)
+def _dprec_model(vocab_sizes, algorithm, batch_size, secure_noise=False, stack_tables=False):
+  model = ctr.build_ctr_model(vocab_sizes, stack_tables=stack_tables)
   model.compile(optimizer=DPOptimizer(algorithm, SparseSGD(LEARNING_RATE),
                                       expected_batch_size=batch_size, secure_noise=secure_noise))
   model.optimizer.build(model.trainable_variables)
@@ -99,7 +106,7 @@ def _keras_model(vocab_sizes, dp):
   return model, config.table_names
 
 
-def build(variant, vocab_sizes, batch_size, threshold):
+def build(variant, vocab_sizes, batch_size, threshold, stack_multiple=8):
   """(model, function mapping a dprec batch (features, labels) to this model's)."""
   if variant in ("tfp_dpmodel", "keras"):
     model, names = _keras_model(vocab_sizes, dp=variant == "tfp_dpmodel")
@@ -115,14 +122,15 @@ def build(variant, vocab_sizes, batch_size, threshold):
       "dp_adafest": config_lib.DPAdaFEST(l2_norm_clip=C2, noise_multiplier=SIGMA2,
                                          contribution_clip=C1, contribution_noise_multiplier=SIGMA1,
                                          threshold=threshold),
-  }[variant.removesuffix("_secure")]
-  model = _dprec_model(vocab_sizes, algorithm, batch_size, variant.endswith("_secure"))
+  }[variant.removesuffix("_secure").removesuffix("_stacked")]
+  model = _dprec_model(vocab_sizes, algorithm, batch_size, variant.endswith("_secure"),
+                       variant.endswith("_stacked") and stack_multiple)
   return model, lambda features, labels: (features, labels)
 
 
-def time_variant(variant, vocab_sizes, batches, steps, threshold):
+def time_variant(variant, vocab_sizes, batches, steps, threshold, stack_multiple=8):
   """Seconds per step over `steps` timed steps (after one untimed tracing step)."""
-  model, adapt = build(variant, vocab_sizes, len(batches[0][1]), threshold)
+  model, adapt = build(variant, vocab_sizes, len(batches[0][1]), threshold, stack_multiple)
   inputs = [adapt(x, y) for x, y in batches]
   dataset = tf.data.Dataset.from_generator(
       lambda: (inputs[i % len(inputs)] for i in range(steps + 1)),
@@ -132,12 +140,33 @@ def time_variant(variant, vocab_sizes, batches, steps, threshold):
   model.fit(dataset, epochs=1, steps_per_epoch=steps + 1, callbacks=[timer], verbose=0)
   seconds = timer.seconds / (timer.steps - 1)
   extra = {}
-  if variant.startswith("dp_") or variant == "non_private":
+  if variant.startswith(("dp_", "non_private")):
     extra["gradient_size"] = float(model.gradient_size_tracker.result())
   del model, inputs, dataset
   tf.keras.backend.clear_session()
   gc.collect()
   return seconds, extra
+
+
+def interleaved(variants, vocab_sizes, batches, rounds, calls, threshold, stack_multiple=8):
+  """{variant: (median wall ms, median CPU ms)} per step: every variant's `train_step` (one
+  `tf.function` each, traced first) run `calls` times in turn, `rounds` rounds, so a shared
+  machine's load changes hit every variant alike; CPU is the process's, summed over threads."""
+  steps, inputs = {}, [(tf.nest.map_structure(tf.constant, x), tf.constant(y)) for x, y in batches]
+  for variant in variants:
+    model, _ = build(variant, vocab_sizes, len(batches[0][1]), threshold, stack_multiple)
+    steps[variant] = tf.function(lambda x, y, model=model: model.train_step((x, y)))
+    tf.nest.map_structure(lambda t: t.numpy(), steps[variant](*inputs[0]))
+  wall, cpu = {v: [] for v in variants}, {v: [] for v in variants}
+  for r in range(rounds):
+    for variant, step in steps.items():
+      start, start_cpu = time.perf_counter(), time.process_time()
+      for i in range(calls):
+        logs = step(*inputs[(r * calls + i) % len(inputs)])
+      tf.nest.map_structure(lambda t: t.numpy(), logs)
+      wall[variant].append(1000 * (time.perf_counter() - start) / calls)
+      cpu[variant].append(1000 * (time.process_time() - start_cpu) / calls)
+  return {v: (statistics.median(wall[v]), statistics.median(cpu[v])) for v in variants}
 
 
 def _tensorflow_privacy_imports():
@@ -153,13 +182,18 @@ def main(argv=None):
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--vocab", nargs="+", default=["table3", "scaled:10M"],
                       help="vocabularies: table3 and/or scaled:M")
-  parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS + SECURE)
+  parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS + SECURE + STACKED)
   parser.add_argument("--batch-size", type=int, default=2048)
   parser.add_argument("--steps", type=int, default=10, help="timed steps per variant")
   parser.add_argument("--dense-steps", type=int, default=3,
                       help="timed steps of dense variants above 1M rows")
   parser.add_argument("--threshold", type=float, default=15.0, help="DP-AdaFEST τ")
+  parser.add_argument("--stack-multiple", type=int, default=8,
+                      help="_stacked variants: stack widths round up to this (default: 8)")
   parser.add_argument("--json", help="also write the results here")
+  parser.add_argument("--interleaved", type=int, metavar="ROUNDS",
+                      help="instead: all variants' steps in turn, ROUNDS rounds of --steps calls "
+                           "each; median wall and CPU ms per step (for a shared machine)")
   args = parser.parse_args(argv)
   if "tfp_dpmodel" in args.variants and not _tensorflow_privacy_imports():
     args.variants.remove("tfp_dpmodel")
@@ -167,6 +201,26 @@ def main(argv=None):
           f"({tf.__version__}); run on the [tfp] stack for it", file=sys.stderr)
   results = []
   print(f"# {machine.describe()}")
+  if args.interleaved:
+    print("| vocabulary | variant | wall ms/step | CPU ms/step | wall × reference | "
+          "CPU × reference |")
+    print("|---|---|---:|---:|---:|---:|")
+    for spec in args.vocab:
+      vocab_sizes = tuple(v + 1 for v in synthetic.vocab_sizes(spec))
+      times = interleaved(args.variants, vocab_sizes,
+                          make_batches(vocab_sizes, args.batch_size, 8), args.interleaved,
+                          args.steps, args.threshold, args.stack_multiple)
+      for variant, (wall_ms, cpu_ms) in times.items():
+        reference = times.get("non_private_stacked" if variant.endswith("_stacked")
+                              else "non_private", times.get("non_private", (np.nan, np.nan)))
+        print(f"| {spec} | {variant} | {wall_ms:.1f} | {cpu_ms:.1f} | "
+              f"{wall_ms / reference[0]:.2f} | {cpu_ms / reference[1]:.2f} |", flush=True)
+        results.append(dict(vocab=spec, variant=variant, wall_ms=wall_ms, cpu_ms=cpu_ms))
+    print(f"# {machine.describe()}")
+    if args.json:
+      with open(args.json, "w", encoding="utf-8") as out:
+        json.dump(results, out, indent=2)
+    return
   print("| vocabulary | rows | variant | ms/step | × non_private | tfp_dpmodel / variant |")
   print("|---|---:|---|---:|---:|---:|")
   for spec in args.vocab:
@@ -175,14 +229,17 @@ def main(argv=None):
     rows = {}
     for variant in args.variants:
       steps = args.dense_steps if variant in DENSE and sum(vocab_sizes) > 10 ** 6 else args.steps
-      seconds, extra = time_variant(variant, vocab_sizes, batches, steps, args.threshold)
+      seconds, extra = time_variant(variant, vocab_sizes, batches, steps, args.threshold,
+                                    args.stack_multiple)
       rows[variant] = seconds
       results.append(dict(vocab=spec, rows=sum(vocab_sizes), variant=variant,
                           seconds_per_step=seconds, timed_steps=steps, **extra))
       print(f"# {spec} {variant}: {1000 * seconds:.1f} ms/step ({steps} steps) {extra}",
             file=sys.stderr, flush=True)
     for variant, seconds in rows.items():
-      ratio = seconds / rows["non_private"] if "non_private" in rows else float("nan")
+      reference = "non_private_stacked" if variant.endswith("_stacked") else "non_private"
+      reference = reference if reference in rows else "non_private"
+      ratio = seconds / rows[reference] if reference in rows else float("nan")
       versus = rows["tfp_dpmodel"] / seconds if "tfp_dpmodel" in rows else float("nan")
       print(f"| {spec} | {sum(vocab_sizes):,} | {variant} | {1000 * seconds:.1f} | "
             f"{ratio:.2f} | {versus:.2f} |", flush=True)

@@ -28,9 +28,10 @@ def valid_positions(lookups):
 
 
 def one_id_per_example(lookups):
-  """Whether the table is looked up once with one id per example (a single-valued feature):
-  then every valid position is its own (example, row) pair (statically known)."""
-  return len(lookups) == 1 and lookups[0].ids.shape[1] == 1
+  """Whether the table is looked up once with one id per example (a single-valued feature),
+  or once with columns that cannot share a row (stacked tables): then every valid position is
+  its own (example, row) pair (statically known)."""
+  return len(lookups) == 1 and (lookups[0].ids.shape[1] == 1 or lookups[0].distinct_columns)
 
 
 def distinct_pairs(lookups, vocab_size):

@@ -9,11 +9,14 @@ Outside a DP step the layer is a plain embedding.
 """
 import collections
 
+import numpy as np
 import tensorflow as tf
 
 # One call of a DPEmbedding inside a DP step: local row ids [n, L] (pads replaced by row 0),
-# `valid` [n, L] (False at pads) and the gathered rows [n, L, d] whose gradients the step reads.
-Lookup = collections.namedtuple("Lookup", ["ids", "valid", "rows"])
+# `valid` [n, L] (False at pads) and the gathered rows [n, L, d] whose gradients the step reads;
+# `distinct_columns`: no two columns can hold the same row (columns of different stacked tables).
+Lookup = collections.namedtuple("Lookup", ["ids", "valid", "rows", "distinct_columns"],
+                                defaults=[False])
 
 COMBINERS = (None, "sum", "mean")
 
@@ -51,6 +54,13 @@ class DPEmbedding(tf.keras.layers.Layer):
         name="embeddings", shape=(self.vocab_size, self.output_dim),
         initializer=self.embeddings_initializer, trainable=True)
     super().build(input_shape)
+
+  @property
+  def sub_tables(self):
+    """(table name, rows, width) of the tables this layer's variable holds, in row order."""
+    return [(self.table_name, self.vocab_size, self.output_dim)]
+
+  padded = False  # a `DPStackedEmbedding` may hold tables narrower than its variable
 
   def start_recording(self):
     object.__setattr__(self, "_recording", [])
@@ -94,40 +104,152 @@ class DPEmbedding(tf.keras.layers.Layer):
 
 
 @tf.keras.utils.register_keras_serializable(package="dprec")
+class DPStackedEmbedding(DPEmbedding):
+  """Single-valued tables of widths ≤ `output_dim` stacked in one variable of that width (table
+  f's local row r at row `row_offsets[f]` + r, its columns the first `table_dims[f]`; the others
+  are padding, never read, with zero gradient, noise and update), as TPUEmbedding stacks tables:
+  the DP step's per-table work (pairs, kept rows, noise, sparse update, optimizer slots) runs
+  once for all of them. Inputs: int local ids [n, F], column f for table f; output [n, F, d]
+  (padding columns included). Made by `DPMultiEmbedding(stack_tables=...)`; `table_names` keep
+  naming the tables (DP-FEST sets)."""
+
+  def __init__(self, vocab_sizes, table_dims, table_names, output_dim=None, pad_id=-1,
+               **kwargs):
+    for key in ("vocab_size", "combiner", "table_name"):
+      kwargs.pop(key, None)
+    self.table_vocab_sizes = [int(v) for v in vocab_sizes]
+    self.table_dims = [int(d) for d in table_dims]
+    self.table_names = list(table_names)
+    if not len(self.table_names) == len(self.table_vocab_sizes) == len(self.table_dims):
+      raise ValueError("give one vocabulary size, width and name per stacked table")
+    output_dim = max(self.table_dims) if output_dim is None else int(output_dim)
+    if max(self.table_dims) > output_dim:
+      raise ValueError(f"tables of widths {self.table_dims} do not fit a stack of {output_dim}")
+    super().__init__(sum(self.table_vocab_sizes), output_dim, combiner=None, pad_id=pad_id,
+                     **kwargs)
+    self.row_offsets = np.concatenate(
+        [[0], np.cumsum(self.table_vocab_sizes)[:-1]]).astype(np.int64)
+
+  @property
+  def sub_tables(self):
+    return list(zip(self.table_names, self.table_vocab_sizes, self.table_dims))
+
+  @property
+  def padded(self):
+    """Whether some table is narrower than the stack (its rows end in padding columns)."""
+    return min(self.table_dims) < self.output_dim
+
+  def call(self, inputs):
+    ids = tf.cast(inputs, tf.int64)
+    valid = tf.not_equal(ids, self.pad_id)
+    # A pad looks up its own table's row 0, as an unstacked single-valued table does.
+    safe_ids = tf.where(valid, ids, tf.zeros_like(ids)) + self.row_offsets
+    rows = tf.nn.embedding_lookup(self.embeddings, safe_ids)  # [n, F, d]
+    if self._recording is not None:
+      self._recording.append(Lookup(safe_ids, valid, rows, distinct_columns=True))
+    return rows
+
+  def table_rows(self, name):
+    """The rows of the stacked table `name` (a tensor of its vocabulary × width)."""
+    f = self.table_names.index(name)
+    start = self.row_offsets[f]
+    return tf.convert_to_tensor(self.embeddings)[start:start + self.table_vocab_sizes[f],
+                                                 :self.table_dims[f]]
+
+  def get_config(self):
+    config = super().get_config()
+    for key in ("vocab_size", "combiner", "table_name"):
+      config.pop(key)
+    config.update(vocab_sizes=self.table_vocab_sizes, table_dims=self.table_dims,
+                  table_names=self.table_names)
+    return config
+
+
+def stack_width(dim, multiple):
+  """The width of the stack holding a table of width `dim`: `dim` rounded up to `multiple`."""
+  return -(-int(dim) // int(multiple)) * int(multiple)
+
+
+@tf.keras.utils.register_keras_serializable(package="dprec")
 class DPMultiEmbedding(tf.keras.layers.Layer):
   """One single-valued `DPEmbedding` per column of an int [n, F] input, outputs concatenated.
 
   The pCTR model of seed 001 App. D.1.1 uses one table per categorical feature; the DP step
   lays the F tables out in one global row-id space so a single contribution map is clipped
   jointly across all of them (Algorithm 1, Fig. 2).
+
+  `stack_tables`: False (one variable per table), True (the tables of each width in one
+  `DPStackedEmbedding`) or an int m (tables whose widths round up to the same multiple of m in
+  one stack of that width, e.g. m = 8 puts Table 3's 20 widths in 5 stacks for 14% more
+  stored parameters, all padding). Stacks are ordered by width, tables within a stack by width
+  then column, which is the order in which `DPModel.dp_step_tables` lays out unstacked tables:
+  the outputs are the same, and so is a DP step with the same key.
   """
 
   def __init__(self, vocab_sizes, output_dims, table_names=None,
-               embeddings_initializer="uniform", **kwargs):
+               embeddings_initializer="uniform", stack_tables=False, **kwargs):
     super().__init__(**kwargs)
     if len(vocab_sizes) != len(output_dims):
       raise ValueError("vocab_sizes and output_dims must have the same length")
     table_names = list(table_names or [f"{self.name}_{i}" for i in range(len(vocab_sizes))])
     if len(table_names) != len(vocab_sizes) or len(set(table_names)) != len(table_names):
       raise ValueError("table_names must be unique, one per table")
+    if stack_tables is not False and (isinstance(stack_tables, float) or int(stack_tables) < 1):
+      raise ValueError(f"stack_tables must be False, True or a width multiple >= 1, got "
+                       f"{stack_tables!r}")
     self.vocab_sizes = [int(v) for v in vocab_sizes]
     self.output_dims = [int(d) for d in output_dims]
     self.table_names = table_names
     self.embeddings_initializer = embeddings_initializer
+    self.stack_tables = stack_tables if isinstance(stack_tables, bool) else int(stack_tables)
+    if self.stack_tables is False:
+      self.tables = [
+          DPEmbedding(v, d, embeddings_initializer=embeddings_initializer, table_name=t,
+                      name=f"{self.name}_{t}")
+          for v, d, t in zip(self.vocab_sizes, self.output_dims, table_names)]
+      return
+    widths = [stack_width(d, self.stack_tables) for d in self.output_dims]
+    self._stack_columns = [
+        sorted((f for f, w in enumerate(widths) if w == width), key=lambda f: self.output_dims[f])
+        for width in sorted(set(widths))]
     self.tables = [
-        DPEmbedding(v, d, embeddings_initializer=embeddings_initializer, table_name=t,
-                    name=f"{self.name}_{t}")
-        for v, d, t in zip(self.vocab_sizes, self.output_dims, table_names)]
+        DPStackedEmbedding([self.vocab_sizes[f] for f in columns],
+                           [self.output_dims[f] for f in columns],
+                           [table_names[f] for f in columns], output_dim=widths[columns[0]],
+                           embeddings_initializer=embeddings_initializer,
+                           name=f"{self.name}_stack_{widths[columns[0]]}")
+        for columns in self._stack_columns]
 
   def call(self, inputs):
-    columns = tf.unstack(inputs, num=len(self.tables), axis=1)
-    return tf.concat([table(column) for table, column in zip(self.tables, columns)], axis=1)
+    if self.stack_tables is False:
+      columns = tf.unstack(inputs, num=len(self.tables), axis=1)
+      return tf.concat([table(column) for table, column in zip(self.tables, columns)], axis=1)
+    # Each table's output is its stack's column for it without padding, all in column order
+    # (unstack and slices: cheaper to differentiate than one gather along axis 1).
+    outputs = {}
+    for stack, columns in zip(self.tables, self._stack_columns):
+      rows = tf.unstack(stack(tf.gather(inputs, columns, axis=1)), num=len(columns), axis=1)
+      for f, row in zip(columns, rows):
+        width = self.output_dims[f]
+        outputs[f] = row if width == stack.output_dim else row[:, :width]
+    return tf.concat([outputs[f] for f in range(len(self.output_dims))], axis=1)
+
+  def table_embeddings(self, name):
+    """The embedding matrix (vocabulary × width) of the table `name`, stacked or not."""
+    for table in self.tables:
+      if isinstance(table, DPStackedEmbedding):
+        if name in table.table_names:
+          return table.table_rows(name)
+      elif table.table_name == name:
+        return tf.convert_to_tensor(table.embeddings)
+    raise KeyError(f"no table {name!r}; the tables are {self.table_names}")
 
   def get_config(self):
     config = super().get_config()
     config.update(vocab_sizes=self.vocab_sizes, output_dims=self.output_dims,
                   table_names=self.table_names,
-                  embeddings_initializer=self.embeddings_initializer)
+                  embeddings_initializer=self.embeddings_initializer,
+                  stack_tables=self.stack_tables)
     return config
 
 

@@ -41,6 +41,8 @@ class CTRConfig:
     logit_bias: None: the logit layer starts as Keras' default (Glorot kernel, bias 0, so the
       untrained model scores p ≈ 0.5). A number b: zero kernel and bias b, so the untrained
       model predicts sigmoid(b) for every example, e.g. the logit of a (DP) base rate.
+    stack_tables: the tables of each width in one variable (`DPMultiEmbedding(stack_tables=)`):
+      the same model and DP step (same key, same noise), with per-table work done per width.
   """
   vocab_sizes: Tuple[int, ...]
   table_names: Optional[Tuple[str, ...]] = None
@@ -49,6 +51,7 @@ class CTRConfig:
   embedding_dims: Optional[Tuple[int, ...]] = None
   auc_thresholds: int = 10000
   logit_bias: Optional[float] = None
+  stack_tables: bool = False
 
   def __post_init__(self):
     sizes = tuple(int(v) for v in self.vocab_sizes)
@@ -81,7 +84,8 @@ class CTRModel(DPModel):
     super().__init__(**kwargs)
     self.config = config
     self.embedding = DPMultiEmbedding(config.vocab_sizes, config.embedding_dims,
-                                      table_names=config.table_names, name="embedding")
+                                      table_names=config.table_names,
+                                      stack_tables=config.stack_tables, name="embedding")
     self.hidden = [tf.keras.layers.Dense(units, activation="relu", name=f"hidden_{i}")
                    for i, units in enumerate(config.hidden_units)]
     if config.logit_bias is None:

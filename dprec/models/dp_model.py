@@ -146,6 +146,14 @@ def _shard_gradients(gradient, table):
           for s, shard in enumerate(table.variables)]
 
 
+def _row_widths(table):
+  """A stacked table's `noise.RowWidths` (None for one table filling its variable)."""
+  if len(table.sub_tables) == 1 and not table.padded:
+    return None
+  return noise_lib.RowWidths([rows for _, rows, _ in table.sub_tables],
+                             [width for _, _, width in table.sub_tables])
+
+
 def per_example_losses(loss, y, y_pred, sample_weight=None):
   """Per-example losses [batch] (weighted) of a Keras loss (object, class name or function),
   without its reduction; trailing axes are averaged, as Keras' reduction does. Refuses a loss
@@ -279,9 +287,17 @@ class DPModel(tf.keras.Model):
     return unique_by_identity(m for m in self.submodules if isinstance(m, DPEmbedding))
 
   @property
+  def dp_step_tables(self):
+    """`dp_tables` by increasing width (model order among equal widths): the order of the DP
+    step's global row ids and of its noise draws. A model whose tables are stacked
+    (`DPMultiEmbedding(stack_tables=...)`) holds them in this order, so it draws the same noise
+    for the same rows as its unstacked twin."""
+    return sorted(self.dp_tables, key=lambda t: t.output_dim)
+
+  @property
   def dense_embedding_size(self):
     """Σ V·d over the DP tables: the size of DP-SGD's dense embedding gradient."""
-    return sum(t.vocab_size * t.output_dim for t in self.dp_tables)
+    return sum(rows * width for t in self.dp_tables for _, rows, width in t.sub_tables)
 
   def train_step(self, data):
     x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
@@ -313,8 +329,11 @@ class DPModel(tf.keras.Model):
                                 self.trainable_variables))
     if self.dp_tables:
       table_vars = _table_variable_ids(self.dp_tables)
+      # Padding columns of a stack get neither gradient nor noise: count what is nonzero.
+      padded = _table_variable_ids([t for t in self.dp_tables if t.padded])
       noised = config_lib.is_private(config) and config.noise_multiplier > 0
-      sizes = [_gradient_size(g, noised) for g, v in grads_and_vars if id(v) in table_vars]
+      sizes = [_gradient_size(g, noised and id(v) not in padded)
+               for g, v in grads_and_vars if id(v) in table_vars]
       self.gradient_size_tracker.update_state(
           tf.cast(tf.add_n(sizes) if sizes else 0, tf.float32))
     # A DP step's gradients are already summed over the replicas (`_dp_gradients`).
@@ -336,8 +355,10 @@ class DPModel(tf.keras.Model):
 
   def _dp_forward(self, config, x, y, sample_weight):
     """Steps 1–3: forward pass, kept rows, per-example squared norms."""
-    tables = self.dp_tables
-    layout = kept_rows_lib.TableLayout([t.table_name for t in tables],
+    tables = self.dp_step_tables
+    sub_tables = [sub for t in tables for sub in t.sub_tables]
+    layout = kept_rows_lib.TableLayout([name for name, _, _ in sub_tables],
+                                       [rows for _, rows, _ in sub_tables],
                                        [t.vocab_size for t in tables])
     layers = [m for m in self.submodules
               if isinstance(m, tf.keras.layers.Layer) and not isinstance(m, DPEmbedding)]
@@ -462,18 +483,20 @@ class DPModel(tf.keras.Model):
     if isinstance(getattr(self.optimizer, "noise_variance", None), tf.Variable):
       self.optimizer.noise_variance.assign(tf.square(std / normaliser))
     grads = [noise_lib.noisy_dense(g, std, generator) / normaliser for g in dense_sums]
-    shapes = [(table.vocab_size, table.output_dim) for table in self.dp_tables]
+    tables = self.dp_step_tables
+    shapes = [(table.vocab_size, table.output_dim) for table in tables]
     sparse = [f for f, rows in enumerate(kept_rows) if rows is not None]
     table_grads = dict(zip(sparse, noise_lib.noisy_sparse_rows(
         [kept_rows[f] for f in sparse], [table_sums[f][0] for f in sparse],
-        [table_sums[f][1] for f in sparse], std, generator, [shapes[f] for f in sparse])))
+        [table_sums[f][1] for f in sparse], std, generator, [shapes[f] for f in sparse],
+        [_row_widths(tables[f]) for f in sparse])))
     for f, (row, values) in enumerate(table_sums):
       if f in table_grads:
         grad = table_grads[f]
         grads.append(tf.IndexedSlices(grad.values / normaliser, grad.indices, grad.dense_shape))
       else:
         grads.append(noise_lib.noisy_dense_rows(row, values, std, generator, shapes[f],
-                                                normaliser))
+                                                normaliser, _row_widths(tables[f])))
     return grads
 
   def _update_clip(self, quantile_clipping, centered_count, normaliser):

@@ -2,7 +2,7 @@
 
 All tables of a model share one global row-id space (table f's local row r is global row
 offset_f + r), so the DP-AdaFEST contribution map of an example is clipped jointly across tables
-(seed 001 Fig. 2). The result, per table, is the mask of the batch's (example, row) pairs whose
+(seed 001 Fig. 2). The result, per variable, is the mask of the batch's (example, row) pairs whose
 row is kept (the others are zeroed before clipping, Algorithm 1 line 8) and the sorted local ids
 of all kept rows, false positives included (None: every row, DP-SGD's dense update).
 """
@@ -20,15 +20,23 @@ KeptRows = collections.namedtuple("KeptRows", ["pair_kept", "rows"])
 
 
 class TableLayout:
-  """Global row ids of named tables laid out one after another."""
+  """Global row ids of named tables laid out one after another, held in variables of one or
+  more consecutive tables each (a stacked variable, `dprec.layers.embedding.DPStackedEmbedding`,
+  holds several tables of one width; an ordinary `DPEmbedding` one). Pairs, kept rows and
+  gradients are per variable (row ids local to the variable); DP-FEST sets are per table."""
 
-  def __init__(self, names, vocab_sizes):
+  def __init__(self, names, vocab_sizes, variable_sizes=None):
     if len(set(names)) != len(names):
       raise ValueError(f"embedding table names must be unique, got {list(names)}")
     self.names = list(names)
     self.vocab_sizes = [int(v) for v in vocab_sizes]
     self.offsets = np.concatenate([[0], np.cumsum(self.vocab_sizes)[:-1]]).astype(np.int64)
     self.total_rows = int(sum(self.vocab_sizes))
+    sizes = self.vocab_sizes if variable_sizes is None else [int(v) for v in variable_sizes]
+    if sum(sizes) != self.total_rows or not set(np.cumsum(sizes)) <= set(
+        np.cumsum(self.vocab_sizes)):
+      raise ValueError(f"variables of {sizes} rows do not hold whole tables of {self.vocab_sizes}")
+    self.variable_offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]]).astype(np.int64)
 
   def local_sets(self, selected_rows):
     """DP-FEST sets as sorted local ids per table (empty for tables not listed), validated."""
@@ -47,28 +55,36 @@ class TableLayout:
   def global_set(self, local_sets):
     return np.concatenate([rows + offset for rows, offset in zip(local_sets, self.offsets)])
 
+  def variable_sets(self, local_sets):
+    """Per-table sorted local ids as sorted ids local to each variable."""
+    rows = self.global_set(local_sets)
+    bounds = np.searchsorted(rows, np.append(self.variable_offsets, self.total_rows))
+    return [rows[bounds[v]:bounds[v + 1]] - offset
+            for v, offset in enumerate(self.variable_offsets)]
+
   def split_sorted(self, global_rows):
-    """Splits sorted global ids into sorted local ids per table."""
+    """Splits sorted global ids into sorted ids local to each variable."""
     bounds = tf.searchsorted(global_rows, tf.constant(
-        np.append(self.offsets, self.total_rows), tf.int64), side="left")
-    return [global_rows[bounds[f]:bounds[f + 1]] - offset
-            for f, offset in enumerate(self.offsets)]
+        np.append(self.variable_offsets, self.total_rows), tf.int64), side="left")
+    return [global_rows[bounds[v]:bounds[v + 1]] - offset
+            for v, offset in enumerate(self.variable_offsets)]
 
 
 def select_kept_rows(config, layout, pairs, batch_size, generator, replicas=None):
-  """`pairs[f]`: distinct (example, row) pairs of table f (`dprec.clipping.embedding.Pairs`).
+  """`pairs[v]`: distinct (example, row) pairs of variable v (`dprec.clipping.embedding.Pairs`,
+  rows local to the variable).
   `replicas` (`dprec.distribute.replicas.Replicas`; default: those of the step being traced):
   under `tf.distribute` the contribution maps of all replicas are summed before the threshold,
   whose draws are made once, so every replica keeps the same rows. Returns one `KeptRows` per
-  table."""
+  variable."""
   if not config_lib.is_private(config) or type(config) is config_lib.DPSGD:  # pylint: disable=unidiomatic-typecheck
     return [KeptRows(tf.ones_like(p.row, dtype=tf.bool), None) for p in pairs]
   fest = config_lib.fixed_rows(config)
   local_sets = layout.local_sets(fest) if fest is not None else None
   if not config_lib.uses_contribution_map(config):  # DP-FEST: the fixed set every step
-    local_sets = [tf.constant(rows, tf.int64) for rows in local_sets]
+    variable_sets = [tf.constant(rows, tf.int64) for rows in layout.variable_sets(local_sets)]
     return [KeptRows(selection.find_sorted(rows, p.row)[1], rows)
-            for p, rows in zip(pairs, local_sets)]
+            for p, rows in zip(pairs, variable_sets)]
 
   if local_sets is None:
     universe = selection.RowUniverse(size=layout.total_rows)
@@ -76,7 +92,7 @@ def select_kept_rows(config, layout, pairs, batch_size, generator, replicas=None
     universe = selection.RowUniverse(rows=layout.global_set(local_sets))
   example = tf.concat([p.example for p in pairs], axis=0)
   position, inside = universe.positions(
-      tf.concat([p.row + offset for p, offset in zip(pairs, layout.offsets)], axis=0))
+      tf.concat([p.row + offset for p, offset in zip(pairs, layout.variable_offsets)], axis=0))
   if local_sets is not None:  # pairs outside the DP-FEST set take no part
     inside_index = tf.where(inside)
     example, position = tf.boolean_mask(example, inside), tf.boolean_mask(position, inside)

@@ -40,12 +40,15 @@ def data(seed=0):
   return {"cat": cat.astype(np.int64)}, rng.integers(0, 2, (N, 1)).astype(np.float32)
 
 
-def build_model(config, lr=0.5, expected_batch_size=BATCH, vocabs=VOCABS, optimizer=SparseSGD):
-  """The model (tables of `vocabs` rows, ≥ `VOCABS`), compiled with `config`, `optimizer(lr)`
-  and noise from the insecure seed (call it inside the strategy's scope)."""
+def build_model(config, lr=0.5, expected_batch_size=BATCH, vocabs=VOCABS, optimizer=SparseSGD,
+                stack_tables=False):
+  """The model (tables of `vocabs` rows, ≥ `VOCABS`; `stack_tables`: in one variable),
+  compiled with `config`, `optimizer(lr)` and noise from the insecure seed (call it inside the
+  strategy's scope)."""
   tf.keras.utils.set_random_seed(0)
   cat = tf.keras.Input((2,), dtype=tf.int64, name="cat")
-  h = DPMultiEmbedding(vocabs, [DIM] * len(vocabs), table_names=["t0", "t1"])(cat)
+  h = DPMultiEmbedding(vocabs, [DIM] * len(vocabs), table_names=["t0", "t1"],
+                       stack_tables=stack_tables)(cat)
   h = tf.keras.layers.Dense(4, activation="tanh")(h)
   model = DPModel(cat, tf.keras.layers.Dense(1)(h))
   model.compile(DPOptimizer(config, optimizer(lr), expected_batch_size=expected_batch_size,

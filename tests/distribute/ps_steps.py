@@ -22,9 +22,11 @@ from dprec.training import poisson  # pylint: disable=wrong-import-position
 
 VOCABS = (64, 48)  # 2 shards of ≥ 16 rows each; rows ≥ 40 (30) no example touches
 MIN_ROWS = 16
-# (algorithm, optimizer): SGD for comparing weights, LazyAdam for its slots (m, v).
-CONFIGS = {"dp_sgd": ("dp_sgd", SparseSGD), "dp_adafest": ("dp_adafest", SparseSGD),
-           "dp_adafest_adam": ("dp_adafest", LazyAdam)}
+# (algorithm, optimizer, stacked tables): SGD for comparing weights, LazyAdam for its slots
+# (m, v); the stacked model's two tables are one variable, sharded like one table.
+CONFIGS = {"dp_sgd": ("dp_sgd", SparseSGD, False), "dp_adafest": ("dp_adafest", SparseSGD, False),
+           "dp_adafest_adam": ("dp_adafest", LazyAdam, False),
+           "dp_adafest_stacked": ("dp_adafest", LazyAdam, True)}
 LEARNING_RATE = 0.05
 
 
@@ -50,9 +52,9 @@ def state(model):
 def build(name):
   """The model of configuration `name`, its optimizer's slots built (call it in the strategy's
   scope)."""
-  algorithm, optimizer = CONFIGS[name]
+  algorithm, optimizer, stacked = CONFIGS[name]
   model = dist_steps.build_model(dist_steps.CONFIGS[algorithm], lr=LEARNING_RATE, vocabs=VOCABS,
-                                 optimizer=optimizer)
+                                 optimizer=optimizer, stack_tables=stacked)
   model.optimizer.build(model.trainable_variables)
   return model
 
@@ -68,7 +70,7 @@ def one_device(name):
   model = build(name)
   x, y = first_batch()
   kept = [g.indices.numpy() if isinstance(g, tf.IndexedSlices) else np.arange(v.shape[0])
-          for g, v in model.dp_gradients(x, y)[-len(VOCABS):]]
+          for g, v in model.dp_gradients(x, y)[-len(model.dp_tables):]]
   model = build(name)  # a fresh generator: the step draws what dp_gradients drew
   before = state(model)
   model.fit(x, y, batch_size=len(y), epochs=1, verbose=0, shuffle=False)

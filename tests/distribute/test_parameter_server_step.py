@@ -34,7 +34,8 @@ def _state(saved, config, tag):
 
 
 @pytest.mark.multiprocess
-@pytest.mark.parametrize("config", ["dp_sgd", "dp_adafest", "dp_adafest_adam"])
+@pytest.mark.parametrize("config", ["dp_sgd", "dp_adafest", "dp_adafest_adam",
+                                    "dp_adafest_stacked"])
 def test_parameter_server_step_equals_one_device_step(saved, config):
   single, sharded = _state(saved, config, "single_after"), _state(saved, config, "ps_after")
   assert sorted(single) == sorted(sharded) and len(single) >= 6
