@@ -16,6 +16,12 @@ The mechanism, on the bounded feature u = clip(z, −L, L)/L (so a = α/L, b = �
    targets against the same small-sample overfitting), so with few rows the fit stays near the
    base rate and with many it is the maximum-likelihood fit;
 3. the estimate is the mean of the last half of the iterates (Polyak–Ruppert).
+A second prior, worth n1 = `level_prior_examples` rows, pulls only the level, the logit at the
+mean feature (α·ū + β, ū from the released M̂), towards logit r: the fixed point is the maximum
+a posteriori fit under the added penalty n1·c/2·(α·ū + β − logit r)² (step 2's n0·c·M̂/N becomes
+n0·c·M̂/N + n1·c·[ū, 1]ᵀ[ū, 1]/N in the gradient and P); the releases are the same. A stream
+fits on one period and predicts the next, after the click rate moved (docs/experiments/
+streaming.md). The scale's floor keeps the fitted level (β moves by (α − α_floor)·ū).
 Each release has L2 sensitivity √2 for adding or removing one example (|u| ≤ 1, |σ − y| ≤ 1; N
 is public) and noise N(0, 2σ_step²) per coordinate; the T + 1 releases compose to exactly one
 Gaussian mechanism with noise multiplier σ_step/√(T + 1) (Gaussian DP, Dong, Roth & Su 2019,
@@ -42,7 +48,7 @@ MIN_SCALE = 0.01  # a ≤ 0 (noise, at a few thousand rows) would reverse or era
 
 def dp_platt_scaling(logits, labels, noise_multiplier, base_rate, rng=None, steps=STEPS,
                      logit_bound=LOGIT_BOUND, prior_examples=PRIOR_EXAMPLES,
-                     center=0.0) -> Tuple[float, float]:
+                     center=0.0, level_prior_examples=0.0) -> Tuple[float, float]:
   """(a, b) of DP Platt scaling σ(a·z + b) (module docstring) for classifier logits `logits`
   [N] and 0/1 `labels` [N], at composed noise multiplier `noise_multiplier` (each of the
   `steps` + 1 releases adds N(0, 2·noise_multiplier²·(steps + 1)) per coordinate; 0: exact),
@@ -52,17 +58,20 @@ def dp_platt_scaling(logits, labels, noise_multiplier, base_rate, rng=None, step
   (post-processing), so the ranking is kept. `center` c (public or DP, e.g. logit(base_rate)):
   the feature is u = clip(z − c, −L, L)/L instead, so logits that sit in a narrow band away
   from 0 are not a sliver of [−L, L] (whose variance the noise floor swamps); the sensitivity
-  is the same, and (a, b) still apply to z."""
+  is the same, and (a, b) still apply to z. `level_prior_examples`: the weight of a second
+  prior that pulls only the level, the logit at the mean feature, towards logit(base_rate)
+  (module docstring)."""
   logits = np.asarray(logits, np.float64).reshape(-1)
   labels = np.asarray(labels, np.float64).reshape(-1)
   if logits.shape != labels.shape or not logits.size:
     raise DprecError(f"need as many logits as labels (> 0), got {logits.size} and {labels.size}")
   if not 0 < base_rate < 1:
     raise DprecError(f"base_rate must be in (0, 1), got {base_rate}")
-  if not noise_multiplier >= 0 or steps < 1 or not logit_bound > 0 or prior_examples < 0:
+  if (not noise_multiplier >= 0 or steps < 1 or not logit_bound > 0 or prior_examples < 0
+      or level_prior_examples < 0):
     raise DprecError(f"need noise_multiplier >= 0, steps >= 1, logit_bound > 0 and "
-                     f"prior_examples >= 0, got {noise_multiplier}, {steps}, {logit_bound}, "
-                     f"{prior_examples}")
+                     f"prior_examples, level_prior_examples >= 0, got {noise_multiplier}, "
+                     f"{steps}, {logit_bound}, {prior_examples}, {level_prior_examples}")
   n = logits.size
   rng = rng if rng is not None else np.random.default_rng()
   noise_std = math.sqrt(2.0) * noise_multiplier * math.sqrt(steps + 1)  # per coordinate
@@ -75,17 +84,19 @@ def dp_platt_scaling(logits, labels, noise_multiplier, base_rate, rng=None, step
   mean_u = float(np.clip(mean_u, -1.0, 1.0))
   variance = max(mean_u2 - mean_u ** 2, NOISE_FLOOR * noise_std / n, 1e-12)
   curvature = CURVATURE * np.array([[variance + mean_u ** 2, mean_u], [mean_u, 1.0]])
-  prior = prior_examples / n
+  level = np.array([mean_u, 1.0])  # the logit at the mean feature is level @ (α, β)
+  prior = (prior_examples * curvature
+           + level_prior_examples * CURVATURE * np.outer(level, level)) / n
   start = np.array([0.0, math.log(base_rate) - math.log1p(-base_rate)])
   weights, iterates = start, []
   for _ in range(steps):
     residual = _sigmoid(weights[0] * u + weights[1]) - labels
-    gradient = release(np.array([residual @ u, residual.sum()])) + prior * curvature @ (
-        weights - start)
-    weights = weights - np.linalg.solve((1.0 + prior) * curvature, gradient)
+    gradient = release(np.array([residual @ u, residual.sum()])) + prior @ (weights - start)
+    weights = weights - np.linalg.solve(curvature + prior, gradient)
     iterates.append(weights)
   alpha, beta = np.mean(iterates[steps // 2:], axis=0)
   scale = max(float(alpha / logit_bound), MIN_SCALE)
+  beta += (alpha - scale * logit_bound) * mean_u  # the floor keeps the level α·ū + β
   return scale, float(beta) - scale * center  # σ(a·(z − c) + β) = σ(a·z + β − a·c)
 
 

@@ -62,6 +62,7 @@ CALIBRATION = "calibration"  # the plan's per-period mechanism (DP Platt scaling
 REFERENCES = ("non_private",)
 STREAM_BATCH_SIZE = 1024
 REFERENCE_DIR = "reference_non_private"
+PLATT_LEVEL_PRIOR_EXAMPLES = 100_000  # DP Platt scaling's level prior n1 (`StreamOptions`)
 
 
 @dataclasses.dataclass
@@ -93,6 +94,13 @@ class StreamOptions(run_lib.RunOptions):
   # `train ctr`'s 10 kept the scale at its floor on the stream's narrow logits: docs/experiments/
   # streaming.md, log loss 0.002–0.005 lower after every period at L = 1, two draws)
   calibration_logit_bound: float = 1.0
+  # DP Platt scaling's priors towards the base rate r: n0 rows on the affine (`train ctr`'s) and
+  # n1 rows on the level only (the logit at the mean feature). A period's fit serves the next
+  # period, after the click rate moved: at n1 = 0 the log loss was above the constant r's on the
+  # day the rate returned to r in most draws; at n1 = 100,000 below it after every period in 60
+  # of 60 draws (docs/experiments/streaming.md, "The level prior").
+  calibration_prior_examples: float = privacy.recalibration.PRIOR_EXAMPLES
+  calibration_level_prior_examples: float = PLATT_LEVEL_PRIOR_EXAMPLES
   # The step's hyper-parameters are `train ctr`'s (one source), but τ, lower for short periods,
   # and C2, which at 1 ranks below chance for the first periods of 25k rows (docs/experiments/
   # streaming.md: AUC 0.435 → 0.590 after the first period at C2 = 10).
@@ -141,6 +149,10 @@ class StreamOptions(run_lib.RunOptions):
       raise DprecError(f"--logit-init must be one of {', '.join(ctr_workflow.LOGIT_INITS)}")
     if not 0 < self.base_rate_share < 1 or not 0 <= self.calibration_share < 1:
       raise DprecError("--base-rate-share must be in (0, 1) and --calibration-share in [0, 1)")
+    if not min(self.calibration_prior_examples, self.calibration_level_prior_examples) >= 0:
+      raise DprecError(f"--calibration-prior-examples and --calibration-level-prior-examples "
+                       f"must be >= 0, got {self.calibration_prior_examples} and "
+                       f"{self.calibration_level_prior_examples}")
     if not self.calibration_logit_bound > 0:
       raise DprecError(f"--calibration-logit-bound must be positive, got "
                        f"{self.calibration_logit_bound}")
@@ -161,13 +173,20 @@ class CTRPeriodModel(PeriodModel):
     noise_multiplier: the plan's composed σ (split into σ1 = r·σ2 and σ2 for DP-AdaFEST).
     expected_batch_size: q · N_period, the normaliser of the noisy sum (DESIGN §4 step 5).
     calibration_logit_bound: L of DP Platt scaling's fit on z − logit(base rate).
+    calibration_prior_examples, calibration_level_prior_examples: n0 and n1, the weights of DP
+      Platt scaling's priors towards the base rate on the affine and on the level.
   """
 
   def __init__(self, options: ctr_workflow.CTRTrainOptions, noise_multiplier: float,
                expected_batch_size: float,
-               calibration_logit_bound: float = StreamOptions.calibration_logit_bound):
+               calibration_logit_bound: float = StreamOptions.calibration_logit_bound,
+               calibration_prior_examples: float = StreamOptions.calibration_prior_examples,
+               calibration_level_prior_examples: float = (
+                   StreamOptions.calibration_level_prior_examples)):
     self.options, self.noise_multiplier = options, noise_multiplier
     self.calibration_logit_bound = calibration_logit_bound
+    self.calibration_prior_examples = calibration_prior_examples
+    self.calibration_level_prior_examples = calibration_level_prior_examples
     self.expected_batch_size = expected_batch_size
     self.model = self.optimizer = self.embedding_dims = None
     self._compiled_for = None  # (model, selected rows) the train step was last compiled for
@@ -216,7 +235,8 @@ class CTRPeriodModel(PeriodModel):
     training rows, towards the base rate r: the affine evaluation applies. The fit reads
     z − logit(r) clipped to ±`calibration_logit_bound` (centring on a released value is
     post-processing), so the narrow logits of a DP model are not a sliver of [−L, L] that the
-    fit's noise floor swamps (docs/experiments/streaming.md)."""
+    fit's noise floor swamps; its priors pull the affine and, harder, the level towards r
+    (the fit serves the next period, after the rate moved: docs/experiments/streaming.md)."""
     if CALIBRATION not in releases or not self.base_rate.numpy() > 0:
       return {}
     sigma, rng = releases[CALIBRATION]
@@ -224,7 +244,9 @@ class CTRPeriodModel(PeriodModel):
     rate = float(self.base_rate.numpy())
     scale, shift = privacy.dp_platt_scaling(
         ctr.predict_logits(self.model, rows, self.options.eval_batch_size), rows["label"], sigma,
-        rate, rng, logit_bound=self.calibration_logit_bound, center=math.log(rate / (1 - rate)))
+        rate, rng, logit_bound=self.calibration_logit_bound, center=math.log(rate / (1 - rate)),
+        prior_examples=self.calibration_prior_examples,
+        level_prior_examples=self.calibration_level_prior_examples)
     self.calibration.assign([scale, shift])
     return {"calibration_scale": scale, "calibration_shift": shift}
 
@@ -334,7 +356,8 @@ def build_trainer(options: StreamOptions, source, plan, run) -> StreamingTrainer
   """The `StreamingTrainer` of `options` on `source` under `plan` in `run`."""
   model = CTRPeriodModel(options.model_options(), plan.noise_multiplier,
                          plan.sampling_rate * plan.examples_per_period,
-                         options.calibration_logit_bound)
+                         options.calibration_logit_bound, options.calibration_prior_examples,
+                         options.calibration_level_prior_examples)
   config = StreamConfig(
       checkpoint_every=options.checkpoint_every,
       train_periods=None if options.train_days is None else plan.expected_periods,

@@ -68,6 +68,15 @@ def register(subparsers):
                   default=defaults.calibration_logit_bound,
                   help="DP Platt scaling fits on z − logit(base rate) clipped to ± this "
                   "(default %(default)s)")
+  dp.add_argument("--calibration-prior-examples", type=float,
+                  default=defaults.calibration_prior_examples,
+                  help="DP Platt scaling's prior on the affine: worth this many rows that "
+                  "predict the base rate (`train ctr`'s; default %(default)s)")
+  dp.add_argument("--calibration-level-prior-examples", type=float,
+                  default=defaults.calibration_level_prior_examples,
+                  help="DP Platt scaling's prior on the level only (the logit at the mean): "
+                  "worth this many rows at the base rate; the fit serves the next period, after "
+                  "the click rate moved (default %(default)s; 0: none)")
   model = parser.add_argument_group("model and step")
   model.add_argument("--batch-size", type=int, default=None,
                      help=f"expected (Poisson) batch size (default: {stream.STREAM_BATCH_SIZE}, "

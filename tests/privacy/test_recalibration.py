@@ -95,6 +95,50 @@ def test_the_prior_pulls_few_rows_to_the_base_rate_and_many_to_the_data():
     assert within(scale, dp_platt_scaling(z, y, 0.0, rate, prior_examples=0)[0])
 
 
+def test_a_level_prior_pulls_the_mean_logit_and_leaves_the_scale_to_the_data():
+  """`level_prior_examples` n1 (no affine prior): the fit is the maximum a posteriori one under
+  the penalty n1·c/2·(α·ū + β − logit r)² only, so the log loss's gradient equals
+  n1·c·[ū, 1]·(logit r − α·ū − β)/N and the residual is uncorrelated with u − ū (the scale is
+  the data's), while the affine prior of the same weight also shrinks the scale."""
+  rng = np.random.default_rng(4)
+  n, rate = 20000, 0.3
+  logits = rng.normal(-1.0, 0.3, n)
+  labels = (rng.random(n) < _sigmoid(2.0 * (logits + 1.0) - 1.5)).astype(float)
+  center = math.log(rate / (1 - rate))
+  scale, shift = dp_platt_scaling(logits, labels, 0.0, rate, logit_bound=1.0, center=center,
+                                  prior_examples=0, level_prior_examples=50000)
+  u = np.clip(logits - center, -1.0, 1.0)
+  alpha, beta = scale, shift + scale * center  # σ(α·u + β)
+  residual = _sigmoid(alpha * u + beta) - labels
+  mean_u = u.mean()
+  pull = 50000 / n * recalibration.CURVATURE * (center - alpha * mean_u - beta)
+  np.testing.assert_allclose([np.mean(residual * u), np.mean(residual)],
+                             [pull * mean_u, pull], atol=1e-6)
+  np.testing.assert_allclose(np.mean(residual * (u - mean_u)), 0.0, atol=1e-6)
+  affine = dp_platt_scaling(logits, labels, 0.0, rate, logit_bound=1.0, center=center,
+                            prior_examples=50000)[0]
+  free = dp_platt_scaling(logits, labels, 0.0, rate, logit_bound=1.0, center=center,
+                          prior_examples=0)[0]
+  assert affine < 0.6 * free and abs(pull) > 0.01  # the affine prior shrinks the scale
+
+
+def test_the_scales_floor_keeps_the_fitted_level():
+  """Logits that rank backwards: the scale is floored at `MIN_SCALE` (the ranking is kept), and
+  the shift moves so that the logit at the mean feature is the fit's, not shifted by the
+  discarded part of the scale."""
+  rng = np.random.default_rng(5)
+  n, rate = 20000, 0.3
+  center = math.log(rate / (1 - rate))
+  logits = rng.normal(center - 0.5, 0.2, n)  # u = z − c ≈ −0.5: without the fix, off by ~0.5
+  labels = (rng.random(n) < _sigmoid(-1.0 * (logits - center + 0.5) - 0.8)).astype(float)
+  scale, shift = dp_platt_scaling(logits, labels, 0.0, rate, logit_bound=1.0, center=center,
+                                  prior_examples=0)
+  assert scale == recalibration.MIN_SCALE
+  u = np.clip(logits - center, -1.0, 1.0)
+  level = scale * (u.mean() + center) + shift  # the output's logit at the mean feature
+  assert level == pytest.approx(math.log(labels.mean() / (1 - labels.mean())), abs=0.02)
+
+
 def test_noise_comes_from_the_given_generator():
   labels = (np.arange(500) % 3 == 0).astype(float)
   logits = np.random.default_rng(2).normal(-1.0, 1.0, 500)

@@ -22,7 +22,7 @@ def test_help_names_the_interface(capsys):
   out = capsys.readouterr().out
   for flag in ("--data", "--algorithm", "--epsilon-total", "--period-days", "--summary-json",
                "--train-days", "--checkpoint-every", "--top-k", "--insecure-noise-seed",
-               "--secure-noise", "--diagnostics"):
+               "--secure-noise", "--diagnostics", "--calibration-level-prior-examples"):
     assert flag in out
 
 
@@ -38,6 +38,8 @@ def test_help_names_the_interface(capsys):
      "a live stream (--idle-timeout > 0) needs --expected-periods"),
     (["--algorithm", "dp_sgd", "--epsilon-total", "1", "--train-days", "3"],
      "no complete period yet"),
+    (["--algorithm", "dp_sgd", "--epsilon-total", "1", "--train-days", "3",
+      "--calibration-level-prior-examples", "-1"], "--calibration-level-prior-examples must be"),
 ])
 def test_bad_configurations_are_one_line_errors(tmp_path, capsys, extra, message):
   code = cli.main(["stream", "--data", str(tmp_path), "--run-dir", str(tmp_path / "run")] + extra)

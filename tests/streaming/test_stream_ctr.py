@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from dprec.models import ctr
+from dprec.privacy import dp_platt_scaling
 from dprec.training.period_source import ArrayPeriodSource
 from dprec.training.streaming import StreamConfig, StreamingTrainer
 from dprec.workflows.ctr import CTRTrainOptions
@@ -144,3 +145,27 @@ def test_base_rate_start_and_platt_scaling_on_the_output_only(tmp_path):
   assert {(c["label"], tuple(c["days"])) for c in charges if c["sampling_rate"] == 1} == {
       ("stream base rate", (0,)), ("stream period 0 calibration", (0,)),
       ("stream period 1 calibration", (1,))}
+
+
+@pytest.mark.parametrize("level_prior_examples", [0.0, 1e5])
+def test_platt_scaling_of_a_period_is_the_mechanism_with_the_streams_bound_centre_and_priors(
+    level_prior_examples):
+  """A period's calibration is `dp_platt_scaling` on its rows with the stream's L, centred on
+  the base rate's logit, and the stream's priors (n0 on the affine, n1 on the level; σ_c = 0
+  here: exact, comparable); the level prior moves it."""
+  features, labels = _days(num_days=1, rows=400)[0]
+  options = CTRTrainOptions(data="", algorithm="dp_sgd", hidden_units=(8,))
+  model = CTRPeriodModel(options, 1.0, 40.0, calibration_logit_bound=1.0,
+                         calibration_prior_examples=5000.0,
+                         calibration_level_prior_examples=level_prior_examples)
+  model.build({"t0": 20, "t1": 20, "t2": 20})
+  model.base_rate.assign(0.3)
+  released = model.after_training(features, labels, {CALIBRATION: (0.0, np.random.default_rng(0))})
+  logits = ctr.predict_logits(model.model, features)
+  center = np.log(0.3 / 0.7)
+  expected = dp_platt_scaling(logits, labels, 0.0, 0.3, logit_bound=1.0, center=center,
+                              prior_examples=5000.0, level_prior_examples=level_prior_examples)
+  assert (released["calibration_scale"], released["calibration_shift"]) == pytest.approx(expected)
+  other = dp_platt_scaling(logits, labels, 0.0, 0.3, logit_bound=1.0, center=center,
+                           prior_examples=5000.0, level_prior_examples=1e5 - level_prior_examples)
+  assert expected != pytest.approx(other)
