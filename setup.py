@@ -42,7 +42,8 @@ setup(
     extras_require={
         # apache-beam[dask]: Beam's DaskRunner, on which tests/pipelines/test_dask_runner.py
         # checks that the Beam jobs write the embedded runner's bytes (`--runner DaskRunner`).
-        "test": ["pytest", "pytest-xdist", "nbformat", "nbclient", "ipykernel", *DOCS,
+        "test": ["pytest", "pytest-xdist>=3.5",  # --maxschedchunk (Makefile)
+                 "nbformat", "nbclient", "ipykernel", *DOCS,
                  "apache-beam[dask]"],
         "docs": DOCS,
         "dask": ["apache-beam[dask]"],
