@@ -74,7 +74,8 @@ def _first_call_seconds(function, inputs):
 
 
 def measure(spec, batch_size, rounds, calls, threshold, buckets):
-  """({variant: (median wall ms, median CPU ms)}, {variant: first-call s}, {bucket: first-call s})."""
+  """({variant: (median wall ms, median CPU ms)}, {variant: first call s},
+  {bucket: first call s})."""
   vocab_sizes = tuple(v + 1 for v in synthetic.vocab_sizes(spec))
   batches = ctr_step.make_batches(vocab_sizes, batch_size, 4)
   full_inputs = [(tf.nest.map_structure(tf.constant, x), tf.constant(y)) for x, y in batches]
