@@ -16,7 +16,7 @@ exactly that) and whose non-private step is the tower's forward/backward and upd
   tower_non_private_xla, tower_dp_xla   the tower alone, `tf.function(jit_compile=True)`
 
 So the embedding half of each step is about full − tower, and XLA's gain on the dense half is
-tower − tower_xla. Also printed: the first call (trace + compile) of each variant, and of the
+tower − tower_xla (`--kernels`: the tower's GEMMs and ghost norms alone). Also printed: the first call (trace + compile) of each variant, and of the
 compiled DP tower at each `--buckets` batch size (a Poisson batch padded to a few sizes compiles
 once per size).
 
@@ -112,6 +112,48 @@ def measure(spec, batch_size, rounds, calls, threshold, buckets):
   return times, first, per_bucket
 
 
+def _gemms(activations, weights, gradients):
+  """The tower's 15 GEMMs at its shape: forward, backward and weight gradient of 5 layers."""
+  products = []
+  for _ in range(5):
+    products += [tf.matmul(activations, weights),
+                 tf.matmul(gradients, weights, transpose_b=True),
+                 tf.matmul(activations, gradients, transpose_a=True)]
+  return [tf.reduce_sum(p) for p in products]
+
+
+def _ghost_norms(activations, gradients):
+  """5 Dense layers' per-example squared norms ‖a_i‖²·‖g_i‖² + ‖g_i‖², clip factors and the
+  c-weighted output gradients with their bias sums (the DP step's elementwise dense work)."""
+  squared = tf.zeros([activations.shape[0]])
+  for _ in range(5):
+    row = tf.reduce_sum(tf.square(gradients), 1)
+    squared += tf.reduce_sum(tf.square(activations), 1) * row + row
+  factors = tf.minimum(1.0, ctr_step.C2 / tf.sqrt(squared + 1e-12))[:, tf.newaxis]
+  return [tf.reduce_sum(gradients * factors, 0) for _ in range(5)] + [gradients * factors]
+
+
+def kernels(batch_size, rounds, calls, units=598):
+  """{(kernel, compiled): median CPU ms per call} of `_gemms` and `_ghost_norms`."""
+  activations, gradients = (tf.random.normal([batch_size, units]) for _ in range(2))
+  weights = tf.random.normal([units, units])
+  functions = {(name, jit): (tf.function(fn, jit_compile=jit), args)
+               for name, fn, args in (("15 GEMMs", _gemms, (activations, weights, gradients)),
+                                      ("ghost norms", _ghost_norms, (activations, gradients)))
+               for jit in (False, True)}
+  cpu = {key: [] for key in functions}
+  for function, args in functions.values():
+    _run(function, args)  # trace and compile
+  for _ in range(rounds):
+    for key, (function, args) in functions.items():
+      start = time.process_time()
+      for _ in range(calls):
+        result = function(*args)
+      tf.nest.map_structure(lambda t: t.numpy(), result)
+      cpu[key].append(1000 * (time.process_time() - start) / calls)
+  return {key: statistics.median(times) for key, times in cpu.items()}
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -125,8 +167,17 @@ def main(argv=None):
   parser.add_argument("--buckets", type=int, nargs="*", default=[1920, 2176],
                       help="batch sizes at which to time the compiled DP tower's first call "
                            "(default: %(default)s)")
+  parser.add_argument("--kernels", action="store_true",
+                      help="instead: the tower's GEMMs and ghost norms alone, compiled and not")
   args = parser.parse_args(argv)
   print(f"# {machine.describe()}")
+  if args.kernels:
+    print("| kernel | TensorFlow CPU ms | XLA CPU ms |\n|---|---:|---:|")
+    times = kernels(args.batch_size, args.rounds, args.calls)
+    for name in ("15 GEMMs", "ghost norms"):
+      print(f"| {name} | {times[name, False]:.1f} | {times[name, True]:.1f} |")
+    print(f"# {machine.describe()}")
+    return
   print("| vocabulary | variant | wall ms/step | CPU ms/step | first call s |")
   print("|---|---|---:|---:|---:|")
   for spec in args.vocab:
