@@ -283,8 +283,11 @@ class DPModel(tf.keras.Model):
   # ---------------------------------------------------------------- the step
   @property
   def dp_tables(self):
-    """The model's `DPEmbedding` layers, in a fixed order."""
-    return unique_by_identity(m for m in self.submodules if isinstance(m, DPEmbedding))
+    """The model's trainable `DPEmbedding` layers, in a fixed order: those the DP step trains.
+    A frozen one (`trainable=False`) is a plain lookup of public weights: no norm, no noise, no
+    update, not part of the gradient size."""
+    return unique_by_identity(m for m in self.submodules
+                              if isinstance(m, DPEmbedding) and m.trainable)
 
   @property
   def dp_step_tables(self):

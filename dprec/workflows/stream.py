@@ -97,8 +97,8 @@ class StreamOptions(run_lib.RunOptions):
   # DP Platt scaling's priors towards the base rate r: n0 rows on the affine (`train ctr`'s) and
   # n1 rows on the level only (the logit at the mean feature). A period's fit serves the next
   # period, after the click rate moved: at n1 = 0 the log loss was above the constant r's on the
-  # day the rate returned to r in most draws; at n1 = 100,000 below it after every period in 60
-  # of 60 draws (docs/experiments/streaming.md, "The level prior").
+  # day the rate returned to r in most draws; at n1 = 100,000 below it after every period in 80
+  # of 80 draws, 4 training × 20 calibration (docs/experiments/streaming.md, "The level prior").
   calibration_prior_examples: float = privacy.recalibration.PRIOR_EXAMPLES
   calibration_level_prior_examples: float = PLATT_LEVEL_PRIOR_EXAMPLES
   # The step's hyper-parameters are `train ctr`'s (one source), but τ, lower for short periods,

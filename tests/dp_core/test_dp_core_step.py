@@ -272,6 +272,28 @@ def test_frozen_batch_normalization_is_accepted():
     np.testing.assert_array_equal(old, new.numpy())
 
 
+@pytest.mark.parametrize("config", [
+    DPSGD(1.0, 1.0),
+    DPAdaFEST(1.0, 1.0, contribution_clip=1.0, contribution_noise_multiplier=1.0, threshold=0.5)],
+    ids=["dp_sgd", "dp_adafest"])
+def test_frozen_dp_embedding_is_not_updated(config):
+  """A DPEmbedding with trainable=False is a plain lookup: the DP step neither noises nor moves
+  it (it did both), and the gradient size counts only the trainable table."""
+  ids = tf.keras.Input((2,), dtype=tf.int64)
+  frozen = DPEmbedding(50, 4, name="frozen", trainable=False)
+  live = DPEmbedding(50, 4, name="live")
+  output = tf.keras.layers.Dense(1)(tf.keras.layers.Concatenate()([frozen(ids), live(ids)]))
+  model = DPModel(ids, output)
+  model.compile(DPOptimizer(config, SparseSGD(1.0), expected_batch_size=4,
+                            insecure_noise_seed=1), loss="mse")
+  before = frozen.embeddings.numpy(), live.embeddings.numpy()
+  model.fit(np.array([[1, 2], [3, 3], [1, 4], [5, 6]]), np.ones((4, 1), np.float32),
+            batch_size=4, verbose=0)
+  np.testing.assert_array_equal(before[0], frozen.embeddings.numpy())
+  assert np.any(before[1] != live.embeddings.numpy())
+  assert model.dp_tables == [live] and model.dense_embedding_size == 50 * 4
+
+
 def test_secure_noise_steps_are_reproducible_from_the_key(lib):
   """Secure mode draws each noise tensor from its own keyed stream, in program order: the same
   key gives the same weights after two DP-AdaFEST steps (what exact resume relies on)."""
