@@ -16,7 +16,7 @@ exactly that) and whose non-private step is the tower's forward/backward and upd
   tower_non_private_xla, tower_dp_xla   the tower alone, `tf.function(jit_compile=True)`
 
 So the embedding half of each step is about full − tower, and XLA's gain on the dense half is
-tower − tower_xla (`--kernels`: the tower's GEMMs and ghost norms alone). Also printed: the first call (trace + compile) of each variant, and of the
+tower − tower_xla (`--kernels`: the tower's GEMMs, ghost norms and dense noise alone). Also printed: the first call (trace + compile) of each variant, and of the
 compiled DP tower at each `--buckets` batch size (a Poisson batch padded to a few sizes compiles
 once per size).
 
@@ -35,6 +35,7 @@ from dprec.models.dp_model import DPModel
 from dprec.optimizers import config as config_lib
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.sparse import SparseSGD
+from dprec.sparse import gaussian
 
 import ctr_step
 import machine
@@ -133,13 +134,17 @@ def _ghost_norms(activations, gradients):
   return [tf.reduce_sum(gradients * factors, 0) for _ in range(5)] + [gradients * factors]
 
 
-def kernels(batch_size, rounds, calls, units=598):
-  """{(kernel, compiled): median CPU ms per call} of `_gemms` and `_ghost_norms`."""
+def kernels(batch_size, rounds, calls, units=598, noised=1_300_000):
+  """{(kernel, compiled): median CPU ms per call} of `_gemms`, `_ghost_norms` and the dense
+  noise (`noised` N(0, 1) values from a Philox generator, as the DP step draws them)."""
   activations, gradients = (tf.random.normal([batch_size, units]) for _ in range(2))
   weights = tf.random.normal([units, units])
+  generator = tf.random.Generator.from_seed(0, alg="philox")
   functions = {(name, jit): (tf.function(fn, jit_compile=jit), args)
                for name, fn, args in (("15 GEMMs", _gemms, (activations, weights, gradients)),
-                                      ("ghost norms", _ghost_norms, (activations, gradients)))
+                                      ("ghost norms", _ghost_norms, (activations, gradients)),
+                                      ("dense noise", lambda: gaussian.normal(generator, [noised]),
+                                       ()))
                for jit in (False, True)}
   cpu = {key: [] for key in functions}
   for function, args in functions.values():
@@ -168,13 +173,14 @@ def main(argv=None):
                       help="batch sizes at which to time the compiled DP tower's first call "
                            "(default: %(default)s)")
   parser.add_argument("--kernels", action="store_true",
-                      help="instead: the tower's GEMMs and ghost norms alone, compiled and not")
+                      help="instead: the tower's GEMMs, ghost norms and dense noise alone, compiled "
+                           "and not")
   args = parser.parse_args(argv)
   print(f"# {machine.describe()}")
   if args.kernels:
     print("| kernel | TensorFlow CPU ms | XLA CPU ms |\n|---|---:|---:|")
     times = kernels(args.batch_size, args.rounds, args.calls)
-    for name in ("15 GEMMs", "ghost norms"):
+    for name in ("15 GEMMs", "ghost norms", "dense noise"):
       print(f"| {name} | {times[name, False]:.1f} | {times[name, True]:.1f} |")
     print(f"# {machine.describe()}")
     return
