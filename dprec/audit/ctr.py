@@ -73,6 +73,11 @@ class CTRAuditOptions:
       raise DprecError(f"--confidence must be in (0, 1), got {self.confidence}")
     if self.score not in scores_lib.SCORES + ("all",):
       raise DprecError(f"--score must be one of {', '.join(scores_lib.SCORES)} or all")
+    if self.train.stack_tables:
+      raise DprecError("--stack-tables is a layout of train ctr's checkpoints that the audit "
+                       "does not read (its canary scores take one table per column); the "
+                       "stacked DP step equals the unstacked one with the same key "
+                       "(tests/dp_core/test_stacked_tables.py): audit without it")
     if self.threat_model == "white_box" and self.score != "all":
       raise DprecError("--score chooses among the black-box scores; white_box uses "
                        f"{', '.join(white_box.SCORES)}")

@@ -116,6 +116,7 @@ class CTRTrainOptions(run_lib.FitOptions):
   vocab: Optional[str] = None
   vocab_min_count: int = 1
   hidden_units: Tuple[int, ...] = (598, 598, 598, 598)
+  stack_tables: int = 0  # 0: one variable per table; m: widths rounded up to m, one per width
   eval_batch_size: int = 8192
   log_dir: Optional[str] = None
 
@@ -155,6 +156,8 @@ class CTRTrainOptions(run_lib.FitOptions):
         self.strategy == "parameter_server" and self.local_workers > 0):
       raise DprecError("--strategy parameter_server --local-workers N needs --local-ps K "
                        "(K >= 1 parameter servers), and --local-ps only goes with them")
+    if self.stack_tables < 0:
+      raise DprecError(f"--stack-tables must be >= 1 (or absent: off), got {self.stack_tables}")
     if self.min_shard_rows < 1:
       raise DprecError(f"--min-shard-rows must be >= 1, got {self.min_shard_rows}")
     if self.strategy == "parameter_server" and self.secure_noise:
@@ -280,6 +283,7 @@ def build_model(options, data, plan, run):
   tf.keras.utils.set_random_seed(options.seed)
   model = ctr.build_ctr_model(
       data.vocab_sizes, hidden_units=options.hidden_units,
+      stack_tables=options.stack_tables or False,
       logit_bias=float(np.log(rate / (1 - rate))) if options.logit_init == "base_rate" else None)
   selection = None
   if options.algorithm in FEST_ALGORITHMS:

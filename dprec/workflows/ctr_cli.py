@@ -6,6 +6,7 @@ from dprec.workflows import run_cli
 from dprec.workflows.ctr import CTRTrainOptions
 
 USAGE = "    dprec train ctr --data DIR --algorithm dp_adafest --epsilon 1\n\n"
+STACK_MULTIPLE = 8  # `--stack-tables` without M: Table 3's 20 widths in 5 stacks
 
 def int_list(text):
   """argparse type of `--hidden-units`: comma-separated positive widths."""
@@ -95,6 +96,16 @@ def register(subparsers):
       help="min count of an id kept in the vocabulary")
   add("--hidden-units", type=int_list, default=defaults.hidden_units,
       help="comma-separated Dense(relu) widths (App. D.1.1: 598,598,598,598)")
+  add("--stack-tables", type=int, nargs="?", const=STACK_MULTIPLE, default=defaults.stack_tables,
+      metavar="M",
+      help=f"hold the tables whose widths round up to the same multiple of M in one variable "
+           f"(M alone: {STACK_MULTIPLE}; 1: exact widths): the same model and DP step (same "
+           f"key, same noise), with the step's per-table work done once per stack "
+           f"(docs/experiments/dp_step_time.md, 'Stacked tables'). Costs: the padding columns "
+           f"(never read nor updated) are stored, in the model and in every optimizer slot "
+           f"(M = 8: +14%% embedding parameters at seed 001's Table 3 vocabularies, +5%% at "
+           f"10M rows), and checkpoints hold one variable per stack, so a run resumes only "
+           f"with the same setting. Default: off (one variable per table)")
   add("--eval-batch-size", type=int, default=defaults.eval_batch_size,
       help="batch size of the evaluation")
   add("--log-dir", help="TensorBoard directory (loss, AUC, ε, gradient size)")

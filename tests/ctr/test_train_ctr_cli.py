@@ -255,6 +255,30 @@ def test_rerunning_a_finished_run_evaluates_it_again_and_other_settings_are_refu
   assert f"steps: {STEPS} there, 2 now" in err
 
 
+def test_stacked_tables_train_resume_only_stacked_and_the_audit_refuses_them(
+    data_dir, tmp_path, capsys):
+  """`--stack-tables` (M alone: 8) trains DP-AdaFEST with one variable per stack width, which the
+  checkpoint holds; a rerun without it is refused (not mis-restored), and so is the audit, whose
+  canary scores read one table per column."""
+  run_dir = tmp_path / "run"
+  summary = _train(data_dir, tmp_path, "dp_adafest", "--stack-tables", "--run-dir", str(run_dir))
+  assert summary["steps"] == STEPS and summary["gradient_size_reduction"] > 1.0
+  tables = [shape for name, shape in tf.train.list_variables(
+      str(run_dir / "checkpoints" / "ckpt-000000" / "model"))
+              if name.startswith("model/embedding/tables/")]
+  # The tiny data's widths are all <= 8: one stack, holding more than the tables (padding).
+  assert len(tables) == 1 and tables[0][1] == 8, tables
+  assert tables[0][0] * 8 > summary["dense_embedding_size"]
+  base = ["--data", data_dir, "--algorithm", "dp_adafest", "--batch-size", str(BATCH),
+          "--steps", str(STEPS), "--hidden-units", "8", "--no-progress", "--epsilon",
+          str(EPSILON)]
+  err = _error(capsys, ["train", "ctr", *base, "--charge-every", "4", "--ledger",
+                        str(tmp_path / "ledger.json"), "--run-dir", str(run_dir)])
+  assert "stack_tables: 8 there, 0 now" in err
+  err = _error(capsys, ["audit", *base, "--canaries", "8", "--stack-tables", "1"])
+  assert "--stack-tables" in err and "audit without it" in err
+
+
 def _ckpt_data_files(run_dir, number):
   directory = run_dir / "checkpoints" / f"ckpt-{number:06d}"
   return sorted(directory.glob("model.data-*"))
