@@ -336,9 +336,8 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
       run.check_budget(plan, label, options.steps, {SELECTION_LABEL: plan.selection_epsilon})
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
       model, rate = build_model(options, data, plan, run)
-    resume = run.resume(model, options.run_fingerprint(train_rows=len(data.train["label"]),
-                                                       vocab_sizes=data.vocab_sizes),
-                        options.keep_checkpoints)
+    resume = run.resume(model, options, options.keep_checkpoints,
+                        train_rows=len(data.train["label"]), vocab_sizes=data.vocab_sizes)
     budget = (run.budget_callback(plan, label, resume.step, options.charge_every, options.log_dir)
               if run.ledger is not None else None)
     # Workers of a multi-worker run stop together when the chief stops at the budget.

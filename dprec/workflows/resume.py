@@ -20,8 +20,8 @@ class Resume:
   (None: no checkpoints) restored into `objects` (model, optimizer slots and step), refused if it
   was written with other settings than `fingerprint` (the options a resumed run must share)."""
 
-  def __init__(self, directory, objects, fingerprint, keep=2):
-    self.objects, self.fingerprint = objects, fingerprint
+  def __init__(self, directory, objects, fingerprint, keep=2, defaults=None):
+    self.objects, self.fingerprint, self.defaults = objects, fingerprint, defaults or {}
     self.manager, self.step, self.loss = None, 0, None
     if directory is None:
       return
@@ -29,9 +29,11 @@ class Resume:
     self.manager.restore_newest(self._restore)
 
   def _restore(self, path):
-    state = self.manager.read_state(path)
-    changed = {k: (state["fingerprint"].get(k), v) for k, v in self.fingerprint.items()
-               if state["fingerprint"].get(k) != v}
+    saved = self.manager.read_state(path)
+    state = saved["fingerprint"]
+    # A checkpoint written before an option existed ran as its default does (`defaults`).
+    changed = {k: (state.get(k, self.defaults.get(k)), v) for k, v in self.fingerprint.items()
+               if state.get(k, self.defaults.get(k)) != v}
     if changed:
       raise DprecError(
           f"{os.path.dirname(self.manager.directory)}: its checkpoints belong to a run with "
@@ -39,7 +41,7 @@ class Resume:
           + ", ".join(f"{k}: {old!r} there, {new!r} now" for k, (old, new) in changed.items())
           + "); resume with the same settings or use another --run-dir")
     self.objects.read(os.path.join(path, checkpoint_lib.MODEL_PREFIX)).assert_consumed()
-    self.step, self.loss = state["step"], state["loss"]
+    self.step, self.loss = saved["step"], saved["loss"]
 
   def callback(self, every, scratch=None):
     """Commits a checkpoint every `every` steps of `model.fit` and at its end; into the
@@ -65,6 +67,15 @@ def fingerprint(options, ignored, **extra) -> dict:
   holds it (tuples as lists), so that it compares equal to a checkpoint's."""
   return json.loads(json.dumps(dict(
       {k: v for k, v in dataclasses.asdict(options).items() if k not in ignored}, **extra)))
+
+
+def fingerprint_defaults(options, ignored) -> dict:
+  """The defaults of the fingerprinted fields of the `options` dataclass, as JSON holds them: what
+  a run written before a field existed ran with (an option is added with the old behaviour as its
+  default), so that `Resume` accepts it when the option is still at its default."""
+  return json.loads(json.dumps({
+      f.name: f.default for f in dataclasses.fields(options)
+      if f.name not in ignored and f.default is not dataclasses.MISSING}))
 
 
 def checkpointed_step(directory) -> int:

@@ -362,10 +362,13 @@ class Run:
 
   # ---- checkpoints and resume ----------------------------------------------------------------
 
-  def resume(self, model, fingerprint, keep=2):
-    """A `dprec.workflows.resume.Resume` of `model` in this run's directory (where it stands)."""
-    return resume_lib.Resume(self.run_dir and self.checkpoint_dir,
-                             resume_lib.checkpoint_objects(model), fingerprint, keep)
+  def resume(self, model, options, keep=2, **facts):
+    """A `dprec.workflows.resume.Resume` of `model` in this run's directory (where it stands),
+    for a run of `options` (a `RunOptions`) on data with these `facts`."""
+    return resume_lib.Resume(
+        self.run_dir and self.checkpoint_dir, resume_lib.checkpoint_objects(model),
+        options.run_fingerprint(**facts), keep,
+        resume_lib.fingerprint_defaults(options, options.NOT_FINGERPRINTED))
 
   def fit_callbacks(self, generators, resume, charges=None, checkpoint_every=100, extra=(),
                     progress=None, diagnostics=False):

@@ -442,9 +442,8 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
                                                  run.numpy_rng("item pairs"))
       if options.pair_init:
         initialise_item_rows(model, prior.item_factors(options.dim))
-    resume = run.resume(model, options.run_fingerprint(train_examples=len(examples.items),
-                                                       items=examples.num_items),
-                        options.keep_checkpoints)
+    resume = run.resume(model, options, options.keep_checkpoints,
+                        train_examples=len(examples.items), items=examples.num_items)
     # Paid (the histogram charged) before the first checkpoint holds p_i.
     charges = _pay_before_training(options, plan, run, resume, len(examples.items))
     timer, callbacks = run.fit_callbacks(noise_generators(model), resume, charges,

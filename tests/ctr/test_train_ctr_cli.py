@@ -253,6 +253,18 @@ def test_rerunning_a_finished_run_evaluates_it_again_and_other_settings_are_refu
                         "--steps", "2", "--batch-size", str(BATCH), "--hidden-units", "8",
                         "--no-progress", "--run-dir", str(tmp_path / "run")])
   assert f"steps: {STEPS} there, 2 now" in err
+  # A run written before an option existed (its fingerprint lacks it) resumes while the option
+  # is at its default, which keeps the old behaviour; at another value it is refused.
+  for state_path in (tmp_path / "run" / "checkpoints").glob("ckpt-*/state.json"):
+    state = json.loads(state_path.read_text())
+    del state["fingerprint"]["stack_tables"]
+    state_path.write_text(json.dumps(state))
+  older = _train(data_dir, tmp_path, "non_private", "--run-dir", str(tmp_path / "run"))
+  assert older["resumed_from_step"] == STEPS and older["auc"] == first["auc"]
+  err = _error(capsys, ["train", "ctr", "--data", data_dir, "--algorithm", "non_private",
+                        "--steps", str(STEPS), "--batch-size", str(BATCH), "--hidden-units", "8",
+                        "--no-progress", "--stack-tables", "--run-dir", str(tmp_path / "run")])
+  assert "stack_tables: 0 there, 8 now" in err
 
 
 def test_stacked_tables_train_resume_only_stacked_and_the_audit_refuses_them(
