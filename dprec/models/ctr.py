@@ -7,7 +7,7 @@ algorithm (non-private, DP-SGD, DP-FEST, DP-AdaFEST, DP-AdaFEST+) is chosen at `
 `DPOptimizer` passed as optimizer.
 """
 import dataclasses
-from typing import Optional, Sequence, Tuple
+from typing import Optional, Sequence, Tuple, Union
 
 import numpy as np
 import tensorflow as tf
@@ -41,8 +41,9 @@ class CTRConfig:
     logit_bias: None: the logit layer starts as Keras' default (Glorot kernel, bias 0, so the
       untrained model scores p ≈ 0.5). A number b: zero kernel and bias b, so the untrained
       model predicts sigmoid(b) for every example, e.g. the logit of a (DP) base rate.
-    stack_tables: the tables of each width in one variable (`DPMultiEmbedding(stack_tables=)`):
-      the same model and DP step (same key, same noise), with per-table work done per width.
+    stack_tables: False, or the tables of each width in one variable (True or 1: exact widths;
+      an int m: widths rounded up to a multiple of m; `DPMultiEmbedding(stack_tables=)`): the
+      same model and DP step (same key, same noise), with per-table work done per width.
   """
   vocab_sizes: Tuple[int, ...]
   table_names: Optional[Tuple[str, ...]] = None
@@ -51,7 +52,7 @@ class CTRConfig:
   embedding_dims: Optional[Tuple[int, ...]] = None
   auc_thresholds: int = 10000
   logit_bias: Optional[float] = None
-  stack_tables: bool = False
+  stack_tables: Union[bool, int] = False
 
   def __post_init__(self):
     sizes = tuple(int(v) for v in self.vocab_sizes)
