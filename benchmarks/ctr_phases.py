@@ -28,9 +28,7 @@ import argparse
 import glob
 import json
 import os
-import statistics
 import tempfile
-import time
 
 import tensorflow as tf
 
@@ -138,22 +136,12 @@ def measure(spec, batch_size, rounds, calls, threshold):
     for phase, function in _prefixes(model, private).items():
       functions[variant, phase] = function
       ops[variant, phase] = _op_count(function, x, y)
-      tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t,
-                            function(x, y))  # trace and warm up
-  cpu, wall = {key: [] for key in functions}, {key: [] for key in functions}
-  for _ in range(rounds):
-    for key, function in functions.items():
-      start, start_cpu = time.perf_counter(), time.process_time()
-      for _ in range(calls):
-        result = function(x, y)
-      tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, result)
-      cpu[key].append(1000 * (time.process_time() - start_cpu) / calls)
-      wall[key].append(1000 * (time.perf_counter() - start) / calls)
+      ctr_step.fetch(function(x, y))  # trace and warm up
+  times = ctr_step.interleaved_medians(
+      {key: (function, [(x, y)]) for key, function in functions.items()}, rounds, calls)
   result = {}
-  for variant, phase in functions:
-    result.setdefault(variant, {})[phase] = (statistics.median(cpu[variant, phase]),
-                                             statistics.median(wall[variant, phase]),
-                                             ops[variant, phase])
+  for (variant, phase), (wall, cpu) in times.items():
+    result.setdefault(variant, {})[phase] = (cpu, wall, ops[variant, phase])
   return result
 
 

@@ -148,25 +148,38 @@ def time_variant(variant, vocab_sizes, batches, steps, threshold, stack_multiple
   return seconds, extra
 
 
+def fetch(result):
+  """`result` (nested) with every tensor read back, so that its work is done."""
+  return tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, result)
+
+
+def interleaved_medians(functions, rounds, calls):
+  """{name: (median wall ms, median CPU ms)} per call of `functions` {name: (function, [args,
+  ...])}: each called `calls` times in turn (cycling through its argument tuples, its result
+  fetched before the clock stops), `rounds` rounds, so a shared machine's load changes hit all
+  alike; CPU is the process's, summed over threads. Trace (warm up) them first."""
+  wall, cpu = {name: [] for name in functions}, {name: [] for name in functions}
+  for r in range(rounds):
+    for name, (function, arguments) in functions.items():
+      start, start_cpu = time.perf_counter(), time.process_time()
+      for i in range(calls):
+        result = function(*arguments[(r * calls + i) % len(arguments)])
+      fetch(result)
+      wall[name].append(1000 * (time.perf_counter() - start) / calls)
+      cpu[name].append(1000 * (time.process_time() - start_cpu) / calls)
+  return {name: (statistics.median(wall[name]), statistics.median(cpu[name]))
+          for name in functions}
+
+
 def interleaved(variants, vocab_sizes, batches, rounds, calls, threshold, stack_multiple=8):
   """{variant: (median wall ms, median CPU ms)} per step: every variant's `train_step` (one
-  `tf.function` each, traced first) run `calls` times in turn, `rounds` rounds, so a shared
-  machine's load changes hit every variant alike; CPU is the process's, summed over threads."""
+  `tf.function` each, traced first) through `interleaved_medians`."""
   steps, inputs = {}, [(tf.nest.map_structure(tf.constant, x), tf.constant(y)) for x, y in batches]
   for variant in variants:
     model, _ = build(variant, vocab_sizes, len(batches[0][1]), threshold, stack_multiple)
-    steps[variant] = tf.function(lambda x, y, model=model: model.train_step((x, y)))
-    tf.nest.map_structure(lambda t: t.numpy(), steps[variant](*inputs[0]))
-  wall, cpu = {v: [] for v in variants}, {v: [] for v in variants}
-  for r in range(rounds):
-    for variant, step in steps.items():
-      start, start_cpu = time.perf_counter(), time.process_time()
-      for i in range(calls):
-        logs = step(*inputs[(r * calls + i) % len(inputs)])
-      tf.nest.map_structure(lambda t: t.numpy(), logs)
-      wall[variant].append(1000 * (time.perf_counter() - start) / calls)
-      cpu[variant].append(1000 * (time.process_time() - start_cpu) / calls)
-  return {v: (statistics.median(wall[v]), statistics.median(cpu[v])) for v in variants}
+    steps[variant] = (tf.function(lambda x, y, model=model: model.train_step((x, y))), inputs)
+    fetch(steps[variant][0](*inputs[0]))
+  return interleaved_medians(steps, rounds, calls)
 
 
 def _tensorflow_privacy_imports():

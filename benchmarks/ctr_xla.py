@@ -23,7 +23,6 @@ once per size).
     /work/helpers/quiet-run .venv/bin/python benchmarks/ctr_xla.py --vocab table3
 """
 import argparse
-import statistics
 import time
 
 import tensorflow as tf
@@ -64,13 +63,9 @@ def _step(model, jit_compile=False):
   return tf.function(lambda x, y: model.train_step((x, y)), jit_compile=jit_compile)
 
 
-def _run(function, inputs):
-  tf.nest.map_structure(lambda t: t.numpy(), function(*inputs))
-
-
 def _first_call_seconds(function, inputs):
   start = time.perf_counter()
-  _run(function, inputs)
+  ctr_step.fetch(function(*inputs))
   return time.perf_counter() - start
 
 
@@ -94,22 +89,13 @@ def measure(spec, batch_size, rounds, calls, threshold, buckets):
                             tower_inputs)
   for variant, (function, inputs) in steps.items():
     first[variant] = _first_call_seconds(function, inputs[0])
-  wall, cpu = {v: [] for v in steps}, {v: [] for v in steps}
-  for r in range(rounds):
-    for variant, (function, inputs) in steps.items():
-      start, start_cpu = time.perf_counter(), time.process_time()
-      for i in range(calls):
-        logs = function(*inputs[(r * calls + i) % len(inputs)])
-      tf.nest.map_structure(lambda t: t.numpy(), logs)
-      wall[variant].append(1000 * (time.perf_counter() - start) / calls)
-      cpu[variant].append(1000 * (time.process_time() - start_cpu) / calls)
+  times = ctr_step.interleaved_medians(steps, rounds, calls)
   compiled = steps["tower_dp_xla"][0]
   per_bucket = {}
   for size in buckets:
     x = tf.tile(tower_inputs[0][0], [-(-size // batch_size), 1])[:size]
     y = tf.tile(tower_inputs[0][1], [-(-size // batch_size)])[:size]
     per_bucket[size] = _first_call_seconds(compiled, (x, y))
-  times = {v: (statistics.median(wall[v]), statistics.median(cpu[v])) for v in steps}
   return times, first, per_bucket
 
 
@@ -140,23 +126,16 @@ def kernels(batch_size, rounds, calls, units=598, noised=1_300_000):
   activations, gradients = (tf.random.normal([batch_size, units]) for _ in range(2))
   weights = tf.random.normal([units, units])
   generator = tf.random.Generator.from_seed(0, alg="philox")
-  functions = {(name, jit): (tf.function(fn, jit_compile=jit), args)
+  functions = {(name, jit): (tf.function(fn, jit_compile=jit), [args])
                for name, fn, args in (("15 GEMMs", _gemms, (activations, weights, gradients)),
                                       ("ghost norms", _ghost_norms, (activations, gradients)),
                                       ("dense noise", lambda: gaussian.normal(generator, [noised]),
                                        ()))
                for jit in (False, True)}
-  cpu = {key: [] for key in functions}
-  for function, args in functions.values():
-    _run(function, args)  # trace and compile
-  for _ in range(rounds):
-    for key, (function, args) in functions.items():
-      start = time.process_time()
-      for _ in range(calls):
-        result = function(*args)
-      tf.nest.map_structure(lambda t: t.numpy(), result)
-      cpu[key].append(1000 * (time.process_time() - start) / calls)
-  return {key: statistics.median(times) for key, times in cpu.items()}
+  for function, (args,) in functions.values():
+    ctr_step.fetch(function(*args))  # trace and compile
+  return {key: cpu for key, (_, cpu) in
+          ctr_step.interleaved_medians(functions, rounds, calls).items()}
 
 
 def main(argv=None):
