@@ -29,11 +29,10 @@ class Resume:
     self.manager.restore_newest(self._restore)
 
   def _restore(self, path):
-    saved = self.manager.read_state(path)
-    state = saved["fingerprint"]
+    state = self.manager.read_state(path)
     # A checkpoint written before an option existed ran as its default does (`defaults`).
-    changed = {k: (state.get(k, self.defaults.get(k)), v) for k, v in self.fingerprint.items()
-               if state.get(k, self.defaults.get(k)) != v}
+    then = {**self.defaults, **state["fingerprint"]}
+    changed = {k: (then.get(k), v) for k, v in self.fingerprint.items() if then.get(k) != v}
     if changed:
       raise DprecError(
           f"{os.path.dirname(self.manager.directory)}: its checkpoints belong to a run with "
@@ -41,7 +40,7 @@ class Resume:
           + ", ".join(f"{k}: {old!r} there, {new!r} now" for k, (old, new) in changed.items())
           + "); resume with the same settings or use another --run-dir")
     self.objects.read(os.path.join(path, checkpoint_lib.MODEL_PREFIX)).assert_consumed()
-    self.step, self.loss = saved["step"], saved["loss"]
+    self.step, self.loss = state["step"], state["loss"]
 
   def callback(self, every, scratch=None):
     """Commits a checkpoint every `every` steps of `model.fit` and at its end; into the
