@@ -107,7 +107,8 @@ def train(args, runs):
   todo = [(phase, full(point), draw) for phase in args.phases
           for private in (True, False) for draw in range(args.draws) for point in PHASES[phase]
           if (point["algorithm"] != "non_private") == private and (private or draw == 0)]
-  todo = [(phase, p, d) for phase, p, d in todo if (label(p), d) not in done]
+  todo = [(phase, p, d) for phase, p, d in todo
+          if (label(p), d) not in done and (not args.only or label(p) in args.only)]
   print(f"# {tag}: {len(todo)} runs to do", file=sys.stderr, flush=True)
   if not todo:
     return
@@ -277,7 +278,14 @@ def main(argv=None):
   parser.add_argument("--top-k-epsilon", type=float, default=DEFAULTS.top_k_epsilon)
   parser.add_argument("--report", action="store_true", help="no training: tables (and plot)")
   parser.add_argument("--plot", help="save the frontier plot (PNG) here")
+  parser.add_argument("--only", nargs="+", metavar="LABEL",
+                      help="of the phases' points, run only these (labels as the report prints them)")
   args = parser.parse_args(argv)
+  if args.only:
+    known = {label(full(p)) for phase in args.phases for p in PHASES[phase]}
+    unknown = sorted(set(args.only) - known)
+    if unknown:
+      parser.error(f"--only: {unknown} not among the phases' points: {sorted(known)}")
   tag = data_tag(args.data, args.validation_rows)
   if not args.report:
     train(args, read_runs(args.jsonl, tag))
