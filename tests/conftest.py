@@ -1,6 +1,8 @@
 """Suite-wide setup: Keras 2 (tf-keras) before TensorFlow loads, two logical CPU devices, and the
 peer-test switch."""
+import importlib.util
 import os
+from pathlib import Path
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
@@ -44,6 +46,34 @@ def criteo_days(tmp_path_factory):
     return made[rows, days]
 
   return make
+
+
+@pytest.fixture(scope="session")
+def load_script():
+  """`load_script(path)`: the module of a Python file that is not on the import path (a
+  benchmark, or a test helper that also runs as a program)."""
+  def load(path):
+    spec = importlib.util.spec_from_file_location(Path(path).stem, path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+  return load
+
+
+@pytest.fixture(scope="session")
+def sequences_dir(tmp_path_factory):
+  """120 users, 40 items, through the Beam sequences job (SASRec format), once for the session;
+  tests only read it."""
+  # Imported here: not every Bazel test target depends on dprec.data and pipelines.
+  from dprec.data import synthetic  # pylint: disable=import-outside-toplevel
+  from pipelines import sequences  # pylint: disable=import-outside-toplevel
+  root = tmp_path_factory.mktemp("sequences")
+  synthetic.generate_sequences(str(root / "seq.txt"), users=120, items=40, seed=0, progress=False)
+  out = str(root / "out")
+  sequences.run(sequences.SequencesJob(inputs=(str(root / "seq.txt"),), input_format="sasrec",
+                                       output=out))
+  return out
 
 
 # The longest tests start first, so the two xdist workers do not end on one of them while the

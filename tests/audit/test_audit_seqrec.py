@@ -5,31 +5,19 @@ import json
 import pytest
 
 from dprec.audit import seqrec
-from dprec.data.synthetic import generate_sequences
 from dprec.workflows.seqrec import SeqRecTrainOptions
-from pipelines import sequences as sequences_job
 
 CANARIES, EPSILON = 200, 2.0
 
 
-@pytest.fixture(scope="module")
-def data_dir(tmp_path_factory):
-  root = tmp_path_factory.mktemp("seqrec_audit")
-  generate_sequences(str(root / "seq.txt"), users=120, items=40, seed=0, progress=False)
-  out = str(root / "out")
-  sequences_job.run(sequences_job.SequencesJob(inputs=(str(root / "seq.txt"),),
-                                               input_format="sasrec", output=out))
-  return out
-
-
-def _options(data_dir, epsilon):
-  return SeqRecTrainOptions(model="dpformer", data=data_dir, epsilon=epsilon, epochs=10,
+def _options(sequences_dir, epsilon):
+  return SeqRecTrainOptions(model="dpformer", data=sequences_dir, epsilon=epsilon, epochs=10,
                             batch_size=32, max_len=8, dim=16, num_blocks=1, dropout=0.0,
                             learning_rate=1e-2, accountant="rdp", progress=False)
 
 
-def test_non_private_seqrec_is_caught(data_dir, tmp_path):
-  summary = seqrec.audit_seqrec(_options(data_dir, float("inf")), canaries=CANARIES,
+def test_non_private_seqrec_is_caught(sequences_dir, tmp_path):
+  summary = seqrec.audit_seqrec(_options(sequences_dir, float("inf")), canaries=CANARIES,
                                 scores_file=str(tmp_path / "scores.jsonl"),
                                 summary_json=str(tmp_path / "audit.json"))
   assert summary["claimed_epsilon"] is None and summary["epsilon_lower_bound"] > 2.0
@@ -39,7 +27,7 @@ def test_non_private_seqrec_is_caught(data_dir, tmp_path):
     assert sum(1 for _ in stream) == CANARIES
 
 
-def test_dp_seqrec_stays_below_its_claim(data_dir):
-  summary = seqrec.audit_seqrec(_options(data_dir, EPSILON), canaries=CANARIES)
+def test_dp_seqrec_stays_below_its_claim(sequences_dir):
+  summary = seqrec.audit_seqrec(_options(sequences_dir, EPSILON), canaries=CANARIES)
   assert summary["claimed_epsilon"] == EPSILON and summary["noise_multiplier"] > 0
   assert 0.0 <= summary["epsilon_lower_bound"] <= EPSILON

@@ -1,5 +1,4 @@
 """tests/distribute: the step helpers of `dist_steps.py` (also the multi-worker script)."""
-import importlib.util
 from pathlib import Path
 
 import pytest
@@ -8,11 +7,8 @@ SCRIPT = Path(__file__).with_name("dist_steps.py")
 
 
 @pytest.fixture(scope="session")
-def steps():
-  spec = importlib.util.spec_from_file_location("dist_steps", SCRIPT)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+def steps(load_script):
+  return load_script(SCRIPT)
 
 
 @pytest.fixture(scope="session")

@@ -2,7 +2,6 @@
 gradient of the linear softmax model, from ghost norms and one GEMM, equals the sum of clipped
 brute-force per-example gradients; its ε equals dp_accounting called directly; its data layout is
 note 002 §4.1's."""
-import importlib.util
 import math
 import os
 
@@ -17,11 +16,8 @@ PATH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks", "adambc
 
 
 @pytest.fixture(scope="module")
-def heavytail():
-  spec = importlib.util.spec_from_file_location("adambc_heavytail", PATH)
-  module = importlib.util.module_from_spec(spec)
-  spec.loader.exec_module(module)
-  return module
+def heavytail(load_script):
+  return load_script(PATH)
 
 
 def _brute_force(x, labels, kernel, clip):

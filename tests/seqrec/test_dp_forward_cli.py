@@ -18,10 +18,10 @@ def run(capsys, *argv):
   return code, (json.loads(out) if code == 0 else None), err
 
 
-def test_dp_forward_summary_states_seqldp_and_epsilon_matches_dp_accounting(data_dir, tmp_path,
+def test_dp_forward_summary_states_seqldp_and_epsilon_matches_dp_accounting(sequences_dir, tmp_path,
                                                                           capsys):
   ledger = tmp_path / "ledger.json"
-  code, summary, _ = run(capsys, "--data", data_dir, "--epsilon", "4", "--ledger", str(ledger),
+  code, summary, _ = run(capsys, "--data", sequences_dir, "--epsilon", "4", "--ledger", str(ledger),
                          *TINY)
   assert code == 0
   forward = summary["dp_forward"]
@@ -41,20 +41,20 @@ def test_dp_forward_summary_states_seqldp_and_epsilon_matches_dp_accounting(data
   assert 0 <= summary["ndcg_at_10"] <= 1
 
 
-def test_dp_forward_plans_for_what_the_ledger_spent_before(data_dir, tmp_path, capsys):
+def test_dp_forward_plans_for_what_the_ledger_spent_before(sequences_dir, tmp_path, capsys):
   """A ledger already charged ε 1 on the data (e.g. a DP vocabulary): the run plans its
   releases for the 3 left instead of being refused, and the ledger ends at the budget."""
   path = tmp_path / "ledger.json"
   PrivacyLedger(path, epsilon_budget=4.0, delta=1e-5).charge_pure(1.0, label="vocabulary")
-  code, summary, err = run(capsys, "--data", data_dir, "--epsilon", "4", "--ledger", str(path),
+  code, summary, err = run(capsys, "--data", sequences_dir, "--epsilon", "4", "--ledger", str(path),
                            *TINY)
   assert code == 0, err
   assert 3.99 < summary["epsilon"] <= 4.0 + 1e-6
   assert summary["dp_forward"]["representation_epsilon"] == pytest.approx(3.0, rel=2e-3)
 
 
-def test_dp_forward_with_label_rr_reports_both_epsilons(data_dir, capsys):
-  code, summary, _ = run(capsys, "--data", data_dir, "--epsilon", "6", "--label-epsilon", "2",
+def test_dp_forward_with_label_rr_reports_both_epsilons(sequences_dir, capsys):
+  code, summary, _ = run(capsys, "--data", sequences_dir, "--epsilon", "6", "--label-epsilon", "2",
                          "--forward-position", "attention", *TINY)
   assert code == 0
   forward = summary["dp_forward"]
@@ -63,16 +63,16 @@ def test_dp_forward_with_label_rr_reports_both_epsilons(data_dir, capsys):
   assert summary["epsilon"] == pytest.approx(6.0, rel=2e-3)
 
 
-def test_dp_forward_needs_whole_epochs_and_finite_epsilon(data_dir, capsys):
-  code, _, err = run(capsys, "--data", data_dir, "--epsilon", "inf", *TINY)
+def test_dp_forward_needs_whole_epochs_and_finite_epsilon(sequences_dir, capsys):
+  code, _, err = run(capsys, "--data", sequences_dir, "--epsilon", "inf", *TINY)
   assert code != 0 and "finite" in err
   argv = [a if a != "2" else "1.5" for a in TINY]
-  code, _, err = run(capsys, "--data", data_dir, "--epsilon", "4", *argv)
+  code, _, err = run(capsys, "--data", sequences_dir, "--epsilon", "4", *argv)
   assert code != 0 and "whole number of epochs" in err
 
 
-def test_rerun_with_run_dir_pays_no_epoch_twice(data_dir, tmp_path, capsys):
-  argv = ["--data", data_dir, "--epsilon", "4", "--run-dir", str(tmp_path / "run"), *TINY]
+def test_rerun_with_run_dir_pays_no_epoch_twice(sequences_dir, tmp_path, capsys):
+  argv = ["--data", sequences_dir, "--epsilon", "4", "--run-dir", str(tmp_path / "run"), *TINY]
   code, first, _ = run(capsys, *argv)
   assert code == 0
   code, second, _ = run(capsys, *argv)

@@ -18,9 +18,9 @@ SMALL = ["--model", "dpformer", "--epochs", "1", "--max-len", "8", "--dim", "8",
 TINY = SMALL + ["--batch-size", "32"]
 
 
-def test_dp_run_summary_and_epsilon(data_dir, tmp_path, capsys):
+def test_dp_run_summary_and_epsilon(sequences_dir, tmp_path, capsys):
   summary_file = tmp_path / "summary.json"
-  code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "5", "--normalize",
+  code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5", "--normalize",
                    "--summary-json", str(summary_file)] + TINY)
   assert code == 0
   summary = json.loads(capsys.readouterr().out)
@@ -46,8 +46,8 @@ def test_dp_run_summary_and_epsilon(data_dir, tmp_path, capsys):
   assert 4.9 < summary["epsilon"] <= 5.0 + 1e-6
 
 
-def test_non_private_baselines(data_dir, capsys):
-  code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "inf", "--untied",
+def test_non_private_baselines(sequences_dir, capsys):
+  code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "inf", "--untied",
                    "--no-reattention"] + TINY)
   assert code == 0
   summary = json.loads(capsys.readouterr().out)
@@ -63,13 +63,13 @@ def test_missing_data_is_a_one_line_error(tmp_path, capsys):
   assert err.startswith("dprec: error:") and "manifest" in err and "\n" not in err
 
 
-def test_default_batch_size_fits_tiny_data_and_an_impossible_one_is_refused(data_dir, capsys):
-  code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "inf"] + SMALL)
+def test_default_batch_size_fits_tiny_data_and_an_impossible_one_is_refused(sequences_dir, capsys):
+  code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "inf"] + SMALL)
   assert code == 0
   summary = json.loads(capsys.readouterr().out)
   assert summary["train_examples"] < 1024 and summary["batch_size_chosen"]
   assert summary["batch_size"] == summary["train_examples"] // 8
-  code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "inf", "--batch-size",
+  code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "inf", "--batch-size",
                    "1000"] + SMALL)
   assert code == 2
   err = capsys.readouterr().err.strip()
@@ -90,7 +90,7 @@ def _trained_frequencies(run_dir, summary):
       summary["batch_size"] * np.sqrt(variance))
 
 
-def test_trained_model_holds_dp_frequencies_charged_to_the_ledger(data_dir, tmp_path, capsys,
+def test_trained_model_holds_dp_frequencies_charged_to_the_ledger(sequences_dir, tmp_path, capsys,
                                                                   monkeypatch):
   run_dir = str(tmp_path / "run")
   ledger_path = os.path.join(run_dir, "ledger.json")
@@ -102,11 +102,11 @@ def test_trained_model_holds_dp_frequencies_charged_to_the_ledger(data_dir, tmp_
     return commit(manager, *args, **kwargs)
 
   monkeypatch.setattr(ckpt_lib.CheckpointManager, "commit", commit_after_the_charge)
-  code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "5", "--run-dir",
+  code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5", "--run-dir",
                    run_dir] + TINY)
   assert code == 0
   summary = json.loads(capsys.readouterr().out)
-  data = load_sequences(data_dir)
+  data = load_sequences(sequences_dir)
   examples = make_examples(data, 8, hold_out_validation=True)
   n = len(examples.items)
   exact = user_histogram.users_per_item(examples.items, data.num_items) / n
@@ -121,10 +121,10 @@ def test_trained_model_holds_dp_frequencies_charged_to_the_ledger(data_dir, tmp_
   assert histogram[0]["noise_multiplier"] == summary["item_frequencies"]["noise_multiplier"]
 
 
-def test_public_frequency_file_is_used_as_is_and_not_charged(data_dir, frequency_file, tmp_path,
+def test_public_frequency_file_is_used_as_is_and_not_charged(sequences_dir, frequency_file, tmp_path,
                                                              capsys):
   run_dir, (path, values) = str(tmp_path / "run"), frequency_file
-  code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "5", "--run-dir",
+  code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5", "--run-dir",
                    run_dir, "--item-frequencies", path] + TINY)
   assert code == 0
   summary = json.loads(capsys.readouterr().out)
@@ -137,20 +137,20 @@ def test_public_frequency_file_is_used_as_is_and_not_charged(data_dir, frequency
 @pytest.mark.parametrize("line, message", [
     ("x 0.1 2", ":3: expected 2 fields"), ("x half", ":3: frequency: not a number"),
     ("x 1.5", ":3: frequency: must be in [0, 1]")])
-def test_bad_frequency_file_is_a_one_line_error_with_file_and_line(data_dir, tmp_path, capsys,
+def test_bad_frequency_file_is_a_one_line_error_with_file_and_line(sequences_dir, tmp_path, capsys,
                                                                    line, message):
   path = tmp_path / "bad.txt"
   path.write_text(f"# header\n\n{line}\n")
-  code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "5",
+  code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5",
                    "--item-frequencies", str(path)] + TINY)
   assert code == 2
   err = capsys.readouterr().err.strip()
   assert f"{path}{message}" in err and "\n" not in err
 
 
-def test_frequency_file_must_cover_every_item(data_dir, tmp_path):
+def test_frequency_file_must_cover_every_item(sequences_dir, tmp_path):
   path = tmp_path / "partial.txt"
-  data = load_sequences(data_dir)
+  data = load_sequences(sequences_dir)
   path.write_text(f"{data.item_ids[0]} 0.5\n{data.item_ids[0]} 0.25\n")
   with pytest.raises(DprecError, match=r"partial.txt:2: item .* again \(first on line 1\)"):
     read_item_frequencies(str(path), data.item_ids)
@@ -160,11 +160,11 @@ def test_frequency_file_must_cover_every_item(data_dir, tmp_path):
     read_item_frequencies(str(path), data.item_ids)
 
 
-def test_adambc_optimizer_low_rank_item_table_and_secure_noise_run(data_dir, tmp_path, capsys):
+def test_adambc_optimizer_low_rank_item_table_and_secure_noise_run(sequences_dir, tmp_path, capsys):
   """`--optimizer adambc` (DP-AdamBC, seed 002, same schedule and weight decay),
   `--item-rank` (issue 15) and `--secure-noise` (issue 13), together to spare a run; their
   steps are tested on their own."""
-  code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "5", "--optimizer",
+  code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5", "--optimizer",
                    "adambc", "--adambc-floor", "1e-7", "--item-rank", "4", "--secure-noise"]
                   + TINY)
   assert code == 0
@@ -173,20 +173,20 @@ def test_adambc_optimizer_low_rank_item_table_and_secure_noise_run(data_dir, tmp
   assert np.isfinite(summary["ndcg_at_10"]) and 0 < summary["epsilon"] <= 5 * (1 + 1e-6)
 
 
-def test_item_vocabulary_and_norm_share_run_selected_on_validation(data_dir, tmp_path, capsys):
+def test_item_vocabulary_and_norm_share_run_selected_on_validation(sequences_dir, tmp_path, capsys):
   """`--item-vocab-threshold` and `--popularity-weights` (from the same one DP histogram as
   Re-Attention's p_i: one ledger charge) and `--item-norm-share` (issue 15): the checkpoint's
   table has the vocabulary's rows, every item maps to one, each row has a weight floored at the
   histogram's noise std; the summary reports validation metrics for model selection and the
   top-10 diversity."""
   run_dir = str(tmp_path / "run")
-  code = cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "5", "--run-dir",
+  code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5", "--run-dir",
                    run_dir, "--item-vocab-threshold", "20", "--item-norm-share", "0.9",
                    "--item-histogram-items", "4", "--popularity-weights"] + TINY)
   assert code == 0
   summary = json.loads(capsys.readouterr().out)
   vocabulary = summary["item_vocabulary"]
-  data = load_sequences(data_dir)
+  data = load_sequences(sequences_dir)
   assert vocabulary["items"] == data.num_items and summary["item_norm_share"] == 0.9
   assert 0 < vocabulary["own_rows"] < data.num_items
   assert summary["item_frequencies"]["max_items_per_user"] == 4  # sensitivity √4

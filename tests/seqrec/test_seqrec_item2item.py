@@ -22,10 +22,10 @@ def _run(capsys, *argv):
   return json.loads(capsys.readouterr().out)
 
 
-def test_dp_run_epsilon_is_the_composition_of_histogram_and_pair_release(data_dir, tmp_path,
+def test_dp_run_epsilon_is_the_composition_of_histogram_and_pair_release(sequences_dir, tmp_path,
                                                                         capsys):
   ledger = tmp_path / "ledger.json"
-  summary = _run(capsys, "--data", data_dir, "--epsilon", "5", "--ledger", str(ledger), *SMALL)
+  summary = _run(capsys, "--data", sequences_dir, "--epsilon", "5", "--ledger", str(ledger), *SMALL)
   assert summary["model"] == "item2item" and summary["public_users"] == 0.0
   assert summary["item_pairs"]["item_set"] == 30 and summary["item_pairs"]["threshold"] > 0
   for key in ("ndcg_at_10", "hit_at_10", "by_popularity", "distinct_top10_items"):
@@ -42,16 +42,16 @@ def test_dp_run_epsilon_is_the_composition_of_histogram_and_pair_release(data_di
   assert labels == {item_frequencies.LABEL, item2item.LABEL}
 
 
-def test_non_private_run_uses_the_exact_statistics(data_dir, capsys):
-  summary = _run(capsys, "--data", data_dir, "--epsilon", "inf", *SMALL)
+def test_non_private_run_uses_the_exact_statistics(sequences_dir, capsys):
+  summary = _run(capsys, "--data", sequences_dir, "--epsilon", "inf", *SMALL)
   assert summary["model"] == "item2item" and summary["epsilon"] == float("inf")
   assert summary["item_pairs"]["private"] is False
   assert 0.0 <= summary["ndcg_at_10"] <= summary["hit_at_10"] <= 1.0
 
 
-def test_the_model_reads_only_released_values(data_dir, monkeypatch):
+def test_the_model_reads_only_released_values(sequences_dir, monkeypatch):
   """Two data sets with the same released histogram and pairs give the same scores."""
-  data = load_sequences(data_dir)
+  data = load_sequences(sequences_dir)
   options = seqrec.SeqRecTrainOptions(model="item2item", max_len=8, pair_item_set=None)
   first = make_examples(data, 8, True)
   rng = np.random.default_rng(0)
@@ -67,17 +67,17 @@ def test_the_model_reads_only_released_values(data_dir, monkeypatch):
   np.testing.assert_array_equal(scores[0], scores[1])
 
 
-def _public_split(data_dir, fraction=0.3):
-  data = load_sequences(data_dir)
+def _public_split(sequences_dir, fraction=0.3):
+  data = load_sequences(sequences_dir)
   private, public = public_users.split(data, fraction)
   return make_examples(private, 8, True), make_examples(public, 8, True)
 
 
-def test_public_users_enter_exactly_and_private_users_only_through_the_release(data_dir):
+def test_public_users_enter_exactly_and_private_users_only_through_the_release(sequences_dir):
   """With a threshold no noisy cell reaches, the released matrix is exactly the public users'
   statistics: fails if public users were noised (thresholded away) or if a private user's pairs
   entered without noise."""
-  examples, public = _public_split(data_dir)
+  examples, public = _public_split(sequences_dir)
   options = seqrec.SeqRecTrainOptions(model="item2item", max_len=8, pair_item_set=None,
                                       pair_threshold=1e6, public_users=0.3)
   plan = seqrec.plan_privacy(options, len(examples.items))
@@ -95,10 +95,10 @@ def test_public_users_enter_exactly_and_private_users_only_through_the_release(d
       public.items[:, -item_frequencies.histogram_items(options):], examples.num_items))
 
 
-def test_public_users_noise_covers_the_private_users_at_sensitivity_one(data_dir):
+def test_public_users_noise_covers_the_private_users_at_sensitivity_one(sequences_dir):
   """Without a threshold, released − public − private statistics is the Gaussian noise of the
   plan's σ on every cell (sensitivity 1: the private release is unchanged by the public users)."""
-  examples, public = _public_split(data_dir)
+  examples, public = _public_split(sequences_dir)
   options = seqrec.SeqRecTrainOptions(model="item2item", max_len=8, pair_item_set=None,
                                       pair_threshold=-np.inf, public_users=0.3)
   plan = seqrec.plan_privacy(options, len(examples.items))
@@ -110,11 +110,11 @@ def test_public_users_noise_covers_the_private_users_at_sensitivity_one(data_dir
   assert abs(noise.std() / (plan.noise_multiplier * item_pairs.SENSITIVITY) - 1) < 0.1
 
 
-def test_public_users_are_not_charged(data_dir, tmp_path, capsys):
+def test_public_users_are_not_charged(sequences_dir, tmp_path, capsys):
   """ε, δ = 1/N and σ are those of the private users alone; the summary names the public ones and
   evaluates the private users only."""
-  examples, public = _public_split(data_dir)
-  summary = _run(capsys, "--data", data_dir, "--epsilon", "5", "--public-users", "0.3",
+  examples, public = _public_split(sequences_dir)
+  summary = _run(capsys, "--data", sequences_dir, "--epsilon", "5", "--public-users", "0.3",
                  "--ledger", str(tmp_path / "ledger.json"), *SMALL)
   assert summary["public_users"] == 0.3
   selection = summary["public_user_selection"]
@@ -132,9 +132,9 @@ HYBRID = ["--model", "hybrid", "--epochs", "1", "--batch-size", "32", "--max-len
           "--dim", "8", "--blocks", "1", "--pair-item-set", "30", "--no-progress"]
 
 
-def test_hybrid_epsilon_composes_histogram_pairs_and_training(data_dir, tmp_path, capsys):
+def test_hybrid_epsilon_composes_histogram_pairs_and_training(sequences_dir, tmp_path, capsys):
   ledger = tmp_path / "ledger.json"
-  summary = _run(capsys, "--data", data_dir, "--epsilon", "5", "--ledger", str(ledger), *HYBRID)
+  summary = _run(capsys, "--data", sequences_dir, "--epsilon", "5", "--ledger", str(ledger), *HYBRID)
   assert summary["model"] == "hybrid"
   histogram, pairs = summary["item_frequencies"], summary["item_pairs"]
   assert histogram["epsilon_share"] == 0.1 and pairs["epsilon_share"] == 0.3
@@ -152,11 +152,11 @@ def test_hybrid_epsilon_composes_histogram_pairs_and_training(data_dir, tmp_path
   assert labels == {item_frequencies.LABEL, item2item.LABEL, seqrec.LEDGER_LABEL}
 
 
-def test_hybrid_item_rows_read_only_released_pairs(data_dir):
+def test_hybrid_item_rows_read_only_released_pairs(sequences_dir):
   """The factorisation is a function of the released matrix only (its top singular values, untouched
   items 0); the model's table takes the rows where given (scaled to the random rows' mean norm)
   and keeps its random rows elsewhere."""
-  examples = make_examples(load_sequences(data_dir), 8, True)
+  examples = make_examples(load_sequences(sequences_dir), 8, True)
   num_items = examples.num_items
   released = item_pairs.pair_statistics([np.array([1, 2, 3]), np.array([2, 3, 1, 4])], num_items)
   factors = Item2ItemModel(released, np.ones(num_items + 1)).item_factors(8)
@@ -180,11 +180,11 @@ def test_hybrid_item_rows_read_only_released_pairs(data_dir):
                              np.linalg.norm(before[1:5], axis=1).mean(), rtol=1e-5)
 
 
-def test_logit_prior_adds_the_released_pairs_score_and_reads_only_released_values(data_dir):
+def test_logit_prior_adds_the_released_pairs_score_and_reads_only_released_values(sequences_dir):
   """LogitPrior at w is the model's logits plus w·Σ_{k≤3} ½^(k−1)·S̃[h_k, j] (brute force over
   the dense matrix), the same for two models sharing the released matrix but not the
   popularity; `score_weights` gives every weight's scores from one pass."""
-  examples = make_examples(load_sequences(data_dir), 8, True)
+  examples = make_examples(load_sequences(sequences_dir), 8, True)
   num_items = examples.num_items
   released = item_pairs.pair_statistics([np.array([1, 2, 3]), np.array([2, 3, 1, 4])], num_items)
   options = seqrec.SeqRecTrainOptions(model="hybrid", max_len=8, dim=8, num_blocks=1,
@@ -208,8 +208,8 @@ def test_logit_prior_adds_the_released_pairs_score_and_reads_only_released_value
     np.testing.assert_allclose(scores, logits + weight * expected, rtol=1e-5, atol=1e-5)
 
 
-def test_hybrid_prior_weight_auto_is_the_best_candidate_on_validation(data_dir, capsys):
-  summary = _run(capsys, "--data", data_dir, "--epsilon", "5", "--prior-weight", "auto",
+def test_hybrid_prior_weight_auto_is_the_best_candidate_on_validation(sequences_dir, capsys):
+  summary = _run(capsys, "--data", sequences_dir, "--epsilon", "5", "--prior-weight", "auto",
                  "--no-pair-init", *HYBRID)
   prior = summary["logit_prior"]
   by_weight = prior["validation_by_weight"]
@@ -222,9 +222,9 @@ def test_hybrid_prior_weight_auto_is_the_best_candidate_on_validation(data_dir, 
   assert "prior" in summary["epsilon_covers"]["held_out_evaluation"]
 
 
-def test_prior_weight_auto_needs_validation_items_and_the_hybrid(data_dir, capsys):
-  assert cli.main(["train", "seqrec", "--data", data_dir, "--epsilon", "inf",
+def test_prior_weight_auto_needs_validation_items_and_the_hybrid(sequences_dir, capsys):
+  assert cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "inf",
                    "--prior-weight", "auto", "--no-hold-out-validation", *HYBRID]) == 2
   assert "validation items" in capsys.readouterr().err
-  assert cli.main(["train", "seqrec", "--data", data_dir, "--prior-weight", "1", *SMALL]) == 2
+  assert cli.main(["train", "seqrec", "--data", sequences_dir, "--prior-weight", "1", *SMALL]) == 2
   assert "--model hybrid's" in capsys.readouterr().err

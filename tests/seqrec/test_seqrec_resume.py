@@ -20,9 +20,9 @@ from dprec.training import callbacks as callbacks_lib
 KILL_AFTER_STEP = 5
 
 
-def _options(data_dir, **overrides):
+def _options(sequences_dir, **overrides):
   # dropout 0: Keras' dropout masks are not part of the checkpoint; everything else is.
-  options = dict(model="dpformer", data=data_dir, epsilon=5.0, epochs=2, batch_size=32, max_len=8, dim=8,
+  options = dict(model="dpformer", data=sequences_dir, epsilon=5.0, epochs=2, batch_size=32, max_len=8, dim=8,
                  num_blocks=1, dropout=0.0, progress=False, checkpoint_every=3, charge_every=2)
   return SeqRecTrainOptions(**dict(options, **overrides))
 
@@ -67,31 +67,31 @@ def _kill_after_step(monkeypatch, step):
 
 
 @pytest.mark.slow
-def test_killed_run_resumes_to_the_uninterrupted_result(data_dir, frequency_file, tmp_path,
+def test_killed_run_resumes_to_the_uninterrupted_result(sequences_dir, frequency_file, tmp_path,
                                                         monkeypatch):
   # Public p_i: the DP histogram's noise is secret, so two runs would differ (see below).
   path = frequency_file[0]
-  whole = train_seqrec(_options(data_dir, run_dir=str(tmp_path / "whole"), keep_checkpoints=None,
+  whole = train_seqrec(_options(sequences_dir, run_dir=str(tmp_path / "whole"), keep_checkpoints=None,
                                 item_frequencies=path))
   assert whole["steps"] == 7 and whole["resumed_from_step"] == 0
   kept = sorted(os.listdir(tmp_path / "whole" / "checkpoints"))
   assert kept == ["LATEST"] + [f"ckpt-{n:06d}" for n in range(3)]  # steps 3, 6, 7 (validation items held out)
   saved_options = options_from_checkpoint(_latest(str(tmp_path / "whole")))
   assert saved_options.run_fingerprint() == _options(
-      data_dir, item_frequencies=path).run_fingerprint()
+      sequences_dir, item_frequencies=path).run_fingerprint()
 
   # The secret key, reloaded from the run directory, is what makes the resumed noise exact.
   _kill_after_step(monkeypatch, KILL_AFTER_STEP)
   killed_dir = str(tmp_path / "killed")
   _clone_run(str(tmp_path / "whole"), killed_dir)
   with pytest.raises(KeyboardInterrupt):
-    train_seqrec(_options(data_dir, run_dir=killed_dir, item_frequencies=path))
+    train_seqrec(_options(sequences_dir, run_dir=killed_dir, item_frequencies=path))
   # Steps 4 and 5 were trained and paid for (in blocks of 2: through step 6) after the last
   # checkpoint (step 3); the resumed run trains them again without paying again.
   assert _steps_in_ledger(killed_dir) == 6
   monkeypatch.undo()
 
-  resumed = train_seqrec(_options(data_dir, run_dir=killed_dir, item_frequencies=path))
+  resumed = train_seqrec(_options(sequences_dir, run_dir=killed_dir, item_frequencies=path))
   assert resumed["resumed_from_step"] == 3
   assert len(os.listdir(os.path.join(killed_dir, "checkpoints"))) == 1 + 2  # LATEST, newest 2
   assert _steps_in_ledger(killed_dir) == whole["steps"]
@@ -102,20 +102,20 @@ def test_killed_run_resumes_to_the_uninterrupted_result(data_dir, frequency_file
     np.testing.assert_allclose(got[name], value, atol=1e-5, err_msg=name)
   assert resumed["ndcg_at_10"] == pytest.approx(whole["ndcg_at_10"])
 
-  again = train_seqrec(_options(data_dir, run_dir=killed_dir, item_frequencies=path))  # evaluates
+  again = train_seqrec(_options(sequences_dir, run_dir=killed_dir, item_frequencies=path))  # evaluates
   assert again["resumed_from_step"] == whole["steps"] and again["epsilon"] == resumed["epsilon"]
   with pytest.raises(DprecError, match="epochs: 2 there, 3 now"):
-    train_seqrec(_options(data_dir, run_dir=killed_dir, item_frequencies=path, epochs=3))
+    train_seqrec(_options(sequences_dir, run_dir=killed_dir, item_frequencies=path, epochs=3))
 
 
-def test_resumed_run_keeps_its_dp_frequencies_and_pays_for_them_once(data_dir, tmp_path,
+def test_resumed_run_keeps_its_dp_frequencies_and_pays_for_them_once(sequences_dir, tmp_path,
                                                                      monkeypatch):
   run_dir = str(tmp_path / "run")
   _kill_after_step(monkeypatch, KILL_AFTER_STEP)
   with pytest.raises(KeyboardInterrupt):
-    train_seqrec(_options(data_dir, run_dir=run_dir, keep_checkpoints=None))
+    train_seqrec(_options(sequences_dir, run_dir=run_dir, keep_checkpoints=None))
   monkeypatch.undo()
-  resumed = train_seqrec(_options(data_dir, run_dir=run_dir, keep_checkpoints=None))
+  resumed = train_seqrec(_options(sequences_dir, run_dir=run_dir, keep_checkpoints=None))
   assert resumed["resumed_from_step"] == 3
   histogram = [c for c in _charges(run_dir)
                if c["label"] == resumed["item_frequencies"]["ledger_label"]]
@@ -127,28 +127,28 @@ def test_resumed_run_keeps_its_dp_frequencies_and_pays_for_them_once(data_dir, t
   assert resumed["epsilon"] <= 5.0 + 1e-6
 
 
-def test_runs_sharing_a_ledger_each_pay_with_or_without_a_run_dir(data_dir, tmp_path):
+def test_runs_sharing_a_ledger_each_pay_with_or_without_a_run_dir(sequences_dir, tmp_path):
   ledger = str(tmp_path / "ledger.json")
-  first = train_seqrec(_options(data_dir, epochs=0.5, ledger=ledger))  # no run directory
+  first = train_seqrec(_options(sequences_dir, epochs=0.5, ledger=ledger))  # no run directory
   assert first["epsilon"] <= 5.0 + 1e-6
   for run_dir in (None, str(tmp_path / "b")):
     with pytest.raises(BudgetExceededError, match="already spent"):
-      train_seqrec(_options(data_dir, epochs=0.5, ledger=ledger, run_dir=run_dir))
+      train_seqrec(_options(sequences_dir, epochs=0.5, ledger=ledger, run_dir=run_dir))
   assert {c["run_id"] for c in PrivacyLedger(ledger).charges} == {first["run_id"]}
 
 
-def _run_privately(data_dir, run_dir, **overrides):
-  summary = train_seqrec(_options(data_dir, run_dir=run_dir, epochs=1, seed=7, **overrides))
+def _run_privately(sequences_dir, run_dir, **overrides):
+  summary = train_seqrec(_options(sequences_dir, run_dir=run_dir, epochs=1, seed=7, **overrides))
   return summary, _final_variables(run_dir)
 
 
 def test_the_key_is_secret_and_all_that_differs_between_runs_of_the_same_arguments(
-    data_dir, tmp_path):
+    sequences_dir, tmp_path):
   """A secure run keeps its key in the secret file alone, and ends apart from an insecure-seed
   run of the same arguments. (Same key, same result: the killed-run test above; an insecure seed
   gives one key every time: test_noise_key.) An insecure run resumes only as it started."""
   run_dir = tmp_path / "a"
-  secure, secure_weights = _run_privately(data_dir, str(run_dir),
+  secure, secure_weights = _run_privately(sequences_dir, str(run_dir),
                                           summary_json=str(tmp_path / "summary.json"))
   key_path = run_dir / "secret" / "noise_key"
   assert os.stat(key_path).st_mode & 0o777 == 0o600
@@ -165,7 +165,7 @@ def test_the_key_is_secret_and_all_that_differs_between_runs_of_the_same_argumen
   assert "training data of this run" in secure["epsilon_covers"]["held_out_evaluation"]
 
   with pytest.warns(InsecureNoiseWarning):
-    insecure, insecure_weights = _run_privately(data_dir, str(tmp_path / "c"),
+    insecure, insecure_weights = _run_privately(sequences_dir, str(tmp_path / "c"),
                                                 insecure_noise_seed=3)
   assert secure["private"] and secure_weights.keys() == insecure_weights.keys()
   assert any(not np.array_equal(secure_weights[k], insecure_weights[k]) for k in secure_weights)
@@ -173,20 +173,20 @@ def test_the_key_is_secret_and_all_that_differs_between_runs_of_the_same_argumen
   assert all(c["private"] is False and c["run_id"] == insecure["run_id"]
              for c in _charges(str(tmp_path / "c")))
   with pytest.raises(DprecError, match="insecure_noise_seed"):  # resumes only as it started
-    train_seqrec(_options(data_dir, run_dir=str(tmp_path / "c"), epochs=1, seed=7))
+    train_seqrec(_options(sequences_dir, run_dir=str(tmp_path / "c"), epochs=1, seed=7))
 
 
-def test_diagnostics_are_reported_under_a_name_that_says_so(data_dir):
-  diagnosed = train_seqrec(_options(data_dir, epochs=0.5, diagnostics=True))
+def test_diagnostics_are_reported_under_a_name_that_says_so(sequences_dir):
+  diagnosed = train_seqrec(_options(sequences_dir, epochs=0.5, diagnostics=True))
   assert "final_loss" in diagnosed["diagnostics_nonprivate"]
 
 
-def test_a_preprocessing_charge_on_the_data_set_is_composed_with_training(data_dir, tmp_path):
+def test_a_preprocessing_charge_on_the_data_set_is_composed_with_training(sequences_dir, tmp_path):
   ledger = str(tmp_path / "ledger.json")
-  dataset = identity.dataset_identity(data_dir)
+  dataset = identity.dataset_identity(sequences_dir)
   PrivacyLedger(ledger, 5.0, 1e-3, run_id=dataset["id"], marks={
       "stage": PREPROCESSING, "dataset": dataset}).charge_pure(1.0, label="item vocabulary")
-  summary = train_seqrec(_options(data_dir, epochs=0.5, ledger=ledger))
+  summary = train_seqrec(_options(sequences_dir, epochs=0.5, ledger=ledger))
   assert summary["delta"] == 1e-3  # the ledger's
   accountant = dp_accounting.pld.PLDAccountant()
   accountant.compose(dp_accounting.GaussianDpEvent(summary["item_frequencies"][
