@@ -8,7 +8,7 @@ p, the other lookups in a Poisson batch of expected size B are m ~ Poisson(B·p)
 is kept with probability E_m Ψ((τ − (m + 1)·C1/√F)/(σ1·C1)). Rows that are never kept get no
 gradient at all (only false positives' noise): DP-SGD's noisy update still carries their signal.
 The expectation is exact (a sum over m); nothing is trained. Defaults: `train ctr`'s DP-AdaFEST
-point on the 5M-row frontier data (B = 8192, τ = 15, C1 = 1, σ1 = 4.00 at ε = 1).
+point on the 5M-row frontier data (B = 8192, r = 2, τ = 7, C1 = 1: σ1 = 1.756 at ε = 1).
 
     PYTHONPATH=. .venv/bin/python benchmarks/selection_recall.py --data DATA \\
         --batch-sizes 8192 32768 131072 --thresholds 15 5
@@ -70,8 +70,8 @@ def main(argv=None):
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--data", required=True, help="Criteo TSV day_N directory (last day: test)")
   parser.add_argument("--batch-sizes", type=int, nargs="+", default=[8192])
-  parser.add_argument("--thresholds", type=float, nargs="+", default=[15.0])
-  parser.add_argument("--sigma1", type=float, default=4.00,
+  parser.add_argument("--thresholds", type=float, nargs="+", default=[7.0])
+  parser.add_argument("--sigma1", type=float, default=1.756,
                       help="σ1 (default: the 5M frontier's DP-AdaFEST runs at ε = 1)")
   parser.add_argument("--contribution-clip", type=float, default=1.0)
   args = parser.parse_args(argv)

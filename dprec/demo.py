@@ -39,7 +39,7 @@ def register(subparsers):
 
 def demo_options(data_dir: str, out_dir: str, steps: int, batch_size: int, epsilon: float,
                  seed: int, insecure_noise_seed=None) -> ctr.CTRTrainOptions:
-  """The demo's DP-AdaFEST run with `train ctr`'s defaults: r = 5, τ = 15, C1 = 1 (false
+  """The demo's DP-AdaFEST run with `train ctr`'s defaults: r = 2, τ = 7, C1 = 1 (false
   positives stay rare), C2 = 1, lazy Adam at lr 3e-3, logit bias at the DP base rate and
   DP Platt scaling after training."""
   return ctr.CTRTrainOptions(
