@@ -6,6 +6,7 @@ import os
 import pytest
 
 from dprec import cli
+from dprec.workflows import ctr
 
 
 @pytest.mark.slow
@@ -17,7 +18,7 @@ def test_demo_trains_dp_adafest_and_spends_the_planned_epsilon(tmp_path, capsys)
   captured = capsys.readouterr()
   summary = json.loads(captured.out)
   privacy, training = summary["privacy"], summary["training"]
-  assert privacy["sigma1"] == pytest.approx(5 * privacy["sigma2"])
+  assert privacy["sigma1"] == pytest.approx(ctr.CTRTrainOptions.ratio * privacy["sigma2"])
   assert privacy["epsilon_of_composed_sigma"] == pytest.approx(1.0, rel=1e-2)
   assert training["algorithm"] == "dp_adafest" and training["steps"] == 3
   assert 0.0 <= training["auc"] <= 1.0

@@ -50,7 +50,7 @@ def test_private_run_spends_what_dprec_privacy_computes(data_dir, tmp_path, algo
   assert summary["sampling_rate"] == pytest.approx(BATCH / summary["train_rows"])
   sigma = summary["sigma2"]
   if algorithm.startswith("dp_adafest"):
-    assert summary["sigma1"] == pytest.approx(5 * sigma)
+    assert summary["sigma1"] == pytest.approx(ctr_workflow.CTRTrainOptions.ratio * sigma)
     sigma = privacy.composed_noise_multiplier(summary["sigma1"], summary["sigma2"])
   selection = 0.2 if "--top-k" in extra else 0.0
   # Training composed with the DP base rate (one Gaussian mechanism on the label sum) and the
