@@ -100,19 +100,27 @@ def read_runs(path, tag=None):
   return [r for r in runs if tag is None or r["data"] == tag]
 
 
+def pending(phases, draws, runs, only=None):
+  """[(phase, point, draw)] of `phases` not among `runs`, in run order: within a phase every DP
+  point's draw 0, then draw 1, ...; the non-private reference (one draw) last. A point in two
+  phases runs once, in the first; `only`: these labels alone."""
+  done = {(r["label"], r["draw"]) for r in runs}
+  unique = {}
+  for phase in phases:
+    for private in (True, False):
+      for draw in range(draws if private else 1):
+        for point in map(full, PHASES[phase]):
+          key = (label(point), draw)
+          if ((point["algorithm"] != "non_private") == private and key not in done
+              and (not only or key[0] in only)):
+            unique.setdefault(key, (phase, point, draw))
+  return list(unique.values())
+
+
 def train(args, runs):
   """Runs every (point, draw) of `args.phases` not yet in `args.jsonl`, appending each."""
   tag = data_tag(args.data, args.validation_rows)
-  done = {(r["label"], r["draw"]) for r in runs}
-  # Within a phase: every DP point's draw 0, then draw 1, ...; the non-private reference last.
-  todo = [(phase, full(point), draw) for phase in args.phases
-          for private in (True, False) for draw in range(args.draws) for point in PHASES[phase]
-          if (point["algorithm"] != "non_private") == private and (private or draw == 0)]
-  unique = {}  # a point in two phases runs once, in the first
-  for phase, p, d in todo:
-    if (label(p), d) not in done and (not args.only or label(p) in args.only):
-      unique.setdefault((label(p), d), (phase, p, d))
-  todo = list(unique.values())
+  todo = pending(args.phases, args.draws, runs, args.only)
   print(f"# {tag}: {len(todo)} runs to do", file=sys.stderr, flush=True)
   if not todo:
     return
@@ -259,10 +267,7 @@ def estimate(runs, args):
   if not walls:
     return
   per_run = float(np.median(walls))
-  done = {(r["label"], r["draw"]) for r in runs}
-  left = {phase: sum((label(full(p)), d) not in done for p in PHASES[phase]
-                     for d in range(args.draws) if d == 0 or p["algorithm"] != "non_private")
-          for phase in PHASES}
+  left = {phase: len(pending([phase], args.draws, runs)) for phase in PHASES}
   print(f"\nMedian wall time per DP run: {per_run:.0f} s (loaded shared machine); runs left per "
         "phase (hours at that rate): " + ", ".join(
             f"{phase} {n} ({n * per_run / 3600:.1f} h)" for phase, n in left.items()))
