@@ -59,8 +59,10 @@ def pipeline_options(beam_args: Sequence[str], streaming: bool = False,
   args, given = list(beam_args), " ".join(beam_args)
   runner = PipelineOptions(args).view_as(StandardOptions).runner
   runner = RUNNER_NAMES.get(runner, runner)
-  if runner == DASK_RUNNER and not any(flag in given for flag in DASK_PARTITIONING):
-    args.append("--dask_partition_size=1")
+  if runner == DASK_RUNNER:
+    _dask_options()  # registers the --dask_* flags, which Beam knows only once its runner is imported
+    if not any(flag in given for flag in DASK_PARTITIONING):
+      args.append("--dask_partition_size=1")
   options = PipelineOptions(args)
   standard = options.view_as(StandardOptions)
   standard.runner = runner
@@ -97,6 +99,17 @@ class LocalDaskOptions(PipelineOptions):
                         help="worker processes (one thread each) of the local Dask cluster")
 
 
+def _dask_options() -> type:
+  """Beam's `DaskOptions`, or a DprecError naming the install when Dask is missing."""
+  try:
+    from apache_beam.runners.dask.dask_runner import DaskOptions  # pylint: disable=import-outside-toplevel
+    import distributed  # pylint: disable=import-outside-toplevel,unused-import
+  except ImportError as error:
+    raise DprecError(f"--runner DaskRunner needs Dask: pip install 'apache-beam[dask]' ({error})"
+                     ) from None
+  return DaskOptions
+
+
 @contextlib.contextmanager
 def dask_cluster(options: PipelineOptions):
   """For `--runner DaskRunner` without a scheduler address: a `distributed.LocalCluster` of
@@ -105,19 +118,14 @@ def dask_cluster(options: PipelineOptions):
   if runner_name(options) != "DaskRunner":
     yield
     return
-  try:
-    from apache_beam.runners.dask.dask_runner import DaskOptions  # pylint: disable=import-outside-toplevel
-    from distributed import LocalCluster  # pylint: disable=import-outside-toplevel
-  except ImportError as error:
-    raise DprecError(f"--runner DaskRunner needs Dask: pip install 'apache-beam[dask]' ({error})"
-                     ) from None
-  dask = options.view_as(DaskOptions)
+  dask = options.view_as(_dask_options())
   if dask.address or dask.scheduler_file:
     yield
     return
   workers = options.view_as(LocalDaskOptions).dask_workers
   if workers < 1:
     raise DprecError(f"--dask-workers must be at least 1, got {workers}")
+  from distributed import LocalCluster  # pylint: disable=import-outside-toplevel
   with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True) as cluster:
     dask.address = cluster.scheduler_address
     try:
