@@ -102,10 +102,11 @@ class StreamOptions(run_lib.RunOptions):
   calibration_prior_examples: float = privacy.recalibration.PRIOR_EXAMPLES
   calibration_level_prior_examples: float = PLATT_LEVEL_PRIOR_EXAMPLES
   # The step's hyper-parameters are `train ctr`'s (one source), but τ, lower for short periods,
-  # and C2, which at 1 ranks below chance for the first periods of 25k rows (docs/experiments/
-  # streaming.md: AUC 0.435 → 0.590 after the first period at C2 = 10).
+  # C2, which at 1 ranks below chance for the first periods of 25k rows (docs/experiments/
+  # streaming.md: AUC 0.435 → 0.590 after the first period at C2 = 10), and r, at which that
+  # page's runs were measured (`train ctr`'s moved to 2 with its τ = 7; at τ = 1 not measured).
   l2_norm_clip: float = 10.0
-  ratio: float = ctr_workflow.CTRTrainOptions.ratio
+  ratio: float = 5.0
   threshold: float = 1.0
   contribution_clip: float = ctr_workflow.CTRTrainOptions.contribution_clip
   learning_rate: float = ctr_workflow.CTRTrainOptions.learning_rate

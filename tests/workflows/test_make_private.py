@@ -3,6 +3,7 @@ DP step it makes bounds one example's influence by C2 (functional, TFRS ranking 
 two-tower models; in-batch negatives do not); ε equals dp_accounting's; training stops at the
 budget; the refusals name what they refuse."""
 import dataclasses
+import math
 import warnings
 
 import dp_accounting
@@ -19,6 +20,7 @@ from dprec.optimizers import DPOptimizer
 from dprec.optimizers import config as config_lib
 from dprec.privacy.noise_key import InsecureNoiseWarning
 from dprec.training import poisson
+from dprec.workflows import ctr as ctr_workflow
 from dprec.workflows import private_model
 
 tfrs = pytest.importorskip("tensorflow_recommenders")
@@ -178,6 +180,34 @@ def test_quantile_clipping_costs_the_planned_sigma_and_moves_the_clip_in_fit():
   clip = float(model.dp_optimizer.clip)
   assert history.history["l2_norm_clip"][-1] == pytest.approx(clip)
   assert clip != CLIP
+
+
+def _large_tables(vocab):
+  """A functional model whose one table (vocab × 16 floats) is above `AUTO_DENSE_LIMIT`."""
+  ids = tf.keras.Input((), dtype=tf.int32, name="id")
+  return tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Embedding(vocab, 16)(ids)))
+
+
+def test_auto_on_large_tables_selects_few_rows_by_noise_alone():
+  """Tables above `AUTO_DENSE_LIMIT` floats train with DP-AdaFEST at `train ctr`'s (r, τ); a row
+  no example touched passes the threshold with probability Ψ(τ/(σ1·C1)): under 1e-3 at ε = 1
+  for a data set of 100k, where r = 5, τ = 5 (the old default) kept one row in eight."""
+  vocab = private_model.AUTO_DENSE_LIMIT // 16 + 1
+  model = dprec.make_private(_large_tables(vocab), epsilon=1.0, train_size=100_000)
+  model.compile(loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+  config = model.dp_optimizer.config
+  assert isinstance(config, config_lib.DPAdaFEST)
+  assert config.threshold == ctr_workflow.CTRTrainOptions.threshold
+  assert config.contribution_noise_multiplier == pytest.approx(
+      ctr_workflow.CTRTrainOptions.ratio * config.noise_multiplier)
+  sf = lambda z: 0.5 * math.erfc(z / math.sqrt(2))  # pylint: disable=unnecessary-lambda-assignment
+  kept_by_noise = sf(config.threshold / (config.contribution_noise_multiplier
+                                         * config.contribution_clip))
+  assert kept_by_noise < 1e-3
+  old = config_lib.DPAdaFEST.from_noise_multiplier(1.0, model.privacy_plan.noise_multiplier,
+                                                   ratio=5.0, threshold=5.0,
+                                                   contribution_clip=1.0)
+  assert sf(old.threshold / old.contribution_noise_multiplier) > 0.1
 
 
 def test_recalibration_is_planned_by_default_when_it_can_run():
