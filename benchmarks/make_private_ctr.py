@@ -5,7 +5,8 @@ cross-entropy from logits, `make_private(model, epsilon=, train_size=, epochs=)`
 Tables this large (Σ V·d above `private_model.AUTO_DENSE_LIMIT`) make `algorithm="auto"`
 DP-AdaFEST, so this measures the library path's sparse defaults (r = σ1/σ2, τ) beside DP-SGD,
 the non-private model and the base rate: validation and test AUC and log loss, the gradient-size
-reduction Keras logs, ε spent, wall time. Each configuration is a fresh model and a fresh secret
+reduction Keras logs, ε spent, wall time (non-private: the same model, plain Keras, B = 1,024;
+`--optimizer`, `--learning-rate`, `--batch-size`, `--epochs`: one lever each). Each configuration is a fresh model and a fresh secret
 noise key; `--draws` repeats the private ones.
 
     dprec synth criteo --rows 800000 --days 2 --seed 0 --output DATA
@@ -92,7 +93,8 @@ def run(name, options, data, args, seed):
   seconds = time.perf_counter() - start
   record = dict(config=name, draw=seed, optimizer=args.optimizer,
                 learning_rate=args.learning_rate, epochs=args.epochs,
-                hidden_units=args.hidden_units, epsilon=args.epsilon if options is not None else None,
+                hidden_units=args.hidden_units,
+                epsilon=args.epsilon if options is not None else None,
                 seconds=round(seconds, 1))
   if options is not None:
     plan = model.privacy_plan

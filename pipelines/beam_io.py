@@ -60,7 +60,7 @@ def pipeline_options(beam_args: Sequence[str], streaming: bool = False,
   runner = PipelineOptions(args).view_as(StandardOptions).runner
   runner = RUNNER_NAMES.get(runner, runner)
   if runner == DASK_RUNNER:
-    _dask_options()  # registers the --dask_* flags, which Beam knows only once its runner is imported
+    _dask_options()  # Beam knows the --dask_* flags only once its Dask runner is imported
     if not any(flag in given for flag in DASK_PARTITIONING):
       args.append("--dask_partition_size=1")
   options = PipelineOptions(args)

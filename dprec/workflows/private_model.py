@@ -159,10 +159,10 @@ class PrivateOptions:
 def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epochs=1,
                  algorithm="auto", ledger=None, l2_norm_clip=None, target_quantile=None,
                  clip_learning_rate=0.2, ratio=ctr.CTRTrainOptions.ratio,
-                 threshold=ctr.CTRTrainOptions.threshold, contribution_clip=1.0, init_output_bias=True,
-                 output_bias_share=0.02, recalibrate=None, recalibration_share=0.05,
-                 label_range=None, accountant="pld", charge_every=100, secure_noise=False,
-                 insecure_noise_seed=None):
+                 threshold=ctr.CTRTrainOptions.threshold, contribution_clip=1.0,
+                 init_output_bias=True, output_bias_share=0.02, recalibrate=None,
+                 recalibration_share=0.05, label_range=None, accountant="pld", charge_every=100,
+                 secure_noise=False, insecure_noise_seed=None):
   """Makes `model` (a `tf.keras.Model`: functional, Sequential, subclassed, or a TFRS
   `tfrs.Model` whose `compute_loss` calls a `tfrs.tasks.Ranking`) train with (ε, δ)-DP for
   adding or removing one training example, through its ordinary `compile(optimizer, loss,
