@@ -6,8 +6,8 @@ Tables this large (Σ V·d above `private_model.AUTO_DENSE_LIMIT`) make `algorit
 DP-AdaFEST, so this measures the library path's sparse defaults (r = σ1/σ2, τ) beside DP-SGD,
 the non-private model and the base rate: validation and test AUC and log loss, the gradient-size
 reduction Keras logs, ε spent, wall time (non-private: the same model, plain Keras, B = 1,024;
-`--optimizer`, `--learning-rate`, `--batch-size`, `--epochs`: one lever each). Each configuration is a fresh model and a fresh secret
-noise key; `--draws` repeats the private ones.
+`--optimizer`, `--learning-rate`, `--batch-size`, `--epochs`: one lever each). Each
+configuration is a fresh model and a fresh secret noise key; `--draws` repeats the private ones.
 
     dprec synth criteo --rows 800000 --days 2 --seed 0 --output DATA
     python benchmarks/make_private_ctr.py --data DATA --configs nonprivate default r2_tau7 dp_sgd
@@ -38,7 +38,7 @@ CONFIGS = {
 
 def features(rows):
   """The model's inputs: `int_features` and one id column `C1`..`C26` per table."""
-  inputs = {"int_features": rows[ctr.INT_FEATURES]}
+  inputs = {ctr.INT_FEATURES: rows[ctr.INT_FEATURES]}
   inputs.update({f"C{i + 1}": rows[ctr.CAT_FEATURES][:, i] for i in
                  range(rows[ctr.CAT_FEATURES].shape[1])})
   return inputs
@@ -47,7 +47,7 @@ def features(rows):
 def build(vocab_sizes, hidden_units):
   """A plain Keras pCTR model: per-table embeddings (width `ctr.embedding_dim`) and the integer
   features into a ReLU tower and one logit."""
-  numeric = tf.keras.Input((13,), name="int_features")
+  numeric = tf.keras.Input((ctr.CTRConfig.num_integer_features,), name=ctr.INT_FEATURES)
   columns = [tf.keras.Input((), dtype=tf.int64, name=f"C{i + 1}") for i in range(len(vocab_sizes))]
   embedded = [tf.keras.layers.Embedding(size, ctr.embedding_dim(size - 1), name=f"table_{i + 1}")(c)
               for i, (size, c) in enumerate(zip(vocab_sizes, columns))]
@@ -128,7 +128,7 @@ def main(argv=None):
   args = parser.parse_args(argv)
   data = ctr_data.hold_out_validation(ctr_data.load_data(args.data), args.validation_rows)
   rate = float(np.mean(data.train["label"]))
-  base = {split: _log_loss(rows["label"], np.full(len(rows["label"]), rate))
+  base = {split: ctr.log_loss_of_constant(rows["label"], rate)
           for split, rows in (("validation", data.validation), ("test", data.eval))}
   print(json.dumps(dict(config="base rate", train_rows=len(data.train["label"]),
                         table_floats=sum(s * ctr.embedding_dim(s - 1) for s in data.vocab_sizes),

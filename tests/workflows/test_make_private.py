@@ -3,7 +3,6 @@ DP step it makes bounds one example's influence by C2 (functional, TFRS ranking 
 two-tower models; in-batch negatives do not); ε equals dp_accounting's; training stops at the
 budget; the refusals name what they refuse."""
 import dataclasses
-import math
 import warnings
 
 import dp_accounting
@@ -19,6 +18,7 @@ from dprec.models.dp_model import DPModel
 from dprec.optimizers import DPOptimizer
 from dprec.optimizers import config as config_lib
 from dprec.privacy.noise_key import InsecureNoiseWarning
+from dprec.sparse import selection
 from dprec.training import poisson
 from dprec.workflows import ctr as ctr_workflow
 from dprec.workflows import private_model
@@ -200,14 +200,12 @@ def test_auto_on_large_tables_selects_few_rows_by_noise_alone():
   assert config.threshold == ctr_workflow.CTRTrainOptions.threshold
   assert config.contribution_noise_multiplier == pytest.approx(
       ctr_workflow.CTRTrainOptions.ratio * config.noise_multiplier)
-  sf = lambda z: 0.5 * math.erfc(z / math.sqrt(2))  # pylint: disable=unnecessary-lambda-assignment
-  kept_by_noise = sf(config.threshold / (config.contribution_noise_multiplier
-                                         * config.contribution_clip))
-  assert kept_by_noise < 1e-3
+  assert selection.false_positive_rate(
+      config.threshold, config.contribution_noise_multiplier * config.contribution_clip) < 1e-3
   old = config_lib.DPAdaFEST.from_noise_multiplier(1.0, model.privacy_plan.noise_multiplier,
                                                    ratio=5.0, threshold=5.0,
                                                    contribution_clip=1.0)
-  assert sf(old.threshold / old.contribution_noise_multiplier) > 0.1
+  assert selection.false_positive_rate(old.threshold, old.contribution_noise_multiplier) > 0.1
 
 
 def test_recalibration_is_planned_by_default_when_it_can_run():
