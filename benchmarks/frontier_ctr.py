@@ -6,8 +6,8 @@ Every run goes through `train ctr`'s code path (`ctr.run`) on data loaded once, 
 defaults (B and steps from N: one epoch; DP Platt scaling) except what the point names. The last
 `--validation-rows` training rows are held out of training (`ctr_data.hold_out_validation`):
 each run reports AUC on them and on the held-out last day (test). Per point (algorithm and its
-selection parameters τ, r, C1, k), lr and C2 are chosen among the evaluated variants with ≥ `--draws`
-draws by mean VALIDATION AUC, never test; that variant's test AUC (mean ± SE over the draws:
+selection parameters τ, r, C1, k), lr, C2 and the dense tower (`hidden_units`) are chosen among the
+evaluated variants with ≥ `--draws` draws by mean VALIDATION AUC, never test; that variant's test AUC (mean ± SE over the draws:
 different secret noise keys and initialisation seeds) is the point on the frontier.
 
 C1 needs no axis of its own here: every example touches one row of each of the 26 tables (a
@@ -41,7 +41,7 @@ from utility_ctr import THRESHOLDS
 DEFAULTS = ctr_workflow.CTRTrainOptions(data="")
 TARGET = 0.005  # seed 001's AUC loss against DP-SGD
 SELECTION_KEYS = ("algorithm", "ratio", "threshold", "contribution_clip", "top_k")
-VARIANT_KEYS = ("learning_rate", "l2_norm_clip")
+VARIANT_KEYS = ("learning_rate", "l2_norm_clip", "hidden_units")
 
 
 def adafest(ratio, threshold, **variant):
@@ -65,6 +65,9 @@ PHASES = {
     "fest": [dict(algorithm="dp_fest", top_k=2600), dict(algorithm="dp_fest", top_k=26000),
              dict(adafest(2, 7), algorithm="dp_adafest_plus", top_k=26000)],
     "wide": [adafest(5, 20), adafest(3, 10), adafest(5, 12), adafest(1, 3), adafest(10, 20)],
+    # The dense tower (noised on every weight each step): both ends at Dense 256-256 (session 9).
+    "tower": [dict(point, hidden_units=(256, 256), learning_rate=lr)
+              for point in (dict(algorithm="dp_sgd"), adafest(2, 7)) for lr in (3e-3, 1e-2)],
 }
 
 
@@ -84,8 +87,11 @@ def family(point):
 
 def label(point):
   names = {"ratio": "r", "threshold": "tau", "contribution_clip": "C1", "top_k": "k",
-           "learning_rate": "lr", "l2_norm_clip": "C2"}
-  return " ".join([point["algorithm"]] + [f"{names[k]}={point[k]:g}" for k in names if k in point])
+           "learning_rate": "lr", "l2_norm_clip": "C2", "hidden_units": "h"}
+  def text(value):
+    return "x".join(map(str, value)) if isinstance(value, (list, tuple)) else f"{value:g}"
+  return " ".join([point["algorithm"]] + [f"{names[k]}={text(point[k])}" for k in names
+                                          if k in point])
 
 
 def data_tag(data_dir, validation_rows):
