@@ -208,6 +208,25 @@ def test_auto_on_large_tables_selects_few_rows_by_noise_alone():
   assert selection.false_positive_rate(old.threshold, old.contribution_noise_multiplier) > 0.1
 
 
+def test_adam_that_cannot_leave_its_initialisation_is_flagged_at_compile():
+  """lr·T < `SHORT_ADAM_PATH` warns (Keras' Adam default over 8 planned steps); a larger lr,
+  another optimizer or a schedule does not."""
+  def warned(optimizer):
+    model = _private(_functional())
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      model.compile(optimizer=optimizer, loss="mse")
+    assert model.privacy_plan.steps_per_period == N // 32
+    return [str(w.message) for w in caught if "lr·steps" in str(w.message)]
+
+  message, = warned(tf.keras.optimizers.Adam())
+  assert "learning rate 0.001 over the 8 planned DP steps" in message
+  assert not warned(tf.keras.optimizers.Adam(0.1))
+  assert not warned(tf.keras.optimizers.Adagrad(1e-3))
+  assert not warned(tf.keras.optimizers.Adam(
+      tf.keras.optimizers.schedules.ExponentialDecay(1e-3, 10, 0.9)))
+
+
 def test_recalibration_is_planned_by_default_when_it_can_run():
   """MSE recalibrates by default given a label range (given, or found with the output bias);
   without one it is skipped by default and refused at compile when asked for."""
