@@ -67,7 +67,8 @@ PHASES = {
     "wide": [adafest(5, 20), adafest(3, 10), adafest(5, 12), adafest(1, 3), adafest(10, 20)],
     # The dense tower (noised on every weight each step): both ends at Dense 256-256 (session 9).
     "tower": [dict(point, hidden_units=(256, 256), learning_rate=lr)
-              for point in (dict(algorithm="dp_sgd"), adafest(2, 7)) for lr in (3e-3, 1e-2, 3e-2)],
+              for point in (dict(algorithm="dp_sgd"), adafest(2, 7), dict(algorithm="non_private"))
+              for lr in (3e-3, 1e-2, 3e-2)],
 }
 
 
