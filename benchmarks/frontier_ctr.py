@@ -65,10 +65,13 @@ PHASES = {
     "fest": [dict(algorithm="dp_fest", top_k=2600), dict(algorithm="dp_fest", top_k=26000),
              dict(adafest(2, 7), algorithm="dp_adafest_plus", top_k=26000)],
     "wide": [adafest(5, 20), adafest(3, 10), adafest(5, 12), adafest(1, 3), adafest(10, 20)],
-    # The dense tower (noised on every weight each step): both ends at Dense 256-256 (session 9).
+    # The dense tower (noised on every weight each step): both ends at Dense 256-256 (session 9),
+    # then more rows kept at the lr that won there.
     "tower": [dict(point, hidden_units=(256, 256), learning_rate=lr)
               for point in (dict(algorithm="dp_sgd"), adafest(2, 7), dict(algorithm="non_private"))
-              for lr in (3e-3, 1e-2, 3e-2)],
+              for lr in (3e-3, 1e-2, 3e-2)]
+             + [dict(adafest(r, tau), hidden_units=(256, 256), learning_rate=1e-2)
+                for r, tau in ((1, 5), (1, 3))],
 }
 
 
