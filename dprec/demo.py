@@ -40,8 +40,8 @@ def register(subparsers):
 def demo_options(data_dir: str, out_dir: str, steps: int, batch_size: int, epsilon: float,
                  seed: int, insecure_noise_seed=None) -> ctr.CTRTrainOptions:
   """The demo's DP-AdaFEST run with `train ctr`'s defaults: r = 2, τ = 7, C1 = 1 (false
-  positives stay rare), C2 = 1, lazy Adam at lr 3e-3, logit bias at the DP base rate and
-  DP Platt scaling after training."""
+  positives stay rare), C2 = 1, Dense 256-256, lazy Adam at lr 1e-2, logit bias at the DP base
+  rate and DP Platt scaling after training."""
   return ctr.CTRTrainOptions(
       data=data_dir, algorithm="dp_adafest", epsilon=epsilon, batch_size=batch_size,
       steps=steps, ledger=os.path.join(out_dir, "ledger.json"),

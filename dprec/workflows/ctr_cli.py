@@ -95,7 +95,8 @@ def register(subparsers):
   add("--vocab-min-count", type=int, default=defaults.vocab_min_count,
       help="min count of an id kept in the vocabulary")
   add("--hidden-units", type=int_list, default=defaults.hidden_units,
-      help="comma-separated Dense(relu) widths (App. D.1.1: 598,598,598,598)")
+      help="comma-separated Dense(relu) widths (seed 001's App. D.1.1: 598,598,598,598; under "
+           "DP the smaller default trains better: docs/experiments/ctr_utility.md)")
   add("--stack-tables", type=int, nargs="?", const=STACK_MULTIPLE, default=defaults.stack_tables,
       metavar="M",
       help=f"hold the tables whose widths round up to the same multiple of M in one variable "

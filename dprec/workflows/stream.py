@@ -103,16 +103,17 @@ class StreamOptions(run_lib.RunOptions):
   calibration_level_prior_examples: float = PLATT_LEVEL_PRIOR_EXAMPLES
   # The step's hyper-parameters are `train ctr`'s (one source), but τ, lower for short periods,
   # C2, which at 1 ranks below chance for the first periods of 25k rows (docs/experiments/
-  # streaming.md: AUC 0.435 → 0.590 after the first period at C2 = 10), and r, at which that
-  # page's runs were measured (`train ctr`'s moved to 2 with its τ = 7; at τ = 1 not measured).
+  # streaming.md: AUC 0.435 → 0.590 after the first period at C2 = 10), and r, lr and the tower,
+  # at which that page's runs were measured (`train ctr`'s moved to r = 2 with its τ = 7, and to
+  # Dense 256-256 at Adam 1e-2 in session 10; neither measured on streams).
   l2_norm_clip: float = 10.0
   ratio: float = 5.0
   threshold: float = 1.0
   contribution_clip: float = ctr_workflow.CTRTrainOptions.contribution_clip
-  learning_rate: float = ctr_workflow.CTRTrainOptions.learning_rate
+  learning_rate: float = 3e-3
   optimizer: str = ctr_workflow.CTRTrainOptions.optimizer
   adambc_floor: float = ctr_workflow.CTRTrainOptions.adambc_floor
-  hidden_units: Tuple[int, ...] = ctr_workflow.CTRTrainOptions.hidden_units
+  hidden_units: Tuple[int, ...] = (598, 598, 598, 598)
   headroom: float = 1.5
 
   @property
