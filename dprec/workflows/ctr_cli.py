@@ -31,7 +31,7 @@ def add_step_arguments(add, defaults):
       help="per-example gradient clip C2 (at 1 nearly every example is clipped: best AUC, and "
            "logits at the label median, which `train ctr --calibration-share` recalibrates)")
   add("--learning-rate", type=float, default=defaults.learning_rate,
-      help="learning rate (the default suits --optimizer adam)")
+      help=f"learning rate (default: {defaults.learning_rate:g}, for --optimizer adam)")
   add("--optimizer", choices=sorted(ctr.OPTIMIZERS), default=defaults.optimizer,
       help="row-sparse optimizer applying the noisy gradient (adam = lazy Adam; adambc = "
            "DP-AdamBC, seed 002: Adam with the noise variance subtracted)")
@@ -95,8 +95,9 @@ def register(subparsers):
   add("--vocab-min-count", type=int, default=defaults.vocab_min_count,
       help="min count of an id kept in the vocabulary")
   add("--hidden-units", type=int_list, default=defaults.hidden_units,
-      help="comma-separated Dense(relu) widths (seed 001's App. D.1.1: 598,598,598,598; under "
-           "DP the smaller default trains better: docs/experiments/ctr_utility.md)")
+      help=f"comma-separated Dense(relu) widths (default: {','.join(map(str, defaults.hidden_units))}"
+           "; seed 001's App. D.1.1 has 598,598,598,598, which trains worse under DP: "
+           "docs/experiments/ctr_utility.md)")
   add("--stack-tables", type=int, nargs="?", const=STACK_MULTIPLE, default=defaults.stack_tables,
       metavar="M",
       help=f"hold the tables whose widths round up to the same multiple of M in one variable "
