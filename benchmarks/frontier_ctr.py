@@ -79,6 +79,9 @@ def full(point):
   """`point` with every selection and variant key filled in (`train ctr`'s defaults)."""
   filled = {key: getattr(DEFAULTS, key) for key in VARIANT_KEYS}
   filled.update(point)
+  if filled["learning_rate"] is None:
+    filled["learning_rate"] = ctr_workflow.learning_rate(
+        dataclasses.replace(DEFAULTS, algorithm=filled["algorithm"]))
   if filled["algorithm"] == "non_private":
     filled.pop("l2_norm_clip")
   return filled

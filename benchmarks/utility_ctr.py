@@ -144,7 +144,7 @@ def main(argv=None):
   parser.add_argument("--optimizer", choices=sorted(ctr_workflow.OPTIMIZERS),
                       default=defaults.optimizer, help="every run")
   parser.add_argument("--learning-rate", type=float, default=defaults.learning_rate,
-                      help="every run")
+                      help="every run (default: train ctr's, private or not)")
   parser.add_argument("--l2-norm-clip", type=float, default=defaults.l2_norm_clip,
                       help="C2, every DP run")
   parser.add_argument("--top-k-epsilon", type=float, default=0.1)

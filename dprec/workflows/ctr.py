@@ -85,6 +85,15 @@ EPSILON_COVERS = {
 }
 
 
+# Adam's learning rate without `--learning-rate`. Under DP the noise in Adam's second moment
+# shrinks its steps, so private runs want a larger one: at 5M rows, Dense 256-256 (session 10),
+# 1e-2 beat 3e-3 and 3e-2 for DP-SGD and DP-AdaFEST (0.7800 and 0.7709 AUC, 3 draws), while
+# non-private runs lost at 1e-2 (5M: 0.8158 against 0.8166; `dprec demo`: log loss 0.556
+# against 0.524). Dense 256-256 instead of App. D.1.1's 598×4 (1.1M weights noised every
+# step, 5× the step time): DP-AdaFEST 0.7653 → 0.7709, DP-SGD 0.7750 → 0.7800.
+DEFAULT_LEARNING_RATES = {"private": 1e-2, "non_private": 3e-3}
+
+
 @dataclasses.dataclass
 class CTRTrainOptions(run_lib.FitOptions):
   """Everything `dprec train ctr` accepts (see `dprec.workflows.ctr_cli` for each field)."""
@@ -107,10 +116,7 @@ class CTRTrainOptions(run_lib.FitOptions):
   threshold: float = 7.0
   contribution_clip: float = 1.0
   l2_norm_clip: float = 1.0  # see BENCHMARKS.md "Calibrated DP pCTR"
-  # The frontier again at 5M rows (session 10): Dense 256-256 instead of App. D.1.1's 598×4,
-  # whose 1.1M weights take noise every step (and 5× the step time), at Adam 1e-2 moved
-  # DP-AdaFEST from 0.7653 to 0.7709 and DP-SGD from 0.7750 to 0.7800 (3 draws each).
-  learning_rate: float = 1e-2
+  learning_rate: Optional[float] = None  # None: `DEFAULT_LEARNING_RATES` (private or not)
   optimizer: str = "adam"
   adambc_floor: float = sparse_optimizers.ADAMBC_FLOOR
   logit_init: str = "base_rate"
@@ -273,11 +279,18 @@ def algorithm_config(options, noise_multiplier, selected=None):
   return config_lib.DPAdaFESTPlus(selected_rows=selected, **adafest)
 
 
+def learning_rate(options):
+  """`options.learning_rate`, or the default for a private or a non-private run."""
+  if options.learning_rate is not None:
+    return options.learning_rate
+  return DEFAULT_LEARNING_RATES["private" if options.private else "non_private"]
+
+
 def make_optimizer(options):
-  """The row-sparse optimizer of `options.optimizer` at `options.learning_rate`."""
+  """The row-sparse optimizer of `options.optimizer` at `learning_rate(options)`."""
   if options.optimizer == "adambc":
-    return sparse_optimizers.AdamBC(options.learning_rate, floor=options.adambc_floor)
-  return OPTIMIZERS[options.optimizer](options.learning_rate)
+    return sparse_optimizers.AdamBC(learning_rate(options), floor=options.adambc_floor)
+  return OPTIMIZERS[options.optimizer](learning_rate(options))
 
 
 def build_model(options, data, plan, run):
@@ -445,6 +458,7 @@ def _summary(options, data, model, plan, history, evaluation, timer, budget, run
       "stopped_at_budget": bool(budget and budget.stopped_at_budget),
       "steps_per_second": timer.steps_per_second, "train_seconds": timer.seconds,
       "batch_size": options.batch_size, "strategy": options.strategy, "replicas": replicas,
+      "learning_rate": learning_rate(options), "hidden_units": list(options.hidden_units),
       "train_rows": int(len(data.train["label"])),
       "eval_rows": int(len(data.eval["label"])), "data_source": data.source,
       "ledger": options.ledger, "run_dir": options.run_dir,

@@ -31,7 +31,10 @@ def add_step_arguments(add, defaults):
       help="per-example gradient clip C2 (at 1 nearly every example is clipped: best AUC, and "
            "logits at the label median, which `train ctr --calibration-share` recalibrates)")
   add("--learning-rate", type=float, default=defaults.learning_rate,
-      help=f"learning rate (default: {defaults.learning_rate:g}, for --optimizer adam)")
+      help="learning rate (default: " + (
+          f"{defaults.learning_rate:g}" if defaults.learning_rate is not None else
+          ", ".join(f"{rate:g} {run}" for run, rate in ctr.DEFAULT_LEARNING_RATES.items()))
+      + "; for --optimizer adam)")
   add("--optimizer", choices=sorted(ctr.OPTIMIZERS), default=defaults.optimizer,
       help="row-sparse optimizer applying the noisy gradient (adam = lazy Adam; adambc = "
            "DP-AdamBC, seed 002: Adam with the noise variance subtracted)")

@@ -45,6 +45,8 @@ def _train(data_dir, tmp_path, algorithm, *extra):
 def test_private_run_spends_what_dprec_privacy_computes(data_dir, tmp_path, algorithm, extra):
   summary = _train(data_dir, tmp_path, algorithm, "--accountant", "rdp", *extra)
   assert REQUIRED <= set(summary) and summary["algorithm"] == algorithm
+  assert summary["learning_rate"] == ctr_workflow.DEFAULT_LEARNING_RATES["private"]
+  assert summary["hidden_units"] == [8]
   assert 0.0 <= summary["auc"] <= 1.0 and summary["steps"] == STEPS
   assert summary["delta"] == pytest.approx(1.0 / summary["train_rows"])
   assert summary["sampling_rate"] == pytest.approx(BATCH / summary["train_rows"])
@@ -95,6 +97,7 @@ def test_secure_noise_run_is_accounted_as_the_gaussian_mechanism_it_rounds(data_
 def test_non_private_run_and_summary(data_dir, tmp_path):
   summary = _train(data_dir, tmp_path, "non_private", "--optimizer", "adam")
   assert REQUIRED <= set(summary)
+  assert summary["learning_rate"] == ctr_workflow.DEFAULT_LEARNING_RATES["non_private"]
   assert summary["epsilon"] is None and summary["steps"] == STEPS
   assert summary["gradient_size_reduction"] > 1.0  # the plain gradient is row-sparse
   assert summary["eval_rows"] > 0 and summary["train_rows"] > summary["eval_rows"]
