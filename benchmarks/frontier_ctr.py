@@ -6,9 +6,10 @@ Every run goes through `train ctr`'s code path (`ctr.run`) on data loaded once, 
 defaults (B and steps from N: one epoch; DP Platt scaling) except what the point names. The last
 `--validation-rows` training rows are held out of training (`ctr_data.hold_out_validation`):
 each run reports AUC on them and on the held-out last day (test). Per point (algorithm and its
-selection parameters τ, r, C1, k), lr, C2 and the dense tower (`hidden_units`) are chosen among the
-evaluated variants with ≥ `--draws` draws by mean VALIDATION AUC, never test; that variant's test AUC (mean ± SE over the draws:
-different secret noise keys and initialisation seeds) is the point on the frontier.
+selection parameters τ, r, C1, k), lr, C2 and the dense tower (`hidden_units`) are chosen among
+the evaluated variants with ≥ `--draws` draws by mean VALIDATION AUC, never test; that variant's
+test AUC (mean ± SE over the draws: different secret noise keys and initialisation seeds) is the
+point on the frontier.
 
 C1 needs no axis of its own here: every example touches one row of each of the 26 tables (a
 missing value is row 0), so its contribution map has norm √26 ≥ C1 and the noisy count

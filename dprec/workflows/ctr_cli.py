@@ -98,8 +98,9 @@ def register(subparsers):
   add("--vocab-min-count", type=int, default=defaults.vocab_min_count,
       help="min count of an id kept in the vocabulary")
   add("--hidden-units", type=int_list, default=defaults.hidden_units,
-      help=f"comma-separated Dense(relu) widths (default: {','.join(map(str, defaults.hidden_units))}"
-           "; seed 001's App. D.1.1 has 598,598,598,598, which trains worse under DP: "
+      help="comma-separated Dense(relu) widths (default: "
+           + ",".join(map(str, defaults.hidden_units))
+           + "; seed 001's App. D.1.1 has 598,598,598,598, which trains worse under DP: "
            "docs/experiments/ctr_utility.md)")
   add("--stack-tables", type=int, nargs="?", const=STACK_MULTIPLE, default=defaults.stack_tables,
       metavar="M",
