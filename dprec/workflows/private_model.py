@@ -350,8 +350,7 @@ def _warn_on_a_short_adam_path(optimizer, steps):
   `SHORT_ADAM_PATH` (a schedule or another optimizer: no warning)."""
   if not isinstance(optimizer, tf.keras.optimizers.Adam):
     return
-  rate = getattr(optimizer, "_learning_rate", None)
-  if isinstance(rate, tf.keras.optimizers.schedules.LearningRateSchedule) or callable(rate):
+  if callable(getattr(optimizer, "_learning_rate", None)):  # a schedule
     return
   rate = float(tf.keras.backend.get_value(optimizer.learning_rate))
   if rate * steps < SHORT_ADAM_PATH:

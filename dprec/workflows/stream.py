@@ -113,7 +113,7 @@ class StreamOptions(run_lib.RunOptions):
   learning_rate: float = 3e-3
   optimizer: str = ctr_workflow.CTRTrainOptions.optimizer
   adambc_floor: float = ctr_workflow.CTRTrainOptions.adambc_floor
-  hidden_units: Tuple[int, ...] = (598, 598, 598, 598)
+  hidden_units: Tuple[int, ...] = ctr.CTRConfig.hidden_units  # App. D.1.1's 598 × 4
   headroom: float = 1.5
 
   @property

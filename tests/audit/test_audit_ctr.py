@@ -88,7 +88,8 @@ def test_broken_dp_step_is_caught(data_dir, monkeypatch):
   noise_std = config_lib.noise_std
   monkeypatch.setattr(config_lib, "noise_std", lambda clip, sigma: noise_std(clip, sigma) / BATCH)
   # The audit's power needs steps that memorise: Adam 3e-3 at C2 = 1 (train ctr's defaults
-  # until session 10, pinned here: lr 3e-4 at C2 = 10 moved the canaries too little in these few steps).
+  # until session 10, pinned here: lr 3e-4 at C2 = 10 moved the canaries too little in these
+  # few steps).
   train = ctr_workflow.CTRTrainOptions(data=data_dir, algorithm="dp_sgd", epsilon=EPSILON,
                                   batch_size=BATCH, steps=STEPS, hidden_units=(8,),
                                   accountant="rdp", progress=False, learning_rate=3e-3,
