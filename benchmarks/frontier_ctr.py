@@ -41,8 +41,12 @@ from utility_ctr import THRESHOLDS
 
 DEFAULTS = ctr_workflow.CTRTrainOptions(data="")
 TARGET = 0.005  # seed 001's AUC loss against DP-SGD
-SELECTION_KEYS = ("algorithm", "ratio", "threshold", "contribution_clip", "top_k")
+SELECTION_KEYS = ("algorithm", "ratio", "threshold", "contribution_clip", "top_k", "epsilon")
 VARIANT_KEYS = ("learning_rate", "l2_norm_clip", "hidden_units")
+OPTIONAL_VARIANT_KEYS = ("batch_size",)  # in a point (and its label) only when not the default
+# ε at which DP-SGD's σ is DP-AdaFEST r = 2's σ2 = σ·√(1 + 1/r²) at 5M (4.75M rows, B = 8,192,
+# 580 steps: σ 0.785 → 0.878): DP-SGD with the noise split's cost and no selection.
+EPSILON_AT_ADAFEST_SIGMA2 = 0.576
 
 
 def adafest(ratio, threshold, **variant):
@@ -68,6 +72,12 @@ PHASES = {
     "wide": [adafest(5, 20), adafest(3, 10), adafest(5, 12), adafest(1, 3), adafest(10, 20)],
     # The dense tower (noised on every weight each step): both ends at Dense 256-256 (session 9),
     # then more rows kept at the lr that won there.
+    # What limits the gap (session 11), one lever at a time: DP-SGD at DP-AdaFEST's σ2 (the cost
+    # of splitting σ, no selection); both ends at twice the batch (half the steps, a larger σ
+    # where ε is less steep in σ), DP-AdaFEST's τ also doubled (the same count per row).
+    "limits": [dict(algorithm="dp_sgd", epsilon=EPSILON_AT_ADAFEST_SIGMA2),
+               dict(algorithm="dp_sgd", batch_size=16384), dict(adafest(2, 7), batch_size=16384),
+               dict(adafest(2, 14), batch_size=16384)],
     "tower": [dict(point, hidden_units=(256, 256), learning_rate=lr)
               for point in (dict(algorithm="dp_sgd"), adafest(2, 7), dict(algorithm="non_private"))
               for lr in (3e-3, 1e-2, 3e-2)]
@@ -95,7 +105,8 @@ def family(point):
 
 def label(point):
   names = {"ratio": "r", "threshold": "tau", "contribution_clip": "C1", "top_k": "k",
-           "learning_rate": "lr", "l2_norm_clip": "C2", "hidden_units": "h"}
+           "epsilon": "eps", "learning_rate": "lr", "l2_norm_clip": "C2", "hidden_units": "h",
+           "batch_size": "B"}
   def text(value):
     return "x".join(map(str, value)) if isinstance(value, (list, tuple)) else f"{value:g}"
   return " ".join([point["algorithm"]] + [f"{names[k]}={text(point[k])}" for k in names
@@ -144,10 +155,13 @@ def train(args, runs):
         f"{args.validation_rows:,} validation, {len(data.eval['label']):,} test, "
         f"{sum(data.vocab_sizes):,} embedding rows", file=sys.stderr, flush=True)
   for phase, point, draw in todo:
-    options = dataclasses.replace(
-        DEFAULTS, data=args.data, epsilon=None if point["algorithm"] == "non_private" else
-        args.epsilon, batch_size=args.batch_size, steps=args.steps, seed=draw, progress=False,
-        top_k_epsilon=args.top_k_epsilon, **point)
+    run_options = dict(data=args.data, epsilon=None if point["algorithm"] == "non_private" else
+                       args.epsilon, batch_size=args.batch_size, steps=args.steps, seed=draw,
+                       progress=False, top_k_epsilon=args.top_k_epsilon)
+    run_options.update(point)  # a point's own ε or B (phase "limits") overrides the run's
+    if "batch_size" in point:
+      run_options["steps"] = None  # one epoch at the point's B
+    options = dataclasses.replace(DEFAULTS, **run_options)
     start = time.time()
     summary = ctr_workflow.run(options, data)
     record = dict(data=tag, phase=phase, label=label(point), point=point, draw=draw,
@@ -192,15 +206,21 @@ def _difference(stats, line):
   return diff, math.hypot(stats["auc_se"], line["auc_se"])
 
 
+def the_line(chosen):
+  """DP-SGD's chosen variant at the run's ε (not a diagnostic at another ε), or None."""
+  return next((s for s in chosen.values()
+               if s["algorithm"] == "dp_sgd" and "epsilon" not in s["point"]), None)
+
+
 def print_report(runs, draws):
   chosen, variants = frontier(runs, draws)
-  line = next((s for s in chosen.values() if s["algorithm"] == "dp_sgd"), None)
+  line = the_line(chosen)
   print("| run | draws | validation AUC | test AUC (mean ± SE) | Δ vs DP-SGD (± SE) | "
         "log loss (mean ± SE) | reduction | wall s/run | chosen |")
   print("|---|---:|---:|---:|---:|---:|---:|---:|:---:|")
   for s in variants:
     diff = "—"
-    if line is not None and s["algorithm"] not in ("dp_sgd", "non_private"):
+    if line is not None and s["family"] != line["family"] and s["algorithm"] != "non_private":
       d, se = _difference(s, line)
       diff = f"{d:+.4f} ± {se:.4f}"
     picked = "✓" if chosen.get(s["family"]) is s else ""
@@ -238,7 +258,7 @@ def plot(runs, draws, path, title):
   matplotlib.use("Agg")
   from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
   chosen, _ = frontier(runs, draws)
-  line = next((s for s in chosen.values() if s["algorithm"] == "dp_sgd"), None)
+  line = the_line(chosen)
   if line is None:
     print(f"\nNo plot: DP-SGD has no variant with {draws} draws yet", file=sys.stderr)
     return
@@ -253,7 +273,8 @@ def plot(runs, draws, path, title):
         ax.axhline(s[key], color="green", ls="--", label="non-private")
     markers = {"dp_sgd": "s", "dp_fest": "^", "dp_adafest": "o", "dp_adafest_plus": "D"}
     for algorithm, marker in markers.items():
-      points = [s for s in chosen.values() if s["algorithm"] == algorithm]
+      points = [s for s in chosen.values()
+                if s["algorithm"] == algorithm and "epsilon" not in s["point"]]
       if points:
         ax.errorbar([math.log10(s["gradient_size_reduction"]) for s in points],
                     [s[key] for s in points], yerr=[s[key + "_se"] for s in points],
