@@ -66,7 +66,8 @@ PHASES = {
     "tune": [dict(point, **variant)
              for point in (dict(algorithm="dp_sgd"), adafest(DEFAULTS.ratio, DEFAULTS.threshold))
              for variant in (dict(learning_rate=1e-3), dict(learning_rate=1e-2),
-                             dict(l2_norm_clip=0.5), dict(l2_norm_clip=2.0))],
+                             dict(l2_norm_clip=0.5), dict(l2_norm_clip=2.0),
+                             dict(l2_norm_clip=4.0))],
     "fest": [dict(algorithm="dp_fest", top_k=2600), dict(algorithm="dp_fest", top_k=26000),
              dict(adafest(2, 7), algorithm="dp_adafest_plus", top_k=26000)],
     "wide": [adafest(5, 20), adafest(3, 10), adafest(5, 12), adafest(1, 3), adafest(10, 20)],
