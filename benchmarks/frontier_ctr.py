@@ -43,7 +43,6 @@ DEFAULTS = ctr_workflow.CTRTrainOptions(data="")
 TARGET = 0.005  # seed 001's AUC loss against DP-SGD
 SELECTION_KEYS = ("algorithm", "ratio", "threshold", "contribution_clip", "top_k", "epsilon")
 VARIANT_KEYS = ("learning_rate", "l2_norm_clip", "hidden_units")
-OPTIONAL_VARIANT_KEYS = ("batch_size",)  # in a point (and its label) only when not the default
 # ε at which DP-SGD's σ is DP-AdaFEST r = 2's σ2 = σ·√(1 + 1/r²) at 5M (4.75M rows, B = 8,192,
 # 580 steps: σ 0.785 → 0.878): DP-SGD with the noise split's cost and no selection.
 EPSILON_AT_ADAFEST_SIGMA2 = 0.576
@@ -82,7 +81,10 @@ PHASES = {
     # Twice the batch with the clip that won in `tune` (C2 = 2), and τ between 7 and 14 there.
     "batch": [dict(point, batch_size=16384, l2_norm_clip=2.0)
               for point in (dict(algorithm="dp_sgd"), adafest(2, 7), adafest(2, 14))]
-             + [dict(adafest(2, 10), batch_size=16384)],
+             + [dict(adafest(2, 10), batch_size=16384)]
+             # Two epochs at the default B (σ grows with the steps at a fixed ε).
+             + [dict(point, steps=1160, l2_norm_clip=2.0)
+                for point in (dict(algorithm="dp_sgd"), adafest(2, 7))],
     "tower": [dict(point, hidden_units=(256, 256), learning_rate=lr)
               for point in (dict(algorithm="dp_sgd"), adafest(2, 7), dict(algorithm="non_private"))
               for lr in (3e-3, 1e-2, 3e-2)]
@@ -114,7 +116,7 @@ def family(point):
 def label(point):
   names = {"ratio": "r", "threshold": "tau", "contribution_clip": "C1", "top_k": "k",
            "epsilon": "eps", "learning_rate": "lr", "l2_norm_clip": "C2", "hidden_units": "h",
-           "batch_size": "B"}
+           "batch_size": "B", "steps": "T"}  # B and T: in a point only when not the default
   def text(value):
     return "x".join(map(str, value)) if isinstance(value, (list, tuple)) else f"{value:g}"
   return " ".join([point["algorithm"]] + [f"{names[k]}={text(point[k])}" for k in names
@@ -167,7 +169,7 @@ def train(args, runs):
                        args.epsilon, batch_size=args.batch_size, steps=args.steps, seed=draw,
                        progress=False, top_k_epsilon=args.top_k_epsilon)
     run_options.update(point)  # a point's own ε or B (phase "limits") overrides the run's
-    if "batch_size" in point:
+    if "batch_size" in point and "steps" not in point:
       run_options["steps"] = None  # one epoch at the point's B
     options = dataclasses.replace(DEFAULTS, **run_options)
     start = time.time()
