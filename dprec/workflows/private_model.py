@@ -74,12 +74,11 @@ ALGORITHMS = ("auto", "dp_sgd", "dp_adafest")
 # tables DP-SGD was better (docs/experiments/make_private.md); AdaFEST pays off in gradient size.
 AUTO_DENSE_LIMIT = 1 << 20
 PREDICT_BATCH = 8192
-# The default B: about this many steps per epoch (`train ctr` plans 500). On the TFRS ranking
-# benchmark with Adagrad 0.1 (N = 79,626: B = 512, not 128) test RMSE fell from 0.961–0.972 to
-# 0.928–0.932 at ε = 1 (C2 = 3, 3 seeds): per step σ·C2/B falls 3× while the planned σ grows
-# 1.34×, and Adagrad's accumulator, filled by noise, shrinks its steps less
+# The default B: `poisson.data_sized_batch_size`, about 150 steps per epoch. On the TFRS ranking
+# benchmark with Adagrad 0.1 (N = 79,626: B = 512, not 128 at N/500) test RMSE fell from
+# 0.961–0.972 to 0.928–0.932 at ε = 1 (C2 = 3, 3 seeds): per step σ·C2/B falls 3× while the
+# planned σ grows 1.34×, and Adagrad's accumulator, filled by noise, shrinks its steps less
 # (docs/experiments/make_private.md, "Adaptive clipping and the batch").
-STEPS_PER_EPOCH = 150
 # The default C2 by loss kind: MSE on a rating scale has per-example norms around 8 (the median
 # adaptive clipping found); C2 = 1 clips nearly every example and trains towards the label
 # median (ε = 8, B = 512: 0.961 against 0.915 at C2 = 3). Other losses keep 1 (not re-measured).
@@ -181,8 +180,7 @@ def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epo
     train_size: N, the number of training examples (public; `fit` refuses other data sizes).
     delta: δ (default 1/N, or the existing ledger's).
     batch_size: expected Poisson batch size B (default: the power of two nearest
-      N / `STEPS_PER_EPOCH`, `dprec.training.poisson.data_sized_batch_size`: about 150 steps
-      per epoch).
+      N / 150, `dprec.training.poisson.data_sized_batch_size`: about 150 steps per epoch).
     epochs: epochs the budget is planned for: T = ⌈epochs·N/B⌉ steps; `fit` may train fewer,
       and stops at the budget if asked for more.
     algorithm: "dp_adafest" (sparse updates of the embedding rows a DP contribution map keeps,
@@ -434,7 +432,7 @@ class PrivateModel(DPModel):
   def _plan(self):
     state, options = self._private, self._private.options
     n = options.train_size
-    batch_size = options.batch_size or poisson.data_sized_batch_size(n, STEPS_PER_EPOCH)
+    batch_size = options.batch_size or poisson.data_sized_batch_size(n)
     steps = max(1, math.ceil(options.epochs * n / batch_size))
     mechanisms = []
     if options.init_output_bias and state.kind is not None:

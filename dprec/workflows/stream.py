@@ -18,7 +18,7 @@ period's DP base rate, each period ends with DP Platt scaling on its training ro
 with that period), kept as an affine a·z + b on the model's output that evaluation applies and
 training never sees (so the next period trains the raw logits on), and without `batch_size` the
 batch is `STREAM_BATCH_SIZE`, at most an eighth of the expected period size
-(`default_batch_size`; `train ctr`'s rule, N/500, measured worse on periods of 25k rows:
+(`default_batch_size`; `train ctr`'s data-sized rule, then N/500, measured worse on 25k-row periods:
 docs/experiments/streaming.md). `reference="non_private"`
 also trains a non-private stream on the same periods (under `run_dir/reference_non_private`)
 for the plot and the summary.

@@ -475,14 +475,14 @@ def test_dp_platt_scaling_is_charged_once_or_not_at_all(data_dir, tmp_path, shar
 
 
 @pytest.mark.parametrize("rows, batch_size, steps", [
-    (5_000_000, 8192, 611),  # BENCHMARKS' >= 5M-row setting
-    (400_000, 1024, 391),  # the 400k-row setting of issue 14
-    (100_000, 256, 391),  # `make demo`'s training days
+    (5_000_000, 16384, 306),  # BENCHMARKS' >= 5M-row setting (N/150 capped at 16,384)
+    (400_000, 2048, 196),  # the 400k-row setting of issue 14
+    (100_000, 512, 196),  # `make demo`'s training days
     (1000, 64, 16),  # this file's data
     (10, 1, 10),  # at most N/8
 ])
 def test_batch_size_and_steps_come_from_the_training_rows(rows, batch_size, steps):
-  """Without --batch-size, B is the power of two nearest N/500 in [64, 16384] (at most N/8);
+  """Without --batch-size, B is the power of two nearest N/150 in [64, 16384] (at most N/8);
   without --steps, one epoch; a given value is kept."""
   sized = ctr_workflow.sized_for(ctr_workflow.CTRTrainOptions(data=""), rows)
   assert (sized.batch_size, sized.steps) == (batch_size, steps)

@@ -246,8 +246,7 @@ def test_data_sized_batch_and_dp_output_bias():
   model = _private(_functional(), batch_size=None, epsilon=50.0, label_range=(1.0, 5.0),
                    accountant="rdp")  # PLD at σ this small takes minutes
   model.compile(optimizer="sgd", loss="mse")
-  assert model.privacy_plan.batch_size == poisson.data_sized_batch_size(
-      N, private_model.STEPS_PER_EPOCH)
+  assert model.privacy_plan.batch_size == poisson.data_sized_batch_size(N)
   model._initialise(*private_model._in_memory(x, y))  # what the first fit does
   assert model.get_layer("rating").bias.numpy()[0] == pytest.approx(y.mean(), abs=0.1)
 
