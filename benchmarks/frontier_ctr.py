@@ -36,11 +36,15 @@ import time
 import numpy as np
 
 from dprec.data import ctr_data
+from dprec.training import poisson
 from dprec.workflows import ctr as ctr_workflow
 from utility_ctr import THRESHOLDS
 
 DEFAULTS = ctr_workflow.CTRTrainOptions(data="")
 TARGET = 0.005  # seed 001's AUC loss against DP-SGD
+# A point without its own B runs at `train ctr`'s batch rule of sessions 7-10 (N/500: 8,192 at
+# 5M, 16,384 at 20M), so the runs recorded since stay comparable; `train ctr` now sizes N/150.
+FRONTIER_STEPS_PER_EPOCH = 500
 SELECTION_KEYS = ("algorithm", "ratio", "threshold", "contribution_clip", "top_k", "epsilon")
 VARIANT_KEYS = ("learning_rate", "l2_norm_clip", "hidden_units")
 # ε at which DP-SGD's σ is DP-AdaFEST r = 2's σ2 = σ·√(1 + 1/r²) at 5M (4.75M rows, B = 8,192,
@@ -164,9 +168,11 @@ def train(args, runs):
   print(f"# loaded in {time.time() - start:.0f} s: {len(data.train['label']):,} training rows, "
         f"{args.validation_rows:,} validation, {len(data.eval['label']):,} test, "
         f"{sum(data.vocab_sizes):,} embedding rows", file=sys.stderr, flush=True)
+  batch_size = args.batch_size or poisson.data_sized_batch_size(
+      len(data.train["label"]), FRONTIER_STEPS_PER_EPOCH)
   for phase, point, draw in todo:
     run_options = dict(data=args.data, epsilon=None if point["algorithm"] == "non_private" else
-                       args.epsilon, batch_size=args.batch_size, steps=args.steps, seed=draw,
+                       args.epsilon, batch_size=batch_size, steps=args.steps, seed=draw,
                        progress=False, top_k_epsilon=args.top_k_epsilon)
     run_options.update(point)  # a point's own ε or B (phase "limits") overrides the run's
     if "batch_size" in point and "steps" not in point:
@@ -328,7 +334,8 @@ def main(argv=None):
   parser.add_argument("--validation-rows", type=int, default=250_000,
                       help="last training rows held out for choosing lr and C2")
   parser.add_argument("--epsilon", type=float, default=1.0)
-  parser.add_argument("--batch-size", type=int, help="default: train ctr's, from N")
+  parser.add_argument("--batch-size", type=int,
+                      help=f"default: the power of two nearest N/{FRONTIER_STEPS_PER_EPOCH}")
   parser.add_argument("--steps", type=int, help="default: train ctr's, one epoch")
   parser.add_argument("--top-k-epsilon", type=float, default=DEFAULTS.top_k_epsilon)
   parser.add_argument("--report", action="store_true", help="no training: tables (and plot)")
