@@ -3,7 +3,8 @@ size reduction for DP-SGD (the line), DP-FEST, DP-AdaFEST and DP-AdaFEST+ at ε 
 §4.2: "AUC loss < 0.005 at > 5×10⁵"; issue 37).
 
 Every run goes through `train ctr`'s code path (`ctr.run`) on data loaded once, with `train ctr`'s
-defaults (B and steps from N: one epoch; DP Platt scaling) except what the point names. The last
+defaults (one epoch; DP Platt scaling) except what the point names and B, which is N/500's power
+of two (`FRONTIER_STEPS_PER_EPOCH`) unless the point or `--batch-size` names one. The last
 `--validation-rows` training rows are held out of training (`ctr_data.hold_out_validation`):
 each run reports AUC on them and on the held-out last day (test). Per point (algorithm and its
 selection parameters τ, r, C1, k), lr, C2 and the dense tower (`hidden_units`) are chosen among
