@@ -298,7 +298,7 @@ def plot(runs, draws, path, title):
                     fmt=marker, capsize=3, label=algorithm)
     for s in chosen.values():
       if s["point"].get("algorithm") == "dp_adafest" and family(s["point"]) == family(default):
-        ax.annotate("train ctr default", (math.log10(s["gradient_size_reduction"]), s[key]),
+        ax.annotate("train ctr's r = 2, τ = 7", (math.log10(s["gradient_size_reduction"]), s[key]),
                     textcoords="offset points", xytext=(-90, 25), fontsize=8,
                     arrowprops=dict(arrowstyle="->", lw=0.8))
     ax.set_xlabel("log10 embedding-gradient size reduction vs DP-SGD")
@@ -361,7 +361,8 @@ def main(argv=None):
   estimate(runs, args)
   if args.plot:
     plot(runs, args.draws, args.plot, f"{tag}: {runs[0]['train_rows']:,} training rows, "
-         f"B = {runs[0]['batch_size']}, {runs[0]['steps']} steps, ε = {args.epsilon}")
+         f"B = {runs[0]['batch_size']}, {runs[0]['steps']} steps unless a point names its own "
+         f"B or T; each point at its variant chosen on validation, ε = {args.epsilon}")
 
 
 if __name__ == "__main__":
