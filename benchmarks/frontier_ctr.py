@@ -82,7 +82,8 @@ PHASES = {
     # where ε is less steep in σ), DP-AdaFEST's τ also doubled (the same count per row).
     "limits": [dict(algorithm="dp_sgd", epsilon=EPSILON_AT_ADAFEST_SIGMA2),
                dict(algorithm="dp_sgd", batch_size=16384), dict(adafest(2, 7), batch_size=16384),
-               dict(adafest(2, 14), batch_size=16384), dict(algorithm="non_private", batch_size=16384)],
+               dict(adafest(2, 14), batch_size=16384),
+               dict(algorithm="non_private", batch_size=16384)],
     # Twice the batch with the clip that won in `tune` (C2 = 2), and τ between 7 and 14 there.
     "batch": [dict(point, batch_size=16384, l2_norm_clip=2.0)
               for point in (dict(algorithm="dp_sgd"), adafest(2, 7), adafest(2, 14))]

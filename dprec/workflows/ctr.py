@@ -14,8 +14,9 @@ accountant): clipping at C2 keeps the ranking but biases the probabilities (BENC
 Without a batch size or steps, both come from the (public) number of training rows N
 (`sized_for`): at ε ≈ 1, σ hardly grows with B, so the noise on the mean gradient, σ·C2/B, falls
 almost as 1/B, and DP-AdaFEST keeps more rows (their counts grow with B at a fixed τ); one epoch
-in about `STEPS_PER_EPOCH` (150) steps, the rule `make_private` uses too (docs/experiments/ctr_utility.md,
-session 11: B = N/150 beat N/500 at 400k and 5M rows for DP-SGD and DP-AdaFEST alike).
+in about `STEPS_PER_EPOCH` (150) steps, the rule `make_private` uses too
+(docs/experiments/ctr_utility.md, session 11: B = N/150 beat N/500 at 400k and 5M rows for
+DP-SGD and DP-AdaFEST alike).
 
 The noise, false positives, Poisson batches, DP top-k draws, the DP base rate and the DP Platt
 scaling come from the run's secret key (`dprec.workflows.run.Run`); `seed` seeds only initialisation. With a run
