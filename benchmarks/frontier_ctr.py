@@ -75,8 +75,6 @@ PHASES = {
     "fest": [dict(algorithm="dp_fest", top_k=2600), dict(algorithm="dp_fest", top_k=26000),
              dict(adafest(2, 7), algorithm="dp_adafest_plus", top_k=26000)],
     "wide": [adafest(5, 20), adafest(3, 10), adafest(5, 12), adafest(1, 3), adafest(10, 20)],
-    # The dense tower (noised on every weight each step): both ends at Dense 256-256 (session 9),
-    # then more rows kept at the lr that won there.
     # What limits the gap (session 11), one lever at a time: DP-SGD at DP-AdaFEST's σ2 (the cost
     # of splitting σ, no selection); both ends at twice the batch (half the steps, a larger σ
     # where ε is less steep in σ), DP-AdaFEST's τ also doubled (the same count per row).
@@ -91,6 +89,8 @@ PHASES = {
              # Two epochs at the default B (σ grows with the steps at a fixed ε).
              + [dict(point, steps=1160, l2_norm_clip=2.0)
                 for point in (dict(algorithm="dp_sgd"), adafest(2, 7))],
+    # The dense tower (noised on every weight each step): both ends at Dense 256-256 (session 9),
+    # then more rows kept at the lr that won there.
     "tower": [dict(point, hidden_units=(256, 256), learning_rate=lr)
               for point in (dict(algorithm="dp_sgd"), adafest(2, 7), dict(algorithm="non_private"))
               for lr in (3e-3, 1e-2, 3e-2)]
@@ -176,7 +176,7 @@ def train(args, runs):
     run_options = dict(data=args.data, epsilon=None if point["algorithm"] == "non_private" else
                        args.epsilon, batch_size=batch_size, steps=args.steps, seed=draw,
                        progress=False, top_k_epsilon=args.top_k_epsilon)
-    run_options.update(point)  # a point's own ε or B (phase "limits") overrides the run's
+    run_options.update(point)  # a point's own ε, B or T (phases "limits", "batch") wins
     if "batch_size" in point and "steps" not in point:
       run_options["steps"] = None  # one epoch at the point's B
     options = dataclasses.replace(DEFAULTS, **run_options)
@@ -222,6 +222,11 @@ def frontier(runs, draws):
 def _difference(stats, line):
   diff = stats["auc"] - line["auc"]
   return diff, math.hypot(stats["auc_se"], line["auc_se"])
+
+
+def at_frontier_batch(runs):
+  """A run at the frontier's B and T (none named by its point), for the report's header."""
+  return next((r for r in runs if not {"batch_size", "steps"} & set(r["point"])), runs[0])
 
 
 def the_line(chosen):
@@ -356,13 +361,14 @@ def main(argv=None):
   runs = read_runs(args.jsonl, tag)
   if not runs:
     return
-  print(f"## {tag}: {runs[0]['train_rows']:,} training rows, B = {runs[0]['batch_size']}, "
-        f"{runs[0]['steps']} steps, ε = {args.epsilon}\n")
+  first = at_frontier_batch(runs)
+  print(f"## {tag}: {first['train_rows']:,} training rows, B = {first['batch_size']}, "
+        f"{first['steps']} steps, ε = {args.epsilon}\n")
   print_report(runs, args.draws)
   estimate(runs, args)
   if args.plot:
-    plot(runs, args.draws, args.plot, f"{tag}: {runs[0]['train_rows']:,} training rows, "
-         f"B = {runs[0]['batch_size']}, {runs[0]['steps']} steps unless a point names its own "
+    plot(runs, args.draws, args.plot, f"{tag}: {first['train_rows']:,} training rows, "
+         f"B = {first['batch_size']}, {first['steps']} steps unless a point names its own "
          f"B or T; each point at its variant chosen on validation, ε = {args.epsilon}")
 
 
