@@ -30,10 +30,46 @@ def _select_keras_2():
 _select_keras_2()
 
 
+# The public surface: `from dprec import X` for everything the README and the guides use, each
+# loaded on first use (they import TensorFlow; `import dprec` stays cheap). name → module.
+_PUBLIC = {
+    "make_private": "dprec.workflows.private_model",
+    "DPModel": "dprec.models.dp_model",
+    "DPEmbedding": "dprec.layers.embedding",
+    "DPOptimizer": "dprec.optimizers",
+    "DPSGD": "dprec.optimizers",
+    "DPFEST": "dprec.optimizers",
+    "DPAdaFEST": "dprec.optimizers",
+    "DPAdaFESTPlus": "dprec.optimizers",
+    "NonPrivate": "dprec.optimizers",
+    "SparseSGD": "dprec.optimizers",
+    "SparseAdagrad": "dprec.optimizers",
+    "LazyAdam": "dprec.optimizers",
+    "AdamBC": "dprec.optimizers",
+    "PrivacyBudgetCallback": "dprec.training.callbacks",
+    "BatchSampling": "dprec.training.poisson",
+    "sampled_dataset": "dprec.training.poisson",
+    "PrivacyLedger": "dprec.privacy",
+    "calibrate_noise_multiplier": "dprec.privacy",
+    "compute_epsilon": "dprec.privacy",
+    "SampledTwoTower": "dprec.models.retrieval",
+    "DprecError": "dprec.errors",
+    "BudgetExceededError": "dprec.errors",
+}
+__all__ = ["__version__", "privacy", *_PUBLIC]
+
+
 def __getattr__(name):
-  """`dprec.make_private`, imported on first use (it loads TensorFlow; `import dprec` stays
-  cheap)."""
-  if name == "make_private":
-    from dprec.workflows.private_model import make_private  # pylint: disable=import-outside-toplevel
-    return make_private
-  raise AttributeError(f"module 'dprec' has no attribute {name!r}")
+  """The names of `__all__`, imported on first use (see `_PUBLIC`)."""
+  import importlib  # pylint: disable=import-outside-toplevel
+  if name == "privacy":
+    return importlib.import_module("dprec.privacy")
+  if name not in _PUBLIC:
+    raise AttributeError(f"module 'dprec' has no attribute {name!r}")
+  value = getattr(importlib.import_module(_PUBLIC[name]), name)
+  globals()[name] = value
+  return value
+
+
+def __dir__():
+  return sorted(set(globals()) | set(__all__))

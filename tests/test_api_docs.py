@@ -30,3 +30,20 @@ def test_api_reference_builds_without_warnings(tmp_path):
   warnings = [line for line in result.stderr.splitlines() if "WARNING" in line or "ERROR" in line]
   assert result.returncode == 0, "\n".join(warnings) or result.stderr[-3000:]
   assert (tmp_path / "html" / "dprec.privacy.html").exists()
+
+
+def test_the_public_api_is_exported_and_documented():
+  import dprec  # pylint: disable=import-outside-toplevel
+  page = (API / "dprec.rst").read_text(encoding="utf-8")
+  for name in dprec.__all__:
+    assert getattr(dprec, name) is not None, name
+    if name != "__version__":
+      assert f"``dprec.{name}``" in page, f"document dprec.{name} in docs/api/dprec.rst"
+  assert {"make_private", "DPModel", "DPOptimizer", "PrivacyLedger"} <= set(dprec.__all__)
+
+
+def test_importing_dprec_does_not_load_tensorflow():
+  code = "import sys, dprec; print('tensorflow' in sys.modules)"
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, env=dict(os.environ, PYTHONPATH=str(ROOT)))
+  assert result.stdout.strip() == "False"

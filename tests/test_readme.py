@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from dprec import privacy
+from dprec.errors import BudgetExceededError
 
 README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -39,3 +40,25 @@ def test_quickstart_snippet_runs_and_spends_its_budget(tmp_path, monkeypatch):
   assert reloaded.epsilon_spent() == pytest.approx(expected, rel=1e-6)
   assert expected <= 1.0 + 1e-6
   assert run["history"].history["gradient_size_reduction"][-1] > 10
+
+
+def test_quickstart_snippet_run_twice_says_how_to_start_over(tmp_path, monkeypatch):
+  """The second run on the first run's ledger.json finds the budget spent: the error names the
+  ledger and how to start a new budget."""
+  script = tmp_path / "quickstart.py"
+  script.write_text(_quickstart_snippets()[1])
+  monkeypatch.chdir(tmp_path)
+  runpy.run_path(str(script), run_name="__main__")
+  with pytest.raises(BudgetExceededError, match=r"ledger\.json: .*delete the file"):
+    runpy.run_path(str(script), run_name="__main__")
+
+
+def test_snippets_import_only_from_the_public_api():
+  for snippet in _quickstart_snippets():
+    imports = re.findall(r"^(?:from|import) (\S+)", snippet, re.M)
+    assert all(name == "dprec" or not name.startswith("dprec") for name in imports), imports
+
+
+def test_make_private_snippet_labels_what_it_prints():
+  prints = re.findall(r"print\((.*?)\)\n(?!\s)", _quickstart_snippets()[0], re.S)
+  assert prints and all("RMSE" in p and "ε spent" in p for p in prints)
