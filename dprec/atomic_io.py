@@ -24,9 +24,17 @@ def fsync_directory(directory):
     os.close(fd)
 
 
-def write_bytes(path, data):
-  """Replaces `path` with `data` atomically and durably (file and directory fsynced)."""
+def make_parent(path):
+  """Creates the directory `path` goes in (and its parents) if missing; returns it."""
   directory = os.path.dirname(os.path.abspath(path))
+  os.makedirs(directory, exist_ok=True)
+  return directory
+
+
+def write_bytes(path, data):
+  """Replaces `path` with `data` atomically and durably (file and directory fsynced); creates
+  its directory if missing."""
+  directory = make_parent(path)
   fd, tmp = tempfile.mkstemp(prefix=os.path.basename(path) + ".", suffix=".tmp", dir=directory)
   try:
     with os.fdopen(fd, "wb") as f:
@@ -57,7 +65,8 @@ def remove_stale_temporaries(path):
 
 def lock(path, wait=True):
   """An open handle holding the exclusive lock `<path>.lock` (close it to release); with
-  `wait=False`, None if another process holds it."""
+  `wait=False`, None if another process holds it. Creates `path`'s directory if missing."""
+  make_parent(path)
   handle = open(path + ".lock", "a", encoding="utf-8")  # pylint: disable=consider-using-with
   try:
     fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)

@@ -430,11 +430,11 @@ def run(job: CriteoJob, beam_args: Sequence[str] = ()) -> dict:
   """Runs the batch job; returns `stats.json`'s content. Fails above `max_bad_fraction`."""
   paths = beam_io.match_inputs(job.inputs)
   splits = beam_io.plan_splits(paths, job.split_bytes)
+  job = dataclasses.replace(job, dataset_id=job.dataset_id or identity.new_dataset_id())
+  privacy = charge_selection(job)  # refused before the output directory is touched
   beam_io.makedirs(job.output)
   for stale in (criteo_tfrecord.MANIFEST, DEAD_LETTERS):
     beam_io.remove_stale(os.path.join(job.output, stale))
-  job = dataclasses.replace(job, dataset_id=job.dataset_id or identity.new_dataset_id())
-  privacy = charge_selection(job)
   counters = beam_io.run_pipeline(beam_io.pipeline_options(beam_args),
                                   lambda pipeline: build_pipeline(pipeline, job, splits),
                                   METRICS_NAMESPACE)

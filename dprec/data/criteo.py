@@ -445,7 +445,8 @@ def transform(parsed: ParsedChunk, vocab: CriteoVocabulary) -> dict:
 def criteo_day_files(directory: str) -> List[str]:
   """The `day_N` (or `day_N.gz`) files of a directory, ordered by N."""
   if not os.path.isdir(directory):
-    raise DprecError(f"{directory}: not a directory")
+    problem = "not a directory" if os.path.exists(directory) else "does not exist"
+    raise DprecError(f"{directory}: {problem}")
   found = sorted((int(m.group(1)), name) for name in os.listdir(directory)
                  for m in [_DAY_FILE.match(name)] if m)
   if not found:

@@ -38,8 +38,10 @@ def hold_out_validation(data: CTRData, rows: int) -> CTRData:
 
 def load_data(directory: str, vocab_dir: Optional[str] = None, min_count: int = 1) -> CTRData:
   """Reads `directory`: a Beam output (manifest.json) or Criteo TSV day files; last day = eval."""
+  if not os.path.exists(directory):
+    raise DprecError(f"{directory}: --data does not exist")
   if not os.path.isdir(directory):
-    raise DprecError(f"{directory}: --data must be a directory")
+    raise DprecError(f"{directory}: --data must be a directory, not a file")
   if os.path.exists(os.path.join(directory, "manifest.json")):
     from dprec.data import criteo_tfrecord  # pylint: disable=import-outside-toplevel
     manifest = criteo_tfrecord.load_manifest(directory)

@@ -138,8 +138,11 @@ class PrivacyLedger:
     for field, given in (("epsilon_budget", epsilon_budget), ("delta", delta),
                          ("accountant", accountant)):
       if given is not None and given != data.get(field):
-        raise DprecError(f"{self.path}: field {field}: the ledger has {data.get(field)!r}, "
-                         f"this run asks for {given!r}")
+        raise DprecError(
+            f"{self.path}: field {field}: the ledger has {data.get(field)!r}, this run asks for "
+            f"{given!r}. A ledger's budget, delta and accountant are fixed when it is created: "
+            f"ask for {data.get(field)!r} as the run that created it did, or start a new budget "
+            "with another ledger path (--ledger) or a new --run-dir")
     self.epsilon_budget, self.delta = data["epsilon_budget"], data["delta"]
     self.accountant, self.created = data["accountant"], data.get("created", "")
     self.charges = data["charges"]

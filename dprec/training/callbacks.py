@@ -103,8 +103,10 @@ class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
     self._planned_steps = steps * epochs + self.steps_taken if steps and epochs else None
     if self.steps_taken == self.steps_charged and not self._prepay():
       raise BudgetExceededError(
-          f"the privacy budget cannot pay for a single step (spent "
-          f"{self.ledger.epsilon_spent():.4g}, remaining {self.ledger.remaining():.4g})")
+          f"{self.ledger.path}: the privacy budget cannot pay for a single step (spent "
+          f"{self.ledger.epsilon_spent():.4g} by {len(self.ledger.charges)} earlier charges, "
+          f"remaining {self.ledger.remaining():.4g}). A ledger keeps what every run charged "
+          "to it; to start a new budget, delete the file or give the ledger another path")
 
   def on_train_batch_end(self, batch, logs=None):
     self.steps_taken += 1

@@ -161,6 +161,19 @@ class PrivateOptions:
       raise DprecError(f"label_range must be (lo, hi) with lo < hi, got {self.label_range}")
 
 
+def _not_a_keras_2_model(model) -> str:
+  """Why `model` (not a tf.keras.Model) is refused, and what to do if it is a Keras 3 model."""
+  name = type(model).__name__
+  module = type(model).__module__
+  if module.split(".")[0] == "keras" and int(getattr(sys.modules.get("keras"), "__version__",
+                                                      "0").split(".")[0]) >= 3:
+    return (f"make_private needs a Keras 2 (tf.keras) model, got a Keras 3 {name} ({module}); "
+            "dprec does not train Keras 3 models yet. Build the model with tf.keras after "
+            "`import dprec` (which selects Keras 2), or with `import tf_keras` "
+            "(or TF_USE_LEGACY_KERAS=1 set before TensorFlow is imported)")
+  return f"make_private needs a tf.keras.Model, got {name}"
+
+
 def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epochs=1,
                  algorithm="auto", ledger=None, l2_norm_clip=None, target_quantile=None,
                  clip_learning_rate=0.2, ratio=ctr.CTRTrainOptions.ratio,
@@ -228,7 +241,7 @@ def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epo
       insecure_noise_seed=insecure_noise_seed)
   options.validate()
   if not isinstance(model, tf.keras.Model):
-    raise DprecError(f"make_private needs a tf.keras.Model, got {type(model).__name__}")
+    raise DprecError(_not_a_keras_2_model(model))
   if isinstance(model, PrivateModel):
     raise DprecError(f"model '{model.name}' is already private")
   _refuse_unsupported(model)

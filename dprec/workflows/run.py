@@ -340,6 +340,13 @@ class Run:
     trained = resume_lib.checkpointed_step(self.checkpoint_dir) if self.run_dir else 0
     paid = self.steps_paid(self.ledger, label)
     if paid < trained:
+      other = sorted(other for other in {c.get("label") for c in self.ledger.charges} - {label}
+                     if self.steps_paid(self.ledger, other) >= trained)
+      if other:
+        raise DprecError(
+            f"{self.run_dir}: this run trained as '{other[0]}', and this command asks for "
+            f"'{label}': an argument changed (not the ledger). Rerun with the run's arguments "
+            "to resume it, or use a new --run-dir to train from scratch")
       raise DprecError(
           f"{self.ledger.path}: this ledger holds {paid} steps of run {self.run_id} under "
           f"'{label}', but the run's checkpoints in {self.run_dir} have trained {trained}: the "

@@ -116,8 +116,11 @@ def test_bad_inputs_are_one_line_errors(data_dir, tmp_path, capsys):
       capsys, base + ["--data", data_dir, "--algorithm", "dp_sgd"])
   assert "needs --top-k" in _error(
       capsys, base + ["--data", data_dir, "--algorithm", "dp_fest", "--epsilon", "1"])
-  assert "must be a directory" in _error(
+  assert f"{tmp_path / 'nowhere'}: --data does not exist" in _error(
       capsys, base + ["--data", str(tmp_path / "nowhere"), "--algorithm", "non_private"])
+  (tmp_path / "a_file").write_text("")
+  assert "must be a directory" in _error(
+      capsys, base + ["--data", str(tmp_path / "a_file"), "--algorithm", "non_private"])
   broken = tmp_path / "broken"
   broken.mkdir()
   for day in (0, 1):

@@ -216,8 +216,10 @@ def test_day_files_are_ordered_numerically(tmp_path):
   (tmp_path / "empty").mkdir()
   with pytest.raises(DprecError, match="no day_N files"):
     criteo.criteo_day_files(str(tmp_path / "empty"))
-  with pytest.raises(DprecError, match="not a directory"):
+  with pytest.raises(DprecError, match="absent: does not exist"):
     criteo.criteo_day_files(str(tmp_path / "absent"))
+  with pytest.raises(DprecError, match="not a directory"):
+    criteo.criteo_day_files(str(tmp_path / "notes.txt"))
 
 
 def test_format_hex_round_trips():

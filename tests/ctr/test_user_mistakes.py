@@ -1,0 +1,55 @@
+"""Common mistakes of a new user of `dprec train ctr` and `make_private` get errors that say what
+happened and what to do (issue 48's walk-through)."""
+import json
+
+import pytest
+
+from dprec import cli
+
+ARGS = ["--batch-size", "64", "--steps", "4", "--hidden-units", "8", "--no-progress"]
+
+
+@pytest.fixture(scope="module")
+def data_dir(criteo_days):
+  return criteo_days(1500, 3)
+
+
+def _error(capsys, argv):
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "Traceback" not in err
+  return err
+
+
+def test_output_paths_in_missing_directories_are_created(data_dir, tmp_path, monkeypatch):
+  monkeypatch.chdir(tmp_path)
+  assert cli.main(["train", "ctr", "--data", data_dir, "--algorithm", "dp_adafest", "--epsilon",
+                   "1", "--ledger", "run/ledger.json", "--summary-json", "run/summary.json",
+                   "--log-dir", "run/tb", *ARGS]) == 0
+  assert json.loads((tmp_path / "run" / "summary.json").read_text())["epsilon"] <= 1 + 1e-6
+  assert (tmp_path / "run" / "ledger.json").exists() and (tmp_path / "run" / "tb").is_dir()
+
+
+def test_a_changed_argument_on_a_run_dir_is_named_as_one(data_dir, tmp_path, capsys):
+  run = ["train", "ctr", "--data", data_dir, "--epsilon", "1", "--run-dir", str(tmp_path / "r"),
+         *ARGS]
+  assert cli.main(run + ["--algorithm", "dp_adafest"]) == 0
+  capsys.readouterr()
+  err = _error(capsys, run + ["--algorithm", "dp_sgd"])
+  assert "an argument changed (not the ledger)" in err and "'train ctr dp_adafest'" in err
+  assert "deleted or replaced" not in err
+  err = _error(capsys, ["train", "ctr", "--data", data_dir, "--epsilon", "2", "--run-dir",
+                        str(tmp_path / "r"), "--algorithm", "dp_adafest", *ARGS])
+  assert "the ledger has 1.0, this run asks for 2.0" in err
+  assert "ask for 1.0" in err and "new --run-dir" in err
+
+
+def test_a_keras_3_model_is_refused_with_what_to_do():
+  keras = pytest.importorskip("keras")
+  if int(keras.__version__.split(".")[0]) < 3:
+    pytest.skip("Keras 3 is not installed")
+  from dprec import make_private  # pylint: disable=import-outside-toplevel
+  from dprec.errors import DprecError  # pylint: disable=import-outside-toplevel
+  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
+  with pytest.raises(DprecError, match=r"Keras 3 Sequential.*tf\.keras after `import dprec`"):
+    make_private(model, epsilon=1.0, train_size=100)
