@@ -91,6 +91,31 @@ def poisson_batch_indices(num_examples: int, sampling_rate: float, steps: int,
     yield np.sort(rng.choice(num_examples, size=size, replace=False, shuffle=False))
 
 
+def steps_joined(rng: np.random.Generator, num_examples: int, sampling_rate: float,
+                 steps: int) -> Tuple[np.ndarray, np.ndarray]:
+  """(example, step) pairs of `num_examples` examples that each join each of `steps` steps
+  independently with probability q = `sampling_rate`, sorted by example then step: the other
+  face of `poisson_batch_indices` (per example instead of per step), for a job that reads
+  each example once (Chua et al., "Scalable DP-SGD: Shuffling vs. Poisson Subsampling",
+  arXiv:2411.04205). An example's next step lies a Geometric(q) gap after its last, so the
+  work is O(q·T + 1) per example; the draws are made for all examples at once, gap by gap.
+  """
+  if not 0.0 < sampling_rate <= 1.0:
+    raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate}")
+  examples, joined = [], []
+  active = np.arange(num_examples, dtype=np.int64)
+  position = np.full(num_examples, -1, np.int64)
+  while active.size:
+    position = position + rng.geometric(sampling_rate, size=active.size)
+    inside = position < steps
+    active, position = active[inside], position[inside]
+    examples.append(active)
+    joined.append(position)
+  example, step = np.concatenate(examples), np.concatenate(joined)
+  order = np.lexsort((step, example))
+  return example[order], step[order]
+
+
 def fixed_batch_indices(num_examples: int, batch_size: int, steps: int,
                         rng: np.random.Generator) -> Iterator[np.ndarray]:
   """Yields `steps` index arrays of exactly `batch_size`, shuffling again at every epoch."""

@@ -1,0 +1,166 @@
+"""A run's Poisson batches on disk, one TFRecord shard per step, and the reader that streams them
+into training in step order.
+
+`pipelines.poisson_batches` writes them (each example draws the steps it joins from the run's
+key, then a group by step: Chua et al., "Scalable DP-SGD: Shuffling vs. Poisson Subsampling",
+arXiv:2411.04205). A batch directory holds `step-NNNNNNNN.tfrecord` files, the rows of step t
+in input order (the `tf.train.Example`s of `dprec.data.criteo_tfrecord`, one per row; a step
+nobody joined has an empty file), and, written last, `batches.json`: the run id, a fingerprint
+of the run's key (an HMAC of a fixed label under it: it tells keys apart and reveals nothing
+about them), the plan (N, B, q = B/N, T), the input files and, per step, its row count, size and
+SHA-256. The reader refuses, in one line naming the file, a directory without that manifest (the
+job did not finish), one of another run, key or plan, and a missing, truncated or altered shard;
+it holds one step's batch (and the prefetched next ones) at a time, so memory grows with B, not
+with N.
+"""
+import hashlib
+import json
+import os
+import struct
+from typing import List, Optional, Sequence
+
+import numpy as np
+import tensorflow as tf
+
+from dprec.data import criteo_tfrecord
+from dprec.errors import DprecError
+
+FORMAT = "dprec-poisson-batches-v1"
+MANIFEST = "batches.json"
+FINGERPRINT_LABEL = "dprec poisson batches key fingerprint"
+SAMPLING_PURPOSE = "poisson batches"  # the draws of input file f: key.numpy_rng(this, f)
+PREFETCH = 2  # batches read ahead of training
+
+
+def shard_name(step: int) -> str:
+  return f"step-{step:08d}.tfrecord"
+
+
+def key_fingerprint(noise_key) -> str:
+  """A public name of the run's key: HMAC-SHA256 of a fixed label under it (a PRF value, so it
+  says nothing about the key), for telling one run's batches from another's."""
+  return noise_key.derive(FINGERPRINT_LABEL).hex()
+
+
+def plan_fields(num_examples: int, batch_size: int, steps: int) -> dict:
+  """The plan a batch directory was drawn for (all public)."""
+  return {"num_examples": int(num_examples), "batch_size": int(batch_size),
+          "sampling_rate": batch_size / num_examples, "steps": int(steps)}
+
+
+def unframe(data: bytes, path: str) -> List[bytes]:
+  """The records of TFRecord bytes (their integrity is the manifest's digest's business)."""
+  records, offset = [], 0
+  while offset < len(data):
+    if offset + 12 > len(data):
+      raise DprecError(f"{path}: truncated record header at byte {offset}")
+    (length,) = struct.unpack_from("<Q", data, offset)
+    end = offset + 12 + length
+    if end + 4 > len(data):
+      raise DprecError(f"{path}: truncated record at byte {offset}")
+    records.append(data[offset + 12:end])
+    offset = end + 4
+  return records
+
+
+def write_shard(directory: str, step: int, records: Sequence[bytes]) -> dict:
+  """Writes step `step`'s records (atomically: a temporary name, then a rename); returns its
+  manifest entry."""
+  path = os.path.join(directory, shard_name(step))
+  criteo_tfrecord.write_tfrecord(path, records)
+  with tf.io.gfile.GFile(path, "rb") as stream:
+    data = stream.read()
+  return {"step": int(step), "file": shard_name(step), "rows": len(records),
+          "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+
+
+def read_manifest(directory: str, run_id: str, noise_key, plan: dict) -> dict:
+  """The batch directory's manifest, checked against this run (its id and key) and `plan`
+  (`plan_fields`); a one-line `DprecError` naming the file otherwise."""
+  path = os.path.join(directory, MANIFEST)
+  if not tf.io.gfile.exists(path):
+    raise DprecError(f"{path}: no manifest: the batch job did not finish (rerun it)")
+  try:
+    with tf.io.gfile.GFile(path, "r") as stream:
+      manifest = json.loads(stream.read())
+  except ValueError as error:
+    raise DprecError(f"{path}: not a readable batch manifest ({error})") from None
+  if manifest.get("format") != FORMAT:
+    raise DprecError(f"{path}: format {manifest.get('format')!r}, expected {FORMAT!r}")
+  if manifest.get("run_id") != run_id:
+    raise DprecError(f"{path}: batches of run {manifest.get('run_id')}, not of this run "
+                     f"{run_id}")
+  if manifest.get("key_fingerprint") != key_fingerprint(noise_key):
+    raise DprecError(f"{path}: batches drawn with another key than this run's")
+  if manifest.get("plan") != plan:
+    raise DprecError(f"{path}: batches drawn for the plan {manifest.get('plan')}, not {plan}")
+  if [entry["step"] for entry in manifest["steps"]] != list(range(plan["steps"])):
+    raise DprecError(f"{path}: the manifest does not list steps 0..{plan['steps'] - 1}")
+  return manifest
+
+
+def read_shard(directory: str, entry: dict) -> List[bytes]:
+  """The records of one step's shard, after checking it is the one the manifest lists."""
+  path = os.path.join(directory, entry["file"])
+  try:
+    with tf.io.gfile.GFile(path, "rb") as stream:
+      data = stream.read()
+  except tf.errors.NotFoundError:
+    raise DprecError(f"{path}: missing: the shard of step {entry['step']}") from None
+  if len(data) != entry["bytes"]:
+    raise DprecError(f"{path}: {len(data)} bytes, the manifest says {entry['bytes']} (truncated "
+                     "or replaced)")
+  if hashlib.sha256(data).hexdigest() != entry["sha256"]:
+    raise DprecError(f"{path}: its SHA-256 differs from the manifest's (a shard of another run, "
+                     "or corrupted)")
+  records = unframe(data, path)
+  if len(records) != entry["rows"]:
+    raise DprecError(f"{path}: {len(records)} rows, the manifest says {entry['rows']}")
+  return records
+
+
+def check_shards(directory: str, manifest: dict, start: int = 0) -> None:
+  """Refuses, before training starts, a missing or truncated shard of steps `start`.. (a stat
+  each; the content is checked when the step is read)."""
+  for entry in manifest["steps"][start:]:
+    path = os.path.join(directory, entry["file"])
+    if not tf.io.gfile.exists(path):
+      raise DprecError(f"{path}: missing: the shard of step {entry['step']}")
+    size = tf.io.gfile.stat(path).length
+    if size != entry["bytes"]:
+      raise DprecError(f"{path}: {size} bytes, the manifest says {entry['bytes']} (truncated or "
+                       "replaced)")
+
+
+def refusal(error: Exception) -> Optional[DprecError]:
+  """The `DprecError` a shard check raised inside `tf.data` (which wraps it in a TF error), as
+  one line again; None if `error` is not one."""
+  marker = f"{DprecError.__module__}.{DprecError.__name__}: "
+  for line in str(error).splitlines():
+    if line.startswith(marker):
+      return DprecError(line[len(marker):])
+  return None
+
+
+def parse_rows(serialized):
+  """Serialized rows → (`{"cat_features", "int_features"}`, label), as the in-memory path has
+  them (`dprec.data.criteo_tfrecord.criteo_tfrecord_dataset`'s dtypes)."""
+  row = tf.io.parse_example(serialized, criteo_tfrecord.feature_spec())
+  return ({"cat_features": tf.cast(row["cat_features"], tf.int32),
+           "int_features": row["int_features"]}, tf.cast(row["label"][:, 0], tf.int32))
+
+
+def batch_dataset(directory: str, manifest: dict, start: int = 0,
+                  stop: Optional[int] = None) -> tf.data.Dataset:
+  """Steps `start`..`stop` − 1 (default: to the end) of a checked batch directory
+  (`read_manifest`) as a `tf.data.Dataset` of `(features, label)` batches in step order; each shard is checked
+  when it is read."""
+  entries = manifest["steps"][start:stop]
+
+  def generate():
+    for entry in entries:
+      yield np.asarray(read_shard(directory, entry), dtype=object).reshape(-1)
+
+  return (tf.data.Dataset.from_generator(generate,
+                                         output_signature=tf.TensorSpec([None], tf.string))
+          .map(parse_rows).prefetch(PREFETCH))
