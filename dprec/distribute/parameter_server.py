@@ -2,21 +2,29 @@
 
 Embedding tables are partitioned by rows across the parameter servers (`table_partitioner`:
 each table a `ShardedVariable`); the other variables stay whole. A `ClusterCoordinator` (the
-chief) schedules whole DP steps on the workers, asynchronously (`fit`): step t gets the chief's
+chief) schedules DP steps on the workers, asynchronously (`fit`): step t gets the chief's
 Poisson batch t (drawn from the run's secret key, as on one machine) and the state of its noise
 generator, derived from the run's secret key and t (`NoiseKey.tf_state("dp step", t)`, what
 `KeyedNoiseCallback` gives a one-machine step), so its draws are identical whichever worker
 runs it. The worker gathers the rows its batch touches, computes the clipped sums, the kept
-rows and the noise itself, and sends each parameter server the update of its kept rows only
-(`DPModel` splits an `IndexedSlices` gradient by shard); the optimizer's sparse update then
-reads and writes those rows and their slots on the parameter server. DP-SGD sends every row.
+rows and the noise itself, and returns the noisy update (`DPModel` splits an `IndexedSlices`
+gradient by shard) without applying it; the chief applies each step's update once, in step
+order, with the optimizer's sparse update, which reads and writes those rows and their slots on
+their parameter servers. DP-SGD's update is every row.
+
+Faults: TensorFlow's coordinator runs a scheduled function at least once (a worker lost mid-step
+has its step re-run elsewhere). A worker that applied its own update could leave part of it
+applied, and its re-run would apply the step again: a second release of the step's clipped sum
+with the same noise. Here workers apply nothing, so a lost attempt released nothing and the
+re-run's update is the step's only one; the chief applies it once. One update at a time also
+means no lost updates (Hogwild's concurrent read-modify-write of a row).
 
 Privacy under asynchrony: each scheduled step is one Poisson-subsampled Gaussian mechanism
 (DP-AdaFEST: the composed pair) applied to fresh sampled data, with fresh noise (no step index
-is scheduled twice). The model it reads may already hold other steps' updates, but those are
-outputs of earlier mechanisms, so the steps compose adaptively exactly as sequential DP-SGD
-does (the accountant's T-fold composition assumes no order among them); stale parameters cost
-utility, not privacy. The ledger is charged on the chief, ahead of scheduling
+is scheduled twice). The weights it reads may lack up to (workers − 1) earlier steps' updates,
+but they are outputs of earlier mechanisms, so the steps compose adaptively exactly as
+sequential DP-SGD does (the accountant's T-fold composition assumes no order among them); stale
+parameters cost utility, not privacy. The ledger is charged on the chief, ahead of scheduling
 (`PrivacyBudgetCallback`), so every scheduled step is paid before its result exists.
 
 Workers draw noise from a generator of their own (`worker_generator`: a per-worker variable),
@@ -116,44 +124,117 @@ def worker_generator(state) -> tf.random.Generator:
   return _WorkerGenerator.from_state(state, alg="philox")
 
 
-def _step_function(model, x, y, noise_state):
-  """The scheduled step: one DP step of `model` on batch (x, y) with its generator on
-  `noise_state` first (a non-private model has no generator to reset). Traced once for every
-  batch size (Poisson batches vary): its signature leaves the batch dimension of (x, y) open."""
-  generator = getattr(model, "dp_optimizer", None) and model.dp_optimizer.generator
+FAULT_INJECTION_ENV = "DPREC_TEST_WORKER_FAULT"  # "STEP:MARKER", read when the step is traced
 
-  def spec(tensor):
-    tensor = tf.convert_to_tensor(tensor)
-    return tf.TensorSpec([None, *tensor.shape[1:]], tensor.dtype)
 
-  @tf.function(input_signature=(tf.nest.map_structure(spec, x), tf.nest.map_structure(spec, y),
-                                tf.TensorSpec.from_tensor(noise_state)))
-  def step(x, y, noise_state):
+def _fault_injection(index, update):
+  """Fault tests only (`FAULT_INJECTION_ENV` = "STEP:MARKER" on the chief): the first time step
+  STEP runs, its worker writes the file MARKER once its update is computed and then hangs until
+  the test kills it, a deterministic stand-in for a worker lost mid-step. `update` unchanged."""
+  spec = os.environ.get(FAULT_INJECTION_ENV)
+  if not spec:
+    return update
+  step, marker = spec.split(":", 1)
+  first_time = tf.logical_and(tf.equal(index, int(step)),
+                              tf.equal(tf.size(tf.io.matching_files(marker)), 0))
+
+  def hang():
+    with tf.control_dependencies([tf.io.write_file(marker, "worker stopped here")]):
+      return tf.while_loop(lambda i: i >= 0, lambda i: i + 1, [tf.constant(0, tf.int64)])[0]
+
+  done = tf.cond(first_time, hang, lambda: tf.constant(0, tf.int64))
+  with tf.control_dependencies(tf.nest.flatten(update) + [done]):
+    return tf.nest.map_structure(tf.identity, update)
+
+
+class _ScheduledStep:
+  """One DP step split between a worker and the chief. `run` (traced once for every batch size:
+  its signature leaves the batch dimension of (x, y) open) is scheduled on a worker: it resets
+  the step's generator to `noise_state` (a non-private model has none) and computes the noisy
+  update without applying it. `apply` runs on the chief with the fetched update: the optimizer's
+  row-sparse update on the parameter servers, once per step, in step order."""
+
+  def __init__(self, model, x, y, noise_state):
+    self.model, self.variables, self.sparse = model, None, None
+
+    def spec(tensor):
+      tensor = tf.convert_to_tensor(tensor)
+      return tf.TensorSpec([None, *tensor.shape[1:]], tensor.dtype)
+
+    self.run = tf.function(self._run, input_signature=(
+        tf.nest.map_structure(spec, x), tf.nest.map_structure(spec, y),
+        tf.TensorSpec.from_tensor(tf.convert_to_tensor(noise_state)),
+        tf.TensorSpec([], tf.int64)))
+    self._apply_function = None
+
+  def _run(self, x, y, noise_state, index):
+    model = self.model
+    generator = getattr(model, "dp_optimizer", None) and model.dp_optimizer.generator
     if generator is not None:
       generator.reset(noise_state)
-    return model.distribute_strategy.run(model.train_step, args=((x, y),))
 
-  return step
+    def replica_step(data):
+      with model.deferring_updates() as pairs:
+        logs = model.train_step(data)
+      self.variables = [variable for _, variable in pairs]
+      self.sparse = [isinstance(gradient, tf.IndexedSlices) for gradient, _ in pairs]
+      return logs, [(g.indices, g.values) if isinstance(g, tf.IndexedSlices) else g
+                    for g, _ in pairs]
+
+    logs, update = model.distribute_strategy.run(replica_step, args=((x, y),))
+    return logs, _fault_injection(index, update)
+
+  def apply(self, update):
+    """Applies `update` (what `run` returned beside its logs) with the model's optimizer."""
+    if self._apply_function is None:  # traced once: the kept rows' count varies, not the rest
+      def spec(gradient, sparse):
+        if not sparse:
+          return tf.TensorSpec(gradient.shape, gradient.dtype)
+        indices, values = gradient
+        return (tf.TensorSpec([None], indices.dtype),
+                tf.TensorSpec([None, *values.shape[1:]], values.dtype))
+
+      self._apply_function = tf.function(self._apply, input_signature=(
+          [spec(g, sparse) for g, sparse in zip(update, self.sparse)],))
+    self._apply_function(update)
+
+  def _apply(self, update):
+    gradients = [tf.IndexedSlices(g[1], g[0], tf.constant(v.shape.as_list(), tf.int64))
+                 if sparse else g for g, v, sparse in zip(update, self.variables, self.sparse)]
+    # One replica per worker: the update is already the step's whole (noisy) gradient.
+    self.model.optimizer.apply_gradients(zip(gradients, self.variables),
+                                         experimental_aggregate_gradients=False)
 
 
 def fit(model, coordinator, batches: Iterable, noise_states: Iterable, steps: int,
         callbacks: Sequence[tf.keras.callbacks.Callback] = (), sync_every: Optional[int] = None):
-  """Schedules `steps` DP steps of `model` (built in `coordinator.strategy`'s scope) on the
-  workers, step i on the i-th of `batches` ((features, labels)) with the i-th of `noise_states`.
-  Callbacks run on the coordinator: a step's `on_train_batch_end` follows its scheduling (the
-  ledger is paid ahead), with the logs of the oldest step still in flight once more steps than
-  workers are; every `sync_every` steps (checkpoints) and at the end all steps are waited for.
-  Returns the last step's logs as `model.fit`'s history of one epoch ({name: [value]})."""
+  """Schedules `steps` DP steps of `model` (built in `coordinator.strategy`'s scope; call this
+  outside it) on the workers, step i on the i-th of `batches` ((features, labels)) with the
+  i-th of `noise_states`, and applies each step's update from this chief, in step order, once:
+  step i is scheduled when at most (workers − 1) earlier steps are still in flight, so it reads
+  the weights every step up to i − workers left. Callbacks run here: a step's
+  `on_train_batch_begin` precedes its scheduling (the ledger is paid ahead), its
+  `on_train_batch_end` gets the logs of the last step applied; every `sync_every` steps
+  (checkpoints) and at the end every step is applied. Returns the last step's logs as
+  `model.fit`'s history of one epoch ({name: [value]})."""
+  if tf.distribute.has_strategy():
+    raise ValueError("call parameter_server.fit outside the strategy's scope: the chief applies "
+                     "each step's update itself")
+  if getattr(getattr(model, "dp_optimizer", None), "clip", None) is not None:
+    raise ValueError("quantile clipping is not available under ParameterServerStrategy: its "
+                     "clip update is made inside the worker's step, which a re-run repeats")
   callback_list = tf.keras.callbacks.CallbackList(list(callbacks), model=model)
   callback_list.set_params({"steps": steps, "epochs": 1, "verbose": 0})
   step = None
   window = num_workers(coordinator.strategy)
   in_flight, logs = collections.deque(), {}
 
-  def wait(keep):
+  def apply_until(keep):
     nonlocal logs
     while len(in_flight) > keep:
-      logs = {name: float(value) for name, value in in_flight.popleft().fetch().items()}
+      step_logs, update = in_flight.popleft().fetch()
+      step.apply(update)
+      logs = {name: float(value) for name, value in step_logs.items()}
 
   model.stop_training = False
   callback_list.on_train_begin()
@@ -161,14 +242,16 @@ def fit(model, coordinator, batches: Iterable, noise_states: Iterable, steps: in
   for i, ((x, y), state) in enumerate(zip(batches, noise_states)):
     if i >= steps or model.stop_training:
       break
+    apply_until(window - 1)
     callback_list.on_train_batch_begin(i)
     state = tf.constant(state)
-    step = step or _step_function(model, x, y, state)
-    in_flight.append(coordinator.schedule(step, args=(x, y, state)))
-    wait(0 if sync_every and (i + 1) % sync_every == 0 else window)
+    step = step or _ScheduledStep(model, x, y, state)
+    in_flight.append(coordinator.schedule(
+        step.run, args=(x, y, state, tf.constant(i, tf.int64))))
+    if sync_every and (i + 1) % sync_every == 0:
+      apply_until(0)
     callback_list.on_train_batch_end(i, dict(logs))
-  coordinator.join()
-  wait(0)
+  apply_until(0)
   callback_list.on_epoch_end(0, dict(logs))
   callback_list.on_train_end(dict(logs))
   return {name: [value] for name, value in logs.items()}

@@ -348,9 +348,26 @@ class DPModel(tf.keras.Model):
                for g, v in grads_and_vars if id(v) in table_vars]
       self.gradient_size_tracker.update_state(
           tf.cast(tf.add_n(sizes) if sizes else 0, tf.float32))
+    deferred = getattr(self, "_deferred_updates", None)
+    if deferred is not None:  # the caller applies them (`deferring_updates`)
+      deferred.extend(grads_and_vars)
+      return
     # A DP step's gradients are already summed over the replicas (`_dp_gradients`).
     self.optimizer.apply_gradients(
         grads_and_vars, experimental_aggregate_gradients=not config_lib.is_private(config))
+
+  @contextlib.contextmanager
+  def deferring_updates(self):
+    """While open (around the tracing of `train_step`), the step records its (gradient,
+    variable) pairs in the yielded list instead of applying them, for a caller that applies
+    each step's update itself, exactly once (a parameter-server chief:
+    `dprec.distribute.parameter_server`)."""
+    recorded = []
+    object.__setattr__(self, "_deferred_updates", recorded)
+    try:
+      yield recorded
+    finally:
+      object.__setattr__(self, "_deferred_updates", None)
 
   def per_example_squared_norms(self, x, y, sample_weight=None, by_group=False):
     """‖g_i‖² per example as the compiled DP configuration clips it (kept rows only); with

@@ -56,6 +56,9 @@ class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
     self.label = label
     self.steps_taken = steps_taken
     self.steps_charged = steps_charged
+    # Paid steps a resumed run trains again, not charged again: nothing the run computed after
+    # its last checkpoint left the run directory, so the re-run's are their only releases.
+    self.rerun_steps = steps_charged - steps_taken
     self.stopped_at_budget = False
     self.epsilon = ledger.epsilon_spent()
     self._planned_steps = None

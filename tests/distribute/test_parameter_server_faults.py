@@ -1,19 +1,25 @@
 """`dprec train ctr --strategy parameter_server` on a cluster of processes (TF_CONFIG: chief, workers,
 ps), with faults as tf.distribute promises to handle them: a worker killed mid-run and restarted
 by its cluster manager is waited for and the coordinator reschedules its step (the run finishes,
-every step paid once, ε as planned); a parameter server or the chief killed ends the run, and the
-same command resumes from the last checkpoint and ends equal to an uninterrupted run with the same
-insecure key (one worker: steps run in order, so the runs are comparable bit for bit)."""
+every step paid once, ε as planned); a worker killed at a chosen step once its update is computed
+(a deterministic hook, `parameter_server.FAULT_INJECTION_ENV`) leaves the run equal to an
+uninterrupted one (the update is applied by the chief, once); a parameter server or the chief
+killed ends the run, and the same command resumes from the last checkpoint and ends equal to an
+uninterrupted run with the same insecure key (one worker: steps run in order, so the runs are
+comparable bit for bit)."""
 import json
 import os
 import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
+import tensorflow as tf
 
 from dprec import privacy
 from dprec.distribute import cluster
+from dprec.distribute import parameter_server
 
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 STEPS, EVERY, EPSILON, LABEL = 6, 2, 2.0, "train ctr dp_adafest"
@@ -41,10 +47,10 @@ class Cluster:
       for index in range(len(self.spec[kind])):
         self.start(kind, index)
 
-  def _popen(self, kind, index, args):
+  def _popen(self, kind, index, args, env=None):
     config = json.dumps({"cluster": self.spec, "task": {"type": kind, "index": index}})
     return subprocess.Popen([sys.executable, "-m", "dprec.cli", "train", "ctr", *args],
-                            env=dict(self.env, TF_CONFIG=config))
+                            env=dict(self.env, TF_CONFIG=config, **(env or {})))
 
   def start(self, kind, index):
     """(Re)starts a server on its address, as a cluster manager restarts a lost task."""
@@ -56,8 +62,8 @@ class Cluster:
     process.kill()
     process.wait()
 
-  def chief(self, args):
-    self.chiefs.append(self._popen("chief", 0, args))
+  def chief(self, args, env=None):
+    self.chiefs.append(self._popen("chief", 0, args, env))
     return self.chiefs[-1]
 
   def stop(self):
@@ -149,3 +155,52 @@ def test_a_killed_chief_or_server_resumes_from_its_checkpoint_and_ends_equal(dat
   assert resumed["epsilon"] == pytest.approx(uninterrupted["epsilon"], abs=1e-12)
   for key in ("auc", "eval_loss", "calibration_scale", "calibration_shift", "gradient_size"):
     assert resumed[key] == uninterrupted[key], key
+
+
+def _wait_for_file(process, path):
+  deadline = time.monotonic() + TIMEOUT
+  while not path.exists():
+    assert process.poll() is None, f"the chief ended (code {process.returncode}) first"
+    assert time.monotonic() < deadline, f"no {path} after {TIMEOUT} s"
+    time.sleep(0.1)
+
+
+def test_a_worker_lost_once_its_update_is_computed_leaves_the_run_as_uninterrupted(
+    data_dir, tmp_path, make_cluster):
+  """The fault of a step's update half-applied: the worker of step 3 is killed after computing
+  its noisy update (the hook makes it hang there until killed), with 2 parameter servers. Its
+  update was never applied (workers apply nothing: the chief applies each fetched update once),
+  so the coordinator's re-run computes the same update on the same weights, and the run ends
+  equal to an uninterrupted one, every step paid once. (Before, workers applied their own
+  updates: a re-run applied a step twice, a second release with the same noise.)"""
+  servers = make_cluster(1, 2)
+  reference = tmp_path / "uninterrupted"
+  assert servers.chief(_command(data_dir, reference)).wait(timeout=TIMEOUT) == 0
+
+  run_dir, marker = tmp_path / "faulted", tmp_path / "worker_stopped"
+  chief = servers.chief(_command(data_dir, run_dir),
+                        {parameter_server.FAULT_INJECTION_ENV: f"3:{marker}"})
+  _wait_for_file(chief, marker)
+  servers.kill("worker", 0)
+  servers.start("worker", 0)
+  assert chief.wait(timeout=TIMEOUT) == 0
+
+  faulted, uninterrupted = _summary(run_dir), _summary(reference)
+  assert _steps_paid(run_dir) == _steps_paid(reference) == STEPS
+  assert faulted["epsilon"] == uninterrupted["epsilon"]
+  for key in ("auc", "eval_loss", "calibration_scale", "calibration_shift"):
+    assert faulted[key] == uninterrupted[key], key
+  faulted, uninterrupted = _final_checkpoint(run_dir), _final_checkpoint(reference)
+  assert faulted.keys() == uninterrupted.keys() and any("embeddings" in k for k in faulted)
+  for name, value in faulted.items():  # weights and optimizer slots, bit for bit
+    np.testing.assert_array_equal(value, uninterrupted[name], err_msg=name)
+
+
+def _final_checkpoint(run_dir):
+  """{name: value} of the last checkpoint's weights and optimizer variables (not the metrics of
+  training batches: a re-run step's are counted again, diagnostics)."""
+  last = sorted((run_dir / "checkpoints").glob("ckpt-*"))[-1]
+  reader = tf.train.load_checkpoint(str(last / "model"))
+  return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+          if "VARIABLE_VALUE" in name and (name.startswith("optimizer/") or any(
+              weight in name for weight in ("embeddings", "kernel", "bias")))}

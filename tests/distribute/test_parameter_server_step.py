@@ -78,12 +78,37 @@ def test_shard_gradients_route_rows_to_their_shard():
 
 def test_the_scheduled_step_is_traced_once_for_every_batch_size(steps):
   """Poisson batches vary in size: the step's signature leaves the batch dimension open, so a
-  run traces it once (it retraced for every new size: minutes of a short run)."""
-  model = steps.build_model(steps.CONFIGS["dp_sgd"])
+  run traces it once (it retraced for every new size: minutes of a short run), and so does the
+  chief's apply of its update (the kept rows' count varies)."""
+  model = steps.build_model(steps.CONFIGS["dp_adafest"])
   features, labels = steps.data()
   state = tf.constant(model.dp_optimizer.generator.state)
-  step = parameter_server._step_function(  # pylint: disable=protected-access
+  step = parameter_server._ScheduledStep(  # pylint: disable=protected-access
       model, {"cat": features["cat"][:20]}, labels[:20], state)
-  for size in (20, 23, 17):
-    step({"cat": features["cat"][:size]}, labels[:size], state)
-  assert step.experimental_get_tracing_count() == 1
+  for index, size in enumerate((20, 23, 17, 29)):
+    _, update = step.run({"cat": features["cat"][:size]}, labels[:size], state,
+                         tf.constant(index, tf.int64))
+    step.apply(update)
+  assert step.run.experimental_get_tracing_count() == 1
+  assert step._apply_function.experimental_get_tracing_count() == 1  # pylint: disable=protected-access
+
+
+def test_the_step_defers_its_update_to_the_caller(steps):
+  """Run on a worker, the step computes its noisy update and applies nothing: the weights and
+  the optimizer's slots change only when the chief applies the update, once."""
+  model = steps.build_model(steps.CONFIGS["dp_adafest"])
+  features, labels = steps.data()
+  state = tf.constant(model.dp_optimizer.generator.state)
+  step = parameter_server._ScheduledStep(  # pylint: disable=protected-access
+      model, {"cat": features["cat"][:20]}, labels[:20], state)
+  before = [v.numpy() for v in model.variables]
+  _, update = step.run({"cat": features["cat"]}, labels, state, tf.constant(0, tf.int64))
+  _, again = step.run({"cat": features["cat"]}, labels, state, tf.constant(0, tf.int64))
+  for b, v in zip(before, model.variables):
+    if "gradient_size" not in v.name and "count" not in v.name and "total" not in v.name:
+      np.testing.assert_array_equal(b, v.numpy(), err_msg=v.name)
+  for first, second in zip(tf.nest.flatten(update), tf.nest.flatten(again)):  # a re-run: same
+    np.testing.assert_array_equal(first, second)
+  step.apply(update)
+  assert model.optimizer.iterations.numpy() == 1
+  assert any(not np.array_equal(b, v.numpy()) for b, v in zip(before, model.trainable_variables))
