@@ -159,7 +159,8 @@ class CTRTrainOptions(run_lib.FitOptions):
     if self.delta is not None and not 0 < self.delta < 1:
       raise DprecError(f"--delta must be in (0, 1), got {self.delta}")
     if self.algorithm in FEST_ALGORITHMS and not (self.top_k or 0) > 0:
-      raise DprecError(f"--algorithm {self.algorithm} needs --top-k (rows kept over all tables)")
+      raise DprecError(f"--algorithm {self.algorithm} needs --top-k-total (rows kept over all "
+                       "tables)")
     if self.top_k_epsilon < 0:
       raise DprecError("--top-k-epsilon must be >= 0")
     if self.local_workers < 0 or (self.local_workers and self.strategy not in LOCAL_CLUSTERS):

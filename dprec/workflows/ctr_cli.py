@@ -1,11 +1,23 @@
 """`dprec train ctr`: the command line of `dprec.workflows.ctr` (parse, then call)."""
 import argparse
 
+from dprec.cli_help import add_deprecated_alias
 from dprec.workflows import ctr
 from dprec.workflows import run_cli
 from dprec.workflows.ctr import CTRTrainOptions
 
-USAGE = "    dprec train ctr --data DIR --algorithm dp_adafest --epsilon 1\n\n"
+DESCRIPTION = """\
+    dprec train ctr --data DIR --algorithm dp_adafest --epsilon 1
+
+Trains the pCTR model of Ghazi et al., "Sparsity-Preserving Differentially Private Training of
+Large Embedding Models" (arXiv:2311.08357), on Criteo TSV day files or a `dprec preprocess
+criteo` output (the last day is held out for evaluation), non-privately or with DP-SGD, DP-FEST,
+DP-AdaFEST or DP-AdaFEST+. σ comes from --epsilon; the ledger is paid before the steps run and
+training stops at the budget; a DP run starts its logit at a DP base rate and ends with DP Platt
+scaling. Prints a JSON summary (held-out AUC and log loss, ε spent, gradient-size reduction).
+Guide: docs/guide/train_ctr.md.
+"""
+GHAZI = "Ghazi et al. 2023, arXiv:2311.08357"  # the paper of DP-FEST and DP-AdaFEST
 STACK_MULTIPLE = 8  # `--stack-tables` without M: Table 3's 20 widths in 5 stacks
 
 def int_list(text):
@@ -28,8 +40,8 @@ def add_step_arguments(add, defaults):
   add("--contribution-clip", type=float, default=defaults.contribution_clip,
       help="DP-AdaFEST contribution clip C1")
   add("--l2-norm-clip", type=float, default=defaults.l2_norm_clip,
-      help="per-example gradient clip C2 (at 1 nearly every example is clipped: best AUC, and "
-           "logits at the label median, which `train ctr --calibration-share` recalibrates)")
+      help="per-example gradient clip C2 (small clips, e.g. 1, clip nearly every example: the "
+           "best AUC, with logits at the label median, which --calibration-share recalibrates)")
   add("--learning-rate", type=float, default=defaults.learning_rate,
       help="learning rate (default: " + (
           f"{defaults.learning_rate:g}" if defaults.learning_rate is not None else
@@ -37,15 +49,16 @@ def add_step_arguments(add, defaults):
       + "; for --optimizer adam)")
   add("--optimizer", choices=sorted(ctr.OPTIMIZERS), default=defaults.optimizer,
       help="row-sparse optimizer applying the noisy gradient (adam = lazy Adam; adambc = "
-           "DP-AdamBC, seed 002: Adam with the noise variance subtracted)")
+           "DP-AdamBC: Adam with the noise variance subtracted, Tang et al. 2024, "
+           "arXiv:2411.04205)")
   add("--adambc-floor", type=float, default=defaults.adambc_floor,
       help="γ' of --optimizer adambc: floor of the corrected second moment")
 
 
 def register(subparsers):
   parser = subparsers.add_parser(
-      "ctr", help="train the pCTR model (seed 001 App. D.1.1) with DP-SGD/FEST/AdaFEST",
-      description=USAGE + ctr.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+      "ctr", help="train the pCTR model with DP-SGD, DP-FEST, DP-AdaFEST or DP-AdaFEST+",
+      description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
   add = parser.add_argument
   defaults = CTRTrainOptions  # one source for the defaults of the CLI and the Python API
   add("--data", required=True, help="directory of Criteo TSV day_N files, or a Beam output dir")
@@ -75,7 +88,8 @@ def register(subparsers):
   lowest, highest = ctr.BATCH_SIZE_RANGE
   add("--batch-size", type=int, default=defaults.batch_size,
       help=f"expected (Poisson) batch size B (default: from the N training rows, the power of "
-           f"two nearest N/{ctr.STEPS_PER_EPOCH} within [{lowest}, {highest}], at most N/8)")
+           f"two nearest N/{ctr.STEPS_PER_EPOCH}, an epoch in about {ctr.STEPS_PER_EPOCH} steps, "
+           f"within [{lowest}, {highest}], at most N/8)")
   add("--steps", type=int, default=defaults.steps,
       help="training steps T (default: one epoch, ⌈N/B⌉)")
   add_step_arguments(add, defaults)
@@ -90,7 +104,10 @@ def register(subparsers):
       help="share of --epsilon for recalibrating the logits after training (DP Platt scaling "
            "on the training data, dprec.privacy.dp_platt_scaling, composed with training in the "
            "accountant, so it costs training far less); 0: none")
-  add("--top-k", type=int, help="DP-FEST / DP-AdaFEST+: rows kept over all tables (k/F each)")
+  add("--top-k-total", type=int, dest="top_k", metavar="K",
+      help="DP-FEST / DP-AdaFEST+: rows kept over all tables, K/F per table of the F tables "
+           "(no default: required by dp_fest and dp_adafest_plus)")
+  add_deprecated_alias(add, "--top-k", "--top-k-total", "top_k", type=int)
   add("--top-k-epsilon", type=float, default=defaults.top_k_epsilon,
       help="pure ε of the DP top-k (Gumbel) selection, deducted from --epsilon; 0 = treat "
            "the training counts as public")
@@ -100,7 +117,8 @@ def register(subparsers):
   add("--hidden-units", type=int_list, default=defaults.hidden_units,
       help="comma-separated Dense(relu) widths (default: "
            + ",".join(map(str, defaults.hidden_units))
-           + "; seed 001's App. D.1.1 has 598,598,598,598, which trains worse under DP: "
+           + f"; the paper's model ({GHAZI}, App. D.1.1) has 598,598,598,598, which trains "
+           "worse under DP: "
            "docs/experiments/ctr_utility.md)")
   add("--stack-tables", type=int, nargs="?", const=STACK_MULTIPLE, default=defaults.stack_tables,
       metavar="M",
@@ -109,14 +127,16 @@ def register(subparsers):
            f"key, same noise), with the step's per-table work done once per stack "
            f"(docs/experiments/dp_step_time.md, 'Stacked tables'). Costs: the padding columns "
            f"(never read nor updated) are stored, in the model and in every optimizer slot "
-           f"(M = 8: +14%% embedding parameters at seed 001's Table 3 vocabularies, +5%% at "
+           f"(M = 8: +14%% embedding parameters at the Criteo vocabularies of {GHAZI}, "
+           f"Table 3, +5%% at "
            f"10M rows), and checkpoints hold one variable per stack, so a run resumes only "
            f"with the same setting. Default: off (one variable per table)")
   add("--eval-batch-size", type=int, default=defaults.eval_batch_size,
       help="batch size of the evaluation")
   add("--log-dir", help="TensorBoard directory (loss, AUC, ε, gradient size)")
   run_cli.add_run_arguments(
-      add, defaults, randomness="noise, batches, DP top-k draws, the DP base rate and Platt scaling",
+      add, defaults,
+      randomness="noise, batches, DP top-k draws, the DP base rate and Platt scaling",
       diagnostics="exact training loss/AUC",
       run_dir_help="keep the run's id, secret noise key (DIR/secret: keep it private), ledger "
                    "and checkpoints here; rerunning the same command resumes a killed run from "

@@ -97,6 +97,43 @@ def parameter_server_step(name, strategy, coordinator):
   return before, state(model)
 
 
+def concurrent_steps(strategy, coordinator, steps=8):
+  """(tables before, after `steps` DP-AdaFEST steps on the 2 workers, the sum of the updates
+  the chief applied, the optimizer's step count): SGD, so with no update lost the tables move
+  by exactly −lr × the applied updates' sum."""
+  with strategy.scope():
+    model = build("dp_adafest")
+  before = state(model)
+  applied = [np.zeros_like(before[f"table{f}"]) for f in range(len(VOCABS))]
+  apply = parameter_server._ScheduledStep.apply  # pylint: disable=protected-access
+
+  def recording_apply(step, update):
+    offsets = {id(v): (f, sum(s.shape[0] for s in shards[:i]))
+               for f, shards in enumerate(table_shards(model)) for i, v in enumerate(shards)}
+    for gradient, variable, sparse in zip(update, step.variables, step.sparse):
+      if sparse and id(variable) in offsets:
+        f, offset = offsets[id(variable)]
+        np.add.at(applied[f], np.asarray(gradient[0]) + offset, np.asarray(gradient[1]))
+    apply(step, update)
+
+  parameter_server._ScheduledStep.apply = recording_apply  # pylint: disable=protected-access
+  try:
+    features, labels = dist_steps.data()
+    sampling = poisson.BatchSampling(dist_steps.BATCH, entropy=11)
+    key = NoiseKey.insecure(dist_steps.NOISE_SEED)
+    parameter_server.fit(model, coordinator,
+                         list(poisson.sampled_dataset(features, labels, sampling, steps)),
+                         [key.tf_state(NOISE_PURPOSE, t) for t in range(steps)], steps)
+  finally:
+    parameter_server._ScheduledStep.apply = apply  # pylint: disable=protected-access
+  after = state(model)
+  return ({f"concurrent/before/table{f}": before[f"table{f}"] for f in range(len(VOCABS))}
+          | {f"concurrent/after/table{f}": after[f"table{f}"] for f in range(len(VOCABS))}
+          | {f"concurrent/applied/table{f}": a for f, a in enumerate(applied)}
+          | {"concurrent/iterations": model.optimizer.iterations.numpy(),
+             "concurrent/learning_rate": LEARNING_RATE})
+
+
 def main(out):
   strategy, coordinator = parameter_server.make_strategy(
       parameter_server.in_process_cluster(2, 2), min_rows=MIN_ROWS)
@@ -108,6 +145,7 @@ def main(out):
                         ("ps_before", ps_before), ("ps_after", ps_after)):
       saved.update({f"{name}/{tag}/{k}": v for k, v in values.items()})
     saved.update({f"{name}/kept{f}": rows for f, rows in enumerate(kept)})
+  saved.update(concurrent_steps(strategy, coordinator))
   np.savez(out, **saved)
 
 

@@ -61,6 +61,20 @@ def test_rows_outside_the_kept_set_and_their_slots_are_untouched(saved, config):
       assert np.all(np.any(after[name][kept] != before[name][kept], axis=1)), name
 
 
+@pytest.mark.multiprocess
+def test_concurrent_steps_lose_no_update(saved):
+  """8 steps on 2 workers: the chief applies every step's update once, one at a time, so the
+  step count is 8 and, under SGD, each table moved by exactly −lr × Σ applied updates (under
+  Hogwild two steps' read-modify-writes of one row could overwrite each other)."""
+  assert saved["concurrent/iterations"] == 8
+  for f in range(2):
+    before, after = saved[f"concurrent/before/table{f}"], saved[f"concurrent/after/table{f}"]
+    applied = saved[f"concurrent/applied/table{f}"]
+    assert np.count_nonzero(applied.any(axis=1)) > 0
+    learning_rate = saved["concurrent/learning_rate"]
+    np.testing.assert_allclose(after, before - learning_rate * applied, rtol=1e-5, atol=1e-6)
+
+
 def test_shard_gradients_route_rows_to_their_shard():
   shards = [tf.Variable(tf.zeros([3, 2])), tf.Variable(tf.zeros([2, 2]))]
   table = tf.__internal__.distribute.ShardedVariable(shards)
