@@ -18,6 +18,10 @@ in about `STEPS_PER_EPOCH` (150) steps, the rule `make_private` uses too
 (docs/experiments/ctr_utility.md, session 11: B = N/150 beat N/500 at 400k and 5M rows for
 DP-SGD and DP-AdaFEST alike).
 
+With `out_of_core`, for more rows than memory holds, a Beam job writes the run's Poisson
+batches and training streams them; the base rate, DP Platt scaling and the evaluation are
+streaming passes (`dprec.workflows.out_of_core`).
+
 The noise, false positives, Poisson batches, DP top-k draws, the DP base rate and the DP Platt
 scaling come from the run's secret key (`dprec.workflows.run.Run`); `seed` seeds only initialisation. With a run
 directory the run checkpoints every `checkpoint_every` steps, and the same options resume a killed
@@ -49,6 +53,7 @@ from dprec.sparse import fest
 from dprec.training import callbacks as callbacks_lib
 from dprec.training import output_layer
 from dprec.training import poisson
+from dprec.workflows import out_of_core
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import run as run_lib
 
@@ -101,7 +106,7 @@ class CTRTrainOptions(run_lib.FitOptions):
   """Everything `dprec train ctr` accepts (see `dprec.workflows.ctr_cli` for each field)."""
   NOT_FINGERPRINTED = run_lib.FitOptions.NOT_FINGERPRINTED + (
       "vocab", "log_dir", "eval_batch_size", "strategy", "local_workers", "local_ps",
-      "min_shard_rows")
+      "min_shard_rows", "runner", "dask_workers", "beam_options")
   data: str
   strategy: str = "none"
   local_workers: int = 0
@@ -132,6 +137,10 @@ class CTRTrainOptions(run_lib.FitOptions):
   stack_tables: int = 0  # 0: one variable per table; m: widths rounded up to m, one per width
   eval_batch_size: int = 8192
   log_dir: Optional[str] = None
+  out_of_core: bool = False  # Poisson batches written by a Beam job, streamed (`out_of_core`)
+  runner: Optional[str] = None  # the Beam jobs of --out-of-core (default: embedded)
+  dask_workers: Optional[int] = None
+  beam_options: Tuple[str, ...] = ()
 
   @property
   def private(self):
@@ -174,12 +183,30 @@ class CTRTrainOptions(run_lib.FitOptions):
       raise DprecError(f"--stack-tables must be >= 1 (or absent: off), got {self.stack_tables}")
     if self.min_shard_rows < 1:
       raise DprecError(f"--min-shard-rows must be >= 1, got {self.min_shard_rows}")
+    if self.out_of_core:
+      self._validate_out_of_core()
+    elif self.runner or self.dask_workers is not None or self.beam_options:
+      raise DprecError("--runner, --dask-workers and --beam-option go with --out-of-core")
     if self.strategy == "parameter_server" and self.secure_noise:
       raise DprecError("--secure-noise is not available with --strategy parameter_server")
     if (self.strategy == "multi_worker" and self.run_dir is None
         and self.insecure_noise_seed is None):
       raise DprecError("--strategy multi_worker needs --run-dir: the chief keeps the run's secret "
                        "noise key there and the other workers read it (a file system they share)")
+
+
+  def _validate_out_of_core(self):
+    """What --out-of-core does not do yet (docs/guide/train_ctr.md, 'Data larger than memory')."""
+    if self.strategy != "none":
+      raise DprecError("--out-of-core trains on one device for now (--strategy none)")
+    if self.algorithm in FEST_ALGORITHMS:
+      raise DprecError(f"--out-of-core does not draw DP top-k rows yet: use dp_adafest or "
+                       f"dp_sgd, not {self.algorithm}")
+    if self.fixed_batches:
+      raise DprecError("--out-of-core writes Poisson batches: drop --fixed-batches")
+    if self.vocab:
+      raise DprecError("--out-of-core builds the vocabulary in its Beam job: drop --vocab, or "
+                       "give --data a `dprec preprocess criteo` output")
 
 
 def default_batch_size(num_examples: int) -> int:
@@ -229,8 +256,11 @@ def base_rate(labels, noise_multiplier, rng) -> float:
   """The training click rate: exact without a `noise_multiplier` (a non-private run); else the
   Gaussian mechanism on the label sum (sensitivity 1, σ_b = `noise_multiplier`, noise from the
   secret `rng`: the run's key) divided by the public row count. Clipped to [1/N, 1 − 1/N]."""
-  n = len(labels)
-  total = float(np.sum(labels))
+  return base_rate_of_sum(float(np.sum(labels)), len(labels), noise_multiplier, rng)
+
+
+def base_rate_of_sum(total, n, noise_multiplier, rng) -> float:
+  """`base_rate` from the label sum `total` of n rows (a streaming pass out of core)."""
   if noise_multiplier is not None:
     total += noise_multiplier * rng.normal()
   return float(np.clip(total / n, 1.0 / n, 1.0 - 1.0 / n))
@@ -241,24 +271,30 @@ def calibration_rows(train, rng):
   two parameters need no more, and predicting every row of a large set takes minutes. The
   mechanism's sensitivity is per example, so its guarantee does not depend on the count
   (public: min(N, cap))."""
-  n = len(train["label"])
+  rows = calibration_indices(len(train["label"]), rng)
+  return train if rows is None else {key: values[rows] for key, values in train.items()}
+
+
+def calibration_indices(n, rng) -> Optional[np.ndarray]:
+  """The sorted indices of `calibration_rows` among n rows; None: all of them."""
   if n <= CALIBRATION_ROWS:
-    return train
-  rows = np.sort(rng.choice(n, CALIBRATION_ROWS, replace=False))
-  return {key: values[rows] for key, values in train.items()}
+    return None
+  return np.sort(rng.choice(n, CALIBRATION_ROWS, replace=False))
 
 
-def recalibrate(model, train, plan, rate, rng,
-                batch_size=8192) -> Tuple[Optional[float], Optional[float]]:
+def recalibrate(model, train, plan, rate, rng, batch_size=8192,
+                num_rows=None) -> Tuple[Optional[float], Optional[float]]:
   """Makes `model`'s logits z into a·z + b by DP Platt scaling fitted on the training examples
   `train` from the DP base rate `rate` (`dprec.training.output_layer.recalibrate`, shared with
   `make_private`: `dprec.privacy.dp_platt_scaling` folded into the logit layer), with σ_c from
   the plan (paid with its other one-off releases) and noise from the secret `rng`; returns
-  (a, b), or (None, None) when the plan has none."""
+  (a, b), or (None, None) when the plan has none. Out of core, `train` is a function of sorted
+  row indices (None: all) giving those of the `num_rows` rows (`out_of_core.Data.rows`)."""
   sigma = plan.mechanisms.get(CALIBRATION_LABEL)
   if sigma is None:
     return None, None
-  train = calibration_rows(train, rng)
+  train = (calibration_rows(train, rng) if num_rows is None
+           else train(calibration_indices(num_rows, rng)))
   return output_layer.recalibrate(model.logit, output_layer.BCE,
                                   ctr.predict_logits(model, train, batch_size), train["label"],
                                   sigma, rng, prior=rate, logits=True)
@@ -299,8 +335,9 @@ def make_optimizer(options):
 def build_model(options, data, plan, run):
   """(the compiled pCTR model, the base rate): the logit bias starts at the (DP) base rate and
   DP-FEST's rows are drawn, both from the run's key and paid once; noise from the run's key."""
-  rate = base_rate(data.train["label"], plan.mechanisms.get(BASE_RATE_LABEL),
-                   run.numpy_rng("base rate"))
+  sigma, rng = plan.mechanisms.get(BASE_RATE_LABEL), run.numpy_rng("base rate")
+  rate = (base_rate_of_sum(data.label_sum(), data.train_rows, sigma, rng) if _out_of_core(data)
+          else base_rate(data.train["label"], sigma, rng))
   tf.keras.utils.set_random_seed(options.seed)
   model = ctr.build_ctr_model(
       data.vocab_sizes, hidden_units=options.hidden_units,
@@ -343,22 +380,47 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
     return run_local_cluster(options)
   else:
     strategy = cluster.make_strategy(options.strategy)
-  chief = cluster.is_chief()
+  if options.out_of_core:
+    with out_of_core.workspace(options.run_dir) as base:
+      return _train(options, out_of_core.prepare(options.data, base, options.vocab_min_count,
+                                                 _beam_args(options)), strategy, coordinator,
+                    base)
   data = data or load_data(options.data, options.vocab, options.vocab_min_count)
+  return _train(options, data, strategy, coordinator)
+
+
+def _out_of_core(data) -> bool:
+  return isinstance(data, out_of_core.Data)
+
+
+def _beam_args(options):
+  return out_of_core.beam_args(options.runner, options.dask_workers, options.beam_options)
+
+
+def _train_rows(data) -> int:
+  return data.train_rows if _out_of_core(data) else len(data.train["label"])
+
+
+def _train(options, data, strategy, coordinator, base=None):
+  """`run` on loaded (or, out of core, prepared) data."""
+  chief = cluster.is_chief()
   chosen = {"batch_size_chosen": options.batch_size is None,
             "steps_chosen": options.steps is None}
-  options = sized_for(options, len(data.train["label"]))
+  options = sized_for(options, _train_rows(data))
   label = f"{COMMAND} {options.algorithm}"
   with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,
                    options.secure_noise, options.data, chief=chief) as run:
-    plan = plan_privacy(options, len(data.train["label"]), run)
+    plan = plan_privacy(options, _train_rows(data), run)
     if run.open_plan_ledger(plan) is not None:
       run.check_ledger_covers_checkpoint(label)
       run.check_budget(plan, label, options.steps, {SELECTION_LABEL: plan.selection_epsilon})
+    if _out_of_core(data):  # before anything is paid: another run's batches are refused
+      batches, manifest, batch_job = out_of_core.write_batches(
+          data, base, run, options.batch_size, options.steps, _beam_args(options))
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
       model, rate = build_model(options, data, plan, run)
     resume = run.resume(model, options, options.keep_checkpoints,
-                        train_rows=len(data.train["label"]), vocab_sizes=data.vocab_sizes)
+                        train_rows=_train_rows(data), vocab_sizes=data.vocab_sizes)
     budget = (run.budget_callback(plan, label, resume.step, options.charge_every, options.log_dir)
               if run.ledger is not None else None)
     # Workers of a multi-worker run stop together when the chief stops at the budget.
@@ -372,21 +434,37 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
         options.checkpoint_every,
         extra, options.progress and chief and f"{COMMAND} {options.algorithm}",
         options.diagnostics)
-    features = {key: data.train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}
-    history = run.fit(model, features, data.train["label"], options.batch_size,
-                      plan.private and plan.poisson, options.steps, resume, callbacks,
-                      coordinator)
+    if _out_of_core(data):
+      history = out_of_core.fit(model, batches, manifest, options.steps, resume, callbacks)
+    else:
+      features = {key: data.train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}
+      history = run.fit(model, features, data.train["label"], options.batch_size,
+                        plan.private and plan.poisson, options.steps, resume, callbacks,
+                        coordinator)
     replicas = (parameter_server.num_workers(strategy) if coordinator
                 else model.distribute_strategy.num_replicas_in_sync)
     # Public: the number of tables split over parameter servers (by their public sizes).
     layout = {"sharded_tables": sum(hasattr(t.embeddings, "variables") for t in model.dp_tables)}
     if strategy is not None:  # predict and evaluate on one device: the same on every worker
       model = _local_copy(model)
-    calibration = recalibrate(model, data.train, plan, rate, run.numpy_rng("calibration"),
-                              options.eval_batch_size)
-    evaluation = ctr.evaluate(model, data.eval, data.eval["label"], options.eval_batch_size)
+    if _out_of_core(data):
+      calibration = recalibrate(model, data.rows, plan, rate, run.numpy_rng("calibration"),
+                                options.eval_batch_size, num_rows=data.train_rows)
+      evaluation = model.evaluate(data.eval_dataset(options.eval_batch_size), verbose=0,
+                                  return_dict=True)
+      held_out = data.eval_label_stats()
+    else:
+      calibration = recalibrate(model, data.train, plan, rate, run.numpy_rng("calibration"),
+                                options.eval_batch_size)
+      evaluation = ctr.evaluate(model, data.eval, data.eval["label"], options.eval_batch_size)
+      held_out = len(data.eval["label"]), float(np.mean(data.eval["label"]))
     summary = _summary(options, data, model, plan, history, evaluation, timer, budget, run,
-                       resume, rate, calibration, replicas)
+                       resume, rate, calibration, replicas, held_out)
+    if _out_of_core(data):
+      summary.update(out_of_core=True, batch_dir=batches,
+                     peak_batch_size=manifest["peak_batch_size"],
+                     rows_batched=manifest["rows_written"],
+                     batch_job=batch_job or "reused: this run's batches were on disk")
     if data.validation is not None:
       validation = ctr.evaluate(model, data.validation, data.validation["label"],
                                 options.eval_batch_size)
@@ -440,13 +518,14 @@ def run_from_json(text: str) -> dict:
 
 
 def _summary(options, data, model, plan, history, evaluation, timer, budget, run, resume, rate,
-             calibration, replicas):
+             calibration, replicas, held_out):
   last = {key: float(values[-1]) for key, values in history.items()}
   sigma1, sigma2 = noise_multipliers(options, plan.noise_multiplier)
   summary = {
       "algorithm": options.algorithm, "auc": float(evaluation["auc"]),
       "eval_loss": float(evaluation["loss"]), "eval_log_loss": float(evaluation["loss"]),
-      "base_rate": rate, "base_rate_log_loss": ctr.log_loss_of_constant(data.eval["label"], rate),
+      # held_out: (rows, click rate); the constant's log loss depends on the labels' mean only
+      "base_rate": rate, "base_rate_log_loss": ctr.log_loss_of_constant([held_out[1]], rate),
       "base_rate_noise_multiplier": plan.mechanisms.get(BASE_RATE_LABEL),
       "calibration_scale": calibration[0], "calibration_shift": calibration[1],
       "calibration_noise_multiplier": plan.mechanisms.get(CALIBRATION_LABEL),
@@ -458,12 +537,13 @@ def _summary(options, data, model, plan, history, evaluation, timer, budget, run
       "dense_embedding_size": model.config.embedding_parameters,
       "steps": resume.step + timer.steps, "steps_requested": options.steps,
       "resumed_from_step": resume.step,
+      # A fault costs no ε: re-run steps were paid once (docs/guide/train_ctr.md, "Faults").
+      "rerun_steps": budget.rerun_steps if budget else 0, "fault_epsilon": 0.0,
       "stopped_at_budget": bool(budget and budget.stopped_at_budget),
       "steps_per_second": timer.steps_per_second, "train_seconds": timer.seconds,
       "batch_size": options.batch_size, "strategy": options.strategy, "replicas": replicas,
       "learning_rate": learning_rate(options), "hidden_units": list(options.hidden_units),
-      "train_rows": int(len(data.train["label"])),
-      "eval_rows": int(len(data.eval["label"])), "data_source": data.source,
+      "train_rows": _train_rows(data), "eval_rows": int(held_out[0]), "data_source": data.source,
       "ledger": options.ledger, "run_dir": options.run_dir,
       "note": "; ".join([VOCABULARY_NOTE] + plan.notes),
       **run.privacy_summary(plan, EPSILON_COVERS),

@@ -134,6 +134,20 @@ def register(subparsers):
   add("--eval-batch-size", type=int, default=defaults.eval_batch_size,
       help="batch size of the evaluation")
   add("--log-dir", help="TensorBoard directory (loss, AUC, ε, gradient size)")
+  add("--out-of-core", action="store_true",
+      help="for more rows than memory holds: a Beam job writes the run's Poisson batches (one "
+           "shard per step, drawn from the run's key) and training streams them; the base rate, "
+           "calibration and evaluation are streaming passes (memory grows with B and the model, "
+           "not with N; slower below ~50M rows, where the in-memory default fits): "
+           "docs/guide/train_ctr.md, 'Data larger than memory'")
+  add("--runner", default=defaults.runner,
+      help="with --out-of-core: the Beam runner of its jobs (default: embedded; DaskRunner, "
+           "DataflowRunner, ...)")
+  add("--dask-workers", type=int, default=defaults.dask_workers, metavar="N",
+      help="with --out-of-core --runner DaskRunner: the local Dask cluster's worker processes")
+  add("--beam-option", dest="beam_options", action="append", default=[], metavar="NAME=VALUE",
+      help="with --out-of-core: another Beam pipeline option (e.g. dask_client_address=HOST:PORT)"
+           "; repeatable")
   run_cli.add_run_arguments(
       add, defaults,
       randomness="noise, batches, DP top-k draws, the DP base rate and Platt scaling",
@@ -146,4 +160,5 @@ def register(subparsers):
 
 
 def run(args) -> dict:
-  return ctr.run(run_cli.options_from_args(CTRTrainOptions, args))
+  return ctr.run(run_cli.options_from_args(CTRTrainOptions, args,
+                                           beam_options=tuple(args.beam_options)))

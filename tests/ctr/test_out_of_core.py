@@ -1,0 +1,179 @@
+"""`train ctr --out-of-core`: the model trained from the shards is the one the same batches train
+in memory; a run stopped mid-way resumes at the next unpaid step's shard and ends where an
+uninterrupted run ends; the summary says out of core; another run's or an altered shard is
+refused in one line naming the file; the key is in no file outside the run's secret."""
+import json
+import os
+import shutil
+
+import numpy as np
+import pytest
+import tensorflow as tf
+
+from dprec import cli
+from dprec.data import criteo_tfrecord
+from dprec.data.ctr_data import load_data
+from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
+from dprec.training import batch_shards
+from dprec.training import poisson
+from dprec.workflows import ctr
+from dprec.workflows import out_of_core
+from dprec.workflows import run as run_lib
+
+IN_PROCESS = ("direct_num_workers=1", "direct_running_mode=in_memory")
+BEAM = [arg for option in IN_PROCESS for arg in ("--beam-option", option)]
+STEPS, BATCH, EPSILON = 9, 48, 2.0
+
+
+@pytest.fixture(scope="module")
+def data_dir(criteo_days):
+  return criteo_days(1500, 3)
+
+
+def _argv(data_dir, run_dir, *extra):
+  return ["train", "ctr", "--data", data_dir, "--out-of-core", "--epsilon", str(EPSILON),
+          "--batch-size", str(BATCH), "--steps", str(STEPS), "--hidden-units", "8",
+          "--checkpoint-every", "3", "--charge-every", "2", "--no-progress", "--run-dir",
+          str(run_dir), "--summary-json", os.path.join(run_dir, "summary.json"), *BEAM, *extra]
+
+
+def _summary(run_dir):
+  with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as stream:
+    return json.load(stream)
+
+
+def _final_weights(run_dir):
+  """The final checkpoint's model weights and optimizer slots (not the Keras metric states)."""
+  latest = open(os.path.join(run_dir, "checkpoints", "LATEST"), encoding="utf-8").read().strip()
+  reader = tf.train.load_checkpoint(os.path.join(run_dir, "checkpoints", latest, "model"))
+  return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
+          if name.startswith(("model/", "optimizer/")) and "metrics/" not in name
+          and "_tracker/" not in name}
+
+
+def test_shards_train_the_model_the_same_batches_train_in_memory(data_dir):
+  options = ctr.CTRTrainOptions(data=data_dir, epsilon=EPSILON, batch_size=BATCH, steps=STEPS,
+                                hidden_units=(8,), insecure_noise_seed=5, progress=False,
+                                out_of_core=True, beam_options=IN_PROCESS)
+  with out_of_core.workspace(None) as base, pytest.warns(UserWarning):
+    data = out_of_core.prepare(data_dir, base, 1, out_of_core.beam_args(None, None, IN_PROCESS))
+    with run_lib.Run(ctr.COMMAND, insecure_noise_seed=5) as run:
+      plan = ctr.plan_privacy(options, data.train_rows)
+      directory, manifest, _ = out_of_core.write_batches(
+          data, base, run, BATCH, STEPS, out_of_core.beam_args(None, None, IN_PROCESS))
+      streamed, _ = ctr.build_model(options, data, plan, run)
+      resume = run.resume(streamed, options)
+      _, callbacks = run.fit_callbacks({NOISE_PURPOSE: streamed.dp_optimizer.generator}, resume)
+      out_of_core.fit(streamed, directory, manifest, STEPS, resume, callbacks)
+
+      # In memory: the rows as `train ctr` loads them, batched by the draws the job made.
+      memory = load_data(data.records)
+      memory.train = {key: np.concatenate([memory.train[key], memory.eval[key]])
+                      for key in memory.train}  # the records hold the training days only
+      batches = [[] for _ in range(STEPS)]
+      offset = 0
+      for index, path in enumerate(criteo_tfrecord.day_files(data.records)):
+        with open(path, "rb") as stream:
+          rows = len(batch_shards.unframe(stream.read(), path))
+        example, step = poisson.steps_joined(
+            run.noise_key.numpy_rng(batch_shards.SAMPLING_PURPOSE, index), rows,
+            BATCH / data.train_rows, STEPS)
+        for i, t in zip(example, step):
+          batches[t].append(offset + i)
+        offset += rows
+      assert offset == data.train_rows == len(memory.train["label"])
+      assert [len(b) for b in batches] == [e["rows"] for e in manifest["steps"]]
+      in_memory, _ = ctr.build_model(options, memory, plan, run)
+      features = {key: memory.train[key] for key in (ctr.ctr.CAT_FEATURES, ctr.ctr.INT_FEATURES)}
+      dataset = tf.data.Dataset.from_generator(
+          lambda: (({k: v[b] for k, v in features.items()}, memory.train["label"][b])
+                   for b in map(np.asarray, batches)),
+          output_signature=({k: tf.TensorSpec((None,) + v.shape[1:], tf.as_dtype(v.dtype))
+                             for k, v in features.items()},
+                            tf.TensorSpec([None], tf.as_dtype(memory.train["label"].dtype))))
+      _, callbacks = run.fit_callbacks({NOISE_PURPOSE: in_memory.dp_optimizer.generator},
+                                       run.resume(in_memory, options))
+      in_memory.fit(dataset, epochs=1, steps_per_epoch=STEPS, callbacks=callbacks, verbose=0)
+  for got, expected in zip(streamed.trainable_variables, in_memory.trainable_variables):
+    np.testing.assert_array_equal(got.numpy(), expected.numpy(), err_msg=got.name)
+
+
+def test_a_stopped_run_resumes_at_the_next_shard_and_ends_as_an_uninterrupted_one(
+    data_dir, tmp_path, monkeypatch):
+  plain, stopped = tmp_path / "plain", tmp_path / "stopped"
+  assert cli.main(_argv(data_dir, plain)) == 0
+  whole = _summary(plain)
+  assert whole["out_of_core"] is True and whole["steps"] == STEPS
+  assert whole["peak_batch_size"] >= BATCH and whole["batch_dir"].startswith(str(plain))
+  assert whole["batch_job"]["rows_read"] == whole["train_rows"]
+  key = (plain / "secret" / "noise_key").read_bytes()
+  for root, _, names in os.walk(plain):
+    for name in names:
+      if os.path.join(root, name) != str(plain / "secret" / "noise_key"):
+        data = open(os.path.join(root, name), "rb").read()
+        assert key not in data and key.hex().encode() not in data, name
+
+  read_shard = batch_shards.read_shard
+
+  def fail_at_step_7(directory, entry):  # a fault mid-run (after the checkpoint of step 6)
+    if entry["step"] == 7:
+      raise RuntimeError("fault injected at step 7")
+    return read_shard(directory, entry)
+
+  monkeypatch.setattr(batch_shards, "read_shard", fail_at_step_7)
+  assert cli.main(_argv(data_dir, stopped, "--insecure-noise-seed", "1")) != 0
+  assert not os.path.exists(stopped / "summary.json")
+  monkeypatch.undo()
+  shutil.rmtree(plain)  # the same run once more, with the same public seed, uninterrupted
+  assert cli.main(_argv(data_dir, plain, "--insecure-noise-seed", "1")) == 0
+  seen = []
+
+  def record(directory, entry):
+    seen.append(entry["step"])
+    return read_shard(directory, entry)
+
+  monkeypatch.setattr(batch_shards, "read_shard", record)
+  assert cli.main(_argv(data_dir, stopped, "--insecure-noise-seed", "1")) == 0
+  resumed = _summary(stopped)
+  assert resumed["resumed_from_step"] == 6 and seen == [6, 7, 8]
+  assert resumed["batch_job"] == "reused: this run's batches were on disk"
+  expected, got = _final_weights(plain), _final_weights(stopped)
+  assert expected.keys() == got.keys()
+  for name, value in expected.items():
+    np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+  assert resumed["epsilon"] == pytest.approx(_summary(plain)["epsilon"], rel=1e-12)
+
+
+def test_another_runs_or_an_altered_shard_is_refused_in_one_line(data_dir, tmp_path, capsys):
+  first, second = tmp_path / "first", tmp_path / "second"
+  assert cli.main(_argv(data_dir, first, "--steps", "4")) == 0
+  os.makedirs(second / out_of_core.DIRECTORY)
+  shutil.copytree(first / out_of_core.DIRECTORY / out_of_core.BATCHES,
+                  second / out_of_core.DIRECTORY / out_of_core.BATCHES)
+  capsys.readouterr()
+  assert cli.main(_argv(data_dir, second, "--steps", "4")) == 2
+  error = capsys.readouterr().err.strip().splitlines()[-1]
+  assert "batches.json: batches of run" in error and "not of this run" in error
+
+  shutil.rmtree(first / "checkpoints")  # train again from step 0, on an altered shard 2
+  shard = first / out_of_core.DIRECTORY / out_of_core.BATCHES / batch_shards.shard_name(2)
+  shard.write_bytes(shard.read_bytes()[::-1])
+  assert cli.main(_argv(data_dir, first, "--steps", "4")) != 0
+  error = capsys.readouterr().err.strip().splitlines()[-1]
+  assert f"{batch_shards.shard_name(2)}: its SHA-256 differs" in error
+
+
+@pytest.mark.parametrize("extra, message", [
+    (("--algorithm", "dp_fest", "--top-k", "10"), "does not draw DP top-k rows"),
+    (("--fixed-batches",), "drop --fixed-batches"),
+    (("--strategy", "mirrored"), "one device"),
+])
+def test_what_out_of_core_does_not_do_is_refused(data_dir, tmp_path, capsys, extra, message):
+  assert cli.main(_argv(data_dir, tmp_path / "run", *extra)) == 2
+  assert message in capsys.readouterr().err
+
+
+def test_beam_options_go_with_out_of_core(data_dir, tmp_path, capsys):
+  argv = [arg for arg in _argv(data_dir, tmp_path / "run") if arg != "--out-of-core"]
+  assert cli.main(argv) == 2
+  assert "go with --out-of-core" in capsys.readouterr().err
