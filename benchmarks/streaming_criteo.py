@@ -40,7 +40,7 @@ def _stream_args(data, run_dir, algorithm, epsilon, period, options):
           "--threshold", str(options.threshold), "--no-progress",
           "--delta", str(1.0 / (options.rows_per_day * TRAIN_DAYS))]
   if epsilon is not None:
-    argv += ["--epsilon-total", str(epsilon)]
+    argv += ["--epsilon", str(epsilon)]
   return parser.parse_args(argv + shlex.split(options.stream_args))
 
 

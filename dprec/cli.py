@@ -13,8 +13,8 @@ import importlib
 import json
 import os
 import sys
-import tempfile
 
+from dprec import quiet
 from dprec.cli_help import use_formatter
 from dprec.errors import DprecError
 
@@ -45,7 +45,11 @@ def build_parser(load=None):
   parser = argparse.ArgumentParser(
       prog="dprec",
       description="Differentially private training for large-embedding recommender models.")
-  parser.add_argument("--debug", action="store_true", help="show tracebacks on errors")
+  parser.add_argument("--debug", action="store_true",
+                      help="show tracebacks on errors (and what --verbose shows)")
+  parser.add_argument("--verbose", action="store_true",
+                      help="show the logs of TensorFlow, Beam and Dask (start-up, workers), "
+                           "which are otherwise held back")
   subparsers = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
   for command, (summary, module_names) in COMMANDS.items():
     if load is not None and command not in load:
@@ -73,29 +77,16 @@ def import_tensorflow_quietly():
   TF_CPP_MIN_LOG_LEVEL is read (tensorflow/tensorflow#100442). Replayed if the import fails."""
   if "tensorflow" in sys.modules:
     return
-  sys.stderr.flush()
-  saved = os.dup(2)
-  with tempfile.TemporaryFile() as held:
-    os.dup2(held.fileno(), 2)
-    try:
-      import tensorflow  # pylint: disable=import-outside-toplevel,unused-import
-    except BaseException:
-      os.dup2(saved, 2)
-      held.seek(0)
-      sys.stderr.write(held.read().decode(errors="replace"))
-      raise
-    finally:
-      os.dup2(saved, 2)
-      os.close(saved)
+  with quiet.held_stderr():
+    import tensorflow  # pylint: disable=import-outside-toplevel,unused-import
 
 
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else list(argv)
   command = _command_in(argv)
-  if "--debug" not in argv:
-    # A TF_CPP_MIN_LOG_LEVEL of the user's own wins; --debug shows the start-up log.
-    os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
-    if command & set(USES_TENSORFLOW) and not {"-h", "--help"} & set(argv):
+  if not {"--debug", "--verbose"} & set(argv):
+    quiet.hold_library_logs()
+    if command & set(USES_TENSORFLOW):
       import_tensorflow_quietly()
   args = build_parser(load=command).parse_args(argv)
   try:

@@ -8,6 +8,7 @@ dead letters. A split is read in blocks of whole lines that are parsed in one ve
 import argparse
 import contextlib
 import dataclasses
+import difflib
 import gzip
 import json
 import os
@@ -25,6 +26,7 @@ from apache_beam.options.pipeline_options import DirectOptions
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.options.pipeline_options import StandardOptions
 
+from dprec import quiet
 from dprec.cli_help import use_formatter
 from dprec.errors import DprecError
 
@@ -135,7 +137,7 @@ def dask_cluster(options: PipelineOptions):
 
 
 class DeadLetter(NamedTuple):
-  """A line that could not be used, with where it was and why (DESIGN §6)."""
+  """A line that could not be used, with where it was and why."""
   path: str
   line: int
   reason: str
@@ -312,7 +314,7 @@ def run_pipeline(options: PipelineOptions, build, namespace: str) -> Optional[di
 
   The jobs' counts come from their own outputs (`stats.json`), so they do not depend on metrics.
   """
-  with dask_cluster(options):
+  with quiet.held_stderr_if_quiet(), dask_cluster(options):
     pipeline = beam.Pipeline(options=options)
     build(pipeline)
     result = pipeline.run()
@@ -361,20 +363,63 @@ def write_dead_letters(path: str, letters: Sequence[DeadLetter]) -> Optional[str
   return path
 
 
-BEAM_EPILOG = ("Any other --option is passed to Beam's PipelineOptions (e.g. --runner, "
-               "--direct_num_workers, --project). Default: the embedded runner with "
-               f"{EMBEDDED_WORKERS} worker processes (--streaming: one bounded pipeline "
-               "per closed period, each on one in-process worker). --runner DaskRunner runs a "
-               "batch job on the Dask cluster at --dask_client_address HOST:PORT, or on a local "
-               f"one of --dask-workers N processes (default {EMBEDDED_WORKERS}) that the command "
-               "starts and stops.")
+BEAM_EPILOG = ("Any other option of Beam's PipelineOptions is passed to Beam (e.g. "
+               "--direct_num_workers, --project, --temp_location); an option that neither this "
+               "job nor Beam knows is an error. --runner DaskRunner runs a batch job on the Dask "
+               "cluster at --dask_client_address HOST:PORT, or on a local one of --dask-workers "
+               "N processes that the command starts and stops.")
+STREAMING_EPILOG = (" With --streaming on the embedded runner: one bounded pipeline per closed "
+                    "period, each on one in-process worker.")
+
+
+class _BeamOption(argparse.Action):
+  """An option of Beam's (listed in the job's help) handed to Beam's `PipelineOptions` as given:
+  appended to `args.beam_args`."""
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    given = list(getattr(namespace, "beam_args", None) or [])
+    namespace.beam_args = given + [f"{self.option_strings[0]}={values}"]
+
+
+def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
+  """Lists Beam's runner choice and the local Dask cluster's size in the job's help."""
+  group = parser.add_argument_group(
+      "Beam runner", "passed to Beam's PipelineOptions, as every Beam option is")
+  group.add_argument("--runner", action=_BeamOption, dest="beam_args", default=argparse.SUPPRESS,
+                     metavar="NAME",
+                     help="Beam runner: DaskRunner, DataflowRunner, FlinkRunner, SparkRunner, ... "
+                     f"(default: the embedded runner, {EMBEDDED_WORKERS} worker processes)")
+  group.add_argument("--dask-workers", action=_BeamOption, dest="beam_args",
+                     default=argparse.SUPPRESS, metavar="N",
+                     help="with --runner DaskRunner and no --dask_client_address: worker "
+                     f"processes of the local Dask cluster (default {EMBEDDED_WORKERS})")
+
+
+def not_beam_options(args: Sequence[str]) -> List[str]:
+  """The arguments of `args` that no Beam `PipelineOptions` class knows (with `--runner
+  DaskRunner`, Beam's Dask options too), as Beam's own parser finds them."""
+  if RUNNER_NAMES.get(PipelineOptions(list(args)).view_as(StandardOptions).runner) == DASK_RUNNER:
+    _dask_options()
+  parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
+  classes = {str(cls): cls for cls in PipelineOptions.__subclasses__()}
+  for cls in classes.values():
+    cls._add_argparse_args(parser)  # pylint: disable=protected-access
+  return parser.parse_known_args(list(args))[1]
 
 
 class BeamArgumentParser(argparse.ArgumentParser):
-  """Keeps the options it does not know in `args.beam_args` instead of rejecting them."""
+  """Keeps the options it does not know in `args.beam_args` if Beam's `PipelineOptions` know
+  them, and rejects the others (a misspelt option must not be ignored)."""
 
   def parse_known_args(self, args=None, namespace=None):
     namespace, extras = super().parse_known_args(args, namespace)
+    unknown = not_beam_options(extras)
+    if unknown:
+      ours = [option for action in self._actions for option in action.option_strings]
+      hints = [f"{close[0]} instead of {word}?" for word in unknown if word.startswith("-")
+               for close in [difflib.get_close_matches(word.split("=")[0], ours, 1)] if close]
+      self.error(f"unrecognized arguments: {' '.join(unknown)}: neither an option of this job "
+                 "nor a Beam pipeline option" + (f" ({' '.join(hints)})" if hints else ""))
     namespace.beam_args = list(getattr(namespace, "beam_args", None) or []) + extras
     return namespace, []
 
@@ -385,6 +430,7 @@ def job_main(module: str, description: str, add_arguments, run, argv=None) -> in
   parser = BeamArgumentParser(prog=f"python -m pipelines.{module}", description=description,
                               epilog=BEAM_EPILOG)
   add_arguments(parser)
+  add_runner_arguments(parser)
   use_formatter(parser)
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
   return run_main(lambda: run(args))

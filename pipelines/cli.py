@@ -8,7 +8,22 @@ import argparse
 
 from dprec.errors import DprecError
 from pipelines.beam_io import BEAM_EPILOG
+from pipelines.beam_io import STREAMING_EPILOG
 from pipelines.beam_io import BeamArgumentParser
+from pipelines.beam_io import add_runner_arguments
+
+
+CRITEO = """\
+    dprec preprocess criteo --input data/criteo --output out [--vocab-mode ...] [Beam options]
+    dprec preprocess criteo --streaming --input incoming/ --output stream_out --idle-timeout 600
+
+Criteo TSV day files (plain or gzip) → validated rows → per-feature vocabularies (every bucket seen
+--min-count times, the --top-k-per-feature most frequent, or a DP top-k selection charged to
+--ledger) → sharded TFRecords per day, a manifest that `dprec train ctr` and `dprec stream` read,
+stats.json, and malformed lines as dead letters (file, line, reason). With --streaming the job
+watches the --input directory for day_N files and writes each closed period as it completes, ids
+kept stable across periods. Guide: docs/guide/preprocess.md.
+"""
 
 
 def run_criteo(args) -> dict:
@@ -32,18 +47,20 @@ def add_jobs(jobs) -> None:
   from pipelines import criteo, criteo_stream, sequences  # pylint: disable=import-outside-toplevel
   raw = argparse.RawDescriptionHelpFormatter
   parser = jobs.add_parser("criteo", help="Criteo TSV → vocabularies + TFRecords (batch or "
-                           "--streaming)", description=criteo.__doc__ + "\n" +
-                           criteo_stream.__doc__, epilog=BEAM_EPILOG, formatter_class=raw)
+                           "--streaming)", description=CRITEO,
+                           epilog=BEAM_EPILOG + STREAMING_EPILOG, formatter_class=raw)
   criteo.add_arguments(parser)
   parser.add_argument("--streaming", action="store_true",
                       help="watch the --input directory for day_N files and write each closed "
                       "period as it completes (options below)")
   criteo_stream.add_arguments(parser.add_argument_group("streaming"))
+  add_runner_arguments(parser)
   parser.set_defaults(func=run_criteo)
   parser = jobs.add_parser("sequences", help="interaction logs → per-user sequences + TFRecords",
                            description=sequences.__doc__, epilog=BEAM_EPILOG,
                            formatter_class=raw)
   sequences.add_arguments(parser)
+  add_runner_arguments(parser)
   parser.set_defaults(func=run_sequences)
 
 

@@ -4,7 +4,9 @@
 
 One pipeline, two reads of the input (the second after the vocabulary exists), so nothing but
 bucket counts is ever held in memory: (1) per-split parse → per-feature bucket counts
-(CombinePerKey) → one vocabulary (min count, top-k, or DP top-k with Gumbel noise, note 001 §2.1);
+(CombinePerKey) → one vocabulary (min count, top-k, or DP top-k with Gumbel noise: Ghazi et al.,
+"Sparsity-Preserving Differentially Private Training of Large Embedding Models", arXiv:2311.08357,
+§2.1);
 (2) per-split parse → `transform` → `tf.train.Example`s, one TFRecord file per split under
 `day_N/`, dead letters `(file, line, reason, raw)` to `dead_letters/`, per-split statistics →
 `stats.json` and `manifest.json`. Parsing and the transform are `dprec.data.criteo`'s (the
@@ -27,6 +29,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
+from dprec.cli_help import add_deprecated_alias
 from dprec.data import criteo_tfrecord
 from dprec.data import identity
 from dprec.data.criteo import CATEGORICAL_FEATURES
@@ -51,8 +54,8 @@ class VocabConfig:
 
   `top_k` is one k for every feature or 26 values (C1..C26). For `dp_top_k`, `epsilon` is the
   total pure-DP cost of the selection over all 26 features: each feature gets ε/26 for its k
-  exponential-mechanism draws (the honest cost of one-shot Gumbel top-k, note 001 §2.1). Each
-  example adds one to one bucket per feature, so every feature's counts have sensitivity 1.
+  exponential-mechanism draws (the honest cost of one-shot Gumbel top-k, Ghazi et al. 2023,
+  arXiv:2311.08357, §2.1). Each example adds one to one bucket per feature, so every feature's counts have sensitivity 1.
   """
   mode: str = "min_count"
   min_count: int = 1
@@ -66,18 +69,18 @@ class VocabConfig:
     if self.min_count < 1:
       raise DprecError(f"--min-count must be at least 1, got {self.min_count}")
     if self.mode != "min_count" and self.top_k is None:
-      raise DprecError(f"--vocab-mode {self.mode} needs --top-k")
+      raise DprecError(f"--vocab-mode {self.mode} needs --top-k-per-feature")
     if self.mode == "dp_top_k" and not (self.epsilon and self.epsilon > 0):
-      raise DprecError("--vocab-mode dp_top_k needs a positive --epsilon")
+      raise DprecError("--vocab-mode dp_top_k needs a positive --top-k-epsilon")
     if self.mode == "dp_top_k" and self.min_count != 1:
       raise DprecError("--min-count thresholds exact counts, which is not private: "
-                       "--vocab-mode dp_top_k takes only --top-k and --epsilon")
+                       "--vocab-mode dp_top_k takes only --top-k-per-feature and --top-k-epsilon")
 
   def per_feature_k(self) -> List[Optional[int]]:
     if self.top_k is None or np.isscalar(self.top_k):
       return [self.top_k] * len(CATEGORICAL_FEATURES)
     if len(self.top_k) != len(CATEGORICAL_FEATURES):
-      raise DprecError(f"--top-k needs 1 or {len(CATEGORICAL_FEATURES)} values, "
+      raise DprecError(f"--top-k-per-feature needs 1 or {len(CATEGORICAL_FEATURES)} values, "
                        f"got {len(self.top_k)}")
     return list(self.top_k)
 
@@ -98,7 +101,8 @@ class CriteoJob:
 
 
 def parse_top_k(text: Optional[str]):
-  """`--top-k` value: one int, 26 comma-separated ints, or `table3` (note 001 Table 3 sizes)."""
+  """`--top-k-per-feature` value: one int, 26 comma-separated ints, or `table3` (the sizes of Ghazi et al.
+  2023, arXiv:2311.08357, Table 3)."""
   if text is None:
     return None
   if text == "table3":
@@ -106,7 +110,7 @@ def parse_top_k(text: Optional[str]):
   try:
     values = tuple(int(v) for v in text.split(","))
   except ValueError:
-    raise DprecError(f"--top-k: expected an int, 26 comma-separated ints or 'table3', "
+    raise DprecError(f"--top-k-per-feature: expected an int, 26 comma-separated ints or 'table3', "
                      f"got {text!r}") from None
   if any(v < 1 for v in values):
     raise DprecError(f"--top-k values must be positive, got {text!r}")
@@ -142,7 +146,8 @@ class MergeCountsFn(beam.CombineFn):
 
 def dp_top_k_ids(ids: np.ndarray, counts: np.ndarray, k: int, epsilon: float,
                  rng: np.random.Generator, domain: int = ID_DOMAIN) -> np.ndarray:
-  """One-shot Gumbel top-k (note 001 §2.1) of one feature over its whole id domain; best first.
+  """One-shot Gumbel top-k (Ghazi et al. 2023, arXiv:2311.08357, §2.1) of one feature over its
+  whole id domain; best first.
 
   `dprec.privacy.gumbel_top_k` with the never-seen ids of the domain as candidates counting 0; a
   slot one of them wins gets a uniformly random unseen id.
@@ -343,8 +348,9 @@ def vocab_privacy_of(job: CriteoJob) -> dict:
   _, epsilon = split_selection_budget(job.vocab.per_feature_k(), job.vocab.epsilon)
   return {"dp": True, "private": job.vocab.insecure_noise_seed is None, "mode": "dp_top_k",
           "epsilon": epsilon, "delta": 0.0, "ledger": identity.location(job.ledger),
-          "note": _seed_note(job.vocab.insecure_noise_seed) or "pure epsilon of k exponential-mechanism draws "
-                  "per feature (note 001 §2.1), charged to the ledger for this dataset_id"}
+          "note": _seed_note(job.vocab.insecure_noise_seed) or (
+              "pure epsilon of k exponential-mechanism draws per feature (Ghazi et al. 2023, "
+              "arXiv:2311.08357, §2.1), charged to the ledger for this dataset_id")}
 
 
 def _seed_note(seed: Optional[int]) -> Optional[str]:
@@ -410,7 +416,8 @@ def charge_selection(job: CriteoJob) -> Optional[dict]:
   from dprec.privacy import PrivacyLedger, split_selection_budget  # pylint: disable=import-outside-toplevel
   from dprec.privacy.ledger import PREPROCESSING  # pylint: disable=import-outside-toplevel
   ks = job.vocab.per_feature_k()
-  # k draws of ε_feature / k on each feature: the honest cost of one-shot top-k (note 001 §2.1).
+  # k draws of ε_feature / k on each feature: the honest cost of one-shot top-k (Ghazi et al.
+  # 2023, arXiv:2311.08357).
   per_draw, epsilon = split_selection_budget(ks, job.vocab.epsilon)
   dataset = identity.dataset_identity(job.output, job.dataset_id)
   marks = {"stage": PREPROCESSING, "dataset": dataset}
@@ -459,12 +466,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="how buckets become ids (default min_count)")
   parser.add_argument("--min-count", type=int, default=1,
                       help="keep buckets seen at least this often (default 1)")
-  parser.add_argument("--top-k", default=None,
+  parser.add_argument("--top-k-per-feature", default=None, dest="top_k", metavar="K",
                       help="top_k/dp_top_k: k for every feature, 26 comma-separated values, or "
-                      "'table3' for note 001's Table 3 sizes")
-  parser.add_argument("--epsilon", type=float, default=None,
+                      "'table3' for the sizes of Ghazi et al. 2023, arXiv:2311.08357, Table 3")
+  add_deprecated_alias(parser.add_argument, "--top-k", "--top-k-per-feature", "top_k")
+  parser.add_argument("--top-k-epsilon", type=float, default=None, dest="epsilon",
                       help="dp_top_k: total pure-DP epsilon of the selection (split over the 26 "
                       "features, each paying for its k draws)")
+  add_deprecated_alias(parser.add_argument, "--epsilon", "--top-k-epsilon", "epsilon",
+                       type=float)
   parser.add_argument("--insecure-noise-seed", type=int, default=None, metavar="N",
                       help="dp_top_k: derive the selection randomness from this PUBLIC seed, for "
                       "tests and experiments only: the vocabulary is then NOT differentially "

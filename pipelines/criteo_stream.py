@@ -7,7 +7,8 @@ for --settle-seconds). Records carry the event time of their day, and a period o
 days closes once a later day's file has arrived (files arrive in day order) or the watch stops.
 Records are parsed in parallel, windowed into fixed windows of the period and grouped per window.
 One stateful step then takes the closed periods in event-time order and keeps the running-sum
-bucket counts across them (the "streaming-based frequency information" of note 001 §5.1): a bucket
+bucket counts across them (the "streaming-based frequency information" of Ghazi et al. 2023,
+arXiv:2311.08357, §5.1): a bucket
 gets the next free index the first period its running count reaches --min-count (up to --top-k ids
 per feature) and keeps it forever, so ids are stable across periods. Each period's TFRecords, its
 vocabulary snapshot and its dead letters are written under a temporary name and renamed to

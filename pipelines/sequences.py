@@ -1,4 +1,4 @@
-"""Interaction logs → per-user item sequences for sequential recommendation (DPFormer, seed 000).
+"""Interaction logs → per-user item sequences for sequential recommendation.
 
     python -m pipelines.sequences --input ratings.dat --format movielens --output OUT [--min-count 5]
 
@@ -10,7 +10,9 @@ ones become dead letters `(file, line, reason, raw)`. The filtering step needs e
 (users and items with fewer than `--min-count` actions removed until none is left; `sasrec`
 defaults to no filtering because its files are filtered already), time-ordered sequences,
 leave-last-out split (test = last item, validation = second to last unless `--no-validation`),
-and item frequencies p_i = share of users whose training sequence contains item i (DESIGN §1.2).
+and item frequencies p_i = share of users whose training sequence contains item i (Re-Attention's
+input in DPFormer: Ding et al., "DPFormer: Learning Differentially Private Transformer on
+Long-Tailed Data", arXiv:2305.17633).
 Items are re-indexed 1..M and users 1..U in the order of their original ids (0 = padding/none).
 """
 import argparse

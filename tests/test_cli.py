@@ -1,5 +1,7 @@
 """The `dprec` dispatcher: every registered command has --help; errors are one clear line."""
+import json
 import os
+import re
 import sys
 import types
 
@@ -43,7 +45,8 @@ def test_every_option_with_a_default_shows_it_in_help(capsys):
   for path, parser in _parsers(cli.build_parser()):
     formatter = parser._get_formatter()  # pylint: disable=protected-access
     for action in parser._actions:  # pylint: disable=protected-access
-      if not action.option_strings or action.default in (None, False, "==SUPPRESS=="):
+      if (not action.option_strings or action.default is None or action.default is False
+          or action.default == "==SUPPRESS=="):
         continue
       help_text = formatter._get_help_string(action)  # pylint: disable=protected-access
       assert "default" in help_text, (" ".join(path), action.option_strings[-1], help_text)
@@ -121,3 +124,101 @@ def test_tensorflow_is_imported_without_its_native_start_up_log():
             "os.write(2, b'stderr is back\\n')")
   done = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, check=True)
   assert done.stderr.decode() == "stderr is back\n"
+
+
+def _leaf_commands():
+  """argv of every command that runs something (`train ctr`, not `train`)."""
+  paths = [tuple(path) for path in _all_command_paths(cli.build_parser())]
+  return [list(path) for path in paths if not any(other[:len(path)] == path and other != path
+                                                   for other in paths)]
+
+
+@pytest.mark.slow
+def test_every_help_prints_nothing_before_usage():
+  """`dprec ... --help` in a fresh process (TensorFlow and Beam imported for the first time):
+  nothing on stdout or stderr before the usage line."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  for path in _leaf_commands():
+    done = subprocess.run([sys.executable, "-m", "dprec.cli", *path, "--help"], env=env,
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, check=True, text=True)
+    assert done.stdout.startswith("usage: dprec " + " ".join(path)), (path, done.stdout[:500])
+
+
+def test_help_speaks_to_users():
+  """No reference to documents the package does not ship, nor to internal names."""
+  internal = re.compile(r"seed 00\d|note 00\d|DESIGN|sized_for|STEPS_PER_EPOCH|"
+                        r"STREAM_BATCH_SIZE|BATCH_ONLY_RUNNERS")
+  for path, parser in _parsers(cli.build_parser()):
+    found = internal.findall(parser.format_help())
+    assert not found, (" ".join(path), found)
+
+
+def test_options_that_default_to_zero_show_it(capsys):
+  for argv, flag in ((["demo"], "--seed"), (["synth", "criteo"], "--seed"),
+                     (["train", "seqrec"], "--pair-popularity-exponent")):
+    with pytest.raises(SystemExit):
+      cli.main(argv + ["--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert re.search(flag + r" \S+ [^-]*\(default: 0(\.0)?\)", text), (argv, flag)
+
+
+def test_audit_lists_and_accepts_only_the_options_it_uses(capsys):
+  with pytest.raises(SystemExit):
+    cli.main(["audit", "--help"])
+  out = capsys.readouterr().out
+  for flag in ("--ledger", "--log-dir", "--charge-every", "--eval-batch-size", "--run-dir",
+               "--keep-checkpoints", "--checkpoint-every"):
+    assert not re.search(rf"^ +{flag}\b", out, re.M), flag
+  for flag in ("--ledger", "--charge-every"):
+    with pytest.raises(SystemExit):
+      cli.main(["audit", "--data", "d", flag, "x"])
+    assert f"unrecognized arguments: {flag} x" in capsys.readouterr().err
+
+
+def test_audit_prints_only_json_on_stdout(monkeypatch, capsys):
+  from dprec.audit import ctr as audit_ctr  # pylint: disable=import-outside-toplevel
+  summary = {"epsilon_lower_bound": 0.5, "confidence": 0.95, "ceiling": 3.0,
+             "epsilon_lower_bound_steinke": 0.4, "ceiling_steinke": 2.0, "claimed_epsilon": 1.0}
+  monkeypatch.setattr(audit_ctr, "audit_ctr", lambda options: summary)
+  assert cli.main(["audit", "--data", "d", "--epsilon", "1"]) == 0
+  captured = capsys.readouterr()
+  assert json.loads(captured.out) == summary and "ε lower bound 0.500" in captured.err
+
+
+@pytest.mark.parametrize("argv, old, new, dest, value", [
+    (["train", "ctr", "--data", "d"], "--top-k", "--top-k-total", "top_k", 26),
+    (["stream", "--data", "d"], "--top-k", "--top-k-per-feature", "top_k", 5),
+    (["stream", "--data", "d"], "--epsilon-total", "--epsilon", "epsilon_total", 2.0),
+    (["stream", "--data", "d"], "--poll-interval", "--poll-seconds", "poll_interval", 0.5),
+])
+def test_one_name_for_one_thing_and_old_names_warn(capsys, argv, old, new, dest, value):
+  parser = cli.build_parser()
+  assert getattr(parser.parse_args(argv + [new, str(value)]), dest) == value
+  assert capsys.readouterr().err == ""
+  assert getattr(parser.parse_args(argv + [old, str(value)]), dest) == value
+  assert f"{old} is deprecated and goes in the next release; use {new}" in capsys.readouterr().err
+
+
+def test_epsilon_is_required_everywhere_it_is_a_budget(capsys):
+  with pytest.raises(SystemExit):
+    cli.build_parser().parse_args(["train", "seqrec", "--data", "d"])
+  assert "--epsilon" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_beam_jobs_are_quiet_unless_verbose(tmp_path):
+  """A preprocessing run prints its JSON summary and nothing on stderr; --verbose shows Beam's
+  logs (its workers' start-up)."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  (tmp_path / "seq.txt").write_text("".join(f"{u} {i}\n" for u in range(1, 30)
+                                            for i in range(1, 6)))
+  env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
+  runs = {}
+  for flags in ((), ("--verbose",)):
+    runs[flags] = subprocess.run(
+        [sys.executable, "-m", "dprec.cli", *flags, "preprocess", "sequences", "--input",
+         str(tmp_path / "seq.txt"), "--format", "sasrec", "--output",
+         str(tmp_path / f"out{len(flags)}")], env=env, capture_output=True, text=True, check=True)
+  assert runs[()].stderr == "" and json.loads(runs[()].stdout)["users"] == 29
+  assert "INFO" in runs[("--verbose",)].stderr

@@ -19,13 +19,14 @@ one-run ε lower bound of Mahloujifar et al. 2024 (f-DP against Gaussian DP), wi
 Jagielski 2023's as a second line (`bounds.py`), at --confidence; the summary gives the ceiling,
 the largest bound the guesses allow.
 
-The data, model and privacy options are `train ctr`'s; the audit writes no ledger, logs or
-evaluation, so --ledger and --log-dir are refused and --charge-every, --eval-batch-size ignored.
+The data, model and privacy options are `train ctr`'s, but for those of its ledger, logs,
+evaluation and run directory: the audit writes none of them.
 The scores file says which canaries were inserted; it is a private artefact of the audit.
 """
 import argparse
 import dataclasses
 import os
+import sys
 import time
 from typing import Optional
 
@@ -216,6 +217,7 @@ def register(subparsers):
       "audit", help="empirical ε lower bound of a pCTR training configuration, from canaries",
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
   train_ctr_cli.register(_AuditParserAsSubparsers(parser))
+  _remove_options(parser, NOT_USED)
   defaults = CTRAuditOptions
   add = parser.add_argument
   add("--threat-model", choices=THREAT_MODELS, default=defaults.threat_model,
@@ -234,9 +236,20 @@ def register(subparsers):
   parser.set_defaults(func=run)
 
 
+def _remove_options(parser, dests):
+  """Takes the options of `dests` out of `parser` (argparse has no public way): the audit's help
+  lists, and its parser accepts, only what it uses."""
+  # pylint: disable=protected-access
+  for action in [action for action in parser._actions if action.dest in dests]:
+    parser._remove_action(action)
+    for group in parser._action_groups:
+      if action in group._group_actions:
+        group._group_actions.remove(action)
+    for option in action.option_strings:
+      del parser._option_string_actions[option]
+
+
 def run(args) -> dict:
-  if args.ledger or args.log_dir:
-    raise DprecError("dprec audit writes no ledger or TensorBoard logs: drop --ledger/--log-dir")
   fields = {f.name for f in dataclasses.fields(train_ctr.CTRTrainOptions)}
   values = {key: value for key, value in vars(args).items()
             if key in fields and key not in AUDIT_ONLY + NOT_USED}
@@ -251,5 +264,5 @@ def run(args) -> dict:
         f"(ceiling {summary['ceiling']:.3f}: every guess right; Steinke et al. "
         f"{summary['epsilon_lower_bound_steinke']:.3f}, ceiling "
         f"{summary['ceiling_steinke']:.3f}); claimed ε "
-        f"{'∞ (non-private)' if claimed is None else claimed}")
+        f"{'∞ (non-private)' if claimed is None else claimed}", file=sys.stderr)
   return summary

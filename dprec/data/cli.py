@@ -1,4 +1,4 @@
-"""`dprec synth criteo|sequences`: write synthetic data sets in the real formats (DESIGN §5)."""
+"""`dprec synth criteo|sequences`: write synthetic data sets in the real formats ."""
 import argparse
 
 from dprec.data import synthetic
@@ -18,8 +18,9 @@ def register(subparsers):
   criteo.add_argument("--rows", type=_positive, required=True, help="rows in all days together")
   criteo.add_argument("--days", type=_positive, default=1, help="number of day_N files")
   criteo.add_argument("--vocab", default="table3",
-                      help="'table3' (note 001 Table 3 vocabularies) or 'scaled:M' (Table 3 "
-                      "scaled to about M buckets in all, e.g. scaled:10M)")
+                      help="'table3' (the Criteo vocabularies of Ghazi et al. 2023, "
+                      "arXiv:2311.08357, Table 3) or 'scaled:M' (Table 3 scaled to about M "
+                      "buckets in all, e.g. scaled:10M)")
   criteo.add_argument("--ctr", type=float, default=synthetic.CriteoSynthConfig.ctr,
                       help="mean click rate of day 0")
   criteo.add_argument("--tail-decay", type=float, default=synthetic.CriteoSynthConfig.tail_decay,

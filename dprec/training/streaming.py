@@ -447,7 +447,7 @@ class StreamingTrainer:
         if unaffordable is not None:
           self.state["stopped"] = (
               f"privacy budget: training period {index} would bring ε to {unaffordable:.4g} > "
-              f"--epsilon-total {self.plan.epsilon_total:g} (spent {self.epsilon_spent():.4g} "
+              f"--epsilon {self.plan.epsilon_total:g} (spent {self.epsilon_spent():.4g} "
               f"on periods 0..{index - 1}); stopped before it")
           break
         new_ids = self._refresh(period)

@@ -219,7 +219,7 @@ def plan_stream(epsilon_total, delta, expected_periods, examples_per_period, bat
   `epsilon_total` (per unit)."""
   _check_sizes(expected_periods, examples_per_period, batch_size)
   if not epsilon_total > 0:
-    raise DprecError(f"--epsilon-total must be positive, got {epsilon_total}")
+    raise DprecError(f"--epsilon must be positive, got {epsilon_total}")
   if privacy_unit not in PRIVACY_UNITS:
     raise DprecError(f"--privacy-unit must be one of {', '.join(PRIVACY_UNITS)}, got "
                      f"{privacy_unit!r}")

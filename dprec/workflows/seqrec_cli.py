@@ -44,7 +44,7 @@ def register(subparsers):
            "initialised from the truncated SVD of the released pairs (--pair-share of ε), then "
            "trained with DP-SGD on the rest of ε, optionally with the pairs' score as a prior on "
            "its logits (--prior-weight; below item2item on Amazon at the sizes measured)")
-  add("--epsilon", type=_epsilon, default=5.0,
+  add("--epsilon", type=_epsilon, required=True,
       help="privacy budget ε, the total: what --ledger spent on this data before is composed "
            "in; 'inf' trains non-privately")
   add("--delta", type=float, default=None,
@@ -54,7 +54,8 @@ def register(subparsers):
       help="expected batch size B (q = B/N); default: min(1024, N/8) for the N training users")
   add("--learning-rate", type=float, default=5e-3, help="peak Adam learning rate")
   add("--optimizer", choices=("adamw", "adambc"), default="adamw",
-      help="AdamW, or DP-AdamBC (seed 002: Adam with the noise variance subtracted; same "
+      help="AdamW, or DP-AdamBC (Adam with the noise variance subtracted, Tang et al. 2024, "
+           "arXiv:2411.04205; same "
            "schedule and weight decay)")
   add("--adambc-floor", type=float, default=seqrec.ADAMBC_FLOOR, help="γ' of --optimizer adambc")
   add("--l2-norm-clip", type=float, default=1.0, help="per-user gradient clip norm C")
@@ -180,7 +181,8 @@ def _add_item2item_arguments(parser):
 def _add_dp_forward_arguments(parser):
   """`--dp-forward` and its settings, for `dprec train seqrec`."""
   group = parser.add_argument_group(
-      "DP-Forward (seed 003)", "noise on each user's representation instead of on gradients: "
+      "DP-Forward (Du et al. 2023, arXiv:2309.06746)",
+      "noise on each user's representation instead of on gradients: "
       "SeqLDP per user (local DP of the sequence; the next-item label is sent in the clear "
       "unless --label-epsilon), not central DP; the service trains with non-private steps. "
       "Implies --model dpformer, --loss-positions last and no Re-Attention; --epochs must be whole")

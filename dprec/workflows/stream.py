@@ -123,9 +123,9 @@ class StreamOptions(run_lib.RunOptions):
   def validate(self):
     super().validate()
     if self.private and not (self.epsilon_total or 0) > 0:
-      raise DprecError(f"--algorithm {self.algorithm} needs a positive --epsilon-total")
+      raise DprecError(f"--algorithm {self.algorithm} needs a positive --epsilon")
     if self.algorithm in ctr_workflow.FEST_ALGORITHMS and not (self.top_k or 0) > 0:
-      raise DprecError(f"--algorithm {self.algorithm} needs --top-k (rows per table)")
+      raise DprecError(f"--algorithm {self.algorithm} needs --top-k-per-feature (rows per table)")
     if self.period_days < 1 or (self.train_days is not None and self.train_days < 1):
       raise DprecError("--period-days and --train-days must be positive")
     if self.expected_periods is None and self.train_days is None and self.idle_timeout > 0:

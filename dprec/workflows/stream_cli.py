@@ -1,40 +1,52 @@
 """`dprec stream`: the command line of `dprec.workflows.stream` (parse, then call)."""
 import argparse
 
+from dprec.cli_help import add_deprecated_alias
 from dprec.workflows import ctr
 from dprec.workflows import ctr_cli
 from dprec.workflows import run_cli
 from dprec.workflows import stream
 
-USAGE = """\
+DESCRIPTION = """\
     dprec preprocess criteo --streaming --input DAYS_DIR --output OUT ...   # writes periods
-    dprec stream --data OUT --algorithm dp_adafest --epsilon-total 1 --period-days 1 \\
+    dprec stream --data OUT --algorithm dp_adafest --epsilon 1 --period-days 1 \\
         --train-days 18 --run-dir RUN --summary-json summary.json
 
+Trains the pCTR model period by period as the streaming Beam job writes periods, evaluating each
+new period before training on it, with one privacy ledger for the whole run. Rerunning the same
+command resumes a killed run. --privacy-unit says what ε protects: a row (its period's training
+and the shared releases) or a user (every period). Prints a JSON summary; with --run-dir also
+metrics.csv, TensorBoard logs and a plot. Guide: docs/guide/stream.md.
 """
 
 
 def register(subparsers):
   parser = subparsers.add_parser(
       "stream", help="train period by period on a streaming Criteo output (one privacy ledger)",
-      description=USAGE + stream.__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+      description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
   defaults = stream.StreamOptions  # one source for the defaults of the CLI and the Python API
   data = parser.add_argument_group("stream")
   data.add_argument("--data", required=True,
                     help="output directory of `dprec preprocess criteo [--streaming]`")
   data.add_argument("--period-days", type=int, default=1,
-                    help="days per training period (seed 001 Table 5: 1, 2, 4, 8, 16, 18)")
+                    help="days per training period (the streaming experiments of Ghazi et "
+                    "al. 2023, arXiv:2311.08357, Table 5: 1, 2, 4, 8, 16, 18)")
   data.add_argument("--train-days", type=int, default=None,
                     help="train on the first D days; later days are the final hold-out")
   data.add_argument("--idle-timeout", type=float, default=0.0,
                     help="seconds to wait for the next period before finishing (default 0)")
-  data.add_argument("--poll-interval", type=float, default=1.0,
+  data.add_argument("--poll-seconds", type=float, default=1.0, dest="poll_interval",
                     help="seconds between looks for a new period while waiting")
+  add_deprecated_alias(data.add_argument, "--poll-interval", "--poll-seconds", "poll_interval",
+                       type=float)
   dp = parser.add_argument_group("privacy")
-  dp.add_argument("--algorithm", default="dp_adafest", choices=ctr.ALGORITHMS)
-  dp.add_argument("--epsilon-total", type=float, default=None,
-                  help="privacy budget of the whole run, what --ledger spent on this data before "
-                  "included (required unless non_private)")
+  dp.add_argument("--algorithm", default="dp_adafest", choices=ctr.ALGORITHMS,
+                  help="training algorithm")
+  dp.add_argument("--epsilon", type=float, default=None, dest="epsilon_total",
+                  help="privacy budget ε of the whole run, the total: what --ledger spent on "
+                  "this data before is composed in (required unless non_private)")
+  add_deprecated_alias(dp.add_argument, "--epsilon-total", "--epsilon", "epsilon_total",
+                       type=float)
   dp.add_argument("--delta", type=float, default=None,
                   help="δ of the run (default: the ledger's if it exists, else 1 / expected "
                   "examples over all periods)")
@@ -46,8 +58,10 @@ def register(subparsers):
                   help="expected passes over a period's data (steps = epochs · N / B)")
   dp.add_argument("--noise-multiplier", type=float, default=None,
                   help="use this σ instead of calibrating it (the run stops at the budget)")
-  dp.add_argument("--top-k", type=int, default=None,
-                  help="DP-FEST / DP-AdaFEST+ rows per table, refreshed every period")
+  dp.add_argument("--top-k-per-feature", type=int, default=None, dest="top_k", metavar="K",
+                  help="DP-FEST / DP-AdaFEST+: rows kept per feature's table, refreshed every "
+                  "period (no default: required by dp_fest and dp_adafest_plus)")
+  add_deprecated_alias(dp.add_argument, "--top-k", "--top-k-per-feature", "top_k", type=int)
   dp.add_argument("--top-k-epsilon", type=float, default=0.1,
                   help="total pure ε of the per-period DP top-k refreshes; 0 treats the "
                   "counts as public")
@@ -86,7 +100,9 @@ def register(subparsers):
                      "rate; default: Keras' initialisation")
   ctr_cli.add_step_arguments(model.add_argument, defaults)
   model.add_argument("--hidden-units", type=ctr_cli.int_list, default=defaults.hidden_units,
-                     help="comma-separated Dense widths (default: App. D.1.1's four of 598)")
+                     help="comma-separated Dense(relu) widths (default: "
+                     + ",".join(map(str, defaults.hidden_units)) + ", the pCTR model of Ghazi "
+                     "et al. 2023, arXiv:2311.08357, App. D.1.1)")
   model.add_argument("--headroom", type=float, default=1.5,
                      help="spare table rows for new ids, as a factor (default 1.5)")
   model.add_argument("--reference", default=None, choices=stream.REFERENCES,

@@ -40,7 +40,7 @@ def _train(data_dir, tmp_path, algorithm, *extra):
 
 @pytest.mark.parametrize("algorithm, extra", [
     ("dp_sgd", ()),
-    ("dp_adafest_plus", ("--top-k", "260", "--top-k-epsilon", "0.2", "--threshold", "2")),
+    ("dp_adafest_plus", ("--top-k-total", "260", "--top-k-epsilon", "0.2", "--threshold", "2")),
 ])
 def test_private_run_spends_what_dprec_privacy_computes(data_dir, tmp_path, algorithm, extra):
   summary = _train(data_dir, tmp_path, algorithm, "--accountant", "rdp", *extra)
@@ -54,7 +54,7 @@ def test_private_run_spends_what_dprec_privacy_computes(data_dir, tmp_path, algo
   if algorithm.startswith("dp_adafest"):
     assert summary["sigma1"] == pytest.approx(ctr_workflow.CTRTrainOptions.ratio * sigma)
     sigma = privacy.composed_noise_multiplier(summary["sigma1"], summary["sigma2"])
-  selection = 0.2 if "--top-k" in extra else 0.0
+  selection = 0.2 if "--top-k-total" in extra else 0.0
   # Training composed with the DP base rate (one Gaussian mechanism on the label sum) and the
   # DP Platt scaling (its releases compose to one Gaussian mechanism).
   expected = privacy.gaussian_epsilon(
@@ -350,8 +350,8 @@ KILL_STEPS = 24
 
 def _kill_argv(data_dir, run_dir):
   """Checkpoints every 3 steps, charges every 5: a resumed run retrains prepaid steps."""
-  return ["train", "ctr", "--data", data_dir, "--algorithm", "dp_adafest_plus", "--top-k", "260",
-          "--threshold", "2", "--epsilon", str(EPSILON), "--accountant", "rdp", "--batch-size",
+  return ["train", "ctr", "--data", data_dir, "--algorithm", "dp_adafest_plus", "--top-k-total",
+          "260", "--threshold", "2", "--epsilon", str(EPSILON), "--accountant", "rdp", "--batch-size",
           "32", "--steps", str(KILL_STEPS), "--hidden-units", "8", "--charge-every", "5",
           "--checkpoint-every", "3", "--insecure-noise-seed", "3", "--no-progress", "--run-dir",
           run_dir, "--summary-json", os.path.join(run_dir, "summary.json")]

@@ -26,7 +26,8 @@ def preprocessed(tmp_path_factory):
                             progress=False)
   out, ledger = str(root / "out"), str(root / "ledger.json")
   assert cli.main(["preprocess", "criteo", "--input", str(root / "days"), "--output", out,
-                   "--vocab-mode", "dp_top_k", "--top-k", "20", "--epsilon", str(SELECTION),
+                   "--vocab-mode", "dp_top_k", "--top-k-per-feature", "20",
+                   "--top-k-epsilon", str(SELECTION),
                    "--ledger", ledger, "--epsilon-budget", str(BUDGET), "--delta", str(DELTA)]
                   + IN_PROCESS) == 0
   return out, ledger

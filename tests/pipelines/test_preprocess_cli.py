@@ -13,8 +13,8 @@ from dprec import cli
 def test_unknown_options_go_to_beam():
   args = cli.build_parser().parse_args([
       "preprocess", "criteo", "--input", "in", "--output", "out", "--runner", "DataflowRunner",
-      "--project=p", "--vocab-mode", "top_k", "--top-k", "5", "--streaming"])
-  assert args.beam_args == ["--runner", "DataflowRunner", "--project=p"]
+      "--project=p", "--vocab-mode", "top_k", "--top-k-per-feature", "5", "--streaming"])
+  assert args.beam_args == ["--runner=DataflowRunner", "--project=p"]
   assert (args.vocab_mode, args.top_k, args.streaming) == ("top_k", "5", True)
 
 
@@ -40,7 +40,8 @@ def test_sequences_command_prints_json_and_errors_are_one_line(tmp_path, capsys,
   captured = capsys.readouterr()
   assert code == 2 and captured.err.count("\n") == 1 and "no input files match" in captured.err
   code = cli.main(["preprocess", "criteo", "--input", str(tmp_path), "--output", out,
-                   "--streaming", "--vocab-mode", "dp_top_k", "--top-k", "3", "--epsilon", "1"])
+                   "--streaming", "--vocab-mode", "dp_top_k", "--top-k-per-feature", "3",
+                   "--top-k-epsilon", "1"])
   assert code == 2 and "DP top-k selection is a batch job" in capsys.readouterr().err
 
 
@@ -74,3 +75,26 @@ def test_the_job_modules_do_not_import_the_command_line_module():
       elif isinstance(node, ast.Import):
         imported.update(alias.name for alias in node.names)
     assert "pipelines.cli" not in imported, path
+
+
+def test_an_option_neither_the_job_nor_beam_knows_is_an_error(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.build_parser().parse_args(["preprocess", "criteo", "--input", "in", "--output", "out",
+                                   "--min_count", "5"])
+  assert exit_info.value.code == 2
+  err = capsys.readouterr().err
+  assert "unrecognized arguments: --min_count 5" in err and "--min-count instead of" in err
+  args = cli.build_parser().parse_args(["preprocess", "sequences", "--input", "in", "--format",
+                                        "sasrec", "--output", "out", "--direct_num_workers=1",
+                                        "--dask-workers", "3"])
+  assert args.beam_args == ["--dask-workers=3", "--direct_num_workers=1"]
+
+
+def test_old_option_names_still_work_and_say_they_are_deprecated(capsys):
+  args = cli.build_parser().parse_args([
+      "preprocess", "criteo", "--input", "in", "--output", "out", "--vocab-mode", "dp_top_k",
+      "--top-k", "7", "--epsilon", "0.5"])
+  assert (args.top_k, args.epsilon) == ("7", 0.5)
+  err = capsys.readouterr().err
+  assert "--top-k is deprecated" in err and "use --top-k-per-feature" in err
+  assert "--epsilon is deprecated" in err and "use --top-k-epsilon" in err

@@ -226,5 +226,6 @@ def test_prior_weight_auto_needs_validation_items_and_the_hybrid(sequences_dir, 
   assert cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "inf",
                    "--prior-weight", "auto", "--no-hold-out-validation", *HYBRID]) == 2
   assert "validation items" in capsys.readouterr().err
-  assert cli.main(["train", "seqrec", "--data", sequences_dir, "--prior-weight", "1", *SMALL]) == 2
+  assert cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5", "--prior-weight",
+                   "1", *SMALL]) == 2
   assert "--model hybrid's" in capsys.readouterr().err

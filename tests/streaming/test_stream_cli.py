@@ -20,25 +20,26 @@ def test_help_names_the_interface(capsys):
     cli.main(["stream", "--help"])
   assert exit_info.value.code == 0
   out = capsys.readouterr().out
-  for flag in ("--data", "--algorithm", "--epsilon-total", "--period-days", "--summary-json",
+  for flag in ("--data", "--algorithm", "--epsilon", "--period-days", "--summary-json",
                "--train-days", "--checkpoint-every", "--top-k", "--insecure-noise-seed",
                "--secure-noise", "--diagnostics", "--calibration-level-prior-examples"):
     assert flag in out
 
 
 @pytest.mark.parametrize("extra, message", [
-    (["--algorithm", "dp_sgd", "--train-days", "3"], "needs a positive --epsilon-total"),
-    (["--algorithm", "dp_fest", "--epsilon-total", "1", "--train-days", "3"], "needs --top-k"),
-    (["--algorithm", "dp_fest", "--top-k", "5", "--epsilon-total", "1", "--train-days", "3",
+    (["--algorithm", "dp_sgd", "--train-days", "3"], "needs a positive --epsilon"),
+    (["--algorithm", "dp_fest", "--epsilon", "1", "--train-days", "3"],
+     "needs --top-k-per-feature"),
+    (["--algorithm", "dp_fest", "--top-k-per-feature", "5", "--epsilon", "1", "--train-days", "3",
       "--privacy-unit", "user"], "cannot refresh a DP top-k set"),
-    (["--algorithm", "dp_sgd", "--epsilon-total", "1", "--max-rows-per-user", "2"],
+    (["--algorithm", "dp_sgd", "--epsilon", "1", "--max-rows-per-user", "2"],
      "goes with --privacy-unit user"),
-    (["--algorithm", "dp_sgd", "--epsilon-total", "1"], "no complete day yet; give --expected"),
-    (["--algorithm", "dp_sgd", "--epsilon-total", "1", "--idle-timeout", "5"],
+    (["--algorithm", "dp_sgd", "--epsilon", "1"], "no complete day yet; give --expected"),
+    (["--algorithm", "dp_sgd", "--epsilon", "1", "--idle-timeout", "5"],
      "a live stream (--idle-timeout > 0) needs --expected-periods"),
-    (["--algorithm", "dp_sgd", "--epsilon-total", "1", "--train-days", "3"],
+    (["--algorithm", "dp_sgd", "--epsilon", "1", "--train-days", "3"],
      "no complete period yet"),
-    (["--algorithm", "dp_sgd", "--epsilon-total", "1", "--train-days", "3",
+    (["--algorithm", "dp_sgd", "--epsilon", "1", "--train-days", "3",
       "--calibration-level-prior-examples", "-1"], "--calibration-level-prior-examples must be"),
 ])
 def test_bad_configurations_are_one_line_errors(tmp_path, capsys, extra, message):

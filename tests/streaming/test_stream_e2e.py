@@ -75,10 +75,10 @@ def test_watcher_and_trainer_with_a_sigkill_in_the_middle_of_a_period(tmp_path):
        "--stop-after-day", str(DAYS - 1), "--idle-timeout", "120"], tmp_path / "watcher.log")
   trainer_command = [
       sys.executable, "-m", "dprec.cli", "stream", "--data", out, "--run-dir", run_dir,
-      "--algorithm", "dp_adafest", "--epsilon-total", "20", "--noise-multiplier", "1.0",
+      "--algorithm", "dp_adafest", "--epsilon", "20", "--noise-multiplier", "1.0",
       "--accountant", "rdp", "--train-days", str(DAYS - 1), "--examples-per-period", str(ROWS),
       "--batch-size", str(BATCH), "--hidden-units", "8", "--checkpoint-every", "7",
-      "--idle-timeout", "120", "--poll-interval", "0.1", "--no-progress",
+      "--idle-timeout", "120", "--poll-seconds", "0.1", "--no-progress",
       "--summary-json", os.path.join(run_dir, "summary.json")]
   trainer = _start(trainer_command, tmp_path / "trainer.log")
   processes = {"the watcher": watcher, "the trainer": trainer}

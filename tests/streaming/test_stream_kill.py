@@ -44,7 +44,7 @@ def _command(data, run_dir, batch_size=10):
   """The stream's command; the kill test's batch of 10 gives `STEPS` steps a period, the other
   tests pass a larger one (a few steps a period: they check plans and keys, not training)."""
   return [sys.executable, "-m", "dprec.cli", "stream", "--data", data, "--run-dir", run_dir,
-          "--algorithm", "dp_adafest", "--epsilon-total", "20", "--noise-multiplier", "1.0",
+          "--algorithm", "dp_adafest", "--epsilon", "20", "--noise-multiplier", "1.0",
           "--accountant", "rdp", "--train-days", "2", "--batch-size", str(batch_size),
           "--hidden-units", "8",
           "--checkpoint-every", "7", "--no-progress", "--diagnostics",
