@@ -104,7 +104,7 @@ def command(setting, point, days, output, run_dir, summary):
   if kind == "ctr":
     return ["train", "ctr", "--data", days, "--algorithm", "dp_adafest",
             "--epsilon", EPSILON, *common, *options]
-  return ["stream", "--data", output, "--algorithm", "dp_adafest", "--epsilon-total", EPSILON,
+  return ["stream", "--data", output, "--algorithm", "dp_adafest", "--epsilon", EPSILON,
           "--period-days", "1", "--train-days", str(num_days - 1), "--examples-per-period",
           str(rows), *common, *options]
 
@@ -138,8 +138,8 @@ def load(path):
 def run(options):
   done = {(r["setting"], r["point"], r["draw"]) for r in load(options.jsonl)}
   dprec = os.path.join(os.path.dirname(sys.executable), "dprec")
-  commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True,
-                          text=True, check=False).stdout.strip()
+  commit = options.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
+                                           capture_output=True, text=True).stdout.strip()
   days, output = prepare(options.root, options.setting, dprec)
   for point in options.points.split(","):
     for draw in range(options.draws):
@@ -236,6 +236,9 @@ def main(argv=None):
   parser.add_argument("--draws", type=int, default=3)
   parser.add_argument("--root", default="/tmp/stream_parity", help="data and scratch runs")
   parser.add_argument("--jsonl", default="docs/experiments/stream_parity.jsonl")
+  parser.add_argument("--commit", default=None,
+                      help="the commit the runs' code is from (default: this checkout's HEAD; "
+                      "give it when PYTHONPATH points at an exported snapshot)")
   parser.add_argument("--report", action="store_true", help="print the tables and stop")
   parser.add_argument("--plot", default=None, help="with --report: write the per-period plot")
   parser.add_argument("--plot-points", default="issue,defaults,ctr")
