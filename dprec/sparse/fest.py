@@ -62,8 +62,14 @@ def rows_from_ids(ids, table_names, vocab_sizes, top_k: int, epsilon: Optional[f
   [n, F] of the training data (column f: table f of `table_names` with `vocab_sizes[f]` rows);
   by DP top-k at `epsilon` (Gumbel noise from the secret `rng`), from the exact counts (public)
   when `epsilon` is None. Nothing is charged: the caller pays `epsilon` and `delta`."""
-  counts = {name: np.bincount(ids[:, f], minlength=size)
-            for f, (name, size) in enumerate(zip(table_names, vocab_sizes))}
+  return rows_from_counts({name: np.bincount(ids[:, f], minlength=size)
+                           for f, (name, size) in enumerate(zip(table_names, vocab_sizes))},
+                          top_k, epsilon, rng)
+
+
+def rows_from_counts(counts, top_k: int, epsilon: Optional[float] = None, rng=None) -> FestRows:
+  """`rows_from_ids` from each table's row counts {name: int[rows]} (e.g. summed over a stream
+  of the training data that does not fit in memory)."""
   per_table = max(1, top_k // len(counts))
   return fest_rows(counts, {name: min(per_table, len(c)) for name, c in counts.items()},
                    epsilon=epsilon, rng=rng)

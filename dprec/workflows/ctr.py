@@ -199,9 +199,6 @@ class CTRTrainOptions(run_lib.FitOptions):
     """What --out-of-core does not do yet (docs/guide/train_ctr.md, 'Data larger than memory')."""
     if self.strategy != "none":
       raise DprecError("--out-of-core trains on one device for now (--strategy none)")
-    if self.algorithm in FEST_ALGORITHMS:
-      raise DprecError(f"--out-of-core does not draw DP top-k rows yet: use dp_adafest or "
-                       f"dp_sgd, not {self.algorithm}")
     if self.fixed_batches:
       raise DprecError("--out-of-core writes Poisson batches: drop --fixed-batches")
     if self.vocab:
@@ -345,9 +342,11 @@ def build_model(options, data, plan, run):
       logit_bias=float(np.log(rate / (1 - rate))) if options.logit_init == "base_rate" else None)
   selection = None
   if options.algorithm in FEST_ALGORITHMS:
-    selection = fest.rows_from_ids(data.train[ctr.CAT_FEATURES], model.config.table_names,
-                                   model.config.vocab_sizes, options.top_k,
-                                   options.top_k_epsilon or None, run.numpy_rng("dp top-k"))
+    top_k = (options.top_k, options.top_k_epsilon or None, run.numpy_rng("dp top-k"))
+    selection = (fest.rows_from_counts(dict(zip(model.config.table_names, data.id_counts())),
+                                       *top_k) if _out_of_core(data)
+                 else fest.rows_from_ids(data.train[ctr.CAT_FEATURES], model.config.table_names,
+                                         model.config.vocab_sizes, *top_k))
   if run.ledger is not None:  # paid once, before anything they shape is released
     run.pay_once(plan, selection and {SELECTION_LABEL: (selection.epsilon, selection.delta)})
   config = algorithm_config(options, plan.noise_multiplier, selection and selection.rows)

@@ -12,6 +12,7 @@ Memory grows with the batch and the model, never with the N training rows:
   3. training streams the shards in step order from the step the run resumes at
      (`dprec.training.batch_shards`);
   4. the releases that read every row are streaming passes: the DP base rate (a sum of labels),
+     DP-FEST's DP top-k rows (each table's row counts, memory the size of the tables),
      DP Platt scaling (the same ≤ `ctr.CALIBRATION_ROWS` rows the in-memory path draws, gathered
      in one pass: memory bounded by that cap, not by N), and the evaluation (Keras' streaming
      AUC and loss over the held-out day).
@@ -22,7 +23,7 @@ import dataclasses
 import os
 import shutil
 import tempfile
-from typing import Callable, Optional, Sequence, Tuple
+from typing import Callable, List, Optional, Sequence, Tuple
 
 import numpy as np
 import tensorflow as tf
@@ -64,6 +65,16 @@ class Data:
     spec = {"label": criteo_tfrecord.feature_spec()["label"]}
     return int(sum(int(np.sum(batch["label"]))
                    for batch in self.train_dataset(spec=spec).as_numpy_iterator()))
+
+  def id_counts(self) -> List[np.ndarray]:
+    """Each table's row counts over the training rows (one streaming pass; memory: the tables'
+    sizes), for DP-FEST's top-k rows."""
+    spec = {"cat_features": criteo_tfrecord.feature_spec()["cat_features"]}
+    counts = [np.zeros(size, np.int64) for size in self.vocab_sizes]
+    for batch in self.train_dataset(spec=spec).as_numpy_iterator():
+      for table, column in zip(counts, batch["cat_features"].T):
+        table += np.bincount(column, minlength=len(table))
+    return counts
 
   def rows(self, indices: Optional[np.ndarray]) -> dict:
     """Training rows at sorted `indices` (all for None), gathered in one streaming pass, as the

@@ -163,8 +163,19 @@ def test_another_runs_or_an_altered_shard_is_refused_in_one_line(data_dir, tmp_p
   assert f"{batch_shards.shard_name(2)}: its SHA-256 differs" in error
 
 
+def test_dp_fest_counts_rows_in_one_pass_as_in_memory(data_dir, tmp_path):
+  with out_of_core.workspace(None) as base:
+    data = out_of_core.prepare(data_dir, base, 1, out_of_core.beam_args(None, None, IN_PROCESS))
+    memory = load_data(data.records)
+    ids = np.concatenate([memory.train["cat_features"], memory.eval["cat_features"]])
+    for table, (got, size) in enumerate(zip(data.id_counts(), data.vocab_sizes)):
+      np.testing.assert_array_equal(got, np.bincount(ids[:, table], minlength=size))
+  assert cli.main(_argv(data_dir, tmp_path / "run", "--algorithm", "dp_adafest_plus",
+                        "--top-k", "200", "--steps", "3")) == 0
+  assert _summary(tmp_path / "run")["selection_epsilon"] > 0
+
+
 @pytest.mark.parametrize("extra, message", [
-    (("--algorithm", "dp_fest", "--top-k", "10"), "does not draw DP top-k rows"),
     (("--fixed-batches",), "drop --fixed-batches"),
     (("--strategy", "mirrored"), "one device"),
 ])
