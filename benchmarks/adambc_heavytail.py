@@ -42,7 +42,7 @@ import tensorflow as tf
 from scipy import optimize
 
 from dprec import privacy
-from dprec.clipping import layer_norms, registry
+from dprec.clipping import layer_norms
 from dprec.optimizers import DPSGD, AdamBC, LazyAdam, SparseSGD
 from dprec.privacy import analytic_gaussian
 from dprec.workflows.run import Run
@@ -89,7 +89,7 @@ def clipped_gradient_sum(layer, config, x, residual):
   (`dense_clipped_gradients`)."""
   squared_norms = layer_norms.gram_squared_norms(x[:, None], residual[:, None])
   factors = config.clip_factors(squared_norms)
-  return registry.dense_clipped_gradients(layer, [x], residual, factors)[0]
+  return layer_norms.dense_clipped_gradients(layer, [x], residual, factors)[0]
 
 
 def linear_model(c, d):

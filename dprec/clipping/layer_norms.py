@@ -1,52 +1,88 @@
 """Per-example squared gradient norms of Keras' standard layers, without per-example gradients.
 
-One function per layer class, each with the calling convention of tensorflow_privacy's
-fast-gradient-clipping registry (so a user's own registry functions plug in unchanged):
-`fn(layer, args, kwargs, tape, num_microbatches) -> (watched, outputs, squared_norm_fn)`. The
-function runs the layer's forward pass, watches an intermediate tensor Z on `tape` and returns
-`squared_norm_fn(dL/dZ) -> [batch]`, the per-example squared norms of the layer's weights, from
-the gradient of the summed loss with respect to Z (note 004 §3.1–3.2):
+One registration per layer class (`registers`, the shape of Opacus' `@register_grad_sampler`):
+its squared-norm function, with the calling convention of tensorflow_privacy's
+fast-gradient-clipping registry (so a user's own registry functions plug in unchanged),
+`fn(layer, args, kwargs, tape, num_microbatches) -> (watched, outputs, squared_norm_fn)`, and
+optionally its clipped-gradient function. The norm function runs the layer's forward pass,
+watches an intermediate tensor Z on `tape` and returns `squared_norm_fn(dL/dZ) -> [batch]`, the
+per-example squared norms of the layer's weights, from the gradient of the summed loss with
+respect to Z (Li, Tramèr, Liang & Hashimoto 2022, "Large language models can be strong
+differentially private learners", arXiv:2110.05679, §4):
 
-- Dense: Z = aW + b; ‖∇_W L_i‖² = ⟨a_i a_iᵀ, g_i g_iᵀ⟩ over positions (Eq. 2; ‖a_i‖²‖g_i‖² for
-  one position, Goodfellow's trick), ‖∇_b L_i‖² = ‖Σ_t g_i,t‖².
+- Dense: Z = aW + b; ‖∇_W L_i‖² = ⟨a_i a_iᵀ, g_i g_iᵀ⟩ over positions (the ghost norm; ‖a_i‖²‖g_i‖²
+  for one position, Goodfellow's trick), ‖∇_b L_i‖² = ‖Σ_t g_i,t‖². Its clipped sum
+  Σ_i c_i·∇L_i is book-kept from the same pass (`dense_clipped_gradients`; Bu, Wang, Zha &
+  Karypis 2022, "Differentially private optimization on large model at small cost",
+  arXiv:2210.00038).
 - EinsumDense: the same Gram form when every kernel axis is either contracted with the input or
-  kept in the output (the axes they share are the positions), else Eq. 1 instantiated per example.
-- Embedding: ‖∇_E L_i‖² = Σ_v ‖Σ_{t: x_i,t = v} g_i,t‖² (note 004 §3.2, footnote 4), by summing
-  the gradients of each example's repeated ids.
+  kept in the output (the axes they share are the positions), else the per-example gradient.
+- Embedding: ‖∇_E L_i‖² = Σ_v ‖Σ_{t: x_i,t = v} g_i,t‖², by summing the gradients of each
+  example's repeated ids.
 - LayerNormalization: γ and β are copied per example (B·d numbers) and the copies watched, so
   their gradients are the per-example gradients.
 MultiHeadAttention needs no function of its own: its projections are EinsumDense layers, each
 used once per call, whose norms the DP step collects separately.
 """
+import collections
+
 import tensorflow as tf
 
 from dprec.errors import DprecError
 
+# A layer class's entry: its squared-norm function (tensorflow_privacy's convention) and its
+# book-kept clipped-gradient function `fn(layer, args, output_grads, clip_factors) -> [Σ_i
+# c_i·∇_w L_i per trainable weight]` (None: the DP step's second backward pass of Σ c_i·L_i).
+Registration = collections.namedtuple("Registration", ["squared_norm", "clipped_gradients"])
+
 
 class LayerRegistry:
-  """Layer class → norm function (exact class match, like tensorflow_privacy's registry)."""
+  """Layer class → `Registration` (exact class match, like tensorflow_privacy's registry)."""
 
-  def __init__(self):
-    self._functions = {}
+  def __init__(self, registrations=None):
+    self._registrations = dict(registrations or {})
 
-  def insert(self, layer_class, function):
-    self._functions[layer_class] = function
+  def insert(self, layer_class, function, clipped_gradients=None):
+    """Registers `function` (the squared norms) and `clipped_gradients` for `layer_class`."""
+    self._registrations[layer_class] = Registration(function, clipped_gradients)
 
   def is_elem(self, layer):
-    return type(layer) in self._functions
+    return type(layer) in self._registrations
 
   def lookup(self, layer):
-    return self._functions[type(layer)]
+    """The squared-norm function of `layer`'s class."""
+    return self._registrations[type(layer)].squared_norm
+
+  def clipped_gradients(self, layer):
+    """The clipped-gradient function of `layer`'s class, or None."""
+    return self._registrations[type(layer)].clipped_gradients
+
+  def layer_names(self):
+    """The registered classes' names, sorted: what error messages and docs list."""
+    return sorted(layer_class.__name__ for layer_class in self._registrations)
+
+  def copy(self):
+    return LayerRegistry(self._registrations)
+
+
+_REGISTRY = LayerRegistry()
+
+
+def registers(*layer_classes, clipped_gradients=None):
+  """Decorator: registers the decorated squared-norm function (and `clipped_gradients`) for
+  `layer_classes` in the registry `make_layer_registry` copies."""
+
+  def register(function):
+    for layer_class in layer_classes:
+      _REGISTRY.insert(layer_class, function, clipped_gradients)
+    return function
+
+  return register
 
 
 def make_layer_registry():
-  """The functions of this module for Dense, EinsumDense, Embedding and LayerNormalization."""
-  registry = LayerRegistry()
-  registry.insert(tf.keras.layers.Dense, dense_computation)
-  registry.insert(tf.keras.layers.EinsumDense, einsum_dense_computation)
-  registry.insert(tf.keras.layers.Embedding, embedding_computation)
-  registry.insert(tf.keras.layers.LayerNormalization, layer_normalization_computation)
-  return registry
+  """A copy of the registry of this module's functions ({layers}); insert more into it."""
+  return _REGISTRY.copy()
 
 
 def _no_microbatches(num_microbatches, layer):
@@ -62,7 +98,7 @@ def _per_position(tensor):
 
 
 def gram_squared_norms(inputs, grads):
-  """‖Σ_t a_i,t g_i,tᵀ‖_F² = Σ_{t,s} ⟨a_i,t, a_i,s⟩⟨g_i,t, g_i,s⟩ (note 004 Eq. 2), a [B, T, d],
+  """‖Σ_t a_i,t g_i,tᵀ‖_F² = Σ_{t,s} ⟨a_i,t, a_i,s⟩⟨g_i,t, g_i,s⟩ (Li et al. 2022, §4), a [B, T, d],
   g [B, T, p]; with T = 1 it is ‖a_i‖²‖g_i‖²."""
   if inputs.shape[1] == 1:
     return tf.reduce_sum(tf.square(inputs), [1, 2]) * tf.reduce_sum(tf.square(grads), [1, 2])
@@ -75,6 +111,24 @@ def _squared_sum(tensor):
   return tf.reduce_sum(tf.square(tf.reshape(tensor, [tf.shape(tensor)[0], -1])), axis=1)
 
 
+def dense_clipped_gradients(layer, args, output_grads, clip_factors):
+  """Σ_i c_i·∇L_i for a Dense layer's [kernel, bias], book-kept from its input a and the
+  summed-loss gradient g of its pre-activation output (∇_W L_i = a_iᵀ g_i), so the clipped sum
+  needs no second backward pass."""
+  inputs = args[0]
+  output_grads = tf.reshape(output_grads, [tf.shape(output_grads)[0], -1,
+                                           output_grads.shape[-1]])
+  weighted = output_grads * tf.cast(clip_factors, output_grads.dtype)[:, tf.newaxis, tf.newaxis]
+  # Σ_{n,t} a_{n,t}ᵀ (c_n g_{n,t}) as one matmul over the flattened (n, t) axis, the kernel
+  # gradient of the non-private backward pass (~10% less CPU than the equivalent einsum).
+  weighted = tf.reshape(weighted, [-1, weighted.shape[-1]])
+  grads = [tf.matmul(tf.reshape(inputs, [-1, inputs.shape[-1]]), weighted, transpose_a=True)]
+  if layer.use_bias:
+    grads.append(tf.reduce_sum(weighted, axis=0))
+  return grads
+
+
+@registers(tf.keras.layers.Dense, clipped_gradients=dense_clipped_gradients)
 def dense_computation(layer, args, kwargs, tape, num_microbatches=None):
   """Dense: watches the pre-activation Z = aW + b."""
   del kwargs
@@ -142,6 +196,7 @@ def _bias_gradients(bias, grads):
   return tf.reduce_sum(grads, axis=broadcast) if broadcast else grads
 
 
+@registers(tf.keras.layers.EinsumDense)
 def einsum_dense_computation(layer, args, kwargs, tape, num_microbatches=None):
   """EinsumDense: watches the pre-activation Z = einsum(equation, a, K) + b."""
   del kwargs
@@ -162,6 +217,7 @@ def einsum_dense_computation(layer, args, kwargs, tape, num_microbatches=None):
   return preactivation, outputs, squared_norm_fn
 
 
+@registers(tf.keras.layers.Embedding)
 def embedding_computation(layer, args, kwargs, tape, num_microbatches=None):
   """Embedding (dense [B, ...] or ragged ids): watches the looked-up vectors."""
   del kwargs
@@ -193,6 +249,7 @@ def embedding_computation(layer, args, kwargs, tape, num_microbatches=None):
   return vectors, outputs, squared_norm_fn
 
 
+@registers(tf.keras.layers.LayerNormalization)
 def layer_normalization_computation(layer, args, kwargs, tape, num_microbatches=None):
   """LayerNormalization: watches per-example copies of γ and β."""
   del kwargs
@@ -218,3 +275,7 @@ def layer_normalization_computation(layer, args, kwargs, tape, num_microbatches=
     return tf.add_n([_squared_sum(g) for g in grads])
 
   return watched, outputs, squared_norm_fn
+
+
+make_layer_registry.__doc__ = make_layer_registry.__doc__.format(
+    layers=", ".join(_REGISTRY.layer_names()))

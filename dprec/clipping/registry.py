@@ -2,7 +2,9 @@
 
 A registry (`dprec.clipping.layer_norms`) maps a layer class to a function that runs the layer,
 watches an intermediate tensor Z and returns `F(dL/dZ)` = the per-example squared gradient norms
-of the layer's weights (Goodfellow's trick / ghost norms, note 004 §3.1–3.2). tensorflow_privacy
+of the layer's weights (Goodfellow's trick / ghost norms: Li, Tramèr, Liang & Hashimoto 2022,
+"Large language models can be strong differentially private learners", arXiv:2110.05679, §4),
+and to the layer's book-kept clipped-gradient function, if it has one. tensorflow_privacy
 drives such functions by re-walking a functional model's graph; here every call of a registered
 layer is routed through its function during the one forward pass of the DP step, so the same
 functions also serve layers nested inside subclassed layers and models (the DPFormer encoder
@@ -16,31 +18,11 @@ import tensorflow as tf
 from dprec.errors import DprecError
 
 
-# One routed call: the layer, its call arguments, the tensors its registry function watched and
-# the function mapping their summed-loss gradients to per-example squared norms.
-Record = collections.namedtuple("Record", ["layer", "args", "watched", "squared_norm_fn"])
-
-
-def dense_clipped_gradients(layer, args, output_grads, clip_factors):
-  """Σ_i c_i·∇L_i for a Dense layer's [kernel, bias], book-kept from its input a and the
-  summed-loss gradient g of its pre-activation output (∇_W L_i = a_iᵀ g_i, note 004 eq. 1),
-  so the clipped sum needs no second backward pass."""
-  inputs = args[0]
-  output_grads = tf.reshape(output_grads, [tf.shape(output_grads)[0], -1,
-                                           output_grads.shape[-1]])
-  weighted = output_grads * tf.cast(clip_factors, output_grads.dtype)[:, tf.newaxis, tf.newaxis]
-  # Σ_{n,t} a_{n,t}ᵀ (c_n g_{n,t}) as one matmul over the flattened (n, t) axis, the kernel
-  # gradient of the non-private backward pass (~10% less CPU than the equivalent einsum).
-  weighted = tf.reshape(weighted, [-1, weighted.shape[-1]])
-  grads = [tf.matmul(tf.reshape(inputs, [-1, inputs.shape[-1]]), weighted, transpose_a=True)]
-  if layer.use_bias:
-    grads.append(tf.reduce_sum(weighted, axis=0))
-  return grads
-
-
-# Layer classes whose clipped gradients are book-kept from the norm pass (others: a second
-# backward pass of Σ c_i·L_i).
-CLIPPED_GRADIENT_FUNCTIONS = {tf.keras.layers.Dense: dense_clipped_gradients}
+# One routed call: the layer, its call arguments, the tensors its registry function watched,
+# the function mapping their summed-loss gradients to per-example squared norms, and the layer's
+# clipped-gradient function (`layer_norms.Registration`; None: none registered).
+Record = collections.namedtuple("Record", ["layer", "args", "watched", "squared_norm_fn",
+                                           "clipped_gradient_fn"])
 
 
 class RegistryRecorder:
@@ -90,7 +72,30 @@ class RegistryRecorder:
         watched, outputs, squared_norm_fn = registry_fn(layer, args, kwargs, self._tape, None)
       finally:
         self._depth -= 1
-      self.records.append(Record(layer, args, watched, squared_norm_fn))
+      self.records.append(Record(layer, args, watched, squared_norm_fn,
+                                 self._registry.clipped_gradients(layer)))
       return outputs
 
     return call
+
+
+def refuse_uncovered(model, covered, registry, caller):
+  """Refuses, in one line naming the innermost layers that hold them, `model`'s trainable
+  weights outside `covered` (ids of the weights some per-example norm covers): their gradients
+  would be neither clipped nor bounded. `caller` names who refuses; the layers `registry`
+  knows are listed as the remedy."""
+  layers = [m for m in model.submodules if isinstance(m, tf.keras.layers.Layer)]
+  owners = set()
+  for weight in model.trainable_weights:
+    if id(weight) in covered:
+      continue
+    holders = [m for m in layers if any(w is weight for w in m.trainable_weights)]
+    owner = min(holders, key=lambda m: len(m.trainable_weights)) if holders else None
+    owners.add(f"{owner.name} ({type(owner).__name__})" if owner else weight.name)
+  if owners:
+    raise DprecError(
+        f"{caller} cannot clip layer(s) {', '.join(sorted(owners))} exactly: no per-example "
+        f"gradient norm covers their weights; use layers of DPModel.layer_registry "
+        f"({', '.join(registry.layer_names())}) or DPEmbedding, register the layer class "
+        "there (dprec.clipping.layer_norms.registers), or cover the weights in "
+        "DPModel.extra_squared_norms")

@@ -8,9 +8,8 @@
 
 One step, with one forward pass:
 1. `DPEmbedding` layers record their lookups; every layer whose class is in the model's layer
-   registry (`DPModel.layer_registry`, default `dprec.clipping.layer_norms.make_layer_registry`:
-   Dense, EinsumDense, Embedding, LayerNormalization) runs through its norm function
-   (`dprec.clipping.registry`).
+   registry (`DPModel.layer_registry`, default `dprec.clipping.layer_norms.make_layer_registry`,
+   whose docstring lists its layers) runs through its norm function (`dprec.clipping.registry`).
 2. Kept rows (`dprec.sparse.kept_rows`): all (DP-SGD), the DP-FEST set, or the rows a DP-AdaFEST
    contribution map selects, false positives included.
 3. Per-example squared norms from one backward pass to the recorded tensors: registry layers,
@@ -18,7 +17,8 @@ One step, with one forward pass:
    c_i = min(1, C2/‖g_i‖) over all of them jointly, except for an `ExtraNorms` with a
    `norm_share` F: its variables are clipped on their own to C2·√F and the rest to
    C2·√(1 − ΣF) (per-group clipping, McMahan et al. 2018), so the sensitivity stays C2.
-4. Clipped sum book-kept from that pass for Dense layers (a_iᵀ·c_i·g_i) and embedding rows
+4. Clipped sum book-kept from that pass for layers registered with a clipped-gradient function
+   (Dense: a_iᵀ·c_i·g_i) and embedding rows
    (c_i times the per-(example, row) gradients of kept rows); other variables by a second
    backward pass of Σ c_i·L_i, or of the book-kept scalar of `ExtraNorms.clipped_loss_fn`.
 5. Noise σ2·C2 on dense variables and kept rows only (`dprec.sparse.noise`), divided by the
@@ -181,6 +181,11 @@ def per_example_losses(loss, y, y_pred, sample_weight=None):
   if losses.shape.rank > 1:
     losses = tf.reduce_mean(losses, axis=list(range(1, losses.shape.rank)))
   return losses
+
+
+def registry_of(model):
+  """`model.layer_registry`, or the default `layer_norms.make_layer_registry()`."""
+  return getattr(model, "layer_registry", None) or layer_norms.make_layer_registry()
 
 
 _FUNCTIONAL_VARIANTS = {}
@@ -392,8 +397,7 @@ class DPModel(tf.keras.Model):
       for table in tables:
         table.start_recording()
       try:
-        with registry_lib.RegistryRecorder(
-            layers, self.layer_registry or layer_norms.make_layer_registry(), tape) as recorder:
+        with registry_lib.RegistryRecorder(layers, registry_of(self), tape) as recorder:
           y_pred, losses = self.forward_losses(x, y, sample_weight)
       finally:
         lookups = [table.stop_recording() for table in tables]
@@ -466,10 +470,9 @@ class DPModel(tf.keras.Model):
       factors = tf.stop_gradient(config.clip_factors(squared, extra.norm_share, clip=clip))
       clipped.update(zip(map(id, extra.variables), extra.clipped_gradient_fn(grads, factors)))
     for record, grads in zip(forward.records, forward.record_grads):
-      clipped_fn = registry_lib.CLIPPED_GRADIENT_FUNCTIONS.get(type(record.layer))
-      if clipped_fn is not None:
-        clipped.update(zip(map(id, record.layer.trainable_weights),
-                           clipped_fn(record.layer, record.args, grads, clip_factors)))
+      if record.clipped_gradient_fn is not None:
+        clipped.update(zip(map(id, record.layer.trainable_weights), record.clipped_gradient_fn(
+            record.layer, record.args, grads, clip_factors)))
     table_vars = _table_variable_ids(tables)
     dense_vars = [v for v in self.trainable_variables if id(v) not in table_vars]
     remaining = [v for v in dense_vars if id(v) not in clipped]
@@ -580,10 +583,4 @@ class DPModel(tf.keras.Model):
       covered.update(id(w) for w in record.layer.trainable_weights)
     for extra in extras:
       covered.update(id(v) for v in extra.variables)
-    missing = [v.name for v in self.trainable_variables if id(v) not in covered]
-    if missing:
-      raise DprecError(
-          f"no per-example gradient norm for variables {missing}: use layers of "
-          "DPModel.layer_registry (Dense, EinsumDense, Embedding, LayerNormalization by "
-          "default) or DPEmbedding, register the layer class there, or cover them in "
-          "DPModel.extra_squared_norms")
+    registry_lib.refuse_uncovered(self, covered, registry_of(self), "the DP step")

@@ -46,11 +46,12 @@ import numpy as np
 import tensorflow as tf
 
 from dprec import privacy
-from dprec.clipping import layer_norms
+from dprec.clipping import registry as registry_lib
 from dprec.errors import DprecError
 from dprec.layers.embedding import DPEmbedding
 from dprec.layers.embedding import convert_embedding
 from dprec.models.dp_model import DPModel
+from dprec.models.dp_model import registry_of
 from dprec.models.dp_model import per_example_losses
 from dprec.models.dp_model import refusing_variable_updates
 from dprec.models.dp_model import unique_by_identity
@@ -313,22 +314,12 @@ def _refuse_unsupported(model):
 def _refuse_unclippable(model):
   """Refuses trainable weights that no per-example norm function covers (DP tables and the
   clipping registry's layers), naming the innermost layers that hold them."""
-  registry = getattr(model, "layer_registry", None) or layer_norms.make_layer_registry()
-  layers = [m for m in model.submodules if isinstance(m, tf.keras.layers.Layer)]
-  covered = {id(w) for m in layers if isinstance(m, DPEmbedding) or registry.is_elem(m)
+  registry = registry_of(model)
+  covered = {id(w) for m in model.submodules
+             if isinstance(m, DPEmbedding) or (isinstance(m, tf.keras.layers.Layer)
+                                               and registry.is_elem(m))
              for w in m.trainable_weights}
-  owners = set()
-  for weight in model.trainable_weights:
-    if id(weight) in covered:
-      continue
-    holders = [m for m in layers if any(w is weight for w in m.trainable_weights)]
-    owner = min(holders, key=lambda m: len(m.trainable_weights)) if holders else None
-    owners.add(f"{owner.name} ({type(owner).__name__})" if owner else weight.name)
-  if owners:
-    raise DprecError(f"make_private cannot clip layer(s) {', '.join(sorted(owners))} exactly: "
-                     "no per-example gradient-norm function in the clipping registry "
-                     "(dprec.clipping.layer_norms); use Dense, EinsumDense, Embedding or "
-                     "LayerNormalization, or register the layer in DPModel.layer_registry")
+  registry_lib.refuse_uncovered(model, covered, registry, COMMAND)
 
 
 _PRIVATE_CLASSES = {}

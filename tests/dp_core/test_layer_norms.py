@@ -1,4 +1,6 @@
 """dprec's per-layer squared-norm functions equal brute-force per-example gradients."""
+from pathlib import Path
+
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -116,3 +118,65 @@ def test_multi_head_attention_norms_inside_the_dp_step():
     grads = tape.gradient(loss, model.trainable_variables)
     expected.append(sum(float(tf.reduce_sum(tf.square(g))) for g in grads))
   np.testing.assert_allclose(model.per_example_squared_norms(x, y), expected, rtol=1e-4)
+
+
+class _Twice(tf.keras.layers.Dense):
+  """A Dense layer under another class: in no registry until registered."""
+
+
+def _twice_model(registry=None):
+  tf.keras.utils.set_random_seed(4)
+  inputs = tf.keras.Input((5,))
+  model = DPModel(inputs, tf.keras.layers.Dense(1, name="out")(_Twice(3, name="twice")(inputs)))
+  model.layer_registry = registry
+  model.compile(DPOptimizer(DPSGD(1.0, 0.0), SparseSGD(0.1)), loss="mse")
+  return model
+
+
+def test_one_registration_holds_the_norm_and_the_clipped_gradient():
+  """A class registered with both functions gets its norms from the first and its clipped sum
+  from the second (book-kept: a wrong one shows in the update); the refusal's list of layers
+  comes from the registry it would have needed."""
+  x, y = _normal(BATCH, 5), tf.random.stateless_normal([BATCH, 1], seed=[5, 6])
+  with pytest.raises(DprecError, match=r"twice \(_Twice\).*\(Dense, EinsumDense, Embedding, "
+                                       r"LayerNormalization\)"):
+    _twice_model().per_example_squared_norms(x, y)
+  calls = []
+
+  def clipped(layer, args, output_grads, clip_factors):
+    calls.append(layer.name)
+    return [2 * g for g in layer_norms.dense_clipped_gradients(layer, args, output_grads,
+                                                               clip_factors)]
+
+  registry = layer_norms.make_layer_registry()
+  registry.insert(_Twice, layer_norms.dense_computation, clipped)
+  assert registry.layer_names() == ["Dense", "EinsumDense", "Embedding", "LayerNormalization",
+                                    "_Twice"]
+  assert layer_norms.make_layer_registry().layer_names()[-1] == "LayerNormalization"  # a copy
+  model = _twice_model(registry)
+  reference = _twice_model()
+  reference.layer_registry = layer_norms.make_layer_registry()
+  reference.layer_registry.insert(_Twice, layer_norms.dense_computation,
+                                  layer_norms.dense_clipped_gradients)
+  np.testing.assert_allclose(model.per_example_squared_norms(x, y),
+                             reference.per_example_squared_norms(x, y), rtol=1e-6)
+  got = dict((v.name, g) for g, v in model.dp_gradients(x, y))
+  want = dict((v.name, g) for g, v in reference.dp_gradients(x, y))
+  assert calls == ["twice"]
+  np.testing.assert_allclose(got["twice/kernel:0"], 2 * want["twice/kernel:0"], rtol=1e-6)
+  np.testing.assert_allclose(got["out/kernel:0"], want["out/kernel:0"], rtol=1e-6)
+
+
+def test_the_decorator_registers_in_the_default_registry():
+  """`registers` is what this module's own entries use: Dense's holds both functions."""
+  dense = tf.keras.layers.Dense(2)
+  registry = layer_norms.make_layer_registry()
+  assert registry.lookup(dense) is layer_norms.dense_computation
+  assert registry.clipped_gradients(dense) is layer_norms.dense_clipped_gradients
+  assert registry.clipped_gradients(tf.keras.layers.LayerNormalization()) is None
+
+
+def test_the_readme_names_every_registered_layer():
+  readme = (Path(__file__).resolve().parents[2] / "README.md").read_text(encoding="utf-8")
+  listed = readme[readme.index("layers dprec's layer registry knows:"):][:200]
+  assert all(name in listed for name in layer_norms.make_layer_registry().layer_names())
