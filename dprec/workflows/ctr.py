@@ -39,7 +39,6 @@ from typing import Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from dprec import privacy
 from dprec.data.ctr_data import CTRData, load_data
 from dprec.distribute import cluster
 from dprec.distribute import parameter_server
@@ -58,8 +57,9 @@ from dprec.workflows import plan as plan_lib
 from dprec.workflows import run as run_lib
 
 COMMAND = "train ctr"
-ALGORITHMS = ("non_private", "dp_sgd", "dp_fest", "dp_adafest", "dp_adafest_plus")
-FEST_ALGORITHMS = ("dp_fest", "dp_adafest_plus")
+ALGORITHMS = tuple(config_lib.ALGORITHMS)
+FEST_ALGORITHMS = tuple(name for name, algorithm in config_lib.ALGORITHMS.items()
+                        if algorithm.preselected)  # a DP top-k set, drawn before training
 STRATEGIES = cluster.STRATEGIES
 LOCAL_CLUSTERS = ("multi_worker", "parameter_server")
 OPTIMIZERS = {"sgd": sparse_optimizers.SparseSGD, "adagrad": sparse_optimizers.SparseAdagrad,
@@ -67,8 +67,13 @@ OPTIMIZERS = {"sgd": sparse_optimizers.SparseSGD, "adagrad": sparse_optimizers.S
 LOGIT_INITS = ("base_rate", "default")
 STEPS_PER_EPOCH = poisson.STEPS_PER_EPOCH  # default B: `default_batch_size`
 BATCH_SIZE_RANGE = poisson.DATA_SIZED_RANGE
+ROWS_IN_MEMORY = out_of_core.DEFAULT_ROWS_IN_MEMORY
 BASE_RATE_LABEL = "train ctr base rate"
 CALIBRATION_LABEL = "train ctr calibration"
+# DP Platt scaling's feature: z − logit(DP base rate) clipped to ±1 (a released centre), so the
+# logits' narrow band is not a sliver of ±10 swamped by the noise (docs/experiments/
+# ctr_calibration.md, "Centred feature").
+CALIBRATION_LOGIT_BOUND = 1.0
 CALIBRATION_ROWS = 1_000_000  # rows DP Platt scaling fits on (BENCHMARKS: 1M fit = the 5M fit)
 SELECTION_LABEL = "dp-fest top-k"
 VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-k-epsilon 0) are "
@@ -106,7 +111,7 @@ class CTRTrainOptions(run_lib.FitOptions):
   """Everything `dprec train ctr` accepts (see `dprec.workflows.ctr_cli` for each field)."""
   NOT_FINGERPRINTED = run_lib.FitOptions.NOT_FINGERPRINTED + (
       "vocab", "log_dir", "eval_batch_size", "strategy", "local_workers", "local_ps",
-      "min_shard_rows", "runner", "dask_workers", "beam_options")
+      "min_shard_rows", "runner", "dask_workers", "beam_options", "out_of_core_above")
   data: str
   strategy: str = "none"
   local_workers: int = 0
@@ -138,6 +143,7 @@ class CTRTrainOptions(run_lib.FitOptions):
   eval_batch_size: int = 8192
   log_dir: Optional[str] = None
   out_of_core: bool = False  # Poisson batches written by a Beam job, streamed (`out_of_core`)
+  out_of_core_above: int = ROWS_IN_MEMORY  # ... and by default above this many training rows
   runner: Optional[str] = None  # the Beam jobs of --out-of-core (default: embedded)
   dask_workers: Optional[int] = None
   beam_options: Tuple[str, ...] = ()
@@ -183,10 +189,10 @@ class CTRTrainOptions(run_lib.FitOptions):
       raise DprecError(f"--stack-tables must be >= 1 (or absent: off), got {self.stack_tables}")
     if self.min_shard_rows < 1:
       raise DprecError(f"--min-shard-rows must be >= 1, got {self.min_shard_rows}")
+    if self.out_of_core_above < 0:
+      raise DprecError(f"--out-of-core-above must be >= 0, got {self.out_of_core_above}")
     if self.out_of_core:
       self._validate_out_of_core()
-    elif self.runner or self.dask_workers is not None or self.beam_options:
-      raise DprecError("--runner, --dask-workers and --beam-option go with --out-of-core")
     if self.strategy == "parameter_server" and self.secure_noise:
       raise DprecError("--secure-noise is not available with --strategy parameter_server")
     if (self.strategy == "multi_worker" and self.run_dir is None
@@ -241,12 +247,8 @@ def plan_privacy(options: CTRTrainOptions, num_examples: int, run=None) -> plan_
 
 def noise_multipliers(options, noise_multiplier) -> Tuple[Optional[float], Optional[float]]:
   """(σ1, σ2) of a step at composed σ: DP-AdaFEST's split σ1 = r·σ2 (seed 001 §3.3), (None, σ)
-  for the other DP algorithms, (None, None) without DP."""
-  if not options.private:
-    return None, None
-  if options.algorithm.startswith("dp_adafest"):
-    return privacy.adafest_noise_multipliers(noise_multiplier, options.ratio)
-  return None, noise_multiplier
+  for the other DP algorithms, (None, None) without DP (the algorithm's `split_noise`)."""
+  return config_lib.ALGORITHMS[options.algorithm].split_noise(noise_multiplier, options.ratio)
 
 
 def base_rate(labels, noise_multiplier, rng) -> float:
@@ -294,25 +296,15 @@ def recalibrate(model, train, plan, rate, rng, batch_size=8192,
            else train(calibration_indices(num_rows, rng)))
   return output_layer.recalibrate(model.logit, output_layer.BCE,
                                   ctr.predict_logits(model, train, batch_size), train["label"],
-                                  sigma, rng, prior=rate, logits=True)
+                                  sigma, rng, prior=rate, logits=True,
+                                  center=math.log(rate / (1 - rate)),
+                                  logit_bound=CALIBRATION_LOGIT_BOUND)
 
 
 def algorithm_config(options, noise_multiplier, selected=None):
-  """The `dprec.optimizers.config` object of `options.algorithm` at composed σ."""
-  if options.algorithm == "non_private":
-    return config_lib.NonPrivate()
-  sigma1, sigma2 = noise_multipliers(options, noise_multiplier)
-  common = dict(l2_norm_clip=float(options.l2_norm_clip), noise_multiplier=sigma2)
-  if options.algorithm == "dp_sgd":
-    return config_lib.DPSGD(**common)
-  if options.algorithm == "dp_fest":
-    return config_lib.DPFEST(selected_rows=selected, **common)
-  adafest = dict(contribution_clip=float(options.contribution_clip),
-                 contribution_noise_multiplier=sigma1, threshold=float(options.threshold),
-                 **common)
-  if options.algorithm == "dp_adafest":
-    return config_lib.DPAdaFEST(**adafest)
-  return config_lib.DPAdaFESTPlus(selected_rows=selected, **adafest)
+  """The `dprec.optimizers.config` object of `options.algorithm` at composed σ (its
+  `from_plan`; `selected`: the DP-FEST rows of a preselecting algorithm)."""
+  return config_lib.ALGORITHMS[options.algorithm].from_plan(noise_multiplier, options, selected)
 
 
 def learning_rate(options):
@@ -370,6 +362,7 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
   if options.strategy == "parameter_server" and cluster.task().get("type") in ("worker", "ps"):
     parameter_server.serve()  # until the cluster is stopped; the chief holds the options
   options.validate()
+  options = _out_of_core_by_size(options, data)
   coordinator = None
   if options.strategy == "parameter_server":
     strategy, coordinator = parameter_server.make_strategy(
@@ -386,6 +379,20 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
                     base)
   data = data or load_data(options.data, options.vocab, options.vocab_min_count)
   return _train(options, data, strategy, coordinator)
+
+
+def _out_of_core_by_size(options, data):
+  """`options`, out of core if the training rows exceed `out_of_core_above` (estimated without
+  reading them) and nothing asked for is in-memory only."""
+  if options.out_of_core or data is not None:
+    return options
+  candidate = dataclasses.replace(options, out_of_core=True)
+  try:
+    candidate.validate()
+  except DprecError:
+    return options
+  rows = out_of_core.estimated_train_rows(options.data) if os.path.isdir(options.data) else 0
+  return candidate if rows > options.out_of_core_above else options
 
 
 def _out_of_core(data) -> bool:

@@ -138,15 +138,18 @@ def register(subparsers):
       help="for more rows than memory holds: a Beam job writes the run's Poisson batches (one "
            "shard per step, drawn from the run's key) and training streams them; the base rate, "
            "calibration and evaluation are streaming passes (memory grows with B and the model, "
-           "not with N; slower below ~50M rows, where the in-memory default fits): "
-           "docs/guide/train_ctr.md, 'Data larger than memory'")
+           "not with N; slower): docs/guide/train_ctr.md, 'Data larger than memory'. Without "
+           "it, runs above --out-of-core-above rows train out of core")
+  add("--out-of-core-above", type=int, default=defaults.out_of_core_above, metavar="ROWS",
+      help="train out of core when the training rows (the manifest's count, or TSV bytes / "
+           "240) exceed ROWS and the options allow it (default %(default)s: ~8.6 GB in memory)")
   add("--runner", default=defaults.runner,
-      help="with --out-of-core: the Beam runner of its jobs (default: embedded; DaskRunner, "
+      help="out of core: the Beam runner of its jobs (default: embedded; DaskRunner, "
            "DataflowRunner, ...)")
   add("--dask-workers", type=int, default=defaults.dask_workers, metavar="N",
-      help="with --out-of-core --runner DaskRunner: the local Dask cluster's worker processes")
+      help="out of core with --runner DaskRunner: the local Dask cluster's worker processes")
   add("--beam-option", dest="beam_options", action="append", default=[], metavar="NAME=VALUE",
-      help="with --out-of-core: another Beam pipeline option (e.g. dask_client_address=HOST:PORT)"
+      help="out of core: another Beam pipeline option (e.g. dask_client_address=HOST:PORT)"
            "; repeatable")
   run_cli.add_run_arguments(
       add, defaults,

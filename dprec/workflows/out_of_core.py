@@ -36,9 +36,12 @@ DIRECTORY = "out_of_core"
 RECORDS = "records"
 BATCHES = "batches"
 READ_BATCH = 65536  # rows a streaming pass parses at once
-# Below this many training rows the in-memory path (the default) is faster, and it fits:
-# ~365 bytes a row over ~1.3 GB (BENCHMARKS.md, "Out of core"), 50M rows ≈ 20 GB.
-SUGGESTED_ROWS = 50_000_000
+# `train ctr` trains in memory up to this many training rows (`--out-of-core-above`), where that
+# path is faster and fits: it holds ~365 bytes a row over ~1.3 GB (BENCHMARKS.md, "Out of core"),
+# 20M rows ≈ 8.6 GB; above it the rows stay on disk.
+DEFAULT_ROWS_IN_MEMORY = 20_000_000
+TSV_BYTES_PER_ROW = 240  # Criteo TSV lines (and the synthetic ones) average about this
+GZIP_RATIO = 4  # and compress about this much
 
 
 @dataclasses.dataclass
@@ -98,6 +101,17 @@ class Data:
     for _, labels in self.eval_dataset(READ_BATCH).as_numpy_iterator():
       rows, clicks = rows + len(labels), clicks + int(np.sum(labels))
     return rows, clicks / max(rows, 1)
+
+
+def estimated_train_rows(data: str) -> int:
+  """The training rows of `data` without reading them: a preprocessed directory's manifest count
+  (all days but the last), else the TSV training days' bytes over `TSV_BYTES_PER_ROW`."""
+  if os.path.exists(os.path.join(data, criteo_tfrecord.MANIFEST)):
+    return sum(entry["rows"] for entry in criteo_tfrecord.load_manifest(data)["days"][:-1])
+  from dprec.data import criteo  # pylint: disable=import-outside-toplevel
+  files = criteo.criteo_day_files(data)[:-1] if os.path.isdir(data) else []
+  return sum(os.path.getsize(path) * (GZIP_RATIO if path.endswith(".gz") else 1)
+             for path in files) // TSV_BYTES_PER_ROW
 
 
 @contextlib.contextmanager

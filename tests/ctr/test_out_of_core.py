@@ -175,6 +175,19 @@ def test_dp_fest_counts_rows_in_one_pass_as_in_memory(data_dir, tmp_path):
   assert _summary(tmp_path / "run")["selection_epsilon"] > 0
 
 
+def test_runs_above_the_row_limit_train_out_of_core_by_default(data_dir, tmp_path):
+  rows = out_of_core.estimated_train_rows(data_dir)
+  assert 1000 * 0.8 < rows < 1000 * 1.25  # 2 training days of 500 rows, from their bytes
+  argv = [arg for arg in _argv(data_dir, tmp_path / "run", "--steps", "2")
+          if arg != "--out-of-core"]
+  assert cli.main(argv + ["--out-of-core-above", "500"]) == 0
+  assert _summary(tmp_path / "run")["out_of_core"] is True
+  argv = [arg for arg in _argv(data_dir, tmp_path / "memory", "--steps", "2")
+          if arg not in ["--out-of-core", *BEAM]]
+  assert cli.main(argv) == 0
+  assert "out_of_core" not in _summary(tmp_path / "memory")
+
+
 @pytest.mark.parametrize("extra, message", [
     (("--fixed-batches",), "drop --fixed-batches"),
     (("--strategy", "mirrored"), "one device"),
@@ -182,9 +195,3 @@ def test_dp_fest_counts_rows_in_one_pass_as_in_memory(data_dir, tmp_path):
 def test_what_out_of_core_does_not_do_is_refused(data_dir, tmp_path, capsys, extra, message):
   assert cli.main(_argv(data_dir, tmp_path / "run", *extra)) == 2
   assert message in capsys.readouterr().err
-
-
-def test_beam_options_go_with_out_of_core(data_dir, tmp_path, capsys):
-  argv = [arg for arg in _argv(data_dir, tmp_path / "run") if arg != "--out-of-core"]
-  assert cli.main(argv) == 2
-  assert "go with --out-of-core" in capsys.readouterr().err
