@@ -39,6 +39,7 @@ from typing import Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
+from dprec import privacy
 from dprec.data.ctr_data import CTRData, load_data
 from dprec.distribute import cluster
 from dprec.distribute import parameter_server
@@ -88,7 +89,8 @@ EPSILON_COVERS = {
                 "gradient_size_reduction", "steps", "stopped_at_budget", "validation_auc",
                 "validation_log_loss"],
     "public": ["settings", "noise multipliers", "train_rows, eval_rows and validation_rows (N, assumed public)",
-               "dense_embedding_size", "sharded_tables", "timings"],
+               "dense_embedding_size", "sharded_tables", "timings",
+               "resumed_from_step, rerun_steps and fault_epsilon (where faults stopped the run)"],
     "held_out_evaluation": "auc and eval_loss are computed on the last day, which is not "
                            "training data of this run (that day itself is not protected); so "
                            "are validation_auc and validation_log_loss, on held-out training "
@@ -253,16 +255,17 @@ def noise_multipliers(options, noise_multiplier) -> Tuple[Optional[float], Optio
 
 def base_rate(labels, noise_multiplier, rng) -> float:
   """The training click rate: exact without a `noise_multiplier` (a non-private run); else the
-  Gaussian mechanism on the label sum (sensitivity 1, σ_b = `noise_multiplier`, noise from the
-  secret `rng`: the run's key) divided by the public row count. Clipped to [1/N, 1 − 1/N]."""
+  DP mean of the 0/1 labels (`dprec.privacy.dp_mean`, the release `make_private` sets a BCE
+  output bias from: the Gaussian mechanism on the centred label sum, sensitivity 1/2, σ_b =
+  `noise_multiplier`, noise from the secret `rng`: the run's key) over the public row count.
+  Clipped to [1/N, 1 − 1/N]."""
   return base_rate_of_sum(float(np.sum(labels)), len(labels), noise_multiplier, rng)
 
 
 def base_rate_of_sum(total, n, noise_multiplier, rng) -> float:
   """`base_rate` from the label sum `total` of n rows (a streaming pass out of core)."""
-  if noise_multiplier is not None:
-    total += noise_multiplier * rng.normal()
-  return float(np.clip(total / n, 1.0 / n, 1.0 - 1.0 / n))
+  rate = privacy.dp_mean_of_sum(total, n, (0.0, 1.0), noise_multiplier or 0.0, rng)
+  return float(np.clip(rate, 1.0 / n, 1.0 - 1.0 / n))
 
 
 def calibration_rows(train, rng):

@@ -87,3 +87,15 @@ def test_writes_epsilon_and_gradient_size_to_tensorboard(tmp_path):
     for event in tf.compat.v1.train.summary_iterator(path):
       tags.update(value.tag for value in event.summary.value)
   assert {"privacy/epsilon", "gradient_size/gradient_size_reduction"} <= tags
+
+
+def test_a_resumed_run_counts_the_paid_steps_it_trains_again_and_pays_none_of_them(tmp_path):
+  """Resumed at step 4 with 6 steps paid (charged ahead, then a fault): steps 4 and 5 are
+  re-run, not charged again (the summary's `rerun_steps`); charging resumes at step 6."""
+  ledger = privacy.PrivacyLedger(tmp_path / "ledger.json", epsilon_budget=100.0, delta=DELTA)
+  ledger.charge_gaussian(SIGMA, Q, 6, label="train")
+  budget_callback = callbacks.PrivacyBudgetCallback(ledger, SIGMA, Q, charge_every=1,
+                                                    steps_taken=4, steps_charged=6, label="train")
+  assert budget_callback.rerun_steps == 2
+  _tiny_model().fit(_data(), epochs=1, steps_per_epoch=4, callbacks=[budget_callback], verbose=0)
+  assert _ledger_steps(ledger) == 8
