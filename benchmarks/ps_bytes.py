@@ -7,8 +7,10 @@ the loopback interface; the script reads its transmit counter (/sys/class/net/lo
 tx_bytes) around `--steps` scheduled steps of each algorithm (after 2 untimed steps that trace)
 and subtracts an idle baseline of the same duration (other processes on the machine use
 loopback too). Loopback carries everything the cluster sends: the chief's batches and step
-calls to the workers, the workers' row lookups and gradient pushes to the servers, the servers'
-replies; the difference between the algorithms is the table update. Printed beside each: the
+calls to the workers, the workers' row lookups, their noisy updates returned to the chief, and
+the chief's apply of each update on the servers (`parameter_server.fit`: workers apply nothing);
+the difference between the algorithms is the table update, which crosses loopback twice
+(worker → chief → servers). Printed beside each: the
 payload of the table update, rows pushed × (4·d + 8) bytes (values and int64 row ids; a dense
 push: V·4d), from the step's gradient-size metric.
 
