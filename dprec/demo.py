@@ -26,8 +26,11 @@ def register(subparsers):
                   "JSON summary. Takes a few minutes.")
   parser.add_argument("--out", default="demo_out", help="working directory for generated files")
   parser.add_argument("--rows", type=int, default=150000, help="synthetic rows to generate")
-  parser.add_argument("--steps", type=int, default=200, help="training steps of each run")
-  parser.add_argument("--batch-size", type=int, default=1024, help="expected batch size")
+  parser.add_argument("--steps", type=int, default=None,
+                      help="training steps of each run (default: one epoch, `train ctr`'s)")
+  parser.add_argument("--batch-size", type=int, default=None,
+                      help="expected batch size (default: `train ctr`'s, from the training rows "
+                           "N: the power of two nearest N/150)")
   parser.add_argument("--epsilon", type=float, default=1.0, help="privacy budget ε")
   parser.add_argument("--seed", type=int, default=0,
                       help="seed of the generated data and the initialisation (public)")
@@ -76,16 +79,19 @@ def run(args) -> dict:
   print(f"[1/4] generating {args.rows} Criteo-like rows in {data_dir}", file=sys.stderr)
   generated = synthetic.generate_criteo(data_dir, args.rows, days=DAYS, seed=args.seed)
   print("[2/4] privacy calculation", file=sys.stderr)
-  options = demo_options(data_dir, args.out, args.steps, args.batch_size, args.epsilon, args.seed,
-                         args.insecure_noise_seed)
   data = ctr.load_data(data_dir)
+  options = ctr.sized_for(demo_options(data_dir, args.out, args.steps, args.batch_size,
+                                       args.epsilon, args.seed, args.insecure_noise_seed),
+                          len(data.train["label"]))
   privacy = privacy_calculation(options, len(data.train["label"]))
   print(f"      σ = {privacy['dp_sgd_noise_multiplier']:.4f} → σ1 = {privacy['sigma1']:.4f}, "
         f"σ2 = {privacy['sigma2']:.4f}; ε recomputed = {privacy['epsilon_of_composed_sigma']:.4f}",
         file=sys.stderr)
-  print(f"[3/4] training non-private for {args.steps} steps", file=sys.stderr)
+  print(f"[3/4] training non-private for {options.steps} steps at B = {options.batch_size}",
+        file=sys.stderr)
   non_private = ctr.run(non_private_options(options), data)
-  print(f"[4/4] training DP-AdaFEST for {args.steps} steps", file=sys.stderr)
+  print(f"[4/4] training DP-AdaFEST for {options.steps} steps at B = {options.batch_size}",
+        file=sys.stderr)
   training = ctr.run(options, data)
   print(side_by_side(non_private, training), file=sys.stderr)
   return {"data": {key: generated[key] for key in ("rows", "days", "files", "ctr")},

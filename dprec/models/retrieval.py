@@ -101,6 +101,12 @@ class SampledTwoTower(tf.keras.Model):
                                      trainable=False)
     self.reset_negative_sampling(seed)
 
+  @property
+  def rows_per_example(self) -> int:
+    """Embedding rows an example looks up: its user's, and the item and item-bias rows of its
+    positive and K negatives (what DP-AdaFEST's contribution clip C1 is shared by)."""
+    return 1 + 2 * (self.num_negatives + 1)
+
   def reset_negative_sampling(self, seed: Optional[int] = None):
     """Restarts the negatives' ordinary RNG (not tracked, not saved): from `seed`, or from
     OS entropy when None."""

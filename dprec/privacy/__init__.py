@@ -37,6 +37,7 @@ from dprec.privacy.ledger import PrivacyLedger
 from dprec.privacy.label_stats import dp_class_counts
 from dprec.privacy.label_stats import dp_label_range
 from dprec.privacy.label_stats import dp_mean
+from dprec.privacy.label_stats import dp_mean_of_sum
 from dprec.privacy.recalibration import dp_affine_recalibration
 from dprec.privacy.recalibration import dp_platt_scaling
 from dprec.privacy.top_k import zcdp_budget

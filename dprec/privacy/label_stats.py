@@ -34,13 +34,28 @@ def dp_mean(labels, label_range: Tuple[float, float], noise_multiplier, rng) -> 
   """The mean of labels clipped to [lo, hi]: Σ (clip(y) − c) with c = (lo + hi)/2 has
   sensitivity (hi − lo)/2; noise N(0, (σ·(hi − lo)/2)²), then /N + c, clipped to [lo, hi]."""
   labels = _check(labels, noise_multiplier)
+  lo, hi = _label_range(label_range)
+  return dp_mean_of_sum(float(np.sum(np.clip(labels, lo, hi))), labels.size, label_range,
+                        noise_multiplier, rng)
+
+
+def dp_mean_of_sum(total, n, label_range: Tuple[float, float], noise_multiplier, rng) -> float:
+  """`dp_mean` from the sum `total` of n labels already clipped to `label_range` (e.g. summed in
+  a streaming pass): the same release."""
+  if not noise_multiplier >= 0 or not n > 0:
+    raise DprecError(f"need noise_multiplier >= 0 and n > 0, got {noise_multiplier}, {n}")
+  lo, hi = _label_range(label_range)
+  center, half = (lo + hi) / 2, (hi - lo) / 2
+  total = float(total) - n * center
+  total += noise_multiplier * half * rng.normal() if noise_multiplier else 0.0
+  return float(np.clip(center + total / n, lo, hi))
+
+
+def _label_range(label_range):
   lo, hi = map(float, label_range)
   if not hi > lo:
     raise DprecError(f"label range must have lo < hi, got {label_range}")
-  center, half = (lo + hi) / 2, (hi - lo) / 2
-  total = float(np.sum(np.clip(labels, lo, hi) - center))
-  total += noise_multiplier * half * rng.normal() if noise_multiplier else 0.0
-  return float(np.clip(center + total / labels.size, lo, hi))
+  return lo, hi
 
 
 def dp_class_counts(labels, num_classes: int, noise_multiplier, rng) -> np.ndarray:

@@ -74,6 +74,11 @@ ALGORITHMS = ("auto", "dp_sgd", "dp_adafest")
 # floats, the size of a modest Dense layer), DP-AdaFEST above. On the ranking benchmark's small
 # tables DP-SGD was better (docs/experiments/make_private.md); AdaFEST pays off in gradient size.
 AUTO_DENSE_LIMIT = 1 << 20
+# ... and DP-SGD too when DP-AdaFEST could keep only noise: an example gives each of its k rows
+# C1/√k of its contribution map, so a row reaches τ only if ⌈τ·√k/C1⌉ examples of the batch touch
+# it; above this share of B hardly any row does, and the rows kept are false positives (the
+# sampled retriever, k = 203: a random 2.3% of rows, docs/experiments/make_private.md).
+AUTO_MAX_TOUCH_SHARE = 0.1
 PREDICT_BATCH = 8192
 # The default B: `poisson.data_sized_batch_size`, about 150 steps per epoch. On the TFRS ranking
 # benchmark with Adagrad 0.1 (N = 79,626: B = 512, not 128 at N/500) test RMSE fell from
@@ -162,6 +167,25 @@ class PrivateOptions:
       raise DprecError(f"label_range must be (lo, hi) with lo < hi, got {self.label_range}")
 
 
+def rows_per_example(model) -> Optional[int]:
+  """Embedding rows an example of `model` looks up in its DP tables: the model's own
+  `rows_per_example` if it has one (`SampledTwoTower`), else the ids per example of each table's
+  input (None when a table's input shape is not known yet)."""
+  declared = getattr(model, "rows_per_example", None)
+  if declared is not None:
+    return int(declared)
+  total = 0
+  for table in model.dp_tables:
+    try:
+      shape = tf.TensorShape(table.input_shape)
+    except (AttributeError, RuntimeError):
+      return None
+    if shape.rank is None or not shape[1:].is_fully_defined():
+      return None
+    total += int(np.prod(shape[1:]))  # 1 for ids of shape [batch]
+  return total or None
+
+
 def _not_a_keras_2_model(model) -> str:
   """Why `model` (not a tf.keras.Model) is refused, and what to do if it is a Keras 3 model."""
   name = type(model).__name__
@@ -199,7 +223,9 @@ def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epo
       and stops at the budget if asked for more.
     algorithm: "dp_adafest" (sparse updates of the embedding rows a DP contribution map keeps,
       seed 001), "dp_sgd" (noise on every row), or "auto": DP-SGD when the embedding tables
-      hold at most `AUTO_DENSE_LIMIT` (2^20) floats in all, else DP-AdaFEST.
+      hold at most `AUTO_DENSE_LIMIT` (2^20) floats in all, or when a row would need more than
+      `AUTO_MAX_TOUCH_SHARE` (a tenth) of a batch's examples to reach τ (an example gives each
+      of its k rows C1/√k: `rows_per_example`), else DP-AdaFEST.
     ledger: path of a privacy ledger to charge (shared across runs); default a temporary one.
     l2_norm_clip: C2, the per-example gradient clip (with `target_quantile`: its start);
       default `DEFAULT_CLIP` by the loss: 3 for MSE, 1 otherwise.
@@ -407,8 +433,7 @@ class PrivateModel(DPModel):
     state.plan = self._plan()
     options = state.options
     if options.algorithm == "auto":
-      options = dataclasses.replace(options, algorithm="dp_sgd" if (
-          self.dense_embedding_size <= AUTO_DENSE_LIMIT) else "dp_adafest")
+      options = dataclasses.replace(options, algorithm=self._auto_algorithm(options))
     if options.l2_norm_clip is None:
       options = dataclasses.replace(options, l2_norm_clip=DEFAULT_CLIP.get(state.kind, 1.0))
     config = _algorithm_config(options, state.plan)
@@ -419,6 +444,16 @@ class PrivateModel(DPModel):
                                 noise_key=state.run.noise_key,
                                 secure_noise=state.options.secure_noise),
                     loss=loss, metrics=metrics, **kwargs)
+
+  def _auto_algorithm(self, options) -> str:
+    """"auto"'s choice: DP-SGD for small tables (`AUTO_DENSE_LIMIT`) or when a row would need
+    more than `AUTO_MAX_TOUCH_SHARE` of a batch's examples to reach τ; else DP-AdaFEST."""
+    if self.dense_embedding_size <= AUTO_DENSE_LIMIT:
+      return "dp_sgd"
+    rows = rows_per_example(self)
+    needed = options.threshold * math.sqrt(rows or 1) / options.contribution_clip
+    return "dp_sgd" if needed > AUTO_MAX_TOUCH_SHARE * self._private.plan.batch_size else (
+        "dp_adafest")
 
   @staticmethod
   def _recalibrates(options, kind):

@@ -359,3 +359,22 @@ def test_a_sequential_model_is_converted_in_place():
   assert private.layers[0].name == "table"
   for old, new in zip(before, private.get_weights()):
     np.testing.assert_array_equal(old, new)
+
+
+def test_auto_picks_dp_sgd_when_a_row_cannot_reach_the_threshold():
+  """With large tables, "auto" still takes DP-SGD when each of an example's k rows gets
+  C1/√k of its contribution and a row would need more than a tenth of the batch to reach τ:
+  the sampled retriever (1 + 2·101 rows an example); a one-id table keeps DP-AdaFEST."""
+  items = private_model.AUTO_DENSE_LIMIT // 16 + 1
+  retriever = retrieval.SampledTwoTower(10, items, dim=16, hidden_units=(), seed=0)
+  assert retriever.rows_per_example == 203
+  model = dprec.make_private(retriever, epsilon=1.0, train_size=100_000, batch_size=512)
+  model.compile(loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
+  assert isinstance(model.dp_optimizer.config, config_lib.DPSGD)
+  ids = tf.keras.Input((4,), dtype=tf.int32, name="ids")
+  four = tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(
+      tf.keras.layers.Embedding(items, 16)(ids))))
+  model = dprec.make_private(four, epsilon=1.0, train_size=100_000, batch_size=512)
+  assert private_model.rows_per_example(model) == 4
+  model.compile(loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+  assert isinstance(model.dp_optimizer.config, config_lib.DPAdaFEST)
