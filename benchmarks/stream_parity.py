@@ -63,14 +63,14 @@ def _replace(args, extra):
 def points(name):
   """("stream" | "ctr", options) of a point: `issue`, `ctr_step`, `defaults` or `ctr`, then
   `+LEVER` for each lever moved to `train ctr`'s value (`issue+tower+c2`), then
-  `@OPTION=VALUE,...` for more options (`defaults@privacy-unit=user`)."""
-  name, _, more = name.partition("@")
+  `@OPTION=VALUE` for each more option (`defaults@privacy-unit=user@max-rows-per-user=2`)."""
+  name, *more = name.split("@")
   base, *levers = name.split("+")
   kind, options = {"issue": ("stream", ISSUE), "defaults": ("stream", []), "ctr": ("ctr", []),
                    "ctr_step": ("stream", _replace(ISSUE, CTR_STEP))}[base]
   for lever in levers:
     options = _replace(options, LEVERS[lever])
-  for pair in filter(None, more.split(",")):
+  for pair in more:
     option, value = pair.split("=")
     options = _replace(options, [f"--{option}", value])
   return kind, options
@@ -139,7 +139,8 @@ def run(options):
   done = {(r["setting"], r["point"], r["draw"]) for r in load(options.jsonl)}
   dprec = os.path.join(os.path.dirname(sys.executable), "dprec")
   commit = options.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
-                                           capture_output=True, text=True).stdout.strip()
+                                           capture_output=True, text=True,
+                                           check=False).stdout.strip()
   days, output = prepare(options.root, options.setting, dprec)
   for point in options.points.split(","):
     for draw in range(options.draws):
@@ -232,7 +233,7 @@ def main(argv=None):
   parser.add_argument("--setting", choices=sorted(SETTINGS), default="8x25k")
   parser.add_argument("--points", default="issue,ctr",
                       help="comma-separated (`points`): issue, ctr_step, defaults or ctr, "
-                      f"+LEVER ({', '.join(LEVERS)}) each, @OPTION=VALUE,... (more options)")
+                      f"+LEVER ({', '.join(LEVERS)}) each, @OPTION=VALUE each (more options)")
   parser.add_argument("--draws", type=int, default=3)
   parser.add_argument("--root", default="/tmp/stream_parity", help="data and scratch runs")
   parser.add_argument("--jsonl", default="docs/experiments/stream_parity.jsonl")

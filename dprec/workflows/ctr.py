@@ -23,10 +23,10 @@ batches and training streams them; the base rate, DP Platt scaling and the evalu
 streaming passes (`dprec.workflows.out_of_core`).
 
 The noise, false positives, Poisson batches, DP top-k draws, the DP base rate and the DP Platt
-scaling come from the run's secret key (`dprec.workflows.run.Run`); `seed` seeds only initialisation. With a run
-directory the run checkpoints every `checkpoint_every` steps, and the same options resume a killed
-run from its last checkpoint on the batches and noise an uninterrupted run would have used, paying
-no step twice.
+scaling come from the run's secret key (`dprec.workflows.run.Run`); `seed` seeds only
+initialisation. With a run directory the run checkpoints every `checkpoint_every` steps, and the
+same options resume a killed run from its last checkpoint on the batches and noise an
+uninterrupted run would have used, paying no step twice.
 """
 import contextlib
 import dataclasses
@@ -88,7 +88,8 @@ EPSILON_COVERS = {
                 "calibration_scale", "calibration_shift", "gradient_size",
                 "gradient_size_reduction", "steps", "stopped_at_budget", "validation_auc",
                 "validation_log_loss"],
-    "public": ["settings", "noise multipliers", "train_rows, eval_rows and validation_rows (N, assumed public)",
+    "public": ["settings", "noise multipliers",
+               "train_rows, eval_rows and validation_rows (N, assumed public)",
                "dense_embedding_size", "sharded_tables", "timings",
                "resumed_from_step, rerun_steps and fault_epsilon (where faults stopped the run)"],
     "held_out_evaluation": "auc and eval_loss are computed on the last day, which is not "

@@ -524,8 +524,8 @@ class PrivateModel(DPModel):
     unsupported = {k: v for k, v in kwargs.items() if v is not None and k in (
         "steps_per_epoch", "class_weight", "validation_split", "shuffle")}
     if sample_weight is not None or unsupported:
-      raise DprecError(f"make_private's fit does not take "
-                       f"{', '.join(['sample_weight'] * (sample_weight is not None) + list(unsupported))}"
+      refused = ["sample_weight"] * (sample_weight is not None) + list(unsupported)
+      raise DprecError(f"make_private's fit does not take {', '.join(refused)}"
                        ": per-example weights would change the sensitivity, and batches are "
                        "Poisson-sampled from the whole training set")
     if batch_size is not None and batch_size != state.plan.batch_size:
