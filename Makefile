@@ -10,7 +10,7 @@ LEGACY_STAMP := $(LEGACY_VENV)/.installed
 DEMO_DIR ?= demo_out
 
 
-.PHONY: demo test test-faults test-legacy install clean docs bazel
+.PHONY: demo test lint test-faults test-legacy install clean docs bazel
 
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -29,8 +29,12 @@ install: $(STAMP)
 demo: $(STAMP)
 	$(VENV)/bin/dprec demo --out $(DEMO_DIR)
 
-test: $(STAMP)
+# ruff (ruff.toml: pyflakes and pycodestyle at 100 columns) first, then the suite.
+test: lint
 	$(PY) -m pytest -n 2 --maxschedchunk 2 -q tests
+
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
 
 # Parameter-server fault tests alone (processes killed mid-run; minutes each).
 test-faults: $(STAMP)

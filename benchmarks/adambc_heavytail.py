@@ -2,7 +2,8 @@
 and DP-AdamBC run until the training loss stops improving.
 
     python benchmarks/adambc_heavytail.py [--top-class 1024] [--optimizers ...]
-        [--learning-rates ...] [--floor-ratios ...] [--draws 2] [--json runs.json] [--plot curves.png]
+        [--learning-rates ...] [--floor-ratios ...] [--draws 2] [--json runs.json]
+        [--plot curves.png]
     python benchmarks/adambc_heavytail.py --from-json runs*.json --plot curves.png
 
 Layout of note 002 §4.1 (the paper's formulas do not give its instance): group j = 0..G−1 has 2^j
@@ -49,7 +50,8 @@ from dprec.workflows.run import Run
 
 RAREST_CLASS = 8
 # Note 002 §4.1 (Figure 2, C = 1, σ = 10): training loss / accuracy % per group, S = 1024; the
-# others' rarest-group accuracy is derived from "DP-AdamBC 9.5%, approximately 9%, 7% and 8% better".
+# others' rarest-group accuracy is derived from "DP-AdamBC 9.5%, approximately 9%, 7% and 8%
+# better".
 PAPER = {
     "dp_gd": {"rare_loss": 6.7, "top_acc": 100.0, "mid_acc": 0.0, "rare_acc": 0.5},
     "dp_gdm": {"rare_loss": 4.9, "top_acc": 92.3, "mid_acc": 41.0, "rare_acc": 2.5},

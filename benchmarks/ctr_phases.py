@@ -32,7 +32,7 @@ import tempfile
 
 import tensorflow as tf
 
-import dprec  # pylint: disable=unused-import  (Keras 2 before TensorFlow binds tf.keras)
+import dprec  # noqa: F401  (Keras 2 before TensorFlow binds tf.keras)
 from dprec.data import synthetic
 from dprec.optimizers import config as config_lib
 

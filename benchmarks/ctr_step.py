@@ -30,6 +30,7 @@ Times exclude the first step (tracing). Prints a Markdown table; ratios are agai
 """
 import argparse
 import gc
+import itertools
 import json
 import statistics
 import sys
@@ -38,7 +39,7 @@ import time
 import numpy as np
 import tensorflow as tf
 
-import dprec  # pylint: disable=unused-import  (Keras 2 before TensorFlow binds tf.keras)
+import dprec  # noqa: F401  (Keras 2 before TensorFlow binds tf.keras)
 from dprec.data import synthetic
 from dprec.models import ctr
 from dprec.optimizers import config as config_lib
@@ -133,7 +134,7 @@ def time_variant(variant, vocab_sizes, batches, steps, threshold, stack_multiple
   model, adapt = build(variant, vocab_sizes, len(batches[0][1]), threshold, stack_multiple)
   inputs = [adapt(x, y) for x, y in batches]
   dataset = tf.data.Dataset.from_generator(
-      lambda: (inputs[i % len(inputs)] for i in range(steps + 1)),
+      lambda: itertools.islice(itertools.cycle(inputs), steps + 1),
       output_signature=tf.nest.map_structure(
           lambda a: tf.TensorSpec((None,) + a.shape[1:], tf.as_dtype(a.dtype)), inputs[0]))
   timer = StepTimer()
@@ -142,7 +143,8 @@ def time_variant(variant, vocab_sizes, batches, steps, threshold, stack_multiple
   extra = {}
   if variant.startswith(("dp_", "non_private")):
     extra["gradient_size"] = float(model.gradient_size_tracker.result())
-  del model, inputs, dataset
+  inputs.clear()  # the batches, freed with the model before the next variant
+  del model, dataset
   tf.keras.backend.clear_session()
   gc.collect()
   return seconds, extra
@@ -184,7 +186,7 @@ def interleaved(variants, vocab_sizes, batches, rounds, calls, threshold, stack_
 
 def _tensorflow_privacy_imports():
   try:
-    import tensorflow_privacy  # pylint: disable=import-outside-toplevel,unused-import
+    import tensorflow_privacy  # noqa: F401  pylint: disable=import-outside-toplevel
   except ImportError:
     return False
   return True
@@ -195,7 +197,8 @@ def main(argv=None):
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--vocab", nargs="+", default=["table3", "scaled:10M"],
                       help="vocabularies: table3 and/or scaled:M")
-  parser.add_argument("--variants", nargs="+", default=list(VARIANTS), choices=VARIANTS + SECURE + STACKED)
+  parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
+                      choices=VARIANTS + SECURE + STACKED)
   parser.add_argument("--batch-size", type=int, default=2048)
   parser.add_argument("--steps", type=int, default=10, help="timed steps per variant")
   parser.add_argument("--dense-steps", type=int, default=3,

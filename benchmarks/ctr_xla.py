@@ -16,7 +16,8 @@ exactly that) and whose non-private step is the tower's forward/backward and upd
   tower_non_private_xla, tower_dp_xla   the tower alone, `tf.function(jit_compile=True)`
 
 So the embedding half of each step is about full − tower, and XLA's gain on the dense half is
-tower − tower_xla (`--kernels`: the tower's GEMMs, ghost norms and dense noise alone). Also printed: the first call (trace + compile) of each variant, and of the
+tower − tower_xla (`--kernels`: the tower's GEMMs, ghost norms and dense noise alone). Also
+printed: the first call (trace + compile) of each variant, and of the
 compiled DP tower at each `--buckets` batch size (a Poisson batch padded to a few sizes compiles
 once per size).
 
@@ -27,7 +28,7 @@ import time
 
 import tensorflow as tf
 
-import dprec  # pylint: disable=unused-import  (Keras 2 before TensorFlow binds tf.keras)
+import dprec  # noqa: F401  (Keras 2 before TensorFlow binds tf.keras)
 from dprec.data import synthetic
 from dprec.models import ctr
 from dprec.models.dp_model import DPModel
@@ -152,8 +153,8 @@ def main(argv=None):
                       help="batch sizes at which to time the compiled DP tower's first call "
                            "(default: %(default)s)")
   parser.add_argument("--kernels", action="store_true",
-                      help="instead: the tower's GEMMs, ghost norms and dense noise alone, compiled "
-                           "and not")
+                      help="instead: the tower's GEMMs, ghost norms and dense noise alone, "
+                           "compiled and not")
   args = parser.parse_args(argv)
   print(f"# {machine.describe()}")
   if args.kernels:

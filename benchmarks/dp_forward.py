@@ -29,7 +29,6 @@ representation (1×d) is closest to its own clean representation among all users
 import argparse
 import json
 import os
-import resource
 import subprocess
 import sys
 import tempfile

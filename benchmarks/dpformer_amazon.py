@@ -144,10 +144,10 @@ def main(argv=None):
     start = time.perf_counter()
     summary = train_seqrec(options, data)
     summary.update(method=method, wall_seconds=time.perf_counter() - start)
-    print(json.dumps({k: summary[k] for k in ("method", "epsilon_budget", "seed", "ndcg_at_10",
-                                              "hit_at_10", "noise_multiplier", "validation",
-                                              "distinct_top10_items", "item_vocabulary", "popularity_weights",
-                                              "wall_seconds")}), file=sys.stderr)
+    shown = ("method", "epsilon_budget", "seed", "ndcg_at_10", "hit_at_10", "noise_multiplier",
+             "validation", "distinct_top10_items", "item_vocabulary", "popularity_weights",
+             "wall_seconds")
+    print(json.dumps({k: summary[k] for k in shown}), file=sys.stderr)
     if args.results:
       with open(args.results, "a", encoding="utf-8") as out:
         out.write(json.dumps(summary) + "\n")

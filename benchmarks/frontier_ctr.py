@@ -348,7 +348,8 @@ def main(argv=None):
   parser.add_argument("--report", action="store_true", help="no training: tables (and plot)")
   parser.add_argument("--plot", help="save the frontier plot (PNG) here")
   parser.add_argument("--only", nargs="+", metavar="LABEL",
-                      help="of the phases' points, run only these (labels as the report prints them)")
+                      help="of the phases' points, run only these (labels as the report "
+                           "prints them)")
   args = parser.parse_args(argv)
   if args.only:
     known = {label(full(p)) for phase in args.phases for p in PHASES[phase]}

@@ -14,7 +14,6 @@ configuration is a fresh model and a fresh secret noise key; `--draws` repeats t
 """
 import argparse
 import json
-import os
 import time
 
 import dprec

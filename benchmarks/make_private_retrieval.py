@@ -4,7 +4,8 @@ Data: ../shared/data/amazon-video-games/Video.txt (SASRec format, `user item` li
 order). Leave-one-out as in DPFormer: each user's last item is the test target, the one before
 the validation target, the rest are training examples (user, item). Every choice (epochs, K,
 learning rate) is made on validation (`--splits valid`, the default); `--splits valid test`
-also reports test, to be read only for the configuration validation chose. The model is `dprec.models.retrieval.SampledTwoTower` (K negatives drawn
+also reports test, to be read only for the configuration validation chose. The model is
+`dprec.models.retrieval.SampledTwoTower` (K negatives drawn
 per example, logQ correction, a fixed log-popularity prior); the metrics rank each target
 against all items (`dprec.models.ranking_metrics`), overall and per popularity bucket of the
 target, beside most popular and the non-private model (exact training counts for its sampling

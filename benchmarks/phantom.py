@@ -14,7 +14,8 @@ jobs on a shared machine) and its peak resident memory (ru_maxrss). Variants:
 Next-item loss at every position for M ≤ `--all-positions-max` and at the last position above it
 (the B×L×M logits alone would not fit). With the all-positions loss, non_private and phantom run in
 two layouts: all L positions scored (fixed shapes, as brute force needs) and, as `*_packed`, only
-the positions with a target (the default of `SeqRecConfig` and `dprec train seqrec`). Brute force is skipped above `--brute-force-max`.
+the positions with a target (the default of `SeqRecConfig` and `dprec train seqrec`). Brute force
+is skipped above `--brute-force-max`.
 The table gives each variant's time and memory, their ratios to the non-private run of the same M
 and layout, and the extra peak memory over it (MB).
 """
@@ -154,7 +155,8 @@ def table(rows, args):
       cpu_ratio = result["cpu_seconds_per_step"] / ref.get("cpu_seconds_per_step", nan)
       mem_ratio = result["peak_rss_mb"] / ref.get("peak_rss_mb", nan)
       extra_mb = result["peak_rss_mb"] - ref.get("peak_rss_mb", nan)
-      lines.append(f"| {num_items:,} | {positions} | {variant} | {result['seconds_per_step']:.3f} | "
+      lines.append(f"| {num_items:,} | {positions} | {variant} | "
+                   f"{result['seconds_per_step']:.3f} | "
                    f"{time_ratio:.2f} | {result['cpu_seconds_per_step']:.3f} | {cpu_ratio:.2f} | "
                    f"{result['peak_rss_mb']:.0f} | {mem_ratio:.2f} | "
                    f"{extra_mb:+.0f} |")

@@ -63,8 +63,10 @@ def _calibration_table():
   print("\nCalibration of sigma for eps 1, one epoch of Criteo-Kaggle (delta 1/N, rtol 1e-3)")
   print(f"load average {os.getloadavg()[0]:.1f}")
   print(f"{'search':<28} {'sigma':>8} {'eps at sigma':>13} {'seconds':>8} {'CPU s':>6}")
-  rows = [(f"dprec {accountant}", accountant, lambda a=accountant: privacy.calibrate_noise_multiplier(
-      1.0, DELTA, Q, steps, accountant=a)) for accountant in privacy.accounting.ACCOUNTANTS]
+  rows = [(f"dprec {accountant}", accountant,
+           lambda a=accountant: privacy.calibrate_noise_multiplier(1.0, DELTA, Q, steps,
+                                                                  accountant=a))
+          for accountant in privacy.accounting.ACCOUNTANTS]
   # The yardstick: dp_accounting's search on the accounting grid alone.
   rows.append(("dp_accounting pld, one grid", "pld", lambda: dp_accounting.calibrate_dp_mechanism(
       privacy.make_accountant, lambda s: privacy.dp_sgd_event(s, Q, steps), 1.0, DELTA,
@@ -79,7 +81,8 @@ def _calibration_table():
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--charges", type=int, default=10, help="ledger charges to time (0: skip the ledger table)")
+  parser.add_argument("--charges", type=int, default=10,
+                      help="ledger charges to time (0: skip the ledger table)")
   parser.add_argument("--every", type=int, default=500, help="steps per charge")
   args = parser.parse_args()
   if args.charges > 0:

@@ -15,7 +15,7 @@ import collections
 import statistics
 import time
 
-import dprec  # pylint: disable=unused-import  (Keras 2 before TensorFlow binds tf.keras)
+import dprec  # noqa: F401  (Keras 2 before TensorFlow binds tf.keras)
 import tensorflow as tf  # pylint: disable=wrong-import-order
 
 from dprec.data.criteo import TABLE3_VOCAB_SIZES

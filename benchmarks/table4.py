@@ -84,7 +84,8 @@ def main(argv=None):
       "dp_sgd": DPSGD(l2_norm_clip=1.0, noise_multiplier=1.0),  # last: the most memory
   }
   header = ("| Vocabulary | DP-SGD s/100 steps | DP-AdaFEST s/100 steps | Non-private s/100 steps "
-            "| Speed-up | AdaFEST vs smallest V | AdaFEST grad. size |\n|---|---|---|---|---|---|---|")
+            "| Speed-up | AdaFEST vs smallest V | AdaFEST grad. size |\n"
+            "|---|---|---|---|---|---|---|")
   tqdm.write(f"# {machine.describe()}")
   tqdm.write(header)
   rows = []

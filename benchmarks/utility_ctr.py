@@ -5,7 +5,8 @@ Every run goes through `dprec train ctr`'s code path (`train_ctr`) on data loade
 follows seed 001 App. D.1: r = σ1/σ2 ∈ {1, 5, 10}, τ ∈ {0.5 … 100}, C1 ∈ {1, 5, 10}, FEST
 k from 100 up; `--grid reduced` (default) and `--grid small` are subsets that fit a shared 2-core
 machine; `--grid frontier` probes the ≥ 10³× end of the frontier (r = 2, 3 at τ with few false
-positives; r = 5 τ = 10 at a larger learning rate and at a smaller C2); `--repeat-best N` reruns the best DP-AdaFEST with N more seeds to show run-to-run noise.
+positives; r = 5 τ = 10 at a larger learning rate and at a smaller C2); `--repeat-best N` reruns
+the best DP-AdaFEST with N more seeds to show run-to-run noise.
 The second table is the best gradient-size reduction (vs DP-SGD's dense V·d) of each algorithm
 among its runs whose AUC is within 0.001 / 0.005 / 0.01 of DP-SGD's. `--signal ALPHA …` instead
 prints, for generators with those `--tail-decay` values, how much of the true click logit's AUC

@@ -11,7 +11,6 @@ import); the others appear in `dprec --help` through their one-line summary belo
 import argparse
 import importlib
 import json
-import os
 import sys
 
 from dprec import quiet
@@ -78,7 +77,7 @@ def import_tensorflow_quietly():
   if "tensorflow" in sys.modules:
     return
   with quiet.held_stderr():
-    import tensorflow  # pylint: disable=import-outside-toplevel,unused-import
+    import tensorflow  # noqa: F401  pylint: disable=import-outside-toplevel
 
 
 def main(argv=None):

@@ -105,7 +105,7 @@ def _dask_options() -> type:
   """Beam's `DaskOptions`, or a DprecError naming the install when Dask is missing."""
   try:
     from apache_beam.runners.dask.dask_runner import DaskOptions  # pylint: disable=import-outside-toplevel
-    import distributed  # pylint: disable=import-outside-toplevel,unused-import
+    import distributed  # noqa: F401  pylint: disable=import-outside-toplevel
   except ImportError as error:
     raise DprecError(f"--runner DaskRunner needs Dask: pip install 'apache-beam[dask]' ({error})"
                      ) from None
@@ -148,7 +148,8 @@ class DeadLetter(NamedTuple):
 
 
 def reason_kind(reason: str) -> str:
-  """A short, countable category of a dead-letter reason ("field I3: not an integer: 'x'" → "I3")."""
+  """A short, countable category of a dead-letter reason ("field I3: not an integer: 'x'" →
+  "I3")."""
   head = reason.split(":", 1)[0]
   return head[len("field "):] if head.startswith("field ") else head
 

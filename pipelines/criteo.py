@@ -55,7 +55,8 @@ class VocabConfig:
   `top_k` is one k for every feature or 26 values (C1..C26). For `dp_top_k`, `epsilon` is the
   total pure-DP cost of the selection over all 26 features: each feature gets ε/26 for its k
   exponential-mechanism draws (the honest cost of one-shot Gumbel top-k, Ghazi et al. 2023,
-  arXiv:2311.08357, §2.1). Each example adds one to one bucket per feature, so every feature's counts have sensitivity 1.
+  arXiv:2311.08357, §2.1). Each example adds one to one bucket per feature, so every feature's
+  counts have sensitivity 1.
   """
   mode: str = "min_count"
   min_count: int = 1
@@ -101,8 +102,8 @@ class CriteoJob:
 
 
 def parse_top_k(text: Optional[str]):
-  """`--top-k-per-feature` value: one int, 26 comma-separated ints, or `table3` (the sizes of Ghazi et al.
-  2023, arXiv:2311.08357, Table 3)."""
+  """`--top-k-per-feature` value: one int, 26 comma-separated ints, or `table3` (the sizes of
+  Ghazi et al. 2023, arXiv:2311.08357, Table 3)."""
   if text is None:
     return None
   if text == "table3":

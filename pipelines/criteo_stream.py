@@ -24,10 +24,12 @@ How it runs depends on the runner:
   batch of closed periods. The embedded runner cannot stream a polling source: with several
   worker processes it drops the deferred polls of `Watch` (the job ended after its first poll),
   and in every mode it runs nothing downstream of a GroupByKey before its source is done, so no
-  period would be written while the job watches (docs/guide/preprocess.md, "Where the streaming job runs").
+  period would be written while the job watches (docs/guide/preprocess.md, "Where the streaming job
+  runs").
 - a streaming runner (`--runner` Dataflow, Flink, Prism): one unbounded pipeline, Beam's `Watch`
   polling DIR with a day-index watermark and the same stop rule. Runners of bounded pipelines
-  only (`BATCH_ONLY_RUNNERS`: Dask) are refused with the list of those that stream. (`MatchContinuously` itself stamps
+  only (`BATCH_ONLY_RUNNERS`: Dask) are refused with the list of those that stream.
+  (`MatchContinuously` itself stamps
   matches with the poll time and lets the watermark follow the clock, so day-stamped records would
   all be late; its poll budget also counts polls, not idle time.)
 """

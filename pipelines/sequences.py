@@ -1,6 +1,7 @@
 """Interaction logs → per-user item sequences for sequential recommendation.
 
-    python -m pipelines.sequences --input ratings.dat --format movielens --output OUT [--min-count 5]
+    python -m pipelines.sequences --input ratings.dat --format movielens --output OUT \
+        [--min-count 5]
 
 Formats: `movielens` (`ratings.dat` with `::` or `u.data` with tabs: user, item, rating, time),
 `sasrec` (`user item` lines already in time order; the line order is the time) and `csv`

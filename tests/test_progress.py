@@ -1,4 +1,5 @@
-"""Progress bars: redrawn in place on a terminal; in a log, a few plain lines, no carriage returns."""
+"""Progress bars: redrawn in place on a terminal; in a log, a few plain lines, no carriage
+returns."""
 import io
 import subprocess
 import sys

@@ -1,4 +1,5 @@
-"""Criteo TFRecords written by `dprec preprocess criteo`: the Example schema, its writer and readers.
+"""Criteo TFRecords written by `dprec preprocess criteo`: the Example schema, its writer and
+readers.
 
 An output directory holds `manifest.json` (format `dprec-criteo-v1`: feature names, vocabulary
 sizes with OOV index 0, one entry per day or streaming period with its files and row count, the

@@ -149,7 +149,9 @@ def compute_epsilon(noise_multiplier, sampling_rate, steps, delta, accountant="p
 
 
 def composed_noise_multiplier(sigma1, sigma2):
-  """σ of one Gaussian equivalent to two on the same sample: (σ1⁻² + σ2⁻²)^(−1/2) (note 001 §3.1)."""
+  """σ of one Gaussian equivalent to two on the same sample: (σ1⁻² + σ2⁻²)^(−1/2) (Ghazi et al.,
+  "Sparsity-Preserving Differentially Private Training of Large Embedding Models",
+  arXiv:2311.08357, §3.1)."""
   if sigma1 <= 0 or sigma2 <= 0:
     raise DprecError(f"noise multipliers must be > 0, got {sigma1} and {sigma2}")
   return (sigma1 ** -2 + sigma2 ** -2) ** -0.5

@@ -153,7 +153,8 @@ class PrivacyLedger:
     try:
       return self._compose(self.charges)
     except (KeyError, TypeError) as error:
-      raise DprecError(f"{self.path}: malformed charge in the privacy ledger ({error!r})") from error
+      raise DprecError(f"{self.path}: malformed charge in the privacy ledger ({error!r})"
+                       ) from error
 
   def _state(self, charges):
     return {"format": LEDGER_FORMAT, "epsilon_budget": self.epsilon_budget, "delta": self.delta,

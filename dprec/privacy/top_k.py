@@ -1,4 +1,7 @@
-"""DP top-k bucket selection for DP-FEST (note 001 §2.1, Algorithm 2 after [DR21]), charged honestly.
+"""DP top-k bucket selection for DP-FEST (Ghazi et al., "Sparsity-Preserving Differentially
+Private Training of Large Embedding Models", arXiv:2311.08357, §2.1, Algorithm 2, after Durfee and
+Rogers, "One-shot DP top-k mechanisms", differentialprivacy.org/one-shot-top-k, 2021), charged
+honestly.
 
 Adding Gumbel noise of scale b to every count and keeping the k largest is distributed exactly as
 k successive exponential-mechanism draws without replacement with P(i) ∝ exp(h_i / b). Counts are
@@ -87,7 +90,8 @@ def gumbel_top_k(counts, k, epsilon, rng: np.random.Generator, domain=None):
 
 
 def feature_counts(ids, vocab_sizes):
-  """Per-feature bucket counts from ids[n, p] (one bucket per example per feature: sensitivity 1)."""
+  """Per-feature bucket counts from ids[n, p] (one bucket per example per feature:
+  sensitivity 1)."""
   ids = np.asarray(ids)
   if ids.ndim != 2 or ids.shape[1] != len(vocab_sizes):
     raise DprecError(f"ids must have shape [n, {len(vocab_sizes)}], got {ids.shape}")
@@ -121,7 +125,8 @@ def split_selection_budget(ks: Sequence[int], epsilon, delta=0.0):
   """(ε per draw of each feature, total ε charged) for k_f draws on each of p features.
 
   One example touches every feature. δ = 0: pure, ε/p per feature, ε/(p·k_f) per draw (basic
-  composition). δ > 0: every one of the K = Σ k_f draws gets sqrt(8ρ/K), ρ the zCDP budget of (ε, δ).
+  composition). δ > 0: every one of the K = Σ k_f draws gets sqrt(8ρ/K), ρ the zCDP budget of
+  (ε, δ).
   """
   p = len(ks)
   if delta == 0:

@@ -153,8 +153,8 @@ def parse_rows(serialized):
 def batch_dataset(directory: str, manifest: dict, start: int = 0,
                   stop: Optional[int] = None) -> tf.data.Dataset:
   """Steps `start`..`stop` − 1 (default: to the end) of a checked batch directory
-  (`read_manifest`) as a `tf.data.Dataset` of `(features, label)` batches in step order; each shard is checked
-  when it is read."""
+  (`read_manifest`) as a `tf.data.Dataset` of `(features, label)` batches in step order; each
+  shard is checked when it is read."""
   entries = manifest["steps"][start:stop]
 
   def generate():

@@ -6,7 +6,8 @@ with ordinary steps. Each epoch is one pass over the users in fixed-size shuffle
 every user is released at most once per epoch (the remainder of N/B waits for the next epoch),
 and E epochs cost the E-fold Gaussian composition (`dprec.privacy.forward`). The ledger is
 charged one release at the start of each epoch (`EpochReleaseCallback`; plus ε2 once, paid by the
-`train seqrec` workflow, if labels go through randomized response). Only the last label of each sequence is kept: the earlier ones are its own items.
+`train seqrec` workflow, if labels go through randomized response). Only the last label of each
+sequence is kept: the earlier ones are its own items.
 
 The guarantee is SeqLDP, per user and local, not central DP: it must never be read as DP-SGD's.
 """
@@ -121,7 +122,8 @@ class EpochReleaseCallback(tf.keras.callbacks.Callback):
 
   def __init__(self, ledger, forward_plan, steps_per_epoch, label, step=0, epochs_paid=0):
     super().__init__()
-    self.ledger, self.plan, self.per_epoch, self.label = ledger, forward_plan, steps_per_epoch, label
+    self.ledger, self.plan = ledger, forward_plan
+    self.per_epoch, self.label = steps_per_epoch, label
     self.step, self.epochs_paid = step, epochs_paid
 
   def on_train_batch_begin(self, batch, logs=None):

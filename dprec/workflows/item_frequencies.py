@@ -70,7 +70,8 @@ def source(options, plan, p_i):
   if options.item_frequencies is not None:
     return {"source": "public file", "path": options.item_frequencies, "public": True}
   return {"source": "dp histogram", "epsilon_share": share(options),
-          "noise_multiplier": plan.mechanisms[LABEL], "max_items_per_user": histogram_items(options),
+          "noise_multiplier": plan.mechanisms[LABEL],
+          "max_items_per_user": histogram_items(options),
           "ledger_label": LABEL}
 
 

@@ -4,7 +4,8 @@ A run directory's `checkpoints/` holds atomic `ckpt-<n>` commits (`dprec.trainin
 `checkpoint_objects` (the model, its optimizer slots and step; no generator state: a step's noise
 and batch are re-derived from the run's key and the step) and a JSON state with the step and the
 run's `fingerprint` (the options a resumed run must share with the run it continues). `Resume`
-restores the newest that reads (an older one if the newest is damaged, with a warning) into a freshly
+restores the newest that reads (an older one if the newest is damaged, with a warning) into a
+freshly
 built model, refusing other settings, and commits new ones.
 """
 import dataclasses

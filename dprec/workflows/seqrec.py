@@ -75,7 +75,9 @@ EPSILON_COVERS = {
 
 @dataclasses.dataclass
 class SeqRecTrainOptions(run_lib.FitOptions):
-  """Everything one `train seqrec` run needs (defaults: the paper's Amazon setting, note 000 §5–7)."""
+  """Everything one `train seqrec` run needs (defaults: the Amazon setting of Ding et al.,
+  "DPFormer: Learning Differentially Private Transformer on Long-Tailed Data", arXiv:2305.17633,
+  §5–7)."""
   # A resumed run may also evaluate differently.
   NOT_FINGERPRINTED = run_lib.FitOptions.NOT_FINGERPRINTED + (
       "exclude_history", "eval_batch_size", "reattention_at_eval")

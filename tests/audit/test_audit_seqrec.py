@@ -2,7 +2,6 @@
 well above 1 at 95%), DPFormer's DP step at ε = 2 is not (bound ≤ 2)."""
 import json
 
-import pytest
 
 from dprec.audit import seqrec
 from dprec.workflows.seqrec import SeqRecTrainOptions

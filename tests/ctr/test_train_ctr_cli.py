@@ -351,7 +351,8 @@ KILL_STEPS = 24
 def _kill_argv(data_dir, run_dir):
   """Checkpoints every 3 steps, charges every 5: a resumed run retrains prepaid steps."""
   return ["train", "ctr", "--data", data_dir, "--algorithm", "dp_adafest_plus", "--top-k-total",
-          "260", "--threshold", "2", "--epsilon", str(EPSILON), "--accountant", "rdp", "--batch-size",
+          "260", "--threshold", "2", "--epsilon", str(EPSILON), "--accountant", "rdp",
+          "--batch-size",
           "32", "--steps", str(KILL_STEPS), "--hidden-units", "8", "--charge-every", "5",
           "--checkpoint-every", "3", "--insecure-noise-seed", "3", "--no-progress", "--run-dir",
           run_dir, "--summary-json", os.path.join(run_dir, "summary.json")]
@@ -491,7 +492,8 @@ def test_batch_size_and_steps_come_from_the_training_rows(rows, batch_size, step
   assert (sized.batch_size, sized.steps) == (batch_size, steps)
   given = ctr_workflow.sized_for(ctr_workflow.CTRTrainOptions(data="", batch_size=2, steps=3), rows)
   assert (given.batch_size, given.steps) == (2, 3)
-  assert ctr_workflow.sized_for(ctr_workflow.CTRTrainOptions(data="", batch_size=2), rows).steps == -(-rows // 2)
+  two = ctr_workflow.CTRTrainOptions(data="", batch_size=2)
+  assert ctr_workflow.sized_for(two, rows).steps == -(-rows // 2)
 
 
 def test_cli_without_batch_size_and_steps_trains_one_epoch(data_dir, tmp_path):

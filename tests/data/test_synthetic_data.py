@@ -124,7 +124,8 @@ def test_tail_decay_moves_the_click_signal_into_frequent_buckets():
   rare_shares = []
   for stream in streams:
     day0 = [block for day, block in stream if day == 0]
-    ids, weights, labels = (np.concatenate([b[k] for b in day0]) for k in ("ids", "weights", "label"))
+    ids, weights, labels = (np.concatenate([b[k] for b in day0])
+                            for k in ("ids", "weights", "label"))
     assert abs(labels.mean() - 0.25) < 0.01
     rare = np.zeros(ids.shape, bool)
     for j, column in enumerate(ids.T):

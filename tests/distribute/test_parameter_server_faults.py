@@ -1,4 +1,5 @@
-"""`dprec train ctr --strategy parameter_server` on a cluster of processes (TF_CONFIG: chief, workers,
+"""`dprec train ctr --strategy parameter_server` on a cluster of processes (TF_CONFIG: chief,
+workers,
 ps), with faults as tf.distribute promises to handle them: a worker killed mid-run and restarted
 by its cluster manager is waited for and the coordinator reschedules its step (the run finishes,
 every step paid once, ε as planned); a worker killed at a chosen step once its update is computed

@@ -1,6 +1,7 @@
 """`dprec train ctr --strategy multi_worker --local-workers 2` and `--strategy parameter_server
 --local-workers 2 --local-ps 2`: the ledger paid once per global step by the chief, the secret
-key shared through the run directory (multi_worker) or kept by the chief (parameter_server). (That a distributed step
+key shared through the run directory (multi_worker) or kept by the chief (parameter_server). (That
+a distributed step
 equals the one-device step: test_mirrored_step, test_multi_worker_step.)"""
 import json
 import os

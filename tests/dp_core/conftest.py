@@ -20,11 +20,13 @@ def build_model(seed=0, hidden=5):
   multi = tf.keras.Input((4,), dtype=tf.int64, name="multi")
   extra = tf.keras.Input((2,), dtype=tf.int64, name="extra")
   shared = DPEmbedding(VOCABS["m"], DIMS["m"], combiner="sum", name="m",
-                       embeddings_initializer=tf.keras.initializers.RandomUniform(-1, 1, seed=seed + 1))
+                       embeddings_initializer=tf.keras.initializers.RandomUniform(
+                           -1, 1, seed=seed + 1))
   h = tf.keras.layers.Concatenate()([
       DPMultiEmbedding([VOCABS["a0"], VOCABS["a1"]], [DIMS["a0"], DIMS["a1"]],
                        table_names=["a0", "a1"],
-                       embeddings_initializer=tf.keras.initializers.RandomUniform(-1, 1, seed=seed))(cat),
+                       embeddings_initializer=tf.keras.initializers.RandomUniform(
+                           -1, 1, seed=seed))(cat),
       shared(multi), shared(extra)])
   h = tf.keras.layers.Dense(hidden, activation="tanh")(h)
   h = tf.keras.layers.LayerNormalization()(h)

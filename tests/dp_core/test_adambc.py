@@ -155,7 +155,8 @@ def test_sparse_update_has_no_vocabulary_sized_tensor():
     optimizer.apply_gradients([(tf.IndexedSlices(values, rows, [vocab, 2]), table)])
 
   rows = tf.constant([5, 77, 999_999], tf.int64)
-  graph = step.get_concrete_function(tf.TensorSpec([None, 2]), tf.TensorSpec([None], tf.int64)).graph
+  graph = step.get_concrete_function(tf.TensorSpec([None, 2]),
+                                     tf.TensorSpec([None], tf.int64)).graph
   sized = [op.name for op in graph.get_operations() for out in op.outputs
            if out.shape.rank and vocab in out.shape.as_list()]
   assert not sized, sized

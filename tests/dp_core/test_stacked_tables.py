@@ -3,7 +3,6 @@ multiple of a width) in one variable give the same model and, with the same key,
 step as one variable per table."""
 import numpy as np
 import pytest
-import tensorflow as tf
 
 from dprec.models import ctr
 from dprec.optimizers import (AdamBC, DPAdaFEST, DPFEST, DPSGD, DPOptimizer, LazyAdam,

@@ -70,7 +70,8 @@ def test_pipeline_charges_the_ledger_and_refuses_over_budget(tmp_path, criteo_li
   assert ledger["charges"][0]["dataset"] == summary["privacy"]["dataset"] == dataset
   assert ledger["charges"][0]["stage"] == "preprocessing"
   assert manifest["vocab_privacy"]["dp"]
-  assert manifest["vocab_privacy"]["epsilon"] == pytest.approx(2.0) == ledger["charges"][0]["epsilon"]
+  charged = ledger["charges"][0]["epsilon"]
+  assert manifest["vocab_privacy"]["epsilon"] == pytest.approx(2.0) == charged
   # Seeded (public) draws: the charge and the manifest say the selection is not private.
   assert ledger["charges"][0]["private"] is False and not manifest["vocab_privacy"]["private"]
   # The ledger is out_0's budget: another output's selection is refused, and so is one over it.

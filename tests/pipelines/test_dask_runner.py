@@ -14,7 +14,8 @@ from pipelines import beam_io
 from pipelines import criteo
 from pipelines import criteo_stream
 
-distributed = pytest.importorskip("distributed")  # pip install -e .[test] installs apache-beam[dask]
+# pip install -e .[test] installs apache-beam[dask]
+distributed = pytest.importorskip("distributed")
 
 DASK = ["--runner", "DaskRunner"]
 

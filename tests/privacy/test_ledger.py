@@ -1,4 +1,5 @@
-"""The privacy ledger: exact ε from its charges, atomic writes that survive kills, budget refusal."""
+"""The privacy ledger: exact ε from its charges, atomic writes that survive kills, budget
+refusal."""
 import json
 import os
 import signal

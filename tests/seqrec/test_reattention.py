@@ -1,4 +1,5 @@
-"""Re-Attention (Eq. 4 correction) and error-variance propagation (Eqs. 7, 8) against Monte Carlo."""
+"""Re-Attention (Eq. 4 correction) and error-variance propagation (Eqs. 7, 8) against Monte
+Carlo."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -13,7 +14,8 @@ def _expected_attention(query, keys, key_std, samples, rng, correct):
   noise = rng.normal(size=(samples,) + keys.shape) * key_std[None, :, None]
   logits = tf.einsum("d,sjd->sj", query, keys[None] + noise)
   if correct:  # C = ⟨q, q⟩ (no 1/√d in these logits), σ_j² per key coordinate
-    logits = reattention_logits(logits, tf.fill([samples], tf.constant(query @ query, tf.float64)), key_std ** 2)
+    norms = tf.fill([samples], tf.constant(query @ query, tf.float64))
+    logits = reattention_logits(logits, norms, key_std ** 2)
   return tf.reduce_mean(tf.nn.softmax(logits, axis=-1), axis=0).numpy()
 
 

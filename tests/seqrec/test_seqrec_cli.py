@@ -14,7 +14,8 @@ from dprec.privacy import PrivacyLedger, user_histogram
 from dprec.training import checkpoint as ckpt_lib
 from dprec.workflows import item_frequencies
 
-SMALL = ["--model", "dpformer", "--epochs", "1", "--max-len", "8", "--dim", "8", "--blocks", "1", "--no-progress"]
+SMALL = ["--model", "dpformer", "--epochs", "1", "--max-len", "8", "--dim", "8", "--blocks", "1",
+         "--no-progress"]
 TINY = SMALL + ["--batch-size", "32"]
 
 
@@ -122,8 +123,8 @@ def test_trained_model_holds_dp_frequencies_charged_to_the_ledger(sequences_dir,
   assert histogram[0]["noise_multiplier"] == summary["item_frequencies"]["noise_multiplier"]
 
 
-def test_public_frequency_file_is_used_as_is_and_not_charged(sequences_dir, frequency_file, tmp_path,
-                                                             capsys):
+def test_public_frequency_file_is_used_as_is_and_not_charged(sequences_dir, frequency_file,
+                                                             tmp_path, capsys):
   run_dir, (path, values) = str(tmp_path / "run"), frequency_file
   code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5", "--run-dir",
                    run_dir, "--item-frequencies", path] + TINY)
@@ -223,5 +224,5 @@ def test_vocabulary_alone_pays_for_the_histogram():
   vanilla = SeqRecTrainOptions(model="dpformer", reattention=False)
   assert item_frequencies.mechanisms(vanilla) == []
   for levers in ({"item_vocab_threshold": 5}, {"popularity_weights": True}):
-    assert item_frequencies.mechanisms(SeqRecTrainOptions(model="dpformer", reattention=False, **levers)) == [
-        (item_frequencies.LABEL, 0.05)]
+    options = SeqRecTrainOptions(model="dpformer", reattention=False, **levers)
+    assert item_frequencies.mechanisms(options) == [(item_frequencies.LABEL, 0.05)]

@@ -134,7 +134,8 @@ HYBRID = ["--model", "hybrid", "--epochs", "1", "--batch-size", "32", "--max-len
 
 def test_hybrid_epsilon_composes_histogram_pairs_and_training(sequences_dir, tmp_path, capsys):
   ledger = tmp_path / "ledger.json"
-  summary = _run(capsys, "--data", sequences_dir, "--epsilon", "5", "--ledger", str(ledger), *HYBRID)
+  summary = _run(capsys, "--data", sequences_dir, "--epsilon", "5", "--ledger", str(ledger),
+                 *HYBRID)
   assert summary["model"] == "hybrid"
   histogram, pairs = summary["item_frequencies"], summary["item_pairs"]
   assert histogram["epsilon_share"] == 0.1 and pairs["epsilon_share"] == 0.3

@@ -22,8 +22,9 @@ KILL_AFTER_STEP = 5
 
 def _options(sequences_dir, **overrides):
   # dropout 0: Keras' dropout masks are not part of the checkpoint; everything else is.
-  options = dict(model="dpformer", data=sequences_dir, epsilon=5.0, epochs=2, batch_size=32, max_len=8, dim=8,
-                 num_blocks=1, dropout=0.0, progress=False, checkpoint_every=3, charge_every=2)
+  options = dict(model="dpformer", data=sequences_dir, epsilon=5.0, epochs=2, batch_size=32,
+                 max_len=8, dim=8, num_blocks=1, dropout=0.0, progress=False, checkpoint_every=3,
+                 charge_every=2)
   return SeqRecTrainOptions(**dict(options, **overrides))
 
 
@@ -71,11 +72,12 @@ def test_killed_run_resumes_to_the_uninterrupted_result(sequences_dir, frequency
                                                         monkeypatch):
   # Public p_i: the DP histogram's noise is secret, so two runs would differ (see below).
   path = frequency_file[0]
-  whole = train_seqrec(_options(sequences_dir, run_dir=str(tmp_path / "whole"), keep_checkpoints=None,
-                                item_frequencies=path))
+  whole = train_seqrec(_options(sequences_dir, run_dir=str(tmp_path / "whole"),
+                                keep_checkpoints=None, item_frequencies=path))
   assert whole["steps"] == 7 and whole["resumed_from_step"] == 0
   kept = sorted(os.listdir(tmp_path / "whole" / "checkpoints"))
-  assert kept == ["LATEST"] + [f"ckpt-{n:06d}" for n in range(3)]  # steps 3, 6, 7 (validation items held out)
+  # steps 3, 6, 7 (validation items held out)
+  assert kept == ["LATEST"] + [f"ckpt-{n:06d}" for n in range(3)]
   saved_options = options_from_checkpoint(_latest(str(tmp_path / "whole")))
   assert saved_options.run_fingerprint() == _options(
       sequences_dir, item_frequencies=path).run_fingerprint()
@@ -102,7 +104,8 @@ def test_killed_run_resumes_to_the_uninterrupted_result(sequences_dir, frequency
     np.testing.assert_allclose(got[name], value, atol=1e-5, err_msg=name)
   assert resumed["ndcg_at_10"] == pytest.approx(whole["ndcg_at_10"])
 
-  again = train_seqrec(_options(sequences_dir, run_dir=killed_dir, item_frequencies=path))  # evaluates
+  # evaluates again
+  again = train_seqrec(_options(sequences_dir, run_dir=killed_dir, item_frequencies=path))
   assert again["resumed_from_step"] == whole["steps"] and again["epsilon"] == resumed["epsilon"]
   with pytest.raises(DprecError, match="epochs: 2 there, 3 now"):
     train_seqrec(_options(sequences_dir, run_dir=killed_dir, item_frequencies=path, epochs=3))

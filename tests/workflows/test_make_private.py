@@ -115,7 +115,8 @@ def test_removing_one_example_moves_the_clipped_sum_by_at_most_c2(kind):
   x, y = _data()
   x = {k: v[:16] for k, v in x.items()}
   y = 100 * y[:16]
-  model._initialise(*private_model._in_memory(x, y))  # builds it, as the first fit does  # far from the predictions: every example is clipped to norm C2
+  # Builds it, as the first fit does; far from the predictions: every example is clipped to C2.
+  model._initialise(*private_model._in_memory(x, y))
 
   def clipped_sum(rows):
     features = {k: tf.constant(v[rows]) for k, v in x.items()}
