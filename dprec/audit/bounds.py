@@ -158,6 +158,56 @@ def gdp_epsilon_lower_bound(m: int, k: int, c: int, delta: float, confidence: fl
   return gdp_epsilon(low, delta)
 
 
+def clopper_pearson_upper(count, n, alpha):
+  """The Clopper–Pearson upper confidence limit at level 1 − `alpha` on a binomial rate from
+  `count` successes in `n` trials (elementwise)."""
+  count = np.asarray(count, np.float64)
+  upper = stats.beta.ppf(1.0 - alpha, count + 1.0, np.maximum(n - count, 1e-300))
+  return np.where(count >= n, 1.0, upper)
+
+
+def threshold_error_counts(in_scores, out_scores):
+  """(false positives, false negatives) of the rule "in if score ≥ t" at every distinct score t
+  (and +∞), the counts of "out" canaries at or above t and of "in" canaries below it."""
+  in_scores = np.sort(np.asarray(in_scores, np.float64))
+  out_scores = np.sort(np.asarray(out_scores, np.float64))
+  thresholds = np.append(np.unique(np.concatenate([in_scores, out_scores])), np.inf)
+  false_negatives = np.searchsorted(in_scores, thresholds, side="left")
+  false_positives = out_scores.size - np.searchsorted(out_scores, thresholds, side="left")
+  return false_positives, false_negatives
+
+
+def clopper_pearson_epsilon(in_scores, out_scores, delta: float, confidence: float) -> float:
+  """The counting bound (Jagielski, Ullman & Oprea 2020, "Auditing differentially private
+  machine learning: how private is private SGD?", arXiv:2006.07709): at every threshold,
+  ε ≥ log((TPR_lo − δ) / FPR_hi) with Clopper–Pearson limits at (1 − confidence)/(2H), H
+  thresholds (Bonferroni); the best threshold's. Valid for canaries that are independent trials
+  of the audited mechanism (white-box Dirac canaries are)."""
+  false_positives, false_negatives = threshold_error_counts(in_scores, out_scores)
+  alpha = (1.0 - confidence) / (2 * false_positives.size)
+  tpr_low = 1.0 - clopper_pearson_upper(false_negatives, np.size(in_scores), alpha)
+  fpr_high = clopper_pearson_upper(false_positives, np.size(out_scores), alpha)
+  useful = tpr_low > delta
+  if not np.any(useful):
+    return 0.0
+  return max(0.0, float(np.max(np.log(tpr_low[useful] - delta) - np.log(fpr_high[useful]))))
+
+
+def gdp_fit_epsilon(in_scores, out_scores, delta: float, confidence: float) -> float:
+  """The GDP fit of the scores (Nasr et al. 2023, "Tight auditing of differentially private
+  machine learning", arXiv:2302.07956): a μ-GDP mechanism's errors satisfy FNR ≥ Φ(Φ⁻¹(1 − FPR)
+  − μ) at every threshold (Dong, Roth & Su 2022, Def. 2.7), so with Clopper–Pearson limits at
+  (1 − confidence)/(2H) on both rates, μ ≥ max over thresholds of Φ⁻¹(1 − FPR_hi) − Φ⁻¹(FNR_hi);
+  returned as the ε at `delta` of that μ. Valid for canaries that are independent trials of a
+  mechanism whose tradeoff curve is Gaussian (white-box canaries after many noisy steps)."""
+  false_positives, false_negatives = threshold_error_counts(in_scores, out_scores)
+  alpha = (1.0 - confidence) / (2 * false_positives.size)
+  fpr_high = clopper_pearson_upper(false_positives, np.size(out_scores), alpha)
+  fnr_high = clopper_pearson_upper(false_negatives, np.size(in_scores), alpha)
+  mu = float(np.max(special.ndtri(1.0 - fpr_high) - special.ndtri(fnr_high)))
+  return gdp_epsilon(mu, delta) if mu > 0 else 0.0
+
+
 MIN_GUESSES = 16  # the fewest "in" guesses tried
 
 
@@ -180,9 +230,13 @@ class Bound:
 
 def best_bounds(scores: Dict[str, np.ndarray], included, delta: float, confidence: float,
                 rng: np.random.Generator) -> Dict[str, Bound]:
-  """{"gdp": Mahloujifar et al.'s bound, "steinke": Steinke et al.'s} from "in" guesses on the
-  k highest scores, for every score and every k in `guess_counts` — each hypothesis tested at
-  (1 − confidence)/H for H of them (Bonferroni), so the best is valid at `confidence`."""
+  """Every estimator's best bound over the scores, each valid at `confidence`: "gdp"
+  (Mahloujifar et al.'s one-run f-DP) and "steinke" (Steinke et al.'s one-run) from "in" guesses
+  on the k highest scores for every k in `guess_counts`; "gdp_fit" (Nasr et al.) and
+  "clopper_pearson" (the counting bound) from the in and out canaries' scores at every threshold.
+  Each estimator tests its H hypotheses (scores × guess counts, or scores × thresholds) at
+  (1 − confidence)/H (Bonferroni), so its best is valid at `confidence`; the estimators are
+  alternatives, each reported, not a maximum taken over them."""
   included = np.asarray(included, bool)
   m = included.size
   counts = guess_counts(m)
@@ -198,5 +252,16 @@ def best_bounds(scores: Dict[str, np.ndarray], included, delta: float, confidenc
         epsilon = bound_of(k, correct)
         if epsilon > best.epsilon:
           best = Bound(epsilon, best.ceiling, score, k, correct)
+    result[name] = best
+  level = 1.0 - (1.0 - confidence) / len(scores)
+  for name, estimator in (("gdp_fit", gdp_fit_epsilon),
+                          ("clopper_pearson", clopper_pearson_epsilon)):
+    best = Bound(0.0, estimator(np.ones(included.sum()), np.zeros(m - included.sum()), delta,
+                                level))
+    for score, values in scores.items():
+      values = np.asarray(values, np.float64)
+      epsilon = estimator(values[included], values[~included], delta, level)
+      if epsilon > best.epsilon:
+        best = Bound(epsilon, best.ceiling, score)
     result[name] = best
   return result

@@ -97,7 +97,7 @@ def _train_with_canaries(options, data, canaries):
   plan = train_ctr.plan_privacy(train_options, len(train["label"]))
   model = ctr.build_ctr_model(canaries.vocab_sizes, hidden_units=train_options.hidden_units)
   selected = None
-  if train_options.algorithm in ("dp_fest", "dp_adafest_plus"):
+  if train_options.algorithm in train_ctr.FEST_ALGORITHMS:
     # Selection charged by the plan (ε_select); no ledger: the audit releases only its bound.
     selected = fest.rows_from_ids(
         train[ctr.CAT_FEATURES], model.config.table_names, model.config.vocab_sizes,
@@ -161,7 +161,7 @@ def audit_ctr(options: CTRAuditOptions, data: Optional[train_ctr.CTRData] = None
   delta = train_options.delta or 1.0 / num_examples  # `train ctr`'s default δ = 1/N
   started = time.perf_counter()
   result = runner.run_audit(train_and_score, options.runs, delta, options.confidence,
-                            np.random.default_rng())
+                            np.random.default_rng(), runner.HEADLINES[options.threat_model])
   plan = result.plan
   private = train_options.algorithm != "non_private"
   steps_epsilon = None

@@ -11,40 +11,59 @@ import numpy as np
 
 from dprec.audit import bounds
 
-METHOD = ("one-run audit, f-DP analysis against Gaussian DP (Mahloujifar, Melis & Chaudhuri "
-          "2024); second line: Steinke, Nasr & Jagielski 2023. 'in' guesses on the k highest "
-          "scores for k = m/2, m/4, ..., every score and k tested at (1 − confidence)/H "
-          "(Bonferroni over the H tries)")
-NOTE = ("a lower bound on the ε of this configuration, valid with the stated confidence (the "
-        "f-DP line assumes the mechanism's tradeoff curve is Gaussian-like, as it is after many "
-        "noisy steps; the Steinke line assumes nothing); 'ceiling' is the largest bound these "
-        "guesses could give (every guess right); the scores file holds which canaries were "
-        "inserted: keep it private")
+METHODS = {
+    "gdp": "one-run audit, f-DP analysis against Gaussian DP (Mahloujifar, Melis & Chaudhuri "
+           "2024, arXiv:2410.22235): 'in' guesses on the k highest scores for k = m/2, m/4, ...",
+    "steinke": "one-run audit (Steinke, Nasr & Jagielski 2023, arXiv:2305.08846), the same "
+               "guesses; its δ term 2·m·δ grows with the canaries, which caps it when m·δ is "
+               "not small",
+    "gdp_fit": "GDP fit of the in/out scores at every threshold, Clopper-Pearson limits on "
+               "both error rates (Nasr et al. 2023, arXiv:2302.07956); needs canaries that are "
+               "independent trials (white-box)",
+    "clopper_pearson": "counting bound log((TPR - δ)/FPR) at every threshold, Clopper-Pearson "
+                       "limits (Jagielski, Ullman & Oprea 2020, arXiv:2006.07709); needs "
+                       "canaries that are independent trials (white-box)",
+}
+HEADLINES = {"black_box": "gdp", "white_box": "gdp_fit"}  # chosen before any score is seen
+NOTE = ("a lower bound on the ε of this configuration, valid with the stated confidence for "
+        "each estimator on its own (the headline is fixed by the threat model beforehand, not "
+        "the best of them; the f-DP and GDP-fit lines assume the mechanism's tradeoff curve is "
+        "Gaussian-like, as it is after many noisy steps; the Steinke and counting lines assume "
+        "nothing); 'ceiling' is the largest bound these guesses could give (every guess right); "
+        "the scores file holds which canaries were inserted: keep it private")
 
 
 @dataclasses.dataclass
 class AuditResult:
-  bounds: Dict[str, bounds.Bound]  # "gdp" and "steinke"
+  bounds: Dict[str, bounds.Bound]  # every estimator's (`bounds.best_bounds`)
   records: List[dict]  # per canary: run, canary, included, scores (private: who was inserted)
   plan: object  # the last run's privacy plan
+  headline: str = "gdp"  # the estimator the summary leads with
 
   @property
   def epsilon_lower_bound(self):
-    return self.bounds["gdp"].epsilon
+    return self.bounds[self.headline].epsilon
 
   def summary_fields(self) -> dict:
-    """The bound fields every audit summary carries."""
-    gdp, steinke = self.bounds["gdp"], self.bounds["steinke"]
-    return {"epsilon_lower_bound": gdp.epsilon, "ceiling": gdp.ceiling,
+    """The bound fields every audit summary carries: the headline estimator's bound and
+    ceiling, every estimator's, and the one-run guesses."""
+    gdp, steinke, headline = self.bounds["gdp"], self.bounds["steinke"], self.bounds[self.headline]
+    return {"epsilon_lower_bound": headline.epsilon, "ceiling": headline.ceiling,
+            "headline": self.headline,
+            "estimators": {name: {"epsilon_lower_bound": bound.epsilon, "ceiling": bound.ceiling,
+                                  "best_score": bound.score, "method": METHODS[name]}
+                           for name, bound in self.bounds.items()},
             "epsilon_lower_bound_steinke": steinke.epsilon, "ceiling_steinke": steinke.ceiling,
-            "best_score": gdp.score, "guesses": gdp.guesses, "correct_guesses": gdp.correct,
-            "guess_counts": bounds.guess_counts(len(self.records)), "method": METHOD}
+            "best_score": headline.score, "guesses": gdp.guesses, "correct_guesses": gdp.correct,
+            "guess_counts": bounds.guess_counts(len(self.records)),
+            "method": METHODS[self.headline]}
 
 
 def run_audit(train_and_score: Callable, runs: int, delta: float, confidence: float,
-              rng: np.random.Generator) -> AuditResult:
+              rng: np.random.Generator, headline: str = "gdp") -> AuditResult:
   """`train_and_score(rng)` trains once with fresh canaries and returns ({score name: [m]},
-  included [m], plan); the bound pools the canaries of all `runs`."""
+  included [m], plan); the bounds pool the canaries of all `runs`; `headline` names the
+  estimator the summary leads with."""
   pooled, included, records, plan = {}, [], [], None
   for run in range(runs):
     scores, run_included, plan = train_and_score(rng)
@@ -56,7 +75,7 @@ def run_audit(train_and_score: Callable, runs: int, delta: float, confidence: fl
                 for i, inc in enumerate(run_included)]
   scores = {name: np.concatenate(values) for name, values in pooled.items()}
   result = bounds.best_bounds(scores, np.concatenate(included), delta, confidence, rng)
-  return AuditResult(result, records, plan)
+  return AuditResult(result, records, plan, headline)
 
 
 def write_outputs(summary, records, scores_file=None, summary_json=None):

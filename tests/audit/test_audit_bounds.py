@@ -111,3 +111,44 @@ def test_best_bounds_reports_the_ceiling_and_the_best_guesses():
   assert gdp.epsilon == pytest.approx(gdp.ceiling)
   assert bounds.guess_counts(400) == [200, 100, 50, 25]
   assert result["steinke"].epsilon <= result["steinke"].ceiling
+
+
+def test_clopper_pearson_upper_limit_by_hand():
+  # 0 of n: the limit solves (1 − p)^n = α; n of n: 1.
+  assert bounds.clopper_pearson_upper(0, 100, 0.05) == pytest.approx(1 - 0.05 ** (1 / 100))
+  assert bounds.clopper_pearson_upper(7, 7, 0.05) == 1.0
+
+
+def test_threshold_error_counts_by_hand():
+  false_positives, false_negatives = bounds.threshold_error_counts([1.0, 3.0], [0.0, 2.0])
+  # thresholds 0, 1, 2, 3, +inf: "in" if score >= t
+  np.testing.assert_array_equal(false_positives, [2, 1, 1, 0, 0])
+  np.testing.assert_array_equal(false_negatives, [0, 0, 1, 1, 2])
+
+
+@pytest.mark.parametrize("mu", [1.0, 2.5])
+def test_threshold_estimators_recover_a_known_gaussian_and_stay_below_it(mu):
+  """Scores N(μ, 1) for "in" and N(0, 1) for "out" canaries (the μ-GDP mechanism). The GDP
+  fit, valid at 95%, stays below ε(μ) in (nearly) every draw, and with 20,000 canaries comes
+  within 25% of it; the counting bound stays below ε(μ) too."""
+  rng = np.random.default_rng(3)
+  delta, over_fit, over_counts, trials = 1e-5, 0, 0, 12
+  epsilon = bounds.gdp_epsilon(mu, delta)
+  fits = []
+  for _ in range(trials):
+    in_scores, out_scores = mu + rng.standard_normal(10_000), rng.standard_normal(10_000)
+    fits.append(bounds.gdp_fit_epsilon(in_scores, out_scores, delta, 0.95))
+    over_fit += fits[-1] > epsilon
+    over_counts += bounds.clopper_pearson_epsilon(in_scores, out_scores, delta, 0.95) > epsilon
+  assert over_fit <= 2 and over_counts <= 2
+  assert np.median(fits) > 0.75 * epsilon
+
+
+def test_best_bounds_carries_every_estimator():
+  rng = np.random.default_rng(2)
+  included = rng.random(2_000) < 0.5
+  scores = {"signal": 3.0 * included + rng.standard_normal(2_000), "noise": rng.random(2_000)}
+  result = bounds.best_bounds(scores, included, 1e-5, 0.95, rng)
+  assert set(result) == {"gdp", "steinke", "gdp_fit", "clopper_pearson"}
+  for name in ("gdp_fit", "clopper_pearson"):
+    assert result[name].score == "signal" and 0 < result[name].epsilon <= result[name].ceiling

@@ -1,5 +1,6 @@
 """The white-box audit against deliberately broken DP steps (test-only substitutions, never
-options): each broken step's bound exceeds the claimed ε, the correct step's stays at or below."""
+options): each broken step's bound exceeds the claimed ε by every estimator (one-run f-DP and
+Steinke, GDP fit, counting bound), the correct step's stays at or below by every one."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -23,36 +24,46 @@ def _config(algorithm):
                                                     threshold=0.5)
 
 
-def _bound(algorithm):
+ESTIMATORS = ("gdp", "steinke", "gdp_fit", "clopper_pearson")
+
+
+def _bounds(algorithm):
   rng = np.random.default_rng()
   scores, included = white_box.run_canaries(_config(algorithm), CANARIES, RATE, STEPS, 64.0, rng)
-  return bounds.best_bounds(scores, included, DELTA, 0.95, rng)["gdp"]
+  return bounds.best_bounds(scores, included, DELTA, 0.95, rng)
+
+
+def _caught(result):
+  """The estimators whose bound exceeds the claim."""
+  return {name for name, bound in result.items() if bound.epsilon > EPSILON}
 
 
 @pytest.mark.parametrize("algorithm", ["dp_sgd", "dp_adafest"])
 def test_correct_step_stays_below_its_claim(algorithm):
-  bound = _bound(algorithm)
-  assert 0.0 <= bound.epsilon <= EPSILON < bound.ceiling
+  result = _bounds(algorithm)
+  assert not _caught(result)
+  assert all(0.0 <= result[name].epsilon <= EPSILON < result[name].ceiling
+             for name in ("gdp", "gdp_fit"))
 
 
 def test_noise_divided_by_four_is_caught(monkeypatch):
   noise_std = config_lib.noise_std
   monkeypatch.setattr(config_lib, "noise_std", lambda clip, sigma: noise_std(clip, sigma) / 4)
-  assert _bound("dp_sgd").epsilon > EPSILON
+  assert _caught(_bounds("dp_sgd")) == set(ESTIMATORS)
 
 
 def test_skipped_clipping_is_caught(monkeypatch):
   monkeypatch.setattr(config_lib.DPSGD, "clip_factors",
                       lambda self, squared_norms, share=1.0, clip=None: tf.ones_like(squared_norms))
-  assert _bound("dp_sgd").epsilon > EPSILON
+  assert _caught(_bounds("dp_sgd")) == set(ESTIMATORS)
 
 
 def test_noise_reused_at_every_step_is_caught(monkeypatch):
   # Same draw each step (a generator reset to one state): same shape, same noise.
   monkeypatch.setattr(gaussian, "normal", lambda generator, shape, stddev=1.0, dtype=tf.float32:
                       tf.random.stateless_normal(shape, [3, 7], stddev=stddev, dtype=dtype))
-  bound = _bound("dp_sgd")
-  assert bound.epsilon > EPSILON and bound.score == "spread"
+  result = _bounds("dp_sgd")
+  assert _caught(result) == set(ESTIMATORS) and result["gdp"].score == "spread"
 
 
 def test_dropped_selection_noise_is_caught(monkeypatch):
@@ -60,7 +71,7 @@ def test_dropped_selection_noise_is_caught(monkeypatch):
   monkeypatch.setattr(selection, "select_rows",
                       lambda touched, contributions, universe, threshold, noise_std, generator:
                       select_rows(touched, contributions, universe, threshold, 0.0, generator))
-  assert _bound("dp_adafest").epsilon > EPSILON
+  assert _caught(_bounds("dp_adafest")) == set(ESTIMATORS)
 
 
 def test_claim_of_each_algorithm():
