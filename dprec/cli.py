@@ -12,6 +12,7 @@ import argparse
 import importlib
 import json
 import sys
+import warnings
 
 from dprec import quiet
 from dprec.cli_help import use_formatter
@@ -80,8 +81,14 @@ def import_tensorflow_quietly():
     import tensorflow  # noqa: F401  pylint: disable=import-outside-toplevel
 
 
+def _format_warning(message, *unused_args, **unused_kwargs):
+  """A Python warning as the command prints it: one line, no source location."""
+  return f"dprec: warning: {message}\n"
+
+
 def main(argv=None):
   argv = sys.argv[1:] if argv is None else list(argv)
+  warnings.formatwarning = _format_warning
   command = _command_in(argv)
   if not {"--debug", "--verbose"} & set(argv):
     quiet.hold_library_logs()

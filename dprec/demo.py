@@ -26,11 +26,10 @@ def register(subparsers):
                   "JSON summary. Takes a few minutes.")
   parser.add_argument("--out", default="demo_out", help="working directory for generated files")
   parser.add_argument("--rows", type=int, default=150000, help="synthetic rows to generate")
-  parser.add_argument("--steps", type=int, default=None,
-                      help="training steps of each run (default: one epoch, `train ctr`'s)")
-  parser.add_argument("--batch-size", type=int, default=None,
-                      help="expected batch size (default: `train ctr`'s, from the training rows "
-                           "N: the power of two nearest N/150)")
+  parser.add_argument("--steps", type=int, default=200, help="training steps of each run")
+  parser.add_argument("--batch-size", type=int, default=1024,
+                      help="expected batch size (0: `train ctr`'s, from the N training rows: the "
+                           "power of two nearest N/150)")
   parser.add_argument("--epsilon", type=float, default=1.0, help="privacy budget ε")
   parser.add_argument("--seed", type=int, default=0,
                       help="seed of the generated data and the initialisation (public)")
@@ -80,7 +79,7 @@ def run(args) -> dict:
   generated = synthetic.generate_criteo(data_dir, args.rows, days=DAYS, seed=args.seed)
   print("[2/4] privacy calculation", file=sys.stderr)
   data = ctr.load_data(data_dir)
-  options = ctr.sized_for(demo_options(data_dir, args.out, args.steps, args.batch_size,
+  options = ctr.sized_for(demo_options(data_dir, args.out, args.steps, args.batch_size or None,
                                        args.epsilon, args.seed, args.insecure_noise_seed),
                           len(data.train["label"]))
   privacy = privacy_calculation(options, len(data.train["label"]))

@@ -53,3 +53,15 @@ def test_a_keras_3_model_is_refused_with_what_to_do():
   model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
   with pytest.raises(DprecError, match=r"Keras 3 Sequential.*tf\.keras after `import dprec`"):
     make_private(model, epsilon=1.0, train_size=100)
+
+
+def test_a_dp_run_on_too_few_rows_says_what_to_expect(data_dir, tmp_path):
+  from dprec.workflows import ctr  # pylint: disable=import-outside-toplevel
+  with pytest.warns(ctr.SmallDataWarning, match=r"training rows at ε = 1: .* near chance"):
+    assert cli.main(["train", "ctr", "--data", data_dir, "--algorithm", "dp_sgd", "--epsilon",
+                     "1", *ARGS]) == 0
+
+
+def test_warnings_print_as_one_line():
+  line = cli._format_warning("what to expect", UserWarning, "f.py", 1)  # pylint: disable=protected-access
+  assert line == "dprec: warning: what to expect\n"
