@@ -1,4 +1,5 @@
 """The `dprec` dispatcher: every registered command has --help; errors are one clear line."""
+import dataclasses
 import json
 import os
 import re
@@ -222,3 +223,23 @@ def test_beam_jobs_are_quiet_unless_verbose(tmp_path):
          str(tmp_path / f"out{len(flags)}")], env=env, capture_output=True, text=True, check=True)
   assert runs[()].stderr == "" and json.loads(runs[()].stdout)["users"] == 29
   assert "INFO" in runs[("--verbose",)].stderr
+
+
+@pytest.mark.parametrize("argv, options", [
+    (["train", "seqrec", "--data", "d", "--epsilon", "5"],
+     "dprec.workflows.seqrec:SeqRecTrainOptions"),
+    (["train", "ctr", "--data", "d"], "dprec.workflows.ctr:CTRTrainOptions"),
+    (["stream", "--data", "d"], "dprec.workflows.stream:StreamOptions"),
+])
+def test_command_line_defaults_are_the_python_apis(argv, options):
+  """One source for each default: the options class the command builds."""
+  import importlib  # pylint: disable=import-outside-toplevel
+  module, name = options.split(":")
+  defaults = getattr(importlib.import_module(module), name)
+  parsed = vars(cli.build_parser().parse_args(argv))
+  fields = {f.name: f for f in dataclasses.fields(defaults)}
+  differ = {key: (value, fields[key].default) for key, value in parsed.items()
+            if key in fields and fields[key].default is not dataclasses.MISSING
+            and key not in ("data", "epsilon", "dp_forward")
+            and json.dumps(value) != json.dumps(fields[key].default)}  # a tuple as a list
+  assert not differ, differ

@@ -34,8 +34,9 @@ def register(subparsers):
       "summary with full-ranking NDCG@10 and HIT@10 overall and by item popularity "
       "(head/torso/tail).")
   add = parser.add_argument
+  defaults = seqrec.SeqRecTrainOptions  # one source for the defaults of the CLI and the Python API
   add("--data", required=True, help="directory written by `dprec preprocess sequences`")
-  add("--model", choices=seqrec.MODELS, default="item2item",
+  add("--model", choices=seqrec.MODELS, default=defaults.model,
       help="item2item: each user's (item, later item) pairs, scaled to norm 1, released once "
            "with Gaussian noise over the DP histogram's top items and thresholded, scored from "
            "the user's recent items (best on Amazon Games' validation items at eps 5, "
@@ -49,22 +50,24 @@ def register(subparsers):
            "in; 'inf' trains non-privately")
   add("--delta", type=float, default=None,
       help="δ (default: the --ledger's if it exists, else 1/N training users)")
-  add("--epochs", type=float, default=100.0, help="epochs (expected passes over the users)")
+  add("--epochs", type=float, default=defaults.epochs,
+      help="epochs (expected passes over the users)")
   add("--batch-size", type=int, default=None,
       help="expected batch size B (q = B/N); default: min(1024, N/8) for the N training users")
-  add("--learning-rate", type=float, default=5e-3, help="peak Adam learning rate")
-  add("--optimizer", choices=("adamw", "adambc"), default="adamw",
+  add("--learning-rate", type=float, default=defaults.learning_rate, help="peak Adam learning rate")
+  add("--optimizer", choices=("adamw", "adambc"), default=defaults.optimizer,
       help="AdamW, or DP-AdamBC (Adam with the noise variance subtracted, Tang et al. 2024, "
            "arXiv:2411.04205; same "
            "schedule and weight decay)")
-  add("--adambc-floor", type=float, default=seqrec.ADAMBC_FLOOR, help="γ' of --optimizer adambc")
-  add("--l2-norm-clip", type=float, default=1.0, help="per-user gradient clip norm C")
+  add("--adambc-floor", type=float, default=defaults.adambc_floor, help="γ' of --optimizer adambc")
+  add("--l2-norm-clip", type=float, default=defaults.l2_norm_clip,
+      help="per-user gradient clip norm C")
   add("--normalize", type=float, nargs="?", const=0.01, default=None,
       dest="normalization_offset", metavar="GAMMA",
       help="normalise per-user gradients, C/(‖g‖+GAMMA) (automatic clipping, the paper's "
            "setting; GAMMA defaults to 0.01) instead of clipping min(1, C/‖g‖)")
-  add("--max-len", type=int, default=50, help="maximum sequence length L")
-  add("--dim", type=int, default=64, help="model dimension d")
+  add("--max-len", type=int, default=defaults.max_len, help="maximum sequence length L")
+  add("--dim", type=int, default=defaults.dim, help="model dimension d")
   add("--item-rank", type=int, metavar="R",
       help="low-rank item table: M×R rows meeting the model through R×d projections, so the "
            "noise per item row shrinks from √d to √R (default: a full M×d table)")
@@ -85,16 +88,17 @@ def register(subparsers):
   add("--no-hold-out-validation", action="store_false", dest="hold_out_validation",
       help="train on the validation item too (default: hold it out and report its metrics "
            "under 'validation' for model selection)")
-  add("--blocks", type=int, default=2, dest="num_blocks", help="transformer blocks")
-  add("--heads", type=int, default=1, dest="num_heads", help="attention heads")
-  add("--dropout", type=float, default=0.5, help="dropout rate")
+  add("--blocks", type=int, default=defaults.num_blocks, dest="num_blocks",
+      help="transformer blocks")
+  add("--heads", type=int, default=defaults.num_heads, dest="num_heads", help="attention heads")
+  add("--dropout", type=float, default=defaults.dropout, help="dropout rate")
   add("--no-reattention", action="store_true", help="vanilla attention (baseline)")
   add("--untied", action="store_true", help="separate output embedding (the 'W/O PS' baseline)")
-  add("--loss-positions", choices=("all", "last"), default="all",
+  add("--loss-positions", choices=("all", "last"), default=defaults.loss_positions,
       help="next-item loss at every position or at the last one only")
   add("--score-padding", action="store_true",
       help="score the padding positions too (fixed shapes; same loss, slower)")
-  add("--variance-scale", type=float, default=1.0,
+  add("--variance-scale", type=float, default=defaults.variance_scale,
       help="multiplier of Re-Attention's effective-error variances σ_eff²")
   add("--item-frequencies", metavar="FILE",
       help="public Re-Attention frequencies p_i, lines 'ITEM_ID P' (ids as in the input logs); "
@@ -108,16 +112,17 @@ def register(subparsers):
       help="the DP histogram counts each user's last K items only: sensitivity √K instead of "
            "√L (default: --max-len for dpformer, 10 for item2item)")
   add("--exclude-history", action="store_true", help="do not rank items already in the history")
-  add("--eval-batch-size", type=int, default=256, help="users scored per evaluation batch")
+  add("--eval-batch-size", type=int, default=defaults.eval_batch_size,
+      help="users scored per evaluation batch")
   _add_item2item_arguments(parser)
   run_cli.add_run_arguments(
-      add, seqrec.SeqRecTrainOptions, randomness="noise, batches and the histogram's noise",
+      add, defaults, randomness="noise, batches and the histogram's noise",
       diagnostics="the exact training loss",
       run_dir_help="checkpoint here and keep the ledger and the secret noise key (DIR/secret: "
                    "keep it private) here; rerunning the same command resumes a killed run from "
                    "its last checkpoint (same batches and noise, no step paid twice); "
                    "benchmarks/dpformer_amazon.py --curve evaluates kept checkpoints")
-  run_cli.add_fit_arguments(add, seqrec.SeqRecTrainOptions)
+  run_cli.add_fit_arguments(add, defaults)
   _add_dp_forward_arguments(parser)
   parser.set_defaults(func=run)
 
@@ -187,23 +192,23 @@ def _add_dp_forward_arguments(parser):
       "unless --label-epsilon), not central DP; the service trains with non-private steps. "
       "Implies --model dpformer, --loss-positions last and no Re-Attention; --epochs must be whole")
   add = group.add_argument
+  defaults = dp_forward.DPForwardOptions  # the defaults of the Python API
   add("--dp-forward", action="store_true", help="train with DP-Forward instead of DP-SGD")
-  add("--forward-position", choices=("output", "attention"), default="output",
+  add("--forward-position", choices=("output", "attention"), default=defaults.position,
       help="noise the user representation (output) or the first attention output, residual "
-           "removed (attention) (default: output)")
-  add("--forward-norm-bound", type=float, default=1.0, metavar="C",
-      help="Frobenius norm C of the representation; sensitivity 2C (default: 1)")
+           "removed (attention)")
+  add("--forward-norm-bound", type=float, default=defaults.norm_bound, metavar="C",
+      help="Frobenius norm C of the representation; sensitivity 2C")
   add("--forward-clip", action="store_true",
       help="clip the representation to norm <= C instead of normalising it to C")
   add("--forward-reduced-dim", type=int, metavar="D",
       help="trainable projection to D dimensions before the noise (default: none)")
-  add("--forward-encoder-updates", choices=("none", "trusted"), default="none",
+  add("--forward-encoder-updates", choices=("none", "trusted"), default=defaults.encoder_updates,
       help="none: the user's side gets no gradients (covered by SeqLDP); trusted: the paper's "
-           "experiments, encoder gradients from raw sequences (needs a trusted party) "
-           "(default: none)")
+           "experiments, encoder gradients from raw sequences (needs a trusted party)")
   add("--no-inference-noise", action="store_true",
       help="evaluate on clean representations (default: noised, each query (eps, delta)-LDP)")
-  add("--label-epsilon", type=float, default=0.0, metavar="E2",
+  add("--label-epsilon", type=float, default=defaults.label_epsilon, metavar="E2",
       help="randomized response with a prior on the label at epsilon2, deducted from --epsilon "
            "(full LDP, epsilon1 + epsilon2; default 0: label in the clear)")
 
