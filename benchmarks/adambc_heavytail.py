@@ -1,14 +1,15 @@
-"""Seed 002's synthetic heavy-tail experiment (note 002 §4.1, Figure 2): DP-GD, DP-GDM, DP-Adam
-and DP-AdamBC run until the training loss stops improving.
+"""Tang et al.'s "On the Performance of Differentially Private Optimization with Heavy-Tail Class
+Imbalance" (arXiv:2411.04205) synthetic heavy-tail experiment (Tang et al. 2024, §3, Figure 2):
+DP-GD, DP-GDM, DP-Adam and DP-AdamBC run until the training loss stops improving.
 
     python benchmarks/adambc_heavytail.py [--top-class 1024] [--optimizers ...]
         [--learning-rates ...] [--floor-ratios ...] [--draws 2] [--json runs.json]
         [--plot curves.png]
     python benchmarks/adambc_heavytail.py --from-json runs*.json --plot curves.png
 
-Layout of note 002 §4.1 (the paper's formulas do not give its instance): group j = 0..G−1 has 2^j
-classes of S/2^j examples (S = `--top-class`, the most frequent class; the rarest classes have 8),
-so S = 1024 is the paper's n = 8192, c = 255, d = n + S = 9216; inputs Uniform[0, 1]^d drawn
+Layout of Tang et al. 2024, §3 (the paper's formulas do not give its instance): group j = 0..G−1 has
+2^j classes of S/2^j examples (S = `--top-class`, the most frequent class; the rarest classes have
+8), so S = 1024 is the paper's n = 8192, c = 255, d = n + S = 9216; inputs Uniform[0, 1]^d drawn
 independently of the labels (public seed); a linear softmax model (kernel W ∈ R^{d×c}) from zero.
 
 The step is full batch, C = 1, σ = 10 (Algorithm 1/2): noise N(0, σ²C²) per coordinate, the sum
@@ -49,8 +50,8 @@ from dprec.privacy import analytic_gaussian
 from dprec.workflows.run import Run
 
 RAREST_CLASS = 8
-# Note 002 §4.1 (Figure 2, C = 1, σ = 10): training loss / accuracy % per group, S = 1024; the
-# others' rarest-group accuracy is derived from "DP-AdamBC 9.5%, approximately 9%, 7% and 8%
+# Tang et al. 2024, §3 (Figure 2, C = 1, σ = 10): training loss / accuracy % per group, S = 1024;
+# the others' rarest-group accuracy is derived from "DP-AdamBC 9.5%, approximately 9%, 7% and 8%
 # better".
 PAPER = {
     "dp_gd": {"rare_loss": 6.7, "top_acc": 100.0, "mid_acc": 0.0, "rare_acc": 0.5},
@@ -58,7 +59,7 @@ PAPER = {
     "dp_adam": {"rare_loss": 5.1, "top_acc": 93.0, "mid_acc": 36.0, "rare_acc": 1.5},
     "dp_adambc": {"rare_loss": 4.8, "top_acc": 87.5, "mid_acc": 47.0, "rare_acc": 9.5},
 }
-# The paper's grid "(1e−2, 5e−2, 1e−3, …)", read as {1, 5}·10^k (note 002 §5.2), around each
+# The paper's grid "(1e−2, 5e−2, 1e−3, …)", read as {1, 5}·10^k (Tang et al. 2024), around each
 # optimizer's stable range on this problem.
 GRIDS = {"dp_gd": (1.0, 0.5, 0.1), "dp_gdm": (0.1, 0.05, 0.01),
          "dp_adam": (1e-2, 5e-3, 1e-3, 5e-4, 1e-4), "dp_adambc": (5e-3, 1e-3, 5e-4, 1e-4, 5e-5)}
@@ -212,7 +213,7 @@ def train(problem, name, lr, gamma, generator, args, max_steps, progress=lambda 
                                                     noise_variance),
           # g²/Φ per coordinate at the end, median per group: below v̂'s own noise,
           # std(v̂)/Φ ≈ sqrt(2(1 − β2)/(1 + β2)) ≈ 0.032 (more before 1/(1 − β2) steps),
-          # v̂ − Φ̂ cannot tell the signal from the noise (note 002 §2.1).
+          # v̂ − Φ̂ cannot tell the signal from the noise (Tang et al. 2024).
           "signal_to_noise": [float(np.median(signal_to_noise[:, problem.group_of_class == j]))
                               for j in range(groups)],
           "stopped": stopped, "seconds": time.time() - start,
@@ -224,7 +225,7 @@ def preconditioner_by_group(optimizer, name, group_of_class, noise_variance):
   """Per frequency group, the median over its coordinates of the denominator of the update
   relative to the noise's std sqrt(Φ) (DP-Adam: sqrt(v̂); DP-AdamBC: sqrt(max(v̂ − Φ̂, γ'))),
   and DP-AdamBC's share of coordinates at the floor γ': how the two precondition rare against
-  frequent classes (note 002 §2.1)."""
+  frequent classes (Tang et al. 2024)."""
   if name not in ("dp_adam", "dp_adambc"):
     return None
   t = float(optimizer.iterations.numpy())

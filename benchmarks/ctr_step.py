@@ -1,4 +1,5 @@
-"""Step time of the full pCTR model (seed 001 App. D.1.1) at batch 2048, side by side.
+"""Step time of the full pCTR model (Ghazi et al., "Sparsity-Preserving Differentially Private
+Training of Large Embedding Models", arXiv:2311.08357, App. D.1.1) at batch 2048, side by side.
 
 Variants, run one after another in this process on the same batches:
   non_private   dprec `CTRModel` + `SparseSGD` (row-sparse updates), the reference

@@ -1,4 +1,6 @@
-"""DP-Forward (seed 003) next to DP-SGD on Amazon Games, and an inversion check on tiny data.
+"""DP-Forward (Du et al., "DP-Forward: Fine-tuning and Inference on Language Models with
+Differential Privacy in Forward Pass", arXiv:2309.06746) next to DP-SGD on Amazon Games, and an
+inversion check on tiny data.
 
     python benchmarks/dp_forward.py [--data ../shared/data/amazon-video-games/Video.txt]
         [--epsilons 1 4 8] [--methods dp-forward dp-sgd non-private] [--epochs 20]
@@ -22,7 +24,7 @@ memory.
 
 instead trains a small model without privacy on tiny synthetic sequences and measures, at each ε
 (one release, δ = 1e-5, aGM σ), how well an attacker who knows the model recovers the clean
-input from the noised release (note 003 §6.1, Table 8): the nearest-item recall of the input
+input from the noised release (Du et al. 2023, §6, Table 8): the nearest-item recall of the input
 items from the noised, normalised L×d embedding matrix, and the rate at which a noised user
 representation (1×d) is closest to its own clean representation among all users'.
 """

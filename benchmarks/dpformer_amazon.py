@@ -41,7 +41,8 @@ from dprec.workflows.seqrec import (SeqRecTrainOptions, build_model,
                                     evaluate, options_from_checkpoint, plan_privacy)
 from dprec.workflows.seqrec import run as train_seqrec
 
-PAPER_TABLE2 = {  # (ε, method) -> (NDCG@10, HIT@10) in %, note 000 §8
+PAPER_TABLE2 = {  # (ε, method) -> (NDCG@10, HIT@10) in %, Ding et al., "DPFormer: Learning
+# Differentially Private Transformer on Long-Tailed Data", arXiv:2305.17633
     (5.0, "dpformer"): (1.64, 3.01), (8.0, "dpformer"): (1.98, 3.70),
     (10.0, "dpformer"): (1.99, 3.73),
     (5.0, "vanilla"): (1.37, 2.47), (8.0, "vanilla"): (1.54, 2.77), (10.0, "vanilla"): (1.57, 2.83),

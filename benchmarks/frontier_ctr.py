@@ -1,6 +1,7 @@
-"""Seed 001's headline as a frontier with error bars: held-out AUC against embedding-gradient
-size reduction for DP-SGD (the line), DP-FEST, DP-AdaFEST and DP-AdaFEST+ at ε = 1 (note 001
-§4.2: "AUC loss < 0.005 at > 5×10⁵"; issue 37).
+"""Ghazi et al.'s "Sparsity-Preserving Differentially Private Training of Large Embedding Models"
+(arXiv:2311.08357) headline as a frontier with error bars: held-out AUC against embedding-gradient
+size reduction for DP-SGD (the line), DP-FEST, DP-AdaFEST and DP-AdaFEST+ at ε = 1 (Ghazi et al.
+2023: "AUC loss < 0.005 at > 5×10⁵"; issue 37).
 
 Every run goes through `train ctr`'s code path (`ctr.run`) on data loaded once, with `train ctr`'s
 defaults (one epoch; DP Platt scaling) except what the point names and B, which is N/500's power
@@ -42,7 +43,7 @@ from dprec.workflows import ctr as ctr_workflow
 from utility_ctr import THRESHOLDS
 
 DEFAULTS = ctr_workflow.CTRTrainOptions(data="")
-TARGET = 0.005  # seed 001's AUC loss against DP-SGD
+TARGET = 0.005  # Ghazi et al.'s (2023) AUC loss against DP-SGD
 # A point without its own B runs at `train ctr`'s batch rule of sessions 7-10 (N/500: 8,192 at
 # 5M, 16,384 at 20M), so the runs recorded since stay comparable; `train ctr` now sizes N/150.
 FRONTIER_STEPS_PER_EPOCH = 500

@@ -3,12 +3,13 @@ embedding lookups whose row is kept, by row frequency, from the training data's 
 
 Every example touches one row of each of the F tables, so its contribution map, clipped to C1,
 gives each of its rows C1/√F; a row looked up by n examples of the batch is kept when
-n·C1/√F + N(0, (σ1·C1)²) ≥ τ (seed 001 Algorithm 1 lines 5–6). For a row of training frequency
+n·C1/√F + N(0, (σ1·C1)²) ≥ τ (Ghazi et al., "Sparsity-Preserving Differentially Private Training of
+Large Embedding Models", arXiv:2311.08357, Algorithm 1 lines 5–6). For a row of training frequency
 p, the other lookups in a Poisson batch of expected size B are m ~ Poisson(B·p), so a lookup of it
 is kept with probability E_m Ψ((τ − (m + 1)·C1/√F)/(σ1·C1)). Rows that are never kept get no
-gradient at all (only false positives' noise): DP-SGD's noisy update still carries their signal.
-The expectation is exact (a sum over m); nothing is trained. Defaults: `train ctr`'s DP-AdaFEST
-point on the 5M-row frontier data (B = 8192, r = 2, τ = 7, C1 = 1: σ1 = 1.756 at ε = 1).
+gradient at all (only false positives' noise): DP-SGD's noisy update still carries their signal. The
+expectation is exact (a sum over m); nothing is trained. Defaults: `train ctr`'s DP-AdaFEST point on
+the 5M-row frontier data (B = 8192, r = 2, τ = 7, C1 = 1: σ1 = 1.756 at ε = 1).
 
     PYTHONPATH=. .venv/bin/python benchmarks/selection_recall.py --data DATA \\
         --batch-sizes 8192 32768 131072 --thresholds 15 5

@@ -1,4 +1,5 @@
-"""Seed 001 Table 5 on a synthetic Criteo time series: final AUC by streaming period.
+"""Ghazi et al., "Sparsity-Preserving Differentially Private Training of Large Embedding Models",
+arXiv:2311.08357, Table 5 on a synthetic Criteo time series: final AUC by streaming period.
 
     python benchmarks/streaming_criteo.py [--rows-per-day 4000] [--periods 1,2,4,8,18] \\
         [--hidden-units 598,598,598,598] [--batch-size 256] [--out DIR]
@@ -7,8 +8,8 @@ A 24-day Criteo-like stream with drift (`dprec.data.synthetic`: popularity shift
 drifting click rate) goes through the streaming Beam job once (one window per day: TFRecords and
 a vocabulary snapshot with running counts per day). For every streaming period P, `dprec stream`
 then trains the pCTR model on days 0–17 period by period (one epoch of each period's data, the
-same number of steps for every P) and evaluates the final model on days 18–23, as seed 001 §4.3
-(train on days 1–18, evaluate on 19–24). Rows: non-private, DP-SGD at ε ∈ {1, 3, 8} and
+same number of steps for every P) and evaluates the final model on days 18–23, as Ghazi et al. 2023,
+§4.3 (train on days 1–18, evaluate on 19–24). Rows: non-private, DP-SGD at ε ∈ {1, 3, 8} and
 DP-AdaFEST at ε = 1, δ = 1/N; each run's privacy is one ledger over all its periods. Prints a
 table (AUC per period and configuration, the noise multiplier σ each plan needed, and
 DP-AdaFEST's gradient-size reduction) and writes it as JSON.

@@ -1,4 +1,5 @@
-"""Seed 001 Table 4: wall-clock of DP-SGD vs DP-AdaFEST training an embedding table.
+"""Ghazi et al., "Sparsity-Preserving Differentially Private Training of Large Embedding Models",
+arXiv:2311.08357, Table 4: wall-clock of DP-SGD vs DP-AdaFEST training an embedding table.
 
 Protocol of App. D.2.1: embedding dimension 64, batch size 1,024, 100 steps, vocabulary sizes
 1e5, 1e6, 1e7; here through the full `DPModel` step (one DPEmbedding, a logit head, BCE loss,
@@ -78,7 +79,7 @@ def main(argv=None):
   args = parser.parse_args(argv)
   algorithms = {
       "non_private": NonPrivate(),
-      # σ1 = 5·σ2, τ = 20 (seed 001 App. D.1 grids): Ψ(20/5) ≈ 3e-5 false-positive rate.
+      # σ1 = 5·σ2, τ = 20 (Ghazi et al. 2023, App. D.1 grids): Ψ(20/5) ≈ 3e-5 false-positive rate.
       "dp_adafest": DPAdaFEST(l2_norm_clip=1.0, noise_multiplier=1.0, contribution_clip=1.0,
                               contribution_noise_multiplier=5.0, threshold=20.0),
       "dp_sgd": DPSGD(l2_norm_clip=1.0, noise_multiplier=1.0),  # last: the most memory

@@ -1,8 +1,9 @@
 """Utility vs gradient size of DP-SGD, DP-FEST, DP-AdaFEST, DP-AdaFEST+ on synthetic Criteo
-(the shape of seed 001 Fig. 3): AUC on the held-out day at ε = 1, δ = 1/N, batch 2048.
+(the shape of Ghazi et al., "Sparsity-Preserving Differentially Private Training of Large Embedding
+Models", arXiv:2311.08357, Fig. 3): AUC on the held-out day at ε = 1, δ = 1/N, batch 2048.
 
 Every run goes through `dprec train ctr`'s code path (`train_ctr`) on data loaded once. The grid
-follows seed 001 App. D.1: r = σ1/σ2 ∈ {1, 5, 10}, τ ∈ {0.5 … 100}, C1 ∈ {1, 5, 10}, FEST
+follows Ghazi et al. 2023, App. D.1: r = σ1/σ2 ∈ {1, 5, 10}, τ ∈ {0.5 … 100}, C1 ∈ {1, 5, 10}, FEST
 k from 100 up; `--grid reduced` (default) and `--grid small` are subsets that fit a shared 2-core
 machine; `--grid frontier` probes the ≥ 10³× end of the frontier (r = 2, 3 at τ with few false
 positives; r = 5 τ = 10 at a larger learning rate and at a smaller C2); `--repeat-best N` reruns

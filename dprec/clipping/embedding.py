@@ -1,10 +1,12 @@
 """Per-example gradient norms of a DP embedding table, restricted to kept rows.
 
 For example i the gradient of table W is a sparse matrix whose row j is Σ_k g_{i,k} over the
-lookup positions k of example i with id j (note 004 §3.2 footnote 4: (a_i a_iᵀ)_{k1,k2} =
-1[x_{i,k1} = x_{i,k2}]). Aggregating per distinct (example, row) pair before squaring makes the
-norm exact for repeated ids and multi-valued features; rows dropped by the selection are zeroed
-before the norm (seed 001 Algorithm 1 line 8). Cost O(lookups × d), never O(vocabulary).
+lookup positions k of example i with id j (Li et al., "Large Language Models Can Be Strong
+Differentially Private Learners", arXiv:2110.05679, §4.2 footnote 4: (a_i a_iᵀ)_{k1,k2} = 1[x_{i,k1}
+= x_{i,k2}]). Aggregating per distinct (example, row) pair before squaring makes the norm exact for
+repeated ids and multi-valued features; rows dropped by the selection are zeroed before the norm
+(Ghazi et al., "Sparsity-Preserving Differentially Private Training of Large Embedding Models",
+arXiv:2311.08357, Algorithm 1 line 8). Cost O(lookups × d), never O(vocabulary).
 """
 import collections
 

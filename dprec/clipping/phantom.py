@@ -3,7 +3,8 @@
 For example i with item ids s (padding 0), the tied table E is used twice: as lookup e_s = E[s]
 and as the candidate matrix of the scores r_τ = E[1:]·h_τ. With ∇e_s = ∂L_i/∂e_s ∈ R^{L×d},
 hidden states H ∈ R^{T×d} of the T scored positions and logit gradients G = ∂L_i/∂r ∈ R^{T×M},
-the per-example squared norm is the corrected Eq. 16 (note 000 §2.6–2.7):
+the per-example squared norm is the corrected Eq. 16 (Ding et al., "DPFormer: Learning
+Differentially Private Transformer on Long-Tailed Data", arXiv:2305.17633):
 
   ‖g_E‖² =  Σ_{t,t'} 1[s_t = s_t'] ⟨∇e_s[t], ∇e_s[t']⟩        input side (ghost, L×L)
           + ⟨G·Gᵀ, H·Hᵀ⟩                                      output side (= ‖Gᵀ H‖², T×T)

@@ -1,7 +1,8 @@
 """Criteo click-log TSV: vectorised parsing, validation, vocabularies and readers.
 
 A line is `label`, 13 integer columns and 26 categorical columns of 8-hex-digit ids, tab separated,
-with empty fields for missing values (the Criteo Kaggle / 1TB release format; note 001 §5.1).
+with empty fields for missing values (the Criteo Kaggle / 1TB release format; Ghazi et al.,
+"Sparsity-Preserving Differentially Private Training of Large Embedding Models", arXiv:2311.08357).
 Parsing runs on whole chunks with pyarrow's C++ CSV reader and numpy, never line by line, so Beam
 batches of millions of rows parse at the speed of `pandas.read_csv`. Every malformed line is either
 an `InputError(path, line, field, reason)` (strict) or returned as a `BadRow` (permissive).
@@ -38,7 +39,7 @@ COLUMNS = ["label"] + INTEGER_FEATURES + CATEGORICAL_FEATURES
 USER_COLUMN = "user_id"  # the optional trailing column (module docstring)
 ID_DOMAIN = 1 << 32  # categorical ids are 8 hex digits: the candidates of every DP selection
 
-# Note 001 Table 3: the paper's categorical-feature-14 … -39 are C1 … C26 (sum 338,782).
+# Ghazi et al. 2023: the paper's categorical-feature-14 … -39 are C1 … C26 (sum 338,782).
 TABLE3_VOCAB_SIZES = (
     1472, 577, 82741, 18940, 305, 23, 1172, 633, 3, 9090, 5918, 64300, 3207,
     27, 1550, 44262, 10, 5485, 2161, 3, 56473, 17, 15, 27360, 104, 12934)

@@ -23,7 +23,8 @@ def new_dataset_id() -> str:
 
 def public_vocab_privacy(mode: str) -> dict:
   """A manifest's `vocab_privacy` for a vocabulary built from exact counts of the input (the
-  standing assumption of seed 001: treated as public; a DP top-k vocabulary is the option)."""
+  standing assumption of Ghazi et al., "Sparsity-Preserving Differentially Private Training of Large
+  Embedding Models", arXiv:2311.08357: treated as public; a DP top-k vocabulary is the option)."""
   return {"dp": False, "private": False, "mode": mode,
           "note": "built from exact counts of the input: not differentially private; treated "
                   "as public, as seed 001 does"}

@@ -30,7 +30,8 @@ CAT_MISSING_RATES = (0.0, 0.0, 0.03, 0.03, 0.0, 0.12, 0.0, 0.0, 0.0, 0.0, 0.0, 0
 
 
 def vocab_sizes(spec: str) -> Tuple[int, ...]:
-  """Buckets per feature: `table3` (note 001 Table 3) or `scaled:M` (Table 3 scaled to about M
+  """Buckets per feature: `table3` (Ghazi et al., "Sparsity-Preserving Differentially Private
+  Training of Large Embedding Models", arXiv:2311.08357) or `scaled:M` (Table 3 scaled to about M
   buckets in all; `M` may end in k or M, e.g. `scaled:1.7M`)."""
   if spec == "table3":
     return TABLE3_VOCAB_SIZES
@@ -56,7 +57,8 @@ class CriteoSynthConfig:
   ctr_drift: float = 0.05  # std of the day-to-day change of the click logit's intercept
   # Click weights shrink with rarity: × (1 + day-0 popularity rank)^-tail_decay (ids drift brings
   # in count as the rarest rank). 0 = off. It moves the click signal into frequent buckets, the
-  # regime seed 001's Criteo results imply (rows kept by per-batch selection carry the AUC).
+  # regime Ghazi et al.'s (2023) Criteo results imply (rows kept by per-batch selection carry the
+  # AUC).
   tail_decay: float = 0.0
   # A trailing 41st column `user_id` (1..users; 0 = no column, the Criteo format): each row's
   # user drawn from a Zipf law of activity, P(user u) ≈ u^-user_zipf (the continuous law of the

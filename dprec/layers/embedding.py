@@ -2,10 +2,12 @@
 
 A `DPEmbedding` is an ordinary row lookup (gather) whose forward pass also reports, to the DP
 training step, which rows each example touched and the gathered rows themselves. From those the
-step builds the DP-AdaFEST contribution maps (seed 001 Algorithm 1 line 5), the per-example
-gradient norm restricted to kept rows (line 8, ghost norm of note 004 §3.2 aggregated per
-(example, row)) and the clipped embedding gradient as `tf.IndexedSlices` over kept rows only.
-Outside a DP step the layer is a plain embedding.
+step builds the DP-AdaFEST contribution maps (Ghazi et al., "Sparsity-Preserving Differentially
+Private Training of Large Embedding Models", arXiv:2311.08357, Algorithm 1 line 5), the per-example
+gradient norm restricted to kept rows (line 8, ghost norm of Li et al., "Large Language Models Can
+Be Strong Differentially Private Learners", arXiv:2110.05679, §4.2 aggregated per (example, row))
+and the clipped embedding gradient as `tf.IndexedSlices` over kept rows only. Outside a DP step the
+layer is a plain embedding.
 """
 import collections
 
@@ -174,8 +176,8 @@ def stack_width(dim, multiple):
 class DPMultiEmbedding(tf.keras.layers.Layer):
   """One single-valued `DPEmbedding` per column of an int [n, F] input, outputs concatenated.
 
-  The pCTR model of seed 001 App. D.1.1 uses one table per categorical feature; the DP step
-  lays the F tables out in one global row-id space so a single contribution map is clipped
+  The pCTR model of Ghazi et al. 2023, App. D.1.1 uses one table per categorical feature; the DP
+  step lays the F tables out in one global row-id space so a single contribution map is clipped
   jointly across all of them (Algorithm 1, Fig. 2).
 
   `stack_tables`: False (one variable per table), True (the tables of each width in one

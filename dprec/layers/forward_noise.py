@@ -1,4 +1,6 @@
-"""DP-Forward's noise layer (seed 003, note 003 §3.2, §4.2): where the user's side ends.
+"""DP-Forward's noise layer (Du et al., "DP-Forward: Fine-tuning and Inference on Language Models
+with Differential Privacy in Forward Pass", arXiv:2309.06746, Du et al. 2023, §4.2): where the
+user's side ends.
 
 Each example's representation x_i (all axes but the batch axis: a [d] user vector or an [L, d]
 matrix) is optionally projected to d' by a trainable M1 (`reduced_dim`, §3.2), then bounded in
@@ -14,7 +16,7 @@ By default no gradient flows back through the noise (`user_gradients=False`): th
 compute one without the raw input, so the user's side (M1 included) is fixed, or changes only
 through weights it shares with the service (a tied item table). `user_gradients=True` is what the
 paper's experiments do (f updated through the noise); SeqLDP does not cover those gradients, which
-need a trusted party or secure aggregation (note 003 §3.3, §8.5).
+need a trusted party or secure aggregation (Du et al. 2023, §3.3, §8.5).
 
 The noise comes from the `tf.random.Generator` passed in, which the proof needs to be secret: by
 default one keyed from the OS CSPRNG (`dprec.privacy.noise_key`); a run passes its own keyed
@@ -55,7 +57,7 @@ class ForwardNoise(tf.keras.layers.Layer):
 
   @property
   def sensitivity(self):
-    """S₂ = 2C: any two bounded representations are at most 2C apart (note 003 §3.2)."""
+    """S₂ = 2C: any two bounded representations are at most 2C apart (Du et al. 2023)."""
     return 2.0 * self.norm_bound
 
   @property
@@ -98,10 +100,10 @@ ENCODER_UPDATES = ("none", "trusted")
 
 @dataclasses.dataclass(frozen=True)
 class DPForwardConfig:
-  """Where a sequential recommender's user side ends and how its output is noised (seed 003).
+  """Where a sequential recommender's user side ends and how its output is noised (Du et al. 2023).
 
   position: "output" noises the user representation (the last position's final hidden state,
-    1×d: the paper's best position, note 003 §10); "attention" noises the first block's attention
+    1×d: the paper's best position, Du et al. 2023); "attention" noises the first block's attention
     output (L×d, padding rows zeroed), with the residual removed so that the service never
     re-reads the input (§3.2), and the service then treats all L positions as items (the
     sequence length is private too).

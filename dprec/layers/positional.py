@@ -25,7 +25,8 @@ def positional_embedding_computation(layer_instance, input_args, input_kwargs, t
   """Registry function (`dprec.clipping.layer_norms` convention) for `PositionalEmbedding`.
 
   Each row is used once per example, so the per-example gradient of P is the gradient of the
-  example's loss w.r.t. its tiled copy (note 000 §2.7 item 5): its squared norm is a plain sum.
+  example's loss w.r.t. its tiled copy (Ding et al., "DPFormer: Learning Differentially Private
+  Transformer on Long-Tailed Data", arXiv:2305.17633 item 5): its squared norm is a plain sum.
   """
   del input_kwargs
   if num_microbatches is not None:

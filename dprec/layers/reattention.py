@@ -3,9 +3,10 @@
 If key K_j ~ N(k_j, σ_j²I), then E[exp(⟨q,K_j⟩)] = exp(⟨q,k_j⟩)·exp(C·σ_j²/2), C = ⟨q,q⟩: noisy
 (rare) tokens attract attention they do not deserve (Eq. 4). Re-Attention divides each unnormalised
 score by exp(C·σ_j²/2) and renormalises; we subtract C·σ_j²/2 from the logits before the softmax,
-which is the same after renormalisation and safe for very large σ_j (note 000 §3.8 step 3).
+which is the same after renormalisation and safe for very large σ_j (Ding et al., "DPFormer:
+Learning Differentially Private Transformer on Long-Tailed Data", arXiv:2305.17633 step 3).
 
-Open choices of the paper (note 000 §11), as options of `ReAttentionConfig`:
+Open choices of the paper (Ding et al. 2023), as options of `ReAttentionConfig`:
 - `scale_by_dim`: logits are ⟨q,K⟩/√d_k, whose variance is ‖q‖²σ²/d_k, so C = ‖q‖²/d_k (default);
   False takes the paper's C = ⟨q,q⟩ literally.
 - `stop_gradient`: no gradient flows through the correction (default). The variance itself is

@@ -30,7 +30,8 @@ class TiedItemEmbedding(tf.keras.layers.Layer):
 
   @property
   def output_table(self):
-    """The M×d candidate matrix e_c (note 000 Eq. 12 corrected: r = e_c·h)."""
+    """The M×d candidate matrix e_c (Ding et al., "DPFormer: Learning Differentially Private
+    Transformer on Long-Tailed Data", arXiv:2305.17633 Eq. 12 corrected: r = e_c·h)."""
     return self.embeddings[1:] if self.tied else self.output_embeddings
 
   def scores(self, hidden):

@@ -1,14 +1,17 @@
 """Pre-LayerNorm causal transformer encoder block carrying Re-Attention's error variances.
 
 x ← x + Dropout(ReAttention(LN(x))), x ← x + Dropout(W2·act(W1·LN(x))) (Vaswani et al. with
-pre-LN, note 000 §5 leaves placement open). Alongside the activations it propagates one error
-variance per token (note 000 §3.8): LayerNorm scales it by γ²/Var_feat, Dense layers follow Eq. 7,
-the activation the corrected Eq. 8, residual connections add variances. Dropout is treated as the
+pre-LN, Ding et al., "DPFormer: Learning Differentially Private Transformer on Long-Tailed Data",
+arXiv:2305.17633 leaves placement open). Alongside the activations it propagates one error variance
+per token (Ding et al. 2023): LayerNorm scales it by γ²/Var_feat, Dense layers follow Eq. 7, the
+activation the corrected Eq. 8, residual connections add variances. Dropout is treated as the
 identity for variances (its inference behaviour).
 
 With `attention_noise` (a `ForwardNoise` layer, DP-Forward after the first attention sub-layer,
-note 003 §3.2) the residual is removed: x ← noise(Dropout(Attention(LN(x)))·mask), so nothing after
-the noise re-reads x; without user gradients the attention sub-layer is the user's fixed side.
+Du et al., "DP-Forward: Fine-tuning and Inference on Language Models with Differential Privacy in
+Forward Pass", arXiv:2309.06746) the residual is removed: x ← noise(Dropout(Attention(LN(x)))·mask),
+so nothing after the noise re-reads x; without user gradients the attention sub-layer is the user's
+fixed side.
 """
 import tensorflow as tf
 

@@ -1,14 +1,16 @@
-"""Error-variance propagation for Re-Attention (note 000 §3.2–3.8, paper Eqs. 5, 7, 8).
+"""Error-variance propagation for Re-Attention (Ding et al., "DPFormer: Learning Differentially
+Private Transformer on Long-Tailed Data", arXiv:2305.17633, paper Eqs. 5, 7, 8).
 
 DP noise makes every weight a Gaussian around its released value. Re-Attention tracks, for every
 token, the variance that this noise induces in the activations, by moment matching layer by layer:
 linear layers by Eq. 7, ReLU by the *corrected* Eq. 8 (the printed form subtracts c² instead of
-E[Z]², note 000 §3.7), GELU by the ReLU rule (Remark A.5). Means are the actual forward activations
-and the released weights (the paper's "noisy parameter as an estimate of its mean"). Everything here
-depends only on one example, the frequencies p_i and the weights: no batch statistics, so the
-forward pass adds no privacy cost of its own (note 000 §4). The p_i do: exact counts of the training
-users would be released with the model, so they must be public or DP themselves (a public file, or
-`dprec.privacy.user_histogram`'s DP histogram charged to the run's ledger).
+E[Z]², Ding et al. 2023), GELU by the ReLU rule (Remark A.5). Means are the actual forward
+activations and the released weights (the paper's "noisy parameter as an estimate of its mean").
+Everything here depends only on one example, the frequencies p_i and the weights: no batch
+statistics, so the forward pass adds no privacy cost of its own (Ding et al. 2023). The p_i do:
+exact counts of the training users would be released with the model, so they must be public or DP
+themselves (a public file, or `dprec.privacy.user_histogram`'s DP histogram charged to the run's
+ledger).
 """
 import math
 
@@ -33,8 +35,8 @@ def item_error_variances(frequencies, noise_multiplier, l2_norm_clip, batch_size
   """Per-item variance σ_eff² of embedding rows (index 0 = padding gets 0).
 
   p_i is clamped to `min_frequency` (e.g. 1/N) so items never seen in training get a large but
-  finite variance. `scale` multiplies σ_eff² (note 000 §3.2 leaves the parameter-space scale open;
-  1.0 takes σ_eff literally, as the paper does).
+  finite variance. `scale` multiplies σ_eff² (Ding et al. 2023, Eq. 5 leaves the parameter-space
+  scale open; 1.0 takes σ_eff literally, as the paper does).
   """
   p = tf.maximum(tf.convert_to_tensor(frequencies, tf.float32), min_frequency)
   var = scale * tf.square(effective_error(noise_multiplier, l2_norm_clip, batch_size, p))
@@ -55,7 +57,7 @@ def linear_output_variance(mean_x, var_x, kernel, var_w, var_b=0.0):
 
 
 def relu_moments(mean, var):
-  """Corrected Eq. 8 (note 000 §3.7): moments of ReLU(X) for X ~ N(mean, var).
+  """Corrected Eq. 8 (Ding et al. 2023): moments of ReLU(X) for X ~ N(mean, var).
 
   E[Z] = μΦ(a) + sφ(a), E[Z²] = (μ² + s²)Φ(a) + μsφ(a), a = μ/s; returns (E[Z], Var[Z]).
   For N(0, 1) the variance is ½ − 1/(2π) ≈ 0.3408 (Table 3's analytic column).
@@ -82,13 +84,13 @@ def activation_variance(pre_activation, var, activation):
 
 
 def layer_norm_variance(x, var_x, gamma, epsilon):
-  """LayerNorm as a per-token affine map: Var scales by γ²/(Var_feat[x] + ε) (note 000 §3.8)."""
+  """LayerNorm as a per-token affine map: Var scales by γ²/(Var_feat[x] + ε) (Ding et al. 2023)."""
   _, feature_var = tf.nn.moments(x, axes=[-1], keepdims=True)
   return var_x * tf.square(gamma) / (feature_var + epsilon)
 
 
 def attention_output_variance(weights, var_values):
-  """Σ_j a_ij²·v_j: attention weights treated as constants (note 000 §3.8 step 4).
+  """Σ_j a_ij²·v_j: attention weights treated as constants (Ding et al. 2023 step 4).
 
   weights [B, H, L, L]; var_values [B, H, L, D]; returns [B, H, L, D].
   """

@@ -1,4 +1,5 @@
-"""The pCTR model of seed 001 App. D.1.1 (note 001 §5.2), trainable by every DP algorithm.
+"""The pCTR model of Ghazi et al., "Sparsity-Preserving Differentially Private Training of Large
+Embedding Models", arXiv:2311.08357, App. D.1.1, trainable by every DP algorithm.
 
 One DP embedding table per categorical feature with dimension int(2·V^0.25), concatenated with
 the log-transformed integer features, four Dense(598, relu) layers and a scalar logit; binary
@@ -36,7 +37,7 @@ class CTRConfig:
     num_integer_features: width of `int_features` (13 for Criteo).
     hidden_units: the Dense(relu) layers (App. D.1.1: four of 598).
     embedding_dims: per-table widths; default `embedding_dim(size - 1)`, V counting the known
-      buckets but not the OOV row, which reproduces note 001's dims for Table 3.
+      buckets but not the OOV row, which reproduces Ghazi et al.'s (2023) dims for Table 3.
     auc_thresholds: thresholds of the Keras AUC (evenly spaced, so updates stay O(batch)).
     logit_bias: None: the logit layer starts as Keras' default (Glorot kernel, bias 0, so the
       untrained model scores p ≈ 0.5). A number b: zero kernel and bias b, so the untrained
@@ -75,7 +76,7 @@ class CTRConfig:
 
 
 class CTRModel(DPModel):
-  """Embeddings ⊕ integer features → Dense(598, relu)×4 → logit (seed 001 App. D.1.1).
+  """Embeddings ⊕ integer features → Dense(598, relu)×4 → logit (Ghazi et al. 2023, App. D.1.1).
 
   Inputs: {"cat_features": int [n, F] vocabulary indices, "int_features": float [n, 13]}.
   Output: logits [n, 1]. Labels: 0/1 of shape [n] or [n, 1].

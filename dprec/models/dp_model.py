@@ -30,7 +30,8 @@ the global sums: the step equals the one-device step on the global batch.
 The non-private configuration is the ordinary Keras step (sparse embedding gradients).
 Models with `DPEmbedding` tables log `gradient_size` (nonzero embedding-gradient coordinates after
 noise, mean over the epoch) and `gradient_size_reduction` (Σ V·d of the DP tables divided by it;
-seed 001 §5.4).
+Ghazi et al., "Sparsity-Preserving Differentially Private Training of Large Embedding Models",
+arXiv:2311.08357, §5.4).
 """
 import collections
 import contextlib
@@ -63,7 +64,8 @@ class ExtraNorms(collections.namedtuple("ExtraNorms",
     lookup output and the input of its output projection.
   squared_norm_fn: maps the summed-loss gradients of `watched` (same structure) to the
     per-example squared gradient norms [batch] of all of `variables` together.
-  clipped_loss_fn: optional book-keeping (Bu et al., note 004): maps (the gradients of
+  clipped_loss_fn: optional book-keeping (Bu et al., Li et al., "Large Language Models Can Be Strong
+  Differentially Private Learners", arXiv:2110.05679): maps (the gradients of
     `watched`, clip factors c [batch]) to a scalar whose gradient w.r.t. every variable not
     book-kept elsewhere (registry Dense layers, `DPEmbedding`) equals that of Σ c_i·L_i,
     e.g. Σ ⟨stop_gradient(c-weighted gradient), t⟩ over tensors t through which alone the

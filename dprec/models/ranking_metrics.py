@@ -1,4 +1,5 @@
-"""Full-ranking evaluation for next-item recommendation (note 000 §6; Krichene & Rendle 2020).
+"""Full-ranking evaluation for next-item recommendation (Ding et al., "DPFormer: Learning
+Differentially Private Transformer on Long-Tailed Data", arXiv:2305.17633; Krichene & Rendle 2020).
 
 Every user's held-out item is ranked against all M items (no sampled negatives). With one
 relevant item, HIT@k = 1[rank ≤ k] and NDCG@k = 1[rank ≤ k]/log2(rank + 1) (Eqs. 32–34). Ties

@@ -1,22 +1,24 @@
-"""DPFormer: a causal transformer for next-item recommendation (seed 000, note 000 §5).
+"""DPFormer: a causal transformer for next-item recommendation (Ding et al., "DPFormer: Learning
+Differentially Private Transformer on Long-Tailed Data", arXiv:2305.17633, Ding et al. 2023).
 
 Tied item embedding (input lookup and output scores over all M items), learned positions,
 pre-LN encoder blocks with Re-Attention, softmax cross-entropy over all items. Sequences are
 left-padded to `max_len` with item 0. One example is one user's whole sequence (user-level DP):
 its loss sums the next-item losses at every position (`loss_positions="all"`, SASRec-style) or
-takes the last one only (`"last"`, the paper's Eq. 12 formalism). Both are options because note 000
-§11 leaves the choice open.
+takes the last one only (`"last"`, the paper's Eq. 12 formalism). Both are options because Ding et
+al. 2023 §11 leaves the choice open.
 
-With `SeqRecConfig.dp_forward` (seed 003, `dprec.layers.forward_noise`) the model is split at a
-`ForwardNoise` layer: the encoder up to the noised representation is the user's side, the scoring
-against the item table (plus a per-item bias, the service's popularity prior) the service's,
-trained with ordinary (non-private) steps; only the last position is scored, since every earlier
-label is an item of the input sequence.
+With `SeqRecConfig.dp_forward` (Du et al., "DP-Forward: Fine-tuning and Inference on Language Models
+with Differential Privacy in Forward Pass", arXiv:2309.06746, `dprec.layers.forward_noise`) the
+model is split at a `ForwardNoise` layer: the encoder up to the noised representation is the user's
+side, the scoring against the item table (plus a per-item bias, the service's popularity prior) the
+service's, trained with ordinary (non-private) steps; only the last position is scored, since every
+earlier label is an item of the input sequence.
 
 Training is `DPModel`'s step (shared with the CTR models): per-example squared norms without
 per-example gradients come from dprec's layer registry functions for the Dense/LayerNorm
 sublayers, dprec's positional rule (`seqrec_layer_registry`) and, through the
-`extra_squared_norms` hook, Phantom Clipping for the tied embedding (note 000 §2.7).
+`extra_squared_norms` hook, Phantom Clipping for the tied embedding (Ding et al. 2023).
 """
 import dataclasses
 import math
@@ -358,7 +360,8 @@ class SeqRecModel(DPModel):
 
 
 def warmup_linear_decay(peak_learning_rate, total_steps, warmup_fraction=0.2):
-  """The paper's schedule (note 000 §7): linear warm-up over 20% of training, then linear decay."""
+  """The paper's schedule (Ding et al. 2023): linear warm-up over 20% of training, then linear
+  decay."""
   warmup = max(1, int(math.ceil(warmup_fraction * total_steps)))
   return _WarmupLinearDecay(peak_learning_rate, warmup, max(total_steps, warmup + 1))
 

@@ -71,24 +71,25 @@ class LazyAdam(tf.keras.optimizers.Adam):
 
 
 class AdamBC(tf.keras.optimizers.Optimizer):
-  """DP-AdamBC (note 002 §3, Algorithm 2; Tang et al. 2023): Adam whose second moment has the
-  DP noise variance subtracted, θ ← θ − η·m̂ / sqrt(max(v̂ − Φ̂, γ')).
+  """DP-AdamBC (Tang et al., "On the Performance of Differentially Private Optimization with
+  Heavy-Tail Class Imbalance", arXiv:2411.04205, App. A, Algorithm 2): Adam whose second moment has
+  the DP noise variance subtracted, θ ← θ − η·m̂ / sqrt(max(v̂ − Φ̂, γ')).
 
   Φ̂ is a noise-variance EMA kept per row (one value per slice of the first axis) with Adam's β2
   and bias correction: at every update of a row, φ ← β2^k·φ + (1 − β2)·Φ_t, where Φ_t is the
   per-coordinate variance of the noise in this step's (normalised) gradient, `noise_variance`,
   which `DPModel`'s step sets to (σ2·C2/B)² (0 without noise: AdamBC is then Adam with the floor
   γ' in place of Adam's ε). A dense gradient updates every row each step, so Φ̂ = (σ2·C2/B)²
-  exactly (note 002 §3). An `IndexedSlices` gradient updates its rows only: the DP step's
-  IndexedSlices lists exactly the rows it noised (kept rows, false positives included), and a
+  exactly (Tang et al. 2024, App. A). An `IndexedSlices` gradient updates its rows only: the DP
+  step's IndexedSlices lists exactly the rows it noised (kept rows, false positives included), and a
   row absent for k − 1 steps has m, v and φ decayed by β^k when next updated ("decay
-  otherwise", note 002 §7), so its moments equal dense Adam's with zero gradient on the skipped
+  otherwise", Tang et al. 2024), so its moments equal dense Adam's with zero gradient on the skipped
   steps and φ is exactly the noise variance its v holds; only the momentum-driven moves of the
   skipped steps are not made (lazy). Per step the work is O(rows of the gradient × dim).
 
   `floor` is γ', a floor on the corrected variance, not an ε added to the root: coordinates
   whose signal is below the noise take steps η·m̂/sqrt(γ'), so tune it with the learning rate
-  (note 002 §6.2). Default `ADAMBC_FLOOR`. Bias
+  (Tang et al. 2024). Default `ADAMBC_FLOOR`. Bias
   correction uses only the public σ2, C2, B: post-processing, no privacy cost.
   """
 

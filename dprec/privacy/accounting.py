@@ -1,11 +1,11 @@
 """ε of Poisson-subsampled Gaussian training (DP-SGD, DP-FEST, DP-AdaFEST) with `dp_accounting`.
 
 A training period is T steps of the sampled Gaussian mechanism with rate q and noise multiplier σ
-(note 001 App. C.2: dominating pair ((1-q)N(0,σ²) + qN(1,σ²), N(0,σ²)) self-composed T times,
-add/remove-one adjacency). Fixed-size shuffled batches are accounted as if Poisson (note 001 §3.1,
-[PHK+23] §4.3) and flagged. One DP-AdaFEST step composes two Gaussians on the same sample, which
-equals one Gaussian with σ = (σ1⁻² + σ2⁻²)^(−1/2) (note 001 §3.1, Sec 3.3; App. C.4 misprints the
-exponent).
+(Ghazi et al. 2023: dominating pair ((1-q)N(0,σ²) + qN(1,σ²), N(0,σ²)) self-composed T times,
+add/remove-one adjacency). Fixed-size shuffled batches are accounted as if Poisson (Ghazi et al.
+2023, §3.3, [PHK+23] §4.3) and flagged. One DP-AdaFEST step composes two Gaussians on the same
+sample, which equals one Gaussian with σ = (σ1⁻² + σ2⁻²)^(−1/2) (Ghazi et al. 2023, §3.3, Sec 3.3;
+App. C.4 misprints the exponent).
 """
 import dataclasses
 import functools
@@ -170,7 +170,7 @@ def quantile_gradient_noise_multiplier(noise_multiplier, count_noise_multiplier)
 def adafest_noise_multipliers(noise_multiplier, ratio=5.0):
   """Split σ into (σ1, σ2) with σ1 = r·σ2 and composed(σ1, σ2) = σ: σ2 = σ·sqrt(1 + r⁻²).
 
-  σ1 noises the contribution map (selection), σ2 the gradient (note 001 §2.2).
+  σ1 noises the contribution map (selection), σ2 the gradient (Ghazi et al. 2023, §3.2).
   """
   if noise_multiplier <= 0 or ratio <= 0:
     raise DprecError(f"noise multiplier and ratio must be > 0, got {noise_multiplier}, {ratio}")

@@ -1,4 +1,6 @@
-"""The analytic Gaussian mechanism and its matrix form, aMGM (Balle & Wang 2018; note 003 §4.2).
+"""The analytic Gaussian mechanism and its matrix form, aMGM (Balle & Wang 2018; Du et al.,
+"DP-Forward: Fine-tuning and Inference on Language Models with Differential Privacy in Forward
+Pass", arXiv:2309.06746, §4.2).
 
 One release f(X) + Z with ‖f(X) − f(X')‖_F ≤ S is (ε, δ)-DP iff the exact privacy profile
 (Eq. 4, with D = ‖Δ'‖_F = S/σ for i.i.d. noise N(0, σ²))
@@ -83,7 +85,7 @@ def analytic_gaussian_sigma(epsilon, delta, sensitivity=1.0):
 
 
 def classical_gaussian_sigma(epsilon, delta, sensitivity=1.0):
-  """σ = √(2 ln(1.25/δ))·S/ε (note 003 §2): a valid guarantee only for ε < 1."""
+  """σ = √(2 ln(1.25/δ))·S/ε (Du et al. 2023): a valid guarantee only for ε < 1."""
   _check(epsilon, delta, sensitivity)
   return math.sqrt(2 * math.log(1.25 / delta)) * sensitivity / epsilon
 

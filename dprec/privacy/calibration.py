@@ -1,4 +1,6 @@
-"""Smallest noise multiplier σ meeting a target (ε, δ): inverse accounting (note 001 App. C.5)."""
+"""Smallest noise multiplier σ meeting a target (ε, δ): inverse accounting (Ghazi et al.,
+"Sparsity-Preserving Differentially Private Training of Large Embedding Models",
+arXiv:2311.08357)."""
 import dataclasses
 import math
 from typing import Sequence, Tuple
@@ -167,7 +169,7 @@ def plan_training(target_epsilon, delta, periods: Sequence[Tuple[float, int]],
                   selection_epsilon=0.0, accountant="pld", poisson=True, rtol=1e-3,
                   selection_delta=0.0, progress=None, gaussian_mechanisms=(),
                   spent: composition.Spent = composition.Spent()):
-  """Calibrate one σ for periods [(q_i, T_i)] after deducting the selection (note 001 C.3).
+  """Calibrate one σ for periods [(q_i, T_i)] after deducting the selection (Ghazi et al. 2023 C.3).
 
   Basic composition: ε_total = ε_train(δ − δ_select) + ε_select, so training gets the target
   minus ε_select at δ − δ_select. `gaussian_mechanisms` (their noise multipliers, e.g. a DP

@@ -1,9 +1,10 @@
 """One (ε, δ) for a whole run: training periods (any q, σ, T) plus selection charges (DP top-k).
 
 Gaussian periods compose inside the accountant. Selection charges, pure ε or (ε_i, δ_i), add by
-basic composition (note 001 App. C.3, Lemma C.5): the training part is evaluated at
-δ − Σ δ_i and the ε_i are added. Both parts are reported. `Spent` is what a ledger recorded
-before a run (a preprocessing job's DP top-k, another run's training), in the same two parts.
+basic composition (Ghazi et al., "Sparsity-Preserving Differentially Private Training of Large
+Embedding Models", arXiv:2311.08357, Lemma C.5): the training part is evaluated at δ − Σ δ_i and the
+ε_i are added. Both parts are reported. `Spent` is what a ledger recorded before a run (a
+preprocessing job's DP top-k, another run's training), in the same two parts.
 
 Parallel composition (`compose_partitioned`): releases that each read one part of a partition of
 the data (a row-level stream's periods: every row lives in one day) compose, for one unit, only

@@ -1,4 +1,6 @@
-"""SeqLDP accounting of DP-Forward training (seed 003, note 003 §2, §3.3, §3.4).
+"""SeqLDP accounting of DP-Forward training (Du et al., "DP-Forward: Fine-tuning and Inference on
+Language Models with Differential Privacy in Forward Pass", arXiv:2309.06746, Du et al. 2023, §3.3,
+§3.4).
 
 Each epoch, every user releases their bounded representation f(X) + Z once (the encoder f may
 change between epochs: adaptive composition). Z is i.i.d. N(0, (z·S)²) with S = 2C, so one release

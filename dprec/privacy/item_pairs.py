@@ -1,6 +1,8 @@
 """DP item-to-item statistics: per-user weighted (item, later item) pairs, released once with
 Gaussian noise and thresholded (after McSherry & Mironov 2009, a DP item covariance for the
-Netflix prize; the threshold as DP-AdaFEST's selection, seed 001 Algorithm 1, on pairs).
+Netflix prize; the threshold as DP-AdaFEST's selection, Ghazi et al., "Sparsity-Preserving
+Differentially Private Training of Large Embedding Models", arXiv:2311.08357, Algorithm 1, on
+pairs).
 
 Statistic. A user's sequence s_1..s_n (its last `max_items` items) contributes, for every gap
 g = 1..W, the directed pair (s_t, s_{t+g}) with weight γ^(g−1) (self-pairs dropped); equal pairs

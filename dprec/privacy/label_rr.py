@@ -1,4 +1,6 @@
-"""Randomized response with a prior for next-item labels (note 003 §3.4; Ghazi et al. 2021).
+"""Randomized response with a prior for next-item labels (Du et al., "DP-Forward: Fine-tuning and
+Inference on Language Models with Differential Privacy in Forward Pass", arXiv:2309.06746; Ghazi et
+al. 2021).
 
 Plain K-ary randomized response keeps the label with probability e^ε/(e^ε + K − 1): useless for
 K = 10^4–10^7 items. RR-with-prior answers only among the k labels the (public) prior p rates

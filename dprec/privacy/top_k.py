@@ -8,9 +8,9 @@ k successive exponential-mechanism draws without replacement with P(i) ∝ exp(h
 monotone with sensitivity 1 when each example adds at most one to one bucket per feature, so each
 draw is (1/b)-DP and the k draws cost k/b by basic composition, not 1/b as the paper charged.
 Each draw is also (1/b)-bounded-range, hence (1/b)²/8-zCDP [Cesar & Rogers 2021], so k draws are
-k/(8b²)-zCDP: for large k far cheaper at a small δ (note 001 §2.1: ρ ≈ 4.8e-4, ε ≈ 0.18 at δ=1e-7
-where basic composition gives 10). The candidate set (every bucket of the feature, counted or not)
-must not depend on the data.
+k/(8b²)-zCDP: for large k far cheaper at a small δ (Ghazi et al. 2023, §3.1: ρ ≈ 4.8e-4, ε ≈ 0.18 at
+δ=1e-7 where basic composition gives 10). The candidate set (every bucket of the feature, counted or
+not) must not depend on the data.
 """
 import dataclasses
 import math
@@ -140,9 +140,9 @@ def select_top_k_per_feature(counts: Sequence[np.ndarray], k: Union[int, Sequenc
                              rng: np.random.Generator, delta=0.0, domain=None):
   """Gumbel top-k on each of p features within a total (ε, δ): one example touches all p.
 
-  `k` is a total split equally, int(k/p) per feature (note 001 §2.1), or a list per feature; the
-  budget is split by `split_selection_budget`. `domain`: candidates per feature beyond the
-  counted ones (`gumbel_top_k`); slots they win are `ABSENT`.
+  `k` is a total split equally, int(k/p) per feature (Ghazi et al. 2023, §3.1), or a list per
+  feature; the budget is split by `split_selection_budget`. `domain`: candidates per feature beyond
+  the counted ones (`gumbel_top_k`); slots they win are `ABSENT`.
   """
   p = len(counts)
   if p == 0:

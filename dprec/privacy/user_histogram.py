@@ -1,4 +1,6 @@
-"""A DP histogram of users per item: Re-Attention's p_i without exact counts (note 000 Remark A.2).
+"""A DP histogram of users per item: Re-Attention's p_i without exact counts (Ding et al.,
+"DPFormer: Learning Differentially Private Transformer on Long-Tailed Data", arXiv:2305.17633 Remark
+A.2).
 
 Each user adds 1 to each distinct item among their at most L items (after truncation), so adding
 or removing one user moves the clean histogram by a 0/1 vector with at most L ones: L2

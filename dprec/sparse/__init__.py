@@ -1,4 +1,6 @@
-"""Contribution maps, private row selection and sparse noise (seed 001 Algorithm 1, App. B.2)."""
+"""Contribution maps, private row selection and sparse noise (Ghazi et al., "Sparsity-Preserving
+Differentially Private Training of Large Embedding Models", arXiv:2311.08357, Algorithm 1, App.
+B.2)."""
 from dprec.sparse.contribution import contribution_map
 from dprec.sparse.kept_rows import TableLayout
 from dprec.sparse.kept_rows import select_kept_rows

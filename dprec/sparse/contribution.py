@@ -1,4 +1,6 @@
-"""Clipped gradient-contribution maps from input ids alone (seed 001 Algorithm 1 lines 5–6).
+"""Clipped gradient-contribution maps from input ids alone (Ghazi et al., "Sparsity-Preserving
+Differentially Private Training of Large Embedding Models", arXiv:2311.08357, Algorithm 1 lines
+5–6).
 
 Example i's map v_i is 1 on every distinct row it touches across all tables (global row ids),
 so ‖v_i‖₂ = √k_i for k_i distinct rows; clipping to C1 weights each of its rows by

@@ -1,9 +1,10 @@
-"""DP-FEST row sets (seed 001 §3.1): the top-k rows of each table by frequency, from public
+"""DP-FEST row sets (Ghazi et al., "Sparsity-Preserving Differentially Private Training of Large
+Embedding Models", arXiv:2311.08357, §3.1): the top-k rows of each table by frequency, from public
 counts or by DP top-k selection on the training data.
 
 DP selection is `dprec.privacy.select_top_k_per_feature` (Gumbel top-k per table within a total
-budget, charging k draws per table, not one: note 001 §2.1); its cost is charged to the ledger
-before the rows are returned.
+budget, charging k draws per table, not one: Ghazi et al. 2023, §3.1); its cost is charged to the
+ledger before the rows are returned.
 """
 import dataclasses
 from typing import Dict, Mapping, Optional, Union

@@ -1,5 +1,6 @@
-"""DP-AdaFEST row selection without a vocabulary-sized tensor (seed 001 Algorithm 1 lines 5–6,
-App. B.2 with note 001 §2.3's correction).
+"""DP-AdaFEST row selection without a vocabulary-sized tensor (Ghazi et al., "Sparsity-Preserving
+Differentially Private Training of Large Embedding Models", arXiv:2311.08357, Algorithm 1 lines 5–6,
+App. B.2 with Ghazi et al. 2023, App. B.2's correction).
 
 Rows live in a *universe*: all global rows [0, V) (DP-AdaFEST) or a sorted set of rows
 (the DP-FEST set inside DP-AdaFEST+). A row is selected when its noisy contribution

@@ -1,11 +1,12 @@
 """Where a streaming run finds its periods: complete windows of the streaming Beam job.
 
-A period is `period_days` consecutive days (seed 001 Table 5: 1, 2, 4, 8, 16, 18). It is complete
-when every one of its days is listed in the manifest: the Beam job writes a window's TFRecords and
-vocabulary snapshot first and replaces the manifest last, atomically, so a trainer tailing the
-directory never reads a half-written period. Days past `train_days` are the hold-out (seed 001
-§4.3: train on days 1–18, evaluate on 19–24); they are served as one-day periods, for evaluation
-only.
+A period is `period_days` consecutive days (Ghazi et al., "Sparsity-Preserving Differentially
+Private Training of Large Embedding Models", arXiv:2311.08357, Table 5: 1, 2, 4, 8, 16, 18). It is
+complete when every one of its days is listed in the manifest: the Beam job writes a window's
+TFRecords and vocabulary snapshot first and replaces the manifest last, atomically, so a trainer
+tailing the directory never reads a half-written period. Days past `train_days` are the hold-out
+(Ghazi et al. 2023, §4.3: train on days 1–18, evaluate on 19–24); they are served as one-day
+periods, for evaluation only.
 """
 import abc
 import dataclasses

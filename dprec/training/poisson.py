@@ -1,10 +1,11 @@
 """Batches for DP training: Poisson sampling (exact accounting) or fixed-size shuffled batches.
 
-The privacy accountant (note 001 §3.1, App. C Lemma C.4) analyses Poisson subsampling: every
-example joins every step's batch independently with probability q, so batch sizes vary. We draw
-the batch size from Binomial(N, q) and then a uniform subset of that size without replacement,
-which is the same distribution as N independent Bernoulli(q) coin flips but costs O(batch) per
-step instead of O(N). Fixed-size shuffled batches (what most code does, and what seed 001's
+The privacy accountant (Ghazi et al., "Sparsity-Preserving Differentially Private Training of Large
+Embedding Models", arXiv:2311.08357, §3.3, App. C Lemma C.4) analyses Poisson subsampling: every
+example joins every step's batch independently with probability q, so batch sizes vary. We draw the
+batch size from Binomial(N, q) and then a uniform subset of that size without replacement, which is
+the same distribution as N independent Bernoulli(q) coin flips but costs O(batch) per step instead
+of O(N). Fixed-size shuffled batches (what most code does, and what Ghazi et al.'s (2023)
 experiments did) are available as an option; the ledger must then say "accounted as if Poisson".
 """
 import dataclasses

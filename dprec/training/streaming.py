@@ -1,6 +1,7 @@
 """Streaming online training: train period by period as days arrive, one ledger for the run.
 
-The third way in (DESIGN §1.4; seed 001 §4.3 and Table 5). `StreamingTrainer` tails a
+The third way in (DESIGN §1.4; Ghazi et al., "Sparsity-Preserving Differentially Private Training of
+Large Embedding Models", arXiv:2311.08357, §4.3 and Table 5). `StreamingTrainer` tails a
 `PeriodSource` (the streaming Beam job's output), and for every complete period p:
   1. evaluates the model trained on periods < p on period p (train on day t, evaluate on t+1);
   2. pays the privacy ledger for the whole period *before* training on it (its steps, its
@@ -351,7 +352,8 @@ class StreamingTrainer:
     return dict(features, **{CATEGORICAL_KEY: np.where(ids < sizes, ids, 0).astype(ids.dtype)})
 
   def _refresh(self, period: Period):
-    """Grows tables for new ids and refreshes the top-k set (seed 001 §4.3 streaming counts)."""
+    """Grows tables for new ids and refreshes the top-k set (Ghazi et al. 2023, §4.3 streaming
+    counts)."""
     old = self.state["vocab_sizes"] or {}
     if self.state["table_names"] is None:
       self.state["table_names"] = list(period.vocab_sizes)
@@ -491,7 +493,8 @@ class StreamingTrainer:
     return summary
 
   def _evaluate_holdout(self, first):
-    """Pooled metrics of the final model on the complete hold-out periods (seed 001: days 19–24)."""
+    """Pooled metrics of the final model on the complete hold-out periods (Ghazi et al. 2023: days
+    19–24)."""
     periods, index = [], first
     while (period := self.source.period(index)) is not None:
       periods.append(period)

@@ -1,4 +1,6 @@
-"""DP-Forward training of the sequential recommender (seed 003): labels, plan, releases, summary.
+"""DP-Forward training of the sequential recommender (Du et al., "DP-Forward: Fine-tuning and
+Inference on Language Models with Differential Privacy in Forward Pass", arXiv:2309.06746): labels,
+plan, releases, summary.
 
 The user's side (encoder up to the `ForwardNoise` layer, `SeqRecConfig.dp_forward`) releases one
 noised representation per user per epoch, with its next-item label; the service trains the rest
@@ -80,7 +82,7 @@ def plan_run(options, delta, num_examples, spent=privacy.Spent()) -> plan_lib.Pr
 
 
 def label_prior(item_frequencies, item_ids, num_items):
-  """RR-with-prior's prior over items (note 003 §3.4): it must not come from the private labels,
+  """RR-with-prior's prior over items (Du et al. 2023): it must not come from the private labels,
   so the public item frequency file `item_frequencies` (None: uniform)."""
   if item_frequencies is not None:
     return read_item_frequencies(item_frequencies, item_ids)

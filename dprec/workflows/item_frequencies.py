@@ -1,10 +1,11 @@
-"""Item frequencies p_i for `train seqrec`: Re-Attention's error model (note 000 §3), the
-DP-FEST item vocabulary (`--item-vocab-threshold`, items whose count p_i·N falls under it share
-one row; `dprec.sparse.fest.threshold_vocabulary`) and the popularity weights of the item rows
-(`--popularity-weights`, `popularity_weights`). They end up in the model, so they are never
-the exact counts. Either a public file (`--item-frequencies`, charged nothing) or, by default, a
-DP histogram of users per item (`dprec.privacy.user_histogram`), one Gaussian mechanism
-calibrated for its share of ε, released once before training, charged to the run's ledger under
+"""Item frequencies p_i for `train seqrec`: Re-Attention's error model (Ding et al., "DPFormer:
+Learning Differentially Private Transformer on Long-Tailed Data", arXiv:2305.17633), the DP-FEST
+item vocabulary (`--item-vocab-threshold`, items whose count p_i·N falls under it share one row;
+`dprec.sparse.fest.threshold_vocabulary`) and the popularity weights of the item rows
+(`--popularity-weights`, `popularity_weights`). They end up in the model, so they are never the
+exact counts. Either a public file (`--item-frequencies`, charged nothing) or, by default, a DP
+histogram of users per item (`dprec.privacy.user_histogram`), one Gaussian mechanism calibrated for
+its share of ε, released once before training, charged to the run's ledger under
 `LABEL` and composed with training; both uses share that one release."""
 import numpy as np
 

@@ -6,17 +6,17 @@ may release Gaussian mechanisms once (`train ctr`'s DP base rate, `train seqrec`
 p_i; each calibrated alone for its share of ε) and pure-ε DP top-k selections (`selection_epsilon`
 in total, split evenly over the periods). One σ is calibrated (`dprec.privacy.plan_training`, PLD
 by default) so that everything planned spends at most `epsilon_total`: the mechanisms composed
-with the steps in the accountant, the selections deducted first by basic composition (note 001
+with the steps in the accountant, the selections deducted first by basic composition (Ghazi et al.,
+"Sparsity-Preserving Differentially Private Training of Large Embedding Models", arXiv:2311.08357
 App. C.3). A stream's periods compose by the unit it protects (`plan_stream`; README, "Privacy
 model"): for a row, which lives in one period, in parallel (σ is calibrated for the costliest
 period; the DP top-k refreshes read the running counts of every period so far and compose
-sequentially); for a user, whose rows recur across periods, sequentially, each period's rows of
-a user bounded by `group_size` and accounted as one unit of that many rows.
-For DP-AdaFEST the σ is the composed (σ1⁻² + σ2⁻²)^(−1/2) (seed 001 §3.3). What the run's ledger
-spent on the data set before it (`spent`, `dprec.workflows.run.plan_prior`: a preprocessing
-job's DP top-k vocabulary, other runs' training) is composed the same way, so σ is calibrated
-for what it leaves. Periods beyond the plan are charged too; a run stops before one that would
-exceed the budget.
+sequentially); for a user, whose rows recur across periods, sequentially, each period's rows of a
+user bounded by `group_size` and accounted as one unit of that many rows. For DP-AdaFEST the σ is
+the composed (σ1⁻² + σ2⁻²)^(−1/2) (Ghazi et al. 2023, §3.3). What the run's ledger spent on the data
+set before it (`spent`, `dprec.workflows.run.plan_prior`: a preprocessing job's DP top-k vocabulary,
+other runs' training) is composed the same way, so σ is calibrated for what it leaves. Periods
+beyond the plan are charged too; a run stops before one that would exceed the budget.
 """
 import dataclasses
 import functools

@@ -1,6 +1,6 @@
-"""`train seqrec`: DPFormer (seed 000) on a `dprec preprocess sequences` output directory.
+"""`train seqrec`: DPFormer (Ding et al. 2023) on a `dprec preprocess sequences` output directory.
 
-One example per user (user-level DP, note 000 §4): the user's training sequence predicts the
+One example per user (user-level DP, Ding et al. 2023): the user's training sequence predicts the
 next item at every position; the validation item (if the data has one) is held out and ranked
 from the training items (model selection: `selected_on: "validation"`), the test item from the
 full history, each against all M items (`hold_out_validation=False` trains on the validation
@@ -12,13 +12,14 @@ charged to the run's ledger; ε = inf trains without privacy. Adam (decoupled we
 noise come from the run's secret key; `seed` seeds only initialisation and dropout. With a run
 directory the run checkpoints every `checkpoint_every` steps and the same options resume a killed
 run on the very batches and noise an uninterrupted run would have used, paying no step twice.
-`dp_forward` trains DP-Forward instead (seed 003, `dprec.workflows.dp_forward`): SeqLDP.
-`model="item2item"` releases DP item-to-item statistics once instead of training a transformer
-(`dprec.workflows.item2item`; the default, measured best on Amazon Games' validation items:
-docs/experiments/seqrec_item2item.md). `model="hybrid"` releases them too, as a mechanism of
-the plan beside training (`pair_share` of ε), and initialises the transformer's item rows from
-their truncated SVD (post-processing; `pair_init`) before DP training with the rest of ε, and
-can add their item-to-item score to the trained transformer's logits as a fixed prior
+`dp_forward` trains DP-Forward instead (Du et al., "DP-Forward: Fine-tuning and Inference on
+Language Models with Differential Privacy in Forward Pass", arXiv:2309.06746,
+`dprec.workflows.dp_forward`): SeqLDP. `model="item2item"` releases DP item-to-item statistics once
+instead of training a transformer (`dprec.workflows.item2item`; the default, measured best on Amazon
+Games' validation items: docs/experiments/seqrec_item2item.md). `model="hybrid"` releases them too,
+as a mechanism of the plan beside training (`pair_share` of ε), and initialises the transformer's
+item rows from their truncated SVD (post-processing; `pair_init`) before DP training with the rest
+of ε, and can add their item-to-item score to the trained transformer's logits as a fixed prior
 (`prior_weight`, `dprec.models.logit_prior`; post-processing too).
 """
 import dataclasses

@@ -1,4 +1,5 @@
-"""The pCTR model matches seed 001 App. D.1.1 and trains through every DP configuration."""
+"""The pCTR model matches Ghazi et al., "Sparsity-Preserving Differentially Private Training of
+Large Embedding Models", arXiv:2311.08357, App. D.1.1 and trains through every DP configuration."""
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -9,7 +10,7 @@ from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.sparse import SparseSGD
 from dprec.training import output_layer
 
-# Note 001 §5.1: Table 3 vocabularies (C1..C26 order) and the dims int(2·V^0.25) it derives.
+# Ghazi et al. 2023: Table 3 vocabularies (C1..C26 order) and the dims int(2·V^0.25) it derives.
 TABLE3 = [1472, 577, 82741, 18940, 305, 23, 1172, 633, 3, 9090, 5918, 64300, 3207, 27, 1550,
           44262, 10, 5485, 2161, 3, 56473, 17, 15, 27360, 104, 12934]
 NOTE_DIMS = [12, 9, 33, 23, 8, 4, 11, 10, 2, 19, 17, 31, 15, 4, 12, 29, 3, 17, 13, 2, 30, 4, 3,
@@ -36,7 +37,7 @@ def test_table3_model_has_the_papers_shapes():
   assert model.hidden[0].kernel.shape == (363 + 13, 598) and model.logit.kernel.shape == (598, 1)
   dense = sum(int(np.prod(v.shape)) for v in model.trainable_variables
               if all(v is not t.embeddings for t in tables))
-  assert dense == 1300651  # note 001 §5.1: 376→598→598→598→598→1
+  assert dense == 1300651  # Ghazi et al. 2023: 376→598→598→598→598→1
 
 
 def test_embedding_dim_formula_and_validation():

@@ -1,4 +1,6 @@
-"""DP-AdamBC (note 002 §3, §6.1, §7): the update formula with its floor, the per-row noise EMA of
+"""DP-AdamBC (Tang et al., "On the Performance of Differentially Private Optimization with
+Heavy-Tail Class Imbalance", arXiv:2411.04205, App. A, §6.1, §7): the update formula with its floor,
+the per-row noise EMA of
 lazily updated rows, σ = 0 = Adam, the DP step's noise variance, no vocabulary-sized work."""
 import numpy as np
 import pytest
@@ -54,7 +56,7 @@ def test_update_equals_formula_floor_included(sparse):
 
 def test_lazy_row_kept_at_steps_1_and_4_has_the_formula_noise_ema():
   """Row 2 is noised at steps 1 and 4 only: φ = β2³·(1−β2)·Φ1 + (1−β2)·Φ4 (decayed while
-  absent, note 002 §7), and its update uses m, v decayed the same way."""
+  absent, Tang et al. 2024), and its update uses m, v decayed the same way."""
   variable = tf.Variable(tf.ones([6, 2], tf.float64))  # float64: "exactly" up to 1e-12
   optimizer = AdamBC(0.05, floor=1e-6)
   noise = [0.5, 0.75, 0.875, 1.125]  # exact in the float32 `noise_variance`
@@ -165,7 +167,7 @@ def test_sparse_update_has_no_vocabulary_sized_tensor():
 
 
 def test_expected_v_hat_minus_g2_is_the_noise_variance():
-  """Note 002 §6.1: with a fixed gradient g and noise N(0, (σC/L)²) on every coordinate,
+  """Tang et al. 2024: with a fixed gradient g and noise N(0, (σC/L)²) on every coordinate,
   E[v̂] − g² = (σC/L)² per coordinate (sampled), and v̂ − Φ̂ is unbiased for g²."""
   sigma, clip, batch = 10.0, 1.0, 256
   noise_variance = (sigma * clip / batch) ** 2  # 1.526e-3

@@ -1,7 +1,9 @@
-"""Seed 002's heavy-tail benchmark (benchmarks/adambc_heavytail.py): its clipped full-batch
-gradient of the linear softmax model, from ghost norms and one GEMM, equals the sum of clipped
-brute-force per-example gradients; its ε equals dp_accounting called directly; its data layout is
-note 002 §4.1's."""
+"""Tang et al.'s "On the Performance of Differentially Private Optimization with Heavy-Tail Class
+Imbalance" (arXiv:2411.04205) heavy-tail benchmark (benchmarks/adambc_heavytail.py): its clipped
+full-batch gradient of the linear softmax model, from ghost norms and one GEMM, equals the sum of
+clipped brute-force per-example gradients; its ε equals dp_accounting called directly; its data
+layout is
+Tang et al. 2024, §3's."""
 import math
 import os
 

@@ -1,4 +1,5 @@
-"""Contribution maps and DP-AdaFEST selection (seed 001 Algorithm 1 lines 5–6, App. B.2)."""
+"""Contribution maps and DP-AdaFEST selection (Ghazi et al., "Sparsity-Preserving Differentially
+Private Training of Large Embedding Models", arXiv:2311.08357, Algorithm 1 lines 5–6, App. B.2)."""
 import numpy as np
 import pytest
 import tensorflow as tf

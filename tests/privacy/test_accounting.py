@@ -88,7 +88,8 @@ def test_coarse_grid_epsilon_equals_dp_accounting():
 
 
 def test_criteo_known_value_sigma(monkeypatch):
-  """Note 001 §3.3: N=45,840,617, B=2048, one epoch, δ=1/N, ε=1 → σ ≈ 0.5765 (PLD), with two
+  """Ghazi et al., "Sparsity-Preserving Differentially Private Training of Large Embedding Models",
+  arXiv:2311.08357: N=45,840,617, B=2048, one epoch, δ=1/N, ε=1 → σ ≈ 0.5765 (PLD), with two
   evaluations on the accounting grid (σ and σ·(1 − rtol)) and a short search on the coarse one."""
   q, steps = privacy.dataset_sampling(CRITEO_N, 2048, 1)
   assert steps == 22384
@@ -142,7 +143,7 @@ def test_adafest_split_composes_back():
     sigma1, sigma2 = privacy.adafest_noise_multipliers(sigma, ratio)
     assert sigma1 == pytest.approx(ratio * sigma2)
     assert privacy.composed_noise_multiplier(sigma1, sigma2) == pytest.approx(sigma)
-  # note 001 §2.2: r=5 → σ2 = 1.0198σ, σ1 = 5.099σ.
+  # Ghazi et al. 2023, §3.2: r=5 → σ2 = 1.0198σ, σ1 = 5.099σ.
   assert privacy.adafest_noise_multipliers(1.0, 5.0) == pytest.approx((5.099, 1.0198), abs=1e-4)
 
 

@@ -1,4 +1,6 @@
-"""The analytic Gaussian mechanism (note 003 §4.2): exact condition, classical σ, dp_accounting."""
+"""The analytic Gaussian mechanism (Du et al., "DP-Forward: Fine-tuning and Inference on Language
+Models with Differential Privacy in Forward Pass", arXiv:2309.06746, §4.2): exact condition,
+classical σ, dp_accounting."""
 import json
 import math
 
@@ -14,7 +16,7 @@ from dprec.privacy import analytic_gaussian as agm
 
 
 def brute_force_delta(sigma, epsilon, sensitivity):
-  """δ(ε) = Φ(S/2σ − εσ/S) − e^ε Φ(−S/2σ − εσ/S) straight from scipy (note 003 §9.1)."""
+  """δ(ε) = Φ(S/2σ − εσ/S) − e^ε Φ(−S/2σ − εσ/S) straight from scipy (Du et al. 2023)."""
   a, b = sensitivity / (2 * sigma), epsilon * sigma / sensitivity
   return stats.norm.cdf(a - b) - math.exp(epsilon) * stats.norm.cdf(-a - b)
 
@@ -38,7 +40,7 @@ def test_analytic_sigma_is_smaller_than_classical_at_epsilon_one():
   sigma = agm.analytic_gaussian_sigma(1.0, 1e-5, 1.0)
   classical = agm.classical_gaussian_sigma(1.0, 1e-5, 1.0)
   assert sigma < classical
-  # note 003 §7 (S = 2): 7.461 vs 9.690.
+  # Du et al. 2023 (S = 2): 7.461 vs 9.690.
   assert 2 * sigma == pytest.approx(7.461, abs=1e-3)
   assert 2 * classical == pytest.approx(9.690, abs=1e-3)
 
@@ -57,7 +59,7 @@ def test_classical_sigma_violates_delta_at_large_epsilon():
 
 
 def test_small_epsilon_limit():
-  """ε → 0: ℬ → 2Φ⁻¹((1 + δ)/2) (note 003 §4.2)."""
+  """ε → 0: ℬ → 2Φ⁻¹((1 + δ)/2) (Du et al. 2023, §4.2)."""
   assert agm.distance_bound(1e-10, 1e-5) == pytest.approx(
       2 * stats.norm.ppf((1 + 1e-5) / 2), rel=1e-3)
 

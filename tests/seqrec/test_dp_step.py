@@ -1,5 +1,6 @@
 """DPFormer through the shared DP step: C = ∞ and σ = 0 is the non-private step; with clipping
-the update equals brute-force per-example clipping (Opacus-style reference, note 000 §9.3)."""
+the update equals brute-force per-example clipping (Opacus-style reference, Ding et al., "DPFormer:
+Learning Differentially Private Transformer on Long-Tailed Data", arXiv:2305.17633)."""
 import numpy as np
 import pytest
 import tensorflow as tf

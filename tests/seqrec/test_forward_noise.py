@@ -1,4 +1,6 @@
-"""`ForwardNoise` (note 003 §3.2): bounded norms per example, calibrated noise covariance."""
+"""`ForwardNoise` (Du et al., "DP-Forward: Fine-tuning and Inference on Language Models with
+Differential Privacy in Forward Pass", arXiv:2309.06746): bounded norms per example, calibrated
+noise covariance."""
 import numpy as np
 import pytest
 import tensorflow as tf

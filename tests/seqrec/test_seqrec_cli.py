@@ -163,7 +163,8 @@ def test_frequency_file_must_cover_every_item(sequences_dir, tmp_path):
 
 
 def test_adambc_optimizer_low_rank_item_table_and_secure_noise_run(sequences_dir, tmp_path, capsys):
-  """`--optimizer adambc` (DP-AdamBC, seed 002, same schedule and weight decay),
+  """`--optimizer adambc` (DP-AdamBC, Tang et al., "On the Performance of Differentially Private
+  Optimization with Heavy-Tail Class Imbalance", arXiv:2411.04205, same schedule and weight decay),
   `--item-rank` (issue 15) and `--secure-noise` (issue 13), together to spare a run; their
   steps are tested on their own."""
   code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5", "--optimizer",

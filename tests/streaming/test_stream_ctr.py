@@ -1,5 +1,6 @@
 """The pCTR model in a stream: tables grow for new ids and the DP-FEST set is refreshed per period
-without losing what was learned (seed 001 §4.3 streaming-based frequency information)."""
+without losing what was learned (Ghazi et al., "Sparsity-Preserving Differentially Private Training
+of Large Embedding Models", arXiv:2311.08357, §4.3 streaming-based frequency information)."""
 import json
 
 import numpy as np
