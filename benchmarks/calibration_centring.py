@@ -1,19 +1,21 @@
-"""`train ctr`'s DP Platt scaling on the centred feature against the uncentred one (issue 48).
+"""`train ctr`'s DP Platt scaling: its uncentred feature against `stream`'s centred one (#48).
 
     dprec synth criteo --rows 150000 --days 3 --seed 0 --out DATA    # `dprec demo`'s data
     python benchmarks/calibration_centring.py --data DATA [--seeds 0 1] [--steps 200]
 
 Each seed trains `dprec demo`'s DP-AdaFEST run (B = 1024, ε = 1, `train ctr`'s defaults) twice
 with the noise drawn from the public seed (NOT private), so both runs train the same model and
-differ only in the feature DP Platt scaling fits on: `centred` (today: z − logit(DP base rate)
-clipped to ±1) or `uncentred` (before: z clipped to ±10). Prints held-out log loss per run
-(JSON lines).
+differ only in the feature DP Platt scaling fits on: `uncentred` (`train ctr`'s: z clipped to
+±10) or `centred` (`stream`'s: z − logit(DP base rate) clipped to ±1). Prints held-out log loss
+per run (JSON lines).
 """
 import argparse
 import contextlib
 import dataclasses
 import json
+import math
 import sys
+import tempfile
 from unittest import mock
 
 from dprec import demo
@@ -21,19 +23,21 @@ from dprec import privacy
 from dprec.training import output_layer
 from dprec.workflows import ctr
 
-UNCENTRED = {"center": 0.0, "logit_bound": 10.0}
+
+def centred(logits, labels, sigma, rate, rng, **kwargs):
+  """`dp_platt_scaling` on `stream`'s feature: z − logit(rate) clipped to ±1."""
+  return privacy.dp_platt_scaling(logits, labels, sigma, rate, rng, **kwargs,
+                                  center=math.log(rate / (1 - rate)), logit_bound=1.0)
 
 
-def run(data_dir, seed, steps, centred):
-  options = dataclasses.replace(
-      demo.demo_options(data_dir, f"/tmp/calibration_centring_{seed}", steps, 1024, 1.0, seed=0,
-                        insecure_noise_seed=seed), progress=False)
-  fit = privacy.dp_platt_scaling
-  patch = mock.patch.object(output_layer.privacy, "dp_platt_scaling",
-                            lambda *args, **kwargs: fit(*args, **dict(kwargs, **UNCENTRED)))
-  with contextlib.nullcontext() if centred else patch:
+def run(data_dir, seed, steps, centre):
+  patch = mock.patch.object(output_layer.privacy, "dp_platt_scaling", centred)
+  with tempfile.TemporaryDirectory() as out, patch if centre else contextlib.nullcontext():
+    options = dataclasses.replace(  # a fresh ledger for each run
+        demo.demo_options(data_dir, out, steps, 1024, 1.0, seed=0, insecure_noise_seed=seed),
+        progress=False)
     summary = ctr.run(options)
-  return {"seed": seed, "feature": "centred" if centred else "uncentred",
+  return {"seed": seed, "feature": "centred" if centre else "uncentred",
           "eval_log_loss": summary["eval_log_loss"], "auc": summary["auc"],
           "base_rate_log_loss": summary["base_rate_log_loss"],
           "calibration_scale": summary["calibration_scale"],
@@ -48,8 +52,8 @@ def main(argv=None):
   parser.add_argument("--steps", type=int, default=200)
   args = parser.parse_args(argv)
   for seed in args.seeds:
-    for centred in (False, True):
-      print(json.dumps(run(args.data, seed, args.steps, centred)), flush=True)
+    for centre in (False, True):
+      print(json.dumps(run(args.data, seed, args.steps, centre)), flush=True)
 
 
 if __name__ == "__main__":

@@ -111,18 +111,16 @@ def fold_affine(layer, scale, shift):
 
 
 def recalibrate(layer, kind, predictions, labels, noise_multiplier, rng, prior=None,
-                label_range=None, logits=False, **platt) -> Tuple[float, float]:
+                label_range=None, logits=False) -> Tuple[float, float]:
   """Fits (a, b) under DP at `noise_multiplier` on training `predictions` and `labels` (Platt
-  scaling of the logits for BCE from the prior rate `prior`, `platt` being more options of
-  `dprec.privacy.dp_platt_scaling`; least squares in `label_range` for MSE) and folds them into
-  `layer` (`output_dense`); returns (a, b)."""
+  scaling of the logits for BCE from the prior rate `prior`, least squares in `label_range`
+  for MSE) and folds them into `layer` (`output_dense`); returns (a, b)."""
   predictions = np.asarray(predictions, np.float64).reshape(-1)
   if kind == BCE:
     if not logits:
       clipped = np.clip(predictions, LOGIT_BOUND, 1 - LOGIT_BOUND)
       predictions = np.log(clipped / (1 - clipped))
-    scale, shift = privacy.dp_platt_scaling(predictions, labels, noise_multiplier, prior, rng,
-                                            **platt)
+    scale, shift = privacy.dp_platt_scaling(predictions, labels, noise_multiplier, prior, rng)
   elif kind == MSE:
     scale, shift = privacy.dp_affine_recalibration(predictions, labels, label_range,
                                                    noise_multiplier, rng)
