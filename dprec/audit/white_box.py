@@ -34,7 +34,6 @@ from dprec.models.dp_model import DPModel
 from dprec.optimizers import config as config_lib
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.sparse import SparseSGD
-from dprec.sparse.selection import gaussian_survival
 from dprec.training import poisson
 
 CANARY_TABLE = "audit_canaries"
@@ -54,19 +53,9 @@ class Claim:
 
   @classmethod
   def of(cls, config, sampling_rate):
-    """The claim of a `dprec.optimizers.config` algorithm (NonPrivate: σ2 = 0)."""
-    if not config_lib.is_private(config):
-      return cls(sampling_rate, 0.0)
-    if not config_lib.uses_contribution_map(config):
-      return cls(sampling_rate, config.noise_multiplier)
-    std = config_lib.noise_std(config.contribution_clip, config.contribution_noise_multiplier)
-    count = min(1.0, config.contribution_clip)  # a one-row map clipped to C1
-    if std == 0:
-      keep_in, keep_out = float(count >= config.threshold), 0.0
-    else:
-      keep_in = gaussian_survival((config.threshold - count) / std)
-      keep_out = gaussian_survival(config.threshold / std)
-    return cls(sampling_rate, config.noise_multiplier, keep_in, keep_out)
+    """The claim of a `dprec.optimizers.config` algorithm (NonPrivate: σ2 = 0): its σ2 and its
+    `row_release_probabilities`."""
+    return cls(sampling_rate, config.noise_multiplier, *config.row_release_probabilities())
 
 
 class CanaryModel(DPModel):

@@ -1,9 +1,16 @@
-"""One configuration object per training algorithm (seed 001; DESIGN §4).
+"""One object per training algorithm (Ghazi, Huang, Kamath, Kumar, Manurangsi, Sinha & Zhang
+2023, "Sparsity-preserving differentially private training of large embedding models",
+arXiv:2311.08357): NonPrivate, DP-SGD, DP-FEST, DP-AdaFEST, DP-AdaFEST+.
 
-Each object says how the DP step treats a batch: how per-example gradients are clipped (C2), how
-much Gaussian noise is added (σ2·C2) and which embedding rows receive an update at all (every row,
-a fixed DP-FEST set, or the rows a DP-AdaFEST contribution map selects this step). `DPModel`
-reads the object from the `DPOptimizer` passed to `compile`.
+Each object owns how the DP step treats a batch: how per-example gradients are clipped (C2,
+`clip_factors`), which embedding rows may receive an update (`kept_rows`: every row, a fixed
+DP-FEST set, or the rows a DP-AdaFEST contribution map selects this step), where the noise goes
+(σ2·C2 on dense variables and on those rows; every row for `kept_rows` None), and how a step is
+accounted (`accounting_noise_multiplier`, `split_noise`, `preselected`: a set drawn once by DP
+top-k, charged separately). `from_plan` builds it from a planned σ and the run's options, and
+`row_release_probabilities` states what it releases about one example's row (the white-box
+audit's claim). A new algorithm is one class here, listed in `ALGORITHMS`. `DPModel` reads the
+object from the `DPOptimizer` passed to `compile`.
 """
 import dataclasses
 import math
@@ -11,6 +18,9 @@ from typing import Mapping, Optional, Sequence
 
 import numpy as np
 import tensorflow as tf
+
+from dprec.sparse import kept_rows as kept_rows_lib
+from dprec.sparse.selection import gaussian_survival
 
 
 def _check_positive(name, value, allow_inf=False):
@@ -94,25 +104,69 @@ class QuantileClipping:
     return composed_noise_multiplier(noise_multiplier, 2 * self.count_noise_multiplier)
 
 
+class _Algorithm:
+  """What every algorithm answers (the methods its subclasses override)."""
+  name: str
+  private = True
+  preselected = False  # whether it trains a set of rows drawn once before training (DP top-k)
+
+  @classmethod
+  def split_noise(cls, noise_multiplier, ratio):
+    """(σ1 of the row selection or None, σ2 of the gradient) of a step accounted at σ."""
+    del ratio
+    return None, noise_multiplier
+
+  @classmethod
+  def from_plan(cls, noise_multiplier, options, selected_rows=None):
+    """The algorithm at planned σ (`accounting_noise_multiplier`), its hyperparameters read from
+    `options` (`l2_norm_clip`; DP-AdaFEST also `ratio`, `contribution_clip`, `threshold`), the
+    DP-FEST set from `selected_rows` ({table name: row ids}, for a `preselected` algorithm)."""
+    raise NotImplementedError
+
+  def kept_rows(self, layout, pairs, batch_size, generator, replicas=None):
+    """One `dprec.sparse.kept_rows.KeptRows` per variable of `layout` for the batch's distinct
+    (example, row) `pairs` (`dprec.sparse.kept_rows.select_kept_rows`). Default: every row
+    (rows None: the noise goes on every row)."""
+    del layout, batch_size, generator, replicas
+    return kept_rows_lib.all_rows(pairs)
+
+  def row_release_probabilities(self):
+    """(p_in, p_fp): the chance a row only one example touches (contributing 1 before C1) is
+    updated when the example is in the batch, and when it is not. Default: always (1, 1)."""
+    return 1.0, 1.0
+
+
 @dataclasses.dataclass(frozen=True)
-class NonPrivate:
+class NonPrivate(_Algorithm):
   """Plain training: no clipping, no noise; embedding updates on the rows the batch touched."""
   name = "non_private"
+  private = False
+  noise_multiplier = 0.0
 
   @property
   def accounting_noise_multiplier(self):
     return None
 
+  @classmethod
+  def split_noise(cls, noise_multiplier, ratio):
+    return None, None
+
+  @classmethod
+  def from_plan(cls, noise_multiplier, options, selected_rows=None):
+    return cls()
+
 
 @dataclasses.dataclass(frozen=True)
-class DPSGD:
-  """DP-SGD (seed 001 eq. 1): clip each example's full gradient to `l2_norm_clip` (C2), add
-  N(0, (σ·C2)²) to every coordinate of every variable, embedding tables included (dense).
+class DPSGD(_Algorithm):
+  """DP-SGD (Ghazi et al. 2023, eq. 1): clip each example's full gradient to `l2_norm_clip`
+  (C2), add N(0, (σ·C2)²) to every coordinate of every variable, embedding tables included
+  (dense).
 
   `normalization_offset` γ (keyword only) switches clipping min(1, C/‖g_i‖) to per-example
   normalisation C/(‖g_i‖ + γ) ("automatic clipping", Bu et al. 2022, which DPFormer trains with:
-  C = 1, γ = 0.01 as in fastDP; note 000 §1.4). Either way ‖c_i·g_i‖ < C, so the sensitivity and
-  the accounting are unchanged.
+  C = 1, γ = 0.01 as in fastDP; Ding, Wu, Wang & Pan 2023, "DPFormer: learning differentially
+  private transformer on long-tailed data", arXiv:2305.17633). Either way ‖c_i·g_i‖ < C, so
+  the sensitivity and the accounting are unchanged.
 
   `quantile_clipping` (keyword only, a `QuantileClipping`) makes C2 adaptive: `l2_norm_clip` is
   its initial value, `DPOptimizer.clip` the current one; `noise_multiplier` is the gradient's
@@ -162,10 +216,14 @@ class DPSGD:
     """σ of the single Gaussian mechanism each step is accounted as."""
     return self._with_count(self.noise_multiplier)
 
+  @classmethod
+  def from_plan(cls, noise_multiplier, options, selected_rows=None):
+    return cls(float(options.l2_norm_clip), noise_multiplier)
+
 
 @dataclasses.dataclass(frozen=True)
 class DPFEST(DPSGD):
-  """DP-FEST (seed 001 §3.1): DP-SGD restricted to a fixed set of rows per embedding table.
+  """DP-FEST (Ghazi et al. 2023 §3.1): DP-SGD restricted to a fixed set of rows per embedding table.
 
   `selected_rows` maps a table name (see `dprec.layers.DPEmbedding.table_name`) to the local row
   ids to train, chosen from public counts or by DP top-k (`dprec.sparse.fest`; its ε is charged
@@ -174,15 +232,25 @@ class DPFEST(DPSGD):
   """
   selected_rows: Mapping[str, Sequence[int]]
   name = "dp_fest"
+  preselected = True
 
   def __post_init__(self):
     super().__post_init__()
     object.__setattr__(self, "selected_rows", _freeze_rows(self.selected_rows))
 
+  @classmethod
+  def from_plan(cls, noise_multiplier, options, selected_rows=None):
+    return cls(float(options.l2_norm_clip), noise_multiplier, selected_rows=selected_rows)
+
+  def kept_rows(self, layout, pairs, batch_size, generator, replicas=None):
+    """The fixed set every step."""
+    del batch_size, generator, replicas
+    return kept_rows_lib.fixed_set_rows(layout, self.selected_rows, pairs)
+
 
 @dataclasses.dataclass(frozen=True)
 class DPAdaFEST(DPSGD):
-  """DP-AdaFEST (seed 001 Algorithm 1): per step, each example's 0/1 row-contribution map
+  """DP-AdaFEST (Ghazi et al. 2023, Algorithm 1): per step, each example's 0/1 row-contribution map
   (jointly over all tables) is clipped to `contribution_clip` (C1), summed, perturbed with
   N(0, (σ1·C1)²) and thresholded at `threshold` (τ); DP-SGD with clip C2 = `l2_norm_clip` and
   noise σ2 = `noise_multiplier` then updates only the surviving rows (and all dense variables).
@@ -206,10 +274,40 @@ class DPAdaFEST(DPSGD):
   @classmethod
   def from_noise_multiplier(cls, l2_norm_clip, noise_multiplier, ratio=5.0, **kwargs):
     """The configuration whose composed σ (the one accounted) is `noise_multiplier`, split
-    with σ1 = ratio·σ2 (seed 001 §3.2; ratio 5 or 10 is best in its Fig. 7)."""
-    from dprec.privacy import adafest_noise_multipliers  # pylint: disable=import-outside-toplevel
-    sigma1, sigma2 = adafest_noise_multipliers(noise_multiplier, ratio)
+    with σ1 = ratio·σ2 (Ghazi et al. 2023 §3.2; ratio 5 or 10 is best in its Fig. 7)."""
+    sigma1, sigma2 = cls.split_noise(noise_multiplier, ratio)
     return cls(l2_norm_clip, sigma2, contribution_noise_multiplier=sigma1, **kwargs)
+
+  @classmethod
+  def split_noise(cls, noise_multiplier, ratio):
+    """σ1 = ratio·σ2 composing to σ (`dprec.privacy.adafest_noise_multipliers`)."""
+    from dprec.privacy import adafest_noise_multipliers  # pylint: disable=import-outside-toplevel
+    return adafest_noise_multipliers(noise_multiplier, ratio)
+
+  @classmethod
+  def from_plan(cls, noise_multiplier, options, selected_rows=None):
+    fest = {"selected_rows": selected_rows} if cls.preselected else {}
+    return cls.from_noise_multiplier(
+        float(options.l2_norm_clip), noise_multiplier, options.ratio,
+        contribution_clip=float(options.contribution_clip), threshold=float(options.threshold),
+        **fest)
+
+  def kept_rows(self, layout, pairs, batch_size, generator, replicas=None):
+    """The rows the step's noisy, thresholded contribution map keeps (false positives
+    included), within the DP-FEST set of DP-AdaFEST+."""
+    return kept_rows_lib.contribution_map_rows(
+        layout, pairs, batch_size, generator, replicas, self.contribution_clip,
+        noise_std(self.contribution_clip, self.contribution_noise_multiplier), self.threshold,
+        fixed_rows(self))
+
+  def row_release_probabilities(self):
+    """Ψ((τ − min(1, C1))/(σ1·C1)) and Ψ(τ/(σ1·C1)) (exact thresholds without noise)."""
+    std = noise_std(self.contribution_clip, self.contribution_noise_multiplier)
+    count = min(1.0, self.contribution_clip)  # a one-row map clipped to C1
+    if std == 0:
+      return float(count >= self.threshold), 0.0
+    return (gaussian_survival((self.threshold - count) / std),
+            gaussian_survival(self.threshold / std))
 
   @property
   def accounting_noise_multiplier(self):
@@ -222,10 +320,12 @@ class DPAdaFEST(DPSGD):
 
 @dataclasses.dataclass(frozen=True)
 class DPAdaFESTPlus(DPAdaFEST):
-  """DP-AdaFEST+ (seed 001 §4.2): DP-FEST pre-selection (`selected_rows`, as in `DPFEST`), then
-  DP-AdaFEST restricted to that set: contribution maps and false positives range over it only."""
+  """DP-AdaFEST+ (Ghazi et al. 2023 §4.2): DP-FEST pre-selection (`selected_rows`, as in
+  `DPFEST`), then DP-AdaFEST restricted to that set: contribution maps and false positives
+  range over it only."""
   selected_rows: Mapping[str, Sequence[int]]
   name = "dp_adafest_plus"
+  preselected = True
 
   def __post_init__(self):
     super().__post_init__()
@@ -236,11 +336,7 @@ ALGORITHMS = {cls.name: cls for cls in (NonPrivate, DPSGD, DPFEST, DPAdaFEST, DP
 
 
 def is_private(config) -> bool:
-  return not isinstance(config, NonPrivate)
-
-
-def uses_contribution_map(config) -> bool:
-  return isinstance(config, DPAdaFEST)
+  return config.private
 
 
 def noise_std(clip, noise_multiplier):

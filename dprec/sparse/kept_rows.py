@@ -12,7 +12,6 @@ import numpy as np
 import tensorflow as tf
 
 from dprec.distribute import replicas as replicas_lib
-from dprec.optimizers import config as config_lib
 from dprec.sparse import contribution as contribution_lib
 from dprec.sparse import selection
 
@@ -72,20 +71,35 @@ class TableLayout:
 
 def select_kept_rows(config, layout, pairs, batch_size, generator, replicas=None):
   """`pairs[v]`: distinct (example, row) pairs of variable v (`dprec.clipping.embedding.Pairs`,
-  rows local to the variable).
+  rows local to the variable). The algorithm `config` (`dprec.optimizers.config`) chooses the
+  rows (`kept_rows`: one of the functions below).
   `replicas` (`dprec.distribute.replicas.Replicas`; default: those of the step being traced):
   under `tf.distribute` the contribution maps of all replicas are summed before the threshold,
   whose draws are made once, so every replica keeps the same rows. Returns one `KeptRows` per
   variable."""
-  if not config_lib.is_private(config) or type(config) is config_lib.DPSGD:  # pylint: disable=unidiomatic-typecheck
-    return [KeptRows(tf.ones_like(p.row, dtype=tf.bool), None) for p in pairs]
-  fest = config_lib.fixed_rows(config)
-  local_sets = layout.local_sets(fest) if fest is not None else None
-  if not config_lib.uses_contribution_map(config):  # DP-FEST: the fixed set every step
-    variable_sets = [tf.constant(rows, tf.int64) for rows in layout.variable_sets(local_sets)]
-    return [KeptRows(selection.find_sorted(rows, p.row)[1], rows)
-            for p, rows in zip(pairs, variable_sets)]
+  return config.kept_rows(layout, pairs, batch_size, generator, replicas)
 
+
+def all_rows(pairs):
+  """Every row (DP-SGD, non-private training): every pair kept, rows None (noise on all)."""
+  return [KeptRows(tf.ones_like(p.row, dtype=tf.bool), None) for p in pairs]
+
+
+def fixed_set_rows(layout, selected_rows, pairs):
+  """DP-FEST: the rows of the fixed set `selected_rows` ({table name: sorted row ids})."""
+  variable_sets = [tf.constant(rows, tf.int64)
+                   for rows in layout.variable_sets(layout.local_sets(selected_rows))]
+  return [KeptRows(selection.find_sorted(rows, p.row)[1], rows)
+          for p, rows in zip(pairs, variable_sets)]
+
+
+def contribution_map_rows(layout, pairs, batch_size, generator, replicas, contribution_clip,
+                          contribution_std, threshold, selected_rows=None):
+  """DP-AdaFEST: the rows whose contribution count (each example's 0/1 map over all tables
+  clipped to `contribution_clip` C1, summed) plus N(0, `contribution_std`²) passes `threshold`,
+  and the untouched rows whose noise alone does (false positives); within the DP-FEST set
+  `selected_rows` (DP-AdaFEST+), whose outside pairs take no part, if given."""
+  local_sets = layout.local_sets(selected_rows) if selected_rows is not None else None
   if local_sets is None:
     universe = selection.RowUniverse(size=layout.total_rows)
   else:
@@ -96,17 +110,14 @@ def select_kept_rows(config, layout, pairs, batch_size, generator, replicas=None
   if local_sets is not None:  # pairs outside the DP-FEST set take no part
     inside_index = tf.where(inside)
     example, position = tf.boolean_mask(example, inside), tf.boolean_mask(position, inside)
-  cmap = contribution_lib.contribution_map(example, position, batch_size,
-                                           config.contribution_clip)
+  cmap = contribution_lib.contribution_map(example, position, batch_size, contribution_clip)
   touched, counts, pair_slot = cmap.rows, cmap.values, cmap.pair_slot
   replicas = replicas or replicas_lib.Replicas()
   if replicas.count > 1:  # the global map V̂ = Σ over all replicas
     touched, counts = contribution_lib.sum_maps(*replicas.sum_rows(cmap.rows, cmap.values))
     pair_slot = tf.gather(selection.find_sorted(touched, cmap.rows)[0], cmap.pair_slot)
   keep, false_positives = replicas.once(
-      selection.select_rows, touched, counts, universe, config.threshold,
-      config_lib.noise_std(config.contribution_clip, config.contribution_noise_multiplier),
-      generator)
+      selection.select_rows, touched, counts, universe, threshold, contribution_std, generator)
   pair_kept = tf.gather(keep, pair_slot)
   if local_sets is not None:
     pair_kept = tf.scatter_nd(inside_index, tf.cast(pair_kept, tf.int8),

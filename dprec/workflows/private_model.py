@@ -69,7 +69,9 @@ COMMAND = "make_private"
 TRAINING_LABEL = "make_private training"
 LABEL_STATISTICS_LABEL = "make_private output bias"
 RECALIBRATION_LABEL = "make_private recalibration"
-ALGORITHMS = ("auto", "dp_sgd", "dp_adafest")
+# "auto" and the algorithms that need no rows drawn before training (DP-FEST's top-k).
+ALGORITHMS = ("auto",) + tuple(name for name, algorithm in config_lib.ALGORITHMS.items()
+                               if algorithm.private and not algorithm.preselected)
 # "auto": DP-SGD while dense noise on every row of the DP tables is cheap (Σ V·d up to this many
 # floats, the size of a modest Dense layer), DP-AdaFEST above. On the ranking benchmark's small
 # tables DP-SGD was better (docs/experiments/make_private.md); AdaFEST pays off in gradient size.
