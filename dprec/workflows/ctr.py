@@ -311,16 +311,19 @@ def recalibrate(model, train, plan, rate, rng, batch_size=8192,
   `train` from the DP base rate `rate` (`dprec.training.output_layer.recalibrate`, shared with
   `make_private`: `dprec.privacy.dp_platt_scaling` folded into the logit layer), with σ_c from
   the plan (paid with its other one-off releases) and noise from the secret `rng`; returns
-  (a, b), or (None, None) when the plan has none. Out of core, `train` is a function of sorted
-  row indices (None: all) giving those of the `num_rows` rows (`out_of_core.Data.rows`)."""
+  (a, b), or (None, None) when the plan has none. Out of core, `train` is a function of (model,
+  sorted row indices or None for all) giving the logits and labels of those of the `num_rows`
+  rows in one streaming pass (`out_of_core.Data.logits_and_labels`)."""
   sigma = plan.mechanisms.get(CALIBRATION_LABEL)
   if sigma is None:
     return None, None
-  train = (calibration_rows(train, rng) if num_rows is None
-           else train(calibration_indices(num_rows, rng)))
-  return output_layer.recalibrate(model.logit, output_layer.BCE,
-                                  ctr.predict_logits(model, train, batch_size), train["label"],
-                                  sigma, rng, prior=rate, logits=True)
+  if num_rows is None:
+    train = calibration_rows(train, rng)
+    logits, labels = ctr.predict_logits(model, train, batch_size), train["label"]
+  else:
+    logits, labels = train(model, calibration_indices(num_rows, rng))
+  return output_layer.recalibrate(model.logit, output_layer.BCE, logits, labels, sigma, rng,
+                                  prior=rate, logits=True)
 
 
 def algorithm_config(options, noise_multiplier, selected=None):
@@ -477,7 +480,8 @@ def _train(options, data, strategy, coordinator, base=None):
     if strategy is not None:  # predict and evaluate on one device: the same on every worker
       model = _local_copy(model)
     if _out_of_core(data):
-      calibration = recalibrate(model, data.rows, plan, rate, run.numpy_rng("calibration"),
+      calibration = recalibrate(model, data.logits_and_labels, plan, rate,
+                                run.numpy_rng("calibration"),
                                 options.eval_batch_size, num_rows=data.train_rows)
       evaluation = model.evaluate(data.eval_dataset(options.eval_batch_size), verbose=0,
                                   return_dict=True)

@@ -13,9 +13,9 @@ Memory grows with the batch and the model, never with the N training rows:
      (`dprec.training.batch_shards`);
   4. the releases that read every row are streaming passes: the DP base rate (a sum of labels),
      DP-FEST's DP top-k rows (each table's row counts, memory the size of the tables),
-     DP Platt scaling (the same ≤ `ctr.CALIBRATION_ROWS` rows the in-memory path draws, gathered
-     in one pass: memory bounded by that cap, not by N), and the evaluation (Keras' streaming
-     AUC and loss over the held-out day).
+     DP Platt scaling (the model's logits on the same ≤ `ctr.CALIBRATION_ROWS` rows the in-memory
+     path draws, in one pass: 8 bytes a drawn row), and the evaluation (Keras' streaming AUC and
+     loss over the held-out day, parsed `EVAL_CHUNK_ROWS` lines at a time).
 Without a run directory these files go to a temporary directory removed at the end.
 """
 import contextlib
@@ -36,6 +36,7 @@ DIRECTORY = "out_of_core"
 RECORDS = "records"
 BATCHES = "batches"
 READ_BATCH = 65536  # rows a streaming pass parses at once
+EVAL_CHUNK_ROWS = 1 << 15  # TSV lines the held-out day is parsed in (the reader's default: 2^18)
 # `train ctr` trains in memory up to this many training rows (`--out-of-core-above`), where that
 # path is faster and fits: it holds ~365 bytes a row over ~1.3 GB (BENCHMARKS.md, "Out of core"),
 # 20M rows ≈ 8.6 GB; above it the rows stay on disk.
@@ -79,21 +80,21 @@ class Data:
         table += np.bincount(column, minlength=len(table))
     return counts
 
-  def rows(self, indices: Optional[np.ndarray]) -> dict:
-    """Training rows at sorted `indices` (all for None), gathered in one streaming pass, as the
-    in-memory arrays (`dprec.data.criteo.transform` dicts)."""
-    parts, offset = [], 0
+  def logits_and_labels(self, model, indices: Optional[np.ndarray]):
+    """(logits, labels) of `model` on the training rows at sorted `indices` (all for None), in
+    one streaming pass: memory for those two numbers a row, not for the rows."""
+    logits, labels, offset = [], [], 0
     for batch in self.train_dataset().as_numpy_iterator():
       size = len(batch["label"])
-      if indices is None:
-        chosen = slice(None)
-      else:
-        chosen = indices[(indices >= offset) & (indices < offset + size)] - offset
-      parts.append({"label": batch["label"][chosen, 0].astype(np.int32),
-                    "int_features": batch["int_features"][chosen],
-                    "cat_features": batch["cat_features"][chosen].astype(np.int32)})
+      chosen = (slice(None) if indices is None else
+                indices[(indices >= offset) & (indices < offset + size)] - offset)
+      rows = {"cat_features": batch["cat_features"][chosen].astype(np.int32),
+              "int_features": batch["int_features"][chosen]}
+      if len(rows["cat_features"]):
+        logits.append(np.asarray(model.predict_on_batch(rows))[:, 0])
+        labels.append(batch["label"][chosen, 0].astype(np.int32))
       offset += size
-    return {key: np.concatenate([part[key] for part in parts]) for key in parts[0]}
+    return np.concatenate(logits), np.concatenate(labels)
 
   def eval_label_stats(self) -> Tuple[int, float]:
     """(held-out rows, their click rate), in one streaming pass."""
@@ -155,7 +156,8 @@ def prepare(data: str, base: str, min_count: int, beam_args: Sequence[str]) -> D
   manifest = criteo_tfrecord.load_manifest(records)
   vocab = criteo_tfrecord.load_vocabulary(records)
   return _data(records, manifest, [entry["day"] for entry in manifest["days"]], "criteo-tsv",
-               lambda batch_size: criteo.criteo_dataset(files[-1:], vocab, batch_size))
+               lambda batch_size: criteo.criteo_dataset(files[-1:], vocab, batch_size,
+                                                        chunk_rows=EVAL_CHUNK_ROWS))
 
 
 def _data(records, manifest, days, source, eval_dataset) -> Data:
