@@ -319,7 +319,7 @@ def plot(runs, args, path):
     axes[1][col].set_title(f"{title}: training accuracy %")
     axes[1][col].set_xlabel(f"ε (δ = {args.delta:g})")
   axes[0][0].legend(fontsize=7)
-  fig.suptitle(f"Seed 002 Figure 2 protocol, S = {args.top_class}, C = {args.clip}, "
+  fig.suptitle(f"Tang et al. 2024 Figure 2 protocol, S = {args.top_class}, C = {args.clip}, "
                f"σ = {args.sigma}; {runs[0]['noise']}", fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=110)

@@ -115,7 +115,8 @@ def main(argv=None):
   parser.add_argument("--epsilon", type=float, default=1.0)
   parser.add_argument("--epochs", type=float, default=1.0)
   parser.add_argument("--optimizer", choices=("adam", "adambc"), default="adam",
-                      help="Keras' Adam, or dprec's DP-AdamBC (seed 002)")
+                      help="Keras' Adam, or dprec's DP-AdamBC (Tang et al. 2024, "
+                           "arXiv:2411.04205)")
   parser.add_argument("--learning-rate", type=float, default=1e-3)
   parser.add_argument("--batch-size", type=int,
                       help="make_private's B (default: its own, about 150 steps an epoch)")

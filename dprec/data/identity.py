@@ -27,7 +27,7 @@ def public_vocab_privacy(mode: str) -> dict:
   Embedding Models", arXiv:2311.08357: treated as public; a DP top-k vocabulary is the option)."""
   return {"dp": False, "private": False, "mode": mode,
           "note": "built from exact counts of the input: not differentially private; treated "
-                  "as public, as seed 001 does"}
+                  "as public, as Ghazi et al. 2023 (arXiv:2311.08357) do"}
 
 
 def location(path: str) -> str:

@@ -1,6 +1,6 @@
 """Synthetic explicit ratings shaped like MovieLens 100K (the TFRS ranking tutorial's data).
 
-No public ratings data is reachable here (DESIGN §5), so the ranking benchmark of
+No public ratings data is reachable on the project machine, so the ranking benchmark of
 `dprec.make_private` trains on ratings drawn from a latent-factor model with the marginals of
 MovieLens 100K: 943 users, 1,682 items, 100,000 ratings on a 1–5 scale with mean ≈ 3.5 and
 standard deviation ≈ 1.1, Zipf-like item popularity (a few items with hundreds of ratings, a

@@ -1,9 +1,9 @@
 """Synthetic data in the real formats: Criteo-like TSV day files and SASRec-style sequences.
 
 No public data set is reachable from the machines dprec is built on, so tests, demos and
-benchmarks use generated files that exercise the same readers and pipelines as the real releases
-(DESIGN §5). Both generators are vectorised, stream fixed-size blocks to disk (bounded memory for
-any row count) and are deterministic: the same arguments give identical bytes.
+benchmarks use generated files that exercise the same readers and pipelines as the real releases.
+Both generators are vectorised, stream fixed-size blocks to disk (bounded memory for any row
+count) and are deterministic: the same arguments give identical bytes.
 """
 import dataclasses
 import os

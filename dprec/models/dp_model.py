@@ -1,4 +1,4 @@
-"""`DPModel`: a Keras model whose `train_step` is the sparse DP step of DESIGN §4.
+"""`DPModel`: a Keras model whose `train_step` is the sparse DP step.
 
     model = DPModel(inputs, outputs)            # functional, or subclass DPModel
     model.compile(optimizer=DPOptimizer(DPAdaFEST(...), inner=SparseAdagrad(0.05),

@@ -25,7 +25,8 @@ from dprec.privacy import composition
 NOTION = "SeqLDP"
 RELEASE_SAMPLING_RATE = 1.0  # every user's representation is released in every epoch
 SEQLDP_NOTE = (
-    "SeqLDP (local DP of each user's sequence given its label, note 003 §2), not central DP: "
+    "SeqLDP (local DP of each user's sequence given its label, Du et al. 2023, "
+    "arXiv:2309.06746), not central DP: "
     "each user's noised representation is released once per epoch and the epochs compose; "
     "nothing about other users is assumed")
 LABEL_CLEAR_NOTE = "the next-item label is sent in the clear: it is not protected"

@@ -1,4 +1,4 @@
-"""DP statistics of training labels, for initialising a model's output layer (DESIGN §7).
+"""DP statistics of training labels, for initialising a model's output layer.
 
 Each is one Gaussian mechanism on a sum whose L2 sensitivity, for adding or removing one
 example, is stated beside it; the number of examples N is public. `rng` (a numpy Generator) must

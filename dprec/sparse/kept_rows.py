@@ -1,10 +1,11 @@
-"""Which embedding rows a DP step may update (DESIGN §4 steps 1–2), per algorithm.
+"""Which embedding rows a DP step may update, per algorithm.
 
 All tables of a model share one global row-id space (table f's local row r is global row
 offset_f + r), so the DP-AdaFEST contribution map of an example is clipped jointly across tables
-(seed 001 Fig. 2). The result, per variable, is the mask of the batch's (example, row) pairs whose
-row is kept (the others are zeroed before clipping, Algorithm 1 line 8) and the sorted local ids
-of all kept rows, false positives included (None: every row, DP-SGD's dense update).
+(Ghazi et al., "Sparsity-Preserving Differentially Private Training of Large Embedding Models",
+arXiv:2311.08357, Fig. 2). The result, per variable, is the mask of the batch's (example, row) pairs
+whose row is kept (the others are zeroed before clipping, Algorithm 1 line 8) and the sorted local
+ids of all kept rows, false positives included (None: every row, DP-SGD's dense update).
 """
 import collections
 

@@ -1,6 +1,6 @@
 """Clipped sums plus Gaussian noise, sparse where the algorithm allows it (Ghazi et al.,
 "Sparsity-Preserving Differentially Private Training of Large Embedding Models", arXiv:2311.08357,
-Algorithm 1 line 9; DESIGN §4 step 5).
+Algorithm 1 line 9).
 
 DP-FEST / DP-AdaFEST: an embedding table's noisy gradient is a `tf.IndexedSlices` over the kept
 rows only — N(0, (σ2·C2)²) on every coordinate of every kept row (false positives get pure

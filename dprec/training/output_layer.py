@@ -1,5 +1,5 @@
-"""A model's output layer under DP: the loss-aware levers that make a private model useful
-(DESIGN §7), on any Keras model whose output comes from a Dense layer.
+"""A model's output layer under DP: the loss-aware levers that make a private model useful, on
+any Keras model whose output comes from a Dense layer.
 
 - `initial_bias`: the output bias the constant predictor of the (DP) labels has (the label mean
   for MSE, its logit for binary cross-entropy, log class frequencies for softmax cross-entropy).

@@ -1,7 +1,7 @@
 """Streaming online training: train period by period as days arrive, one ledger for the run.
 
-The third way in (DESIGN §1.4; Ghazi et al., "Sparsity-Preserving Differentially Private Training of
-Large Embedding Models", arXiv:2311.08357, §4.3 and Table 5). `StreamingTrainer` tails a
+The third way in (Ghazi et al., "Sparsity-Preserving Differentially Private Training of Large
+Embedding Models", arXiv:2311.08357, §4.3 and Table 5). `StreamingTrainer` tails a
 `PeriodSource` (the streaming Beam job's output), and for every complete period p:
   1. evaluates the model trained on periods < p on period p (train on day t, evaluate on t+1);
   2. pays the privacy ledger for the whole period *before* training on it (its steps, its

@@ -1,4 +1,6 @@
-"""`train ctr`: the pCTR model on Criteo data with one of seed 001's algorithms.
+"""`train ctr`: the pCTR model on Criteo data with one of the algorithms of Ghazi et al.,
+"Sparsity-Preserving Differentially Private Training of Large Embedding Models",
+arXiv:2311.08357.
 
 `data` is a directory of Criteo TSV `day_N` files (vocabularies built in-process from the training
 days; the last day is held out for evaluation) or a Beam preprocessing output directory (its
@@ -83,7 +85,8 @@ SMALL_DATA = 50_000
 CALIBRATION_ROWS = 1_000_000  # rows DP Platt scaling fits on (BENCHMARKS: 1M fit = the 5M fit)
 SELECTION_LABEL = "dp-fest top-k"
 VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-k-epsilon 0) are "
-                   "treated as public, as seed 001 does, unless dataset.vocab_privacy says the "
+                   "treated as public, as Ghazi et al. 2023 do, unless dataset.vocab_privacy says "
+                   "the "
                    "vocabulary is DP (its epsilon is then in epsilon_parts); build them from "
                    "public data or by DP top-k for a guarantee that covers them")
 EPSILON_COVERS = {
@@ -130,8 +133,9 @@ class CTRTrainOptions(run_lib.FitOptions):
   delta: Optional[float] = None
   batch_size: Optional[int] = None  # None: from N (`sized_for`)
   steps: Optional[int] = None  # None: one epoch at the batch size
-  # Seed 001's frontier at 5M rows (docs/experiments/ctr_utility.md, issue 37): the ≥ 10³× point
-  # with the best validation AUC; σ1 = 2·σ2 keeps τ/σ1 ≈ 4 (false positives ~3e-5 a row).
+  # Ghazi et al.'s frontier reproduced at 5M rows (docs/experiments/ctr_utility.md, issue 37):
+  # the ≥ 10³× point with the best validation AUC; σ1 = 2·σ2 keeps τ/σ1 ≈ 4 (false positives
+  # ~3e-5 a row).
   ratio: float = 2.0
   threshold: float = 7.0
   contribution_clip: float = 1.0
@@ -250,10 +254,10 @@ def sized_for(options: CTRTrainOptions, num_examples: int) -> CTRTrainOptions:
 
 
 def plan_privacy(options: CTRTrainOptions, num_examples: int, run=None) -> plan_lib.PrivacyPlan:
-  """σ from the target ε (note 001 §2.2): DP-SGD's σ at (ε − ε_select, δ, q, T), composed with the
-  DP base rate's Gaussian mechanism (σ_b alone at `base_rate_share`·ε), DP Platt scaling's (σ_c
-  alone at `calibration_share`·ε; none at 0) and what `run`'s ledger spent on the data before
-  (δ: the ledger's, else 1/N; `run_lib.plan_prior`)."""
+  """σ from the target ε (Ghazi et al. 2023, §2.2): DP-SGD's σ at (ε − ε_select, δ, q, T),
+  composed with the DP base rate's Gaussian mechanism (σ_b alone at `base_rate_share`·ε), DP
+  Platt scaling's (σ_c alone at `calibration_share`·ε; none at 0) and what `run`'s ledger spent
+  on the data before (δ: the ledger's, else 1/N; `run_lib.plan_prior`)."""
   poisson.BatchSampling(options.batch_size).sampling_rate(num_examples)  # refuses B > N
   if not options.private:
     return plan_lib.plan_privacy(math.inf, None, num_examples, options.batch_size, options.steps)

@@ -31,7 +31,8 @@ from dprec.privacy import label_rr
 from dprec.workflows import plan as plan_lib
 
 PRIOR_NOTE = ("label prior: the training item frequencies, treated as public as Re-Attention "
-              "treats them (note 000 Remark A.2); a private prior is not covered by epsilon2")
+              "treats them (Ding et al. 2023, arXiv:2305.17633, Remark A.2); a private prior is "
+              "not covered by epsilon2")
 
 
 @dataclasses.dataclass(frozen=True)

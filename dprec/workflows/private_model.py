@@ -31,9 +31,9 @@ output bias from a DP label statistic (`dprec.training.output_layer`; MSE, binar
 categorical cross-entropy), and recalibrates the output after training under DP (MSE and binary
 cross-entropy, by default).
 N (`train_size`) is public, as are every option and the model's architecture; vocabularies are
-the model's (public, as in seed 001). ε covers the trained weights, the bias initialisation and
-the recalibration; the training metrics Keras reports are not covered (exact, non-private
-diagnostics of the training batches).
+the model's (public, as in Ghazi et al. 2023, arXiv:2311.08357). ε covers the trained weights,
+the bias initialisation and the recalibration; the training metrics Keras reports are not
+covered (exact, non-private diagnostics of the training batches).
 """
 import dataclasses
 import math
@@ -224,7 +224,7 @@ def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epo
     epochs: epochs the budget is planned for: T = ⌈epochs·N/B⌉ steps; `fit` may train fewer,
       and stops at the budget if asked for more.
     algorithm: "dp_adafest" (sparse updates of the embedding rows a DP contribution map keeps,
-      seed 001), "dp_sgd" (noise on every row), or "auto": DP-SGD when the embedding tables
+      Ghazi et al. 2023), "dp_sgd" (noise on every row), or "auto": DP-SGD when the embedding tables
       hold at most `AUTO_DENSE_LIMIT` (2^20) floats in all, or when a row would need more than
       `AUTO_MAX_TOUCH_SHARE` (a tenth) of a batch's examples to reach τ (an example gives each
       of its k rows C1/√k: `rows_per_example`), else DP-AdaFEST.

@@ -166,14 +166,15 @@ class StreamOptions(run_lib.RunOptions):
 
 
 class CTRPeriodModel(PeriodModel):
-  """`PeriodModel` of the pCTR model (seed 001 App. D.1.1) trained by `DPModel`'s step.
+  """`PeriodModel` of the pCTR model (Ghazi et al. 2023, arXiv:2311.08357, App. D.1.1) trained
+  by `DPModel`'s step.
 
   Args:
     options: `dprec train ctr`'s options; the algorithm and model/step hyper-parameters are used
       (algorithm, l2_norm_clip, ratio, threshold, contribution_clip, learning_rate, optimizer,
       adambc_floor, hidden_units, eval_batch_size, seed: public, initialisation only).
     noise_multiplier: the plan's composed σ (split into σ1 = r·σ2 and σ2 for DP-AdaFEST).
-    expected_batch_size: q · N_period, the normaliser of the noisy sum (DESIGN §4 step 5).
+    expected_batch_size: q · N_period, the normaliser of the noisy sum.
     calibration_logit_bound: L of DP Platt scaling's fit on z − logit(base rate).
     calibration_prior_examples, calibration_level_prior_examples: n0 and n1, the weights of DP
       Platt scaling's priors towards the base rate on the affine and on the level.
