@@ -82,14 +82,12 @@ AUTO_DENSE_LIMIT = 1 << 20
 # sampled retriever, k = 203: a random 2.3% of rows, docs/experiments/make_private.md).
 AUTO_MAX_TOUCH_SHARE = 0.1
 PREDICT_BATCH = 8192
-# The default B: `poisson.data_sized_batch_size`, about 150 steps per epoch. On the TFRS ranking
-# benchmark with Adagrad 0.1 (N = 79,626: B = 512, not 128 at N/500) test RMSE fell from
-# 0.961–0.972 to 0.928–0.932 at ε = 1 (C2 = 3, 3 seeds): per step σ·C2/B falls 3× while the
-# planned σ grows 1.34×, and Adagrad's accumulator, filled by noise, shrinks its steps less
-# (docs/experiments/make_private.md, "Adaptive clipping and the batch").
-# The default C2 by loss kind: MSE on a rating scale has per-example norms around 8 (the median
-# adaptive clipping found); C2 = 1 clips nearly every example and trains towards the label
-# median (ε = 8, B = 512: 0.961 against 0.915 at C2 = 3). Other losses keep 1 (not re-measured).
+# The default B: `poisson.data_sized_batch_size`, about 150 steps per epoch: per step σ·C2/B falls
+# faster than the planned σ grows with B (docs/experiments/make_private.md, "Adaptive clipping
+# and the batch").
+# The default C2 by loss kind: MSE on a rating scale has per-example norms well above 1, and
+# C2 = 1 clips nearly every example and trains towards the label median (same record). Other
+# losses keep 1 (not re-measured).
 DEFAULT_CLIP = {output_layer.MSE: 3.0}
 # σ_b of the quantile count per expected batch example: the noisy unclipped fraction has std
 # 1/20 (Andrew et al. 2021 §3: σ_b = m/20); at B = 128 and σ = 0.74 it raises the gradient's σ
@@ -101,9 +99,8 @@ ROW_SPARSE = {tf.keras.optimizers.SGD: sparse_optimizers.SparseSGD,
               tf.keras.optimizers.Adagrad: sparse_optimizers.SparseAdagrad,
               tf.keras.optimizers.Adam: sparse_optimizers.LazyAdam}
 # Adam moves a weight by about its learning rate a step, so by at most ≈ lr·T over T steps. Below
-# this, a private model barely leaves its initialisation: Keras' Adam 1e-3 over one epoch of 171
-# DP steps (lr·T = 0.17) gave a pCTR model of AUC 0.578, Adam 1e-2 (1.7) 0.723; the TFRS ranking
-# model's best was 1e-3 over 780 steps (0.78) (docs/experiments/make_private.md).
+# this, a private model barely leaves its initialisation (the pCTR and TFRS ranking models
+# measured in docs/experiments/make_private.md).
 SHORT_ADAM_PATH = 0.5
 
 
