@@ -57,6 +57,10 @@ class LayerRegistry:
     """The clipped-gradient function of `layer`'s class, or None."""
     return self._registrations[type(layer)].clipped_gradients
 
+  def registration(self, layer_class):
+    """The `Registration` of `layer_class` (a binding registers its twin class with it)."""
+    return self._registrations[layer_class]
+
   def layer_names(self):
     """The registered classes' names, sorted: what error messages and docs list."""
     return sorted(layer_class.__name__ for layer_class in self._registrations)

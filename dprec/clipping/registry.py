@@ -79,14 +79,13 @@ class RegistryRecorder:
     return call
 
 
-def refuse_uncovered(model, covered, registry, caller):
-  """Refuses, in one line naming the innermost layers that hold them, `model`'s trainable
-  weights outside `covered` (ids of the weights some per-example norm covers): their gradients
+def refuse_uncovered(layers, weights, covered, registry, caller):
+  """Refuses, in one line naming the innermost of `layers` that hold them, the trainable
+  `weights` outside `covered` (ids of the weights some per-example norm covers): their gradients
   would be neither clipped nor bounded. `caller` names who refuses; the layers `registry`
   knows are listed as the remedy."""
-  layers = [m for m in model.submodules if isinstance(m, tf.keras.layers.Layer)]
   owners = set()
-  for weight in model.trainable_weights:
+  for weight in weights:
     if id(weight) in covered:
       continue
     holders = [m for m in layers if any(w is weight for w in m.trainable_weights)]

@@ -52,7 +52,8 @@ class DPOptimizer:
     if not isinstance(self.config, tuple(config_lib.ALGORITHMS.values())):
       raise TypeError(f"config must be one of {sorted(config_lib.ALGORITHMS)}'s configuration "
                       f"classes, got {type(self.config).__name__}")
-    self.inner = tf.keras.optimizers.get(self.inner)
+    if not type(self.inner).__module__.startswith("keras."):  # Keras 3's: `dprec.models.keras3`
+      self.inner = tf.keras.optimizers.get(self.inner)
     if self.expected_batch_size is not None and not self.expected_batch_size > 0:
       raise ValueError(f"expected_batch_size must be positive, got {self.expected_batch_size}")
     given = [name for name in ("noise_key", "insecure_noise_seed", "generator")

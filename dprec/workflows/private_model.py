@@ -51,10 +51,10 @@ from dprec.errors import DprecError
 from dprec.layers.embedding import DPEmbedding
 from dprec.layers.embedding import convert_embedding
 from dprec.models.dp_model import DPModel
-from dprec.models.dp_model import registry_of
 from dprec.models.dp_model import per_example_losses
-from dprec.models.dp_model import refusing_variable_updates
 from dprec.models.dp_model import unique_by_identity
+from dprec.models.dp_step import refusing_variable_updates
+from dprec.models.dp_step import registry_of
 from dprec.optimizers import config as config_lib
 from dprec.optimizers import sparse as sparse_optimizers
 from dprec.optimizers.dp_optimizer import DPOptimizer
@@ -340,11 +340,10 @@ def _refuse_unclippable(model):
   """Refuses trainable weights that no per-example norm function covers (DP tables and the
   clipping registry's layers), naming the innermost layers that hold them."""
   registry = registry_of(model)
-  covered = {id(w) for m in model.submodules
-             if isinstance(m, DPEmbedding) or (isinstance(m, tf.keras.layers.Layer)
-                                               and registry.is_elem(m))
+  layers = [m for m in model.submodules if isinstance(m, tf.keras.layers.Layer)]
+  covered = {id(w) for m in layers if isinstance(m, DPEmbedding) or registry.is_elem(m)
              for w in m.trainable_weights}
-  registry_lib.refuse_uncovered(model, covered, registry, COMMAND)
+  registry_lib.refuse_uncovered(layers, model.trainable_weights, covered, registry, COMMAND)
 
 
 _PRIVATE_CLASSES = {}

@@ -11,7 +11,7 @@ import pytest
 import tensorflow as tf
 
 from dprec.distribute import parameter_server
-from dprec.models import dp_model
+from dprec.models import dp_step
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
@@ -79,14 +79,14 @@ def test_shard_gradients_route_rows_to_their_shard():
   shards = [tf.Variable(tf.zeros([3, 2])), tf.Variable(tf.zeros([2, 2]))]
   table = tf.__internal__.distribute.ShardedVariable(shards)
   values = tf.constant([[1., 1.], [2., 2.], [3., 3.]])
-  pairs = dp_model._shard_gradients(  # pylint: disable=protected-access
+  pairs = dp_step.shard_gradients(
       tf.IndexedSlices(values, tf.constant([0, 3, 4], tf.int64), tf.constant([5, 2], tf.int64)),
       table)
   assert [v is s for (_, v), s in zip(pairs, shards)] == [True, True]
   np.testing.assert_array_equal(pairs[0][0].indices, [0])
   np.testing.assert_array_equal(pairs[1][0].indices, [0, 1])
   np.testing.assert_array_equal(pairs[1][0].values, [[2., 2.], [3., 3.]])
-  dense = dp_model._shard_gradients(tf.reshape(tf.range(10.), [5, 2]), table)  # pylint: disable=protected-access
+  dense = dp_step.shard_gradients(tf.reshape(tf.range(10.), [5, 2]), table)
   assert [g.shape.as_list() for g, _ in dense] == [[3, 2], [2, 2]]
 
 

@@ -1,0 +1,119 @@
+"""The Keras 3 binding (TensorFlow backend): what of the DP step touches Keras 3 — finding the
+layers, reading the weights, the layer classes of the norm registry, the loss per example —
+around the step's mathematics, which is written once (`dprec.models.dp_step.DPStep`, the norm
+functions of `dprec.clipping.layer_norms`, selection and noise in `dprec.sparse`).
+
+    step = Keras3DPStep(model, DPOptimizer(DPSGD(1.0, σ), keras.optimizers.SGD(0.1)), "mse")
+    step.apply_step(x, y)          # one DP step on a batch: clipped, noised, applied
+
+A start: `keras.layers.Dense` and `keras.layers.Embedding` (as registry layers: dense noise on
+the table, DP-SGD); `dprec.make_private` still refuses Keras 3 models until the binding covers
+what it promises (DP tables, the other layers, row-sparse optimizers, `fit`).
+"""
+import sys
+
+import tensorflow as tf
+
+from dprec.clipping import layer_norms
+from dprec.errors import DprecError
+from dprec.models import dp_step
+
+# Keras 3 classes whose registration is their tf.keras twin's (same name in `keras.layers` and
+# `tf.keras.layers`; the norm functions read only attributes both versions share).
+TWINS = ("Dense", "Embedding")
+
+
+def keras3():
+  """The process's Keras 3 module (`import keras` on TensorFlow ≥ 2.16), or None."""
+  keras = sys.modules.get("keras")
+  if keras is None or int(keras.__version__.split(".")[0]) < 3:
+    return None
+  return keras
+
+
+def is_keras3_model(model) -> bool:
+  keras = keras3()
+  return keras is not None and isinstance(model, keras.Model)
+
+
+def check_backend():
+  """Refuses a Keras 3 whose backend is not TensorFlow (the DP step is TensorFlow code)."""
+  backend = keras3().backend.backend()
+  if backend != "tensorflow":
+    raise DprecError(f"dprec trains Keras 3 models on the TensorFlow backend, not {backend}: "
+                     "set KERAS_BACKEND=tensorflow before keras is imported")
+
+
+def make_layer_registry():
+  """The Keras 3 classes of `TWINS`, each with its tf.keras twin's registration."""
+  layers, default = keras3().layers, layer_norms.make_layer_registry()
+  registry = layer_norms.LayerRegistry()
+  for name in TWINS:
+    registry.insert(getattr(layers, name), *default.registration(getattr(tf.keras.layers, name)))
+  return registry
+
+
+def layers(model):
+  """Every layer inside `model`, nested ones included, each once (Keras 3 has no public
+  recursive listing; `_flatten_layers` is what its own `Model.summary` uses)."""
+  return list(model._flatten_layers(include_self=False, recursive=True))  # pylint: disable=protected-access
+
+
+def per_example_losses(loss, y, y_pred):
+  """Per-example losses [batch] of a Keras 3 loss (object, name or function) without its
+  reduction; trailing axes averaged."""
+  loss = keras3().losses.get(loss)
+  if isinstance(loss, keras3().losses.Loss):
+    config = loss.get_config()
+    config["reduction"] = None
+    loss = type(loss).from_config(config)
+  losses = tf.convert_to_tensor(loss(y, y_pred))
+  if losses.shape.rank == 0:
+    raise DprecError("the loss returns one value per batch, not one per example: DP clipping "
+                     "needs per-example losses")
+  if losses.shape.rank > 1:
+    losses = tf.reduce_mean(losses, axis=list(range(1, losses.shape.rank)))
+  return losses
+
+
+class Keras3DPStep(dp_step.DPStep):
+  """The DP step of a Keras 3 `model` with the algorithm, noise key and inner optimizer (a Keras
+  3 optimizer) of `dp_optimizer`, and `loss` (per example)."""
+
+  dp_step_tables = ()  # DP tables (`DPEmbedding`) are tf.keras layers for now
+
+  def __init__(self, model, dp_optimizer, loss):
+    if not is_keras3_model(model):
+      raise DprecError(f"Keras3DPStep needs a Keras 3 model, got {type(model).__name__}")
+    check_backend()
+    self.model, self.dp_optimizer, self.loss = model, dp_optimizer, loss
+    self.optimizer = dp_optimizer.inner
+    self._dp_generator = dp_optimizer.generator
+    self.layer_registry = make_layer_registry()
+
+  @property
+  def trainable_variables(self):
+    return self.model.trainable_variables
+
+  @property
+  def losses(self):
+    return self.model.losses
+
+  def step_layers(self):
+    return layers(self.model)
+
+  def extra_squared_norms(self):
+    return []
+
+  def forward_losses(self, x, y, sample_weight=None):
+    if sample_weight is not None:
+      raise DprecError("the Keras 3 binding takes no sample weights yet")
+    with dp_step.refusing_variable_updates():
+      y_pred = self.model(x, training=True)
+    return y_pred, per_example_losses(self.loss, y, y_pred)
+
+  def apply_step(self, x, y):
+    """One DP step on the batch (x, y), applied by the inner optimizer; returns predictions."""
+    grads_and_vars, y_pred = self._dp_gradients(self.dp_optimizer.config, x, y, None)
+    self.optimizer.apply_gradients(grads_and_vars)
+    return y_pred
