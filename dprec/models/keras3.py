@@ -6,9 +6,10 @@ functions of `dprec.clipping.layer_norms`, selection and noise in `dprec.sparse`
     step = Keras3DPStep(model, DPOptimizer(DPSGD(1.0, σ), keras.optimizers.SGD(0.1)), "mse")
     step.apply_step(x, y)          # one DP step on a batch: clipped, noised, applied
 
-A start: `keras.layers.Dense` and `keras.layers.Embedding` (as registry layers: dense noise on
-the table, DP-SGD); `dprec.make_private` still refuses Keras 3 models until the binding covers
-what it promises (DP tables, the other layers, row-sparse optimizers, `fit`).
+A start: `keras.layers.Dense`, `EinsumDense` (so `MultiHeadAttention`), `LayerNormalization` and
+`Embedding` (as a registry layer: dense noise on the table, as DP-SGD adds); `dprec.make_private`
+still refuses Keras 3 models until the binding covers what it promises (DP tables with
+row-sparse updates, row-sparse Keras 3 optimizers, `compile`/`fit`, saving).
 """
 import sys
 
@@ -20,7 +21,10 @@ from dprec.models import dp_step
 
 # Keras 3 classes whose registration is their tf.keras twin's (same name in `keras.layers` and
 # `tf.keras.layers`; the norm functions read only attributes both versions share).
-TWINS = ("Dense", "Embedding")
+TWINS = ("Dense", "EinsumDense", "Embedding", "LayerNormalization")
+# Keras 3 options of the twins that change their weights or their computation.
+_UNSHARED = {"lora_enabled": "LoRA (lora_rank)", "quantization_mode": "quantization",
+             "rms_scaling": "RMS scaling"}
 
 
 def keras3():
@@ -55,8 +59,16 @@ def make_layer_registry():
 
 def layers(model):
   """Every layer inside `model`, nested ones included, each once (Keras 3 has no public
-  recursive listing; `_flatten_layers` is what its own `Model.summary` uses)."""
-  return list(model._flatten_layers(include_self=False, recursive=True))  # pylint: disable=protected-access
+  recursive listing; `_flatten_layers` is what its own `Model.summary` uses). Refuses what
+  Keras 3 adds to a twin and the shared norm functions do not compute (`_UNSHARED`)."""
+  found = list(model._flatten_layers(include_self=False, recursive=True))  # pylint: disable=protected-access
+  for layer in found:
+    for attribute, what in _UNSHARED.items():
+      if getattr(layer, attribute, None):
+        raise DprecError(f"layer {layer.name!r} ({type(layer).__name__}) uses {what}, which "
+                         "dprec's per-example norms do not cover yet: build it without")
+  return found
+
 
 
 def per_example_losses(loss, y, y_pred):

@@ -4,6 +4,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from dprec.clipping import layer_norms
 from dprec.errors import DprecError
 from dprec.models import keras3 as keras3_binding
 from dprec.models.dp_model import DPModel
@@ -15,6 +16,7 @@ BATCH, VOCAB, LEARNING_RATE = 6, 9, 0.1
 class _TfKeras:
   """tf.keras: the model is a `DPModel`, its own step."""
   keras = tf.keras
+  registry = staticmethod(layer_norms.make_layer_registry)
 
   @staticmethod
   def model(inputs, outputs):
@@ -30,6 +32,7 @@ class _TfKeras:
 class _Keras3:
   """Keras 3 (TensorFlow backend): a `keras.Model` driven by `Keras3DPStep`."""
   keras = keras
+  registry = staticmethod(keras3_binding.make_layer_registry)
 
   @staticmethod
   def model(inputs, outputs):
@@ -69,10 +72,25 @@ def _batch():
   return tf.constant(ids), tf.constant(rng.normal(size=(BATCH, 1)).astype(np.float32))
 
 
-def test_norms_equal_brute_force_per_example_gradients(binding):
-  model = _model(binding)
+def _attention_model(binding):
+  """MultiHeadAttention (its EinsumDense projections are routed) → LayerNormalization → Dense."""
+  binding.keras.utils.set_random_seed(2)
+  layers = binding.keras.layers
+  inputs = binding.keras.Input((3, 8))
+  attended = layers.LayerNormalization()(layers.MultiHeadAttention(2, 4)(inputs, inputs))
+  return binding.model(inputs, layers.Dense(1)(layers.Flatten()(attended)))
+
+
+@pytest.mark.parametrize("build", ["embedding_dense", "attention"])
+def test_norms_equal_brute_force_per_example_gradients(binding, build):
+  if build == "attention":
+    model = _attention_model(binding)
+    x = tf.random.stateless_normal([BATCH, 3, 8], seed=[7, 8])
+    y = _batch()[1]
+  else:
+    model = _model(binding)
+    x, y = _batch()
   step = binding.dp_step(model, DPSGD(1.0, 0.0), seed=0)
-  x, y = _batch()
   expected = []
   for i in range(BATCH):
     with tf.GradientTape() as tape:
@@ -80,7 +98,40 @@ def test_norms_equal_brute_force_per_example_gradients(binding):
     grads = tape.gradient(loss, model.trainable_variables)
     expected.append(sum(float(tf.reduce_sum(tf.square(tf.convert_to_tensor(g))))
                         for g in grads))
-  np.testing.assert_allclose(step.per_example_squared_norms(x, y), expected, rtol=1e-5)
+  np.testing.assert_allclose(step.per_example_squared_norms(x, y), expected, rtol=1e-4)
+
+
+LAYERS = {  # a layer of each registered kind, built from a binding's `keras.layers`
+    "dense": (lambda layers: layers.Dense(4, activation="tanh"), (BATCH, 3, 5)),
+    "einsum_dense": (lambda layers: layers.EinsumDense("abc,cde->abde", (None, 2, 4),
+                                                       bias_axes="de"), (BATCH, 3, 5)),
+    "layer_normalization": (lambda layers: layers.LayerNormalization(), (BATCH, 3, 5)),
+    "embedding": (lambda layers: layers.Embedding(VOCAB, 3), None),
+}
+
+
+@pytest.mark.parametrize("kind", list(LAYERS))
+def test_layer_norm_functions_equal_brute_force(binding, kind):
+  """The registry of each binding maps the layer to a function whose per-example squared norms
+  (for L_i = Σ w_i ⊙ layer(x)_i) equal per-example gradients taken one example at a time."""
+  make, shape = LAYERS[kind]
+  layer = make(binding.keras.layers)
+  x = _batch()[0] if shape is None else tf.random.stateless_normal(shape, seed=[1, 2])
+  outputs = layer(x)
+  for weight in layer.trainable_weights:  # away from initial ones and zeros
+    weight.assign(tf.random.stateless_normal(weight.shape, seed=[3, 4]))
+  w = tf.random.stateless_normal(tf.shape(outputs), seed=[5, 6])
+  with tf.GradientTape() as tape:
+    watched, outputs, squared_norm_fn = binding.registry().lookup(layer)(layer, (x,), {}, tape)
+    loss = tf.reduce_sum(outputs * w)
+  got = squared_norm_fn(tape.gradient(loss, watched))
+  expected = []
+  for i in range(BATCH):
+    with tf.GradientTape() as tape:
+      loss = tf.reduce_sum(layer(x[i:i + 1]) * w[i:i + 1])
+    expected.append(sum(float(tf.reduce_sum(tf.square(tf.convert_to_tensor(g))))
+                        for g in tape.gradient(loss, layer.trainable_weights)))
+  np.testing.assert_allclose(got, expected, rtol=1e-4, atol=1e-6)
 
 
 def test_removing_one_example_moves_the_clipped_sum_by_at_most_the_clip(binding):
@@ -114,10 +165,14 @@ def test_the_keras3_binding_refuses_what_it_does_not_drive():
   with pytest.raises(DprecError, match="needs a Keras 3 model"):
     keras3_binding.Keras3DPStep(_model(_TfKeras), None, "mse")
   inputs = keras.Input((3,))
-  model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.LayerNormalization(
-      name="norm")(keras.layers.Dense(2)(inputs))))
+  lora = _Keras3.dp_step(keras.Model(inputs, keras.layers.Dense(1, lora_rank=1, name="low")(
+      inputs)), DPSGD(1.0, 0.0), seed=0)
+  with pytest.raises(DprecError, match=r"layer 'low' \(Dense\) uses LoRA"):
+    lora.per_example_squared_norms(tf.ones([2, 3]), tf.ones([2, 1]))
+  model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.GroupNormalization(
+      groups=1, name="norm")(keras.layers.Dense(2)(inputs))))
   step = _Keras3.dp_step(model, DPSGD(1.0, 0.0), seed=0)
-  # Not yet registered for Keras 3: refused, naming the layer and the registry's layers.
-  with pytest.raises(DprecError, match=r"cannot clip layer\(s\) norm \(LayerNormalization\) "
-                                       r".*\(Dense, Embedding\)"):
+  # Not registered: refused, naming the layer and the binding's registered layers.
+  with pytest.raises(DprecError, match=r"cannot clip layer\(s\) norm \(GroupNormalization\) "
+                                       r".*\(Dense, EinsumDense, Embedding, LayerNormalization\)"):
     step.per_example_squared_norms(tf.ones([2, 3]), tf.ones([2, 1]))
