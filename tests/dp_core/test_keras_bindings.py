@@ -1,4 +1,9 @@
 """One DP core, two bindings: the same tests run on a tf.keras (Keras 2) and a Keras 3 model."""
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import keras
 import numpy as np
 import pytest
@@ -176,3 +181,16 @@ def test_the_keras3_binding_refuses_what_it_does_not_drive():
   with pytest.raises(DprecError, match=r"cannot clip layer\(s\) norm \(GroupNormalization\) "
                                        r".*\(Dense, EinsumDense, Embedding, LayerNormalization\)"):
     step.per_example_squared_norms(tf.ones([2, 3]), tf.ones([2, 1]))
+
+
+def test_importing_dprec_after_keras_3_keeps_both():
+  """`import keras` (Keras 3) before `import dprec`: tf.keras still becomes Keras 2 for dprec's
+  tf.keras path, and `keras` stays Keras 3 for the binding."""
+  code = ("import keras, dprec, tensorflow as tf; "
+          "print(keras.__version__.split('.')[0], tf.keras.__name__.split('.')[0])")
+  root = Path(__file__).resolve().parents[2]
+  env = dict(os.environ, PYTHONPATH=str(root), TF_CPP_MIN_LOG_LEVEL="3")
+  env.pop("TF_USE_LEGACY_KERAS", None)
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, env=env)
+  assert result.stdout.split() == ["3", "tf_keras"]
