@@ -35,7 +35,8 @@ SETTINGS = {
                      "--users", "200000"], 8, 25_000, ["--user-column"]),
 }
 ISSUE = ["--hidden-units", "598,598,598,598", "--learning-rate", "3e-3", "--l2-norm-clip", "10",
-         "--ratio", "5", "--threshold", "1", "--batch-size", "1024"]
+         "--ratio", "5", "--threshold", "1", "--batch-size", "1024",
+         "--calibration-logit-bound", "1", "--calibration-level-prior-examples", "100000"]
 # `train ctr`'s value of each lever (the stream's name for it: its options).
 LEVERS = {
     "tower": ["--hidden-units", "256,256", "--learning-rate", "1e-2"],

@@ -13,13 +13,14 @@ plus the DP top-k refreshes of the running counts, which compose sequentially) o
 `user_id` column; at most `max_rows_per_user` rows of a user per period, drawn by the run's key
 before training; everything composes sequentially).
 
-`train ctr`'s utility levers (`dprec.workflows.ctr`): the logit bias starts at the first
-period's DP base rate, each period ends with DP Platt scaling on its training rows (charged
-with that period), kept as an affine a·z + b on the model's output that evaluation applies and
-training never sees (so the next period trains the raw logits on), and without `batch_size` the
-batch is `STREAM_BATCH_SIZE`, at most an eighth of the expected period size
-(`default_batch_size`; `train ctr`'s data-sized rule, then N/500, measured worse on 25k-row periods:
-docs/experiments/streaming.md). `reference="non_private"`
+The model and step are `train ctr`'s, defaults included (`dprec.workflows.ctr.CTRTrainOptions`),
+and so are its utility levers: the logit bias starts at the first period's DP base rate, each
+period ends with DP Platt scaling on its training rows (charged with that period), kept as an
+affine a·z + b on the model's output that evaluation applies and training never sees (so the
+next period trains the raw logits on). Two measured differences: without `batch_size` the batch
+is 1024, at most an eighth of the expected period size (`default_batch_size`), not `train
+ctr`'s N/150, and the Platt fit is centred, bounded and pulled to the level of the base rate
+(`calibration_*`; docs/experiments/stream_parity.md, streaming.md). `reference="non_private"`
 also trains a non-private stream on the same periods (under `run_dir/reference_non_private`)
 for the plot and the summary.
 
@@ -60,9 +61,15 @@ MODEL_FIELDS = ("algorithm", "l2_norm_clip", "ratio", "threshold", "contribution
 BASE_RATE = "base rate"  # the plan's once-only mechanism (with the first period)
 CALIBRATION = "calibration"  # the plan's per-period mechanism (DP Platt scaling)
 REFERENCES = ("non_private",)
-STREAM_BATCH_SIZE = 1024
 REFERENCE_DIR = "reference_non_private"
-PLATT_LEVEL_PRIOR_EXAMPLES = 100_000  # DP Platt scaling's level prior n1 (`StreamOptions`)
+_CTR = ctr_workflow.CTRTrainOptions  # the defaults the stream shares with `train ctr`
+# Where the stream's step differs from `train ctr`'s, measured on 7 periods of 25k rows at ε = 1,
+# one lever at a time, three draws each (docs/experiments/stream_parity.md: hold-out AUC 0.673
+# ± 0.005 with these, `train ctr` on the same rows 0.679 ± 0.006). σ is calibrated for one short
+# period, so at `train ctr`'s C2 = 1 the first periods rank near chance (AUC 0.51–0.53 after
+# period 1, 0.57 at C2 = 10), and its r = 2 with τ = 7 put more noise on the gradient (σ2 1.35 →
+# 1.48) than the row selection bought on these tables (0.663 ± 0.012).
+STEP_OVERRIDES = {"l2_norm_clip": 10.0, "ratio": 5.0, "threshold": 1.0}
 
 
 @dataclasses.dataclass
@@ -87,33 +94,28 @@ class StreamOptions(run_lib.RunOptions):
   max_rows_per_user: Optional[int] = None  # privacy unit "user": default 1
   reference: Optional[str] = None
   batch_size: Optional[int] = None  # None: `default_batch_size` of the period size
-  logit_init: str = ctr_workflow.CTRTrainOptions.logit_init
-  base_rate_share: float = ctr_workflow.CTRTrainOptions.base_rate_share
-  calibration_share: float = ctr_workflow.CTRTrainOptions.calibration_share
-  # DP Platt scaling's L: the fit clips z − logit(base rate) to ±L (`CTRPeriodModel.after_training`;
-  # `train ctr`'s 10 kept the scale at its floor on the stream's narrow logits: docs/experiments/
-  # streaming.md, log loss 0.002–0.005 lower after every period at L = 1, two draws)
-  calibration_logit_bound: float = 1.0
-  # DP Platt scaling's priors towards the base rate r: n0 rows on the affine (`train ctr`'s) and
-  # n1 rows on the level only (the logit at the mean feature). A period's fit serves the next
-  # period, after the click rate moved: at n1 = 0 the log loss was above the constant r's on the
-  # day the rate returned to r in most draws; at n1 = 100,000 below it after every period in 80
-  # of 80 draws, 4 training × 20 calibration (docs/experiments/streaming.md, "The level prior").
+  logit_init: str = _CTR.logit_init
+  base_rate_share: float = _CTR.base_rate_share
+  calibration_share: float = _CTR.calibration_share
+  # DP Platt scaling (`CTRPeriodModel.after_training`) as `train ctr` fits it: L = 10 and n0 =
+  # 10,000 rows of prior on the affine, no level prior (n1 = 0). Centred on logit(base rate),
+  # which at L = 10 moves the clip window by ~1. The stream's L = 1 and n1 = 100,000 suited App.
+  # D.1.1's tower at 3e-3 (narrow logits: docs/experiments/streaming.md); on `train ctr`'s
+  # tower they clip most logits and the affine extrapolates: log loss up to 0.6 above the base
+  # rate's at C2 = 1 (docs/experiments/stream_parity.md).
+  calibration_logit_bound: float = privacy.recalibration.LOGIT_BOUND
   calibration_prior_examples: float = privacy.recalibration.PRIOR_EXAMPLES
-  calibration_level_prior_examples: float = PLATT_LEVEL_PRIOR_EXAMPLES
-  # The step's hyper-parameters are `train ctr`'s (one source), but τ, lower for short periods,
-  # C2, which at 1 ranks below chance for the first periods of 25k rows (docs/experiments/
-  # streaming.md: AUC 0.435 → 0.590 after the first period at C2 = 10), and r, lr and the tower,
-  # at which that page's runs were measured (`train ctr`'s moved to r = 2 with its τ = 7, and to
-  # Dense 256-256 at Adam 1e-2 in session 10; neither measured on streams).
-  l2_norm_clip: float = 10.0
-  ratio: float = 5.0
-  threshold: float = 1.0
-  contribution_clip: float = ctr_workflow.CTRTrainOptions.contribution_clip
-  learning_rate: float = 3e-3
-  optimizer: str = ctr_workflow.CTRTrainOptions.optimizer
-  adambc_floor: float = ctr_workflow.CTRTrainOptions.adambc_floor
-  hidden_units: Tuple[int, ...] = ctr.CTRConfig.hidden_units  # App. D.1.1's 598 × 4
+  calibration_level_prior_examples: float = 0.0
+  # The model and step are `train ctr`'s (one source: `CTRTrainOptions`; the learning rate its
+  # private or non-private default) but for `STEP_OVERRIDES` and the batch (`default_batch_size`).
+  l2_norm_clip: float = STEP_OVERRIDES["l2_norm_clip"]
+  ratio: float = STEP_OVERRIDES["ratio"]
+  threshold: float = STEP_OVERRIDES["threshold"]
+  contribution_clip: float = _CTR.contribution_clip
+  learning_rate: Optional[float] = _CTR.learning_rate  # None: `ctr.DEFAULT_LEARNING_RATES`
+  optimizer: str = _CTR.optimizer
+  adambc_floor: float = _CTR.adambc_floor
+  hidden_units: Tuple[int, ...] = _CTR.hidden_units
   headroom: float = 1.5
 
   @property
@@ -324,8 +326,11 @@ def expected_periods(options: StreamOptions, source) -> Tuple[int, str]:
 
 
 def default_batch_size(examples_per_period: int) -> int:
-  """B when none is given: `STREAM_BATCH_SIZE`, at most an eighth of a period (N is public)."""
-  return poisson.default_batch_size(examples_per_period, preferred=STREAM_BATCH_SIZE)
+  """B when none is given: `poisson.default_batch_size` (1024, at most an eighth of a period; N
+  is public), not `train ctr`'s N/150: σ is calibrated for one period, whose few rows amplify
+  less, so σ grows with q faster than on `train ctr`'s whole data set, and on 25k-row periods
+  B = 128 (N/150) lost 0.08 AUC to B = 1024 (docs/experiments/stream_parity.md)."""
+  return poisson.default_batch_size(examples_per_period)
 
 
 def plan_privacy(options: StreamOptions, source, expected: int, run=None) -> plan_lib.PrivacyPlan:

@@ -2,6 +2,7 @@
 import argparse
 
 from dprec.cli_help import add_deprecated_alias
+from dprec.training import poisson
 from dprec.workflows import ctr
 from dprec.workflows import ctr_cli
 from dprec.workflows import run_cli
@@ -93,16 +94,15 @@ def register(subparsers):
                   "the click rate moved (default %(default)s; 0: none)")
   model = parser.add_argument_group("model and step")
   model.add_argument("--batch-size", type=int, default=None,
-                     help=f"expected (Poisson) batch size (default: {stream.STREAM_BATCH_SIZE}, "
-                     "at most an eighth of the expected period size)")
+                     help=f"expected (Poisson) batch size (default: {poisson.DEFAULT_BATCH_SIZE}, "
+                     "at most an eighth of the expected period size; not train ctr's N/150)")
   model.add_argument("--logit-init", default=defaults.logit_init, choices=ctr.LOGIT_INITS,
                      help="base_rate: the logit layer starts at the first period's (DP) click "
                      "rate; default: Keras' initialisation")
   ctr_cli.add_step_arguments(model.add_argument, defaults)
   model.add_argument("--hidden-units", type=ctr_cli.int_list, default=defaults.hidden_units,
                      help="comma-separated Dense(relu) widths (default: "
-                     + ",".join(map(str, defaults.hidden_units)) + ", the pCTR model of Ghazi "
-                     "et al. 2023, arXiv:2311.08357, App. D.1.1)")
+                     + ",".join(map(str, defaults.hidden_units)) + ", train ctr's)")
   model.add_argument("--headroom", type=float, default=1.5,
                      help="spare table rows for new ids, as a factor (default 1.5)")
   model.add_argument("--reference", default=None, choices=stream.REFERENCES,

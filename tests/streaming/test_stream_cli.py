@@ -11,8 +11,10 @@ from dprec.data import identity
 from dprec.data.criteo import CATEGORICAL_FEATURES
 from dprec.privacy.ledger import PREPROCESSING
 from dprec.training.period_source import BeamStreamSource
+from dprec.workflows import ctr as ctr_workflow
 from dprec.workflows import run as run_lib
 from dprec.workflows import stream
+from dprec.workflows.ctr import CTRTrainOptions
 
 
 def test_help_names_the_interface(capsys):
@@ -82,3 +84,21 @@ def test_the_plan_composes_what_the_ledger_spent_on_the_data_before(tmp_path):
     summary = stream.build_trainer(options, source, plan, run).summary()  # before any period
   assert summary["epsilon"] == pytest.approx(0.2) and summary["dataset"]["id"] == "stream-data"
   assert summary["epsilon_parts"]["preprocessing_selection"]["epsilon"] == 0.2
+
+
+def test_the_step_defaults_are_train_ctrs_but_the_measured_overrides():
+  """One source: every hyper-parameter of the model and its step defaults to `train ctr`'s (the
+  learning rate its private default) but those of `STEP_OVERRIDES`; the batch is 1024, at most
+  N/8, not `train ctr`'s N/150; DP Platt scaling's bound and priors are `train ctr`'s."""
+  options = stream.StreamOptions(data="out", epsilon_total=1.0)
+  model = options.model_options()
+  assert {field: getattr(model, field) for field in stream.MODEL_FIELDS} == {
+      field: stream.STEP_OVERRIDES.get(field, getattr(CTRTrainOptions, field))
+      for field in stream.MODEL_FIELDS}
+  assert set(stream.STEP_OVERRIDES) < set(stream.MODEL_FIELDS)
+  assert (options.calibration_logit_bound, options.calibration_prior_examples,
+          options.calibration_level_prior_examples) == (
+              privacy.recalibration.LOGIT_BOUND, privacy.recalibration.PRIOR_EXAMPLES, 0.0)
+  assert ctr_workflow.learning_rate(model) == ctr_workflow.DEFAULT_LEARNING_RATES["private"]
+  assert stream.default_batch_size(25_000) == 1024 != ctr_workflow.default_batch_size(25_000)
+  assert stream.default_batch_size(4_000) == 500
