@@ -183,6 +183,14 @@ def test_the_keras3_binding_refuses_what_it_does_not_drive():
     step.per_example_squared_norms(tf.ones([2, 3]), tf.ones([2, 1]))
 
 
+def test_another_keras_3_backend_is_refused_in_one_line(monkeypatch):
+  monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
+  with pytest.raises(DprecError) as error:
+    _Keras3.dp_step(_model(_Keras3), DPSGD(1.0, 0.0), seed=0)
+  assert "TensorFlow backend, not jax" in str(error.value) and "\n" not in str(error.value)
+  assert "KERAS_BACKEND=tensorflow" in str(error.value)
+
+
 def test_importing_dprec_after_keras_3_keeps_both():
   """`import keras` (Keras 3) before `import dprec`: tf.keras still becomes Keras 2 for dprec's
   tf.keras path, and `keras` stays Keras 3 for the binding."""
