@@ -3,6 +3,7 @@ independently (Binomial(T, q) steps a row, Binomial(N, q) rows a step); the shar
 of the key (same key, same shards; another key, others); the key is in no output, option, log or
 pickled transform; the reader streams steps in order and refuses what is not this run's."""
 import base64
+import errno
 import hashlib
 import json
 import os
@@ -215,6 +216,26 @@ def test_a_rerun_replaces_an_unfinished_jobs_leftovers(records, written, tmp_pat
   poisson_batches.run(_job(records, output, key, key_path), IN_PROCESS)
   assert _digests(output) == _digests(directory)
   assert not os.path.exists(output / poisson_batches.SPILL_DIR)
+
+
+def test_a_full_disk_mid_job_leaves_no_manifest_and_a_rerun_completes(records, written, tmp_path,
+                                                                      monkeypatch):
+  key, key_path, directory, _ = written
+  write_shard = batch_shards.write_shard
+
+  def disk_full_at_step_3(output, step, rows):
+    if step == 3:
+      raise OSError(errno.ENOSPC, "No space left on device")
+    return write_shard(output, step, rows)
+
+  monkeypatch.setattr(batch_shards, "write_shard", disk_full_at_step_3)
+  with pytest.raises(Exception, match="No space left on device"):
+    poisson_batches.run(_job(records, tmp_path / "full", key, key_path), IN_PROCESS)
+  with pytest.raises(DprecError, match="no manifest: the batch job did not finish"):
+    batch_shards.read_manifest(str(tmp_path / "full"), "run-a", key, _plan(records[1]))
+  monkeypatch.undo()
+  poisson_batches.run(_job(records, tmp_path / "full", key, key_path), IN_PROCESS)
+  assert _digests(tmp_path / "full") == _digests(directory)
 
 
 def test_same_shards_on_two_dask_workers(records, written, tmp_path):
