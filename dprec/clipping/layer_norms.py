@@ -1,8 +1,10 @@
 """Per-example squared gradient norms of Keras' standard layers, without per-example gradients.
 
-One registration per layer class (`registers`, the shape of Opacus' `@register_grad_sampler`):
-its squared-norm function, with the calling convention of tensorflow_privacy's
-fast-gradient-clipping registry (so a user's own registry functions plug in unchanged),
+One registration per Keras layer (`registers`, the shape of Opacus' `@register_grad_sampler`),
+by class name, so that it serves the class of that name in tf.keras and in Keras 3 alike (the
+functions read only attributes both versions share): its squared-norm function, with the
+calling convention of tensorflow_privacy's fast-gradient-clipping registry (so a user's own
+registry functions plug in unchanged),
 `fn(layer, args, kwargs, tape, num_microbatches) -> (watched, outputs, squared_norm_fn)`, and
 optionally its clipped-gradient function. The norm function runs the layer's forward pass,
 watches an intermediate tensor Z on `tape` and returns `squared_norm_fn(dL/dZ) -> [batch]`, the
@@ -57,36 +59,34 @@ class LayerRegistry:
     """The clipped-gradient function of `layer`'s class, or None."""
     return self._registrations[type(layer)].clipped_gradients
 
-  def registration(self, layer_class):
-    """The `Registration` of `layer_class` (a binding registers its twin class with it)."""
-    return self._registrations[layer_class]
-
   def layer_names(self):
     """The registered classes' names, sorted: what error messages and docs list."""
     return sorted(layer_class.__name__ for layer_class in self._registrations)
 
-  def copy(self):
-    return LayerRegistry(self._registrations)
+
+# Keras layer class name → its `Registration`.
+_REGISTRATIONS = {}
 
 
-_REGISTRY = LayerRegistry()
-
-
-def registers(*layer_classes, clipped_gradients=None):
-  """Decorator: registers the decorated squared-norm function (and `clipped_gradients`) for
-  `layer_classes` in the registry `make_layer_registry` copies."""
+def registers(*layer_names, clipped_gradients=None):
+  """Decorator: registers the decorated squared-norm function (and `clipped_gradients`) for the
+  Keras layer classes named `layer_names`, in every registry `make_layer_registry` makes."""
 
   def register(function):
-    for layer_class in layer_classes:
-      _REGISTRY.insert(layer_class, function, clipped_gradients)
+    for name in layer_names:
+      _REGISTRATIONS[name] = Registration(function, clipped_gradients)
     return function
 
   return register
 
 
-def make_layer_registry():
-  """A copy of the registry of this module's functions ({layers}); insert more into it."""
-  return _REGISTRY.copy()
+def make_layer_registry(layers=None):
+  """A new registry of this module's functions ({layers}) for the classes of those names in
+  `layers`, a Keras `layers` module (default `tf.keras.layers`; Keras 3's: `keras.layers`);
+  insert more into it."""
+  layers = layers or tf.keras.layers
+  return LayerRegistry({getattr(layers, name): registration
+                        for name, registration in _REGISTRATIONS.items()})
 
 
 def _no_microbatches(num_microbatches, layer):
@@ -132,7 +132,7 @@ def dense_clipped_gradients(layer, args, output_grads, clip_factors):
   return grads
 
 
-@registers(tf.keras.layers.Dense, clipped_gradients=dense_clipped_gradients)
+@registers("Dense", clipped_gradients=dense_clipped_gradients)
 def dense_computation(layer, args, kwargs, tape, num_microbatches=None):
   """Dense: watches the pre-activation Z = aW + b."""
   del kwargs
@@ -200,7 +200,7 @@ def _bias_gradients(bias, grads):
   return tf.reduce_sum(grads, axis=broadcast) if broadcast else grads
 
 
-@registers(tf.keras.layers.EinsumDense)
+@registers("EinsumDense")
 def einsum_dense_computation(layer, args, kwargs, tape, num_microbatches=None):
   """EinsumDense: watches the pre-activation Z = einsum(equation, a, K) + b."""
   del kwargs
@@ -221,7 +221,7 @@ def einsum_dense_computation(layer, args, kwargs, tape, num_microbatches=None):
   return preactivation, outputs, squared_norm_fn
 
 
-@registers(tf.keras.layers.Embedding)
+@registers("Embedding")
 def embedding_computation(layer, args, kwargs, tape, num_microbatches=None):
   """Embedding (dense [B, ...] or ragged ids): watches the looked-up vectors."""
   del kwargs
@@ -253,7 +253,7 @@ def embedding_computation(layer, args, kwargs, tape, num_microbatches=None):
   return vectors, outputs, squared_norm_fn
 
 
-@registers(tf.keras.layers.LayerNormalization)
+@registers("LayerNormalization")
 def layer_normalization_computation(layer, args, kwargs, tape, num_microbatches=None):
   """LayerNormalization: watches per-example copies of γ and β."""
   del kwargs
@@ -282,4 +282,4 @@ def layer_normalization_computation(layer, args, kwargs, tape, num_microbatches=
 
 
 make_layer_registry.__doc__ = make_layer_registry.__doc__.format(
-    layers=", ".join(_REGISTRY.layer_names()))
+    layers=", ".join(sorted(_REGISTRATIONS)))

@@ -96,5 +96,4 @@ def refuse_uncovered(layers, weights, covered, registry, caller):
         f"{caller} cannot clip layer(s) {', '.join(sorted(owners))} exactly: no per-example "
         f"gradient norm covers their weights; use layers of DPModel.layer_registry "
         f"({', '.join(registry.layer_names())}) or DPEmbedding, register the layer class "
-        "there (dprec.clipping.layer_norms.registers), or cover the weights in "
-        "DPModel.extra_squared_norms")
+        "there (LayerRegistry.insert), or cover the weights in DPModel.extra_squared_norms")

@@ -19,9 +19,6 @@ from dprec.clipping import layer_norms
 from dprec.errors import DprecError
 from dprec.models import dp_step
 
-# Keras 3 classes whose registration is their tf.keras twin's (same name in `keras.layers` and
-# `tf.keras.layers`; the norm functions read only attributes both versions share).
-TWINS = ("Dense", "EinsumDense", "Embedding", "LayerNormalization")
 # Keras 3 options of the twins that change their weights or their computation.
 _UNSHARED = {"lora_enabled": "LoRA (lora_rank)", "quantization_mode": "quantization",
              "rms_scaling": "RMS scaling"}
@@ -49,12 +46,8 @@ def check_backend():
 
 
 def make_layer_registry():
-  """The Keras 3 classes of `TWINS`, each with its tf.keras twin's registration."""
-  layers, default = keras3().layers, layer_norms.make_layer_registry()
-  registry = layer_norms.LayerRegistry()
-  for name in TWINS:
-    registry.insert(getattr(layers, name), *default.registration(getattr(tf.keras.layers, name)))
-  return registry
+  """`dprec.clipping.layer_norms`' registrations for the Keras 3 classes of their names."""
+  return layer_norms.make_layer_registry(keras3().layers)
 
 
 def layers(model):
