@@ -41,7 +41,8 @@ SIZES = [
 # Appended to each command of that name: few steps, a small tower, no progress bars.
 FAST = {
     "dprec train ctr": "--steps 3 --batch-size 64 --hidden-units 8 --no-progress",
-    "dprec train seqrec": "--max-len 8 --dim 8 --blocks 1 --batch-size 32 --no-progress",
+    "dprec train seqrec": "--epochs 1 --max-len 8 --dim 8 --blocks 1 --batch-size 32 "
+                          "--no-progress",
     "dprec audit": "--runs 1 --canaries 8 --steps 3 --batch-size 64 --hidden-units 8",
     "dprec stream": "--batch-size 64 --hidden-units 8 --no-progress",
 }
@@ -65,7 +66,7 @@ def runnable(example):
       if command.strip().startswith(name):
         background = command.rstrip().endswith("&")
         command = command.rstrip().rstrip("&") + f" {options}" + (" &" if background else "")
-    lines.append(command + (f"#{comment}" if comment and command.strip() else ""))
+    lines.append(command + (f"  #{comment}" if comment and command.strip() else ""))
   return "\n".join(lines) + "\nwait\n"
 
 
