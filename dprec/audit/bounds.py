@@ -29,6 +29,7 @@ import dataclasses
 import math
 from typing import Dict, Optional
 
+import dp_accounting
 import numpy as np
 from scipy import optimize
 from scipy import special
@@ -177,16 +178,23 @@ def threshold_error_counts(in_scores, out_scores):
   return false_positives, false_negatives
 
 
+def error_rate_limits(in_scores, out_scores, confidence: float):
+  """(FPR, FNR) upper limits of the rule "in if score ≥ t" at every threshold t, Clopper–Pearson
+  at (1 − confidence)/(2H) for H thresholds: all 2H hold together with probability
+  ≥ `confidence` when the canaries are independent trials."""
+  false_positives, false_negatives = threshold_error_counts(in_scores, out_scores)
+  alpha = (1.0 - confidence) / (2 * false_positives.size)
+  return (clopper_pearson_upper(false_positives, np.size(out_scores), alpha),
+          clopper_pearson_upper(false_negatives, np.size(in_scores), alpha))
+
+
 def clopper_pearson_epsilon(in_scores, out_scores, delta: float, confidence: float) -> float:
   """The counting bound (Jagielski, Ullman & Oprea 2020, "Auditing differentially private
   machine learning: how private is private SGD?", arXiv:2006.07709): at every threshold,
-  ε ≥ log((TPR_lo − δ) / FPR_hi) with Clopper–Pearson limits at (1 − confidence)/(2H), H
-  thresholds (Bonferroni); the best threshold's. Valid for canaries that are independent trials
-  of the audited mechanism (white-box Dirac canaries are)."""
-  false_positives, false_negatives = threshold_error_counts(in_scores, out_scores)
-  alpha = (1.0 - confidence) / (2 * false_positives.size)
-  tpr_low = 1.0 - clopper_pearson_upper(false_negatives, np.size(in_scores), alpha)
-  fpr_high = clopper_pearson_upper(false_positives, np.size(out_scores), alpha)
+  ε ≥ log((TPR_lo − δ) / FPR_hi) (`error_rate_limits`); the best threshold's. Valid for canaries
+  that are independent trials of the audited mechanism (white-box Dirac canaries are)."""
+  fpr_high, fnr_high = error_rate_limits(in_scores, out_scores, confidence)
+  tpr_low = 1.0 - fnr_high
   useful = tpr_low > delta
   if not np.any(useful):
     return 0.0
@@ -196,16 +204,83 @@ def clopper_pearson_epsilon(in_scores, out_scores, delta: float, confidence: flo
 def gdp_fit_epsilon(in_scores, out_scores, delta: float, confidence: float) -> float:
   """The GDP fit of the scores (Nasr et al. 2023, "Tight auditing of differentially private
   machine learning", arXiv:2302.07956): a μ-GDP mechanism's errors satisfy FNR ≥ Φ(Φ⁻¹(1 − FPR)
-  − μ) at every threshold (Dong, Roth & Su 2022, Def. 2.7), so with Clopper–Pearson limits at
-  (1 − confidence)/(2H) on both rates, μ ≥ max over thresholds of Φ⁻¹(1 − FPR_hi) − Φ⁻¹(FNR_hi);
-  returned as the ε at `delta` of that μ. Valid for canaries that are independent trials of a
-  mechanism whose tradeoff curve is Gaussian (white-box canaries after many noisy steps)."""
-  false_positives, false_negatives = threshold_error_counts(in_scores, out_scores)
-  alpha = (1.0 - confidence) / (2 * false_positives.size)
-  fpr_high = clopper_pearson_upper(false_positives, np.size(out_scores), alpha)
-  fnr_high = clopper_pearson_upper(false_negatives, np.size(in_scores), alpha)
+  − μ) at every threshold (Dong, Roth & Su 2022, Def. 2.7), so with the `error_rate_limits`,
+  μ ≥ max over thresholds of Φ⁻¹(1 − FPR_hi) − Φ⁻¹(FNR_hi); returned as the ε at `delta` of that
+  μ. Valid for canaries that are independent trials of a mechanism whose tradeoff curve is
+  Gaussian (white-box canaries after many noisy steps)."""
+  fpr_high, fnr_high = error_rate_limits(in_scores, out_scores, confidence)
   mu = float(np.max(special.ndtri(1.0 - fpr_high) - special.ndtri(fnr_high)))
   return gdp_epsilon(mu, delta) if mu > 0 else 0.0
+
+
+@dataclasses.dataclass(frozen=True)
+class SubsampledGaussian:
+  """A claim that each canary's inclusion is `steps` Poisson-subsampled (rate `sampling_rate`)
+  Gaussian steps at `noise_multiplier`: how DP-SGD, DP-FEST and DP-AdaFEST are accounted."""
+  sampling_rate: float
+  steps: int
+  noise_multiplier: float
+
+  def with_noise(self, noise_multiplier):
+    return dataclasses.replace(self, noise_multiplier=noise_multiplier)
+
+  def privacy_loss(self, pessimistic=True, discretization=1e-2):
+    """dp_accounting's privacy loss distribution of the claim: `pessimistic` over-states δ(ε)
+    (the claim read more weakly), else under-states it."""
+    return dp_accounting.pld.privacy_loss_distribution.from_gaussian_mechanism(
+        self.noise_multiplier, sampling_prob=self.sampling_rate,
+        pessimistic_estimate=pessimistic,
+        value_discretization_interval=discretization).self_compose(self.steps)
+
+  def epsilon(self, delta):
+    """The claim's ε at `delta`, from below (an optimistic, finely discretised PLD)."""
+    return float(self.privacy_loss(False, 1e-3).get_epsilon_for_delta(delta))
+
+  def tradeoff(self, alpha):
+    """f(α), the tradeoff curve implied by the claim's privacy profile δ(ε) (Dong, Roth & Su
+    2022, Prop. 2.12): max(0, sup over ε ≥ 0 of 1 − δ(ε) − e^ε·α and e^−ε·(1 − δ(ε) − α)), on a
+    grid of ε (a sup over fewer ε is lower: the claim read more weakly, never more strongly)."""
+    deltas = np.asarray(self.privacy_loss().get_delta_for_epsilon(_EPSILON_GRID))[None, :]
+    growth = np.exp(_EPSILON_GRID)[None, :]
+    alpha = np.asarray(alpha, np.float64)
+    curve = np.empty_like(alpha)
+    for start in range(0, alpha.size, 8192):  # bounded memory: 8192 × grid at a time
+      block = alpha[start:start + 8192, None]
+      curve[start:start + 8192] = np.max(np.maximum(1.0 - deltas - growth * block,
+                                                    (1.0 - deltas - block) / growth), axis=1)
+    return np.clip(curve, 0.0, 1.0)
+
+
+_EPSILON_GRID = np.concatenate([np.linspace(0.0, 2.0, 40, endpoint=False),
+                                np.linspace(2.0, 40.0, 153)])
+
+
+def family_fit_epsilon(in_scores, out_scores, delta: float, confidence: float,
+                       claim: SubsampledGaussian, iterations: int = 12) -> float:
+  """The fit of the scores within the claim's own family (the GDP fit's argument with the
+  tradeoff curve of `claim` at another noise multiplier σ' in place of G_μ): σ' is refuted when
+  some threshold's `error_rate_limits` fall below its curve, FNR_hi < f_σ'(FPR_hi); refutation
+  grows with σ', so bisection (on log σ', `iterations` halvings between claim σ/4 and 4σ) finds
+  the least private refuted σ', and its ε at `delta` (dp_accounting, from below) is returned (0
+  if even 4σ stands). Valid for canaries that are independent trials of a mechanism whose tradeoff curve
+  is one of the family's; at a small sampling rate, where few steps sample each canary and the
+  curve is far from Gaussian, it is much tighter than the GDP fit."""
+  fpr_high, fnr_high = error_rate_limits(in_scores, out_scores, confidence)
+  keep = (fpr_high < 1.0) & (fnr_high < 1.0)
+  fpr_high, fnr_high = fpr_high[keep], fnr_high[keep]
+
+  def refuted(noise_multiplier):
+    return bool(np.any(fnr_high < claim.with_noise(noise_multiplier).tradeoff(fpr_high)))
+
+  low, high = claim.noise_multiplier / 4.0, claim.noise_multiplier * 4.0
+  if not fpr_high.size or not refuted(high):
+    return 0.0
+  if refuted(low):
+    high = low  # the cap: the weakest claim tried is refuted too
+  for _ in range(iterations if high > low else 0):
+    middle = math.sqrt(low * high)
+    low, high = (low, middle) if refuted(middle) else (middle, high)
+  return claim.with_noise(high).epsilon(delta)
 
 
 MIN_GUESSES = 16  # the fewest "in" guesses tried
@@ -229,11 +304,13 @@ class Bound:
 
 
 def best_bounds(scores: Dict[str, np.ndarray], included, delta: float, confidence: float,
-                rng: np.random.Generator) -> Dict[str, Bound]:
+                rng: np.random.Generator,
+                claim: Optional[SubsampledGaussian] = None) -> Dict[str, Bound]:
   """Every estimator's best bound over the scores, each valid at `confidence`: "gdp"
   (Mahloujifar et al.'s one-run f-DP) and "steinke" (Steinke et al.'s one-run) from "in" guesses
   on the k highest scores for every k in `guess_counts`; "gdp_fit" (Nasr et al.) and
-  "clopper_pearson" (the counting bound) from the in and out canaries' scores at every threshold.
+  "clopper_pearson" (the counting bound) from the in and out canaries' scores at every threshold,
+  and with a `claim`, "family_fit" (`family_fit_epsilon`) from the same.
   Each estimator tests its H hypotheses (scores × guess counts, or scores × thresholds) at
   (1 − confidence)/H (Bonferroni), so its best is valid at `confidence`; the estimators are
   alternatives, each reported, not a maximum taken over them."""
@@ -254,8 +331,10 @@ def best_bounds(scores: Dict[str, np.ndarray], included, delta: float, confidenc
           best = Bound(epsilon, best.ceiling, score, k, correct)
     result[name] = best
   level = 1.0 - (1.0 - confidence) / len(scores)
-  for name, estimator in (("gdp_fit", gdp_fit_epsilon),
-                          ("clopper_pearson", clopper_pearson_epsilon)):
+  estimators = [("gdp_fit", gdp_fit_epsilon), ("clopper_pearson", clopper_pearson_epsilon)]
+  if claim is not None:
+    estimators.append(("family_fit", lambda *args: family_fit_epsilon(*args, claim)))
+  for name, estimator in estimators:
     best = Bound(0.0, estimator(np.ones(included.sum()), np.zeros(m - included.sum()), delta,
                                 level))
     for score, values in scores.items():

@@ -34,6 +34,7 @@ import numpy as np
 import tensorflow as tf
 
 from dprec import privacy
+from dprec.audit import bounds
 from dprec.audit import canaries as canaries_lib
 from dprec.audit import runner
 from dprec.audit import scores as scores_lib
@@ -139,6 +140,16 @@ def _white_box_run(options, num_examples):
   return train_and_score
 
 
+def _accounted_claim(train_options, num_examples):
+  """The mechanism the plan accounts, T Poisson-subsampled Gaussian steps (None for a
+  non-private run or fixed-size batches)."""
+  if train_options.algorithm == "non_private" or train_options.fixed_batches:
+    return None
+  plan = train_ctr.plan_privacy(train_options, num_examples)
+  return bounds.SubsampledGaussian(train_options.batch_size / plan.examples_per_period,
+                                   train_options.steps, plan.noise_multiplier)
+
+
 def audit_ctr(options: CTRAuditOptions, data: Optional[train_ctr.CTRData] = None) -> dict:
   """Runs the audit; returns (and writes to `options.summary_json`) its JSON summary."""
   options.validate()
@@ -156,12 +167,14 @@ def audit_ctr(options: CTRAuditOptions, data: Optional[train_ctr.CTRData] = None
     scores, plan = _train_with_canaries(options, data, canaries)
     return scores, canaries.included, plan
 
+  claim = None
   if options.threat_model == "white_box":
     train_and_score = _white_box_run(options, num_examples)
+    claim = _accounted_claim(train_options, num_examples)
   delta = train_options.delta or 1.0 / num_examples  # `train ctr`'s default δ = 1/N
   started = time.perf_counter()
   result = runner.run_audit(train_and_score, options.runs, delta, options.confidence,
-                            np.random.default_rng(), runner.HEADLINES[options.threat_model])
+                            np.random.default_rng(), options.threat_model, claim)
   plan = result.plan
   private = train_options.algorithm != "non_private"
   steps_epsilon = None

@@ -6,6 +6,7 @@ import pytest
 from scipy import stats
 
 from dprec.audit import bounds
+from dprec.privacy import calibrate_noise_multiplier
 
 
 def test_p_value_without_delta_is_the_binomial_tail():
@@ -152,3 +153,44 @@ def test_best_bounds_carries_every_estimator():
   assert set(result) == {"gdp", "steinke", "gdp_fit", "clopper_pearson"}
   for name in ("gdp_fit", "clopper_pearson"):
     assert result[name].score == "signal" and 0 < result[name].epsilon <= result[name].ceiling
+
+
+def _subsampled_gaussian_scores(claim, canaries, rng):
+  """Log-likelihood-ratio scores of `canaries` "in" and as many "out" canaries of the claimed
+  mechanism itself: at each step a canary is sampled with the claim's rate, and its coordinate
+  is 1 if sampled plus N(0, σ²)."""
+  q, sigma = claim.sampling_rate, claim.noise_multiplier
+
+  def scores(inside):
+    total = np.zeros(canaries)
+    for _ in range(claim.steps):
+      x = inside * (rng.random(canaries) < q) + sigma * rng.standard_normal(canaries)
+      total += np.log1p(q * np.expm1((2 * x - 1) / (2 * sigma**2)))
+    return total
+
+  return scores(1.0), scores(0.0)
+
+
+def test_family_fit_recovers_a_subsampled_gaussian_and_stays_below_it():
+  """Canaries of the claimed mechanism (q = 0.02, T = 50: each canary is sampled in about one
+  step, a curve far from Gaussian): the family fit, valid at 95%, stays below the claim's ε in
+  (nearly) every draw and reaches over half of it, where the GDP fit reaches much less."""
+  rng = np.random.default_rng(5)
+  delta, epsilon = 1e-5, 4.0
+  sigma = calibrate_noise_multiplier(epsilon, delta, 0.02, 50)
+  claim = bounds.SubsampledGaussian(0.02, 50, sigma)
+  fits, gdp_fits = [], []
+  for _ in range(2):
+    in_scores, out_scores = _subsampled_gaussian_scores(claim, 20_000, rng)
+    fits.append(bounds.family_fit_epsilon(in_scores, out_scores, delta, 0.95, claim, 8))
+    gdp_fits.append(bounds.gdp_fit_epsilon(in_scores, out_scores, delta, 0.95))
+  assert max(fits) <= epsilon * 1.02  # the bisection's last step: within 2% of the claim
+  assert min(fits) > 0.5 * epsilon and min(fits) > max(gdp_fits)
+
+
+def test_subsampled_gaussian_tradeoff_is_gaussian_without_sampling():
+  # q = 1, T = 1: the Gaussian mechanism at σ is (1/σ)-GDP, f(α) = Φ(Φ⁻¹(1 − α) − 1/σ).
+  alpha = np.array([1e-4, 1e-2, 0.1, 0.5])
+  curve = bounds.SubsampledGaussian(1.0, 1, 0.8).tradeoff(alpha)
+  exact = stats.norm.cdf(stats.norm.ppf(1 - alpha) - 1 / 0.8)
+  assert np.all(curve <= exact + 1e-6) and np.allclose(curve, exact, atol=0.02)

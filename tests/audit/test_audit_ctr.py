@@ -69,6 +69,9 @@ def test_white_box_threat_model(data_dir, tmp_path, algorithm):
   else:
     assert summary["steps_epsilon"] <= EPSILON
     assert 0.0 <= summary["epsilon_lower_bound"] <= EPSILON
+    assert summary["headline"] == "family_fit"  # the claimed mechanism's own family
+    assert all(0.0 <= each["epsilon_lower_bound"] <= EPSILON
+               for each in summary["estimators"].values())
 
 
 @pytest.mark.parametrize("algorithm, extra", [("dp_sgd", ()), ("dp_adafest", ()),
