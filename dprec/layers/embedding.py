@@ -255,13 +255,10 @@ class DPMultiEmbedding(tf.keras.layers.Layer):
     return config
 
 
-def convert_embedding(layer: tf.keras.layers.Embedding) -> DPEmbedding:
-  """Turns a `tf.keras.layers.Embedding` into a `DPEmbedding` in place: the same object (so
-  every model, functional, Sequential or subclassed, that holds it holds the DP table), with its
-  name, weights (built or not) and initializer; it serialises as a `DPEmbedding`. Its lookups
-  are those of the Keras layer for ids of rank 1 or 2 ([n] → [n, d], [n, L] → [n, L, d]).
-  Refuses what a DP table cannot do the same way: `mask_zero` (the mask would be lost), and
-  regularizers or constraints (not part of the clipped per-example loss)."""
+def refuse_untabled_options(layer):
+  """Refuses a Keras `Embedding` (either Keras version) with what a DP table cannot do the same
+  way: `mask_zero` (the mask would be lost), regularizers or constraints (not part of the
+  clipped per-example loss)."""
   refused = [name for name in ("embeddings_regularizer", "activity_regularizer",
                                "embeddings_constraint") if getattr(layer, name, None) is not None]
   if getattr(layer, "mask_zero", False):
@@ -269,6 +266,15 @@ def convert_embedding(layer: tf.keras.layers.Embedding) -> DPEmbedding:
   if refused:
     raise ValueError(f"Embedding layer '{layer.name}' has {', '.join(refused)}, which a DP "
                      "table cannot keep: remove it, or use a DPEmbedding with pad_id")
+
+
+def convert_embedding(layer: tf.keras.layers.Embedding) -> DPEmbedding:
+  """Turns a `tf.keras.layers.Embedding` into a `DPEmbedding` in place: the same object (so
+  every model, functional, Sequential or subclassed, that holds it holds the DP table), with its
+  name, weights (built or not) and initializer; it serialises as a `DPEmbedding`. Its lookups
+  are those of the Keras layer for ids of rank 1 or 2 ([n] → [n, d], [n, L] → [n, L, d]).
+  Refuses what a DP table cannot do the same way (`refuse_untabled_options`)."""
+  refuse_untabled_options(layer)
   layer.__class__ = DPEmbedding
   for name, value in (("vocab_size", int(layer.input_dim)), ("combiner", None), ("pad_id", -1),
                       ("table_name", layer.name), ("_recording", None)):

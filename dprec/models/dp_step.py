@@ -18,7 +18,6 @@ from dprec.clipping import layer_norms
 from dprec.clipping import registry as registry_lib
 from dprec.distribute import replicas as replicas_lib
 from dprec.errors import DprecError
-from dprec.layers.embedding import DPEmbedding
 from dprec.optimizers import config as config_lib
 from dprec.sparse import kept_rows as kept_rows_lib
 from dprec.sparse import noise as noise_lib
@@ -121,7 +120,7 @@ class DPStep:
     """Step 1, the forward pass (AutoGraph converts it as in any Keras step), recording what
     steps 2–3 (`_norms`) need."""
     tables = self.dp_step_tables
-    layers = [m for m in self.step_layers() if not isinstance(m, DPEmbedding)]
+    layers = self.step_layers()  # the DP tables are in no registry: the recorder skips them
     tape = tf.GradientTape(persistent=True)
     with tape:
       for table in tables:

@@ -6,10 +6,11 @@ functions of `dprec.clipping.layer_norms`, selection and noise in `dprec.sparse`
     step = Keras3DPStep(model, DPOptimizer(DPSGD(1.0, σ), keras.optimizers.SGD(0.1)), "mse")
     step.apply_step(x, y)          # one DP step on a batch: clipped, noised, applied
 
-A start: `keras.layers.Dense`, `EinsumDense` (so `MultiHeadAttention`), `LayerNormalization` and
-`Embedding` (as a registry layer: dense noise on the table, as DP-SGD adds); `dprec.make_private`
-still refuses Keras 3 models until the binding covers what it promises (DP tables with
-row-sparse updates, row-sparse Keras 3 optimizers, `compile`/`fit`, saving).
+A start: `keras.layers.Dense`, `EinsumDense` (so `MultiHeadAttention`) and `LayerNormalization`
+through the norm registry, every `keras.layers.Embedding` as a DP table (`DPTable`: the rows of
+DP-SGD, DP-FEST or DP-AdaFEST, noise on kept rows only); `dprec.make_private` still refuses
+Keras 3 models until the binding covers what it promises (row-sparse Keras 3 optimizers,
+`compile`/`fit`, saving).
 """
 import sys
 
@@ -17,6 +18,7 @@ import tensorflow as tf
 
 from dprec.clipping import layer_norms
 from dprec.errors import DprecError
+from dprec.layers import embedding as embedding_lib
 from dprec.models import dp_step
 
 # Keras 3 options of the twins that change their weights or their computation.
@@ -81,11 +83,44 @@ def per_example_losses(loss, y, y_pred):
   return losses
 
 
+class DPTable:
+  """A Keras 3 `keras.layers.Embedding` as a DP table of the step: the recording protocol of
+  `dprec.layers.embedding.DPEmbedding` (whose lookup it runs, ids of rank 1 or 2, pads -1
+  giving zero rows, as a converted tf.keras table), with the layer's `call` routed through it
+  while the step records."""
+
+  padded = False
+  combiner = None
+  pad_id = -1
+
+  def __init__(self, layer):
+    try:
+      embedding_lib.refuse_untabled_options(layer)
+    except ValueError as error:
+      raise DprecError(str(error)) from None
+    self.layer, self.table_name = layer, layer.name
+    self.vocab_size, self.output_dim = int(layer.input_dim), int(layer.output_dim)
+    self.sub_tables = [(self.table_name, self.vocab_size, self.output_dim)]
+    self._recording = None
+
+  @property
+  def embeddings(self):
+    return self.layer.embeddings
+
+  def start_recording(self):
+    self._recording = []
+    lookup = embedding_lib.DPEmbedding.call
+    object.__setattr__(self.layer, "call", lambda inputs, *_, **__: lookup(self, inputs))
+
+  def stop_recording(self):
+    object.__delattr__(self.layer, "call")
+    lookups, self._recording = self._recording, None
+    return lookups
+
+
 class Keras3DPStep(dp_step.DPStep):
   """The DP step of a Keras 3 `model` with the algorithm, noise key and inner optimizer (a Keras
   3 optimizer) of `dp_optimizer`, and `loss` (per example)."""
-
-  dp_step_tables = ()  # DP tables (`DPEmbedding`) are tf.keras layers for now
 
   def __init__(self, model, dp_optimizer, loss):
     if not is_keras3_model(model):
@@ -95,6 +130,12 @@ class Keras3DPStep(dp_step.DPStep):
     self.optimizer = dp_optimizer.inner
     self._dp_generator = dp_optimizer.generator
     self.layer_registry = make_layer_registry()
+    # Every trainable Embedding is a DP table (as make_private converts tf.keras ones), in the
+    # step's order: by increasing width.
+    embedding = keras3().layers.Embedding
+    self.dp_step_tables = sorted(
+        [DPTable(layer) for layer in layers(model)
+         if type(layer) is embedding and layer.trainable], key=lambda t: t.output_dim)  # pylint: disable=unidiomatic-typecheck
 
   @property
   def trainable_variables(self):
@@ -105,7 +146,9 @@ class Keras3DPStep(dp_step.DPStep):
     return self.model.losses
 
   def step_layers(self):
-    return layers(self.model)
+    """The model's layers but its DP tables (their lookups are recorded, not routed)."""
+    tabled = {id(table.layer) for table in self.dp_step_tables}
+    return [layer for layer in layers(self.model) if id(layer) not in tabled]
 
   def extra_squared_norms(self):
     return []
