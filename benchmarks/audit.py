@@ -3,9 +3,9 @@ synthetic Criteo data, in either threat model.
 
 Every row goes through `dprec audit`'s code path (`audit_ctr`, the real DP step) on data
 generated and loaded once; the headline bound (white box: the fit within the claimed
-mechanism's family; black box: the one-run f-DP bound of Mahloujifar et al. 2024) at 95% beside its ceiling, every
-estimator's bound, the ε of the DP steps alone, the canaries and the wall time; `--draws` repeats
-each row with fresh canaries and noise (how reliable the bound is).
+mechanism's family; black box: the one-run f-DP bound of Mahloujifar et al. 2024) at 95%
+beside its ceiling, every estimator's bound, the ε of the DP steps alone, the canaries and the
+wall time; `--draws` repeats each row with fresh canaries and noise (how reliable the bound is).
 
     # BENCHMARKS.md's white-box table: q = 1/2, T = 20, 100,000 Dirac canaries per run
     .venv/bin/python benchmarks/audit.py --threat-model white_box --rows 30000 \

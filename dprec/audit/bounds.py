@@ -262,9 +262,9 @@ def family_fit_epsilon(in_scores, out_scores, delta: float, confidence: float,
   some threshold's `error_rate_limits` fall below its curve, FNR_hi < f_σ'(FPR_hi); refutation
   grows with σ', so bisection (on log σ', `iterations` halvings between claim σ/4 and 4σ) finds
   the least private refuted σ', and its ε at `delta` (dp_accounting, from below) is returned (0
-  if even 4σ stands). Valid for canaries that are independent trials of a mechanism whose tradeoff curve
-  is one of the family's; at a small sampling rate, where few steps sample each canary and the
-  curve is far from Gaussian, it is much tighter than the GDP fit."""
+  if even 4σ stands). Valid for canaries that are independent trials of a mechanism whose
+  tradeoff curve is one of the family's; at a small sampling rate, where few steps sample each
+  canary and the curve is far from Gaussian, it is much tighter than the GDP fit."""
   fpr_high, fnr_high = error_rate_limits(in_scores, out_scores, confidence)
   keep = (fpr_high < 1.0) & (fnr_high < 1.0)
   fpr_high, fnr_high = fpr_high[keep], fnr_high[keep]
