@@ -14,7 +14,8 @@ from dprec.errors import DprecError
 from dprec.layers.embedding import convert_embedding
 from dprec.models import keras3 as keras3_binding
 from dprec.models.dp_model import DPModel
-from dprec.optimizers import DPFEST, DPSGD, DPAdaFEST, DPOptimizer, SparseSGD
+from dprec.optimizers import (DPFEST, DPSGD, DPAdaFEST, DPOptimizer, LazyAdam, SparseAdagrad,
+                              SparseSGD)
 
 BATCH, VOCAB, LEARNING_RATE = 6, 9, 0.1
 
@@ -33,10 +34,13 @@ class _TfKeras:
         convert_embedding(layer)
     return model
 
-  @staticmethod
-  def dp_step(model, config, seed):
-    model.compile(DPOptimizer(config, SparseSGD(LEARNING_RATE), insecure_noise_seed=seed),
-                  loss="mse")
+  # make_private's row-sparse twins of Keras' SGD, Adagrad and Adam.
+  optimizers = {"sgd": SparseSGD, "adagrad": SparseAdagrad, "adam": LazyAdam}
+
+  @classmethod
+  def dp_step(cls, model, config, seed, optimizer="sgd"):
+    model.compile(DPOptimizer(config, cls.optimizers[optimizer](LEARNING_RATE),
+                              insecure_noise_seed=seed), loss="mse")
     return model
 
 
@@ -49,9 +53,12 @@ class _Keras3:
   def model(inputs, outputs):
     return keras.Model(inputs, outputs)
 
-  @staticmethod
-  def dp_step(model, config, seed):
-    optimizer = DPOptimizer(config, keras.optimizers.SGD(LEARNING_RATE),
+  optimizers = {"sgd": keras.optimizers.SGD, "adagrad": keras.optimizers.Adagrad,
+                "adam": keras.optimizers.Adam}
+
+  @classmethod
+  def dp_step(cls, model, config, seed, optimizer="sgd"):
+    optimizer = DPOptimizer(config, cls.optimizers[optimizer](LEARNING_RATE),
                             insecure_noise_seed=seed)
     return keras3_binding.Keras3DPStep(model, optimizer, "mse")
 
@@ -165,18 +172,21 @@ ALGORITHMS = {
 }
 
 
-def _one_step(binding, config):
+def _one_step(binding, config, optimizer="sgd"):
   model = _model(binding)
-  step = binding.dp_step(model, config, seed=11)
+  step = binding.dp_step(model, config, seed=11, optimizer=optimizer)
   step.apply_step(*_batch())
   return model.get_weights()
 
 
+@pytest.mark.parametrize("optimizer", ["sgd", "adagrad", "adam"])
 @pytest.mark.parametrize("algorithm", list(ALGORITHMS))
-def test_one_dp_step_equals_across_bindings(algorithm):
+def test_one_dp_step_equals_across_bindings(algorithm, optimizer):
   """The same model, initial weights and insecure key: the same noisy update in both (the
-  table's kept rows, false positives and noise included)."""
-  ours, theirs = (_one_step(binding, ALGORITHMS[algorithm]) for binding in BINDINGS.values())
+  table's kept rows, false positives and noise included), by Keras 3's own SGD, Adagrad and
+  Adam and make_private's row-sparse twins of tf.keras'."""
+  ours, theirs = (_one_step(binding, ALGORITHMS[algorithm], optimizer)
+                  for binding in BINDINGS.values())
   initial = _model(_TfKeras).get_weights()
   for mine, other, start in zip(ours, theirs, initial):
     np.testing.assert_allclose(mine, other, rtol=1e-6, atol=1e-6)
