@@ -215,8 +215,9 @@ class CTRTrainOptions(run_lib.FitOptions):
 
   def _validate_out_of_core(self):
     """What --out-of-core does not do yet (docs/guide/train_ctr.md, 'Data larger than memory')."""
-    if self.strategy != "none":
-      raise DprecError("--out-of-core trains on one device for now (--strategy none)")
+    if self.strategy not in ("none", "parameter_server"):
+      raise DprecError("--out-of-core trains on one device or with --strategy parameter_server "
+                       "(the chief reads the shards)")
     if self.fixed_batches:
       raise DprecError("--out-of-core writes Poisson batches: drop --fixed-batches")
     if self.vocab:
@@ -471,7 +472,8 @@ def _train(options, data, strategy, coordinator, base=None):
         extra, options.progress and chief and f"{COMMAND} {options.algorithm}",
         options.diagnostics)
     if _out_of_core(data):
-      history = out_of_core.fit(model, batches, manifest, options.steps, resume, callbacks)
+      history = out_of_core.fit(run, model, batches, manifest, options.steps, resume, callbacks,
+                                coordinator)
     else:
       features = {key: data.train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}
       history = run.fit(model, features, data.train["label"], options.batch_size,

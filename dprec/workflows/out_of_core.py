@@ -203,16 +203,18 @@ def _key_file(base: str, run) -> str:
   return path
 
 
-def fit(model, directory: str, manifest: dict, steps: int, resume, callbacks) -> dict:
-  """`model.fit` on the shards of steps `resume.step`..`steps` − 1, in order; a shard refused
-  while training (altered since the start) ends it with that one line."""
+def fit(run, model, directory: str, manifest: dict, steps: int, resume, callbacks,
+        coordinator=None) -> dict:
+  """`run.fit` on the shards of steps `resume.step`..`steps` − 1, in order (with parameter
+  servers, this chief reads them and ships each to its worker); a shard refused while training
+  (altered since the start) ends it with that one line."""
   if steps <= resume.step:
     return {}
   batch_shards.check_shards(directory, manifest, resume.step)
   dataset = batch_shards.batch_dataset(directory, manifest, resume.step, steps)
   try:
-    return model.fit(dataset, epochs=1, steps_per_epoch=steps - resume.step,
-                     callbacks=callbacks, verbose=0).history
+    return run.fit(model, None, None, manifest["plan"]["batch_size"], True, steps, resume,
+                   callbacks, coordinator, batches=dataset)
   except tf.errors.OpError as error:
     refused = batch_shards.refusal(error)
     if refused is None:

@@ -397,36 +397,38 @@ class Run:
     return timer, fit
 
   def fit(self, model, features, labels, batch_size, poisson, steps, resume, callbacks,
-          coordinator=None):
+          coordinator=None, batches=None):
     """`model.fit` from `resume.step` to `steps` on batches of (`features`, `labels`) drawn with
     the run's secret entropy (Poisson at q = B/N, else fixed-size shuffled): the very batches an
-    uninterrupted run draws. Under the `tf.distribute` strategy `model` was built in, every
-    worker draws the same global batches and each replica trains on its shard. With the
-    `coordinator` of a `ParameterServerStrategy`, this chief draws the batches and schedules
-    step t on a worker with its batch and the noise state of (the DP step, t)
+    uninterrupted run draws; or on `batches`, a `tf.data.Dataset` of the (features, labels)
+    batches of steps `resume.step`.. drawn elsewhere (out of core: `dprec.workflows.out_of_core`).
+    Under the `tf.distribute` strategy `model` was built in, every worker draws the same global
+    batches and each replica trains on its shard. With the `coordinator` of a
+    `ParameterServerStrategy`, this chief draws (or reads) the batches and schedules step t on a
+    worker with its batch and the noise state of (the DP step, t)
     (`dprec.distribute.parameter_server.fit`). Returns the history ({} when no step is left)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from dprec.training import poisson as sampling_lib  # pylint: disable=import-outside-toplevel
     if steps <= resume.step:
       return {}
     sampling = sampling_lib.BatchSampling(batch_size, poisson, self.entropy("poisson"))
+    distributed = model.distribute_strategy is not tf.distribute.get_strategy()
+    if batches is None and (coordinator is not None or not distributed):
+      batches = sampling_lib.sampled_dataset(features, labels, sampling, steps, resume.step)
     if coordinator is not None:
       from dprec.distribute import parameter_server  # pylint: disable=import-outside-toplevel
       from dprec.optimizers.dp_optimizer import NOISE_PURPOSE  # pylint: disable=import-outside-toplevel
       from dprec.training.callbacks import CheckpointCallback  # pylint: disable=import-outside-toplevel
       return parameter_server.fit(
-          model, coordinator,
-          sampling_lib.sampled_dataset(features, labels, sampling, steps, resume.step),
+          model, coordinator, batches,
           (self.noise_key.tf_state(NOISE_PURPOSE, t) for t in range(resume.step, steps)),
           steps - resume.step, callbacks,
           sync_every=next((c.every for c in callbacks if isinstance(c, CheckpointCallback)),
                           None))
-    if model.distribute_strategy is tf.distribute.get_strategy():  # built outside any strategy
-      dataset = sampling_lib.sampled_dataset(features, labels, sampling, steps, resume.step)
-    else:
-      dataset = tf.keras.utils.experimental.DatasetCreator(sampling_lib.replica_dataset_fn(
+    if batches is None:  # every replica of the strategy draws its shard of the global batch
+      batches = tf.keras.utils.experimental.DatasetCreator(sampling_lib.replica_dataset_fn(
           features, labels, sampling, steps, resume.step))
-    return model.fit(dataset, epochs=1, steps_per_epoch=steps - resume.step,
+    return model.fit(batches, epochs=1, steps_per_epoch=steps - resume.step,
                      callbacks=callbacks, verbose=0).history
 
   # ---- the summary -------------------------------------------------------------------------

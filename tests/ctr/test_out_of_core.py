@@ -64,7 +64,7 @@ def test_shards_train_the_model_the_same_batches_train_in_memory(data_dir):
       streamed, _ = ctr.build_model(options, data, plan, run)
       resume = run.resume(streamed, options)
       _, callbacks = run.fit_callbacks({NOISE_PURPOSE: streamed.dp_optimizer.generator}, resume)
-      out_of_core.fit(streamed, directory, manifest, STEPS, resume, callbacks)
+      out_of_core.fit(run, streamed, directory, manifest, STEPS, resume, callbacks)
 
       # In memory: the rows as `train ctr` loads them, batched by the draws the job made.
       memory = load_data(data.records)
@@ -188,9 +188,23 @@ def test_runs_above_the_row_limit_train_out_of_core_by_default(data_dir, tmp_pat
   assert "out_of_core" not in _summary(tmp_path / "memory")
 
 
+def test_parameter_servers_train_from_the_shards_as_one_device_does(data_dir, tmp_path):
+  """The chief reads the shards and ships each step's batch; with one worker the run is the
+  one-device run (same key, same batches and noise)."""
+  seed = ("--insecure-noise-seed", "2", "--steps", "4")
+  assert cli.main(_argv(data_dir, tmp_path / "one", *seed)) == 0
+  assert cli.main(_argv(data_dir, tmp_path / "ps", *seed, "--strategy", "parameter_server",
+                        "--local-workers", "1", "--local-ps", "1")) == 0
+  one, ps = _summary(tmp_path / "one"), _summary(tmp_path / "ps")
+  assert ps["strategy"] == "parameter_server" and ps["out_of_core"] is True
+  assert ps["steps"] == one["steps"] == 4
+  assert ps["auc"] == pytest.approx(one["auc"], abs=1e-4)
+  assert ps["eval_loss"] == pytest.approx(one["eval_loss"], rel=1e-4)
+
+
 @pytest.mark.parametrize("extra, message", [
     (("--fixed-batches",), "drop --fixed-batches"),
-    (("--strategy", "mirrored"), "one device"),
+    (("--strategy", "mirrored"), "one device or with --strategy parameter_server"),
 ])
 def test_what_out_of_core_does_not_do_is_refused(data_dir, tmp_path, capsys, extra, message):
   assert cli.main(_argv(data_dir, tmp_path / "run", *extra)) == 2
