@@ -86,8 +86,10 @@ class CTRAuditOptions:
 
 
 THREAT_MODELS = ("black_box", "white_box")
-# Black box: canaries are rows of the training data; white box: coordinates of one small table.
-DEFAULT_CANARIES = {"black_box": 1000, "white_box": 100_000}
+# Black box: canaries are rows of the training data; white box: coordinates of one small table
+# (200,000: at data-sized batches, q ≈ 1/150, the family fit of 100,000 reached only about half
+# of ε = 2; docs/experiments/audit.md, issue 51).
+DEFAULT_CANARIES = {"black_box": 1000, "white_box": 200_000}
 
 
 def _train_with_canaries(options, data, canaries):
