@@ -8,18 +8,22 @@ functions of `dprec.clipping.layer_norms`, selection and noise in `dprec.sparse`
 
 A start: `keras.layers.Dense`, `EinsumDense` (so `MultiHeadAttention`) and `LayerNormalization`
 through the norm registry, every `keras.layers.Embedding` as a DP table (`DPTable`: the rows of
-DP-SGD, DP-FEST or DP-AdaFEST, noise on kept rows only); `dprec.make_private` still refuses
-Keras 3 models until the binding covers what it promises (row-sparse Keras 3 optimizers,
-`compile`/`fit`, saving).
+DP-SGD, DP-FEST or DP-AdaFEST, noise on kept rows only); Keras 3's SGD and Adagrad update only
+an IndexedSlices gradient's rows already, its Adam does not (`LazyAdam` here does).
+`dprec.make_private` still refuses Keras 3 models until the binding covers what it promises
+(`compile`/`fit` through a private model class, Poisson batches, the ledger, the output bias,
+saving).
 """
 import sys
 
+import keras
 import tensorflow as tf
 
 from dprec.clipping import layer_norms
 from dprec.errors import DprecError
 from dprec.layers import embedding as embedding_lib
 from dprec.models import dp_step
+from dprec.optimizers import sparse as sparse_optimizers
 
 # Keras 3 options of the twins that change their weights or their computation.
 _UNSHARED = {"lora_enabled": "LoRA (lora_rank)", "quantization_mode": "quantization",
@@ -81,6 +85,26 @@ def per_example_losses(loss, y, y_pred):
   if losses.shape.rank > 1:
     losses = tf.reduce_mean(losses, axis=list(range(1, losses.shape.rank)))
   return losses
+
+
+class LazyAdam(keras.optimizers.Adam):
+  """Keras 3's Adam whose IndexedSlices update touches only the gradient's rows of m, v and the
+  variable (`dprec.optimizers.sparse.lazy_adam_rows`, as tf.keras' `LazyAdam`); Keras 3's own
+  Adam moves every row its moments hold, so a DP-AdaFEST row keeps moving on later steps that did
+  not keep it."""
+
+  def update_step(self, gradient, variable, learning_rate):
+    if not isinstance(gradient, tf.IndexedSlices):
+      return super().update_step(gradient, variable, learning_rate)
+    index = self._get_variable_index(variable)
+    return sparse_optimizers.lazy_adam_rows(
+        self, gradient, _tf_variable(variable), _tf_variable(self._momentums[index]),
+        _tf_variable(self._velocities[index]), learning_rate)
+
+
+def _tf_variable(variable):
+  """The `tf.Variable` behind a Keras 3 variable (the optimizer may hand over either)."""
+  return variable.value if isinstance(variable, keras.Variable) else variable
 
 
 class DPTable:

@@ -1,6 +1,7 @@
 """The DP optimizer object passed to `DPModel.compile` (in the spirit of tensorflow_privacy's
 `DPKeras*Optimizer`): an algorithm configuration plus the optimizer that applies the update."""
 import dataclasses
+import sys
 import warnings
 from typing import Any, Optional
 
@@ -15,6 +16,12 @@ from dprec.privacy.noise_key import NoiseKey
 NOISE_PURPOSE = "dp step"  # the derivation label of the step's generator (`NoiseKey.derive`)
 GENERATOR_NOTE = ("a caller-supplied noise generator: the noise is only as secret as its seed; "
                   "treat the run as NOT differentially private")
+
+
+def _is_keras3_optimizer(optimizer) -> bool:
+  keras = sys.modules.get("keras")
+  return (keras is not None and int(keras.__version__.split(".")[0]) >= 3
+          and isinstance(optimizer, keras.optimizers.Optimizer))
 
 
 @dataclasses.dataclass
@@ -52,7 +59,7 @@ class DPOptimizer:
     if not isinstance(self.config, tuple(config_lib.ALGORITHMS.values())):
       raise TypeError(f"config must be one of {sorted(config_lib.ALGORITHMS)}'s configuration "
                       f"classes, got {type(self.config).__name__}")
-    if not type(self.inner).__module__.startswith("keras."):  # Keras 3's: `dprec.models.keras3`
+    if not _is_keras3_optimizer(self.inner):  # a Keras 3 one: `dprec.models.keras3` applies it
       self.inner = tf.keras.optimizers.get(self.inner)
     if self.expected_batch_size is not None and not self.expected_batch_size > 0:
       raise ValueError(f"expected_batch_size must be positive, got {self.expected_batch_size}")

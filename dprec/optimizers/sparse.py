@@ -53,21 +53,29 @@ class LazyAdam(tf.keras.optimizers.Adam):
   def update_step(self, gradient, variable):
     if not isinstance(gradient, tf.IndexedSlices):
       return super().update_step(gradient, variable)
-    dtype = variable.dtype
-    step = tf.cast(self.iterations + 1, dtype)
-    beta_1 = tf.cast(self.beta_1, dtype)
-    beta_2 = tf.cast(self.beta_2, dtype)
-    alpha = (tf.cast(self.learning_rate, dtype) * tf.sqrt(1 - tf.pow(beta_2, step))
-             / (1 - tf.pow(beta_1, step)))
     index = self._index_dict[self._var_key(variable)]
-    m, v = self._momentums[index], self._velocities[index]
-    rows, values = gradient.indices, gradient.values
-    m_rows = beta_1 * tf.gather(m, rows) + (1 - beta_1) * values
-    v_rows = beta_2 * tf.gather(v, rows) + (1 - beta_2) * tf.square(values)
-    m.scatter_update(tf.IndexedSlices(m_rows, rows))
-    v.scatter_update(tf.IndexedSlices(v_rows, rows))
-    return variable.scatter_sub(
-        tf.IndexedSlices(alpha * m_rows / (tf.sqrt(v_rows) + self.epsilon), rows))
+    return lazy_adam_rows(self, gradient, variable, self._momentums[index],
+                          self._velocities[index], self.learning_rate)
+
+
+def lazy_adam_rows(adam, gradient, variable, m, v, learning_rate):
+  """Adam's step (`adam`'s β1, β2, ε and iterations) on the rows of the IndexedSlices `gradient`
+  only: those rows of the moments m, v and of `variable` (tf.Variables) are read and written,
+  the others keep stale moments. Shared by tf.keras' `LazyAdam` and Keras 3's
+  (`dprec.models.keras3.LazyAdam`)."""
+  dtype = variable.dtype
+  step = tf.cast(adam.iterations + 1, dtype)
+  beta_1 = tf.cast(adam.beta_1, dtype)
+  beta_2 = tf.cast(adam.beta_2, dtype)
+  alpha = (tf.cast(learning_rate, dtype) * tf.sqrt(1 - tf.pow(beta_2, step))
+           / (1 - tf.pow(beta_1, step)))
+  rows, values = gradient.indices, gradient.values
+  m_rows = beta_1 * tf.gather(m, rows) + (1 - beta_1) * values
+  v_rows = beta_2 * tf.gather(v, rows) + (1 - beta_2) * tf.square(values)
+  m.scatter_update(tf.IndexedSlices(m_rows, rows))
+  v.scatter_update(tf.IndexedSlices(v_rows, rows))
+  return variable.scatter_sub(
+      tf.IndexedSlices(alpha * m_rows / (tf.sqrt(v_rows) + adam.epsilon), rows))
 
 
 class AdamBC(tf.keras.optimizers.Optimizer):
