@@ -274,8 +274,9 @@ def plan_privacy(options: CTRTrainOptions, num_examples: int, run=None) -> plan_
 
 
 def noise_multipliers(options, noise_multiplier) -> Tuple[Optional[float], Optional[float]]:
-  """(σ1, σ2) of a step at composed σ: DP-AdaFEST's split σ1 = r·σ2 (seed 001 §3.3), (None, σ)
-  for the other DP algorithms, (None, None) without DP (the algorithm's `split_noise`)."""
+  """(σ1, σ2) of a step at composed σ: DP-AdaFEST's split σ1 = r·σ2 (Ghazi et al. 2023, §3.3),
+  (None, σ) for the other DP algorithms, (None, None) without DP (the algorithm's
+  `split_noise`)."""
   return config_lib.ALGORITHMS[options.algorithm].split_noise(noise_multiplier, options.ratio)
 
 
