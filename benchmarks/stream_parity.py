@@ -208,7 +208,7 @@ def plot(rows, path, selected):
         continue
       if not runs[0].get("periods"):  # train ctr: one model, evaluated on the hold-out day
         auc.axhline(statistics.mean(r["holdout_auc"] for r in runs), ls="--", color="k",
-                    label=f"{point} hold-out")
+                    label=f"train {point}, hold-out ({len(runs)} draws)")
         continue
       size = min(len(r["periods"]) for r in runs)
       x = list(range(1, size + 1))
@@ -219,6 +219,7 @@ def plot(rows, path, selected):
                           label=f"{point} ({len(runs)} draws)")
         axis.fill_between(x, [min(s) for s in series], [max(s) for s in series], alpha=0.2,
                           color=line.get_color())
+        axis.set_xticks(x)
     auc.axhline(0.5, color="grey", lw=0.8)
     loss.axhline(0.0, color="grey", lw=0.8)
     auc.set_title(f"{setting}, ε = {EPSILON}: AUC on the next day")
