@@ -33,9 +33,10 @@ def test_only_the_workflows_and_above_import_the_workflows():
 
 
 def test_command_line_modules_only_parse_and_call():
-  """A workflow's `*_cli` module imports only argparse and the workflows."""
+  """A workflow's `*_cli` module imports only argparse, the command line's help and aliases
+  (`dprec.cli_help`, argparse only) and the workflows."""
   for path in sorted((PACKAGE / "workflows").glob("*_cli.py")):
     imported = {name.split(".")[0] if not name.startswith("dprec.") else name
                 for name in _imports(path)}
-    assert imported <= {"argparse", "dataclasses"} | {
+    assert imported <= {"argparse", "dataclasses", "dprec.cli_help"} | {
         name for name in imported if name.startswith("dprec.workflows")}, path
