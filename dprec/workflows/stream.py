@@ -17,10 +17,10 @@ The model and step are `train ctr`'s, defaults included (`dprec.workflows.ctr.CT
 and so are its utility levers: the logit bias starts at the first period's DP base rate, each
 period ends with DP Platt scaling on its training rows (charged with that period), kept as an
 affine a·z + b on the model's output that evaluation applies and training never sees (so the
-next period trains the raw logits on). Two measured differences: without `batch_size` the batch
-is 1024, at most an eighth of the expected period size (`default_batch_size`), not `train
-ctr`'s N/150, and the Platt fit is centred, bounded and pulled to the level of the base rate
-(`calibration_*`; docs/experiments/stream_parity.md, streaming.md). `reference="non_private"`
+next period trains the raw logits on). Two measured differences (docs/experiments/
+stream_parity.md): without `batch_size` the batch is 1024, at most an eighth of the expected
+period size (`default_batch_size`), not `train ctr`'s N/150, and C2 = 10 (`STEP_OVERRIDES`);
+DP Platt scaling's fit is `train ctr`'s, centred on the base rate's logit. `reference="non_private"`
 also trains a non-private stream on the same periods (under `run_dir/reference_non_private`)
 for the plot and the summary.
 
@@ -63,13 +63,15 @@ CALIBRATION = "calibration"  # the plan's per-period mechanism (DP Platt scaling
 REFERENCES = ("non_private",)
 REFERENCE_DIR = "reference_non_private"
 _CTR = ctr_workflow.CTRTrainOptions  # the defaults the stream shares with `train ctr`
-# Where the stream's step differs from `train ctr`'s, measured on 7 periods of 25k rows at ε = 1,
-# one lever at a time, three draws each (docs/experiments/stream_parity.md: hold-out AUC 0.673
-# ± 0.005 with these, `train ctr` on the same rows 0.679 ± 0.006). σ is calibrated for one short
-# period, so at `train ctr`'s C2 = 1 the first periods rank near chance (AUC 0.51–0.53 after
-# period 1, 0.57 at C2 = 10), and its r = 2 with τ = 7 put more noise on the gradient (σ2 1.35 →
-# 1.48) than the row selection bought on these tables (0.663 ± 0.012).
-STEP_OVERRIDES = {"l2_norm_clip": 10.0, "ratio": 5.0, "threshold": 1.0}
+# Where the stream's step differs from `train ctr`'s, measured on streams one lever at a time,
+# three draws each (docs/experiments/stream_parity.md). σ is calibrated for one short period,
+# so at `train ctr`'s C2 = 1 nearly every example is clipped and the first periods rank near
+# chance (7 periods of 25k rows, ε = 1: AUC 0.499–0.525 after period 1 in six draws, 0.564–0.582
+# at C2 = 10; the last period's AUC the same). `train ctr`'s r = 2 with τ = 7 stay: on Table 3's
+# vocabularies (5 periods of 50k rows) they beat r = 5 with τ = 1 (0.685 ± 0.002 against 0.677
+# ± 0.003) and shrink the gradient 340–400× instead of 2.3×; on the 78-row tables of the 25k
+# periods they cost 0.010 ± 0.008 (0.663 ± 0.012 against 0.673 ± 0.004).
+STEP_OVERRIDES = {"l2_norm_clip": 10.0}
 
 
 @dataclasses.dataclass
@@ -109,8 +111,8 @@ class StreamOptions(run_lib.RunOptions):
   # The model and step are `train ctr`'s (one source: `CTRTrainOptions`; the learning rate its
   # private or non-private default) but for `STEP_OVERRIDES` and the batch (`default_batch_size`).
   l2_norm_clip: float = STEP_OVERRIDES["l2_norm_clip"]
-  ratio: float = STEP_OVERRIDES["ratio"]
-  threshold: float = STEP_OVERRIDES["threshold"]
+  ratio: float = _CTR.ratio
+  threshold: float = _CTR.threshold
   contribution_clip: float = _CTR.contribution_clip
   learning_rate: Optional[float] = _CTR.learning_rate  # None: `ctr.DEFAULT_LEARNING_RATES`
   optimizer: str = _CTR.optimizer

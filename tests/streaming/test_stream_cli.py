@@ -96,6 +96,7 @@ def test_the_step_defaults_are_train_ctrs_but_the_measured_overrides():
       field: stream.STEP_OVERRIDES.get(field, getattr(CTRTrainOptions, field))
       for field in stream.MODEL_FIELDS}
   assert set(stream.STEP_OVERRIDES) < set(stream.MODEL_FIELDS)
+  assert (options.ratio, options.threshold) == (CTRTrainOptions.ratio, CTRTrainOptions.threshold)
   assert (options.calibration_logit_bound, options.calibration_prior_examples,
           options.calibration_level_prior_examples) == (
               privacy.recalibration.LOGIT_BOUND, privacy.recalibration.PRIOR_EXAMPLES, 0.0)
