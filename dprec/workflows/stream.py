@@ -327,6 +327,9 @@ def expected_periods(options: StreamOptions, source) -> Tuple[int, str]:
           f"the {len(days)} days in {options.data} (not a live stream: --idle-timeout 0)")
 
 
+DEFAULT_BATCH_SIZE = poisson.DEFAULT_BATCH_SIZE  # B's cap in `default_batch_size` (for --help)
+
+
 def default_batch_size(examples_per_period: int) -> int:
   """B when none is given: `poisson.default_batch_size` (1024, at most an eighth of a period; N
   is public), not `train ctr`'s N/150: σ is calibrated for one period, whose few rows amplify

@@ -2,7 +2,6 @@
 import argparse
 
 from dprec.cli_help import add_deprecated_alias
-from dprec.training import poisson
 from dprec.workflows import ctr
 from dprec.workflows import ctr_cli
 from dprec.workflows import run_cli
@@ -94,7 +93,7 @@ def register(subparsers):
                   "the click rate moved (default %(default)s; 0: none)")
   model = parser.add_argument_group("model and step")
   model.add_argument("--batch-size", type=int, default=None,
-                     help=f"expected (Poisson) batch size (default: {poisson.DEFAULT_BATCH_SIZE}, "
+                     help=f"expected (Poisson) batch size (default: {stream.DEFAULT_BATCH_SIZE}, "
                      "at most an eighth of the expected period size; not train ctr's N/150)")
   model.add_argument("--logit-init", default=defaults.logit_init, choices=ctr.LOGIT_INITS,
                      help="base_rate: the logit layer starts at the first period's (DP) click "
