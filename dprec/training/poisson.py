@@ -21,8 +21,8 @@ import tensorflow as tf
 DEFAULT_BATCH_SIZE = 1024
 DEFAULT_MAX_SAMPLING_RATE = 1 / 8
 # Data-sized B: the power of two nearest N / STEPS_PER_EPOCH (`train ctr` and `make_private`;
-# `train ctr` planned 500 until session 2026-11-26 (11): 150 gave +0.007 AUC at 5M and +0.02 at
-# 400k, DP-SGD and DP-AdaFEST alike, docs/experiments/ctr_utility.md) ...
+# chosen on validation AUC over data sizes for DP-SGD and DP-AdaFEST alike: the numbers are in
+# docs/experiments/ctr_utility.md) ...
 STEPS_PER_EPOCH = 150
 DATA_SIZED_RANGE = (64, 16384)  # ... within these bounds (and at most N/8)
 

@@ -16,9 +16,8 @@ accountant): clipping at C2 keeps the ranking but biases the probabilities (BENC
 Without a batch size or steps, both come from the (public) number of training rows N
 (`sized_for`): at ε ≈ 1, σ hardly grows with B, so the noise on the mean gradient, σ·C2/B, falls
 almost as 1/B, and DP-AdaFEST keeps more rows (their counts grow with B at a fixed τ); one epoch
-in about `STEPS_PER_EPOCH` (150) steps, the rule `make_private` uses too
-(docs/experiments/ctr_utility.md, session 11: B = N/150 beat N/500 at 400k and 5M rows for
-DP-SGD and DP-AdaFEST alike).
+in about `STEPS_PER_EPOCH` (150) steps, the rule `make_private` uses too (chosen on validation
+for DP-SGD and DP-AdaFEST alike: docs/experiments/ctr_utility.md).
 
 With `out_of_core`, for more rows than memory holds, a Beam job writes the run's Poisson
 batches and training streams them; the base rate, DP Platt scaling and the evaluation are
@@ -86,8 +85,7 @@ CALIBRATION_ROWS = 1_000_000  # rows DP Platt scaling fits on (BENCHMARKS: 1M fi
 SELECTION_LABEL = "dp-fest top-k"
 VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-k-epsilon 0) are "
                    "treated as public, as Ghazi et al. 2023 do, unless dataset.vocab_privacy says "
-                   "the "
-                   "vocabulary is DP (its epsilon is then in epsilon_parts); build them from "
+                   "the vocabulary is DP (its epsilon is then in epsilon_parts); build them from "
                    "public data or by DP top-k for a guarantee that covers them")
 EPSILON_COVERS = {
     "epsilon": "(epsilon, delta)-DP for adding or removing one training example (row), "
@@ -109,11 +107,9 @@ EPSILON_COVERS = {
 
 
 # Adam's learning rate without `--learning-rate`. Under DP the noise in Adam's second moment
-# shrinks its steps, so private runs want a larger one: at 5M rows, Dense 256-256 (session 10),
-# 1e-2 beat 3e-3 and 3e-2 for DP-SGD and DP-AdaFEST (0.7800 and 0.7709 AUC, 3 draws), while
-# non-private runs lost at 1e-2 (5M: 0.8158 against 0.8166; `dprec demo`: log loss 0.556
-# against 0.524). Dense 256-256 instead of App. D.1.1's 598×4 (1.1M weights noised every
-# step, 5× the step time): DP-AdaFEST 0.7653 → 0.7709, DP-SGD 0.7750 → 0.7800.
+# shrinks its steps, so private runs want a larger one than non-private runs, which lose at it;
+# and Dense 256-256 rather than App. D.1.1's 598×4 (1.1M weights noised every step, 5× the step
+# time). Both chosen on validation: the numbers are in docs/experiments/ctr_utility.md.
 DEFAULT_LEARNING_RATES = {"private": 1e-2, "non_private": 3e-3}
 
 
