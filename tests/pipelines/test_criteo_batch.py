@@ -169,7 +169,7 @@ def test_top_k_keeps_the_most_frequent_buckets(tmp_path, criteo_line, in_process
 def test_bad_options_are_clear_errors():
   with pytest.raises(DprecError, match="needs --top-k"):
     criteo.VocabConfig(mode="top_k")
-  with pytest.raises(DprecError, match="positive --epsilon"):
+  with pytest.raises(DprecError, match="positive --top-k-epsilon"):
     criteo.VocabConfig(mode="dp_top_k", top_k=3)
   with pytest.raises(DprecError, match="26 comma-separated"):
     criteo.parse_top_k("1,x")
