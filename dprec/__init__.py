@@ -1,13 +1,13 @@
 """dprec: differentially private training for large-embedding recommender models.
 
-dprec is built on Keras 2, which TensorFlow ≥ 2.16 serves as `tf.keras` through the tf-keras
-package when `TF_USE_LEGACY_KERAS=1` (the convention of TFRS and TF-GNN). Importing dprec sets
-that variable if the user has not, which works as long as `tf.keras` has not been used yet (TF
-reads the variable on the first use); the `dprec` command always imports dprec first. If
-`tf.keras` was already bound to Keras 3, importing dprec raises an error saying what to set.
+`dprec.make_private` trains a Keras 3 model (`import keras`, TensorFlow backend) or a Keras 2
+one: tf-keras, which TensorFlow ≥ 2.16 serves as `tf.keras` when `TF_USE_LEGACY_KERAS=1` (the
+convention of TFRS and TF-GNN; dprec's own models and commands are tf-keras models). Importing
+dprec sets that variable if the user has not, which works as long as `tf.keras` has not been
+used yet (TF reads the variable on the first use); the `dprec` command always imports dprec
+first. In a process whose `tf.keras` is already Keras 3, dprec trains Keras 3 models only.
 """
 import os
-import sys
 
 __version__ = "0.1.0"
 
@@ -17,14 +17,6 @@ LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
 def _select_keras_2():
   if os.environ.get(LEGACY_KERAS) not in ("1", "true", "True"):
     os.environ[LEGACY_KERAS] = "1"
-  tensorflow = sys.modules.get("tensorflow")
-  if tensorflow is None or not hasattr(tensorflow, "keras"):
-    return  # TensorFlow will read the variable when it loads
-  if tensorflow.keras.__name__.startswith("keras._tf_keras"):  # bound to Keras 3 already
-    raise ImportError(
-        "dprec needs Keras 2, but tf.keras was already bound to Keras 3 in this process. Set "
-        f"{LEGACY_KERAS}=1 in the environment before Python starts (`export {LEGACY_KERAS}=1`), or "
-        "import dprec before using tf.keras; `pip install tf-keras` if it is missing.")
 
 
 _select_keras_2()

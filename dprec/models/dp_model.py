@@ -225,11 +225,6 @@ class DPModel(tf.keras.Model, dp_step.DPStep):
     for the same rows as its unstacked twin."""
     return sorted(self.dp_tables, key=lambda t: t.output_dim)
 
-  @property
-  def dense_embedding_size(self):
-    """Σ V·d over the DP tables: the size of DP-SGD's dense embedding gradient."""
-    return sum(rows * width for t in self.dp_tables for _, rows, width in t.sub_tables)
-
   def train_step(self, data):
     x, y, sample_weight = tf.keras.utils.unpack_x_y_sample_weight(data)
     y_pred = self.apply_step(x, y, sample_weight)
@@ -240,11 +235,6 @@ class DPModel(tf.keras.Model, dp_step.DPStep):
       logs["gradient_size_reduction"] = (
           self.dense_embedding_size / tf.maximum(self.gradient_size_tracker.result(), 1.0))
     return dict(logs, **self.clip_logs())
-
-  def clip_logs(self):
-    """{"l2_norm_clip": C2 after the step} under quantile clipping (a DP release), else {}."""
-    clip = self.dp_optimizer.clip
-    return {} if clip is None else {"l2_norm_clip": tf.convert_to_tensor(clip)}
 
   def apply_step(self, x, y, sample_weight=None):
     """One training step on a batch (DP or not, as compiled); returns the predictions (what

@@ -6,7 +6,7 @@ A class using `DPStep` provides `trainable_variables`, `losses` (regularisation 
 size), `_dp_generator`, `layer_registry` (None: the default), `dp_step_tables` (`DPEmbedding`
 layers, by increasing width), `step_layers()` (every layer, nested ones included),
 `forward_losses(x, y, sample_weight)` and `extra_squared_norms()`: `dprec.models.dp_model.DPModel`
-for tf.keras, `dprec.models.keras3.Keras3DPStep` for Keras 3.
+for tf.keras, `dprec.models.keras3.Keras3DPModel` for Keras 3.
 """
 import collections
 import contextlib
@@ -100,9 +100,31 @@ def refusing_variable_updates():
         "with fixed statistics) or remove it (LayerNormalization needs no batch statistics)")
 
 
+def mixed_class(mixin, cls):
+  """`mixin` mixed into the model class `cls`, before it, under `cls`'s name and module: a saved
+  model records (and loads as) the original class. One class per pair."""
+  if (mixin, cls) not in _MIXED_CLASSES:
+    _MIXED_CLASSES[mixin, cls] = type(cls.__name__, (mixin, cls), {
+        "__module__": cls.__module__, "__qualname__": cls.__qualname__})
+  return _MIXED_CLASSES[mixin, cls]
+
+
+_MIXED_CLASSES = {}
+
+
 class DPStep:
   """The DP step (steps 1–5 of `dprec.models.dp_model`) on the attributes the module docstring
   lists."""
+
+  @property
+  def dense_embedding_size(self):
+    """Σ V·d over the DP tables: the size of DP-SGD's dense embedding gradient."""
+    return sum(rows * width for t in self.dp_step_tables for _, rows, width in t.sub_tables)
+
+  def clip_logs(self):
+    """{"l2_norm_clip": C2 after the step} under quantile clipping (a DP release), else {}."""
+    clip = self.dp_optimizer.clip
+    return {} if clip is None else {"l2_norm_clip": tf.convert_to_tensor(clip)}
 
   def per_example_squared_norms(self, x, y, sample_weight=None, by_group=False):
     """‖g_i‖² per example as the compiled DP configuration clips it (kept rows only); with

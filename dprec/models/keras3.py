@@ -1,18 +1,18 @@
 """The Keras 3 binding (TensorFlow backend): what of the DP step touches Keras 3 — finding the
-layers, reading the weights, the layer classes of the norm registry, the loss per example —
-around the step's mathematics, which is written once (`dprec.models.dp_step.DPStep`, the norm
-functions of `dprec.clipping.layer_norms`, selection and noise in `dprec.sparse`).
+layers, reading the weights, the layer classes of the norm registry, the loss per example,
+`compile` and `train_step` — around the step's mathematics, which is written once
+(`dprec.models.dp_step.DPStep`, the norm functions of `dprec.clipping.layer_norms`, selection
+and noise in `dprec.sparse`).
 
-    step = Keras3DPStep(model, DPOptimizer(DPSGD(1.0, σ), keras.optimizers.SGD(0.1)), "mse")
-    step.apply_step(x, y)          # one DP step on a batch: clipped, noised, applied
+    model = dp_model(keras.Model(inputs, outputs))     # in place: a Keras3DPModel
+    model.compile(DPOptimizer(DPSGD(1.0, σ), keras.optimizers.SGD(0.1)), loss="mse")
+    model.fit(dataset)                                 # one DP step a batch
 
-A start: `keras.layers.Dense`, `EinsumDense` (so `MultiHeadAttention`) and `LayerNormalization`
-through the norm registry, every `keras.layers.Embedding` as a DP table (`DPTable`: the rows of
-DP-SGD, DP-FEST or DP-AdaFEST, noise on kept rows only); Keras 3's SGD and Adagrad update only
-an IndexedSlices gradient's rows already, its Adam does not (`LazyAdam` here does).
-`dprec.make_private` still refuses Keras 3 models until the binding covers what it promises
-(`compile`/`fit` through a private model class, Poisson batches, the ledger, the output bias,
-saving).
+`keras.layers.Dense`, `EinsumDense` (so `MultiHeadAttention`) and `LayerNormalization` go
+through the norm registry, every trainable `keras.layers.Embedding` is a DP table (`DPTable`:
+the rows of DP-SGD, DP-FEST or DP-AdaFEST, noise on kept rows only); Keras 3's SGD and Adagrad
+update only an IndexedSlices gradient's rows already, its Adam does not (`LazyAdam` here does).
+`dprec.make_private` uses it for Keras 3 models (`dprec.workflows.private_keras3`).
 """
 import sys
 
@@ -24,6 +24,7 @@ from dprec.errors import DprecError
 from dprec.layers import embedding as embedding_lib
 from dprec.models import dp_step
 from dprec.optimizers import sparse as sparse_optimizers
+from dprec.optimizers.dp_optimizer import DPOptimizer
 
 # Keras 3 options of the twins that change their weights or their computation.
 _UNSHARED = {"lora_enabled": "LoRA (lora_rank)", "quantization_mode": "quantization",
@@ -67,7 +68,6 @@ def layers(model):
         raise DprecError(f"layer {layer.name!r} ({type(layer).__name__}) uses {what}, which "
                          "dprec's per-example norms do not cover yet: build it without")
   return found
-
 
 
 def per_example_losses(loss, y, y_pred):
@@ -131,6 +131,11 @@ class DPTable:
   def embeddings(self):
     return self.layer.embeddings
 
+  @property
+  def input_shape(self):
+    """The shape of the ids a functional model feeds the table (AttributeError otherwise)."""
+    return tuple(self.layer.input.shape)
+
   def start_recording(self):
     self._recording = []
     lookup = embedding_lib.DPEmbedding.call
@@ -142,46 +147,59 @@ class DPTable:
     return lookups
 
 
-class Keras3DPStep(dp_step.DPStep):
-  """The DP step of a Keras 3 `model` with the algorithm, noise key and inner optimizer (a Keras
-  3 optimizer) of `dp_optimizer`, and `loss` (per example)."""
+class Keras3DPModel(dp_step.DPStep):
+  """The DP step of a Keras 3 model: mixed into the model's class (`dp_model`), before it, as
+  `dprec.models.dp_model.DPModel` is a tf.keras model. `compile` takes a `DPOptimizer` (its
+  inner optimizer a Keras 3 one) and the loss; `fit` runs `train_step`, one DP step a batch."""
 
-  def __init__(self, model, dp_optimizer, loss):
-    if not is_keras3_model(model):
-      raise DprecError(f"Keras3DPStep needs a Keras 3 model, got {type(model).__name__}")
+  def compile(self, optimizer, loss=None, metrics=None, **kwargs):  # pylint: disable=arguments-renamed
+    """As `keras.Model.compile`, with a `DPOptimizer`. XLA is off: the step's shapes vary from
+    batch to batch."""
+    if not isinstance(optimizer, DPOptimizer):
+      raise DprecError(f"a Keras 3 DP model compiles with a DPOptimizer, got "
+                       f"{type(optimizer).__name__}")
     check_backend()
-    self.model, self.dp_optimizer, self.loss = model, dp_optimizer, loss
-    self.optimizer = dp_optimizer.inner
-    self._dp_generator = dp_optimizer.generator
-    self.layer_registry = make_layer_registry()
-    # Every trainable Embedding is a DP table (as make_private converts tf.keras ones), in the
-    # step's order: by increasing width.
-    embedding = keras3().layers.Embedding
-    self.dp_step_tables = sorted(
-        [DPTable(layer) for layer in layers(model)
-         if type(layer) is embedding and layer.trainable], key=lambda t: t.output_dim)  # pylint: disable=unidiomatic-typecheck
+    kwargs["jit_compile"] = False
+    super().compile(optimizer=optimizer.inner, loss=loss, metrics=metrics, **kwargs)
+    # Plain attributes, not tracked: saving never holds the generator (it would reveal the key).
+    object.__setattr__(self, "dp_optimizer", optimizer)
+    object.__setattr__(self, "_dp_generator", optimizer.generator)
+
+  def get_compile_config(self):
+    """Keras' compile config, with `LazyAdam` saved as the `keras.optimizers.Adam` it updates
+    like (same hyperparameters and slots): a saved model loads without dprec."""
+    config = super().get_compile_config()
+    if isinstance(self.optimizer, LazyAdam):
+      config["optimizer"] = keras.saving.serialize_keras_object(
+          keras.optimizers.Adam.from_config(self.optimizer.get_config()))
+    return config
 
   @property
-  def trainable_variables(self):
-    return self.model.trainable_variables
+  def layer_registry(self):
+    return make_layer_registry()
 
   @property
-  def losses(self):
-    return self.model.losses
+  def dp_step_tables(self):
+    """Every trainable `keras.layers.Embedding` as a `DPTable` (as make_private converts
+    tf.keras ones), by increasing width: the step's order."""
+    embedding = keras.layers.Embedding
+    return sorted([DPTable(layer) for layer in layers(self)
+                   if type(layer) is embedding and layer.trainable],  # pylint: disable=unidiomatic-typecheck
+                  key=lambda t: t.output_dim)
 
   def step_layers(self):
     """The model's layers but its DP tables (their lookups are recorded, not routed)."""
     tabled = {id(table.layer) for table in self.dp_step_tables}
-    return [layer for layer in layers(self.model) if id(layer) not in tabled]
+    return [layer for layer in layers(self) if id(layer) not in tabled]
 
   def extra_squared_norms(self):
     return []
 
   def forward_losses(self, x, y, sample_weight=None):
     if sample_weight is not None:
-      raise DprecError("the Keras 3 binding takes no sample weights yet")
+      raise DprecError("the Keras 3 binding takes no sample weights")
     with dp_step.refusing_variable_updates():
-      y_pred = self.model(x, training=True)
+      y_pred = self(x, training=True)
     return y_pred, per_example_losses(self.loss, y, y_pred)
 
   def apply_step(self, x, y):
@@ -189,3 +207,20 @@ class Keras3DPStep(dp_step.DPStep):
     grads_and_vars, y_pred = self._dp_gradients(self.dp_optimizer.config, x, y, None)
     self.optimizer.apply_gradients(grads_and_vars)
     return y_pred
+
+  def train_step(self, data):
+    x, y, sample_weight = keras.utils.unpack_x_y_sample_weight(data)
+    y_pred = self.apply_step(x, y)
+    # The reported loss: the unclipped mean (Keras' own train_step tracks it so).
+    self._loss_tracker.update_state(self.compute_loss(x, y, y_pred, sample_weight),
+                                    sample_weight=tf.shape(y_pred)[0])
+    return dict(self.compute_metrics(x, y, y_pred, sample_weight), **self.clip_logs())
+
+
+def dp_model(model):
+  """Makes the Keras 3 `model` a `Keras3DPModel` in place (`dp_step.mixed_class`); returns it."""
+  if not is_keras3_model(model):
+    raise DprecError(f"a Keras 3 DP model needs a Keras 3 model, got {type(model).__name__}")
+  check_backend()
+  model.__class__ = dp_step.mixed_class(Keras3DPModel, type(model))
+  return model

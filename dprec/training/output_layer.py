@@ -44,8 +44,7 @@ def from_logits(loss) -> bool:
 
 
 @contextlib.contextmanager
-def _recording_dense_calls(model, calls):
-  dense = [m for m in model.submodules if type(m) is tf.keras.layers.Dense]  # pylint: disable=unidiomatic-typecheck
+def _recording_dense_calls(dense, calls):
   for layer in dense:
     original = type(layer).call.__get__(layer)
 
@@ -61,13 +60,16 @@ def _recording_dense_calls(model, calls):
       object.__delattr__(layer, "call")
 
 
-def output_dense(model, x) -> tf.keras.layers.Dense:
+def output_dense(model, x, layers=None, dense=None):
   """The Dense layer whose pre-activation is the model's output (or its logits): the last
   Dense layer a forward pass on the (public-shaped) batch `x` calls, checked to have as many
   units as the output has columns and a bias. (A forward pass, not the layer list: subclassed
-  models call their layers in any order.)"""
+  models call their layers in any order.) `layers`: the model's layers (default its tf.keras
+  submodules), `dense`: the Dense class of its Keras (default tf.keras')."""
+  dense = dense or tf.keras.layers.Dense
+  layers = model.submodules if layers is None else layers
   calls = []
-  with _recording_dense_calls(model, calls):
+  with _recording_dense_calls([m for m in layers if type(m) is dense], calls):  # pylint: disable=unidiomatic-typecheck
     output = model(x, training=False)
   if not calls:
     raise DprecError("the model's output does not come from a Dense layer: no output layer "

@@ -129,11 +129,8 @@ class CTRTrainOptions(run_lib.FitOptions):
   delta: Optional[float] = None
   batch_size: Optional[int] = None  # None: from N (`sized_for`)
   steps: Optional[int] = None  # None: one epoch at the batch size
-  # Ghazi et al.'s frontier reproduced at 5M rows (docs/experiments/ctr_utility.md, issue 37):
-  # the ≥ 10³× point with the best validation AUC; σ1 = 2·σ2 keeps τ/σ1 ≈ 4 (false positives
-  # ~3e-5 a row).
-  ratio: float = 2.0
-  threshold: float = 7.0
+  ratio: float = config_lib.ADAFEST_RATIO
+  threshold: float = config_lib.ADAFEST_THRESHOLD
   contribution_clip: float = 1.0
   l2_norm_clip: float = 1.0  # see BENCHMARKS.md "Calibrated DP pCTR"
   learning_rate: Optional[float] = None  # None: `DEFAULT_LEARNING_RATES` (private or not)

@@ -5,17 +5,23 @@ privately through the ordinary `compile` and `fit` calls.
     model.compile(optimizer="adagrad", loss="mse", metrics=[...])
     history = model.fit(x, y, epochs=5)          # history.history["epsilon"], model.epsilon_spent
 
-What the call does to `model` (in place; the same object is returned):
-- every `tf.keras.layers.Embedding` becomes a `DPEmbedding`
-  (`dprec.layers.embedding.convert_embedding`: same object, name and weights), and the model's
-  class becomes a private
-  subclass of its own (`PrivateModel` first, then the model's class: a functional, Sequential,
-  subclassed or `tfrs.Model` keeps its `call`, `compute_loss`, `evaluate`, `predict`, `save`;
-  a saved model loads as the original class, with `DPEmbedding` tables);
+What the call does to `model` (in place; the same object is returned), for a Keras 3 model
+(`import keras`, TensorFlow backend) and a tf.keras (Keras 2) one alike, functional,
+Sequential or subclassed:
+- the model's class becomes a private subclass of its own: `PrivateTraining` (this module:
+  plan, compile, fit, output layer) and the DP step of its Keras (`DPModel` for tf.keras,
+  `dprec.models.keras3.Keras3DPModel` for Keras 3) first, then the model's class, under its
+  name and module, so it keeps its `call`, `evaluate`, `predict`, `save`, and a saved model
+  loads as the original class;
+- its trainable Embedding layers train as DP tables: a tf.keras `Embedding` becomes a
+  `DPEmbedding` (`dprec.layers.embedding.convert_embedding`: same object, name and weights), a
+  Keras 3 one stays as it is (`dprec.models.keras3.DPTable` records its lookups);
+- a TFRS `tfrs.Model` (tf.keras only) trains through its `compute_loss` and Ranking task;
 - it refuses, in one line naming them, what per-example clipping cannot bound: layers without a
   per-example norm in the clipping registry, stateful layers (BatchNormalization, stateful
-  RNNs), `tfrs.tasks.Retrieval` (in-batch negatives couple the examples), and, at the first step,
-  losses that return one value per batch.
+  RNNs), `tfrs.tasks.Retrieval` (in-batch negatives couple the examples), a model holding
+  layers of the other Keras, a Keras 3 backend other than TensorFlow, and, at the first step,
+  losses that return one value per batch and forward passes that write variables.
 
 `compile` plans privacy (`dprec.workflows.plan`: one σ by PLD for ε over the planned steps
 T = ⌈epochs·N/B⌉ at q = B/N, composed with the one-off releases below and whatever the ledger
@@ -48,20 +54,20 @@ import tensorflow as tf
 from dprec import privacy
 from dprec.clipping import registry as registry_lib
 from dprec.errors import DprecError
-from dprec.layers.embedding import DPEmbedding
 from dprec.layers.embedding import convert_embedding
 from dprec.models.dp_model import DPModel
 from dprec.models.dp_model import per_example_losses
 from dprec.models.dp_model import unique_by_identity
+from dprec.models.dp_step import mixed_class
 from dprec.models.dp_step import refusing_variable_updates
 from dprec.models.dp_step import registry_of
+from dprec.models.dp_step import table_variable_ids
 from dprec.optimizers import config as config_lib
 from dprec.optimizers import sparse as sparse_optimizers
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
 from dprec.training import output_layer
 from dprec.training import poisson
-from dprec.workflows import ctr
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import run as run_lib
 
@@ -117,8 +123,8 @@ class PrivateOptions:
   l2_norm_clip: Optional[float] = None
   target_quantile: Optional[float] = None
   clip_learning_rate: float = 0.2
-  ratio: float = ctr.CTRTrainOptions.ratio
-  threshold: float = ctr.CTRTrainOptions.threshold
+  ratio: float = config_lib.ADAFEST_RATIO
+  threshold: float = config_lib.ADAFEST_THRESHOLD
   contribution_clip: float = 1.0
   init_output_bias: bool = True
   output_bias_share: float = 0.02
@@ -130,7 +136,7 @@ class PrivateOptions:
   secure_noise: bool = False
   insecure_noise_seed: Optional[int] = None
 
-  private = True  # `ctr.algorithm_config` reads it
+  private = True  # the algorithms' `from_plan` reads it
 
   def validate(self):
     if not self.epsilon > 0 or not math.isfinite(self.epsilon):
@@ -174,10 +180,10 @@ def rows_per_example(model) -> Optional[int]:
   if declared is not None:
     return int(declared)
   total = 0
-  for table in model.dp_tables:
+  for table in model.dp_step_tables:
     try:
       shape = tf.TensorShape(table.input_shape)
-    except (AttributeError, RuntimeError):
+    except (AttributeError, RuntimeError, ValueError):
       return None
     if shape.rank is None or not shape[1:].is_fully_defined():
       return None
@@ -185,28 +191,31 @@ def rows_per_example(model) -> Optional[int]:
   return total or None
 
 
-def _not_a_keras_2_model(model) -> str:
-  """Why `model` (not a tf.keras.Model) is refused, and what to do if it is a Keras 3 model."""
-  name = type(model).__name__
-  module = type(model).__module__
-  if module.split(".")[0] == "keras" and int(getattr(sys.modules.get("keras"), "__version__",
-                                                      "0").split(".")[0]) >= 3:
-    return (f"make_private needs a Keras 2 (tf.keras) model, got a Keras 3 {name} ({module}); "
-            "dprec does not train Keras 3 models yet. Build the model with tf.keras after "
-            "`import dprec` (which selects Keras 2), or with `import tf_keras` "
-            "(or TF_USE_LEGACY_KERAS=1 set before TensorFlow is imported)")
-  return f"make_private needs a tf.keras.Model, got {name}"
+def _private_base(model):
+  """The private class of `model`'s Keras: `Keras3PrivateModel` (`dprec.workflows.
+  private_keras3`, imported only for a Keras 3 model) or `PrivateModel` (tf.keras)."""
+  keras = sys.modules.get("keras")
+  if (keras is not None and int(keras.__version__.split(".")[0]) >= 3
+      and isinstance(model, keras.Model)):
+    from dprec.workflows import private_keras3  # pylint: disable=import-outside-toplevel
+    return private_keras3.Keras3PrivateModel
+  if isinstance(model, tf.keras.Model):
+    return PrivateModel
+  raise DprecError(f"make_private needs a Keras model (Keras 3 `import keras`, or tf.keras with "
+                   f"TF_USE_LEGACY_KERAS=1 set before TensorFlow is imported), got "
+                   f"{type(model).__name__}")
 
 
 def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epochs=1,
                  algorithm="auto", ledger=None, l2_norm_clip=None, target_quantile=None,
-                 clip_learning_rate=0.2, ratio=ctr.CTRTrainOptions.ratio,
-                 threshold=ctr.CTRTrainOptions.threshold, contribution_clip=1.0,
+                 clip_learning_rate=0.2, ratio=config_lib.ADAFEST_RATIO,
+                 threshold=config_lib.ADAFEST_THRESHOLD, contribution_clip=1.0,
                  init_output_bias=True, output_bias_share=0.02, recalibrate=None,
                  recalibration_share=0.05, label_range=None, accountant="pld", charge_every=100,
                  secure_noise=False, insecure_noise_seed=None):
-  """Makes `model` (a `tf.keras.Model`: functional, Sequential, subclassed, or a TFRS
-  `tfrs.Model` whose `compute_loss` calls a `tfrs.tasks.Ranking`) train with (ε, δ)-DP for
+  """Makes `model` (a Keras 3 `keras.Model` on the TensorFlow backend, or a `tf.keras.Model`:
+  functional, Sequential, subclassed, or a TFRS `tfrs.Model` whose `compute_loss` calls a
+  `tfrs.tasks.Ranking`) train with (ε, δ)-DP for
   adding or removing one training example, through its ordinary `compile(optimizer, loss,
   metrics)` and `fit(x, y, epochs=...)` (arrays, dicts of arrays, or a finite `tf.data.Dataset`;
   TFRS: features with the label inside). Changes `model` in place and returns it (module
@@ -266,17 +275,18 @@ def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epo
       accountant=accountant, charge_every=charge_every, secure_noise=secure_noise,
       insecure_noise_seed=insecure_noise_seed)
   options.validate()
-  if not isinstance(model, tf.keras.Model):
-    raise DprecError(_not_a_keras_2_model(model))
-  if isinstance(model, PrivateModel):
+  base = _private_base(model)
+  if isinstance(model, PrivateTraining):
     raise DprecError(f"model '{model.name}' is already private")
-  _refuse_unsupported(model)
-  for layer in unique_by_identity(m for m in model.submodules
-                       if type(m) is tf.keras.layers.Embedding):  # pylint: disable=unidiomatic-typecheck
-    convert_embedding(layer)
-  if model.built:
-    _refuse_unclippable(model)
-  model.__class__ = _private_class(type(model))
+  original = type(model)
+  model.__class__ = mixed_class(base, original)
+  try:
+    model.prepare_private()
+    if model.built:
+      _refuse_unclippable(model)
+  except DprecError:
+    model.__class__ = original
+    raise
   run = run_lib.Run(COMMAND, ledger=options.ledger,
                     insecure_noise_seed=options.insecure_noise_seed,
                     secure_noise=options.secure_noise)
@@ -312,50 +322,60 @@ def _ranking_tasks(model):
   return [m for m in model.submodules if isinstance(m, tfrs.tasks.Ranking)]
 
 
-def _refuse_unsupported(model):
+def _refuse_tfrs_retrieval(model):
+  """Refuses a TFRS Retrieval task, and a tfrs.Model without exactly one Ranking task."""
   tfrs = _tfrs()
-  if tfrs is not None:
-    retrieval = [m.name for m in model.submodules if isinstance(m, tfrs.tasks.Retrieval)]
-    if retrieval:
-      raise DprecError(
-          f"make_private refuses tfrs.tasks.Retrieval ({', '.join(retrieval)}): its in-batch "
-          "negatives make every example part of every other example's loss, so clipping each "
-          "example's gradient does not bound its influence; use dprec's private two-tower "
-          "retrieval with negatives sampled independently of the batch")
-    if isinstance(model, tfrs.models.Model) and len(_ranking_tasks(model)) != 1:
-      raise DprecError(f"make_private supports a tfrs.Model whose compute_loss calls one "
-                       f"tfrs.tasks.Ranking; '{model.name}' has "
-                       f"{len(_ranking_tasks(model))}")
-  stateful = [m.name for m in model.submodules
-              if (isinstance(m, tf.keras.layers.BatchNormalization) and m.trainable)
+  if tfrs is None:
+    return
+  retrieval = [m.name for m in model.submodules if isinstance(m, tfrs.tasks.Retrieval)]
+  if retrieval:
+    raise DprecError(
+        f"make_private refuses tfrs.tasks.Retrieval ({', '.join(retrieval)}): its in-batch "
+        "negatives make every example part of every other example's loss, so clipping each "
+        "example's gradient does not bound its influence; use dprec's private two-tower "
+        "retrieval with negatives sampled independently of the batch")
+  if isinstance(model, tfrs.models.Model) and len(_ranking_tasks(model)) != 1:
+    raise DprecError(f"make_private supports a tfrs.Model whose compute_loss calls one "
+                     f"tfrs.tasks.Ranking; '{model.name}' has {len(_ranking_tasks(model))}")
+
+
+def refuse_stateful(model):
+  """Refuses trainable BatchNormalization and stateful RNN layers of the model's Keras."""
+  keras = model.keras_module
+  stateful = [m.name for m in model.step_layers()
+              if (isinstance(m, keras.layers.BatchNormalization) and m.trainable)
               or (getattr(m, "stateful", False) is True
-                  and not isinstance(m, tf.keras.metrics.Metric))]
+                  and not isinstance(m, keras.metrics.Metric))]
   if stateful:
     raise DprecError(f"make_private refuses stateful layer(s) {', '.join(stateful)}: they update "
                      "state from the batch without clipping or noise (freeze a "
                      "BatchNormalization with trainable=False, or use LayerNormalization)")
 
 
+def refuse_mixed_keras(layers, foreign, model_keras, foreign_keras):
+  """Refuses, in one line, `foreign` layers (a class: the other Keras version's Layer) held by
+  any of `layers`: neither Keras finds the other's weights, so they would train unclipped or
+  not at all."""
+  held = []
+  for layer in layers:
+    for value in vars(layer).values():
+      values = value.values() if isinstance(value, dict) else (
+          value if isinstance(value, (list, tuple)) else [value])
+      held += [v.name for v in values if isinstance(v, foreign)]
+  if held:
+    raise DprecError(f"make_private cannot train a {model_keras} model holding {foreign_keras} "
+                     f"layer(s) {', '.join(sorted(set(held)))}: build every layer with one Keras "
+                     "(`import keras` for Keras 3; tf.keras for tf-keras and TFRS models)")
+
+
 def _refuse_unclippable(model):
   """Refuses trainable weights that no per-example norm function covers (DP tables and the
   clipping registry's layers), naming the innermost layers that hold them."""
   registry = registry_of(model)
-  layers = [m for m in model.submodules if isinstance(m, tf.keras.layers.Layer)]
-  covered = {id(w) for m in layers if isinstance(m, DPEmbedding) or registry.is_elem(m)
-             for w in m.trainable_weights}
+  layers = model.step_layers()
+  covered = table_variable_ids(model.dp_step_tables)
+  covered.update(id(w) for m in layers if registry.is_elem(m) for w in m.trainable_weights)
   registry_lib.refuse_uncovered(layers, model.trainable_weights, covered, registry, COMMAND)
-
-
-_PRIVATE_CLASSES = {}
-
-
-def _private_class(cls):
-  """`PrivateModel` mixed into `cls`, under `cls`'s own name and module, so that a saved
-  model records (and loads as) the original class."""
-  if cls not in _PRIVATE_CLASSES:
-    _PRIVATE_CLASSES[cls] = type(cls.__name__, (PrivateModel, cls),
-                                 {"__module__": cls.__module__, "__qualname__": cls.__qualname__})
-  return _PRIVATE_CLASSES[cls]
 
 
 def row_sparse_optimizer(optimizer):
@@ -371,14 +391,15 @@ def row_sparse_optimizer(optimizer):
   return twin.from_config(config)
 
 
-def _warn_on_a_short_adam_path(optimizer, steps):
-  """Warns when an Adam's constant learning rate times the planned steps is below
-  `SHORT_ADAM_PATH` (a schedule or another optimizer: no warning)."""
-  if not isinstance(optimizer, tf.keras.optimizers.Adam):
+def _warn_on_a_short_adam_path(optimizer, steps, adam):
+  """Warns when an Adam's (an `adam`, the class of the model's Keras) constant learning rate
+  times the planned steps is below `SHORT_ADAM_PATH` (a schedule or another optimizer: no
+  warning)."""
+  if not isinstance(optimizer, adam):
     return
   if callable(getattr(optimizer, "_learning_rate", None)):  # a schedule
     return
-  rate = float(tf.keras.backend.get_value(optimizer.learning_rate))
+  rate = float(np.asarray(optimizer.learning_rate))
   if rate * steps < SHORT_ADAM_PATH:
     warnings.warn(
         f"Adam at learning rate {rate:g} over the {steps} planned DP steps moves a weight by at "
@@ -392,17 +413,22 @@ def _algorithm_config(options, plan):
   """The DP configuration of the step at the plan's σ: with `target_quantile`, σ is shared
   between the gradient (σ_Δ) and the quantile count (2σ_b), composed back to σ."""
   if options.target_quantile is None:
-    return ctr.algorithm_config(options, plan.noise_multiplier)
+    return config_lib.ALGORITHMS[options.algorithm].from_plan(plan.noise_multiplier, options)
   quantile = config_lib.QuantileClipping(
       count_noise_multiplier=max(QUANTILE_COUNT_NOISE * plan.batch_size, plan.noise_multiplier),
       target_quantile=options.target_quantile, learning_rate=options.clip_learning_rate)
   sigma = privacy.quantile_gradient_noise_multiplier(plan.noise_multiplier,
                                                      quantile.count_noise_multiplier)
-  return dataclasses.replace(ctr.algorithm_config(options, sigma), quantile_clipping=quantile)
+  return dataclasses.replace(config_lib.ALGORITHMS[options.algorithm].from_plan(sigma, options),
+                             quantile_clipping=quantile)
 
 
-class PrivateModel(DPModel):
-  """The private subclass `make_private` gives a model (its methods come first)."""
+class PrivateTraining:
+  """What `make_private` adds to a model of either Keras (mixed in first, before the binding's
+  DP model class, `DPModel` or `dprec.models.keras3.Keras3DPModel`): the plan, compile, fit with
+  Poisson batches and the ledger, the output bias and recalibration. A binding's private class
+  gives `keras_module` (tf.keras or keras), `row_sparse(optimizer)` and `prepare_private()`
+  (what `make_private` checks and converts before training)."""
 
   @property
   def privacy_ledger(self):
@@ -421,10 +447,10 @@ class PrivateModel(DPModel):
     return self._private.plan
 
   def compile(self, optimizer=None, loss=None, metrics=None, **kwargs):  # pylint: disable=arguments-renamed
-    """As `tf.keras.Model.compile`, with a DP step: plans σ for the budget and wraps the
+    """As Keras' `Model.compile`, with a DP step: plans σ for the budget and wraps the
     optimizer (default: Adam at 1e-3) in the algorithm's `DPOptimizer`."""
     state = self._private
-    tasks = _ranking_tasks(self)
+    tasks = self.ranking_tasks()
     kind_loss = getattr(tasks[0], "_loss", None) if tasks else loss
     state.kind = output_layer.loss_kind(kind_loss) if kind_loss is not None else None
     state.logits = output_layer.from_logits(kind_loss)
@@ -435,9 +461,9 @@ class PrivateModel(DPModel):
     if options.l2_norm_clip is None:
       options = dataclasses.replace(options, l2_norm_clip=DEFAULT_CLIP.get(state.kind, 1.0))
     config = _algorithm_config(options, state.plan)
-    inner = row_sparse_optimizer(optimizer if optimizer is not None
-                                 else tf.keras.optimizers.Adam(1e-3))
-    _warn_on_a_short_adam_path(inner, state.plan.steps_per_period)
+    adam = self.keras_module.optimizers.Adam
+    inner = self.row_sparse(optimizer if optimizer is not None else adam(1e-3))
+    _warn_on_a_short_adam_path(inner, state.plan.steps_per_period, adam)
     super().compile(DPOptimizer(config, inner, expected_batch_size=state.plan.batch_size,
                                 noise_key=state.run.noise_key,
                                 secure_noise=state.options.secure_noise),
@@ -485,34 +511,11 @@ class PrivateModel(DPModel):
     state.run.check_budget(plan, TRAINING_LABEL, steps)
     return plan
 
-  # ---- the DP step of a TFRS model: its Ranking task's per-example losses --------------------
-
-  def forward_losses(self, x, y, sample_weight=None):
-    tasks = _ranking_tasks(self)
-    if not tasks:
-      return super().forward_losses(x, y, sample_weight)
-    records = []
-    with _recording_task(tasks[0], records), refusing_variable_updates():
-      self.compute_loss(dict(x) if isinstance(x, dict) else x, training=True)
-    if len(records) != 1:
-      raise DprecError(f"compute_loss of '{self.name}' called its Ranking task {len(records)} "
-                       "times in one step; make_private needs exactly one call")
-    labels, predictions, weights, losses = records[0]
-    return (labels, predictions, weights), losses
-
-  def train_step(self, data):
-    tasks = _ranking_tasks(self)
-    if not tasks:
-      return super().train_step(data)
-    labels, predictions, weights = self.apply_step(data, None, None)
-    loss = tasks[0](labels, predictions, sample_weight=weights, compute_metrics=True)
-    return dict({m.name: m.result() for m in self.metrics}, loss=loss, **self.clip_logs())
-
   # ---- fit -----------------------------------------------------------------------------------
 
   def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
           validation_data=None, sample_weight=None, **kwargs):  # pylint: disable=arguments-differ
-    """As `tf.keras.Model.fit` on in-memory data (arrays, dicts, or a finite dataset, loaded
+    """As Keras' `Model.fit` on in-memory data (arrays, dicts, or a finite dataset, loaded
     into memory for Poisson sampling), with `epochs` of ⌈N/B⌉ DP steps each; stops at the
     budget. The first call initialises the output bias under DP; with `recalibrate`, the call
     that completes the planned steps recalibrates the output."""
@@ -526,6 +529,7 @@ class PrivateModel(DPModel):
       raise DprecError(f"make_private's fit does not take {', '.join(refused)}"
                        ": per-example weights would change the sensitivity, and batches are "
                        "Poisson-sampled from the whole training set")
+    kwargs.pop("shuffle", None)  # None: the batches are Poisson samples (refused otherwise)
     if batch_size is not None and batch_size != state.plan.batch_size:
       raise DprecError(f"fit(batch_size={batch_size}) differs from the planned batch size "
                        f"{state.plan.batch_size}: give batch_size to make_private")
@@ -550,7 +554,7 @@ class PrivateModel(DPModel):
     start = budget.steps_taken
     try:
       history = super().fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch,
-                            verbose=verbose, callbacks=fit_callbacks,
+                            verbose=verbose, callbacks=fit_callbacks, shuffle=False,
                             validation_data=validation_data, **kwargs)
     finally:
       state.steps += budget.steps_taken - start
@@ -565,7 +569,7 @@ class PrivateModel(DPModel):
   def _labels_and_predictions(self, features, labels, structure):
     """(labels, predictions) over the training examples, in order (a TFRS model's labels are
     what its compute_loss gives its Ranking task)."""
-    tasks = _ranking_tasks(self)
+    tasks = self.ranking_tasks()
     n = len(next(iter(features.values())))
     if not tasks:
       predictions = self.predict(self._pack(features, structure), batch_size=PREDICT_BATCH,
@@ -584,7 +588,8 @@ class PrivateModel(DPModel):
 
   def _output_layer(self, features, structure):
     sample = self._pack({k: v[:2] for k, v in features.items()}, structure)
-    return output_layer.output_dense(self, sample)
+    return output_layer.output_dense(self, sample, self.step_layers(),
+                                     self.keras_module.layers.Dense)
 
   def _initialise(self, features, labels, structure):
     """Builds the model, refuses unclippable layers, pays the plan's one-off releases, and sets
@@ -636,6 +641,55 @@ class PrivateModel(DPModel):
         state.plan.mechanisms[RECALIBRATION_LABEL], state.run.numpy_rng("recalibration"),
         prior=state.prior if state.prior is not None else 0.5,
         label_range=state.label_range, logits=state.logits)
+
+  def ranking_tasks(self):
+    """The model's TFRS Ranking tasks (none but in a tf.keras TFRS model)."""
+    return []
+
+
+class PrivateModel(PrivateTraining, DPModel):
+  """The private class of a tf.keras model (the TFRS path)."""
+
+  keras_module = tf.keras
+  row_sparse = staticmethod(row_sparse_optimizer)
+
+  def prepare_private(self):
+    """Refuses a TFRS Retrieval task, mixed and stateful layers; every `tf.keras.layers.
+    Embedding` becomes a `DPEmbedding` (`convert_embedding`)."""
+    _refuse_tfrs_retrieval(self)
+    refuse_stateful(self)
+    keras3 = sys.modules.get("keras")
+    if keras3 is not None and int(keras3.__version__.split(".")[0]) >= 3:
+      refuse_mixed_keras([self, *self.step_layers()], keras3.layers.Layer, "tf.keras", "Keras 3")
+    for layer in unique_by_identity(m for m in self.submodules
+                                    if type(m) is tf.keras.layers.Embedding):  # pylint: disable=unidiomatic-typecheck
+      convert_embedding(layer)
+
+  def ranking_tasks(self):
+    return _ranking_tasks(self)
+
+  # ---- the DP step of a TFRS model: its Ranking task's per-example losses --------------------
+
+  def forward_losses(self, x, y, sample_weight=None):
+    tasks = self.ranking_tasks()
+    if not tasks:
+      return super().forward_losses(x, y, sample_weight)
+    records = []
+    with _recording_task(tasks[0], records), refusing_variable_updates():
+      self.compute_loss(dict(x) if isinstance(x, dict) else x, training=True)
+    if len(records) != 1:
+      raise DprecError(f"compute_loss of '{self.name}' called its Ranking task {len(records)} "
+                       "times in one step; make_private needs exactly one call")
+    labels, predictions, weights, losses = records[0]
+    return (labels, predictions, weights), losses
+
+  def train_step(self, data):
+    tasks = self.ranking_tasks()
+    if not tasks:
+      return super().train_step(data)
+    labels, predictions, weights = self.apply_step(data, None, None)
+    loss = tasks[0](labels, predictions, sample_weight=weights, compute_metrics=True)
+    return dict({m.name: m.result() for m in self.metrics}, loss=loss, **self.clip_logs())
 
 
 class _recording_task:  # pylint: disable=invalid-name

@@ -40,30 +40,25 @@ class _TfKeras:
   # make_private's row-sparse twins of Keras' SGD, Adagrad and Adam.
   optimizers = {"sgd": SparseSGD, "adagrad": SparseAdagrad, "adam": LazyAdam}
 
-  @classmethod
-  def dp_step(cls, model, config, seed, optimizer="sgd"):
-    model.compile(DPOptimizer(config, cls.optimizers[optimizer](LEARNING_RATE),
-                              insecure_noise_seed=seed), loss="mse")
-    return model
-
 
 class _Keras3:
-  """Keras 3 (TensorFlow backend): a `keras.Model` driven by `Keras3DPStep`."""
+  """Keras 3 (TensorFlow backend): a `keras.Model` made a `Keras3DPModel`."""
   keras = keras
   registry = staticmethod(keras3_binding.make_layer_registry)
 
   @staticmethod
   def model(inputs, outputs):
-    return keras.Model(inputs, outputs)
+    return keras3_binding.dp_model(keras.Model(inputs, outputs))
 
   optimizers = {"sgd": keras.optimizers.SGD, "adagrad": keras.optimizers.Adagrad,
                 "adam": keras3_binding.LazyAdam}
 
-  @classmethod
-  def dp_step(cls, model, config, seed, optimizer="sgd"):
-    optimizer = DPOptimizer(config, cls.optimizers[optimizer](LEARNING_RATE),
-                            insecure_noise_seed=seed)
-    return keras3_binding.Keras3DPStep(model, optimizer, "mse")
+
+def _dp_step(binding, model, config, seed, optimizer="sgd"):
+  """`model` compiled with the binding's `optimizer` in a DPOptimizer of `config`."""
+  model.compile(DPOptimizer(config, binding.optimizers[optimizer](LEARNING_RATE),
+                            insecure_noise_seed=seed), loss="mse")
+  return model
 
 
 BINDINGS = {"tf_keras": _TfKeras, "keras3": _Keras3}
@@ -112,7 +107,7 @@ def test_norms_equal_brute_force_per_example_gradients(binding, build):
   else:
     model = _model(binding)
     x, y = _batch()
-  step = binding.dp_step(model, DPSGD(1.0, 0.0), seed=0)
+  step = _dp_step(binding, model, DPSGD(1.0, 0.0), seed=0)
   expected = []
   for i in range(BATCH):
     with tf.GradientTape() as tape:
@@ -159,7 +154,7 @@ def test_layer_norm_functions_equal_brute_force(binding, kind):
 def test_removing_one_example_moves_the_clipped_sum_by_at_most_the_clip(binding):
   model = _model(binding)
   clip = 0.5
-  step = binding.dp_step(model, DPSGD(clip, 0.0), seed=0)
+  step = _dp_step(binding, model, DPSGD(clip, 0.0), seed=0)
   x, y = _batch()
   whole = [tf.convert_to_tensor(g) * BATCH for g, _ in step.dp_gradients(x, y)]
   part = [tf.convert_to_tensor(g) * (BATCH - 1) for g, _ in step.dp_gradients(x[1:], y[1:])]
@@ -178,7 +173,7 @@ ALGORITHMS = {
 def _one_step(binding, config, optimizer="sgd", steps=1):
   """The weights after `steps` DP steps, on the batch and then on its last half."""
   model = _model(binding)
-  step = binding.dp_step(model, config, seed=11, optimizer=optimizer)
+  step = _dp_step(binding, model, config, seed=11, optimizer=optimizer)
   x, y = _batch()
   for s in range(steps):
     step.apply_step(x[s * BATCH // 2:], y[s * BATCH // 2:])
@@ -214,14 +209,15 @@ def _assert_equal_moved(ours, theirs):
 
 def test_the_keras3_binding_refuses_what_it_does_not_drive():
   with pytest.raises(DprecError, match="needs a Keras 3 model"):
-    keras3_binding.Keras3DPStep(_model(_TfKeras), None, "mse")
+    keras3_binding.dp_model(_model(_TfKeras))
   inputs = keras.Input((3,))
-  lora = keras.Model(inputs, keras.layers.Dense(1, lora_rank=1, name="low")(inputs))
+  lora = _dp_step(_Keras3, _Keras3.model(inputs, keras.layers.Dense(1, lora_rank=1, name="low")(
+      inputs)), DPSGD(1.0, 0.0), seed=0)
   with pytest.raises(DprecError, match=r"layer 'low' \(Dense\) uses LoRA"):
-    _Keras3.dp_step(lora, DPSGD(1.0, 0.0), seed=0)
-  model = keras.Model(inputs, keras.layers.Dense(1)(keras.layers.GroupNormalization(
+    lora.per_example_squared_norms(tf.ones([2, 3]), tf.ones([2, 1]))
+  model = _Keras3.model(inputs, keras.layers.Dense(1)(keras.layers.GroupNormalization(
       groups=1, name="norm")(keras.layers.Dense(2)(inputs))))
-  step = _Keras3.dp_step(model, DPSGD(1.0, 0.0), seed=0)
+  step = _dp_step(_Keras3, model, DPSGD(1.0, 0.0), seed=0)
   # Not registered: refused, naming the layer and the binding's registered layers.
   with pytest.raises(DprecError, match=r"cannot clip layer\(s\) norm \(GroupNormalization\) "
                                        r".*\(Dense, EinsumDense, Embedding, LayerNormalization\)"):
@@ -231,7 +227,7 @@ def test_the_keras3_binding_refuses_what_it_does_not_drive():
 def test_another_keras_3_backend_is_refused_in_one_line(monkeypatch):
   monkeypatch.setattr(keras.backend, "backend", lambda: "jax")
   with pytest.raises(DprecError) as error:
-    _Keras3.dp_step(_model(_Keras3), DPSGD(1.0, 0.0), seed=0)
+    _model(_Keras3)
   assert "TensorFlow backend, not jax" in str(error.value) and "\n" not in str(error.value)
   assert "KERAS_BACKEND=tensorflow" in str(error.value)
 
