@@ -1,9 +1,15 @@
-"""`dprec.make_private` (issue 30): the conversion keeps weights and names and saves/loads; the
+"""`dprec.make_private` (issues 30, 50): the conversion keeps weights and names and saves/loads; the
 DP step it makes bounds one example's influence by C2 (functional, TFRS ranking and full-softmax
 two-tower models; in-batch negatives do not); ε equals dp_accounting's; training stops at the
-budget; the refusals name what they refuse."""
+budget; the refusals name what they refuse. Tests taking `keras_api` run on a tf.keras and a
+Keras 3 model (`import keras`, skipped where `keras` is Keras 2), and a whole private `fit` of
+one model gives the same weights in both."""
 import dataclasses
+import os
+import subprocess
+import sys
 import warnings
+from pathlib import Path
 
 import dp_accounting
 import numpy as np
@@ -28,6 +34,24 @@ tfrs = pytest.importorskip("tensorflow_recommenders")
 USERS, ITEMS, N, CLIP = 30, 40, 256, 0.5
 
 
+def _keras3():
+  """Keras 3 (`import keras`), skipping the test where `keras` is Keras 2 (TF 2.15)."""
+  import keras  # pylint: disable=import-outside-toplevel
+  if int(keras.__version__.split(".")[0]) < 3:
+    pytest.skip("Keras 3 is not installed")
+  return keras
+
+
+@pytest.fixture(params=["tf_keras", "keras3"])
+def keras_api(request):
+  """The Keras a test builds its model with: tf.keras (Keras 2), or Keras 3."""
+  return tf.keras if request.param == "tf_keras" else _keras3()
+
+
+def _is_tf_keras(keras_api):
+  return keras_api is tf.keras
+
+
 def _data(seed=0):
   rng = np.random.default_rng(seed)
   users = rng.integers(0, USERS, N).astype(np.int32)
@@ -36,16 +60,15 @@ def _data(seed=0):
   return {"user": users, "item": items}, ratings
 
 
-def _functional():
-  tf.keras.utils.set_random_seed(0)
-  user = tf.keras.Input((), dtype=tf.int32, name="user")
-  item = tf.keras.Input((), dtype=tf.int32, name="item")
-  joined = tf.keras.layers.Concatenate()([
-      tf.keras.layers.Embedding(USERS, 4, name="user_table")(user),
-      tf.keras.layers.Embedding(ITEMS, 4, name="item_table")(item)])
-  hidden = tf.keras.layers.Dense(8, activation="relu", name="hidden")(joined)
-  return tf.keras.Model({"user": user, "item": item},
-                        tf.keras.layers.Dense(1, name="rating")(hidden))
+def _functional(keras_api=tf.keras):
+  keras_api.utils.set_random_seed(0)
+  layers = keras_api.layers
+  user = keras_api.Input((), dtype="int32", name="user")
+  item = keras_api.Input((), dtype="int32", name="item")
+  joined = layers.Concatenate()([layers.Embedding(USERS, 4, name="user_table")(user),
+                                 layers.Embedding(ITEMS, 4, name="item_table")(item)])
+  hidden = layers.Dense(8, activation="relu", name="hidden")(joined)
+  return keras_api.Model({"user": user, "item": item}, layers.Dense(1, name="rating")(hidden))
 
 
 class _Ranking(tfrs.models.Model):
@@ -76,22 +99,32 @@ def _private(model, **options):
     return dprec.make_private(model, **options)
 
 
-def test_conversion_keeps_weights_and_names_and_a_saved_model_predicts_the_same(tmp_path):
-  model = _functional()
+def _table_class(keras_api):
+  """What an Embedding of `keras_api` is after make_private: a DPEmbedding (tf.keras), itself
+  (Keras 3)."""
+  return DPEmbedding if _is_tf_keras(keras_api) else keras_api.layers.Embedding
+
+
+def test_conversion_keeps_weights_and_names_and_a_saved_model_predicts_the_same(tmp_path,
+                                                                                keras_api):
+  model = _functional(keras_api)
+  original = type(model)
   before = {layer.name: [w.copy() for w in layer.get_weights()] for layer in model.layers}
   private = _private(model)
   assert private is model
-  assert isinstance(model.get_layer("user_table"), DPEmbedding)
+  assert type(model.get_layer("user_table")) is _table_class(keras_api)
   for layer in model.layers:
     np.testing.assert_array_equal(np.concatenate([w.ravel() for w in before[layer.name]] or [[]]),
                                   np.concatenate([w.ravel() for w in layer.get_weights()] or [[]]))
-  model.compile(optimizer="adagrad", loss="mse")
+  model.compile(optimizer="adam", loss="mse")
   x, y = _data()
   model.fit(x, y, epochs=1, verbose=0)
   model.save(tmp_path / "model.keras")
-  loaded = tf.keras.models.load_model(tmp_path / "model.keras")
-  assert not isinstance(loaded, private_model.PrivateModel)
-  assert isinstance(loaded.get_layer("item_table"), DPEmbedding)
+  loaded = keras_api.models.load_model(tmp_path / "model.keras")
+  assert type(loaded) is original
+  if not _is_tf_keras(keras_api):  # Keras 3's LazyAdam is saved as the Adam it replaced
+    assert type(loaded.optimizer) is keras_api.optimizers.Adam
+  assert type(loaded.get_layer("item_table")) is _table_class(keras_api)
   np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0),
                              rtol=1e-6)
 
@@ -101,9 +134,11 @@ def _dense(gradient):
 
 
 @pytest.mark.parametrize("kind", ["functional", "tfrs", "adaptive"])
-def test_removing_one_example_moves_the_clipped_sum_by_at_most_c2(kind):
+def test_removing_one_example_moves_the_clipped_sum_by_at_most_c2(kind, keras_api):
+  if kind == "tfrs" and not _is_tf_keras(keras_api):
+    pytest.skip("TFRS models are tf.keras models")
   adaptive = dict(target_quantile=0.5, l2_norm_clip=7.0) if kind == "adaptive" else {}
-  model = _private(_Ranking() if kind == "tfrs" else _functional(), **adaptive)
+  model = _private(_Ranking() if kind == "tfrs" else _functional(keras_api), **adaptive)
   model.compile(optimizer="sgd", loss=None if kind == "tfrs" else "mse")
   if kind == "adaptive":  # C2 from the clip variable (set to CLIP), without noise
     model.dp_optimizer.config = dataclasses.replace(model.dp_optimizer.config,
@@ -136,8 +171,8 @@ def test_removing_one_example_moves_the_clipped_sum_by_at_most_c2(kind):
     assert difference >= 0.9 * CLIP  # the removed example's whole clipped gradient
 
 
-def test_epsilon_equals_dp_accounting_and_training_stops_at_the_budget():
-  model = _private(_functional(), epochs=1, label_range=(1.0, 5.0))
+def test_epsilon_equals_dp_accounting_and_training_stops_at_the_budget(keras_api):
+  model = _private(_functional(keras_api), epochs=1, label_range=(1.0, 5.0))
   model.compile(optimizer="adagrad", loss="mse")
   plan = model.privacy_plan
   assert plan.steps == N // 32 and plan.sampling_rate == 32 / N
@@ -252,27 +287,34 @@ def test_data_sized_batch_and_dp_output_bias():
   assert model.get_layer("rating").bias.numpy()[0] == pytest.approx(y.mean(), abs=0.1)
 
 
-class _Scalar(tf.keras.layers.Layer):
-  def build(self, input_shape):
-    self.scale = self.add_weight(name="scale", shape=(), initializer="ones")
+def _scalar(keras_api):
+  """A layer class of `keras_api` that no norm function covers."""
 
-  def call(self, inputs):
-    return inputs * self.scale
+  class _Scalar(keras_api.layers.Layer):
+    def build(self, input_shape):
+      self.scale = self.add_weight(name="scale", shape=(), initializer="ones")
+
+    def call(self, inputs):
+      return inputs * self.scale
+
+  return _Scalar
 
 
-def _with(layer):
-  inputs = tf.keras.Input((3,))
-  return tf.keras.Model(inputs, tf.keras.layers.Dense(1)(layer(inputs)))
+def _with(keras_api, layer):
+  inputs = keras_api.Input((3,))
+  return keras_api.Model(inputs, keras_api.layers.Dense(1)(layer(inputs)))
 
 
 @pytest.mark.parametrize("build, named", [
-    (lambda: _with(tf.keras.layers.BatchNormalization(name="bn")), "stateful layer(s) bn"),
-    (lambda: _with(_Scalar(name="odd")), "cannot clip layer(s) odd (_Scalar)"),
+    (lambda k: _with(k, k.layers.BatchNormalization(name="bn")), "stateful layer(s) bn"),
+    (lambda k: _with(k, _scalar(k)(name="odd")), "cannot clip layer(s) odd (_Scalar)"),
 ])
-def test_refusals_name_the_layer_in_one_line(build, named):
+def test_refusals_name_the_layer_in_one_line(build, named, keras_api):
+  model = build(keras_api)
   with pytest.raises(DprecError) as error:
-    _private(build())
+    _private(model)
   assert named in str(error.value) and "\n" not in str(error.value)
+  assert not isinstance(model, private_model.PrivateTraining)  # left as it was
 
 
 def test_a_retrieval_task_is_refused_for_its_in_batch_negatives():
@@ -286,8 +328,8 @@ def test_a_retrieval_task_is_refused_for_its_in_batch_negatives():
   assert "in-batch negatives" in str(error.value) and "\n" not in str(error.value)
 
 
-def test_a_loss_that_is_not_per_example_is_refused():
-  model = _private(_functional())
+def test_a_loss_that_is_not_per_example_is_refused(keras_api):
+  model = _private(_functional(keras_api))
   model.compile(optimizer="sgd", loss=lambda y, p: tf.reduce_mean(tf.square(y - p)))
   with pytest.raises(DprecError, match="one value per batch, not one per example"):
     model.fit(*_data(), epochs=1, verbose=0)
@@ -349,15 +391,15 @@ def test_two_tower_full_softmax_bounds_one_example_and_in_batch_negatives_do_not
   assert _removal_distances(in_batch, x, None, removed=[0])[0] > 3 * CLIP
 
 
-def test_a_sequential_model_is_converted_in_place():
-  tf.keras.utils.set_random_seed(0)
-  model = tf.keras.Sequential([tf.keras.Input((), dtype=tf.int32),
-                               tf.keras.layers.Embedding(USERS, 4, name="table"),
-                               tf.keras.layers.Dense(1, name="out")])
+def test_a_sequential_model_is_converted_in_place(keras_api):
+  keras_api.utils.set_random_seed(0)
+  model = keras_api.Sequential([keras_api.Input((), dtype="int32"),
+                                keras_api.layers.Embedding(USERS, 4, name="table"),
+                                keras_api.layers.Dense(1, name="out")])
   before = model.get_weights()
   private = _private(model)
-  assert isinstance(private, tf.keras.Sequential) and isinstance(private.layers[0], DPEmbedding)
-  assert private.layers[0].name == "table"
+  assert isinstance(private, keras_api.Sequential)
+  assert type(private.layers[0]) is _table_class(keras_api) and private.layers[0].name == "table"
   for old, new in zip(before, private.get_weights()):
     np.testing.assert_array_equal(old, new)
 
@@ -379,3 +421,109 @@ def test_auto_picks_dp_sgd_when_a_row_cannot_reach_the_threshold():
   assert private_model.rows_per_example(model) == 4
   model.compile(loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
   assert isinstance(model.dp_optimizer.config, config_lib.DPAdaFEST)
+
+
+@pytest.mark.parametrize("algorithm, optimizer", [("dp_sgd", "sgd"), ("dp_adafest", "adagrad"),
+                                                  ("dp_adafest", "adam")])
+def test_a_private_fit_ends_at_the_same_weights_in_both_kerases(algorithm, optimizer):
+  """One model, its initial weights, data and insecure key in tf.keras and in Keras 3:
+  make_private's whole fit (Poisson batches, DP output bias, DP steps on kept rows and their
+  noise, recalibration) ends at the same weights."""
+  weights = []
+  for keras_api in (tf.keras, _keras3()):
+    model = _functional(keras_api)
+    rng = np.random.default_rng(3)
+    named = sorted((layer for layer in model.layers if layer.weights), key=lambda l: l.name)
+    for layer in named:
+      layer.set_weights([rng.normal(size=w.shape).astype(np.float32)
+                         for w in layer.get_weights()])
+    start = [w for layer in named for w in layer.get_weights()]
+    model = _private(model, algorithm=algorithm, label_range=(1.0, 5.0), threshold=1.0)
+    optimizers = keras_api.optimizers
+    model.compile(optimizer={"sgd": optimizers.SGD, "adagrad": optimizers.Adagrad,
+                             "adam": optimizers.Adam}[optimizer](0.05), loss="mse")
+    model.fit(*_data(), epochs=1, verbose=0)
+    weights.append([w for layer in named for w in layer.get_weights()])
+  for tf_keras_weight, keras3_weight, initial in zip(*weights, start):
+    np.testing.assert_allclose(keras3_weight, tf_keras_weight, rtol=1e-6, atol=1e-6)
+    assert not np.allclose(keras3_weight, initial)
+
+
+@pytest.mark.parametrize("backend", ["jax", "torch"])
+def test_a_keras_3_model_on_another_backend_is_refused_in_one_line(backend, monkeypatch):
+  keras = _keras3()
+  model = _functional(keras)
+  monkeypatch.setattr(keras.backend, "backend", lambda: backend)
+  with pytest.raises(DprecError) as error:
+    _private(model)
+  message = str(error.value)
+  assert f"TensorFlow backend, not {backend}" in message and "KERAS_BACKEND=tensorflow" in message
+  assert "\n" not in message and not isinstance(model, private_model.PrivateTraining)
+
+
+@pytest.mark.parametrize("outer", ["keras3", "tf_keras"])
+def test_a_model_mixing_keras_2_and_keras_3_layers_is_refused_in_one_line(outer):
+  keras = _keras3()
+  model_api, layer_api = (keras, tf.keras) if outer == "keras3" else (tf.keras, keras)
+
+  class Mixed(model_api.Model):
+    def __init__(self):
+      super().__init__()
+      self.table = model_api.layers.Embedding(USERS, 4)
+      self.head = layer_api.layers.Dense(1, name="other_head")
+
+    def call(self, ids):
+      return self.head(self.table(ids))
+
+  with pytest.raises(DprecError) as error:
+    _private(Mixed())
+  message = str(error.value)
+  assert "holding" in message and "layer(s) other_head" in message and "\n" not in message
+
+
+def test_a_subclassed_keras_3_model_saves_and_loads_as_its_registered_class(tmp_path):
+  keras = _keras3()
+
+  @keras.saving.register_keras_serializable(package="dprec_tests")
+  class Ratings(keras.Model):
+    def __init__(self, **kwargs):
+      super().__init__(**kwargs)
+      self.users = keras.layers.Embedding(USERS, 4)
+      self.items = keras.layers.Embedding(ITEMS, 4)
+      self.head = keras.Sequential([keras.layers.Dense(8, activation="relu"),
+                                    keras.layers.Dense(1)])
+
+    def call(self, x):
+      return self.head(keras.ops.concatenate([self.users(x["user"]), self.items(x["item"])], 1))
+
+  keras.utils.set_random_seed(0)
+  model = _private(Ratings(), algorithm="dp_adafest", label_range=(1.0, 5.0))
+  model.compile(optimizer=keras.optimizers.Adam(0.05), loss="mse")
+  x, y = _data()
+  model.fit(x, y, epochs=1, verbose=0)
+  model.save(tmp_path / "ratings.keras")
+  loaded = keras.models.load_model(tmp_path / "ratings.keras")
+  assert type(loaded) is Ratings and type(model).__name__ == "Ratings"
+  np.testing.assert_allclose(loaded.predict(x, verbose=0), model.predict(x, verbose=0),
+                             rtol=1e-6)
+
+
+@pytest.mark.slow  # a Python process of its own: TensorFlow's import is most of it
+def test_a_keras_3_model_trains_where_tf_keras_is_keras_3():
+  """A process that bound tf.keras to Keras 3 before importing dprec: `import dprec` succeeds
+  and make_private trains a Keras 3 model (the tf-keras path is then unavailable)."""
+  _keras3()
+  code = ("import numpy as np, tensorflow as tf, warnings; tf.keras.layers; import dprec, keras; "
+          "warnings.simplefilter('ignore'); ids = keras.Input((), dtype='int32'); "
+          "model = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Embedding(10, 2)(ids))); "
+          "model = dprec.make_private(model, epsilon=1.0, train_size=64, batch_size=8, "
+          "init_output_bias=False, recalibrate=False); "
+          "model.compile(optimizer='sgd', loss='mse'); "
+          "history = model.fit(np.arange(64) % 10, np.ones(64, 'float32'), verbose=0); "
+          "print(tf.keras.__name__.split('.')[0], sorted(history.history))")
+  env = dict(os.environ, PYTHONPATH=str(Path(__file__).resolve().parents[2]),
+             TF_CPP_MIN_LOG_LEVEL="3")
+  env.pop("TF_USE_LEGACY_KERAS", None)
+  result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          check=True, env=env)
+  assert result.stdout.split() == ["keras", "['epsilon',", "'loss']"]  # tf.keras: Keras 3
