@@ -42,7 +42,7 @@ setup(
     extras_require={
         # apache-beam[dask]: Beam's DaskRunner, on which tests/pipelines/test_dask_runner.py
         # checks that the Beam jobs write the embedded runner's bytes (`--runner DaskRunner`).
-        "test": ["pytest", "pytest-xdist>=3.5",  # --maxschedchunk (Makefile)
+        "test": ["pytest", "pytest-timeout", "pytest-xdist>=3.5",  # --maxschedchunk (Makefile)
                  "ruff",  # `make lint`, run by `make test` (ruff.toml)
                  "nbformat", "nbclient", "ipykernel", *DOCS,
                  "apache-beam[dask]"],

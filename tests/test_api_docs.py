@@ -8,6 +8,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.commands
+
 ROOT = Path(__file__).resolve().parents[1]
 API = ROOT / "docs" / "api"
 

@@ -11,6 +11,8 @@ import pytest
 from dprec import cli
 from dprec.errors import InputError
 
+pytestmark = pytest.mark.commands
+
 
 def _all_command_paths(parser):
   """Yields argv prefixes for every (sub)command reachable from `parser`."""

@@ -10,6 +10,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = pytest.mark.commands
+
 ROOT = Path(__file__).resolve().parents[1]
 GUIDES = ROOT / "docs" / "guide"
 SYNTH_DAYS = "dprec synth criteo --rows 3000 --days 3 --seed 0 --vocab scaled:3k --out {}"

@@ -7,6 +7,8 @@ import nbformat
 import pytest
 from nbclient import NotebookClient
 
+pytestmark = pytest.mark.commands
+
 NOTEBOOKS = Path(__file__).resolve().parents[1] / "notebooks"
 # notebook: text its outputs print, executed or re-executed
 EXPECTED = {

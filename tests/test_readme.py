@@ -9,6 +9,8 @@ import pytest
 from dprec import privacy
 from dprec.errors import BudgetExceededError
 
+pytestmark = pytest.mark.commands
+
 README = Path(__file__).resolve().parents[1] / "README.md"
 
 

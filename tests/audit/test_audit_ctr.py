@@ -11,6 +11,8 @@ from dprec.audit import ctr as audit_ctr
 from dprec.optimizers import config as config_lib
 from dprec.workflows import ctr as ctr_workflow
 
+pytestmark = pytest.mark.commands
+
 CANARIES, BATCH, STEPS, EPSILON = 300, 64, 80, 2.0
 COMMON = ["--canaries", str(CANARIES), "--batch-size", str(BATCH), "--steps", str(STEPS),
           "--hidden-units", "8", "--accountant", "rdp"]

@@ -8,6 +8,8 @@ import pytest
 from dprec import cli
 from dprec.workflows import ctr
 
+pytestmark = pytest.mark.commands
+
 
 @pytest.mark.slow
 def test_demo_trains_dp_adafest_and_spends_the_planned_epsilon(tmp_path, capsys):

@@ -22,6 +22,8 @@ from dprec.workflows import ctr
 from dprec.workflows import out_of_core
 from dprec.workflows import run as run_lib
 
+pytestmark = pytest.mark.commands
+
 IN_PROCESS = ("direct_num_workers=1", "direct_running_mode=in_memory")
 BEAM = [arg for option in IN_PROCESS for arg in ("--beam-option", option)]
 STEPS, BATCH, EPSILON = 9, 48, 2.0

@@ -17,6 +17,8 @@ from dprec.privacy.noise_key import InsecureNoiseWarning
 from dprec.training.checkpoint import CheckpointFallbackWarning
 from dprec.workflows import ctr as ctr_workflow
 
+pytestmark = pytest.mark.commands
+
 STEPS, BATCH, EPSILON = 6, 64, 2.0
 REQUIRED = {"algorithm", "auc", "epsilon", "delta", "gradient_size_reduction", "steps_per_second"}
 
@@ -103,24 +105,18 @@ def test_non_private_run_and_summary(data_dir, tmp_path):
   assert summary["eval_rows"] > 0 and summary["train_rows"] > summary["eval_rows"]
 
 
-def _error(capsys, argv):
-  assert cli.main(argv) == 2
-  err = capsys.readouterr().err
-  assert err.count("\n") == 1 and "Traceback" not in err
-  return err
 
-
-def test_bad_inputs_are_one_line_errors(data_dir, tmp_path, capsys):
+def test_bad_inputs_are_one_line_errors(data_dir, tmp_path, cli_error):
   base = ["train", "ctr", "--steps", "2", "--no-progress"]
-  assert "needs a positive --epsilon" in _error(
-      capsys, base + ["--data", data_dir, "--algorithm", "dp_sgd"])
-  assert "needs --top-k" in _error(
-      capsys, base + ["--data", data_dir, "--algorithm", "dp_fest", "--epsilon", "1"])
-  assert f"{tmp_path / 'nowhere'}: --data does not exist" in _error(
-      capsys, base + ["--data", str(tmp_path / "nowhere"), "--algorithm", "non_private"])
+  assert "needs a positive --epsilon" in cli_error(
+      base + ["--data", data_dir, "--algorithm", "dp_sgd"])
+  assert "needs --top-k" in cli_error(
+      base + ["--data", data_dir, "--algorithm", "dp_fest", "--epsilon", "1"])
+  assert f"{tmp_path / 'nowhere'}: --data does not exist" in cli_error(
+      base + ["--data", str(tmp_path / "nowhere"), "--algorithm", "non_private"])
   (tmp_path / "a_file").write_text("")
-  assert "must be a directory" in _error(
-      capsys, base + ["--data", str(tmp_path / "a_file"), "--algorithm", "non_private"])
+  assert "must be a directory" in cli_error(
+      base + ["--data", str(tmp_path / "a_file"), "--algorithm", "non_private"])
   broken = tmp_path / "broken"
   broken.mkdir()
   for day in (0, 1):
@@ -129,23 +125,23 @@ def test_bad_inputs_are_one_line_errors(data_dir, tmp_path, capsys):
     if day == 0:
       lines[6] = "2" + lines[6][1:]  # label must be 0/1
     (broken / f"day_{day}").write_text("".join(lines), encoding="utf-8")
-  assert "day_0:7" in _error(capsys, base + ["--data", str(broken), "--algorithm",
+  assert "day_0:7" in cli_error(base + ["--data", str(broken), "--algorithm",
                                              "non_private"])
   lines = (broken / "day_0").read_bytes().split(b"\n")
   lines[6] = b"\x00\x01\xff\xfe\x80"  # a binary line: pyarrow's reader located nothing
   (broken / "day_0").write_bytes(b"\n".join(lines))
-  assert f"{broken / 'day_0'}:7: field label: not UTF-8 text" in _error(
-      capsys, base + ["--data", str(broken), "--algorithm", "non_private"])
+  assert f"{broken / 'day_0'}:7: field label: not UTF-8 text" in cli_error(
+      base + ["--data", str(broken), "--algorithm", "non_private"])
 
 
-def test_refuses_a_ledger_with_nothing_useful_left(data_dir, tmp_path, capsys):
+def test_refuses_a_ledger_with_nothing_useful_left(data_dir, tmp_path, cli_error):
   ledger_path = tmp_path / "ledger.json"
   rows = sum(1 for _ in open(os.path.join(data_dir, "day_0"), encoding="utf-8")) + \
       sum(1 for _ in open(os.path.join(data_dir, "day_1"), encoding="utf-8"))
   ledger = privacy.PrivacyLedger(str(ledger_path), epsilon_budget=EPSILON, delta=1.0 / rows,
                                  accountant="rdp")
   ledger.charge_pure(EPSILON - 0.01, label="an earlier release")
-  err = _error(capsys, ["train", "ctr", "--data", data_dir, "--algorithm", "dp_sgd", "--epsilon",
+  err = cli_error(["train", "ctr", "--data", data_dir, "--algorithm", "dp_sgd", "--epsilon",
                         str(EPSILON), "--steps", "2", "--batch-size", "64", "--accountant", "rdp",
                         "--ledger",
                         str(ledger_path), "--no-progress", "--hidden-units", "4"])
@@ -236,12 +232,12 @@ def test_diagnostics_are_reported_under_a_name_that_says_so(data_dir, tmp_path):
   assert {"train_loss", "train_auc"} <= set(summary["diagnostics_nonprivate"])
 
 
-def test_a_second_run_on_a_shared_ledger_pays_and_is_refused_at_the_budget(data_dir, tmp_path,
-                                                                          capsys):
+def test_a_second_run_on_a_shared_ledger_pays_and_is_refused_at_the_budget(
+    data_dir, tmp_path, cli_error):
   first = _train(data_dir, tmp_path, "dp_sgd", "--run-dir", str(tmp_path / "a"))
   charges = privacy.PrivacyLedger(str(tmp_path / "ledger.json")).charges
   assert {c["run_id"] for c in charges} == {first["run_id"]}
-  err = _error(capsys, ["train", "ctr", "--data", data_dir, "--algorithm", "dp_sgd",
+  err = cli_error(["train", "ctr", "--data", data_dir, "--algorithm", "dp_sgd",
                         "--epsilon", str(EPSILON), "--batch-size", str(BATCH), "--steps",
                         str(STEPS), "--hidden-units", "8", "--no-progress", "--charge-every",
                         "4", "--ledger", str(tmp_path / "ledger.json"), "--run-dir",
@@ -250,12 +246,12 @@ def test_a_second_run_on_a_shared_ledger_pays_and_is_refused_at_the_budget(data_
 
 
 def test_rerunning_a_finished_run_evaluates_it_again_and_other_settings_are_refused(
-    data_dir, tmp_path, capsys):
+    data_dir, tmp_path, cli_error):
   first = _train(data_dir, tmp_path, "non_private", "--run-dir", str(tmp_path / "run"))
   again = _train(data_dir, tmp_path, "non_private", "--run-dir", str(tmp_path / "run"))
   assert first["resumed_from_step"] == 0 and again["resumed_from_step"] == STEPS
   assert again["run_id"] == first["run_id"] and again["auc"] == first["auc"]
-  err = _error(capsys, ["train", "ctr", "--data", data_dir, "--algorithm", "non_private",
+  err = cli_error(["train", "ctr", "--data", data_dir, "--algorithm", "non_private",
                         "--steps", "2", "--batch-size", str(BATCH), "--hidden-units", "8",
                         "--no-progress", "--run-dir", str(tmp_path / "run")])
   assert f"steps: {STEPS} there, 2 now" in err
@@ -267,14 +263,14 @@ def test_rerunning_a_finished_run_evaluates_it_again_and_other_settings_are_refu
     state_path.write_text(json.dumps(state))
   older = _train(data_dir, tmp_path, "non_private", "--run-dir", str(tmp_path / "run"))
   assert older["resumed_from_step"] == STEPS and older["auc"] == first["auc"]
-  err = _error(capsys, ["train", "ctr", "--data", data_dir, "--algorithm", "non_private",
+  err = cli_error(["train", "ctr", "--data", data_dir, "--algorithm", "non_private",
                         "--steps", str(STEPS), "--batch-size", str(BATCH), "--hidden-units", "8",
                         "--no-progress", "--stack-tables", "--run-dir", str(tmp_path / "run")])
   assert "stack_tables: 0 there, 8 now" in err
 
 
 def test_stacked_tables_train_resume_only_stacked_and_the_audit_refuses_them(
-    data_dir, tmp_path, capsys):
+    data_dir, tmp_path, cli_error):
   """`--stack-tables` (M alone: 8) trains DP-AdaFEST with one variable per stack width, which the
   checkpoint holds; a rerun without it is refused (not mis-restored), and so is the audit, whose
   canary scores read one table per column."""
@@ -290,10 +286,10 @@ def test_stacked_tables_train_resume_only_stacked_and_the_audit_refuses_them(
   base = ["--data", data_dir, "--algorithm", "dp_adafest", "--batch-size", str(BATCH),
           "--steps", str(STEPS), "--hidden-units", "8", "--no-progress", "--epsilon",
           str(EPSILON)]
-  err = _error(capsys, ["train", "ctr", *base, "--charge-every", "4", "--ledger",
+  err = cli_error(["train", "ctr", *base, "--charge-every", "4", "--ledger",
                         str(tmp_path / "ledger.json"), "--run-dir", str(run_dir)])
   assert "stack_tables: 8 there, 0 now" in err
-  err = _error(capsys, ["audit", *base, "--canaries", "8", "--stack-tables", "1"])
+  err = cli_error(["audit", *base, "--canaries", "8", "--stack-tables", "1"])
   assert "--stack-tables" in err and "audit without it" in err
 
 
@@ -302,7 +298,7 @@ def _ckpt_data_files(run_dir, number):
   return sorted(directory.glob("model.data-*"))
 
 
-def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(data_dir, tmp_path, capsys):
+def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(data_dir, tmp_path, cli_error):
   """A truncated `model.data-*` in the newest checkpoint (a full disk, a broken copy): the rerun
   says so, resumes from the previous checkpoint, retrains the steps since without paying them
   again; with no checkpoint that restores it says what to do."""
@@ -322,7 +318,7 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(data_dir, tm
   for number in (2, 3):  # the new checkpoints; now damage every one
     for data_file in _ckpt_data_files(run_dir, number):
       data_file.write_bytes(b"")
-  err = _error(capsys, ["train", "ctr", "--data", data_dir, "--algorithm", "dp_sgd",
+  err = cli_error(["train", "ctr", "--data", data_dir, "--algorithm", "dp_sgd",
                         "--batch-size", str(BATCH), "--steps", str(STEPS), "--hidden-units", "8",
                         "--no-progress", "--charge-every", "4", "--epsilon", str(EPSILON),
                         "--ledger", str(tmp_path / "ledger.json"), "--run-dir", str(run_dir),
@@ -331,11 +327,11 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(data_dir, tm
   assert (tmp_path / "ledger.json").read_bytes() == ledger
 
 
-def test_a_run_whose_ledger_was_deleted_says_so(data_dir, tmp_path, capsys):
+def test_a_run_whose_ledger_was_deleted_says_so(data_dir, tmp_path, cli_error):
   run_dir = tmp_path / "run"
   _train(data_dir, tmp_path, "dp_sgd", "--run-dir", str(run_dir))
   (tmp_path / "ledger.json").unlink()
-  err = _error(capsys, ["train", "ctr", "--data", data_dir, "--algorithm", "dp_sgd",
+  err = cli_error(["train", "ctr", "--data", data_dir, "--algorithm", "dp_sgd",
                         "--batch-size", str(BATCH), "--steps", str(STEPS), "--hidden-units", "8",
                         "--no-progress", "--charge-every", "4", "--epsilon", str(EPSILON),
                         "--ledger", str(tmp_path / "ledger.json"), "--run-dir", str(run_dir)])

@@ -13,6 +13,8 @@ from dprec import privacy
 from dprec.data import synthetic
 from dprec.privacy.ledger import PREPROCESSING
 
+pytestmark = pytest.mark.commands
+
 IN_PROCESS = ["--direct_num_workers=1", "--direct_running_mode=in_memory"]
 BUDGET, SELECTION, DELTA, STEPS, BATCH = 1.0, 0.2, 1e-5, 6, 64
 

@@ -6,6 +6,8 @@ import pytest
 
 from dprec import cli
 
+pytestmark = pytest.mark.commands
+
 ARGS = ["--batch-size", "64", "--steps", "4", "--hidden-units", "8", "--no-progress"]
 
 
@@ -13,12 +15,6 @@ ARGS = ["--batch-size", "64", "--steps", "4", "--hidden-units", "8", "--no-progr
 def data_dir(criteo_days):
   return criteo_days(1500, 3)
 
-
-def _error(capsys, argv):
-  assert cli.main(argv) == 2
-  err = capsys.readouterr().err
-  assert err.count("\n") == 1 and "Traceback" not in err
-  return err
 
 
 def test_output_paths_in_missing_directories_are_created(data_dir, tmp_path, monkeypatch):
@@ -30,15 +26,15 @@ def test_output_paths_in_missing_directories_are_created(data_dir, tmp_path, mon
   assert (tmp_path / "run" / "ledger.json").exists() and (tmp_path / "run" / "tb").is_dir()
 
 
-def test_a_changed_argument_on_a_run_dir_is_named_as_one(data_dir, tmp_path, capsys):
+def test_a_changed_argument_on_a_run_dir_is_named_as_one(data_dir, tmp_path, capsys, cli_error):
   run = ["train", "ctr", "--data", data_dir, "--epsilon", "1", "--run-dir", str(tmp_path / "r"),
          *ARGS]
   assert cli.main(run + ["--algorithm", "dp_adafest"]) == 0
   capsys.readouterr()
-  err = _error(capsys, run + ["--algorithm", "dp_sgd"])
+  err = cli_error(run + ["--algorithm", "dp_sgd"])
   assert "an argument changed (not the ledger)" in err and "'train ctr dp_adafest'" in err
   assert "deleted or replaced" not in err
-  err = _error(capsys, ["train", "ctr", "--data", data_dir, "--epsilon", "2", "--run-dir",
+  err = cli_error(["train", "ctr", "--data", data_dir, "--epsilon", "2", "--run-dir",
                         str(tmp_path / "r"), "--algorithm", "dp_adafest", *ARGS])
   assert "the ledger has 1.0, this run asks for 2.0" in err
   assert "ask for 1.0" in err and "new --run-dir" in err

@@ -9,6 +9,8 @@ import pytest
 import pipelines
 from dprec import cli
 
+pytestmark = pytest.mark.commands
+
 
 def test_unknown_options_go_to_beam():
   args = cli.build_parser().parse_args([

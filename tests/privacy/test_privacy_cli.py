@@ -7,6 +7,8 @@ import pytest
 import dprec.cli
 from dprec import privacy
 
+pytestmark = pytest.mark.commands
+
 
 @pytest.fixture(name="run")
 def fixture_run(capsys):

@@ -8,6 +8,8 @@ import pytest
 from dprec import cli
 from dprec.privacy import PrivacyLedger
 
+pytestmark = pytest.mark.commands
+
 TINY = ["--epochs", "2", "--batch-size", "32", "--max-len", "8", "--dim", "8", "--blocks", "1",
         "--no-progress", "--dp-forward"]
 

@@ -14,6 +14,8 @@ from dprec.privacy import PrivacyLedger, user_histogram
 from dprec.training import checkpoint as ckpt_lib
 from dprec.workflows import item_frequencies
 
+pytestmark = pytest.mark.commands
+
 SMALL = ["--model", "dpformer", "--epochs", "1", "--max-len", "8", "--dim", "8", "--blocks", "1",
          "--no-progress"]
 TINY = SMALL + ["--batch-size", "32"]

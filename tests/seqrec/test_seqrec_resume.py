@@ -17,6 +17,8 @@ from dprec.privacy.ledger import PREPROCESSING
 from dprec.privacy.noise_key import InsecureNoiseWarning
 from dprec.training import callbacks as callbacks_lib
 
+pytestmark = pytest.mark.commands
+
 KILL_AFTER_STEP = 5
 
 

@@ -15,6 +15,8 @@ from dprec.workflows.plan import plan_stream
 from dprec.workflows.run import Run
 from dprec.workflows.stream import BASE_RATE, CALIBRATION, CTRPeriodModel
 
+pytestmark = pytest.mark.commands
+
 
 def _days(num_days=3, rows=300, seed=1):
   """Three categorical features whose ids grow from 6 to 6 + 12·day; 13 integer features."""

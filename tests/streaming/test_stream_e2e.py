@@ -16,6 +16,8 @@ import pytest
 from dprec import privacy
 from dprec.data.synthetic import generate_criteo
 
+pytestmark = pytest.mark.commands
+
 DAYS, ROWS, BATCH = 4, 500, 10
 STEPS = ROWS // BATCH  # per period: one expected pass at an expected batch of 10
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_NUM_INTRAOP_THREADS="1",

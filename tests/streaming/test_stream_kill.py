@@ -23,6 +23,8 @@ from dprec.privacy.noise_key import InsecureNoiseWarning
 from dprec.workflows.run import Run
 from pipelines import criteo_stream
 
+pytestmark = pytest.mark.commands
+
 STEPS = 100  # 1,000 rows per day at an expected batch of 10
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_DETERMINISTIC_OPS="1",
            TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1")
