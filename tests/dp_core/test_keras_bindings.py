@@ -1,16 +1,20 @@
 """One DP core, two bindings: the same tests run on a tf.keras (Keras 2) and a Keras 3 model."""
+import importlib.metadata
 import os
 import subprocess
 import sys
 from pathlib import Path
 
-import keras
 import numpy as np
 import pytest
 import tensorflow as tf
 
-if int(keras.__version__.split(".")[0]) < 3:  # the TF 2.15 stack (make test-legacy): Keras 2
+# The TF 2.15 stack (make test-legacy): `keras` is Keras 2, left unimported (its classes would
+# shadow tf-keras' when a later test loads a saved model).
+if int(importlib.metadata.version("keras").split(".")[0]) < 3:
   pytest.skip("Keras 3 is not installed", allow_module_level=True)
+
+import keras  # pylint: disable=wrong-import-position
 
 from dprec.clipping import layer_norms
 from dprec.errors import DprecError

@@ -5,6 +5,7 @@ budget; the refusals name what they refuse. Tests taking `keras_api` run on a tf
 Keras 3 model (`import keras`, skipped where `keras` is Keras 2), and a whole private `fit` of
 one model gives the same weights in both."""
 import dataclasses
+import importlib.metadata
 import os
 import subprocess
 import sys
@@ -35,10 +36,11 @@ USERS, ITEMS, N, CLIP = 30, 40, 256, 0.5
 
 
 def _keras3():
-  """Keras 3 (`import keras`), skipping the test where `keras` is Keras 2 (TF 2.15)."""
-  import keras  # pylint: disable=import-outside-toplevel
-  if int(keras.__version__.split(".")[0]) < 3:
+  """Keras 3 (`import keras`), skipping the test where `keras` is Keras 2 (TF 2.15), unimported:
+  there the keras package's classes would shadow tf-keras' when a saved model loads."""
+  if int(importlib.metadata.version("keras").split(".")[0]) < 3:
     pytest.skip("Keras 3 is not installed")
+  import keras  # pylint: disable=import-outside-toplevel
   return keras
 
 
