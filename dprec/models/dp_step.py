@@ -79,18 +79,23 @@ _VARIABLE_WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariabl
 
 
 @contextlib.contextmanager
-def refusing_variable_updates():
+def refusing_variable_updates(allowed=()):
   """Refuses a training forward pass that writes variables (BatchNormalization's moving
   statistics, a layer's `assign` or `add_update`): their new values would come from the batch
-  with neither clipping nor noise. Checked in the traced step's graph (eager steps: unchecked)."""
+  with neither clipping nor noise. Checked in the traced step's graph (eager steps: unchecked).
+  `allowed`: variables whose writes do not read the batch (Keras 3's dropout seed states)."""
   if tf.executing_eagerly():
     yield
     return
   graph = tf.compat.v1.get_default_graph()
   start = len(graph.get_operations())
   yield
+  handles = {id(v.handle) for v in allowed}
+  allowed_inputs = {inner.name for outer, inner in getattr(graph, "captures", ())
+                    if id(outer) in handles}
   writes = [op.name for op in graph.get_operations()[start:]
-            if op.type in _VARIABLE_WRITES or op.type.startswith("ResourceScatter")]
+            if (op.type in _VARIABLE_WRITES or op.type.startswith("ResourceScatter"))
+            and op.inputs[0].name not in allowed_inputs]
   if writes:
     layers = sorted({name.split("/")[0] for name in writes})
     raise DprecError(

@@ -107,6 +107,13 @@ def _tf_variable(variable):
   return variable.value if isinstance(variable, keras.Variable) else variable
 
 
+def _seed_states(model):
+  """The `tf.Variable` states of the model's `keras.random.SeedGenerator`s (a Dropout's): a
+  step advances them whatever the batch holds."""
+  return [_tf_variable(value.state) for layer in [model, *layers(model)]
+          for value in vars(layer).values() if isinstance(value, keras.random.SeedGenerator)]
+
+
 class DPTable:
   """A Keras 3 `keras.layers.Embedding` as a DP table of the step: the recording protocol of
   `dprec.layers.embedding.DPEmbedding` (whose lookup it runs, ids of rank 1 or 2, pads -1
@@ -198,7 +205,7 @@ class Keras3DPModel(dp_step.DPStep):
   def forward_losses(self, x, y, sample_weight=None):
     if sample_weight is not None:
       raise DprecError("the Keras 3 binding takes no sample weights")
-    with dp_step.refusing_variable_updates():
+    with dp_step.refusing_variable_updates(_seed_states(self)):
       y_pred = self(x, training=True)
     return y_pred, per_example_losses(self.loss, y, y_pred)
 

@@ -529,3 +529,35 @@ def test_a_keras_3_model_trains_where_tf_keras_is_keras_3():
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, env=env)
   assert result.stdout.split() == ["keras", "['epsilon',", "'loss']"]  # tf.keras: Keras 3
+
+
+def _running_sum(keras_api):
+  """A layer that writes a variable from the batch (as BatchNormalization's statistics)."""
+
+  class _RunningSum(keras_api.layers.Layer):
+    def build(self, input_shape):
+      self.total = self.add_weight(name="total", shape=(), initializer="zeros", trainable=False)
+
+    def call(self, inputs):
+      self.total.assign_add(tf.reduce_sum(inputs))
+      return inputs
+
+  return _RunningSum
+
+
+@pytest.mark.parametrize("layer, refused", [("dropout", False), ("running_sum", True)])
+def test_dropout_trains_and_a_forward_pass_writing_from_the_batch_is_refused(layer, refused,
+                                                                              keras_api):
+  """Keras 3's Dropout advances a seed state each step (no batch in it): it trains; a write
+  of batch values is refused at the first step."""
+  build = {"dropout": lambda: keras_api.layers.Dropout(0.5),
+           "running_sum": lambda: _running_sum(keras_api)(name="running")}[layer]
+  model = _private(_with(keras_api, build()), train_size=32, batch_size=8,
+                   init_output_bias=False, recalibrate=False)
+  model.compile(optimizer="sgd", loss="mse")
+  x, y = np.ones([32, 3], np.float32), np.ones([32], np.float32)
+  if refused:
+    with pytest.raises(DprecError, match="updates variables from the batch in layer"):
+      model.fit(x, y, verbose=0)
+  else:
+    assert model.fit(x, y, verbose=0).history["epsilon"][-1] > 0
