@@ -93,20 +93,6 @@ def unique_by_identity(items):
   return result
 
 
-def _gradient_size(gradient, noised):
-  """Nonzero coordinates of a (possibly IndexedSlices, possibly duplicated) gradient. A gradient
-  with Gaussian noise on every coordinate (dense, or the DP step's IndexedSlices over distinct
-  kept rows) counts as full (nonzero with probability 1), sparing a V×d pass that
-  `count_nonzero` would make with an int64 copy, and the sparse path's unique and sum."""
-  if noised:
-    values = gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
-    return tf.size(values, out_type=tf.int64)
-  if isinstance(gradient, tf.IndexedSlices):
-    rows, slot = tf.unique(gradient.indices)
-    gradient = tf.math.unsorted_segment_sum(gradient.values, slot, tf.size(rows))
-  return tf.math.count_nonzero(gradient, dtype=tf.int64)
-
-
 def per_example_losses(loss, y, y_pred, sample_weight=None):
   """Per-example losses [batch] (weighted) of a Keras loss (object, class name or function),
   without its reduction; trailing axes are averaged, as Keras' reduction does. Refuses a loss
@@ -231,10 +217,7 @@ class DPModel(tf.keras.Model, dp_step.DPStep):
     if config_lib.is_private(self.dp_optimizer.config):
       self.compute_loss(x, y, y_pred, sample_weight)  # reported loss: the unclipped mean
     logs = self.compute_metrics(x, y, y_pred, sample_weight)
-    if self.dp_tables:
-      logs["gradient_size_reduction"] = (
-          self.dense_embedding_size / tf.maximum(self.gradient_size_tracker.result(), 1.0))
-    return dict(logs, **self.clip_logs())
+    return dict(logs, **self.step_logs())
 
   def apply_step(self, x, y, sample_weight=None):
     """One training step on a batch (DP or not, as compiled); returns the predictions (what
@@ -254,16 +237,8 @@ class DPModel(tf.keras.Model, dp_step.DPStep):
   @tf.autograph.experimental.do_not_convert  # as `_norms`
   def _apply_gradients(self, config, grads_and_vars):
     """The gradient-size metric, and the inner optimizer's update."""
-    tables = self.dp_tables
-    if tables:
-      table_vars = dp_step.table_variable_ids(tables)
-      # Padding columns of a stack get neither gradient nor noise: count what is nonzero.
-      padded = dp_step.table_variable_ids([t for t in tables if t.padded])
-      noised = config_lib.is_private(config) and config.noise_multiplier > 0
-      sizes = [_gradient_size(g, noised and id(v) not in padded)
-               for g, v in grads_and_vars if id(v) in table_vars]
-      self.gradient_size_tracker.update_state(
-          tf.cast(tf.add_n(sizes) if sizes else 0, tf.float32))
+    if self.dp_tables:
+      self.gradient_size_tracker.update_state(self.gradient_size(config, grads_and_vars))
     deferred = getattr(self, "_deferred_updates", None)
     if deferred is not None:  # the caller applies them (`deferring_updates`)
       deferred.extend(grads_and_vars)

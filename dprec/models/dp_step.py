@@ -75,6 +75,20 @@ def registry_of(model):
   return getattr(model, "layer_registry", None) or layer_norms.make_layer_registry()
 
 
+def _gradient_size(gradient, noised):
+  """Nonzero coordinates of a (possibly IndexedSlices, possibly duplicated) gradient. A gradient
+  with Gaussian noise on every coordinate (dense, or the DP step's IndexedSlices over distinct
+  kept rows) counts as full (nonzero with probability 1), sparing a V×d pass that
+  `count_nonzero` would make with an int64 copy, and the sparse path's unique and sum."""
+  if noised:
+    values = gradient.values if isinstance(gradient, tf.IndexedSlices) else gradient
+    return tf.size(values, out_type=tf.int64)
+  if isinstance(gradient, tf.IndexedSlices):
+    rows, slot = tf.unique(gradient.indices)
+    gradient = tf.math.unsorted_segment_sum(gradient.values, slot, tf.size(rows))
+  return tf.math.count_nonzero(gradient, dtype=tf.int64)
+
+
 _VARIABLE_WRITES = ("AssignVariableOp", "AssignAddVariableOp", "AssignSubVariableOp")
 
 
@@ -130,6 +144,26 @@ class DPStep:
     """{"l2_norm_clip": C2 after the step} under quantile clipping (a DP release), else {}."""
     clip = self.dp_optimizer.clip
     return {} if clip is None else {"l2_norm_clip": tf.convert_to_tensor(clip)}
+
+  def step_logs(self):
+    """`clip_logs`, and with DP tables "gradient_size_reduction": Σ V·d over the epoch's mean
+    gradient size (`gradient_size_tracker`, a Keras Mean metric of the binding's)."""
+    logs = self.clip_logs()
+    if self.dp_step_tables:
+      logs["gradient_size_reduction"] = (
+          self.dense_embedding_size / tf.maximum(self.gradient_size_tracker.result(), 1.0))
+    return logs
+
+  def gradient_size(self, config, grads_and_vars):
+    """Nonzero coordinates of the step's DP-table gradients (float32; `_gradient_size`)."""
+    tables = self.dp_step_tables
+    table_vars = table_variable_ids(tables)
+    # Padding columns of a stack get neither gradient nor noise: count what is nonzero.
+    padded = table_variable_ids([t for t in tables if t.padded])
+    noised = config_lib.is_private(config) and config.noise_multiplier > 0
+    sizes = [_gradient_size(g, noised and id(v) not in padded)
+             for g, v in grads_and_vars if id(v) in table_vars]
+    return tf.cast(tf.add_n(sizes) if sizes else 0, tf.float32)
 
   def per_example_squared_norms(self, x, y, sample_weight=None, by_group=False):
     """‖g_i‖² per example as the compiled DP configuration clips it (kept rows only); with

@@ -171,6 +171,9 @@ class Keras3DPModel(dp_step.DPStep):
     # Plain attributes, not tracked: saving never holds the generator (it would reveal the key).
     object.__setattr__(self, "dp_optimizer", optimizer)
     object.__setattr__(self, "_dp_generator", optimizer.generator)
+    if self.dp_step_tables and getattr(self, "gradient_size_tracker", None) is None:
+      # Once (recompiling keeps it): a metric of the model, reset every epoch, in the logs.
+      self.gradient_size_tracker = keras.metrics.Mean(name="gradient_size")
 
   def get_compile_config(self):
     """Keras' compile config, with `LazyAdam` saved as the `keras.optimizers.Adam` it updates
@@ -211,7 +214,10 @@ class Keras3DPModel(dp_step.DPStep):
 
   def apply_step(self, x, y):
     """One DP step on the batch (x, y), applied by the inner optimizer; returns predictions."""
-    grads_and_vars, y_pred = self._dp_gradients(self.dp_optimizer.config, x, y, None)
+    config = self.dp_optimizer.config
+    grads_and_vars, y_pred = self._dp_gradients(config, x, y, None)
+    if self.dp_step_tables:
+      self.gradient_size_tracker.update_state(self.gradient_size(config, grads_and_vars))
     self.optimizer.apply_gradients(grads_and_vars)
     return y_pred
 
@@ -221,7 +227,7 @@ class Keras3DPModel(dp_step.DPStep):
     # The reported loss: the unclipped mean (Keras' own train_step tracks it so).
     self._loss_tracker.update_state(self.compute_loss(x, y, y_pred, sample_weight),
                                     sample_weight=tf.shape(y_pred)[0])
-    return dict(self.compute_metrics(x, y, y_pred, sample_weight), **self.clip_logs())
+    return dict(self.compute_metrics(x, y, y_pred, sample_weight), **self.step_logs())
 
 
 def dp_model(model):

@@ -215,10 +215,9 @@ def test_the_keras3_binding_refuses_what_it_does_not_drive():
   with pytest.raises(DprecError, match="needs a Keras 3 model"):
     keras3_binding.dp_model(_model(_TfKeras))
   inputs = keras.Input((3,))
-  lora = _dp_step(_Keras3, _Keras3.model(inputs, keras.layers.Dense(1, lora_rank=1, name="low")(
-      inputs)), DPSGD(1.0, 0.0), seed=0)
+  lora = _Keras3.model(inputs, keras.layers.Dense(1, lora_rank=1, name="low")(inputs))
   with pytest.raises(DprecError, match=r"layer 'low' \(Dense\) uses LoRA"):
-    lora.per_example_squared_norms(tf.ones([2, 3]), tf.ones([2, 1]))
+    _dp_step(_Keras3, lora, DPSGD(1.0, 0.0), seed=0)
   model = _Keras3.model(inputs, keras.layers.Dense(1)(keras.layers.GroupNormalization(
       groups=1, name="norm")(keras.layers.Dense(2)(inputs))))
   step = _dp_step(_Keras3, model, DPSGD(1.0, 0.0), seed=0)

@@ -430,8 +430,8 @@ def test_auto_picks_dp_sgd_when_a_row_cannot_reach_the_threshold():
 def test_a_private_fit_ends_at_the_same_weights_in_both_kerases(algorithm, optimizer):
   """One model, its initial weights, data and insecure key in tf.keras and in Keras 3:
   make_private's whole fit (Poisson batches, DP output bias, DP steps on kept rows and their
-  noise, recalibration) ends at the same weights."""
-  weights = []
+  noise, recalibration) ends at the same weights and logs."""
+  weights, logs = [], []
   for keras_api in (tf.keras, _keras3()):
     model = _functional(keras_api)
     rng = np.random.default_rng(3)
@@ -444,8 +444,11 @@ def test_a_private_fit_ends_at_the_same_weights_in_both_kerases(algorithm, optim
     optimizers = keras_api.optimizers
     model.compile(optimizer={"sgd": optimizers.SGD, "adagrad": optimizers.Adagrad,
                              "adam": optimizers.Adam}[optimizer](0.05), loss="mse")
-    model.fit(*_data(), epochs=1, verbose=0)
+    history = model.fit(*_data(), epochs=1, verbose=0).history
     weights.append([w for layer in named for w in layer.get_weights()])
+    logs.append({name: history[name] for name in ("loss", "epsilon", "gradient_size_reduction")})
+  for name, values in logs[0].items():
+    assert logs[1][name] == pytest.approx(values, rel=1e-6)
   for tf_keras_weight, keras3_weight, initial in zip(*weights, start):
     np.testing.assert_allclose(keras3_weight, tf_keras_weight, rtol=1e-6, atol=1e-6)
     assert not np.allclose(keras3_weight, initial)
@@ -528,7 +531,8 @@ def test_a_keras_3_model_trains_where_tf_keras_is_keras_3():
   env.pop("TF_USE_LEGACY_KERAS", None)
   result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                           check=True, env=env)
-  assert result.stdout.split() == ["keras", "['epsilon',", "'loss']"]  # tf.keras: Keras 3
+  assert result.stdout.split() == ["keras", "['epsilon',", "'gradient_size',",  # tf.keras: Keras 3
+                                   "'gradient_size_reduction',", "'loss']"]
 
 
 def _running_sum(keras_api):
