@@ -2,15 +2,17 @@
 
 Embedding tables are partitioned by rows across the parameter servers (`table_partitioner`:
 each table a `ShardedVariable`); the other variables stay whole. A `ClusterCoordinator` (the
-chief) schedules DP steps on the workers, asynchronously (`fit`): step t gets the chief's
-Poisson batch t (drawn from the run's secret key, as on one machine) and the state of its noise
-generator, derived from the run's secret key and t (`NoiseKey.tf_state("dp step", t)`, what
-`KeyedNoiseCallback` gives a one-machine step), so its draws are identical whichever worker
-runs it. The worker gathers the rows its batch touches, computes the clipped sums, the kept
-rows and the noise itself, and returns the noisy update (`DPModel` splits an `IndexedSlices`
-gradient by shard) without applying it; the chief applies each step's update once, in step
-order, with the optimizer's sparse update, which reads and writes those rows and their slots on
-their parameter servers. DP-SGD's update is every row.
+chief) schedules DP steps on the workers, asynchronously (`fit`): step t gets its batch (the
+chief's Poisson batch t, drawn from the run's secret key as on one machine; out of core, only a
+reference to step t's shard, which the worker reads and checks itself: the chief ships no data)
+and the state of its noise generator, derived from the run's secret key and t
+(`NoiseKey.tf_state("dp step", t)`, what `KeyedNoiseCallback` gives a one-machine step), so its
+batch and draws are identical whichever worker runs it, however often. The worker gathers the
+rows its batch touches, computes the clipped sums, the kept rows and the noise itself, and
+returns the noisy update (`DPModel` splits an `IndexedSlices` gradient by shard) without
+applying it; the chief applies each step's update once, in step order, with the optimizer's
+sparse update, which reads and writes those rows and their slots on their parameter servers.
+DP-SGD's update is every row.
 
 Faults: TensorFlow's coordinator runs a scheduled function at least once (a worker lost mid-step
 has its step re-run elsewhere). A worker that applied its own update could leave part of it
@@ -33,7 +35,7 @@ steps, would interleave their draws.
 """
 import collections
 import os
-from typing import Iterable, Optional, Sequence
+from typing import Callable, Iterable, Optional, Sequence
 
 import tensorflow as tf
 # Per-worker variables have no public class to extend (TF 2.21).
@@ -75,7 +77,8 @@ def make_strategy(cluster_resolver=None, min_rows: int = MIN_ROWS_PER_SHARD):
 
 def serve():
   """Runs this process's worker or ps task of TF_CONFIG until the cluster is stopped (the chief
-  schedules the steps; the workers need neither the data nor the secret key)."""
+  schedules the steps; the workers need no secret key, and out of core read access to the run's
+  batch directory)."""
   resolver = tf.distribute.cluster_resolver.TFConfigClusterResolver()
   tf.distribute.Server(resolver.cluster_spec(), job_name=resolver.task_type,
                        task_index=resolver.task_id, protocol=resolver.rpc_layer or "grpc",
@@ -149,26 +152,28 @@ def _fault_injection(index, update):
 
 class _ScheduledStep:
   """One DP step split between a worker and the chief. `run` (traced once for every batch size:
-  its signature leaves the batch dimension of (x, y) open) is scheduled on a worker: it resets
-  the step's generator to `noise_state` (a non-private model has none) and computes the noisy
-  update without applying it. `apply` runs on the chief with the fetched update: the optimizer's
+  its signature leaves the first dimension of `inputs` open) is scheduled on a worker: it reads
+  the step's (x, y) batch from `inputs` with `read` (None: `inputs` is the batch), resets the
+  step's generator to `noise_state` (a non-private model has none) and computes the noisy update
+  without applying it. `apply` runs on the chief with the fetched update: the optimizer's
   row-sparse update on the parameter servers, once per step, in step order."""
 
-  def __init__(self, model, x, y, noise_state):
-    self.model, self.variables, self.sparse = model, None, None
+  def __init__(self, model, inputs, noise_state, read: Optional[Callable] = None):
+    self.model, self.read, self.variables, self.sparse = model, read, None, None
 
     def spec(tensor):
       tensor = tf.convert_to_tensor(tensor)
-      return tf.TensorSpec([None, *tensor.shape[1:]], tensor.dtype)
+      return tf.TensorSpec([None, *tensor.shape[1:]] if tensor.shape.rank else [], tensor.dtype)
 
     self.run = tf.function(self._run, input_signature=(
-        tf.nest.map_structure(spec, x), tf.nest.map_structure(spec, y),
+        tf.nest.map_structure(spec, inputs),
         tf.TensorSpec.from_tensor(tf.convert_to_tensor(noise_state)),
         tf.TensorSpec([], tf.int64)))
     self._apply_function = None
 
-  def _run(self, x, y, noise_state, index):
+  def _run(self, inputs, noise_state, index):
     model = self.model
+    x, y = inputs if self.read is None else self.read(inputs)
     generator = getattr(model, "dp_optimizer", None) and model.dp_optimizer.generator
     if generator is not None:
       generator.reset(noise_state)
@@ -207,10 +212,12 @@ class _ScheduledStep:
 
 
 def fit(model, coordinator, batches: Iterable, noise_states: Iterable, steps: int,
-        callbacks: Sequence[tf.keras.callbacks.Callback] = (), sync_every: Optional[int] = None):
+        callbacks: Sequence[tf.keras.callbacks.Callback] = (), sync_every: Optional[int] = None,
+        read: Optional[Callable] = None):
   """Schedules `steps` DP steps of `model` (built in `coordinator.strategy`'s scope; call this
-  outside it) on the workers, step i on the i-th of `batches` ((features, labels)) with the
-  i-th of `noise_states`, and applies each step's update from this chief, in step order, once:
+  outside it) on the workers, step i on the i-th of `batches` ((features, labels), or what
+  `read` makes them of on the worker, e.g. `batch_shards.read_step` of a shard's reference) with
+  the i-th of `noise_states`, and applies each step's update from this chief, in step order, once:
   step i is scheduled when at most (workers − 1) earlier steps are still in flight, so it reads
   the weights every step up to i − workers left. Callbacks run here: a step's
   `on_train_batch_begin` precedes its scheduling (the ledger is paid ahead), its
@@ -239,15 +246,15 @@ def fit(model, coordinator, batches: Iterable, noise_states: Iterable, steps: in
   model.stop_training = False
   callback_list.on_train_begin()
   callback_list.on_epoch_begin(0)
-  for i, ((x, y), state) in enumerate(zip(batches, noise_states)):
+  for i, (inputs, state) in enumerate(zip(batches, noise_states)):
     if i >= steps or model.stop_training:
       break
     apply_until(window - 1)
     callback_list.on_train_batch_begin(i)
     state = tf.constant(state)
-    step = step or _ScheduledStep(model, x, y, state)
+    step = step or _ScheduledStep(model, inputs, state, read)
     in_flight.append(coordinator.schedule(
-        step.run, args=(x, y, state, tf.constant(i, tf.int64))))
+        step.run, args=(inputs, state, tf.constant(i, tf.int64))))
     if sync_every and (i + 1) % sync_every == 0:
       apply_until(0)
     callback_list.on_train_batch_end(i, dict(logs))

@@ -7,11 +7,13 @@ arXiv:2411.04205). A batch directory holds `step-NNNNNNNN.tfrecord` files, the r
 in input order (the `tf.train.Example`s of `dprec.data.criteo_tfrecord`, one per row; a step
 nobody joined has an empty file), and, written last, `batches.json`: the run id, a fingerprint
 of the run's key (an HMAC of a fixed label under it: it tells keys apart and reveals nothing
-about them), the plan (N, B, q = B/N, T), the input files and, per step, its row count, size and
-SHA-256. The reader refuses, in one line naming the file, a directory without that manifest (the
-job did not finish), one of another run, key or plan, and a missing, truncated or altered shard;
-it holds one step's batch (and the prefetched next ones) at a time, so memory grows with B, not
-with N.
+about them), the plan (N, B, q = B/N, T), the input files and, per step, its row count, size,
+SHA-256 and the `records_fingerprint` of its rows. The readers refuse, in one line naming the
+file, a directory without that manifest (the job did not finish), one of another run, key or
+plan, and a missing, truncated or altered shard. One device reads with `batch_dataset`; with
+parameter servers each worker reads its own step's shard with `read_step`, inside the scheduled
+step, from the `step_reference` the chief sends. Either holds one step's batch (and the
+prefetched next ones) at a time, so memory grows with B, not with N.
 """
 import hashlib
 import json
@@ -25,7 +27,7 @@ import tensorflow as tf
 from dprec.data import criteo_tfrecord
 from dprec.errors import DprecError
 
-FORMAT = "dprec-poisson-batches-v1"
+FORMAT = "dprec-poisson-batches-v2"
 MANIFEST = "batches.json"
 FINGERPRINT_LABEL = "dprec poisson batches key fingerprint"
 SAMPLING_PURPOSE = "poisson batches"  # the draws of input file f: key.numpy_rng(this, f)
@@ -63,6 +65,13 @@ def unframe(data: bytes, path: str) -> List[bytes]:
   return records
 
 
+def records_fingerprint(records) -> tf.Tensor:
+  """A shard's digest a worker computes in its graph (TensorFlow has no SHA-256 op): FarmHash
+  Fingerprint64 (`tf.fingerprint`) of the concatenated fingerprints of its records, in order;
+  uint8[8]. It tells another run's or an altered shard from the manifest's; it is no MAC."""
+  return tf.fingerprint(tf.reshape(tf.fingerprint(records), [1, -1]))[0]
+
+
 def write_shard(directory: str, step: int, records: Sequence[bytes]) -> dict:
   """Writes step `step`'s records (atomically: a temporary name, then a rename); returns its
   manifest entry."""
@@ -70,8 +79,10 @@ def write_shard(directory: str, step: int, records: Sequence[bytes]) -> dict:
   criteo_tfrecord.write_tfrecord(path, records)
   with tf.io.gfile.GFile(path, "rb") as stream:
     data = stream.read()
+  fingerprint = records_fingerprint(tf.constant(list(records), tf.string))
   return {"step": int(step), "file": shard_name(step), "rows": len(records),
-          "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest()}
+          "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+          "fingerprint": fingerprint.numpy().tobytes().hex()}
 
 
 def read_manifest(directory: str, run_id: str, noise_key, plan: dict) -> dict:
@@ -132,13 +143,18 @@ def check_shards(directory: str, manifest: dict, start: int = 0) -> None:
                        "replaced)")
 
 
+REFUSAL_MARKER = f"{DprecError.__module__}.{DprecError.__name__}: "
+
+
 def refusal(error: Exception) -> Optional[DprecError]:
-  """The `DprecError` a shard check raised inside `tf.data` (which wraps it in a TF error), as
-  one line again; None if `error` is not one."""
-  marker = f"{DprecError.__module__}.{DprecError.__name__}: "
+  """The `DprecError` a shard check raised inside `tf.data` or a worker's `read_step` (which TF
+  wraps in its error: "assertion failed: [MARKER message]"), as one line again; None if `error`
+  is not one."""
   for line in str(error).splitlines():
-    if line.startswith(marker):
-      return DprecError(line[len(marker):])
+    start = line.find(REFUSAL_MARKER)
+    if start >= 0:
+      message = line[start + len(REFUSAL_MARKER):]
+      return DprecError(message[:-1] if line[:start].endswith("[") else message)
   return None
 
 
@@ -164,3 +180,32 @@ def batch_dataset(directory: str, manifest: dict, start: int = 0,
   return (tf.data.Dataset.from_generator(generate,
                                          output_signature=tf.TensorSpec([None], tf.string))
           .map(parse_rows).prefetch(PREFETCH))
+
+
+def step_reference(directory: str, entry: dict):
+  """What the chief sends a worker for a step instead of its batch: (the shard's path, its rows,
+  its fingerprint as uint8[8]), for `read_step`."""
+  return (tf.constant(os.path.join(directory, entry["file"])),
+          tf.constant(entry["rows"], tf.int64),
+          tf.constant(np.frombuffer(bytes.fromhex(entry["fingerprint"]), np.uint8)))
+
+
+def read_step(reference):
+  """A step's (features, label) batch read where this runs (a worker's graph) from its
+  `step_reference`: the shard must exist and hold the manifest's rows with its fingerprint
+  (a record failing TFRecord's CRC is dropped, so a truncated or corrupted shard fails the
+  count); otherwise a refusal naming the file (`refusal` recovers it on the chief)."""
+  path, rows, fingerprint = reference
+
+  def check(ok, problem):
+    return tf.debugging.Assert(ok, [tf.strings.join([REFUSAL_MARKER, path, problem])])
+
+  with tf.control_dependencies([check(tf.size(tf.io.matching_files(path)) > 0,
+                                      ": missing: the shard of this step")]):
+    records = tf.data.TFRecordDataset(path).ignore_errors().batch(1 << 30).reduce(
+        tf.zeros([0], tf.string), lambda read, batch: tf.concat([read, batch], 0))
+  matches = tf.logical_and(tf.equal(tf.size(records, tf.int64), rows),
+                           tf.reduce_all(tf.equal(records_fingerprint(records), fingerprint)))
+  with tf.control_dependencies([check(matches, ": its rows differ from the manifest (a shard of "
+                                      "another run, truncated or corrupted)")]):
+    return parse_rows(tf.identity(records))

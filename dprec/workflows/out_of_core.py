@@ -10,7 +10,8 @@ Memory grows with the batch and the model, never with the N training rows:
      drawn from the run's key, whose file the job's workers read; a resumed run reuses the
      shards when their manifest names this run, key and plan;
   3. training streams the shards in step order from the step the run resumes at
-     (`dprec.training.batch_shards`);
+     (`dprec.training.batch_shards`); with parameter servers each worker reads its own step's
+     shard, the chief sends it the shard's path and digest only;
   4. the releases that read every row are streaming passes: the DP base rate (a sum of labels),
      DP-FEST's DP top-k rows (each table's row counts, memory the size of the tables),
      DP Platt scaling (the model's logits on the same ≤ `ctr.CALIBRATION_ROWS` rows the in-memory
@@ -206,15 +207,20 @@ def _key_file(base: str, run) -> str:
 def fit(run, model, directory: str, manifest: dict, steps: int, resume, callbacks,
         coordinator=None) -> dict:
   """`run.fit` on the shards of steps `resume.step`..`steps` − 1, in order (with parameter
-  servers, this chief reads them and ships each to its worker); a shard refused while training
-  (altered since the start) ends it with that one line."""
+  servers, the worker running a step reads its shard; this chief reads none); a shard refused
+  while training (altered since the start) ends it with that one line."""
   if steps <= resume.step:
     return {}
   batch_shards.check_shards(directory, manifest, resume.step)
-  dataset = batch_shards.batch_dataset(directory, manifest, resume.step, steps)
+  if coordinator is None:
+    batches, read = batch_shards.batch_dataset(directory, manifest, resume.step, steps), None
+  else:
+    batches = (batch_shards.step_reference(directory, entry)
+               for entry in manifest["steps"][resume.step:steps])
+    read = batch_shards.read_step
   try:
     return run.fit(model, None, None, manifest["plan"]["batch_size"], True, steps, resume,
-                   callbacks, coordinator, batches=dataset)
+                   callbacks, coordinator, batches=batches, read=read)
   except tf.errors.OpError as error:
     refused = batch_shards.refusal(error)
     if refused is None:

@@ -397,15 +397,16 @@ class Run:
     return timer, fit
 
   def fit(self, model, features, labels, batch_size, poisson, steps, resume, callbacks,
-          coordinator=None, batches=None):
+          coordinator=None, batches=None, read=None):
     """`model.fit` from `resume.step` to `steps` on batches of (`features`, `labels`) drawn with
     the run's secret entropy (Poisson at q = B/N, else fixed-size shuffled): the very batches an
     uninterrupted run draws; or on `batches`, a `tf.data.Dataset` of the (features, labels)
     batches of steps `resume.step`.. drawn elsewhere (out of core: `dprec.workflows.out_of_core`).
     Under the `tf.distribute` strategy `model` was built in, every worker draws the same global
     batches and each replica trains on its shard. With the `coordinator` of a
-    `ParameterServerStrategy`, this chief draws (or reads) the batches and schedules step t on a
-    worker with its batch and the noise state of (the DP step, t)
+    `ParameterServerStrategy`, this chief draws the batches and schedules step t on a worker
+    with its batch (or, with `read`, `batches` are the steps' references and the worker reads its
+    batch itself: `read(reference)`) and the noise state of (the DP step, t)
     (`dprec.distribute.parameter_server.fit`). Returns the history ({} when no step is left)."""
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from dprec.training import poisson as sampling_lib  # pylint: disable=import-outside-toplevel
@@ -424,7 +425,7 @@ class Run:
           (self.noise_key.tf_state(NOISE_PURPOSE, t) for t in range(resume.step, steps)),
           steps - resume.step, callbacks,
           sync_every=next((c.every for c in callbacks if isinstance(c, CheckpointCallback)),
-                          None))
+                          None), read=read)
     if batches is None:  # every replica of the strategy draws its shard of the global batch
       batches = tf.keras.utils.experimental.DatasetCreator(sampling_lib.replica_dataset_fn(
           features, labels, sampling, steps, resume.step))

@@ -192,22 +192,46 @@ def test_runs_above_the_row_limit_train_out_of_core_by_default(data_dir, tmp_pat
   assert "out_of_core" not in _summary(tmp_path / "memory")
 
 
+# The chief of a parameter-server run, unable to read a shard: the workers must read them.
+CHIEF_READS_NO_SHARD = """import sys
+from dprec.training import batch_shards
+def chief_read(*args, **kwargs):
+  raise AssertionError("the chief read a shard")
+batch_shards.read_shard = batch_shards.batch_dataset = chief_read
+from dprec import cli
+sys.exit(cli.main(sys.argv[1:]))
+"""
+
+
+@pytest.mark.multiprocess
 def test_parameter_servers_train_from_the_shards_as_one_device_does(data_dir, tmp_path):
-  """The chief reads the shards and ships each step's batch; with one worker the run is the
-  one-device run (same key, same batches and noise)."""
+  """Each worker reads its step's shard, the chief none (it cannot here); with one worker the
+  run is the one-device run (same key, same batches and noise); a shard altered after the
+  chief's up-front check is refused by the worker, in one line naming the file."""
   seed = ("--insecure-noise-seed", "2", "--steps", "4")
   assert cli.main(_argv(data_dir, tmp_path / "one", *seed)) == 0
   # In a process of its own: a process that joined a cluster stays in it (later tests' devices).
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-  subprocess.run([sys.executable, "-m", "dprec.cli", *_argv(
-      data_dir, tmp_path / "ps", *seed, "--strategy", "parameter_server", "--local-workers", "1",
-      "--local-ps", "1")], check=True, timeout=900, env=dict(os.environ, PYTHONPATH=os.pathsep.join(
-          filter(None, [root, os.environ.get("PYTHONPATH")]))))
+  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get(
+      "PYTHONPATH")])))
+  ps_argv = ("--strategy", "parameter_server", "--local-workers", "1", "--local-ps", "1")
+  command = [sys.executable, "-c", CHIEF_READS_NO_SHARD, *_argv(
+      data_dir, tmp_path / "ps", *seed, *ps_argv)]
+  subprocess.run(command, check=True, timeout=900, env=env)
   one, ps = _summary(tmp_path / "one"), _summary(tmp_path / "ps")
   assert ps["strategy"] == "parameter_server" and ps["out_of_core"] is True
   assert ps["steps"] == one["steps"] == 4
   assert ps["auc"] == pytest.approx(one["auc"], abs=1e-4)
   assert ps["eval_loss"] == pytest.approx(one["eval_loss"], rel=1e-4)
+
+  shutil.rmtree(tmp_path / "ps" / "checkpoints")  # train again from step 0, on an altered shard 2
+  shard = tmp_path / "ps" / out_of_core.DIRECTORY / out_of_core.BATCHES / batch_shards.shard_name(2)
+  shard.write_bytes(shard.read_bytes()[::-1])  # the same size: the chief's up-front check passes
+  refused = subprocess.run(command, capture_output=True, text=True, timeout=900, env=env)
+  assert refused.returncode == 2
+  assert refused.stderr.strip().splitlines()[-1] == (
+      f"dprec: error: {shard}: its rows differ from the manifest (a shard of another run, "
+      "truncated or corrupted)")
 
 
 @pytest.mark.parametrize("extra, message", [

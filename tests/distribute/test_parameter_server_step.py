@@ -98,9 +98,9 @@ def test_the_scheduled_step_is_traced_once_for_every_batch_size(steps):
   features, labels = steps.data()
   state = tf.constant(model.dp_optimizer.generator.state)
   step = parameter_server._ScheduledStep(  # pylint: disable=protected-access
-      model, {"cat": features["cat"][:20]}, labels[:20], state)
+      model, ({"cat": features["cat"][:20]}, labels[:20]), state)
   for index, size in enumerate((20, 23, 17, 29)):
-    _, update = step.run({"cat": features["cat"][:size]}, labels[:size], state,
+    _, update = step.run(({"cat": features["cat"][:size]}, labels[:size]), state,
                          tf.constant(index, tf.int64))
     step.apply(update)
   assert step.run.experimental_get_tracing_count() == 1
@@ -114,10 +114,10 @@ def test_the_step_defers_its_update_to_the_caller(steps):
   features, labels = steps.data()
   state = tf.constant(model.dp_optimizer.generator.state)
   step = parameter_server._ScheduledStep(  # pylint: disable=protected-access
-      model, {"cat": features["cat"][:20]}, labels[:20], state)
+      model, ({"cat": features["cat"][:20]}, labels[:20]), state)
   before = [v.numpy() for v in model.variables]
-  _, update = step.run({"cat": features["cat"]}, labels, state, tf.constant(0, tf.int64))
-  _, again = step.run({"cat": features["cat"]}, labels, state, tf.constant(0, tf.int64))
+  _, update = step.run(({"cat": features["cat"]}, labels), state, tf.constant(0, tf.int64))
+  _, again = step.run(({"cat": features["cat"]}, labels), state, tf.constant(0, tf.int64))
   for b, v in zip(before, model.variables):
     if "gradient_size" not in v.name and "count" not in v.name and "total" not in v.name:
       np.testing.assert_array_equal(b, v.numpy(), err_msg=v.name)

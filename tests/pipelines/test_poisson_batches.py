@@ -7,11 +7,13 @@ import errno
 import hashlib
 import json
 import os
+import pathlib
 import pickle
 
 import numpy as np
 import pytest
 from scipy import stats
+import tensorflow as tf
 
 from dprec.data import criteo_tfrecord
 from dprec.data import synthetic
@@ -205,6 +207,36 @@ def test_reader_refuses_what_is_not_this_runs_finished_batches(records, written,
   with pytest.raises(DprecError, match="batches.json: no manifest: the batch job did not finish"):
     batch_shards.read_manifest(str(copy), "run-a", key, _plan(rows))
   assert hashlib.sha256(data).hexdigest() == entry["sha256"]
+
+
+def test_a_worker_reads_its_steps_shard_and_refuses_another_in_one_line(records, written,
+                                                                        tmp_path):
+  """`read_step` (what a parameter-server worker runs, in its graph) gives the step's batch
+  `read_shard` gives; a shard of another step, altered, truncated or missing is refused in one
+  line naming the file (through TF's error, as from a worker)."""
+  key, _, directory, _ = written
+  manifest = batch_shards.read_manifest(directory, "run-a", key, _plan(records[1]))
+  read_step = tf.function(batch_shards.read_step)
+  for entry in manifest["steps"]:
+    got = read_step(batch_shards.step_reference(directory, entry))
+    expected = batch_shards.parse_rows(tf.constant(batch_shards.read_shard(directory, entry),
+                                                   tf.string))
+    for a, b in zip(tf.nest.flatten(got), tf.nest.flatten(expected)):
+      np.testing.assert_array_equal(a, b)
+  first, second = [entry for entry in manifest["steps"] if entry["rows"] > 1][:2]
+  shard = tmp_path / first["file"]
+  data = (pathlib.Path(directory) / first["file"]).read_bytes()
+  other = (pathlib.Path(directory) / second["file"]).read_bytes()
+  for content, problem in [(other, "its rows differ"), (data[::-1], "its rows differ"),
+                           (data[:-7], "its rows differ"), (None, "missing")]:
+    if content is None:
+      os.remove(shard)
+    else:
+      shard.write_bytes(content)
+    with pytest.raises(tf.errors.OpError) as raised:
+      read_step(batch_shards.step_reference(str(tmp_path), first))
+    refused = str(batch_shards.refusal(raised.value))
+    assert refused.startswith(f"{shard}: {problem}") and "\n" not in refused, refused
 
 
 def test_a_rerun_replaces_an_unfinished_jobs_leftovers(records, written, tmp_path):
