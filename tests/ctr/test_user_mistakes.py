@@ -40,17 +40,6 @@ def test_a_changed_argument_on_a_run_dir_is_named_as_one(data_dir, tmp_path, cap
   assert "ask for 1.0" in err and "new --run-dir" in err
 
 
-def test_a_keras_3_model_is_refused_with_what_to_do():
-  keras = pytest.importorskip("keras")
-  if int(keras.__version__.split(".")[0]) < 3:
-    pytest.skip("Keras 3 is not installed")
-  from dprec import make_private  # pylint: disable=import-outside-toplevel
-  from dprec.errors import DprecError  # pylint: disable=import-outside-toplevel
-  model = keras.Sequential([keras.Input((3,)), keras.layers.Dense(1)])
-  with pytest.raises(DprecError, match=r"Keras 3 Sequential.*tf\.keras after `import dprec`"):
-    make_private(model, epsilon=1.0, train_size=100)
-
-
 def test_a_dp_run_on_too_few_rows_says_what_to_expect(data_dir, tmp_path):
   from dprec.workflows import ctr  # pylint: disable=import-outside-toplevel
   with pytest.warns(ctr.SmallDataWarning, match=r"training rows at ε = 1: .* near chance"):
