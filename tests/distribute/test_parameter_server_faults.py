@@ -81,8 +81,8 @@ def make_cluster():
     each.stop()
 
 
-def _command(data_dir, run_dir):
-  return ["--data", data_dir, "--algorithm", "dp_adafest", "--threshold", "2", "--epsilon",
+def _command(data_dir, run_dir, *extra):
+  return [*extra, "--data", data_dir, "--algorithm", "dp_adafest", "--threshold", "2", "--epsilon",
           str(EPSILON), "--batch-size", "64", "--steps", str(STEPS), "--hidden-units", "8",
           "--no-progress", "--strategy", "parameter_server", "--insecure-noise-seed", "5",
           "--checkpoint-every", str(EVERY), "--charge-every", "1", "--run-dir", str(run_dir),
@@ -166,20 +166,27 @@ def _wait_for_file(process, path):
     time.sleep(0.1)
 
 
+OUT_OF_CORE = ("--out-of-core", "--beam-option", "direct_num_workers=1", "--beam-option",
+               "direct_running_mode=in_memory")
+
+
+@pytest.mark.parametrize("source", [(), OUT_OF_CORE], ids=["in_memory", "out_of_core"])
 def test_a_worker_lost_once_its_update_is_computed_leaves_the_run_as_uninterrupted(
-    data_dir, tmp_path, make_cluster):
+    data_dir, tmp_path, make_cluster, source):
   """The fault of a step's update half-applied: the worker of step 3 is killed after computing
   its noisy update (the hook makes it hang there until killed), with 2 parameter servers. Its
   update was never applied (workers apply nothing: the chief applies each fetched update once),
   so the coordinator's re-run computes the same update on the same weights, and the run ends
   equal to an uninterrupted one, every step paid once. (Before, workers applied their own
-  updates: a re-run applied a step twice, a second release with the same noise.)"""
+  updates: a re-run applied a step twice, a second release with the same noise.) Out of core,
+  the worker processes read the steps' shards themselves, and the re-run reads step 3's again:
+  the same batch."""
   servers = make_cluster(1, 2)
   reference = tmp_path / "uninterrupted"
-  assert servers.chief(_command(data_dir, reference)).wait(timeout=TIMEOUT) == 0
+  assert servers.chief(_command(data_dir, reference, *source)).wait(timeout=TIMEOUT) == 0
 
   run_dir, marker = tmp_path / "faulted", tmp_path / "worker_stopped"
-  chief = servers.chief(_command(data_dir, run_dir),
+  chief = servers.chief(_command(data_dir, run_dir, *source),
                         {parameter_server.FAULT_INJECTION_ENV: f"3:{marker}"})
   _wait_for_file(chief, marker)
   servers.kill("worker", 0)
@@ -187,6 +194,8 @@ def test_a_worker_lost_once_its_update_is_computed_leaves_the_run_as_uninterrupt
   assert chief.wait(timeout=TIMEOUT) == 0
 
   faulted, uninterrupted = _summary(run_dir), _summary(reference)
+  assert faulted.get("out_of_core", False) is uninterrupted.get("out_of_core", False) is bool(
+      source)
   assert _steps_paid(run_dir) == _steps_paid(reference) == STEPS
   assert faulted["epsilon"] == uninterrupted["epsilon"]
   for key in ("auc", "eval_loss", "calibration_scale", "calibration_shift"):
