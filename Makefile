@@ -15,7 +15,7 @@ DEMO_DIR ?= demo_out
 $(STAMP): setup.py
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip wheel setuptools
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test,kerasrs]"
 	touch $(STAMP)
 
 $(LEGACY_STAMP): setup.py

@@ -46,6 +46,9 @@ setup(
                  "ruff",  # `make lint`, run by `make test` (ruff.toml)
                  "nbformat", "nbclient", "ipykernel", *DOCS,
                  "apache-beam[dask]"],
+        # KerasRS (Keras 3 only) for tests/dp_core/test_keras_rs.py: the default leg installs it
+        # (Makefile); not in `test`, which the legacy leg's Keras 2 would also install it beside.
+        "kerasrs": ["keras-rs>=0.4.0"],
         "docs": DOCS,
         "dask": ["apache-beam[dask]"],
         "notebooks": ["jupyter", "nbformat", "nbclient", "ipykernel"],

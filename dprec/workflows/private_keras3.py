@@ -8,6 +8,7 @@ import sys
 
 import keras
 
+from dprec.errors import DprecError
 from dprec.models import keras3
 from dprec.workflows import private_model
 
@@ -27,12 +28,24 @@ class Keras3PrivateModel(private_model.PrivateTraining, keras3.Keras3DPModel):
     return keras3.LazyAdam.from_config(optimizer.get_config())
 
   def prepare_private(self):
-    """Refuses another backend, tf.keras layers inside, and stateful layers."""
+    """Refuses another backend, an overridden `compute_loss`, tf.keras layers inside, and
+    stateful layers."""
     keras3.check_backend()
+    _refuse_own_compute_loss(type(self).__bases__[1])
     private_model.refuse_mixed_keras([self, *keras3.layers(self)], _tf_keras_layer(),
                                      "Keras 3", "tf.keras (Keras 2)")
     private_model.refuse_stateful(self)
     _keep_registered_name(type(self), type(self).__bases__[1])
+
+
+def _refuse_own_compute_loss(original):
+  """Refuses a model class whose `compute_loss` is its own (KerasRS' retrieval examples put the
+  loss there): the DP step takes per-example losses from compile's `loss` and would never call
+  it, training on another loss."""
+  if original.compute_loss is not keras.Model.compute_loss:
+    raise DprecError(f"make_private takes each example's loss from compile(loss=...), and "
+                     f"{original.__name__} overrides compute_loss, which the DP step would not "
+                     "call: return the scores from call() and compile with a per-example loss")
 
 
 def _keep_registered_name(private, original):

@@ -20,7 +20,8 @@ Sequential or subclassed:
 - it refuses, in one line naming them, what per-example clipping cannot bound: layers without a
   per-example norm in the clipping registry, stateful layers (BatchNormalization, stateful
   RNNs), `tfrs.tasks.Retrieval` (in-batch negatives couple the examples), a model holding
-  layers of the other Keras, a Keras 3 backend other than TensorFlow, and, at the first step,
+  layers of the other Keras, a Keras 3 backend other than TensorFlow, a Keras 3 model class with
+  its own `compute_loss` (the step takes compile's per-example loss), and, at the first step,
   losses that return one value per batch and forward passes that write variables.
 
 `compile` plans privacy (`dprec.workflows.plan`: one σ by PLD for ε over the planned steps
@@ -604,7 +605,10 @@ class PrivateTraining:
     # A model may release its own output statistics (`initialise_output(x, y, σ, rng)`: one
     # Gaussian release of L2 sensitivity 1 per example, e.g. `SampledTwoTower`'s item histogram).
     custom = getattr(self, "initialise_output", None)
-    layer = self._output_layer(features, structure) if state.kind and not custom else None
+    # Found before anything is paid, where the bias or the recalibration will set it.
+    releases_output = {LABEL_STATISTICS_LABEL, RECALIBRATION_LABEL} & set(state.plan.mechanisms)
+    layer = (self._output_layer(features, structure)
+             if state.kind and not custom and releases_output else None)
     _refuse_unclippable(self)
     # Slots in the model's variable order (the DP step's is another): `save` and `load_model`
     # of the original class agree on them.
