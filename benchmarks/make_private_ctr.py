@@ -8,9 +8,15 @@ the non-private model and the base rate: validation and test AUC and log loss, t
 reduction Keras logs, ε spent, wall time (non-private: the same model, plain Keras, B = 1,024;
 `--optimizer`, `--learning-rate`, `--batch-size`, `--epochs`: one lever each). Each
 configuration is a fresh model and a fresh secret noise key; `--draws` repeats the private ones.
+`--keras keras3` writes the model with `import keras` instead of tf.keras, and `--crosses K` puts
+K KerasRS `FeatureCross` layers (DCN-v2: Wang et al. 2021, "DCN V2: Improved deep & cross
+network", arXiv:2008.13535) between the embeddings and the tower (Keras 3 only): the KerasRS
+ranking model of issue 50.
 
     dprec synth criteo --rows 800000 --days 2 --seed 0 --output DATA
     python benchmarks/make_private_ctr.py --data DATA --configs nonprivate default r2_tau7 dp_sgd
+    python benchmarks/make_private_ctr.py --data DATA --keras keras3 --crosses 2 \
+        --configs nonprivate default
 """
 import argparse
 import json
@@ -43,17 +49,25 @@ def features(rows):
   return inputs
 
 
-def build(vocab_sizes, hidden_units):
-  """A plain Keras pCTR model: per-table embeddings (width `ctr.embedding_dim`) and the integer
-  features into a ReLU tower and one logit."""
-  numeric = tf.keras.Input((ctr.CTRConfig.num_integer_features,), name=ctr.INT_FEATURES)
-  columns = [tf.keras.Input((), dtype=tf.int64, name=f"C{i + 1}") for i in range(len(vocab_sizes))]
-  embedded = [tf.keras.layers.Embedding(size, ctr.embedding_dim(size - 1), name=f"table_{i + 1}")(c)
-              for i, (size, c) in enumerate(zip(vocab_sizes, columns))]
-  hidden = tf.keras.layers.Concatenate()(embedded + [numeric])
+def build(vocab_sizes, hidden_units, keras_api=tf.keras, crosses=0):
+  """A plain Keras pCTR model (of `keras_api`: tf.keras or Keras 3): per-table embeddings (width
+  `ctr.embedding_dim`) and the integer features, `crosses` KerasRS FeatureCross layers on them,
+  a ReLU tower and one logit."""
+  layers = keras_api.layers
+  inputs = {ctr.INT_FEATURES: keras_api.Input((ctr.CTRConfig.num_integer_features,),
+                                              name=ctr.INT_FEATURES)}
+  inputs.update({f"C{i + 1}": keras_api.Input((), dtype="int64", name=f"C{i + 1}")
+                 for i in range(len(vocab_sizes))})
+  embedded = [layers.Embedding(size, ctr.embedding_dim(size - 1), name=f"table_{i + 1}")(
+      inputs[f"C{i + 1}"]) for i, size in enumerate(vocab_sizes)]
+  hidden = x0 = layers.Concatenate()(embedded + [inputs[ctr.INT_FEATURES]])
+  if crosses:
+    import keras_rs  # pylint: disable=import-outside-toplevel
+    for _ in range(crosses):
+      hidden = keras_rs.layers.FeatureCross()(x0, hidden)
   for units in hidden_units:
-    hidden = tf.keras.layers.Dense(units, activation="relu")(hidden)
-  return tf.keras.Model([numeric] + columns, tf.keras.layers.Dense(1)(hidden))
+    hidden = layers.Dense(units, activation="relu")(hidden)
+  return keras_api.Model(inputs, layers.Dense(1)(hidden))
 
 
 def _log_loss(labels, probabilities):
@@ -74,23 +88,25 @@ def evaluate(model, rows):
 
 
 def run(name, options, data, args, seed):
-  tf.keras.utils.set_random_seed(seed)
-  model = build(data.vocab_sizes, args.hidden_units)
+  keras_api = _keras(args.keras)
+  keras_api.utils.set_random_seed(seed)
+  model = build(data.vocab_sizes, args.hidden_units, keras_api, args.crosses)
   n = len(data.train["label"])
   if options is not None:
     options = dict(options, **({"batch_size": args.batch_size} if args.batch_size else {}))
     model = dprec.make_private(model, epsilon=args.epsilon, train_size=n, epochs=args.epochs,
                                **options)
   optimizer = (sparse_optimizers.AdamBC(args.learning_rate) if args.optimizer == "adambc"
-               else tf.keras.optimizers.Adam(args.learning_rate))
+               else keras_api.optimizers.Adam(args.learning_rate))
   model.compile(optimizer=optimizer,
-                loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+                loss=keras_api.losses.BinaryCrossentropy(from_logits=True))
   start = time.perf_counter()
   history = model.fit(features(data.train), data.train["label"].astype(np.float32),
                       epochs=int(np.ceil(args.epochs)),
                       batch_size=None if options is not None else 1024, verbose=0)
   seconds = time.perf_counter() - start
-  record = dict(config=name, draw=seed, optimizer=args.optimizer,
+  record = dict(config=name, draw=seed, keras=args.keras, crosses=args.crosses,
+                optimizer=args.optimizer,
                 learning_rate=args.learning_rate, epochs=args.epochs,
                 hidden_units=args.hidden_units,
                 epsilon=args.epsilon if options is not None else None,
@@ -105,6 +121,14 @@ def run(name, options, data, args, seed):
   for split, rows in (("validation", data.validation), ("test", data.eval)):
     record[f"{split}_auc"], record[f"{split}_log_loss"] = evaluate(model, rows)
   return record
+
+
+def _keras(name):
+  """tf.keras, or Keras 3 (`import keras`, imported only when asked for)."""
+  if name == "tf_keras":
+    return tf.keras
+  import keras  # pylint: disable=import-outside-toplevel
+  return keras
 
 
 def main(argv=None):
@@ -124,8 +148,14 @@ def main(argv=None):
   parser.add_argument("--validation-rows", type=int, default=50_000,
                       help="held out of the end of the training days")
   parser.add_argument("--hidden-units", type=int, nargs="+", default=[256, 256])
+  parser.add_argument("--keras", choices=("tf_keras", "keras3"), default="tf_keras",
+                      help="the Keras the model is written with")
+  parser.add_argument("--crosses", type=int, default=0,
+                      help="KerasRS FeatureCross layers before the tower (--keras keras3)")
   parser.add_argument("--jsonl", help="append each run's record here")
   args = parser.parse_args(argv)
+  if args.crosses and args.keras != "keras3":
+    parser.error("--crosses needs --keras keras3 (KerasRS is Keras 3 only)")
   data = ctr_data.hold_out_validation(ctr_data.load_data(args.data), args.validation_rows)
   rate = float(np.mean(data.train["label"]))
   base = {split: ctr.log_loss_of_constant(rows["label"], rate)

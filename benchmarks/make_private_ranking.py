@@ -105,6 +105,14 @@ def run(args, data, epsilon, seed):
   return result
 
 
+def append_json(args, results):
+  """Appends each result, with the command's arguments, as a JSON line to `args.json` (if set)."""
+  if args.json:
+    with open(args.json, "a", encoding="utf-8") as f:
+      for result in results:
+        f.write(json.dumps(dict(result, args=vars(args))) + "\n")
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__,
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -138,9 +146,7 @@ def main():
             f"{result.get('test_rmse_before_recalibration') or float('nan'):.4f} | "
             f"{result.get('final_clip') or float('nan'):.3g} | {result['train_mean_rmse']:.4f} | "
             f"{result.get('epsilon_spent') or 0:.3f} | {result['seconds']:.0f} |", flush=True)
-      if args.json:
-        with open(args.json, "a", encoding="utf-8") as f:
-          f.write(json.dumps(dict(result, args=vars(args))) + "\n")
+      append_json(args, [result])
 
 
 if __name__ == "__main__":
