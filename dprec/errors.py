@@ -4,6 +4,10 @@
 class DprecError(Exception):
   """Base class for errors caused by the user's input or configuration."""
 
+  # Keras (3 and tf-keras) re-raises an error from inside a layer's call with the call's
+  # arguments appended, unless it carries this mark: a refusal in a DP step stays one line.
+  _keras_call_info_injected = True
+
 
 class InputError(DprecError):
   """Malformed input data, located by file, line number and field."""
