@@ -200,7 +200,8 @@ def read_step(reference):
   def check(ok, problem):
     return tf.debugging.Assert(ok, [tf.strings.join([REFUSAL_MARKER, path, problem])])
 
-  with tf.control_dependencies([check(tf.size(tf.io.matching_files(path)) > 0,
+  literal = tf.strings.regex_replace(path, r"([*?\[\\])", r"\\\1")  # glob characters escaped
+  with tf.control_dependencies([check(tf.size(tf.io.matching_files(literal)) > 0,
                                       ": missing: the shard of this step")]):
     records = tf.data.TFRecordDataset(path).ignore_errors().batch(1 << 30).reduce(
         tf.zeros([0], tf.string), lambda read, batch: tf.concat([read, batch], 0))

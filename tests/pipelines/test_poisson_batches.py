@@ -237,6 +237,10 @@ def test_a_worker_reads_its_steps_shard_and_refuses_another_in_one_line(records,
       read_step(batch_shards.step_reference(str(tmp_path), first))
     refused = str(batch_shards.refusal(raised.value))
     assert refused.startswith(f"{shard}: {problem}") and "\n" not in refused, refused
+  odd = tmp_path / "a run [1]*?"  # glob characters in a run directory are plain characters
+  odd.mkdir()
+  (odd / first["file"]).write_bytes(data)
+  read_step(batch_shards.step_reference(str(odd), first))
 
 
 def test_a_rerun_replaces_an_unfinished_jobs_leftovers(records, written, tmp_path):
