@@ -110,6 +110,10 @@ class CTRModel(DPModel):
       activations = layer(activations)
     return self.logit(activations)
 
+  def lookup_pass(self, x):
+    """The table lookups of the forward pass alone (`DPStep.lookup_pass`)."""
+    self.embedding(x[CAT_FEATURES])
+
   def compute_loss(self, x=None, y=None, y_pred=None, sample_weight=None):
     """The TFRS ranking task: mean BCE, and the AUC metric updated on the way. Under
     `tf.distribute` the returned loss is the replica's share of the global mean (Keras sums the

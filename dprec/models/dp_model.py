@@ -155,6 +155,32 @@ class DPModel(tf.keras.Model, dp_step.DPStep):
       cls = _FUNCTIONAL_VARIANTS[cls]
     return super().__new__(cls, *args, **kwargs)
 
+  # Lazy noise (`config.DPSGDLazy`): the weights are flushed before they leave `fit`, and before
+  # every evaluation, prediction and save (checkpoints: `training.callbacks.CheckpointCallback`).
+  flushes_pending_noise = True
+
+  def fit(self, *args, **kwargs):
+    try:
+      return super().fit(*args, **kwargs)
+    finally:
+      self.materialise_pending()
+
+  def evaluate(self, *args, **kwargs):
+    self.materialise_pending()
+    return super().evaluate(*args, **kwargs)
+
+  def predict(self, *args, **kwargs):
+    self.materialise_pending()
+    return super().predict(*args, **kwargs)
+
+  def save(self, *args, **kwargs):
+    self.materialise_pending()
+    return super().save(*args, **kwargs)
+
+  def save_weights(self, *args, **kwargs):
+    self.materialise_pending()
+    return super().save_weights(*args, **kwargs)
+
   def compile(self, optimizer="rmsprop", loss=None, metrics=None, **kwargs):
     """As `tf.keras.Model.compile`; `optimizer` may be a `DPOptimizer` (a plain optimizer means
     `NonPrivate`). XLA is off: the step's shapes vary from batch to batch."""

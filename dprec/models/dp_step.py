@@ -19,7 +19,10 @@ from dprec.clipping import registry as registry_lib
 from dprec.distribute import replicas as replicas_lib
 from dprec.errors import DprecError
 from dprec.optimizers import config as config_lib
+from dprec.optimizers import sparse as sparse_optimizers
+from dprec.privacy import secure_noise as secure_noise_lib
 from dprec.sparse import kept_rows as kept_rows_lib
+from dprec.sparse import lazy as lazy_lib
 from dprec.sparse import noise as noise_lib
 
 
@@ -129,6 +132,15 @@ def mixed_class(mixin, cls):
 
 
 _MIXED_CLASSES = {}
+ROW_STEP_PURPOSE = "row-step noise"  # `NoiseKey.derive` label of `per_step_noise`'s seed
+
+
+def _row_step_seed(dp_optimizer):
+  """The (int, int) seed of `per_step_noise` draws, from the run's noise key."""
+  if dp_optimizer.noise_key is None:
+    raise DprecError("per_step_noise needs the DPOptimizer's noise_key (or insecure seed)")
+  entropy = dp_optimizer.noise_key.entropy(ROW_STEP_PURPOSE)
+  return (entropy % 2 ** 63, (entropy >> 64) % 2 ** 63)
 
 
 class DPStep:
@@ -242,7 +254,67 @@ class DPStep:
 
   def _dp_gradients(self, config, x, y, sample_weight):
     """Noisy, normalised gradients of one DP step (module docstring, steps 1–5)."""
+    if isinstance(config, config_lib.DPSGDLazy):  # the rows x reads, brought up to date first
+      lazy = self._lazy_noise(config)
+      upto = tf.cast(self.optimizer.iterations, tf.int64)
+      for f, rows in enumerate(self._rows_read(x)):
+        lazy.materialise(f, rows, upto, upto + 1)  # step t's own noise: in its gradient
     return self._clipped_noisy_gradients(config, self._dp_forward(config, x, y, sample_weight))
+
+  # A binding whose `evaluate`, `predict`, saves and checkpoints call `materialise_pending`
+  # first sets this (`DPModel`); lazy noise is refused elsewhere.
+  flushes_pending_noise = False
+
+  def lookup_pass(self, x):
+    """Hook: runs (at least) every DP-table lookup the training forward pass of `x` makes, for
+    lazy noise to know the rows a step reads before it reads them. Default: the inference pass."""
+    self(x, training=False)
+
+  def _rows_read(self, x):
+    """Per DP table, the distinct local rows `x`'s forward pass reads (`lookup_pass`)."""
+    tables = self.dp_step_tables
+    for table in tables:
+      table.start_recording()
+    try:
+      self.lookup_pass(x)
+    finally:
+      lookups = [table.stop_recording() for table in tables]
+    return [tf.unique(tf.concat([tf.reshape(l.ids, [-1]) for l in ls], 0))[0] if ls
+            else tf.zeros([0], tf.int64) for ls in lookups]
+
+  def _lazy_noise(self, config):
+    """The run's `dprec.sparse.lazy.LazyNoise` (made at the first trace), refusing what lazy
+    noise cannot be: a table split over parameter servers, replicas, an optimizer that is not
+    SGD on the tables, a normaliser that is not fixed, a binding that does not flush."""
+    lazy = getattr(self, "_lazy", None)
+    if lazy is not None:
+      return lazy
+    inner, dp = self.optimizer, self.dp_optimizer
+    problems = [
+        (not self.flushes_pending_noise, "this Keras binding does not flush pending noise"),
+        (not isinstance(inner, (sparse_optimizers.SparseSGD, sparse_optimizers.TableSGD)),
+         f"the optimizer is {type(inner).__name__}, not SparseSGD or TableSGD (the noise must "
+         "enter the tables linearly)"),
+        (dp.expected_batch_size is None, "no expected_batch_size (the normaliser must be fixed)"),
+        (tf.distribute.has_strategy(), "a tf.distribute strategy (one device only)"),
+        (secure_noise_lib.is_secure(self._dp_generator), "secure_noise")]
+    refused = [reason for bad, reason in problems if bad]
+    if refused:
+      raise DprecError("dp_sgd_lazy cannot run here: " + "; ".join(refused))
+    seed = None
+    if config.per_step_noise:
+      seed = _row_step_seed(dp)
+    lazy = lazy_lib.LazyNoise([t.embeddings for t in self.dp_step_tables], inner,
+                              config_lib.noise_std(config.l2_norm_clip, config.noise_multiplier)
+                              / dp.expected_batch_size, self._dp_generator, seed)
+    object.__setattr__(self, "_lazy", lazy)
+    return lazy
+
+  def materialise_pending(self):
+    """Adds every row's pending lazy noise (`DPSGDLazy`): before any release of the weights."""
+    lazy = getattr(self, "_lazy", None)
+    if lazy is not None:
+      lazy.flush()
 
   @tf.autograph.experimental.do_not_convert  # as `_norms`
   def _clipped_noisy_gradients(self, config, forward):
@@ -321,6 +393,8 @@ class DPStep:
     grads = [noise_lib.noisy_dense(g, std, generator) / normaliser for g in dense_sums]
     tables = self.dp_step_tables
     shapes = [(table.vocab_size, table.output_dim) for table in tables]
+    if getattr(config, "per_step_noise", False):
+      return grads + self._row_step_gradients(std, table_sums, kept_rows, shapes, normaliser)
     sparse = [f for f, rows in enumerate(kept_rows) if rows is not None]
     table_grads = dict(zip(sparse, noise_lib.noisy_sparse_rows(
         [kept_rows[f] for f in sparse], [table_sums[f][0] for f in sparse],
@@ -333,6 +407,18 @@ class DPStep:
       else:
         grads.append(noise_lib.noisy_dense_rows(row, values, std, generator, shapes[f],
                                                 normaliser, _row_widths(tables[f])))
+    return grads
+
+  def _row_step_gradients(self, std, table_sums, kept_rows, shapes, normaliser):
+    """The tables' gradients with `per_step_noise`: this step's keyed draw of every table
+    (`dprec.sparse.lazy.row_step_noise`), on all rows (None) or on `kept_rows[f]`."""
+    seed, step = _row_step_seed(self.dp_optimizer), self.optimizer.iterations + 1
+    grads = []
+    for f, ((row, values), rows, shape) in enumerate(zip(table_sums, kept_rows, shapes)):
+      noise = lazy_lib.row_step_noise(seed, f, step, shape, std, values.dtype)
+      total = tf.tensor_scatter_nd_add(noise, row[:, tf.newaxis], values) / normaliser
+      grads.append(total if rows is None else tf.IndexedSlices(
+          tf.gather(total, rows), rows, tf.constant(shape, tf.int64)))
     return grads
 
   def _update_clip(self, quantile_clipping, centered_count, normaliser):

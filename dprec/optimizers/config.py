@@ -170,11 +170,15 @@ class DPSGD(_Algorithm):
 
   `quantile_clipping` (keyword only, a `QuantileClipping`) makes C2 adaptive: `l2_norm_clip` is
   its initial value, `DPOptimizer.clip` the current one; `noise_multiplier` is the gradient's
-  σ_Δ and each step is accounted with the count's noise composed in."""
+  σ_Δ and each step is accounted with the count's noise composed in.
+
+  `per_step_noise` (keyword only): the tables' noise at step t is `dprec.sparse.lazy.
+  row_step_noise`, keyed by (run key, table, t), so that `DPSGDLazy` can replay it (tests)."""
   l2_norm_clip: float
   noise_multiplier: float
   normalization_offset: Optional[float] = dataclasses.field(default=None, kw_only=True)
   quantile_clipping: Optional[QuantileClipping] = dataclasses.field(default=None, kw_only=True)
+  per_step_noise: bool = dataclasses.field(default=False, kw_only=True)
   name = "dp_sgd"
 
   def __post_init__(self):
@@ -219,6 +223,33 @@ class DPSGD(_Algorithm):
   @classmethod
   def from_plan(cls, noise_multiplier, options, selected_rows=None):
     return cls(float(options.l2_norm_clip), noise_multiplier)
+
+
+@dataclasses.dataclass(frozen=True)
+class DPSGDLazy(DPSGD):
+  """DP-SGD with lazy dense noise (Lim et al., "LazyDP", ASPLOS 2024; `dprec.sparse.lazy`): the
+  same mechanism and accounting as `DPSGD`, the same final model in distribution, at the cost of
+  the rows a step reads. A step's gradient is an IndexedSlices over the rows the batch touched
+  (the clipped sum plus this step's noise); the noise every other row would have received waits
+  until the row is next read (drawn before the forward pass) or the model leaves the run (every
+  checkpoint, `evaluate`, `predict` and save materialises it first). Intermediate weights lack it:
+  they must never be released. Needs SGD on the tables (`SparseSGD`, or `TableSGD` with or
+  without momentum: the noise must enter linearly), a fixed `expected_batch_size`, a fixed C2.
+
+  `per_step_noise` (keyword only): every table's noise at step t is `dprec.sparse.lazy.
+  row_step_noise` keyed by (run key, table, t); pending steps are replayed, O(V·d) each: equal
+  to `DPSGD(per_step_noise=True)` to float rounding (tests)."""
+  name = "dp_sgd_lazy"
+
+  def __post_init__(self):
+    super().__post_init__()
+    if self.quantile_clipping is not None:
+      raise ValueError("dp_sgd_lazy needs a fixed clip: pending noise is summed at one σ·C2")
+
+  def kept_rows(self, layout, pairs, batch_size, generator, replicas=None):
+    """Every pair kept; each variable's noised rows: those the batch touched."""
+    del layout, batch_size, generator, replicas
+    return kept_rows_lib.touched_rows(pairs)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -339,7 +370,8 @@ class DPAdaFESTPlus(DPAdaFEST):
 ADAFEST_RATIO = 2.0
 ADAFEST_THRESHOLD = 7.0
 
-ALGORITHMS = {cls.name: cls for cls in (NonPrivate, DPSGD, DPFEST, DPAdaFEST, DPAdaFESTPlus)}
+ALGORITHMS = {cls.name: cls for cls in (NonPrivate, DPSGD, DPSGDLazy, DPFEST, DPAdaFEST,
+                                         DPAdaFESTPlus)}
 
 
 def is_private(config) -> bool:

@@ -4,7 +4,8 @@ Stock Keras 2.15 optimizers compile their update with XLA by default, which turn
 scatter into a copy of the whole table (a 10M×55 embedding: SGD 11.7 s, Adam 16.4 s per step
 here), and Adam decays every row's moments on every step. These run without XLA: SGD with a
 row scatter, Keras' own row-sparse Adagrad update, and a lazy Adam that updates the moments
-of the gradient's rows only (dense variables get the ordinary Adam update), and DP-AdamBC.
+of the gradient's rows only (dense variables get the ordinary Adam update), SGD or momentum on
+the tables beside Adam on the rest (`TableSGD`), and DP-AdamBC.
 """
 import tensorflow as tf
 
@@ -56,6 +57,63 @@ class LazyAdam(tf.keras.optimizers.Adam):
     index = self._index_dict[self._var_key(variable)]
     return lazy_adam_rows(self, gradient, variable, self._momentums[index],
                           self._velocities[index], self.learning_rate)
+
+
+class TableSGD(LazyAdam):
+  """SGD, with or without momentum μ (heavy ball, Keras' convention v ← μ·v − η·g, w ← w + v), at
+  `table_learning_rate` on the embedding tables named by `train_tables`, and `LazyAdam` at
+  `learning_rate` on every other (dense) variable. DP-SGD's noise passes through SGD linearly,
+  which lazy noise (`dprec.optimizers.config.DPSGDLazy`) needs; the small dense tower keeps Adam.
+  An IndexedSlices gradient updates its rows (and their velocities) only: rows absent from a
+  step neither decay nor move (the lazy algorithm applies those moves when it materialises the
+  rows); a dense one updates every row."""
+
+  def __init__(self, learning_rate=0.001, table_learning_rate=0.1, momentum=0.0,
+               name="TableSGD", **kwargs):
+    if not 0.0 <= momentum < 1.0:
+      raise ValueError(f"momentum must be in [0, 1), got {momentum}")
+    super().__init__(learning_rate=learning_rate, name=name, **kwargs)
+    self.table_learning_rate, self.momentum = float(table_learning_rate), float(momentum)
+    self._table_ids, self._velocity_slot, self._table_velocities = set(), {}, []
+
+  def train_tables(self, variables):
+    """Marks the table variables (before `build`)."""
+    self._table_ids = {id(v) for v in variables}
+
+  def build(self, var_list):
+    super().build(var_list)
+    if self.momentum and not self._table_velocities:
+      tables = [v for v in var_list if id(v) in self._table_ids]
+      self._velocity_slot = {id(v): slot for slot, v in enumerate(tables)}
+      self._table_velocities = [self.add_variable_from_reference(v, "table_velocity")
+                                for v in tables]
+
+  def velocity(self, variable):
+    """The momentum slot of a table variable (None without momentum)."""
+    slot = self._velocity_slot.get(id(variable))
+    return None if slot is None else self._table_velocities[slot]
+
+  def update_step(self, gradient, variable):
+    if id(variable) not in self._table_ids:
+      return super().update_step(gradient, variable)
+    lr = tf.constant(self.table_learning_rate, variable.dtype)
+    velocity = self.velocity(variable)
+    if isinstance(gradient, tf.IndexedSlices):
+      rows, step = gradient.indices, -lr * gradient.values
+      if velocity is not None:
+        step = self.momentum * tf.gather(velocity, rows) + step
+        velocity.scatter_update(tf.IndexedSlices(step, rows))
+      return variable.scatter_add(tf.IndexedSlices(step, rows))
+    if velocity is None:
+      return tf.raw_ops.ResourceApplyGradientDescent(var=variable.handle, alpha=lr,
+                                                     delta=gradient)
+    velocity.assign(self.momentum * velocity - lr * gradient)
+    return variable.assign_add(velocity)
+
+  def get_config(self):
+    config = super().get_config()
+    config.update(table_learning_rate=self.table_learning_rate, momentum=self.momentum)
+    return config
 
 
 def lazy_adam_rows(adam, gradient, variable, m, v, learning_rate):

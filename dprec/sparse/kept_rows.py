@@ -86,6 +86,12 @@ def all_rows(pairs):
   return [KeptRows(tf.ones_like(p.row, dtype=tf.bool), None) for p in pairs]
 
 
+def touched_rows(pairs):
+  """Every pair kept; rows: the sorted distinct rows the batch touched (lazy DP-SGD)."""
+  return [KeptRows(tf.ones_like(p.row, dtype=tf.bool), tf.sort(tf.unique(p.row)[0]))
+          for p in pairs]
+
+
 def fixed_set_rows(layout, selected_rows, pairs):
   """DP-FEST: the rows of the fixed set `selected_rows` ({table name: sorted row ids})."""
   variable_sets = [tf.constant(rows, tf.int64)

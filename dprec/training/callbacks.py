@@ -196,6 +196,9 @@ class CheckpointCallback(tf.keras.callbacks.Callback):
     self._committed_step = start_step
 
   def commit(self):
+    flush = getattr(self.model, "materialise_pending", None)  # a checkpoint holds no pending noise
+    if flush is not None:
+      flush()
     self.manager.commit(self.state, self.tf_checkpoint.write)
     self._committed_step = self.state["step"]
 

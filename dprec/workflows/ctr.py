@@ -66,7 +66,8 @@ FEST_ALGORITHMS = tuple(name for name, algorithm in config_lib.ALGORITHMS.items(
 STRATEGIES = cluster.STRATEGIES
 LOCAL_CLUSTERS = ("multi_worker", "parameter_server")
 OPTIMIZERS = {"sgd": sparse_optimizers.SparseSGD, "adagrad": sparse_optimizers.SparseAdagrad,
-              "adam": sparse_optimizers.LazyAdam, "adambc": sparse_optimizers.AdamBC}
+              "adam": sparse_optimizers.LazyAdam, "adambc": sparse_optimizers.AdamBC,
+              "table_sgd": sparse_optimizers.TableSGD}
 LOGIT_INITS = ("base_rate", "default")
 STEPS_PER_EPOCH = poisson.STEPS_PER_EPOCH  # default B: `default_batch_size`
 BATCH_SIZE_RANGE = poisson.DATA_SIZED_RANGE
@@ -136,6 +137,8 @@ class CTRTrainOptions(run_lib.FitOptions):
   learning_rate: Optional[float] = None  # None: `DEFAULT_LEARNING_RATES` (private or not)
   optimizer: str = "adam"
   adambc_floor: float = sparse_optimizers.ADAMBC_FLOOR
+  table_learning_rate: float = 0.1  # --optimizer table_sgd: SGD's on the tables
+  momentum: float = 0.0  # --optimizer table_sgd: on the tables
   logit_init: str = "base_rate"
   base_rate_share: float = 0.01
   calibration_share: float = 0.1
@@ -342,6 +345,11 @@ def make_optimizer(options):
   """The row-sparse optimizer of `options.optimizer` at `learning_rate(options)`."""
   if options.optimizer == "adambc":
     return sparse_optimizers.AdamBC(learning_rate(options), floor=options.adambc_floor)
+  if options.optimizer == "table_sgd":
+    if not hasattr(options, "table_learning_rate"):
+      raise DprecError("--optimizer table_sgd is for train ctr only")
+    return sparse_optimizers.TableSGD(learning_rate(options), options.table_learning_rate,
+                                      options.momentum)
   return OPTIMIZERS[options.optimizer](learning_rate(options))
 
 
@@ -370,6 +378,8 @@ def build_model(options, data, plan, run):
                                       expected_batch_size=options.batch_size,
                                       noise_key=run.noise_key,
                                       secure_noise=options.secure_noise))
+  if options.optimizer == "table_sgd":
+    model.optimizer.train_tables([t.embeddings for t in model.dp_step_tables])
   model.optimizer.build(model.trainable_variables)  # slots now: restorable, traced once
   return model, rate
 

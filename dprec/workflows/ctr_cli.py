@@ -93,6 +93,11 @@ def register(subparsers):
   add("--steps", type=int, default=defaults.steps,
       help="training steps T (default: one epoch, ⌈N/B⌉)")
   add_step_arguments(add, defaults)
+  add("--table-learning-rate", type=float, default=defaults.table_learning_rate,
+      help="--optimizer table_sgd (SGD on the embedding tables, lazy Adam at --learning-rate on "
+           "the dense layers): the tables' learning rate")
+  add("--momentum", type=float, default=defaults.momentum,
+      help="--optimizer table_sgd: the tables' momentum (0: plain SGD)")
   add("--logit-init", choices=ctr.LOGIT_INITS, default=defaults.logit_init,
       help="base_rate: the logit layer starts at zero weights and the bias at the logit of the "
            "training click rate (DP: a Gaussian estimate charged to the ledger), so the "
