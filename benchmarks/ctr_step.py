@@ -7,6 +7,11 @@ Variants, run one after another in this process on the same batches:
                 positives among untouched rows: V·Ψ(τ/(σ1·C1)) a step, so larger vocabularies
                 need a larger τ (15 → ~460 rows of table3's 0.34M, ~13,500 of 10M; 25 → ~0)
   dp_sgd        dprec DP-SGD (dense noise on every embedding row)
+  dp_sgd_lazy   dprec DP-SGD with lazy dense noise (`DPSGDLazy`: noise on the rows a step reads,
+                each row's pending steps drawn as one Gaussian; issue 52); not in the default list
+  dp_sgd_lazy_momentum
+                the same with momentum 0.9 on the tables (`TableSGD`: the dense tower on lazy
+                Adam; the pending (row, velocity) noise a 2-variable Gaussian); on request only
   dp_adafest_secure, dp_sgd_secure
                 the same with `secure_noise=True` (every noise draw exact, no floating-point
                 artefact: `dprec.privacy.secure_noise`); not in the default list
@@ -46,6 +51,7 @@ from dprec.models import ctr
 from dprec.optimizers import config as config_lib
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.sparse import SparseSGD
+from dprec.optimizers.sparse import TableSGD
 from dprec.training.callbacks import StepTimer
 
 import machine
@@ -53,6 +59,7 @@ import machine
 VARIANTS = ("non_private", "dp_adafest", "dp_sgd", "tfp_dpmodel", "keras")
 SECURE = ("dp_adafest_secure", "dp_sgd_secure")  # `secure_noise=True`; on request only
 STACKED = ("non_private_stacked", "dp_adafest_stacked", "dp_sgd_stacked")  # on request only
+LAZY = ("dp_sgd_lazy", "dp_sgd_lazy_momentum")  # on request only
 DENSE = ("dp_sgd", "dp_sgd_secure", "dp_sgd_stacked", "tfp_dpmodel", "keras")  # cost ∝ V·d
 LEARNING_RATE, C2, SIGMA2, SIGMA1, C1 = 0.5, 10.0, 1.0, 5.0, 1.0
 
@@ -71,10 +78,15 @@ def make_batches(vocab_sizes, batch_size, count, seed=0):
   return batches
 
 
-def _dprec_model(vocab_sizes, algorithm, batch_size, secure_noise=False, stack_tables=False):
+def _dprec_model(vocab_sizes, algorithm, batch_size, secure_noise=False, stack_tables=False,
+                 momentum=None):
   model = ctr.build_ctr_model(vocab_sizes, stack_tables=stack_tables)
-  model.compile(optimizer=DPOptimizer(algorithm, SparseSGD(LEARNING_RATE),
-                                      expected_batch_size=batch_size, secure_noise=secure_noise))
+  inner = (SparseSGD(LEARNING_RATE) if momentum is None
+           else TableSGD(1e-2, table_learning_rate=LEARNING_RATE, momentum=momentum))
+  model.compile(optimizer=DPOptimizer(algorithm, inner, expected_batch_size=batch_size,
+                                      secure_noise=secure_noise))
+  if momentum is not None:
+    inner.train_tables([t.embeddings for t in model.dp_step_tables])
   model.optimizer.build(model.trainable_variables)
   return model
 
@@ -121,12 +133,14 @@ def build(variant, vocab_sizes, batch_size, threshold, stack_multiple=8):
   algorithm = {
       "non_private": config_lib.NonPrivate(),
       "dp_sgd": config_lib.DPSGD(l2_norm_clip=C2, noise_multiplier=SIGMA2),
+      "dp_sgd_lazy": config_lib.DPSGDLazy(l2_norm_clip=C2, noise_multiplier=SIGMA2),
       "dp_adafest": config_lib.DPAdaFEST(l2_norm_clip=C2, noise_multiplier=SIGMA2,
                                          contribution_clip=C1, contribution_noise_multiplier=SIGMA1,
                                          threshold=threshold),
-  }[variant.removesuffix("_secure").removesuffix("_stacked")]
+  }[variant.removesuffix("_secure").removesuffix("_stacked").removesuffix("_momentum")]
   model = _dprec_model(vocab_sizes, algorithm, batch_size, variant.endswith("_secure"),
-                       variant.endswith("_stacked") and stack_multiple)
+                       variant.endswith("_stacked") and stack_multiple,
+                       0.9 if variant.endswith("_momentum") else None)
   return model, lambda features, labels: (features, labels)
 
 
@@ -199,7 +213,7 @@ def main(argv=None):
   parser.add_argument("--vocab", nargs="+", default=["table3", "scaled:10M"],
                       help="vocabularies: table3 and/or scaled:M")
   parser.add_argument("--variants", nargs="+", default=list(VARIANTS),
-                      choices=VARIANTS + SECURE + STACKED)
+                      choices=VARIANTS + SECURE + STACKED + LAZY)
   parser.add_argument("--batch-size", type=int, default=2048)
   parser.add_argument("--steps", type=int, default=10, help="timed steps per variant")
   parser.add_argument("--dense-steps", type=int, default=3,

@@ -47,7 +47,8 @@ TARGET = 0.005  # Ghazi et al.'s (2023) AUC loss against DP-SGD
 # A point without its own B runs at `train ctr`'s batch rule of sessions 7-10 (N/500: 8,192 at
 # 5M, 16,384 at 20M), so the runs recorded since stay comparable; `train ctr` now sizes N/150.
 FRONTIER_STEPS_PER_EPOCH = 500
-SELECTION_KEYS = ("algorithm", "ratio", "threshold", "contribution_clip", "top_k", "epsilon")
+SELECTION_KEYS = ("algorithm", "ratio", "threshold", "contribution_clip", "top_k", "epsilon",
+                  "optimizer", "momentum")
 VARIANT_KEYS = ("learning_rate", "l2_norm_clip", "hidden_units")
 # ε at which DP-SGD's σ is DP-AdaFEST r = 2's σ2 = σ·√(1 + 1/r²) at 5M (4.75M rows, B = 8,192,
 # 580 steps: σ 0.785 → 0.878): DP-SGD with the noise split's cost and no selection.
@@ -92,6 +93,14 @@ PHASES = {
                 for point in (dict(algorithm="dp_sgd"), adafest(2, 7))],
     # The dense tower (noised on every weight each step): both ends at Dense 256-256 (session 9),
     # then more rows kept at the lr that won there.
+    # Issue 52: DP-SGD with SGD or momentum on the tables (Adam 1e-2 on the dense tower), over the
+    # tables' learning rate, beside the same DP-SGD with Adam everywhere at C2 = 2 (run with
+    # --batch-size: 16,384 at 5M, the tuned line of session 11); then lazy noise at the lr chosen.
+    "sgd_tables": [dict(algorithm="dp_sgd", l2_norm_clip=2.0)]
+                  + [dict(algorithm="dp_sgd", optimizer="table_sgd", momentum=0.0,
+                          table_learning_rate=lr, l2_norm_clip=2.0) for lr in (1, 10, 100, 1000)]
+                  + [dict(algorithm="dp_sgd", optimizer="table_sgd", momentum=0.9,
+                          table_learning_rate=lr, l2_norm_clip=2.0) for lr in (0.1, 1, 10, 100)],
     "tower": [dict(point, hidden_units=(256, 256), learning_rate=lr)
               for point in (dict(algorithm="dp_sgd"), adafest(2, 7), dict(algorithm="non_private"))
               for lr in (3e-3, 1e-2, 3e-2)]
@@ -123,8 +132,11 @@ def family(point):
 def label(point):
   names = {"ratio": "r", "threshold": "tau", "contribution_clip": "C1", "top_k": "k",
            "epsilon": "eps", "learning_rate": "lr", "l2_norm_clip": "C2", "hidden_units": "h",
-           "batch_size": "B", "steps": "T"}  # B and T: in a point only when not the default
+           "batch_size": "B", "steps": "T", "optimizer": "opt", "momentum": "mom",
+           "table_learning_rate": "tlr"}  # B, T, opt, tlr: in a point only when not the default
   def text(value):
+    if isinstance(value, str):
+      return value
     return "x".join(map(str, value)) if isinstance(value, (list, tuple)) else f"{value:g}"
   return " ".join([point["algorithm"]] + [f"{names[k]}={text(point[k])}" for k in names
                                           if k in point])
@@ -231,9 +243,10 @@ def at_frontier_batch(runs):
 
 
 def the_line(chosen):
-  """DP-SGD's chosen variant at the run's ε (not a diagnostic at another ε), or None."""
-  return next((s for s in chosen.values()
-               if s["algorithm"] == "dp_sgd" and "epsilon" not in s["point"]), None)
+  """DP-SGD's chosen variant at the run's ε with Adam (not a diagnostic at another ε, nor SGD on
+  the tables), or None."""
+  return next((s for s in chosen.values() if s["algorithm"] == "dp_sgd"
+               and not {"epsilon", "optimizer"} & set(s["point"])), None)
 
 
 def print_report(runs, draws):
