@@ -74,24 +74,34 @@ class TableSGD(LazyAdam):
       raise ValueError(f"momentum must be in [0, 1), got {momentum}")
     super().__init__(learning_rate=learning_rate, name=name, **kwargs)
     self.table_learning_rate, self.momentum = float(table_learning_rate), float(momentum)
-    self._table_ids, self._velocity_slot, self._table_velocities = set(), {}, []
+    self._table_ids = set()
 
   def train_tables(self, variables):
     """Marks the table variables (before `build`)."""
     self._table_ids = {id(v) for v in variables}
 
   def build(self, var_list):
-    super().build(var_list)
-    if self.momentum and not self._table_velocities:
-      tables = [v for v in var_list if id(v) in self._table_ids]
-      self._velocity_slot = {id(v): slot for slot, v in enumerate(tables)}
-      self._table_velocities = [self.add_variable_from_reference(v, "table_velocity")
-                                for v in tables]
+    """Adam's m and v for the dense variables; for a table, its velocity (with momentum) in m's
+    place and empty placeholders, so that no table-sized slot goes unused."""
+    tf.keras.optimizers.Optimizer.build(self, var_list)  # pylint: disable=bad-super-call
+    if getattr(self, "_built", False):
+      return
+    self._built = True
+    self._momentums, self._velocities = [], []
+    for var in var_list:
+      if id(var) not in self._table_ids:
+        self._momentums.append(self.add_variable_from_reference(var, "m"))
+        self._velocities.append(self.add_variable_from_reference(var, "v"))
+        continue
+      self._momentums.append(self.add_variable_from_reference(var, "table_velocity")
+                             if self.momentum else self.add_variable([0], name="unused"))
+      self._velocities.append(self.add_variable([0], name="unused"))
 
   def velocity(self, variable):
     """The momentum slot of a table variable (None without momentum)."""
-    slot = self._velocity_slot.get(id(variable))
-    return None if slot is None else self._table_velocities[slot]
+    if not self.momentum or id(variable) not in self._table_ids:
+      return None
+    return self._momentums[self._index_dict[self._var_key(variable)]]
 
   def update_step(self, gradient, variable):
     if id(variable) not in self._table_ids:
