@@ -89,7 +89,8 @@ class LazyNoise:
     """(Δ rows, Δ velocities) [n, d]: drift plus one draw of the pending covariance."""
     var_w, cov, var_v = pending_covariance(pending, self.momentum)
     scale = self.learning_rate * self.step_std
-    z = gaussian.normal(self.generator, tf.stack([2, tf.size(rows), width]), 1.0, dtype)
+    z = gaussian.normal(self.generator, tf.stack([1 if velocity is None else 2, tf.size(rows),
+                                                  width]), 1.0, dtype)
     if velocity is None:
       return tf.cast(scale * tf.sqrt(var_w), dtype)[:, tf.newaxis] * z[0], None
     # Cholesky of [[A, X], [X, V]]: Δv = √V·z1, Δw = (X/√V)·z1 + √(A − X²/V)·z0.
