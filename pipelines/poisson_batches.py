@@ -10,8 +10,10 @@ the draws depend only on the key and the row's place (file, record), and the row
 to the spill file of its bucket of consecutive steps; (2) a bucket's spills are gathered (the
 group by step: only their names go through Beam's shuffle, so the embedded runner never holds the
 data) and written as one shard per step, rows in input order; (3) the manifest, last
-(`dprec.training.batch_shards`). Exact Poisson: batch sizes vary, nothing is capped, so the
-accountant's analysis of Poisson subsampling applies as it stands.
+(`dprec.training.batch_shards`). Exact Poisson by default: batch sizes vary, nothing is capped,
+so the accountant's analysis of Poisson subsampling applies as it stands. With `max_batch_size`
+B_max, a step's rows beyond the first B_max (input order) are dropped: truncated Poisson, whose
+cost the run charges as δ (`dprec.privacy.truncation`).
 
 The key never enters the pipeline: the job's transforms hold the path of the run's secret key
 file (in the run directory, mode 0600) and read it on the worker (`setup`), so it is in no
@@ -53,6 +55,7 @@ class BatchJob:
   key_path: Optional[str] = None
   insecure_noise_seed: Optional[int] = None
   max_buckets: int = MAX_BUCKETS
+  max_batch_size: Optional[int] = None
 
   @property
   def steps_per_bucket(self) -> int:
@@ -136,6 +139,10 @@ class WriteSteps(beam.DoFn):
     bounds = np.searchsorted(step[order], np.arange(first, first + job.steps_per_bucket + 1))
     for offset in range(min(job.steps_per_bucket, job.steps - first)):
       rows = [records[i] for i in order[bounds[offset]:bounds[offset + 1]]]
+      if job.max_batch_size is not None and len(rows) > job.max_batch_size:
+        beam.metrics.Metrics.counter(METRICS_NAMESPACE, "rows_truncated").inc(
+            len(rows) - job.max_batch_size)
+        rows = rows[:job.max_batch_size]
       beam.metrics.Metrics.counter(METRICS_NAMESPACE, "rows_out").inc(len(rows))
       yield batch_shards.write_shard(job.output, first + offset, rows)
 
@@ -151,13 +158,10 @@ class Finish(beam.DoFn):
     entries = sorted(entries, key=lambda entry: entry["step"])
     if [entry["step"] for entry in entries] != list(range(job.steps)):
       raise DprecError(f"{job.output}: the job wrote {len(entries)} of {job.steps} shards")
-    rows = [entry["rows"] for entry in entries]
-    manifest = {"format": batch_shards.FORMAT, "run_id": job.run_id,
-                "key_fingerprint": job.key_fingerprint,
-                "private": job.key_path is not None,
-                "plan": batch_shards.plan_fields(job.num_examples, job.batch_size, job.steps),
-                "inputs": list(job.files), "rows_written": int(sum(rows)),
-                "peak_batch_size": int(max(rows)), "steps": entries}
+    manifest = batch_shards.manifest_of(
+        job.run_id, job.key_fingerprint, job.key_path is not None,
+        batch_shards.plan_fields(job.num_examples, job.batch_size, job.steps, job.max_batch_size),
+        job.files, entries)
     beam_io.write_json(os.path.join(job.output, batch_shards.MANIFEST), manifest)
     shutil.rmtree(os.path.join(job.output, SPILL_DIR), ignore_errors=True)
     yield {key: manifest[key] for key in ("rows_written", "peak_batch_size")}

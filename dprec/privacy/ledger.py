@@ -209,11 +209,14 @@ class PrivacyLedger:
     return charges + [charge]
 
   def epsilon_if_charged(self, noise_multiplier, sampling_rate, steps, poisson=True, label="",
-                         gaussian_mechanisms=(), days=None):
+                         gaussian_mechanisms=(), days=None, approximate=()):
     """ε the ledger would reach after this Gaussian charge, preceded by the Gaussian mechanisms
-    [(noise multiplier, label)] (`charge_gaussian_mechanism`), all reading `days`; nothing is
-    recorded."""
-    charges = self.charges
+    [(noise multiplier, label)] (`charge_gaussian_mechanism`), all reading `days`, and the
+    `approximate` [(ε, δ, label)] releases (`charge_approximate`); nothing is recorded."""
+    charges = self.charges + [
+        {"mechanism": APPROXIMATE if delta else PURE, "epsilon": float(epsilon),
+         "delta": float(delta), "label": approximate_label, **self.stamp}
+        for epsilon, delta, approximate_label in approximate]
     for mechanism_sigma, mechanism_label in gaussian_mechanisms:
       charges = self._with_gaussian(mechanism_sigma, 1.0, 1, True, mechanism_label, charges,
                                     days)

@@ -44,10 +44,24 @@ def key_fingerprint(noise_key) -> str:
   return noise_key.derive(FINGERPRINT_LABEL).hex()
 
 
-def plan_fields(num_examples: int, batch_size: int, steps: int) -> dict:
-  """The plan a batch directory was drawn for (all public)."""
+def plan_fields(num_examples: int, batch_size: int, steps: int,
+                max_batch_size: Optional[int] = None) -> dict:
+  """The plan a batch directory was drawn for (all public); `max_batch_size`: the cap B_max a
+  step's batch is truncated to (`dprec.privacy.truncation`), absent for exact Poisson."""
+  cap = {} if max_batch_size is None else {"max_batch_size": int(max_batch_size)}
   return {"num_examples": int(num_examples), "batch_size": int(batch_size),
-          "sampling_rate": batch_size / num_examples, "steps": int(steps)}
+          "sampling_rate": batch_size / num_examples, "steps": int(steps), **cap}
+
+
+def manifest_of(run_id: str, noise_key_fingerprint: str, private: bool, plan: dict,
+                inputs: Sequence[str], entries: Sequence[dict]) -> dict:
+  """The manifest of the shards `entries` (`write_shard`'s, in step order), to be written last
+  as `MANIFEST`: its presence says the batches are complete."""
+  rows = [entry["rows"] for entry in entries]
+  return {"format": FORMAT, "run_id": run_id, "key_fingerprint": noise_key_fingerprint,
+          "private": private, "plan": plan, "inputs": list(inputs),
+          "rows_written": int(sum(rows)), "peak_batch_size": int(max(rows, default=0)),
+          "steps": list(entries)}
 
 
 def unframe(data: bytes, path: str) -> List[bytes]:
@@ -167,10 +181,10 @@ def parse_rows(serialized):
 
 
 def batch_dataset(directory: str, manifest: dict, start: int = 0,
-                  stop: Optional[int] = None) -> tf.data.Dataset:
+                  stop: Optional[int] = None, parse=parse_rows) -> tf.data.Dataset:
   """Steps `start`..`stop` − 1 (default: to the end) of a checked batch directory
-  (`read_manifest`) as a `tf.data.Dataset` of `(features, label)` batches in step order; each
-  shard is checked when it is read."""
+  (`read_manifest`) as a `tf.data.Dataset` of batches in step order, each `parse(serialized
+  records)` (default: `parse_rows`); each shard is checked when it is read."""
   entries = manifest["steps"][start:stop]
 
   def generate():
@@ -179,7 +193,7 @@ def batch_dataset(directory: str, manifest: dict, start: int = 0,
 
   return (tf.data.Dataset.from_generator(generate,
                                          output_signature=tf.TensorSpec([None], tf.string))
-          .map(parse_rows).prefetch(PREFETCH))
+          .map(parse).prefetch(PREFETCH))
 
 
 def step_reference(directory: str, entry: dict):

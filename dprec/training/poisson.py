@@ -61,10 +61,13 @@ class BatchSampling:
       privacy proof (amplification by sampling), so this must be secret: a run passes bits
       derived from its noise key (`dprec.workflows.run.Run.entropy`); None draws 256 bits from
       the OS CSPRNG. Never a public seed, unless the run is flagged as not private.
+    max_batch_size: B_max a Poisson batch is truncated to (a uniform subset of B_max of its
+      rows), None for exact Poisson; its cost is the plan's (`dprec.privacy.truncation`).
   """
   batch_size: int
   poisson: bool = True
   entropy: Optional[int] = dataclasses.field(default=None, repr=False)
+  max_batch_size: Optional[int] = None
 
   def __post_init__(self):
     if self.batch_size < 1:
@@ -80,8 +83,10 @@ class BatchSampling:
 
 
 def poisson_batch_indices(num_examples: int, sampling_rate: float, steps: int,
-                          rng: np.random.Generator) -> Iterator[np.ndarray]:
-  """Yields `steps` sorted index arrays; each index is present with probability q, independently.
+                          rng: np.random.Generator,
+                          max_batch_size: Optional[int] = None) -> Iterator[np.ndarray]:
+  """Yields `steps` sorted index arrays; each index is present with probability q, independently
+  (then, with `max_batch_size`, a uniform subset of at most that many of them).
 
   A batch may be empty; the DP step still runs on it (noise only), as the analysis assumes.
   """
@@ -89,6 +94,7 @@ def poisson_batch_indices(num_examples: int, sampling_rate: float, steps: int,
     raise ValueError(f"sampling_rate must be in (0, 1], got {sampling_rate}")
   for _ in range(steps):
     size = rng.binomial(num_examples, sampling_rate)
+    size = size if max_batch_size is None else min(size, max_batch_size)
     yield np.sort(rng.choice(num_examples, size=size, replace=False, shuffle=False))
 
 
@@ -139,7 +145,8 @@ def batch_indices(num_examples: int, sampling: BatchSampling, steps: int,
   """
   rng = np.random.default_rng(sampling.entropy)
   if sampling.poisson:
-    batches = poisson_batch_indices(num_examples, sampling.sampling_rate(num_examples), steps, rng)
+    batches = poisson_batch_indices(num_examples, sampling.sampling_rate(num_examples), steps,
+                                    rng, sampling.max_batch_size)
   else:
     batches = fixed_batch_indices(num_examples, sampling.batch_size, steps, rng)
   return itertools.islice(batches, start, None)

@@ -129,6 +129,7 @@ class CTRTrainOptions(run_lib.FitOptions):
   epsilon: Optional[float] = None
   delta: Optional[float] = None
   batch_size: Optional[int] = None  # None: from N (`sized_for`)
+  max_batch_size: Optional[int] = None  # B_max: truncated Poisson (`dprec.privacy.truncation`)
   steps: Optional[int] = None  # None: one epoch at the batch size
   ratio: float = config_lib.ADAFEST_RATIO
   threshold: float = config_lib.ADAFEST_THRESHOLD
@@ -257,7 +258,9 @@ def plan_privacy(options: CTRTrainOptions, num_examples: int, run=None) -> plan_
   on the data before (δ: the ledger's, else 1/N; `run_lib.plan_prior`)."""
   poisson.BatchSampling(options.batch_size).sampling_rate(num_examples)  # refuses B > N
   if not options.private:
-    return plan_lib.plan_privacy(math.inf, None, num_examples, options.batch_size, options.steps)
+    return plan_lib.plan_privacy(math.inf, None, num_examples, options.batch_size, options.steps,
+                                 poisson=not options.fixed_batches,
+                                 max_batch_size=options.max_batch_size)
   delta, spent = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
                                     default_delta=1.0 / num_examples)
   selection = options.top_k_epsilon if options.algorithm in FEST_ALGORITHMS else 0.0
@@ -266,7 +269,8 @@ def plan_privacy(options: CTRTrainOptions, num_examples: int, run=None) -> plan_
       selection_epsilon=selection,
       mechanisms=[(BASE_RATE_LABEL, options.base_rate_share)]
       + [(CALIBRATION_LABEL, options.calibration_share)] * bool(options.calibration_share),
-      accountant=options.accountant, poisson=not options.fixed_batches, spent=spent)
+      accountant=options.accountant, poisson=not options.fixed_batches, spent=spent,
+      max_batch_size=options.max_batch_size)
 
 
 def noise_multipliers(options, noise_multiplier) -> Tuple[Optional[float], Optional[float]]:
@@ -457,7 +461,8 @@ def _train(options, data, strategy, coordinator, base=None):
       run.check_budget(plan, label, options.steps, {SELECTION_LABEL: plan.selection_epsilon})
     if _out_of_core(data):  # before anything is paid: another run's batches are refused
       batches, manifest, batch_job = out_of_core.write_batches(
-          data, base, run, options.batch_size, options.steps, _beam_args(options))
+          data, base, run, options.batch_size, options.steps, _beam_args(options),
+          options.max_batch_size)
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
       model, rate = build_model(options, data, plan, run)
     resume = run.resume(model, options, options.keep_checkpoints,
@@ -482,7 +487,7 @@ def _train(options, data, strategy, coordinator, base=None):
       features = {key: data.train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}
       history = run.fit(model, features, data.train["label"], options.batch_size,
                         plan.private and plan.poisson, options.steps, resume, callbacks,
-                        coordinator)
+                        coordinator, max_batch_size=options.max_batch_size)
     replicas = (parameter_server.num_workers(strategy) if coordinator
                 else model.distribute_strategy.num_replicas_in_sync)
     # Public: the number of tables split over parameter servers (by their public sizes).
@@ -584,7 +589,8 @@ def _summary(options, data, model, plan, history, evaluation, timer, budget, run
       "rerun_steps": budget.rerun_steps if budget else 0, "fault_epsilon": 0.0,
       "stopped_at_budget": bool(budget and budget.stopped_at_budget),
       "steps_per_second": timer.steps_per_second, "train_seconds": timer.seconds,
-      "batch_size": options.batch_size, "strategy": options.strategy, "replicas": replicas,
+      "batch_size": options.batch_size, "max_batch_size": options.max_batch_size,
+      "truncation_delta": plan.truncation_delta, "strategy": options.strategy, "replicas": replicas,
       "learning_rate": learning_rate(options), "hidden_units": list(options.hidden_units),
       "train_rows": _train_rows(data), "eval_rows": int(held_out[0]), "data_source": data.source,
       "ledger": options.ledger, "run_dir": options.run_dir,

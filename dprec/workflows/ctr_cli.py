@@ -90,6 +90,11 @@ def register(subparsers):
       help=f"expected (Poisson) batch size B (default: from the N training rows, the power of "
            f"two nearest N/{ctr.STEPS_PER_EPOCH}, an epoch in about {ctr.STEPS_PER_EPOCH} steps, "
            f"within [{lowest}, {highest}], at most N/8)")
+  add("--max-batch-size", type=int, default=defaults.max_batch_size, metavar="B_MAX",
+      help="truncate each Poisson batch to B_MAX rows (default: none, exact Poisson): a fixed "
+           "upper bound on a step's memory, paid for as δ (the chance any step's batch exceeds "
+           "it, times 1 + e^ε: Chua et al. 2024), taken from training's δ and shown in the "
+           "summary's truncation_delta; refused where it would cost over a tenth of δ")
   add("--steps", type=int, default=defaults.steps,
       help="training steps T (default: one epoch, ⌈N/B⌉)")
   add_step_arguments(add, defaults)

@@ -175,33 +175,25 @@ def _pairs(dataset: tf.data.Dataset) -> tf.data.Dataset:
 
 
 def write_batches(data: Data, base: str, run, batch_size: int, steps: int,
-                  beam_args: Sequence[str]) -> Tuple[str, dict, Optional[dict]]:
+                  beam_args: Sequence[str],
+                  max_batch_size: Optional[int] = None) -> Tuple[str, dict, Optional[dict]]:
   """(the batch directory, its checked manifest, the batch job's summary or None when this
   run's batches were already there): the job runs unless a finished one of this run, key and
-  plan is found. The job's workers read the key from the run's secret file (written into `base`
-  for a run without a directory)."""
+  plan (batches truncated to `max_batch_size`, if given) is found. The job's workers read the
+  key from the run's secret file (`Run.key_file`)."""
   directory = os.path.join(base, BATCHES)
-  plan = batch_shards.plan_fields(data.train_rows, batch_size, steps)
+  plan = batch_shards.plan_fields(data.train_rows, batch_size, steps, max_batch_size)
   if os.path.exists(os.path.join(directory, batch_shards.MANIFEST)):
     return directory, batch_shards.read_manifest(directory, run.run_id, run.noise_key, plan), None
   from pipelines import poisson_batches  # pylint: disable=import-outside-toplevel
-  key_path = None
-  if run.private:
-    key_path = run.key_path if run.run_dir else _key_file(base, run)
   summary = poisson_batches.run(poisson_batches.BatchJob(
       files=tuple(criteo_tfrecord.day_files(data.records, data.train_days)), output=directory,
       run_id=run.run_id, key_fingerprint=batch_shards.key_fingerprint(run.noise_key),
-      num_examples=data.train_rows, batch_size=batch_size, steps=steps, key_path=key_path,
-      insecure_noise_seed=None if run.private else run.noise_key.insecure_seed), beam_args)
+      num_examples=data.train_rows, batch_size=batch_size, steps=steps,
+      key_path=run.key_file() if run.private else None,
+      insecure_noise_seed=None if run.private else run.noise_key.insecure_seed,
+      max_batch_size=max_batch_size), beam_args)
   return directory, batch_shards.read_manifest(directory, run.run_id, run.noise_key, plan), summary
-
-
-def _key_file(base: str, run) -> str:
-  """The key of a run without a directory, in `base/secret` (mode 0600; removed with `base`)."""
-  from dprec.workflows import run as run_lib  # pylint: disable=import-outside-toplevel
-  path = os.path.join(base, run_lib.SECRET_DIR, run_lib.KEY_FILE)
-  run_lib._write_secret(path, run.noise_key.key_bytes())  # pylint: disable=protected-access
-  return path
 
 
 def fit(run, model, directory: str, manifest: dict, steps: int, resume, callbacks,

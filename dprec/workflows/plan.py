@@ -25,6 +25,7 @@ from typing import Mapping, Optional, Sequence, Tuple
 
 from dprec import privacy
 from dprec.errors import DprecError
+from dprec.privacy import truncation
 
 FIXED_BATCHES_NOTE = "fixed-size batches: not Poisson, accounted as if Poisson"
 
@@ -53,6 +54,8 @@ class PrivacyPlan:
       scaling), charged under the period's label.
     group_size: rows of one protected unit a period may hold (a user's, `--max-rows-per-user`):
       the step's σ (noise on C2-clipped rows) is `group_size` times the unit's (`accounted`).
+    max_batch_size: B_max a step's Poisson batch is truncated to (None: exact Poisson), and
+      truncation_delta the δ it costs (`dprec.privacy.truncation`), taken from training's δ.
   """
   epsilon_total: float
   delta: Optional[float]
@@ -72,6 +75,8 @@ class PrivacyPlan:
   parallel_periods: bool = False
   period_mechanisms: Mapping[str, float] = dataclasses.field(default_factory=dict)
   group_size: int = 1
+  max_batch_size: Optional[int] = None
+  truncation_delta: float = 0.0
 
   def accounted(self, noise_multiplier):
     """A release's noise multiplier per protected unit: a unit of `group_size` rows, each
@@ -104,7 +109,16 @@ class PrivacyPlan:
   @property
   def notes(self):
     """Caveats of the plan for the summary."""
-    return [FIXED_BATCHES_NOTE] if self.private and not self.poisson else []
+    notes = [FIXED_BATCHES_NOTE] if self.private and not self.poisson else []
+    if self.private and self.max_batch_size is not None:
+      notes.append(f"Poisson batches truncated to {self.max_batch_size} rows: delta "
+                   f"{self.truncation_delta:.3g} of delta charged for it (Chua et al. 2024)")
+    return notes
+
+  @property
+  def spent_with_truncation(self) -> privacy.Spent:
+    """`spent` and the (0, `truncation_delta`) charge of the cap, which training composes with."""
+    return _with_truncation(self.spent, self.truncation_delta)
 
   def planned_epsilon(self, periods=None):
     """ε after `periods` periods of steps and selections (default: all planned), with what was
@@ -119,9 +133,10 @@ class PrivacyPlan:
     mechanisms = [privacy.gaussian_mechanism_period(self.accounted(sigma))
                   for sigma in list(self.mechanisms.values()) * bool(periods)
                   + list(self.period_mechanisms.values()) * composed]
+    spent = self.spent_with_truncation
     return privacy.compose_periods(  # selections by basic composition
-        list(self.spent.periods) + mechanisms + [training], self.delta, self.accountant,
-        selections=self.spent.selections + ((self.selection_epsilon_per_period * periods, 0.0),)
+        list(spent.periods) + mechanisms + [training], self.delta, self.accountant,
+        selections=spent.selections + ((self.selection_epsilon_per_period * periods, 0.0),)
     ).epsilon
 
   def to_dict(self):
@@ -146,6 +161,11 @@ def _mechanism_sigma(epsilon, delta, accountant):
   return privacy.calibrate_gaussian_mechanism(epsilon, delta, accountant)
 
 
+def _with_truncation(spent: privacy.Spent, delta: float) -> privacy.Spent:
+  return spent if not delta else dataclasses.replace(
+      spent, selections=spent.selections + ((0.0, delta),))
+
+
 def _check_sizes(expected_periods, examples_per_period, batch_size):
   if expected_periods < 1 or examples_per_period < 1 or batch_size < 1:
     raise DprecError("expected periods, examples per period and batch size must be positive, got "
@@ -156,7 +176,7 @@ def plan_privacy(epsilon_total, delta, examples_per_period, batch_size, steps_pe
                  expected_periods=1, selection_epsilon=0.0,
                  mechanisms: Sequence[Tuple[str, float]] = (),
                  noise_multiplier: Optional[float] = None, accountant="pld", poisson=True,
-                 spent: privacy.Spent = privacy.Spent()):
+                 spent: privacy.Spent = privacy.Spent(), max_batch_size: Optional[int] = None):
   """The `PrivacyPlan` for a budget (or a given σ checked by the ledger as the run goes).
 
   Args:
@@ -172,6 +192,9 @@ def plan_privacy(epsilon_total, delta, examples_per_period, batch_size, steps_pe
     accountant, poisson: as `dprec.privacy.plan_training`.
     spent: what the run's ledger spent on the data set before the run (`run.plan_prior`); σ is
       calibrated for what it leaves of `epsilon_total`.
+    max_batch_size: truncate each Poisson batch to B_max rows, at δ_trunc
+      (`dprec.privacy.truncation.checked_delta`: refused above a tenth of δ) taken from
+      training's δ before σ is calibrated.
 
   Raises:
     DprecError: for inconsistent sizes or a selection budget that leaves nothing for training
@@ -183,15 +206,26 @@ def plan_privacy(epsilon_total, delta, examples_per_period, batch_size, steps_pe
                 steps_per_period=int(steps_per_period), expected_periods=expected_periods,
                 examples_per_period=examples_per_period, batch_size=batch_size,
                 accountant=accountant, poisson=poisson, spent=spent)
+  if max_batch_size is not None:
+    if not poisson:
+      raise DprecError("--max-batch-size caps Poisson batches; fixed-size batches have B rows")
+    if max_batch_size < 1:
+      raise DprecError(f"--max-batch-size must be >= 1, got {max_batch_size}")
+    common["max_batch_size"] = int(max_batch_size)
   if not math.isfinite(epsilon_total):
     return PrivacyPlan(noise_multiplier=noise_multiplier, **common)
+  if max_batch_size is not None:
+    common["truncation_delta"] = truncation.checked_delta(
+        examples_per_period, common["sampling_rate"], common["steps_per_period"] * expected_periods,
+        max_batch_size, epsilon_total, delta)
   sigmas = {label: _mechanism_sigma(share * epsilon_total, delta, accountant)
             for label, share in mechanisms}
   if noise_multiplier is None:
     noise_multiplier = _calibrated(epsilon_total, delta, common["sampling_rate"],
                                    common["steps_per_period"] * expected_periods,
                                    selection_epsilon, accountant, poisson,
-                                   tuple(sigmas.values()), spent)
+                                   tuple(sigmas.values()),
+                                   _with_truncation(spent, common.get("truncation_delta", 0.0)))
   return PrivacyPlan(noise_multiplier=noise_multiplier, mechanisms=sigmas,
                      selection_epsilon_per_period=selection_epsilon / expected_periods, **common)
 

@@ -171,6 +171,17 @@ class Run:
   def key_path(self):
     return os.path.join(self.run_dir, SECRET_DIR, KEY_FILE)
 
+  def key_file(self) -> str:
+    """The run's secret key file, for processes that read the key themselves (a Beam job's
+    workers): the run directory's, else one written (mode 0600) into the run's temporary
+    directory, removed by `close`."""
+    if self.run_dir is not None:
+      return self.key_path
+    path = os.path.join(self._temporary, SECRET_DIR, KEY_FILE)
+    if not os.path.exists(path):
+      _write_secret(path, self.noise_key.key_bytes())
+    return path
+
   @property
   def checkpoint_dir(self):
     return os.path.join(self.run_dir, CHECKPOINTS_DIR)
@@ -290,8 +301,16 @@ class Run:
     epsilon = self.ledger.epsilon_if_charged(
         plan.accounted(plan.noise_multiplier if noise_multiplier is None else noise_multiplier),
         plan.accounted_rate(plan.sampling_rate if sampling_rate is None else sampling_rate),
-        unpaid, poisson=plan.poisson, label=label, gaussian_mechanisms=gaussian, days=days)
+        unpaid, poisson=plan.poisson, label=label, gaussian_mechanisms=gaussian, days=days,
+        approximate=[(0.0, delta, label) for label, delta in self._unpaid_truncation(plan)])
     return epsilon + sum(pure.values())  # basic composition, as the ledger does
+
+  def _unpaid_truncation(self, plan):
+    """[(label, δ)] of the plan's batch cap (`dprec.privacy.truncation`) if unpaid."""
+    from dprec.privacy import truncation  # pylint: disable=import-outside-toplevel
+    if not plan.truncation_delta or self.paid(self.ledger, truncation.LABEL):
+      return []
+    return [(truncation.LABEL, plan.truncation_delta)]
 
   def fits(self, epsilon) -> bool:
     return epsilon <= self.ledger.epsilon_budget * BUDGET_SLACK
@@ -310,9 +329,12 @@ class Run:
     """Charges the Gaussian `mechanisms` {label: σ} (default: the plan's) on `days`, then the
     `selections` {label: (ε, δ)}, that this run has not paid yet (a resumed run re-draws them
     from the key and pays nothing again). Only the chief of a multi-worker run charges (here
-    and in `pay_steps`, `budget_callback`)."""
+    and in `pay_steps`, `budget_callback`). The plan's batch cap is paid here too, as the
+    (0, δ_trunc) release of `dprec.privacy.truncation`."""
     if not self.chief:
       return
+    for label, delta in self._unpaid_truncation(plan):
+      self.ledger.charge_approximate(0.0, delta, label)
     for label, sigma in (plan.mechanisms if mechanisms is None else mechanisms).items():
       if not self.paid(self.ledger, label):
         self.ledger.charge_gaussian_mechanism(plan.accounted(sigma), label, days)
@@ -397,11 +419,12 @@ class Run:
     return timer, fit
 
   def fit(self, model, features, labels, batch_size, poisson, steps, resume, callbacks,
-          coordinator=None, batches=None, read=None):
+          coordinator=None, batches=None, read=None, max_batch_size=None):
     """`model.fit` from `resume.step` to `steps` on batches of (`features`, `labels`) drawn with
-    the run's secret entropy (Poisson at q = B/N, else fixed-size shuffled): the very batches an
-    uninterrupted run draws; or on `batches`, a `tf.data.Dataset` of the (features, labels)
-    batches of steps `resume.step`.. drawn elsewhere (out of core: `dprec.workflows.out_of_core`).
+    the run's secret entropy (Poisson at q = B/N, truncated to `max_batch_size` if given, else
+    fixed-size shuffled): the very batches an uninterrupted run draws; or on `batches`, a
+    `tf.data.Dataset` of the (features, labels) batches of steps `resume.step`.. drawn elsewhere
+    (out of core: `dprec.workflows.out_of_core`).
     Under the `tf.distribute` strategy `model` was built in, every worker draws the same global
     batches and each replica trains on its shard. With the `coordinator` of a
     `ParameterServerStrategy`, this chief draws the batches and schedules step t on a worker
@@ -412,7 +435,8 @@ class Run:
     from dprec.training import poisson as sampling_lib  # pylint: disable=import-outside-toplevel
     if steps <= resume.step:
       return {}
-    sampling = sampling_lib.BatchSampling(batch_size, poisson, self.entropy("poisson"))
+    sampling = sampling_lib.BatchSampling(batch_size, poisson, self.entropy("poisson"),
+                                          max_batch_size)
     distributed = model.distribute_strategy is not tf.distribute.get_strategy()
     if batches is None and (coordinator is not None or not distributed):
       batches = sampling_lib.sampled_dataset(features, labels, sampling, steps, resume.step)

@@ -1,7 +1,8 @@
 """`train ctr --out-of-core`: the model trained from the shards is the one the same batches train
 in memory; a run stopped mid-way resumes at the next unpaid step's shard and ends where an
 uninterrupted run ends; the summary says out of core; another run's or an altered shard is
-refused in one line naming the file; the key is in no file outside the run's secret."""
+refused in one line naming the file; the key is in no file outside the run's secret; a batch cap
+truncates the shards at the δ the ledger is charged, and one the plan cannot afford is refused."""
 import json
 import os
 import shutil
@@ -13,9 +14,11 @@ import pytest
 import tensorflow as tf
 
 from dprec import cli
+from dprec.data import criteo
 from dprec.data import criteo_tfrecord
 from dprec.data.ctr_data import load_data
 from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
+from dprec.privacy import truncation
 from dprec.training import batch_shards
 from dprec.training import poisson
 from dprec.workflows import ctr
@@ -241,3 +244,25 @@ def test_parameter_servers_train_from_the_shards_as_one_device_does(data_dir, tm
 def test_what_out_of_core_does_not_do_is_refused(data_dir, tmp_path, capsys, extra, message):
   assert cli.main(_argv(data_dir, tmp_path / "run", *extra)) == 2
   assert message in capsys.readouterr().err
+
+
+def test_a_batch_cap_truncates_the_shards_and_is_charged_as_delta(data_dir, tmp_path, cli_error):
+  rows = sum(sum(1 for _ in open(path, encoding="utf-8"))
+             for path in criteo.criteo_day_files(data_dir)[:-1])
+  cap = truncation.smallest_max_batch_size(rows, BATCH / rows, STEPS, EPSILON,
+                                           truncation.MAX_DELTA_SHARE / rows)
+  assert cli.main(_argv(data_dir, tmp_path / "capped", "--max-batch-size", str(cap))) == 0
+  summary = _summary(tmp_path / "capped")
+  assert summary["train_rows"] == rows
+  assert summary["max_batch_size"] == cap and summary["peak_batch_size"] <= cap
+  assert summary["truncation_delta"] == pytest.approx(
+      truncation.truncation_delta(rows, BATCH / rows, STEPS, cap, EPSILON))
+  assert "truncated to" in summary["privacy_note"]
+  with open(tmp_path / "capped" / "ledger.json", encoding="utf-8") as stream:
+    charges = json.load(stream)["charges"]
+  assert [c["delta"] for c in charges if c["label"] == truncation.LABEL] == [
+      summary["truncation_delta"]]
+
+  in_memory = [arg for arg in _argv(data_dir, tmp_path / "low") if arg != "--out-of-core"]
+  error = cli_error(in_memory + ["--max-batch-size", str(cap - 1)])
+  assert f"--max-batch-size {cap - 1}:" in error and f"a cap of at least {cap}" in error

@@ -75,3 +75,20 @@ def test_dataset_to_arrays_round_trip():
   arrays = poisson.dataset_to_arrays(source)
   np.testing.assert_array_equal(arrays["a"], np.arange(10))
   assert arrays["b"].shape == (10, 2)
+
+
+def test_a_cap_truncates_poisson_batches_to_a_uniform_subset():
+  num_examples, q, steps, cap = 400, 0.05, 2000, 22
+  capped = list(poisson.poisson_batch_indices(num_examples, q, steps, np.random.default_rng(3),
+                                              max_batch_size=cap))
+  sizes = np.array([len(b) for b in capped])
+  # min(Binomial(N, q), B_max): the capped sizes' histogram against the truncated Binomial's.
+  expected = np.append(stats.binom.pmf(np.arange(cap), num_examples, q),
+                       stats.binom.sf(cap - 1, num_examples, q)) * steps
+  observed = np.bincount(sizes, minlength=cap + 1)
+  keep = expected >= 5
+  chi2 = np.sum((observed[keep] - expected[keep]) ** 2 / expected[keep])
+  assert sizes.max() == cap and stats.chi2.sf(chi2, df=keep.sum() - 1) > 1e-3
+  # Within a truncated batch every example is as likely to stay.
+  kept = np.bincount(np.concatenate([b for b in capped if len(b) == cap]), minlength=num_examples)
+  assert stats.chisquare(kept).pvalue > 1e-3

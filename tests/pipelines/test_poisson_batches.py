@@ -1,7 +1,8 @@
 """The Poisson batch job and its reader: each row joins each step with probability q,
 independently (Binomial(T, q) steps a row, Binomial(N, q) rows a step); the shards are a function
 of the key (same key, same shards; another key, others); the key is in no output, option, log or
-pickled transform; the reader streams steps in order and refuses what is not this run's."""
+pickled transform; the reader streams steps in order and refuses what is not this run's; a cap
+B_max keeps each step's first B_max rows."""
 import base64
 import errno
 import hashlib
@@ -135,6 +136,21 @@ def test_shards_hold_each_rows_drawn_steps_in_order(records, written):
   assert summary["peak_batch_size"] == max(sizes) and summary["rows_written"] == sum(sizes)
   batches = list(batch_shards.batch_dataset(directory, manifest, start=5).as_numpy_iterator())
   assert [len(labels) for _, labels in batches] == sizes[5:]
+
+
+def test_a_cap_keeps_the_first_rows_of_each_steps_batch(records, written, tmp_path):
+  key, key_path, directory, _ = written
+  files, rows = records
+  full = batch_shards.read_manifest(directory, "run-a", key, _plan(rows))
+  cap = int(np.median([entry["rows"] for entry in full["steps"]]))
+  poisson_batches.run(_job(records, tmp_path / "capped", key, key_path, max_batch_size=cap),
+                      IN_PROCESS)
+  capped = batch_shards.read_manifest(str(tmp_path / "capped"), "run-a", key,
+                                      batch_shards.plan_fields(rows, BATCH, STEPS, cap))
+  assert capped["peak_batch_size"] == cap < full["peak_batch_size"]
+  for whole, cut in zip(full["steps"], capped["steps"]):
+    assert (batch_shards.read_shard(str(tmp_path / "capped"), cut)
+            == batch_shards.read_shard(directory, whole)[:cap])
 
 
 def test_same_key_same_shards_other_key_other_shards(records, written, tmp_path):
