@@ -26,6 +26,7 @@ _select_keras_2()
 # loaded on first use (they import TensorFlow; `import dprec` stays cheap). name → module.
 _PUBLIC = {
     "make_private": "dprec.workflows.private_model",
+    "PoissonBatches": "dprec.workflows.private_batches",
     "DPModel": "dprec.models.dp_model",
     "DPEmbedding": "dprec.layers.embedding",
     "DPOptimizer": "dprec.optimizers",

@@ -32,11 +32,12 @@ rate stays the user's, and under DP it matters more than without: Adam's second 
 noise, which shrinks its steps, so choose it on validation (a one-epoch pCTR model wanted Adam
 1e-2, not Keras' 1e-3: AUC 0.723 against 0.578; the 5-epoch TFRS ranking model wanted 1e-3;
 docs/experiments/make_private.md). `compile` warns when Adam's lr·T is below `SHORT_ADAM_PATH`.
-`fit` draws Poisson batches at q from the run's key, charges the ledger (the one given, else a
-temporary one) before each block of steps, stops at the budget, and first initialises the
-output bias from a DP label statistic (`dprec.training.output_layer`; MSE, binary and sparse
-categorical cross-entropy), and recalibrates the output after training under DP (MSE and binary
-cross-entropy, by default).
+`fit` draws Poisson batches at q from the run's key (or, for data larger than memory, streams
+the run's batches on disk, `write_batches`: `dprec.workflows.private_batches`), charges the
+ledger (the one given, else a temporary one) before each block of steps, stops at the budget,
+and first initialises the output bias from a DP label statistic (`dprec.training.output_layer`;
+MSE, binary and sparse categorical cross-entropy), and recalibrates the output after training
+under DP (MSE and binary cross-entropy, by default).
 N (`train_size`) is public, as are every option and the model's architecture; vocabularies are
 the model's (public, as in Ghazi et al. 2023, arXiv:2311.08357). ε covers the trained weights,
 the bias initialisation and the recalibration; the training metrics Keras reports are not
@@ -70,6 +71,7 @@ from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
 from dprec.training import output_layer
 from dprec.training import poisson
 from dprec.workflows import plan as plan_lib
+from dprec.workflows import private_batches
 from dprec.workflows import run as run_lib
 
 COMMAND = "make_private"
@@ -136,6 +138,7 @@ class PrivateOptions:
   charge_every: int = 100
   secure_noise: bool = False
   insecure_noise_seed: Optional[int] = None
+  max_batch_size: Optional[int] = None
 
   private = True  # the algorithms' `from_plan` reads it
 
@@ -213,7 +216,7 @@ def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epo
                  threshold=config_lib.ADAFEST_THRESHOLD, contribution_clip=1.0,
                  init_output_bias=True, output_bias_share=0.02, recalibrate=None,
                  recalibration_share=0.05, label_range=None, accountant="pld", charge_every=100,
-                 secure_noise=False, insecure_noise_seed=None):
+                 secure_noise=False, insecure_noise_seed=None, max_batch_size=None):
   """Makes `model` (a Keras 3 `keras.Model` on the TensorFlow backend, or a `tf.keras.Model`:
   functional, Sequential, subclassed, or a TFRS `tfrs.Model` whose `compute_loss` calls a
   `tfrs.tasks.Ranking`) train with (ε, δ)-DP for
@@ -262,6 +265,10 @@ def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epo
     accountant: "pld" or "rdp". charge_every: steps paid per ledger charge.
     secure_noise: exact noise sampling (`dprec.privacy.secure_noise`).
     insecure_noise_seed: public noise seed: reproducible and NOT private (flagged).
+    max_batch_size: truncate each Poisson batch to B_max examples (default: exact Poisson); its
+      cost, δ_trunc = (1 + e^ε)·P[some step's batch > B_max] (Chua et al. 2024,
+      `dprec.privacy.truncation`), is charged to the ledger and taken from training's δ;
+      refused where it exceeds a tenth of δ.
 
   After `fit`: `history.history["epsilon"]`, `model.epsilon_spent`, `model.privacy_ledger`.
   """
@@ -274,7 +281,7 @@ def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epo
       recalibrate=recalibrate, recalibration_share=recalibration_share,
       label_range=tuple(label_range) if label_range is not None else None,
       accountant=accountant, charge_every=charge_every, secure_noise=secure_noise,
-      insecure_noise_seed=insecure_noise_seed)
+      insecure_noise_seed=insecure_noise_seed, max_batch_size=max_batch_size)
   options.validate()
   base = _private_base(model)
   if isinstance(model, PrivateTraining):
@@ -507,19 +514,33 @@ class PrivateTraining:
                                       options.accountant, default_delta=1.0 / n)
     plan = plan_lib.plan_privacy(options.epsilon, delta, n, batch_size, steps,
                                  mechanisms=mechanisms, accountant=options.accountant,
-                                 spent=spent)
+                                 spent=spent, max_batch_size=options.max_batch_size)
     state.run.open_plan_ledger(plan)
     state.run.check_budget(plan, TRAINING_LABEL, steps)
     return plan
 
   # ---- fit -----------------------------------------------------------------------------------
 
+  def write_batches(self, files, directory, parse=None, beam_args=()):
+    """Writes this run's Poisson batches of the TFRecord `files` (N = `train_size` records in
+    all) into `directory` with a Beam job (`beam_args`: e.g. `["--runner", "DaskRunner"]`) and
+    returns them for `fit` (`dprec.workflows.private_batches`: how, and why `fit` takes no
+    batches made elsewhere). `parse`: serialized records → (x, y), or x for a TFRS model
+    (default: the rows of `dprec preprocess criteo`)."""
+    if self._private.plan is None:
+      raise DprecError("compile the private model before write_batches: the batches are drawn "
+                       "for its plan")
+    return private_batches.write(self._private.run, self._private.plan, files, directory, parse,
+                                 beam_args)
+
   def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
           validation_data=None, sample_weight=None, **kwargs):  # pylint: disable=arguments-differ
-    """As Keras' `Model.fit` on in-memory data (arrays, dicts, or a finite dataset, loaded
-    into memory for Poisson sampling), with `epochs` of ⌈N/B⌉ DP steps each; stops at the
-    budget. The first call initialises the output bias under DP; with `recalibrate`, the call
-    that completes the planned steps recalibrates the output."""
+    """As Keras' `Model.fit`, with `epochs` of ⌈N/B⌉ DP steps each; stops at the budget. `x`:
+    in-memory data (arrays, dicts, or a finite dataset, loaded into memory for Poisson
+    sampling), or this run's batches on disk (`write_batches`, or their directory), streamed
+    from the next step not taken, stopping after the last planned one. The first call
+    initialises the output bias under DP; with `recalibrate`, the call that completes the
+    planned steps recalibrates the output."""
     state = self._private
     if state.plan is None:
       raise DprecError("compile the private model before fit")
@@ -534,18 +555,13 @@ class PrivateTraining:
     if batch_size is not None and batch_size != state.plan.batch_size:
       raise DprecError(f"fit(batch_size={batch_size}) differs from the planned batch size "
                        f"{state.plan.batch_size}: give batch_size to make_private")
-    features, labels, structure = _in_memory(x, y)
-    n = len(next(iter(features.values())))
-    if n != state.options.train_size:
-      raise DprecError(f"fit got {n} training examples but make_private was planned for "
-                       f"train_size={state.options.train_size}")
+    on_disk = private_batches.as_batches(x)
+    if on_disk is None:
+      dataset, statistics = self._in_memory_batches(x, y, epochs)
+    else:
+      dataset, statistics = self._batches_on_disk(on_disk, y)
     if not state.initialised:
-      self._initialise(features, labels, structure)
-    steps_per_epoch = math.ceil(n / state.plan.batch_size)
-    sampling = poisson.BatchSampling(state.plan.batch_size, True,
-                                     state.run.entropy("poisson", state.fits))
-    dataset = poisson.sampled_dataset(features, labels, sampling, epochs * steps_per_epoch)
-    dataset = dataset.map(_packer(structure, labels is not None))
+      self._initialise(*statistics())
     budget = state.run.budget_callback(state.plan, TRAINING_LABEL, state.steps,
                                        state.options.charge_every)
     fit_callbacks = [state.run.noise_callback({NOISE_PURPOSE: self.dp_optimizer.generator},
@@ -554,15 +570,51 @@ class PrivateTraining:
     state.fits += 1
     start = budget.steps_taken
     try:
-      history = super().fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch,
+      history = super().fit(dataset, epochs=epochs,
+                            steps_per_epoch=math.ceil(state.options.train_size /
+                                                      state.plan.batch_size),
                             verbose=verbose, callbacks=fit_callbacks, shuffle=False,
                             validation_data=validation_data, **kwargs)
     finally:
       state.steps += budget.steps_taken - start
     if (state.recalibration is None
         and state.steps >= state.plan.steps and RECALIBRATION_LABEL in state.plan.mechanisms):
-      self._recalibrate(features, labels, structure)
+      self._recalibrate(*statistics())
     return history
+
+  def _in_memory_batches(self, x, y, epochs):
+    """(Poisson batches of in-memory data for `epochs` epochs, () → (features, labels,
+    structure) of all of it)."""
+    state = self._private
+    features, labels, structure = _in_memory(x, y)
+    n = len(next(iter(features.values())))
+    if n != state.options.train_size:
+      raise DprecError(f"fit got {n} training examples but make_private was planned for "
+                       f"train_size={state.options.train_size}")
+    sampling = poisson.BatchSampling(state.plan.batch_size, True,
+                                     state.run.entropy("poisson", state.fits),
+                                     state.plan.max_batch_size)
+    dataset = poisson.sampled_dataset(features, labels, sampling,
+                                      epochs * math.ceil(n / state.plan.batch_size))
+    return (dataset.map(_packer(structure, labels is not None)),
+            lambda: (features, labels, structure))
+
+  def _batches_on_disk(self, batches, y):
+    """(this run's batches on disk from the next step, () → (features, labels, structure) of
+    the statistic sample: `private_batches`)."""
+    state = self._private
+    if y is not None:
+      raise DprecError("fit on Poisson batches takes no y: `parse` returns each record's (x, y)")
+    if state.steps >= state.plan.steps:
+      raise DprecError(f"{batches.directory}: all {state.plan.steps} planned steps are trained")
+    manifest = private_batches.checked_manifest(state.run, state.plan, batches, state.steps)
+
+    def statistics():  # the same sample at every call: drawn from the key
+      sample = private_batches.statistic_sample(batches, manifest,
+                                                state.run.numpy_rng("statistic sample"))
+      return _in_memory(*(sample if isinstance(sample, tuple) else (sample, None)))
+
+    return private_batches.dataset(batches, manifest, state.steps), statistics
 
   def _pack(self, features, structure):
     return tf.nest.pack_sequence_as(structure, [features[k] for k in _keys(structure)])
