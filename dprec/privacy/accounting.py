@@ -123,7 +123,15 @@ def gaussian_epsilon(periods: Sequence[TrainingPeriod], delta, accountant="pld",
   """
   check_accountant(accountant)
   check_delta(delta)
-  periods = [p for p in periods if p.steps > 0]
+  return _composed_epsilon(tuple(p for p in periods if p.steps > 0), float(delta), accountant,
+                           pld_discretization)
+
+
+@functools.lru_cache(maxsize=4096)
+def _composed_epsilon(periods, delta, accountant, pld_discretization):
+  """`gaussian_epsilon` of periods with steps, remembered: a σ calibration and the ledger ask
+  again for the ε they computed before (a resumed run, a plan confirmed, every run of a
+  process planning the same training)."""
   if not periods:  # nothing released (RDP's conversion would report a small ε > 0)
     return 0.0
   if any(p.noise_multiplier == 0 for p in periods):
