@@ -24,6 +24,8 @@ import tensorflow as tf
 
 from dprec.sparse import gaussian
 
+FLUSH_ELEMENTS = 2 ** 22  # coordinates materialised at once by `LazyNoise.flush`
+
 
 def row_step_noise(seed, table, step, shape, stddev, dtype=tf.float32):
   """N(0, stddev²) of table `table`'s rows [V, d] at `step`: a function of (seed: two ints,
@@ -125,7 +127,11 @@ class LazyNoise:
     return w, (v - v0 if velocity is not None else None)
 
   def flush(self):
-    """Brings every row of every table up to the optimizer's step (before any release)."""
+    """Brings every row of every table up to the optimizer's step (before any release), in
+    blocks of at most `FLUSH_ELEMENTS` coordinates (a 10M-row table's draw at once would hold
+    several table-sized buffers)."""
     upto = tf.cast(self.optimizer.iterations, tf.int64)
     for f, table in enumerate(self.tables):
-      self.materialise(f, tf.range(table.shape[0], dtype=tf.int64), upto)
+      rows, block = table.shape[0], max(1, FLUSH_ELEMENTS // table.shape[1])
+      for start in range(0, rows, block):
+        self.materialise(f, tf.range(start, min(start + block, rows), dtype=tf.int64), upto)
