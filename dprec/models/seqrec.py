@@ -55,6 +55,9 @@ class SeqRecConfig:
   `popularity_weights`: the table is reparameterised row by row, E[j] = w_j·Ẽ[j] with Ẽ trained
   and w fixed (`set_popularity_weights`, from a DP count), so a row's share of each user's
   clipped norm, and its update, scale with w_j while the noise per row of Ẽ stays σC.
+  `frozen_items`: the item table and a per-item logit offset b are fixed (`set_frozen_items`,
+  from released statistics): logits h·E[1:]ᵀ + b, the table gets no gradient, norm or noise,
+  and only the blocks, positions and norms are trained.
   """
   num_items: int
   max_len: int = 50
@@ -69,6 +72,7 @@ class SeqRecConfig:
   item_norm_share: Optional[float] = None
   item_table_rows: Optional[int] = None
   popularity_weights: bool = False
+  frozen_items: bool = False
   loss_positions: str = "all"
   score_padding: bool = False
   reattention: ReAttentionConfig = ReAttentionConfig()
@@ -99,6 +103,12 @@ class SeqRecConfig:
         raise ValueError("item_table_rows does not combine with DP-Forward")
     if self.popularity_weights and self.dp_forward is not None:
       raise ValueError("popularity_weights does not combine with DP-Forward")
+    if self.frozen_items and (not self.tied or self.dp_forward is not None
+                              or self.item_rank is not None or self.item_norm_share is not None
+                              or self.item_table_rows is not None or self.popularity_weights):
+      raise ValueError("frozen_items needs a tied table with a row per item: it does not "
+                       "combine with untied, DP-Forward, item_rank, item_norm_share, "
+                       "item_table_rows or popularity_weights")
 
   @property
   def table_rows(self):
@@ -157,6 +167,10 @@ class SeqRecModel(DPModel):
     noise_in_block = self._noise_at("attention")
     self.item_embedding = TiedItemEmbedding(config.table_rows, config.item_rank or config.dim,
                                             config.tied, name="item_embedding")
+    if config.frozen_items:
+      self.item_embedding.trainable = False
+      self.item_logit_offset = tf.Variable(tf.zeros([config.num_items]), trainable=False,
+                                           name="item_logit_offset")
     self.item_projections = None
     if config.item_rank is not None:
       self.item_projections = (
@@ -222,6 +236,12 @@ class SeqRecModel(DPModel):
     if keep_effective_table:
       for table in self.item_embedding.trainable_weights:  # the input (and untied output) rows
         table.assign(table / weights[-table.shape[0]:, None])
+
+  def set_frozen_items(self, rows, offset):
+    """Sets `frozen_items`' table E = `rows` [M + 1, d] and logit offset b = `offset` [M]
+    (released values or functions of them only: they are in every checkpoint)."""
+    self.item_embedding.embeddings.assign(np.asarray(rows, np.float32))
+    self.item_logit_offset.assign(np.asarray(offset, np.float32))
 
   def _row_weights(self, rows):
     """w of table rows `rows`."""
@@ -308,6 +328,8 @@ class SeqRecModel(DPModel):
       weighted = scores * self._row_weights(tf.range(1, self.config.table_rows + 1))
     if self.forward_noise is not None:
       weighted += self.item_bias
+    if self.config.frozen_items:
+      weighted += self.item_logit_offset
     if row_length is None:
       logits = tf.RaggedTensor.from_row_lengths(weighted, row_lengths, validate=False)
     else:
@@ -336,7 +358,10 @@ class SeqRecModel(DPModel):
     the clipped sum book-kept from the same gradients (no second softmax backward pass); with
     `item_norm_share`, the table is its own clipping group, book-kept directly. Phantom sees
     the trained table Ẽ: the raw lookup Ẽ[rows] and the scores H·Ẽ[1:]ᵀ, before the popularity
-    weights, whose gradients carry w (Eq. 16 then gives ‖∂L_i/∂Ẽ‖² exactly)."""
+    weights, whose gradients carry w (Eq. 16 then gives ‖∂L_i/∂Ẽ‖² exactly). A frozen table
+    has none: the registry's layers are all that is trained."""
+    if self.config.frozen_items:
+      return []
     last = self._last_forward
     logits, hidden, rows = last["logits"], last["hidden"], last["rows"]
     row_lengths = logits.row_lengths()

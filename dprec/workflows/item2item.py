@@ -30,13 +30,14 @@ from dprec.workflows import plan as plan_lib
 LABEL = "train seqrec item pairs"
 
 
-HYBRID_PAIR_SHARE = 0.3
+PAIR_SHARES = {"hybrid": 0.3, "dpformer-frozen": 0.88}
 
 
 def mechanisms(options):
-  """[(ledger label, ε share)] of `--model hybrid`'s one-off releases beside training: the DP
-  histogram and the pair release (`pair_share`, default 0.3), each calibrated alone."""
-  share = HYBRID_PAIR_SHARE if options.pair_share is None else options.pair_share
+  """[(ledger label, ε share)] of `--model hybrid`'s and `dpformer-frozen`'s one-off releases
+  beside training: the DP histogram and the pair release (`pair_share`, default 0.3 and 0.88),
+  each calibrated alone (shares of ε alone may add up to more than 1: the plan composes them)."""
+  share = PAIR_SHARES[options.model] if options.pair_share is None else options.pair_share
   return frequencies_lib.mechanisms(options) + [(LABEL, share)]
 
 

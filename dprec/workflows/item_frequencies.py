@@ -16,10 +16,13 @@ from dprec.sparse import fest
 
 LABEL = "train seqrec item frequencies"
 DPFORMER_SHARE, ITEM2ITEM_SHARE, HYBRID_SHARE, ITEM2ITEM_HISTOGRAM_ITEMS = 0.05, 0.3, 0.1, 10
+# The models built on the pair release: their histogram also picks its item set.
+PAIR_RELEASES = {"item2item": ITEM2ITEM_SHARE, "hybrid": HYBRID_SHARE,
+                 "dpformer-frozen": ITEM2ITEM_SHARE}
 
 
 def _used(options):
-  return (options.model in ("item2item", "hybrid") or options.reattention
+  return (options.model in PAIR_RELEASES or options.reattention
           or options.item_vocab_threshold is not None or options.popularity_weights)
 
 
@@ -46,22 +49,22 @@ def frequencies(options, data, examples, plan, rng):
 
 def histogram_items(options):
   """K: the items per user the DP histogram counts (sensitivity √K); default L for the
-  transformer, 10 for item2item and hybrid (whose item set needs counts accurate around rank
-  1,000)."""
+  transformer, 10 for item2item, hybrid and dpformer-frozen (whose item set needs counts
+  accurate around rank 1,000)."""
   if options.item_histogram_items:
     return options.item_histogram_items
   return min(ITEM2ITEM_HISTOGRAM_ITEMS, options.max_len) \
-      if options.model in ("item2item", "hybrid") else options.max_len
+      if options.model in PAIR_RELEASES else options.max_len
 
 
 def share(options):
   """The histogram's share of ε: default 0.05 for the transformer (Re-Attention's p_i), 0.3 for
   item2item (its popularity and item set; the pair release gets the rest), 0.1 for hybrid (the
-  pair release's item set and Re-Attention's p_i; not tuned)."""
+  pair release's item set and Re-Attention's p_i; not tuned), 0.3 for dpformer-frozen (item2item's
+  item set and popularity, here the logit offset)."""
   if options.item_frequency_share is not None:
     return options.item_frequency_share
-  return {"item2item": ITEM2ITEM_SHARE, "hybrid": HYBRID_SHARE}.get(options.model,
-                                                                  DPFORMER_SHARE)
+  return PAIR_RELEASES.get(options.model, DPFORMER_SHARE)
 
 
 def source(options, plan, p_i):

@@ -20,7 +20,13 @@ Games' validation items: docs/experiments/seqrec_item2item.md). `model="hybrid"`
 as a mechanism of the plan beside training (`pair_share` of ε), and initialises the transformer's
 item rows from their truncated SVD (post-processing; `pair_init`) before DP training with the rest
 of ε, and can add their item-to-item score to the trained transformer's logits as a fixed prior
-(`prior_weight`, `dprec.models.logit_prior`; post-processing too).
+(`prior_weight`, `dprec.models.logit_prior`; post-processing too). `model="dpformer-frozen"`
+takes the same releases and fixes the transformer's item table to their truncated SVD (and its
+logit offset to the log of the DP histogram's counts): post-processing, frozen, so DP-SGD's
+norms, clipping and noise cover the blocks alone, a few hundred thousand dense weights every
+user feeds, instead of M item rows most users never touch (issue 53). Re-Attention is off
+there: without trained item rows every token's σ_eff is the blocks' σ_dp/B, the same
+correction on every key, which cancels in the softmax (Ding et al. 2023, Eq. 5).
 """
 import dataclasses
 import functools
@@ -52,12 +58,15 @@ from dprec.workflows import resume as resume_lib
 from dprec.workflows import run as run_lib
 
 COMMAND = LEDGER_LABEL = "train seqrec"
-MODELS = ("item2item", "dpformer", "hybrid")
+FROZEN = "dpformer-frozen"
+MODELS = ("item2item", "dpformer", "hybrid", FROZEN)
+PAIR_MODELS = ("hybrid", FROZEN)  # the transformers built on the pair release
 FORWARD_NOISE = "forward noise"
 EPSILON_COVERS = {
     "epsilon": "(epsilon, delta)-DP for adding or removing one user (all of their training "
                "sequence), covering the model (weights and Re-Attention's p_i; for item2item "
-               "the released item pairs and the DP histogram; for hybrid all three, composed)",
+               "the released item pairs and the DP histogram; for hybrid and dpformer-frozen "
+               "all three, composed)",
     "public": ["settings", "noise multipliers", "train_examples (N) and items (M), assumed "
                "public", "steps_per_second"],
     "held_out_evaluation": "ndcg_at_10, hit_at_10, by_popularity, test_users, validation and "
@@ -127,10 +136,12 @@ class SeqRecTrainOptions(run_lib.FitOptions):
   pair_recent_decay: float = 0.5
   pair_popularity_exponent: float = 0.0
   pair_popularity_weight: float = 1e-3
-  pair_share: Optional[float] = None  # --model hybrid: the pair release's ε share (None: 0.3)
+  # --model hybrid / dpformer-frozen: the pair release's ε share (None: 0.3 / 0.88)
+  pair_share: Optional[float] = None
   pair_init: bool = True  # --model hybrid: item rows from the released pairs' SVD
-  # --model hybrid: w of the item2item prior on the logits (dprec.models.logit_prior); None:
-  # the weight of PRIOR_WEIGHTS best on the validation items (not covered by ε)
+  # --model hybrid / dpformer-frozen: w of the item2item prior on the logits
+  # (dprec.models.logit_prior); None: the weight of PRIOR_WEIGHTS best on the validation items
+  # (not covered by ε)
   prior_weight: Optional[float] = 0.0
   # Opt-in public users (dprec.data.public_users): their share and the rule's public salt.
   public_users: float = 0.0
@@ -152,18 +163,22 @@ class SeqRecTrainOptions(run_lib.FitOptions):
          "--model item2item does not combine with --dp-forward"),
         (0 <= self.public_users < 1, f"--public-users must be in [0, 1), got "
                                      f"{self.public_users}"),
-        (self.model != "hybrid" or (self.dp_forward is None and self.item_rank is None
-                                    and self.item_vocab_threshold is None and self.tied
-                                    and not self.popularity_weights),
-         "--model hybrid initialises a tied item table with a row per item: it does not combine "
+        (self.model not in PAIR_MODELS or (self.dp_forward is None and self.item_rank is None
+                                           and self.item_vocab_threshold is None and self.tied
+                                           and not self.popularity_weights),
+         f"--model {self.model} sets a tied item table with a row per item: it does not combine "
          "with --dp-forward, --item-rank, --item-vocab-threshold, --popularity-weights or "
          "--untied"),
+        (self.model != FROZEN or (self.item_norm_share is None and self.pair_init),
+         "--model dpformer-frozen trains no item rows: --item-norm-share and --no-pair-init "
+         "do not apply"),
         (self.pair_share is None or 0 < self.pair_share < 1,
          f"--pair-share must be in (0, 1), got {self.pair_share}"),
         (self.prior_weight is None or self.prior_weight >= 0,
          f"--prior-weight must be >= 0 or auto, got {self.prior_weight}"),
-        (self.model == "hybrid" or (self.pair_init and self.prior_weight == 0),
-         "--no-pair-init and --prior-weight are --model hybrid's"),
+        (self.model in PAIR_MODELS or (self.pair_init and self.prior_weight == 0),
+         "--no-pair-init and --prior-weight are --model hybrid's (--prior-weight also "
+         "dpformer-frozen's)"),
         (self.prior_weight is not None or self.hold_out_validation,
          "--prior-weight auto selects the weight on the validation items: it needs them held "
          "out"),
@@ -215,9 +230,9 @@ class SeqRecTrainOptions(run_lib.FitOptions):
         num_heads=self.num_heads, ffn_dim=self.dim, dropout=self.dropout, tied=self.tied,
         item_rank=self.item_rank, item_norm_share=self.item_norm_share,
         item_table_rows=table_rows, popularity_weights=self.popularity_weights,
-        loss_positions=self.loss_positions,
+        frozen_items=self.model == FROZEN, loss_positions=self.loss_positions,
         score_padding=self.score_padding,
-        reattention=ReAttentionConfig(enabled=self.reattention,
+        reattention=ReAttentionConfig(enabled=self.reattention and self.model != FROZEN,
                                       scale_by_dim=self.reattention_scale_by_dim,
                                       at_eval=self.reattention_at_eval))
 
@@ -244,7 +259,7 @@ def plan_privacy(options, num_examples, run=None) -> plan_lib.PrivacyPlan:
   steps = max(1, int(round(options.epochs * num_examples / options.batch_size)))
   if not options.private:
     return plan_lib.plan_privacy(math.inf, None, num_examples, options.batch_size, steps)
-  mechanisms = (item2item_lib.mechanisms(options) if options.model == "hybrid"
+  mechanisms = (item2item_lib.mechanisms(options) if options.model in PAIR_MODELS
                 else frequencies_lib.mechanisms(options))
   return plan_lib.plan_privacy(options.epsilon, delta, num_examples, options.batch_size, steps,
                                mechanisms=mechanisms,
@@ -302,6 +317,22 @@ def initialise_item_rows(model, rows):
              / np.linalg.norm(rows[given], axis=1).mean())
     values[given] = rows[given] * scale
     table.assign(values)
+
+
+def set_frozen_items(model, prior, counts):
+  """`--model dpformer-frozen`'s fixed table and offset from the released `prior`
+  (`Item2ItemModel`) and DP histogram `counts` [M + 1]: rows U_d·√Σ_d of the pairs' truncated
+  SVD (`item_factors`), scaled to largest norm 1 (items no released pair touches, and padding,
+  0), and offset log max(n̂_j, 1) of the DP counts. The untrained blocks' h (norm ≈ √d after
+  the final LayerNorm) then moves a logit by about ‖E_j‖ ≤ 1 against the offset's spread of
+  several units: training starts from a popularity ranking, as item2item orders the items no
+  pair reaches (a mean norm of 1 let a few large rows outrank it: 14 distinct items in the
+  top-10s on Amazon Games). Post-processing of the two releases."""
+  rows = prior.item_factors(model.config.dim)
+  largest = np.linalg.norm(rows, axis=1).max()
+  if largest > 0:
+    rows = rows / largest
+  model.set_frozen_items(rows, np.log(np.maximum(counts[1:], 1.0)))
 
 
 def noise_generators(model):
@@ -440,10 +471,13 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
     weights, floor = frequencies_lib.row_weights(options, plan, examples, frequencies, vocabulary)
     model = build_model(options, examples, plan, frequencies, run.noise_key, vocabulary, weights)
     prior = release = None
-    if options.model == "hybrid":  # before a checkpoint is restored over the rows
+    if options.model in PAIR_MODELS:  # before a checkpoint is restored over the rows
       prior, release = item2item_lib.build_model(options, examples, plan, frequencies,
                                                  run.numpy_rng("item pairs"))
-      if options.pair_init:
+      if options.model == FROZEN:
+        set_frozen_items(model, prior, item2item_lib.popularity(options, examples,
+                                                                frequencies))
+      elif options.pair_init:
         initialise_item_rows(model, prior.item_factors(options.dim))
     resume = run.resume(model, options, options.keep_checkpoints,
                         train_examples=len(examples.items), items=examples.num_items)
@@ -466,7 +500,8 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
                    item_vocabulary=frequencies_lib.vocabulary_summary(options, vocabulary),
                    popularity_weights=frequencies_lib.weights_summary(weights, floor))
     if release is not None:
-      summary.update(model="hybrid", item_pairs=dict(
+      summary.update(model=options.model, reattention=model.config.reattention.enabled,
+                     item_pairs=dict(
           release, noise_multiplier=plan.mechanisms.get(item2item_lib.LABEL),
           epsilon_share=item2item_lib.mechanisms(options)[-1][1], init=options.pair_init,
           **item2item_lib.settings(options)), logit_prior=prior_summary)

@@ -44,7 +44,10 @@ def register(subparsers):
            "(the options below up to --variance-scale); hybrid: the transformer with its item rows "
            "initialised from the truncated SVD of the released pairs (--pair-share of ε), then "
            "trained with DP-SGD on the rest of ε, optionally with the pairs' score as a prior on "
-           "its logits (--prior-weight; below item2item on Amazon at the sizes measured)")
+           "its logits (--prior-weight; below item2item on Amazon at the sizes measured); "
+           "dpformer-frozen: the transformer over a fixed item table, the released pairs' "
+           "truncated SVD (--pair-share of ε) with log DP counts as logit offsets, only its "
+           "blocks trained with DP-SGD on the rest of ε (--prior-weight as hybrid)")
   add("--epsilon", type=_epsilon, required=True,
       help="privacy budget ε, the total: what --ledger spent on this data before is composed "
            "in; 'inf' trains non-privately")
@@ -164,14 +167,16 @@ def _add_item2item_arguments(parser):
   add("--pair-popularity-weight", type=float, default=defaults.pair_popularity_weight,
       metavar="LAMBDA", help="add LAMBDA times the item's DP count / the largest count")
   add("--pair-share", type=float, default=defaults.pair_share, metavar="SHARE",
-      help="--model hybrid: the pair release's share of ε, calibrated alone (default 0.3; the "
-           "histogram gets --item-frequency-share, default 0.1, and training the rest)")
+      help="--model hybrid / dpformer-frozen: the pair release's share of ε, calibrated alone "
+           "(default 0.3 / 0.88; the histogram gets --item-frequency-share, default 0.1 / 0.3, "
+           "and training what their composition leaves)")
   add("--no-pair-init", action="store_false", dest="pair_init",
       help="--model hybrid: keep the random item rows (default: the rows of items a released "
            "pair touches from the pairs' truncated SVD)")
   add("--prior-weight", type=_prior_weight, default=defaults.prior_weight, metavar="W",
-      help="--model hybrid: add W times the released pairs' item-to-item score of the user's "
-           "recent items (--pair-recent) to the transformer's logits (post-processing); 'auto': "
+      help="--model hybrid / dpformer-frozen: add W times the released pairs' item-to-item "
+           "score of the user's recent items (--pair-recent) to the transformer's logits "
+           "(post-processing); 'auto': "
            f"the weight of {', '.join(f'{w:g}' for w in seqrec.PRIOR_WEIGHTS)} with the best "
            "validation NDCG@10, a choice not covered by ε (default: %(default)s)")
   add("--public-users", type=float, default=defaults.public_users, metavar="FRACTION",

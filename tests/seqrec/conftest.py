@@ -1,5 +1,7 @@
 """Shared fixture of the `train seqrec` tests: a public item frequency file for the suite's tiny
-synthetic sequences (`sequences_dir`, tests/conftest.py)."""
+synthetic sequences (`sequences_dir`, tests/conftest.py), and the check that a DP run's ε is
+dp_accounting's composition of its releases."""
+import dp_accounting
 import numpy as np
 import pytest
 
@@ -18,3 +20,23 @@ def frequency_file(sequences_dir, tmp_path_factory):
   path = tmp_path_factory.mktemp("frequencies") / "p.txt"
   path.write_text("\n".join(lines) + "\n")
   return str(path), values
+
+
+@pytest.fixture
+def check_composition():
+  """check(summary, sigmas): the summary's ε equals dp_accounting's PLD composition of a
+  Gaussian mechanism per σ of `sigmas` and the summary's T Poisson-sampled steps, and is at most
+  the budget of 5 (within 2%)."""
+
+  def check(summary, sigmas):
+    accountant = dp_accounting.pld.PLDAccountant()
+    for sigma in sigmas:
+      accountant.compose(dp_accounting.GaussianDpEvent(sigma))
+    accountant.compose(dp_accounting.PoissonSampledDpEvent(
+        summary["sampling_rate"], dp_accounting.GaussianDpEvent(summary["noise_multiplier"])),
+        summary["steps"])
+    direct = accountant.get_epsilon(summary["delta"])
+    assert abs(summary["epsilon"] - direct) <= 1e-3 * direct
+    assert 4.9 < summary["epsilon"] <= 5.0 + 1e-6
+
+  return check

@@ -1,0 +1,150 @@
+"""The frozen-table DP transformer (`train seqrec --model dpformer-frozen`, issue 53) on Amazon
+Games, beside item2item, most popular and the non-private transformer; one lever at a time.
+
+    python benchmarks/seqrec_frozen.py --results R.jsonl --seeds 0 [--epsilon 5]
+        [--model dpformer-frozen] [--set KEY=VALUE ...] [--grid KEY=V1,V2,...]
+    python benchmarks/seqrec_frozen.py --results R.jsonl --popularity
+    python benchmarks/seqrec_frozen.py --results R.jsonl --table
+
+Preprocesses `Video.txt` once with a validation item (`dpformer_amazon.preprocess`), then runs
+`dprec train seqrec`'s library entry point (`seqrec.run`) once per (grid value, seed) with the
+given `SeqRecTrainOptions` overrides (values parsed as JSON, else kept as strings), and appends
+one JSON line per run to `--results` with the overrides, the summary's metrics, the wall time
+and the load average before and after. A run whose (overrides, seed) is already there is
+skipped, so a killed sweep resumes. `--table` prints every recorded run as a Markdown row
+(NDCG@10 / HIT@10 in %).
+"""
+import argparse
+import dataclasses
+import json
+import os
+import sys
+import time
+
+import numpy as np
+
+sys.path.insert(0, os.path.dirname(__file__))
+from dpformer_amazon import preprocess  # pylint: disable=wrong-import-position
+
+from dprec.data.sequences import load_sequences, make_examples  # noqa: E402
+from dprec.models import ranking_metrics  # noqa: E402
+from dprec.workflows import seqrec  # noqa: E402
+
+KEPT = ("model", "ndcg_at_10", "hit_at_10", "by_popularity", "validation", "distinct_top10_items",
+        "epsilon", "noise_multiplier", "steps", "steps_per_second", "item_pairs",
+        "item_frequencies", "logit_prior", "reattention")
+
+
+def _value(text):
+  try:
+    return json.loads(text)
+  except json.JSONDecodeError:
+    return text
+
+
+def _pairs(items):
+  return dict((key, _value(value)) for key, value in (item.split("=", 1) for item in items))
+
+
+def _recorded(path):
+  if not os.path.exists(path):
+    return []
+  with open(path, encoding="utf-8") as f:
+    return [json.loads(line) for line in f if line.strip()]
+
+
+def _key(overrides):
+  return json.dumps(overrides, sort_keys=True)
+
+
+def popularity(examples):
+  """Most popular by exact training counts: test and validation metrics."""
+  counts = examples.item_frequencies[1:].astype(np.float32)
+  score = lambda histories: np.broadcast_to(counts, (len(histories), len(counts)))
+  buckets = ranking_metrics.popularity_buckets(examples.item_frequencies)
+  test = ranking_metrics.evaluate_full_ranking(score, examples.test_histories,
+                                               examples.test_items, buckets, batch_size=1024)
+  test["validation"] = ranking_metrics.evaluate_full_ranking(
+      score, examples.valid_histories, examples.valid_items, buckets, batch_size=1024)
+  test.update(model="most popular", distinct_top10_items=10)
+  return test
+
+
+def row(record):
+  """A Markdown row: overrides, seed, test and validation NDCG@10 / HIT@10, buckets, items."""
+  pct = lambda x: f"{100 * x:.2f}"
+  valid = record.get("validation") or {}
+  buckets = record.get("by_popularity") or {}
+  prior = (record.get("logit_prior") or {}).get("weight")
+  return (f"| {record['overrides']} | {record.get('seed', '—')} | "
+          f"{pct(record['ndcg_at_10'])} / {pct(record['hit_at_10'])} | "
+          f"{pct(valid.get('ndcg_at_10', float('nan')))} / "
+          f"{pct(valid.get('hit_at_10', float('nan')))} | "
+          + " / ".join(pct(buckets[b]["ndcg_at_10"])
+                       for b in ranking_metrics.BUCKETS if b in buckets)
+          + f" | {record.get('distinct_top10_items')} | {prior} | "
+          f"{record.get('steps_per_second') and round(record['steps_per_second'], 2)} | "
+          f"{record.get('seconds', 0):.0f} | {record.get('load_before')} |")
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+  parser.add_argument("--data", default=os.path.join(
+      os.path.dirname(__file__), "..", "..", "shared", "data", "amazon-video-games", "Video.txt"))
+  parser.add_argument("--work-dir", default="/tmp/dprec_amazon")
+  parser.add_argument("--results", required=True, help="the JSON lines file (appended)")
+  parser.add_argument("--model", default=seqrec.FROZEN, choices=seqrec.MODELS)
+  parser.add_argument("--epsilon", type=float, default=5.0)
+  parser.add_argument("--seeds", type=int, nargs="+", default=[0])
+  parser.add_argument("--set", nargs="*", default=[], metavar="KEY=VALUE",
+                      help="SeqRecTrainOptions overrides for every run")
+  parser.add_argument("--grid", default=None, metavar="KEY=V1,V2",
+                      help="one lever: a run per value (each parsed as JSON)")
+  parser.add_argument("--popularity", action="store_true", help="record most popular, then exit")
+  parser.add_argument("--table", action="store_true", help="print the recorded runs, then exit")
+  args = parser.parse_args(argv)
+  if args.table:
+    print("| overrides | seed | test NDCG@10 / HIT@10 | validation NDCG@10 / HIT@10 | "
+          "head / torso / tail NDCG | distinct items | prior w | steps/s | s | load |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    for record in _recorded(args.results):
+      print(row(record))
+    return
+  data = load_sequences(preprocess(args.data, args.work_dir, validation=True))
+  done = {(_key(r["overrides"]), r.get("seed")) for r in _recorded(args.results)}
+  if args.popularity:
+    if (_key({"model": "most popular"}), None) not in done:
+      _append(args.results, dict(popularity(make_examples(data, 50, True)),
+                                 overrides={"model": "most popular"}))
+    return
+  values = [None]
+  if args.grid:
+    key, listed = args.grid.split("=", 1)
+    values = [{key: _value(v)} for v in listed.split(",")]
+  for value in values:
+    overrides = dict({"model": args.model, "epsilon": args.epsilon}, **_pairs(args.set),
+                     **(value or {}))
+    for seed in args.seeds:
+      if (_key(overrides), seed) in done:
+        continue
+      options = seqrec.SeqRecTrainOptions(data=None, seed=seed, progress=False, **overrides)
+      load = os.getloadavg()
+      start = time.time()
+      summary = seqrec.run(options, data)
+      record = {key: summary.get(key) for key in KEPT}
+      record.update(overrides=overrides, seed=seed, seconds=time.time() - start,
+                    load_before=[round(x, 1) for x in load],
+                    load_after=[round(x, 1) for x in os.getloadavg()],
+                    options={k: v for k, v in dataclasses.asdict(options).items()
+                             if isinstance(v, (int, float, str, type(None)))})
+      _append(args.results, record)
+      print(row(record), flush=True)
+
+
+def _append(path, record):
+  with open(path, "a", encoding="utf-8") as f:
+    f.write(json.dumps(record) + "\n")
+
+
+if __name__ == "__main__":
+  main()
