@@ -95,12 +95,27 @@ PHASES = {
     # then more rows kept at the lr that won there.
     # Issue 52: DP-SGD with SGD or momentum on the tables (Adam 1e-2 on the dense tower), over the
     # tables' learning rate, beside the same DP-SGD with Adam everywhere at C2 = 2 (run with
-    # --batch-size: 16,384 at 5M, the tuned line of session 11); then lazy noise at the lr chosen.
+    # --batch-size: 16,384 at 5M, the tuned line of session 11).
     "sgd_tables": [dict(algorithm="dp_sgd", l2_norm_clip=2.0)]
                   + [dict(algorithm="dp_sgd", optimizer="table_sgd", momentum=0.0,
                           table_learning_rate=lr, l2_norm_clip=2.0) for lr in (1, 10, 100, 1000)]
                   + [dict(algorithm="dp_sgd", optimizer="table_sgd", momentum=0.9,
                           table_learning_rate=lr, l2_norm_clip=2.0) for lr in (0.1, 1, 10, 100)],
+    # The lr the 400k look chose (SGD 10; momentum 0.9 at 1, the same effective lr) and steps
+    # up, at 5M (B = 16,384: less noise per step, a larger lr); lazy noise at 400k's choice.
+    "sgd_tables_5m": [dict(algorithm="dp_sgd", l2_norm_clip=2.0)]
+                     + [dict(algorithm="dp_sgd", optimizer="table_sgd", momentum=momentum,
+                             table_learning_rate=lr, l2_norm_clip=2.0)
+                        for momentum, lr in ((0.0, 10), (0.9, 1), (0.0, 30), (0.9, 3),
+                                             (0.0, 100), (0.9, 10))],
+    # Three draws of the 5M choice (momentum 0.9 at 3), eager and lazy, beside the Adam line.
+    "confirm_5m": [dict(algorithm=algorithm, optimizer="table_sgd", momentum=0.9,
+                        table_learning_rate=3, l2_norm_clip=2.0)
+                   for algorithm in ("dp_sgd", "dp_sgd_lazy")]
+                  + [dict(algorithm="dp_sgd", l2_norm_clip=2.0)],
+    "lazy": [dict(algorithm="dp_sgd_lazy", optimizer="table_sgd", momentum=momentum,
+                  table_learning_rate=lr, l2_norm_clip=2.0)
+             for momentum, lr in ((0.0, 10), (0.9, 1))],
     "tower": [dict(point, hidden_units=(256, 256), learning_rate=lr)
               for point in (dict(algorithm="dp_sgd"), adafest(2, 7), dict(algorithm="non_private"))
               for lr in (3e-3, 1e-2, 3e-2)]
