@@ -414,14 +414,15 @@ class BeamArgumentParser(argparse.ArgumentParser):
 
   def parse_known_args(self, args=None, namespace=None):
     namespace, extras = super().parse_known_args(args, namespace)
-    unknown = not_beam_options(extras)
+    given = list(getattr(namespace, "beam_args", None) or [])  # --runner among them
+    unknown = [word for word in not_beam_options(given + extras) if word not in given]
     if unknown:
       ours = [option for action in self._actions for option in action.option_strings]
       hints = [f"{close[0]} instead of {word}?" for word in unknown if word.startswith("-")
                for close in [difflib.get_close_matches(word.split("=")[0], ours, 1)] if close]
       self.error(f"unrecognized arguments: {' '.join(unknown)}: neither an option of this job "
                  "nor a Beam pipeline option" + (f" ({' '.join(hints)})" if hints else ""))
-    namespace.beam_args = list(getattr(namespace, "beam_args", None) or []) + extras
+    namespace.beam_args = given + extras
     return namespace, []
 
 

@@ -4,6 +4,7 @@ epochs, the tower) and, where a guide starts from files it does not make (a days
 ledger), a setup step makes them first."""
 import os
 import re
+import shlex
 import subprocess
 import sys
 from pathlib import Path
@@ -81,6 +82,34 @@ def test_main_example_runs_in_a_fresh_directory(guide, tmp_path):
                         text=True, timeout=1500)
   assert done.returncode == 0, f"{script}\n--- stderr:\n{done.stderr[-4000:]}"
   assert "Traceback" not in done.stderr, done.stderr[-4000:]
+
+
+def _command_lines(path):
+  """Every `dprec ...` line of the file's shell blocks, continuation lines joined, without its
+  comment, its trailing `&` and its optional arguments in brackets."""
+  for block in re.findall(r"```(?:bash|sh|shell)?\n(.*?)```", path.read_text(encoding="utf-8"),
+                          re.S):
+    for line in block.replace("\\\n", " ").splitlines():
+      line = re.sub(r" \[[^\]]*\]", "", line.partition(" #")[0]).strip().rstrip("&").strip()
+      if line.startswith("dprec "):
+        yield line
+
+
+def test_every_command_line_of_the_guides_and_readme_parses():
+  """Beyond the main examples that run: every `dprec` line of every shell block names a command
+  and options that exist, with values they accept (lines with a `...` placeholder excepted)."""
+  from dprec import cli  # pylint: disable=import-outside-toplevel
+  parser, checked = cli.build_parser(), 0
+  for path in [*sorted(GUIDES.glob("*.md")), ROOT / "README.md"]:
+    for line in _command_lines(path):
+      if " ... " in line:
+        continue
+      try:
+        parser.parse_args(shlex.split(line)[1:])
+      except SystemExit:
+        pytest.fail(f"{path.name}: {line}")
+      checked += 1
+  assert checked > 30
 
 
 def test_every_guide_has_a_main_example():

@@ -92,6 +92,15 @@ def test_an_option_neither_the_job_nor_beam_knows_is_an_error(capsys):
   assert args.beam_args == ["--dask-workers=3", "--direct_num_workers=1"]
 
 
+def test_dask_options_are_known_with_runner_dask():
+  """Beam's Dask options exist once `--runner DaskRunner` is given (an option of the job's own
+  parser: it was not seen, and `--dask_client_address` was refused)."""
+  args = cli.build_parser().parse_args(["preprocess", "criteo", "--input", "in", "--output",
+                                        "out", "--runner", "DaskRunner", "--dask_client_address",
+                                        "sched:8786"])
+  assert args.beam_args == ["--runner=DaskRunner", "--dask_client_address", "sched:8786"]
+
+
 def test_old_option_names_still_work_and_say_they_are_deprecated(capsys):
   args = cli.build_parser().parse_args([
       "preprocess", "criteo", "--input", "in", "--output", "out", "--vocab-mode", "dp_top_k",
