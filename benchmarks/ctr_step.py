@@ -79,8 +79,9 @@ def make_batches(vocab_sizes, batch_size, count, seed=0):
 
 
 def _dprec_model(vocab_sizes, algorithm, batch_size, secure_noise=False, stack_tables=False,
-                 momentum=None):
-  model = ctr.build_ctr_model(vocab_sizes, stack_tables=stack_tables)
+                 momentum=None, hidden_units=None):
+  model = ctr.build_ctr_model(vocab_sizes, stack_tables=stack_tables,
+                              **({"hidden_units": hidden_units} if hidden_units else {}))
   inner = (SparseSGD(LEARNING_RATE) if momentum is None
            else TableSGD(1e-2, table_learning_rate=LEARNING_RATE, momentum=momentum))
   model.compile(optimizer=DPOptimizer(algorithm, inner, expected_batch_size=batch_size,
@@ -120,7 +121,7 @@ def _keras_model(vocab_sizes, dp):
   return model, config.table_names
 
 
-def build(variant, vocab_sizes, batch_size, threshold, stack_multiple=8):
+def build(variant, vocab_sizes, batch_size, threshold, stack_multiple=8, hidden_units=None):
   """(model, function mapping a dprec batch (features, labels) to this model's)."""
   if variant in ("tfp_dpmodel", "keras"):
     model, names = _keras_model(vocab_sizes, dp=variant == "tfp_dpmodel")
@@ -140,13 +141,15 @@ def build(variant, vocab_sizes, batch_size, threshold, stack_multiple=8):
   }[variant.removesuffix("_secure").removesuffix("_stacked").removesuffix("_momentum")]
   model = _dprec_model(vocab_sizes, algorithm, batch_size, variant.endswith("_secure"),
                        variant.endswith("_stacked") and stack_multiple,
-                       0.9 if variant.endswith("_momentum") else None)
+                       0.9 if variant.endswith("_momentum") else None, hidden_units)
   return model, lambda features, labels: (features, labels)
 
 
-def time_variant(variant, vocab_sizes, batches, steps, threshold, stack_multiple=8):
+def time_variant(variant, vocab_sizes, batches, steps, threshold, stack_multiple=8,
+                 hidden_units=None):
   """Seconds per step over `steps` timed steps (after one untimed tracing step)."""
-  model, adapt = build(variant, vocab_sizes, len(batches[0][1]), threshold, stack_multiple)
+  model, adapt = build(variant, vocab_sizes, len(batches[0][1]), threshold, stack_multiple,
+                       hidden_units)
   inputs = [adapt(x, y) for x, y in batches]
   dataset = tf.data.Dataset.from_generator(
       lambda: itertools.islice(itertools.cycle(inputs), steps + 1),
@@ -188,12 +191,14 @@ def interleaved_medians(functions, rounds, calls):
           for name in functions}
 
 
-def interleaved(variants, vocab_sizes, batches, rounds, calls, threshold, stack_multiple=8):
+def interleaved(variants, vocab_sizes, batches, rounds, calls, threshold, stack_multiple=8,
+                hidden_units=None):
   """{variant: (median wall ms, median CPU ms)} per step: every variant's `train_step` (one
   `tf.function` each, traced first) through `interleaved_medians`."""
   steps, inputs = {}, [(tf.nest.map_structure(tf.constant, x), tf.constant(y)) for x, y in batches]
   for variant in variants:
-    model, _ = build(variant, vocab_sizes, len(batches[0][1]), threshold, stack_multiple)
+    model, _ = build(variant, vocab_sizes, len(batches[0][1]), threshold, stack_multiple,
+                     hidden_units)
     steps[variant] = (tf.function(lambda x, y, model=model: model.train_step((x, y))), inputs)
     fetch(steps[variant][0](*inputs[0]))
   return interleaved_medians(steps, rounds, calls)
@@ -221,6 +226,9 @@ def main(argv=None):
   parser.add_argument("--threshold", type=float, default=15.0, help="DP-AdaFEST τ")
   parser.add_argument("--stack-multiple", type=int, default=8,
                       help="_stacked variants: stack widths round up to this (default: 8)")
+  parser.add_argument("--hidden-units", type=lambda text: tuple(map(int, text.split(","))),
+                      help="dprec variants' dense tower (default: App. D.1.1's 598,598,598,598; "
+                           "train ctr's is 256,256)")
   parser.add_argument("--json", help="also write the results here")
   parser.add_argument("--interleaved", type=int, metavar="ROUNDS",
                       help="instead: all variants' steps in turn, ROUNDS rounds of --steps calls "
@@ -240,7 +248,7 @@ def main(argv=None):
       vocab_sizes = tuple(v + 1 for v in synthetic.vocab_sizes(spec))
       times = interleaved(args.variants, vocab_sizes,
                           make_batches(vocab_sizes, args.batch_size, 8), args.interleaved,
-                          args.steps, args.threshold, args.stack_multiple)
+                          args.steps, args.threshold, args.stack_multiple, args.hidden_units)
       for variant, (wall_ms, cpu_ms) in times.items():
         reference = times.get("non_private_stacked" if variant.endswith("_stacked")
                               else "non_private", times.get("non_private", (np.nan, np.nan)))
@@ -261,7 +269,7 @@ def main(argv=None):
     for variant in args.variants:
       steps = args.dense_steps if variant in DENSE and sum(vocab_sizes) > 10 ** 6 else args.steps
       seconds, extra = time_variant(variant, vocab_sizes, batches, steps, args.threshold,
-                                    args.stack_multiple)
+                                    args.stack_multiple, args.hidden_units)
       rows[variant] = seconds
       results.append(dict(vocab=spec, rows=sum(vocab_sizes), variant=variant,
                           seconds_per_step=seconds, timed_steps=steps, **extra))
