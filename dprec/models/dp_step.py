@@ -258,7 +258,8 @@ class DPStep:
       lazy = self._lazy_noise(config)
       upto = tf.cast(self.optimizer.iterations, tf.int64)
       for f, rows in enumerate(self._rows_read(x)):
-        lazy.materialise(f, rows, upto, upto + 1)  # step t's own noise: in its gradient
+        # Without momentum step t's own noise joins the pending noise (no draw in its gradient).
+        lazy.materialise(f, rows, upto, upto if lazy.defers_step_noise else upto + 1)
     return self._clipped_noisy_gradients(config, self._dp_forward(config, x, y, sample_weight))
 
   # A binding whose `evaluate`, `predict`, saves and checkpoints call `materialise_pending`
@@ -393,12 +394,14 @@ class DPStep:
     grads = [noise_lib.noisy_dense(g, std, generator) / normaliser for g in dense_sums]
     tables = self.dp_step_tables
     shapes = [(table.vocab_size, table.output_dim) for table in tables]
-    if getattr(config, "per_step_noise", False):
+    lazy = getattr(self, "_lazy", None) if isinstance(config, config_lib.DPSGDLazy) else None
+    table_std = 0.0 if lazy is not None and lazy.defers_step_noise else std
+    if getattr(config, "per_step_noise", False) and table_std:
       return grads + self._row_step_gradients(std, table_sums, kept_rows, shapes, normaliser)
     sparse = [f for f, rows in enumerate(kept_rows) if rows is not None]
     table_grads = dict(zip(sparse, noise_lib.noisy_sparse_rows(
         [kept_rows[f] for f in sparse], [table_sums[f][0] for f in sparse],
-        [table_sums[f][1] for f in sparse], std, generator, [shapes[f] for f in sparse],
+        [table_sums[f][1] for f in sparse], table_std, generator, [shapes[f] for f in sparse],
         [_row_widths(tables[f]) for f in sparse])))
     for f, (row, values) in enumerate(table_sums):
       if f in table_grads:

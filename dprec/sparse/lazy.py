@@ -65,6 +65,13 @@ class LazyNoise:
       self.done = [tf.Variable(tf.fill([t.shape[0]], tf.constant(applied, tf.int64)),
                                trainable=False, name="lazy_noise_done") for t in tables]
 
+  @property
+  def defers_step_noise(self):
+    """Without momentum a step's own noise on the rows it updates is deferred too (drawn with
+    their pending noise at the next read: one draw instead of two); with momentum, drawn in
+    the step's gradient, so that `done` also marks the step the row's velocity is current at."""
+    return self.momentum == 0
+
   def _velocity(self, table):
     velocity = getattr(self.optimizer, "velocity", None)
     return velocity(table) if velocity is not None else None
