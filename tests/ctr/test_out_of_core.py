@@ -2,7 +2,7 @@
 in memory; a run stopped mid-way resumes at the next unpaid step's shard and ends where an
 uninterrupted run ends; the summary says out of core; another run's or an altered shard is
 refused in one line naming the file; the key is in no file outside the run's secret; a batch cap
-truncates the shards at the δ the ledger is charged, and one the plan cannot afford is refused."""
+is charged as δ, and one the plan cannot afford is refused."""
 import json
 import os
 import shutil
@@ -246,15 +246,22 @@ def test_what_out_of_core_does_not_do_is_refused(data_dir, tmp_path, capsys, ext
   assert message in capsys.readouterr().err
 
 
-def test_a_batch_cap_truncates_the_shards_and_is_charged_as_delta(data_dir, tmp_path, cli_error):
+def test_a_batch_cap_is_charged_as_delta_and_one_the_plan_cannot_afford_refused(data_dir, tmp_path,
+                                                                               cli_error):
+  # In memory (the job's truncation: tests/pipelines/test_poisson_batches.py; the same plan and
+  # charge out of core: tests/workflows/test_make_private_batches.py).
   rows = sum(sum(1 for _ in open(path, encoding="utf-8"))
              for path in criteo.criteo_day_files(data_dir)[:-1])
   cap = truncation.smallest_max_batch_size(rows, BATCH / rows, STEPS, EPSILON,
                                            truncation.MAX_DELTA_SHARE / rows)
-  assert cli.main(_argv(data_dir, tmp_path / "capped", "--max-batch-size", str(cap))) == 0
+
+  def argv(run_dir, max_batch_size):
+    return [arg for arg in _argv(data_dir, run_dir) if arg != "--out-of-core"] + [
+        "--max-batch-size", str(max_batch_size)]
+
+  assert cli.main(argv(tmp_path / "capped", cap)) == 0
   summary = _summary(tmp_path / "capped")
-  assert summary["train_rows"] == rows
-  assert summary["max_batch_size"] == cap and summary["peak_batch_size"] <= cap
+  assert summary["train_rows"] == rows and summary["max_batch_size"] == cap
   assert summary["truncation_delta"] == pytest.approx(
       truncation.truncation_delta(rows, BATCH / rows, STEPS, cap, EPSILON))
   assert "truncated to" in summary["privacy_note"]
@@ -263,6 +270,5 @@ def test_a_batch_cap_truncates_the_shards_and_is_charged_as_delta(data_dir, tmp_
   assert [c["delta"] for c in charges if c["label"] == truncation.LABEL] == [
       summary["truncation_delta"]]
 
-  in_memory = [arg for arg in _argv(data_dir, tmp_path / "low") if arg != "--out-of-core"]
-  error = cli_error(in_memory + ["--max-batch-size", str(cap - 1)])
+  error = cli_error(argv(tmp_path / "low", cap - 1))
   assert f"--max-batch-size {cap - 1}:" in error and f"a cap of at least {cap}" in error
