@@ -258,8 +258,7 @@ class DPStep:
       lazy = self._lazy_noise(config)
       upto = tf.cast(self.optimizer.iterations, tf.int64)
       for f, rows in enumerate(self._rows_read(x)):
-        # Without momentum step t's own noise joins the pending noise (no draw in its gradient).
-        lazy.materialise(f, rows, upto, upto if lazy.defers_step_noise else upto + 1)
+        lazy.materialise(f, rows, upto, read=True)  # step t's own noise stays pending
     return self._clipped_noisy_gradients(config, self._dp_forward(config, x, y, sample_weight))
 
   # A binding whose `evaluate`, `predict`, saves and checkpoints call `materialise_pending`
@@ -394,8 +393,7 @@ class DPStep:
     grads = [noise_lib.noisy_dense(g, std, generator) / normaliser for g in dense_sums]
     tables = self.dp_step_tables
     shapes = [(table.vocab_size, table.output_dim) for table in tables]
-    lazy = getattr(self, "_lazy", None) if isinstance(config, config_lib.DPSGDLazy) else None
-    table_std = 0.0 if lazy is not None and lazy.defers_step_noise else std
+    table_std = 0.0 if isinstance(config, config_lib.DPSGDLazy) else std  # lazy: pending
     if getattr(config, "per_step_noise", False) and table_std:
       return grads + self._row_step_gradients(std, table_sums, kept_rows, shapes, normaliser)
     sparse = [f for f, rows in enumerate(kept_rows) if rows is not None]

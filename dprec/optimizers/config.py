@@ -229,9 +229,8 @@ class DPSGD(_Algorithm):
 class DPSGDLazy(DPSGD):
   """DP-SGD with lazy dense noise (Lim et al., "LazyDP", ASPLOS 2024; `dprec.sparse.lazy`): the
   same mechanism and accounting as `DPSGD`, the same final model in distribution, at the cost of
-  the rows a step reads. A step's gradient is an IndexedSlices over the rows the batch touched
-  (the clipped sum plus this step's noise; without momentum that noise is deferred like the rest,
-  `LazyNoise.defers_step_noise`); the noise every other row would have received waits
+  the rows a step reads. A step's gradient is an IndexedSlices over the rows the batch touched,
+  the clipped sum alone: its noise, like the noise every other row would have received, waits
   until the row is next read (drawn before the forward pass) or the model leaves the run (every
   checkpoint, `evaluate`, `predict` and save materialises it first). Intermediate weights lack it:
   they must never be released. Needs SGD on the tables (`SparseSGD`, or `TableSGD` with or

@@ -48,11 +48,18 @@ def pending_covariance(pending, momentum):
 
 
 class LazyNoise:
-  """Per table variable, the step after which each row's noise was last materialised (`done`,
-  int64 [V], not checkpointed: every checkpoint is flushed first); `materialise` brings rows up
-  to date, `flush` every row. `tables`: the table variables; `optimizer`: a `SparseSGD` or a
+  """Per table variable, the step through which each row's noise is materialised (`done`,
+  int64 [V]) and, with momentum, whether its velocity is current one step past that (`ahead`,
+  int8 [V]: a step that reads a row applies its clipped gradient at once, its noise later);
+  neither is checkpointed: every checkpoint is flushed first. `materialise` brings rows up to
+  date, `flush` every row. `tables`: the table variables; `optimizer`: a `SparseSGD` or a
   `TableSGD` (its table learning rate, momentum and velocity slots); `step_std`: s = σ·C2/B;
-  `generator`: the DP step's; `seed`: two ints for `per_step` mode (None: one Gaussian)."""
+  `generator`: the DP step's; `seed`: two ints for `per_step` mode (None: one Gaussian).
+
+  Every step's noise is deferred, that of the rows it updates too (the step's gradient carries
+  none): by linearity the noise of steps L+1..t moves (w, v) as in the module docstring whatever
+  signal the row received, and the momentum drift of the steps the optimizer skipped is applied
+  from the stored velocity."""
 
   def __init__(self, tables, optimizer, step_std, generator, seed=None):
     self.tables, self.optimizer, self.generator, self.seed = tables, optimizer, generator, seed
@@ -64,74 +71,71 @@ class LazyNoise:
       applied = optimizer.iterations.numpy()
       self.done = [tf.Variable(tf.fill([t.shape[0]], tf.constant(applied, tf.int64)),
                                trainable=False, name="lazy_noise_done") for t in tables]
-
-  @property
-  def defers_step_noise(self):
-    """Without momentum a step's own noise on the rows it updates is deferred too (drawn with
-    their pending noise at the next read: one draw instead of two); with momentum, drawn in
-    the step's gradient, so that `done` also marks the step the row's velocity is current at."""
-    return self.momentum == 0
+      self.ahead = [tf.Variable(tf.zeros([t.shape[0]], tf.int8), trainable=False,
+                                name="lazy_noise_ahead") if self.momentum else None
+                    for t in tables]
 
   def _velocity(self, table):
     velocity = getattr(self.optimizer, "velocity", None)
     return velocity(table) if velocity is not None else None
 
-  def materialise(self, f, rows, upto, done_after=None):
-    """Adds to rows `rows` (local ids [n], distinct) of table f their noise (and momentum moves)
-    of the steps after `done` up to step `upto`; `done` ← `done_after` (default `upto`: a step
-    whose update is about to be applied to the rows passes upto + 1)."""
-    table, done = self.tables[f], self.done[f]
-    last = tf.gather(done, rows)
-    velocity = self._velocity(table)
+  def materialise(self, f, rows, upto, read=False):
+    """Adds to rows `rows` (local ids [n], distinct) of table f their noise of the steps after
+    `done` up to step `upto` (and the momentum drift of the steps skipped); `done` ← `upto`.
+    `read`: the rows are about to be updated by step upto + 1 (whose noise stays pending)."""
+    table, velocity = self.tables[f], self._velocity(self.tables[f])
+    pending = upto - tf.gather(self.done[f], rows)
     if self.seed is not None:
-      move_w, move_v = self._replayed(f, rows, last, upto, velocity)
+      move_w, move_v = self._replayed(f, rows, pending, upto)
     else:
-      move_w, move_v = self._one_gaussian(rows, upto - last, velocity, table.dtype, table.shape[1])
+      move_w, move_v = self._one_gaussian(pending, velocity is not None, table.dtype,
+                                          table.shape[1])
     if velocity is not None:
-      velocity.scatter_add(tf.IndexedSlices(move_v, rows))
-    done_after = upto if done_after is None else done_after
-    done.scatter_update(tf.IndexedSlices(tf.fill(tf.shape(rows), tf.cast(done_after, tf.int64)),
-                                         rows))
+      skipped = pending - tf.cast(tf.gather(self.ahead[f], rows), tf.int64)
+      old_v = tf.gather(velocity, rows)
+      mu_k = tf.cast(tf.pow(tf.constant(self.momentum, tf.float64),
+                            tf.cast(skipped, tf.float64)), table.dtype)[:, tf.newaxis]
+      move_w += old_v * (self.momentum * (1.0 - mu_k) / (1.0 - self.momentum))
+      velocity.scatter_add(tf.IndexedSlices((mu_k - 1.0) * old_v + move_v, rows))
+      self.ahead[f].scatter_update(tf.IndexedSlices(
+          tf.fill(tf.shape(rows), tf.constant(int(read), tf.int8)), rows))
+    self.done[f].scatter_update(tf.IndexedSlices(
+        tf.fill(tf.shape(rows), tf.cast(upto, tf.int64)), rows))
     return table.scatter_add(tf.IndexedSlices(move_w, rows))
 
-  def _one_gaussian(self, rows, pending, velocity, dtype, width):
-    """(Δ rows, Δ velocities) [n, d]: drift plus one draw of the pending covariance."""
+  def _one_gaussian(self, pending, with_velocity, dtype, width):
+    """(Δ rows, Δ velocities) [n, d] of the pending noise: one draw of its covariance."""
     var_w, cov, var_v = pending_covariance(pending, self.momentum)
     scale = self.learning_rate * self.step_std
-    z = gaussian.normal(self.generator, tf.stack([1 if velocity is None else 2, tf.size(rows),
+    z = gaussian.normal(self.generator, tf.stack([1 + int(with_velocity), tf.size(pending),
                                                   width]), 1.0, dtype)
-    if velocity is None:
-      return tf.cast(scale * tf.sqrt(var_w), dtype)[:, tf.newaxis] * z[0], None
+    col = lambda c: tf.cast(scale * c, dtype)[:, tf.newaxis]
+    if not with_velocity:
+      return col(tf.sqrt(var_w)) * z[0], None
     # Cholesky of [[A, X], [X, V]]: Δv = √V·z1, Δw = (X/√V)·z1 + √(A − X²/V)·z0.
     root_v = tf.sqrt(var_v)
     lower = tf.math.divide_no_nan(cov, root_v)
     rest = tf.sqrt(tf.maximum(var_w - lower * lower, 0.0))
-    col = lambda c: tf.cast(scale * c, dtype)[:, tf.newaxis]
-    mu_k = tf.cast(tf.pow(tf.constant(self.momentum, tf.float64), tf.cast(pending, tf.float64)),
-                   dtype)[:, tf.newaxis]
-    old_v = tf.gather(velocity, rows)
-    drift = old_v * (self.momentum * (1.0 - mu_k) / (1.0 - self.momentum))
-    return (drift + col(lower) * z[1] + col(rest) * z[0],
-            (mu_k - 1.0) * old_v + col(root_v) * z[1])
+    return col(lower) * z[1] + col(rest) * z[0], col(root_v) * z[1]
 
-  def _replayed(self, f, rows, last, upto, velocity):
-    """(Δ rows, Δ velocities): each pending step's keyed draw replayed through SGD/momentum."""
+  def _replayed(self, f, rows, pending, upto):
+    """(Δ rows, Δ velocities): each pending step's keyed draw replayed through SGD/momentum
+    from zero (the noise's part of the row's state, by linearity)."""
     table = self.tables[f]
-    shape = table.shape
-    lr, mu = self.learning_rate, self.momentum
-    start = tf.reduce_min(tf.concat([last, [tf.cast(upto, tf.int64)]], 0))
-    w = tf.zeros([tf.size(rows), shape[1]], table.dtype)
-    v0 = tf.gather(velocity, rows) if velocity is not None else tf.zeros_like(w)
+    shape, lr, mu = table.shape, self.learning_rate, self.momentum
+    first = upto - pending + 1  # each row's first pending step
+    zeros = tf.zeros([tf.size(rows), shape[1]], table.dtype)
 
     def body(step, w, v):
       noise = tf.gather(row_step_noise(self.seed, f, step, shape, self.step_std, table.dtype),
                         rows)
-      live = tf.cast(step > last, table.dtype)[:, tf.newaxis]
-      v_next = mu * v - lr * noise
-      return step + 1, w + live * v_next, live * v_next + (1.0 - live) * v
+      live = tf.cast(step >= first, table.dtype)[:, tf.newaxis]
+      v = live * (mu * v - lr * noise)
+      return step + 1, w + v, v
 
-    _, w, v = tf.while_loop(lambda step, *_: step <= upto, body, (start + 1, w, v0))
-    return w, (v - v0 if velocity is not None else None)
+    start = tf.reduce_min(tf.concat([first, [tf.cast(upto, tf.int64) + 1]], 0))
+    _, w, v = tf.while_loop(lambda step, *_: step <= upto, body, (start, zeros, zeros))
+    return w, v
 
   def flush(self):
     """Brings every row of every table up to the optimizer's step (before any release), in
