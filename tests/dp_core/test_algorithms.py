@@ -43,7 +43,7 @@ def test_from_plan_is_accounted_at_the_planned_sigma(name):
 def test_the_workflows_lists_come_from_the_algorithms():
   assert ctr.ALGORITHMS == tuple(config_lib.ALGORITHMS)
   assert set(ctr.FEST_ALGORITHMS) == {"dp_fest", "dp_adafest_plus"}
-  assert private_model.ALGORITHMS == ("auto", "dp_sgd", "dp_adafest")
+  assert private_model.ALGORITHMS == ("auto", "dp_sgd", "dp_sgd_lazy", "dp_adafest")
 
 
 def test_the_audit_claim_is_the_algorithms():
