@@ -43,6 +43,7 @@ def _train(data_dir, tmp_path, algorithm, *extra):
 @pytest.mark.parametrize("algorithm, extra", [
     ("dp_sgd", ()),
     ("dp_adafest_plus", ("--top-k-total", "260", "--top-k-epsilon", "0.2", "--threshold", "2")),
+    ("dp_sgd_lazy", ("--optimizer", "table_sgd", "--momentum", "0.9")),
 ])
 def test_private_run_spends_what_dprec_privacy_computes(data_dir, tmp_path, algorithm, extra):
   summary = _train(data_dir, tmp_path, algorithm, "--accountant", "rdp", *extra)
@@ -70,6 +71,8 @@ def test_private_run_spends_what_dprec_privacy_computes(data_dir, tmp_path, algo
   assert expected <= EPSILON * (1 + 1e-6) and expected > 0.95 * EPSILON  # calibrated, not loose
   if algorithm == "dp_sgd":
     assert summary["gradient_size_reduction"] == pytest.approx(1.0, rel=1e-3)
+  elif algorithm == "dp_sgd_lazy":  # accounted as DP-SGD; its gradient: the rows touched
+    assert summary["gradient_size_reduction"] > 1.0 and summary["sigma1"] is None
   else:
     assert summary["gradient_size_reduction"] > 1.0
 
