@@ -133,31 +133,6 @@ def test_a_killed_worker_is_rescheduled_and_the_run_pays_each_step_once(data_dir
   assert summary["private"] is False  # the insecure key says so
 
 
-def test_a_killed_chief_or_server_resumes_from_its_checkpoint_and_ends_equal(data_dir, tmp_path,
-                                                                             make_cluster):
-  servers = make_cluster(1)
-  reference = tmp_path / "uninterrupted"
-  assert servers.chief(_command(data_dir, reference)).wait(timeout=TIMEOUT) == 0
-
-  run_dir = tmp_path / "interrupted"
-  chief = servers.chief(_command(data_dir, run_dir))
-  _wait_for_checkpoint(chief, run_dir, EVERY)
-  chief.kill()  # the chief: the same command resumes against the same servers
-  chief.wait()
-  chief = servers.chief(_command(data_dir, run_dir))
-  _wait_for_checkpoint(chief, run_dir, 2 * EVERY)
-  servers.kill("ps", 0)  # a parameter server: its variables are lost, the chief fails
-  assert chief.wait(timeout=TIMEOUT) != 0
-  servers.start("ps", 0)
-  assert servers.chief(_command(data_dir, run_dir)).wait(timeout=TIMEOUT) == 0
-
-  resumed, uninterrupted = _summary(run_dir), _summary(reference)
-  assert _steps_paid(run_dir) == _steps_paid(reference) == STEPS
-  assert resumed["epsilon"] == pytest.approx(uninterrupted["epsilon"], abs=1e-12)
-  for key in ("auc", "eval_loss", "calibration_scale", "calibration_shift", "gradient_size"):
-    assert resumed[key] == uninterrupted[key], key
-
-
 def _wait_for_file(process, path):
   deadline = time.monotonic() + TIMEOUT
   while not path.exists():
@@ -170,22 +145,10 @@ OUT_OF_CORE = ("--out-of-core", "--beam-option", "direct_num_workers=1", "--beam
                "direct_running_mode=in_memory")
 
 
-@pytest.mark.parametrize("source", [(), OUT_OF_CORE], ids=["in_memory", "out_of_core"])
-def test_a_worker_lost_once_its_update_is_computed_leaves_the_run_as_uninterrupted(
-    data_dir, tmp_path, make_cluster, source):
-  """The fault of a step's update half-applied: the worker of step 3 is killed after computing
-  its noisy update (the hook makes it hang there until killed), with 2 parameter servers. Its
-  update was never applied (workers apply nothing: the chief applies each fetched update once),
-  so the coordinator's re-run computes the same update on the same weights, and the run ends
-  equal to an uninterrupted one, every step paid once. (Before, workers applied their own
-  updates: a re-run applied a step twice, a second release with the same noise.) Out of core,
-  the worker processes read the steps' shards themselves, and the re-run reads step 3's again:
-  the same batch."""
-  servers = make_cluster(1, 2)
-  reference = tmp_path / "uninterrupted"
-  assert servers.chief(_command(data_dir, reference, *source)).wait(timeout=TIMEOUT) == 0
-
-  run_dir, marker = tmp_path / "faulted", tmp_path / "worker_stopped"
+def _run_faulted_worker(servers, data_dir, run_dir, source=()):
+  """A run whose worker of step 3 is killed after computing its noisy update (the hook makes
+  it hang there until killed) and restarted by its cluster manager."""
+  marker = run_dir.parent / f"{run_dir.name}_worker_stopped"
   chief = servers.chief(_command(data_dir, run_dir, *source),
                         {parameter_server.FAULT_INJECTION_ENV: f"3:{marker}"})
   _wait_for_file(chief, marker)
@@ -193,17 +156,67 @@ def test_a_worker_lost_once_its_update_is_computed_leaves_the_run_as_uninterrupt
   servers.start("worker", 0)
   assert chief.wait(timeout=TIMEOUT) == 0
 
-  faulted, uninterrupted = _summary(run_dir), _summary(reference)
-  assert faulted.get("out_of_core", False) is uninterrupted.get("out_of_core", False) is bool(
-      source)
+
+def _assert_equal_runs(run_dir, reference):
+  """Every step paid once, ε, the summary's numbers and the last checkpoint's weights and
+  optimizer slots equal to the uninterrupted run's, bit for bit (not the training batches'
+  metrics, e.g. gradient_size: a re-run step's count again, diagnostics)."""
+  ended, uninterrupted = _summary(run_dir), _summary(reference)
+  assert ended.get("out_of_core", False) is uninterrupted.get("out_of_core", False)
   assert _steps_paid(run_dir) == _steps_paid(reference) == STEPS
-  assert faulted["epsilon"] == uninterrupted["epsilon"]
+  assert ended["epsilon"] == uninterrupted["epsilon"]
   for key in ("auc", "eval_loss", "calibration_scale", "calibration_shift"):
-    assert faulted[key] == uninterrupted[key], key
-  faulted, uninterrupted = _final_checkpoint(run_dir), _final_checkpoint(reference)
-  assert faulted.keys() == uninterrupted.keys() and any("embeddings" in k for k in faulted)
-  for name, value in faulted.items():  # weights and optimizer slots, bit for bit
+    assert ended[key] == uninterrupted[key], key
+  ended, uninterrupted = _final_checkpoint(run_dir), _final_checkpoint(reference)
+  assert ended.keys() == uninterrupted.keys() and any("embeddings" in k for k in ended)
+  for name, value in ended.items():
     np.testing.assert_array_equal(value, uninterrupted[name], err_msg=name)
+
+
+def test_faults_of_the_chief_a_server_or_a_worker_leave_the_run_as_uninterrupted(
+    data_dir, tmp_path, make_cluster):
+  """One worker (steps run in order: runs comparable bit for bit), two parameter servers, one
+  uninterrupted reference run, then two faulted runs against the same servers:
+  - the chief killed after a checkpoint, the same command resumes from it; then a parameter
+    server killed (its variables are lost: the chief fails), restarted, and the same command
+    resumes again;
+  - the fault of a step's update half-applied: step 3's worker killed once its noisy update is
+    computed. Workers apply nothing (the chief applies each fetched update once), so the
+    coordinator's re-run computes the same update on the same weights. (Before, workers applied
+    their own updates: a re-run applied a step twice, a second release with the same noise.)
+  Both end equal to the reference, every step paid once."""
+  servers = make_cluster(1, 2)
+  reference = tmp_path / "uninterrupted"
+  assert servers.chief(_command(data_dir, reference)).wait(timeout=TIMEOUT) == 0
+
+  run_dir = tmp_path / "chief_and_server_killed"
+  chief = servers.chief(_command(data_dir, run_dir))
+  _wait_for_checkpoint(chief, run_dir, EVERY)
+  chief.kill()
+  chief.wait()
+  chief = servers.chief(_command(data_dir, run_dir))
+  _wait_for_checkpoint(chief, run_dir, 2 * EVERY)
+  servers.kill("ps", 0)
+  assert chief.wait(timeout=TIMEOUT) != 0
+  servers.start("ps", 0)
+  assert servers.chief(_command(data_dir, run_dir)).wait(timeout=TIMEOUT) == 0
+  _assert_equal_runs(run_dir, reference)
+  assert _summary(run_dir)["gradient_size"] == _summary(reference)["gradient_size"]  # no re-run
+
+  _run_faulted_worker(servers, data_dir, tmp_path / "worker_lost")
+  _assert_equal_runs(tmp_path / "worker_lost", reference)
+
+
+def test_out_of_core_a_worker_lost_once_its_update_is_computed_leaves_the_run_as_uninterrupted(
+    data_dir, tmp_path, make_cluster):
+  """Out of core, the worker processes read the steps' shards themselves, and the coordinator's
+  re-run of step 3 reads its shard again: the same batch."""
+  servers = make_cluster(1, 2)
+  reference = tmp_path / "uninterrupted"
+  assert servers.chief(_command(data_dir, reference, *OUT_OF_CORE)).wait(timeout=TIMEOUT) == 0
+  _run_faulted_worker(servers, data_dir, tmp_path / "worker_lost", OUT_OF_CORE)
+  assert _summary(reference)["out_of_core"] is True
+  _assert_equal_runs(tmp_path / "worker_lost", reference)
 
 
 def _final_checkpoint(run_dir):
