@@ -285,7 +285,8 @@ class DPStep:
   def _lazy_noise(self, config):
     """The run's `dprec.sparse.lazy.LazyNoise` (made at the first trace), refusing what lazy
     noise cannot be: a table split over parameter servers, replicas, an optimizer that is not
-    SGD on the tables, a normaliser that is not fixed, a binding that does not flush."""
+    SGD on the tables, a normaliser that is not fixed, a binding that does not flush, padding
+    columns (which must get no noise)."""
     lazy = getattr(self, "_lazy", None)
     if lazy is not None:
       return lazy
@@ -297,13 +298,12 @@ class DPStep:
          "enter the tables linearly)"),
         (dp.expected_batch_size is None, "no expected_batch_size (the normaliser must be fixed)"),
         (tf.distribute.has_strategy(), "a tf.distribute strategy (one device only)"),
-        (secure_noise_lib.is_secure(self._dp_generator), "secure_noise")]
+        (secure_noise_lib.is_secure(self._dp_generator), "secure_noise"),
+        (any(t.padded for t in self.dp_step_tables), "stacked tables with padding columns")]
     refused = [reason for bad, reason in problems if bad]
     if refused:
       raise DprecError("dp_sgd_lazy cannot run here: " + "; ".join(refused))
-    seed = None
-    if config.per_step_noise:
-      seed = _row_step_seed(dp)
+    seed = _row_step_seed(dp) if config.per_step_noise else None
     lazy = lazy_lib.LazyNoise([t.embeddings for t in self.dp_step_tables], inner,
                               config_lib.noise_std(config.l2_norm_clip, config.noise_multiplier)
                               / dp.expected_batch_size, self._dp_generator, seed)
