@@ -5,6 +5,7 @@ Games, beside item2item, most popular and the non-private transformer; one lever
         [--model dpformer-frozen] [--set KEY=VALUE ...] [--grid KEY=V1,V2,...]
     python benchmarks/seqrec_frozen.py --results R.jsonl --popularity
     python benchmarks/seqrec_frozen.py --results R.jsonl --table
+    python benchmarks/seqrec_frozen.py --results R.jsonl --time-steps 5 [--set ...]
 
 Preprocesses `Video.txt` once with a validation item (`dpformer_amazon.preprocess`), then runs
 `dprec train seqrec`'s library entry point (`seqrec.run`) once per (grid value, seed) with the
@@ -12,7 +13,10 @@ given `SeqRecTrainOptions` overrides (values parsed as JSON, else kept as string
 one JSON line per run to `--results` with the overrides, the summary's metrics, the wall time
 and the load average before and after. A run whose (overrides, seed) is already there is
 skipped, so a killed sweep resumes. `--table` prints every recorded run as a Markdown row
-(NDCG@10 / HIT@10 in %).
+(NDCG@10 / HIT@10 in %). `--time-steps K` instead times K DP steps (after one warm-up
+step) of the last-position loss and of the all-positions loss, both the full softmax over
+all M items, alternating on the same Poisson batches in one process, and records the
+median seconds per step with the load average.
 """
 import argparse
 import dataclasses
@@ -102,6 +106,8 @@ def main(argv=None):
                       help="one lever: a run per value (each parsed as JSON)")
   parser.add_argument("--popularity", action="store_true", help="record most popular, then exit")
   parser.add_argument("--table", action="store_true", help="print the recorded runs, then exit")
+  parser.add_argument("--time-steps", type=int, default=0, metavar="K",
+                      help="time K steps, last position against all positions, then exit")
   args = parser.parse_args(argv)
   if args.table:
     print("| overrides | seed | test NDCG@10 / HIT@10 | validation NDCG@10 / HIT@10 | "
@@ -116,6 +122,9 @@ def main(argv=None):
     if (_key({"model": "most popular"}), None) not in done:
       _append(args.results, dict(popularity(make_examples(data, 50, True)),
                                  overrides={"model": "most popular"}))
+    return
+  if args.time_steps:
+    _append(args.results, time_steps(data, args))
     return
   values = [None]
   if args.grid:
@@ -139,6 +148,31 @@ def main(argv=None):
                              if isinstance(v, (int, float, str, type(None)))})
       _append(args.results, record)
       print(row(record), flush=True)
+
+
+def time_steps(data, args):
+  """{s/step by loss positions, their ratio, load average}: the frozen model's DP step."""
+  overrides = dict({"model": args.model, "epsilon": args.epsilon}, **_pairs(args.set))
+  models, examples = {}, None
+  for positions in ("last", "all"):
+    options = seqrec.SeqRecTrainOptions(**dict(overrides, loss_positions=positions))
+    examples = make_examples(data, options.max_len, True)
+    plan = seqrec.plan_privacy(options, len(examples.items))
+    models[positions] = seqrec.build_model(options, examples, plan)
+  rng = np.random.default_rng(0)
+  q = overrides["batch_size"] / len(examples.items)
+  seconds = {positions: [] for positions in models}
+  load = os.getloadavg()
+  for _ in range(args.time_steps + 1):
+    batch = np.flatnonzero(rng.random(len(examples.items)) < q)
+    for positions, model in models.items():
+      start = time.perf_counter()
+      model.train_on_batch({"items": examples.items[batch]}, examples.labels[batch])
+      seconds[positions].append(time.perf_counter() - start)
+  median = {positions: float(np.median(times[1:])) for positions, times in seconds.items()}
+  return {"overrides": dict(overrides, time_steps=args.time_steps), "seconds_per_step": median,
+          "all_over_last": median["all"] / median["last"], "load_before": load,
+          "load_after": os.getloadavg()}
 
 
 def _append(path, record):

@@ -23,8 +23,8 @@ of ε, and can add their item-to-item score to the trained transformer's logits 
 (`prior_weight`, `dprec.models.logit_prior`; post-processing too). `model="dpformer-frozen"`
 takes the same releases and fixes the transformer's item table to their truncated SVD (and its
 logit offset to the log of the DP histogram's counts): post-processing, frozen, so DP-SGD's
-norms, clipping and noise cover the blocks alone, a few hundred thousand dense weights every
-user feeds, instead of M item rows most users never touch (issue 53). Re-Attention is off
+norms, clipping and noise cover the blocks alone, tens of thousands of dense weights every
+user feeds, instead of M item rows most users never touch. Re-Attention is off
 there: without trained item rows every token's σ_eff is the blocks' σ_dp/B, the same
 correction on every key, which cancels in the softmax (Ding et al. 2023, Eq. 5).
 """
