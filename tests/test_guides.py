@@ -51,11 +51,26 @@ FAST = {
 }
 
 
+def shell_blocks(path):
+  """The file's shell blocks (fenced with no language, bash, sh or shell; not python), in
+  order, continuation lines joined."""
+  blocks, block, language = [], None, ""
+  for line in path.read_text(encoding="utf-8").splitlines():
+    if not line.startswith("```"):
+      if block is not None:
+        block.append(line + "\n")
+    elif block is None:
+      block, language = [], line[3:].strip()
+    else:
+      if language in ("", "bash", "sh", "shell"):
+        blocks.append("".join(block).replace("\\\n", " "))
+      block = None
+  return blocks
+
+
 def main_example(guide):
   """The guide's first shell block, continuation lines joined."""
-  text = (GUIDES / f"{guide}.md").read_text(encoding="utf-8")
-  block = re.search(r"```\n(.*?)```", text, re.S).group(1)
-  return block.replace("\\\n", " ")
+  return shell_blocks(GUIDES / f"{guide}.md")[0]
 
 
 def runnable(example):
@@ -87,9 +102,8 @@ def test_main_example_runs_in_a_fresh_directory(guide, tmp_path):
 def _command_lines(path):
   """Every `dprec ...` line of the file's shell blocks, continuation lines joined, without its
   comment, its trailing `&` and its optional arguments in brackets."""
-  for block in re.findall(r"```(?:bash|sh|shell)?\n(.*?)```", path.read_text(encoding="utf-8"),
-                          re.S):
-    for line in block.replace("\\\n", " ").splitlines():
+  for block in shell_blocks(path):
+    for line in block.splitlines():
       line = re.sub(r" \[[^\]]*\]", "", line.partition(" #")[0]).strip().rstrip("&").strip()
       if line.startswith("dprec "):
         yield line
