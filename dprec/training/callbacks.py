@@ -37,11 +37,13 @@ class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
     steps_taken, steps_charged: where a resumed run stands: the steps it has trained, and the
       steps of this run the ledger already holds (prepaid steps that a crash discarded are
       trained again without being paid again).
+    steps_held: the steps the input holds in all (a batch directory's shards), None: as many as
+      `model.fit` asks for; no step beyond them is paid for, and training stops after the last.
   """
 
   def __init__(self, ledger, noise_multiplier: float, sampling_rate: float, poisson: bool = True,
                charge_every: int = 100, label: str = "", log_dir: Optional[str] = None,
-               steps_taken: int = 0, steps_charged: int = 0):
+               steps_taken: int = 0, steps_charged: int = 0, steps_held: Optional[int] = None):
     super().__init__()
     if charge_every < 1:
       raise ValueError(f"charge_every must be >= 1, got {charge_every}")
@@ -56,6 +58,7 @@ class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
     self.label = label
     self.steps_taken = steps_taken
     self.steps_charged = steps_charged
+    self.steps_held = steps_held
     # Paid steps a resumed run trains again, not charged again: nothing the run computed after
     # its last checkpoint left the run directory, so the re-run's are their only releases.
     self.rerun_steps = steps_charged - steps_taken
@@ -104,6 +107,8 @@ class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
   def on_train_begin(self, logs=None):
     steps, epochs = self.params.get("steps"), self.params.get("epochs")
     self._planned_steps = steps * epochs + self.steps_taken if steps and epochs else None
+    if self.steps_held is not None:
+      self._planned_steps = min(self._planned_steps or self.steps_held, self.steps_held)
     if self.steps_taken == self.steps_charged and not self._prepay():
       raise BudgetExceededError(
           f"{self.ledger.path}: the privacy budget cannot pay for a single step (spent "
@@ -113,7 +118,9 @@ class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
 
   def on_train_batch_end(self, batch, logs=None):
     self.steps_taken += 1
-    if self.steps_taken == self.steps_charged:
+    if self.steps_taken == self.steps_held:
+      self.model.stop_training = True  # the input holds no further step
+    elif self.steps_taken == self.steps_charged:
       more_planned = self._planned_steps is None or self.steps_charged < self._planned_steps
       if more_planned and not self._prepay():
         self.stopped_at_budget = True

@@ -13,11 +13,13 @@ TFRecord files (N records in all, in order) for the run's plan: q = B/N, the T p
 B_max if `make_private(max_batch_size=...)`. `fit` streams the shards of the steps not yet
 taken, in order (`dprec.training.batch_shards`: each read, checked against the manifest, then
 parsed by `parse`), so memory grows with B and the model, not with N; the ledger is charged per
-step as in memory. The releases that read every example (the output bias's DP label statistic,
-the recalibration) read a uniform sample of at most `STATISTIC_ROWS` examples drawn with the
-run's key in one streaming pass over the inputs: a Gaussian mechanism of per-example sensitivity
-on a subset chosen independently of the data is as private as on all of it, and the subset's
-size, min(N, `STATISTIC_ROWS`), is public.
+step as in memory. A shard is one planned step: a `fit` asking for more steps than are left
+trains those left and stops after the last shard with a warning (`used_up`), paying for no step
+it cannot train; a later `fit` is refused. The releases that read every example (the output
+bias's DP label statistic, the recalibration) read a uniform sample of at most `STATISTIC_ROWS`
+examples drawn with the run's key in one streaming pass over the inputs: a Gaussian mechanism of
+per-example sensitivity on a subset chosen independently of the data is as private as on all of
+it, and the subset's size, min(N, `STATISTIC_ROWS`), is public.
 
 The batches belong to the run of the model that wrote them (a `make_private` run lives as long
 as its model): a directory of another run, drawn with another key or for another plan,
@@ -80,6 +82,14 @@ def write(run, plan, files: Sequence[str], directory: str, parse: Optional[Calla
       insecure_noise_seed=None if run.private else run.noise_key.insecure_seed,
       max_batch_size=plan.max_batch_size), beam_args)
   return PoissonBatches(os.fspath(directory), parse or batch_shards.parse_rows)
+
+
+def used_up(batches: PoissonBatches, steps: int, start: int, asked: int) -> str:
+  """The warning of a `fit` from step `start` that asked for `asked` steps of batches holding
+  `steps` in all: it stopped after the last shard."""
+  return (f"{batches.directory}: fit asked for {asked} steps from step {start}, but the run's "
+          f"batches hold its {steps} planned steps: training stopped after the last shard "
+          f"(step {steps - 1})")
 
 
 def checked_manifest(run, plan, batches: PoissonBatches, start: int) -> dict:

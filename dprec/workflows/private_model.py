@@ -538,9 +538,9 @@ class PrivateTraining:
     """As Keras' `Model.fit`, with `epochs` of ⌈N/B⌉ DP steps each; stops at the budget. `x`:
     in-memory data (arrays, dicts, or a finite dataset, loaded into memory for Poisson
     sampling), or this run's batches on disk (`write_batches`, or their directory), streamed
-    from the next step not taken, stopping after the last planned one. The first call
-    initialises the output bias under DP; with `recalibrate`, the call that completes the
-    planned steps recalibrates the output."""
+    from the next step not taken, stopping after the last planned one (with a warning when
+    `epochs` asked for more). The first call initialises the output bias under DP; with
+    `recalibrate`, the call that completes the planned steps recalibrates the output."""
     state = self._private
     if state.plan is None:
       raise DprecError("compile the private model before fit")
@@ -563,20 +563,23 @@ class PrivateTraining:
     if not state.initialised:
       self._initialise(*statistics())
     budget = state.run.budget_callback(state.plan, TRAINING_LABEL, state.steps,
-                                       state.options.charge_every)
+                                       state.options.charge_every,
+                                       steps_held=None if on_disk is None else state.plan.steps)
     fit_callbacks = [state.run.noise_callback({NOISE_PURPOSE: self.dp_optimizer.generator},
                                               start_step=state.steps), budget,
                      *(callbacks or [])]
     state.fits += 1
     start = budget.steps_taken
+    steps_per_epoch = math.ceil(state.options.train_size / state.plan.batch_size)
     try:
-      history = super().fit(dataset, epochs=epochs,
-                            steps_per_epoch=math.ceil(state.options.train_size /
-                                                      state.plan.batch_size),
+      history = super().fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch,
                             verbose=verbose, callbacks=fit_callbacks, shuffle=False,
                             validation_data=validation_data, **kwargs)
     finally:
       state.steps += budget.steps_taken - start
+    if on_disk is not None and state.steps == state.plan.steps < start + epochs * steps_per_epoch:
+      warnings.warn(private_batches.used_up(on_disk, state.plan.steps, start,
+                                            epochs * steps_per_epoch), stacklevel=2)
     if (state.recalibration is None
         and state.steps >= state.plan.steps and RECALIBRATION_LABEL in state.plan.mechanisms):
       self._recalibrate(*statistics())

@@ -376,10 +376,12 @@ class Run:
           "that path (or give it with --ledger) and rerun; to train from scratch instead, use "
           "a new --run-dir")
 
-  def budget_callback(self, plan, label, start_step=0, charge_every=100, log_dir=None):
+  def budget_callback(self, plan, label, start_step=0, charge_every=100, log_dir=None,
+                      steps_held=None):
     """`PrivacyBudgetCallback` paying the plan's steps under `label` ahead of `model.fit`; a
-    resumed run (at `start_step`) pays again only for steps it has not paid. None on a worker
-    that is not the chief: each global step is paid once, by the chief."""
+    resumed run (at `start_step`) pays again only for steps it has not paid; `steps_held`: the
+    steps its input holds (none paid beyond them). None on a worker that is not the chief: each
+    global step is paid once, by the chief."""
     if not self.chief:
       return None
     from dprec.training import callbacks  # pylint: disable=import-outside-toplevel
@@ -387,7 +389,7 @@ class Run:
         self.ledger, plan.accounted(plan.noise_multiplier),
         plan.accounted_rate(plan.sampling_rate), poisson=plan.poisson,
         charge_every=charge_every, label=label, log_dir=log_dir, steps_taken=start_step,
-        steps_charged=self.steps_paid(self.ledger, label))
+        steps_charged=self.steps_paid(self.ledger, label), steps_held=steps_held)
 
   # ---- checkpoints and resume ----------------------------------------------------------------
 

@@ -1,7 +1,8 @@
 """`make_private`'s fit from the run's Poisson batches on disk (issue 49): the streamed fit ends
 where the in-memory fit given the same batches ends, in tf.keras and Keras 3; `write_batches`
-runs the Beam job and a cap B_max truncates its batches at the δ the ledger is charged; each bad
-input is refused in one line naming it."""
+runs the Beam job and a cap B_max truncates its batches at the δ the ledger is charged; a fit
+asking for more steps than the batches hold stops after the last shard, paying for none beyond;
+each bad input is refused in one line naming it."""
 import importlib.metadata
 import json
 import os
@@ -16,6 +17,7 @@ from dprec.errors import DprecError
 from dprec.privacy import truncation
 from dprec.training import batch_shards
 from dprec.training import poisson
+from dprec.workflows import plan as plan_lib
 from dprec.workflows import private_batches
 
 N, VOCAB, BATCH, SEED = 240, 30, 24, 3
@@ -139,6 +141,33 @@ def test_write_batches_truncated_to_a_cap_charge_its_delta_and_train(tmp_path):
   assert charges[truncation.LABEL]["delta"] == capped.truncation_delta
   assert charges["make_private training"]["steps"] == capped.steps
   assert model.epsilon_spent <= 2.0 * (1 + 1e-6)
+
+
+def test_a_fit_asking_for_more_steps_than_the_batches_hold_stops_after_the_last_shard(
+    tmp_path, monkeypatch, caplog):
+  """Budget to spare (σ 1.5 times the calibrated one; at thousands of steps ε(T + k) fits the
+  calibration's slack for some k > 0): fit(epochs=2) of a one-epoch plan trains its T shards
+  once, pays for T steps, stops with a warning naming the directory, the steps held and asked
+  (not Keras' "ran out of data"), and a further fit is refused."""
+  calibrated = plan_lib._calibrated  # pylint: disable=protected-access
+  monkeypatch.setattr(plan_lib, "_calibrated", lambda *args: 1.5 * calibrated(*args))
+  with pytest.warns(UserWarning):
+    model = _private(tf.keras)
+  steps = model.privacy_plan.steps
+  directory = str(tmp_path / "batches")
+  _write_directory(model, directory, [np.arange(s, N, steps) for s in range(steps)],
+                   _input_file(tmp_path))
+  with pytest.warns(UserWarning) as warned:
+    model.fit(dprec.PoissonBatches(directory, parse), epochs=2, verbose=0)
+  assert [str(w.message) for w in warned if directory in str(w.message)] == [
+      f"{directory}: fit asked for {2 * steps} steps from step 0, but the run's batches hold "
+      f"its {steps} planned steps: training stopped after the last shard (step {steps - 1})"]
+  assert "ran out of data" not in caplog.text
+  assert model._private.steps == steps  # pylint: disable=protected-access
+  charges = {c["label"]: c for c in model.privacy_ledger.charges}
+  assert charges["make_private training"]["steps"] == steps
+  with pytest.raises(DprecError, match=f"all {steps} planned steps are trained"):
+    model.fit(dprec.PoissonBatches(directory, parse), verbose=0)
 
 
 def _another_run(manifest):
