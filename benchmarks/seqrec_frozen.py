@@ -36,7 +36,8 @@ from dprec.workflows import seqrec  # noqa: E402
 
 KEPT = ("model", "ndcg_at_10", "hit_at_10", "by_popularity", "validation", "distinct_top10_items",
         "epsilon", "noise_multiplier", "steps", "steps_per_second", "item_pairs",
-        "item_frequencies", "logit_prior", "reattention")
+        "item_frequencies", "logit_prior", "reattention", "epoch_selection",
+        "train_prior_weight")
 
 
 def _value(text):

@@ -36,6 +36,7 @@ from dprec.layers.positional import PositionalEmbedding, positional_embedding_co
 from dprec.layers.reattention import ReAttentionConfig
 from dprec.layers.tied_embedding import TiedItemEmbedding
 from dprec.layers.transformer import TransformerBlock
+from dprec.models.logit_prior import TrainingPriorConfig, recent_pair_scores
 from dprec.models.dp_model import DPModel, ExtraNorms
 
 
@@ -58,6 +59,11 @@ class SeqRecConfig:
   `frozen_items`: the item table and a per-item logit offset b are fixed (`set_frozen_items`,
   from released statistics): logits h·E[1:]ᵀ + b, the table gets no gradient, norm or noise,
   and only the blocks, positions and norms are trained.
+  `training_prior` (with `frozen_items` and `loss_positions="last"`): the logits are
+  (h·W)·E[1:]ᵀ + b + w·prior, the item-to-item score of the input's recent items through the
+  released pairs (`set_training_prior`; `dprec.models.logit_prior`), with W a d×d projection
+  initialised to 0: the untrained model ranks by b + w·prior exactly and the blocks learn its
+  residual. W is a registry Dense layer (its per-example norm is the registry's).
   """
   num_items: int
   max_len: int = 50
@@ -73,6 +79,7 @@ class SeqRecConfig:
   item_table_rows: Optional[int] = None
   popularity_weights: bool = False
   frozen_items: bool = False
+  training_prior: Optional[TrainingPriorConfig] = None
   loss_positions: str = "all"
   score_padding: bool = False
   reattention: ReAttentionConfig = ReAttentionConfig()
@@ -109,6 +116,10 @@ class SeqRecConfig:
       raise ValueError("frozen_items needs a tied table with a row per item: it does not "
                        "combine with untied, DP-Forward, item_rank, item_norm_share, "
                        "item_table_rows or popularity_weights")
+    if self.training_prior is not None and not (self.frozen_items
+                                                and self.loss_positions == "last"):
+      raise ValueError("training_prior needs frozen_items and loss_positions='last' (the prior "
+                       "scores the next item after the whole input)")
 
   @property
   def table_rows(self):
@@ -171,6 +182,15 @@ class SeqRecModel(DPModel):
       self.item_embedding.trainable = False
       self.item_logit_offset = tf.Variable(tf.zeros([config.num_items]), trainable=False,
                                            name="item_logit_offset")
+    self.output_projection = None
+    if config.training_prior is not None:
+      self.output_projection = tf.keras.layers.Dense(
+          config.dim, use_bias=False, kernel_initializer="zeros", name="output_projection")
+      slots = config.training_prior.items + 1
+      self.prior_slot = tf.Variable(tf.zeros([config.num_items + 1], tf.int32), trainable=False,
+                                    name="prior_slot")
+      self.prior_pairs = tf.Variable(tf.zeros([slots, slots]), trainable=False,
+                                     name="prior_pairs")
     self.item_projections = None
     if config.item_rank is not None:
       self.item_projections = (
@@ -243,6 +263,12 @@ class SeqRecModel(DPModel):
     self.item_embedding.embeddings.assign(np.asarray(rows, np.float32))
     self.item_logit_offset.assign(np.asarray(offset, np.float32))
 
+  def set_training_prior(self, slot, packed):
+    """Sets `training_prior`'s released pairs, packed (`logit_prior.packed_pairs`; released
+    values only: they are in every checkpoint)."""
+    self.prior_slot.assign(np.asarray(slot, np.int32))
+    self.prior_pairs.assign(np.asarray(packed, np.float32))
+
   def _row_weights(self, rows):
     """w of table rows `rows`."""
     return tf.gather(self.item_row_weight, rows)
@@ -311,6 +337,8 @@ class SeqRecModel(DPModel):
     hidden = self.final_norm(x)
     if self.item_projections is not None:  # before packing: the Dense norm is per example
       hidden = self.item_projections[1](hidden)
+    if self.output_projection is not None:
+      hidden = self.output_projection(hidden)
     if last_only or self.config.loss_positions == "last":
       hidden, row_length = hidden[:, -1], 1
       if self._noise_at("output"):
@@ -330,6 +358,9 @@ class SeqRecModel(DPModel):
       weighted += self.item_bias
     if self.config.frozen_items:
       weighted += self.item_logit_offset
+    if self.config.training_prior is not None:  # row_length 1: the next item after `items`
+      weighted += self.config.training_prior.weight * recent_pair_scores(
+          items, self.prior_slot, self.prior_pairs, self.config.training_prior)
     if row_length is None:
       logits = tf.RaggedTensor.from_row_lengths(weighted, row_lengths, validate=False)
     else:

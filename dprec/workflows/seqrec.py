@@ -27,6 +27,11 @@ norms, clipping and noise cover the blocks alone, tens of thousands of dense wei
 user feeds, instead of M item rows most users never touch. Re-Attention is off
 there: without trained item rows every token's σ_eff is the blocks' σ_dp/B, the same
 correction on every key, which cancels in the softmax (Ding et al. 2023, Eq. 5).
+Its `train_prior_weight` w > 0 trains it with w times the pair prior in its logits, its
+output zero-initialised (`SeqRecConfig.training_prior`): the blocks learn the residual of the
+item-to-item score. `select_epochs` evaluates the validation items before training and after
+every epoch and keeps the best weights (0 steps included): every candidate is a function of
+the paid steps, the choice one on held-out data.
 """
 import dataclasses
 import functools
@@ -43,7 +48,7 @@ from dprec.data.sequences import SeqRecExamples, load_sequences, make_examples
 from dprec.errors import DprecError
 from dprec.layers.reattention import ReAttentionConfig
 from dprec.models import ranking_metrics
-from dprec.models.logit_prior import LogitPrior
+from dprec.models.logit_prior import LogitPrior, TrainingPriorConfig, packed_pairs
 from dprec.models.seqrec import SeqRecConfig, SeqRecModel, warmup_linear_decay
 from dprec.optimizers import config as config_lib
 from dprec.optimizers.dp_optimizer import DPOptimizer
@@ -74,7 +79,8 @@ EPSILON_COVERS = {
                            "user's held-out item given their history, which IS training data of "
                            "this run: these metrics are not covered by ε; nor is the logit "
                            "prior's weight that --prior-weight auto picks on the validation "
-                           "items (with a given weight the prior reads released pairs only)",
+                           "items (with a given weight the prior reads released pairs only), "
+                           "nor the epoch --select-epochs keeps on them",
     "public_users": "with --public-users F (item2item): the users the public rule picks "
                     "(public_user_selection) opted in as public data; their rows are used "
                     "exactly and charged nothing, and ε covers the other users only (the "
@@ -143,6 +149,10 @@ class SeqRecTrainOptions(run_lib.FitOptions):
   # (dprec.models.logit_prior); None: the weight of PRIOR_WEIGHTS best on the validation items
   # (not covered by ε)
   prior_weight: Optional[float] = 0.0
+  # --model dpformer-frozen: w of the same prior in the training logits (0: none)
+  train_prior_weight: float = 0.0
+  # keep the weights (before training or after an epoch) best on the validation items
+  select_epochs: bool = False
   # Opt-in public users (dprec.data.public_users): their share and the rule's public salt.
   public_users: float = 0.0
   public_users_salt: int = 0
@@ -179,6 +189,13 @@ class SeqRecTrainOptions(run_lib.FitOptions):
         (self.model in PAIR_MODELS or (self.pair_init and self.prior_weight == 0),
          "--no-pair-init and --prior-weight are --model hybrid's (--prior-weight also "
          "dpformer-frozen's)"),
+        (self.train_prior_weight == 0 or (
+            self.train_prior_weight > 0 and self.model == FROZEN
+            and self.loss_positions == "last" and self.pair_item_set is not None),
+         "--train-prior-weight is --model dpformer-frozen's, > 0, with --loss-positions last "
+         "and a --pair-item-set"),
+        (not self.select_epochs or self.hold_out_validation,
+         "--select-epochs selects on the validation items: it needs them held out"),
         (self.prior_weight is not None or self.hold_out_validation,
          "--prior-weight auto selects the weight on the validation items: it needs them held "
          "out"),
@@ -231,6 +248,9 @@ class SeqRecTrainOptions(run_lib.FitOptions):
         item_rank=self.item_rank, item_norm_share=self.item_norm_share,
         item_table_rows=table_rows, popularity_weights=self.popularity_weights,
         frozen_items=self.model == FROZEN, loss_positions=self.loss_positions,
+        training_prior=self.train_prior_weight and TrainingPriorConfig(
+            self.train_prior_weight, self.pair_item_set, self.pair_recent,
+            self.pair_recent_decay) or None,
         score_padding=self.score_padding,
         reattention=ReAttentionConfig(enabled=self.reattention and self.model != FROZEN,
                                       scale_by_dim=self.reattention_scale_by_dim,
@@ -333,6 +353,46 @@ def set_frozen_items(model, prior, counts):
   if largest > 0:
     rows = rows / largest
   model.set_frozen_items(rows, np.log(np.maximum(counts[1:], 1.0)))
+  if model.config.training_prior is not None:
+    model.set_training_prior(*packed_pairs(prior.matrix, model.config.training_prior.items))
+
+
+class EpochSelection(tf.keras.callbacks.Callback):
+  """`select_epochs`: `score()` (validation NDCG@10) before the first step (from `start`, a
+  resumed run's step) and at the end of each of `epochs` over `steps`; `restore()` sets the
+  best weights (the earliest of equals)."""
+
+  def __init__(self, score, epochs, steps, start=0):
+    super().__init__()
+    self.score, self.step = score, start
+    self.at = {min(steps, round(e * steps / epochs)) for e in range(1, math.ceil(epochs) + 1)}
+    self.scores, self.best = {}, None
+
+  def _evaluate(self):
+    value = float(self.score())
+    if self.best is None or value > self.scores[self.best[0]]:
+      self.best = (self.step, [v.numpy() for v in self.model.weights])
+    self.scores[self.step] = value
+
+  def on_train_begin(self, logs=None):
+    self._evaluate()
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.step += 1
+    if self.step in self.at:
+      self._evaluate()
+
+  def restore(self):
+    if self.best is not None:  # None: no step was left to train
+      for variable, value in zip(self.model.weights, self.best[1]):
+        variable.assign(value)
+
+  def summary(self):
+    """{validation NDCG@10 by step, the step kept}."""
+    if self.best is None:
+      return None
+    return {"validation_ndcg_by_step": {str(s): v for s, v in self.scores.items()},
+            "selected_step": self.best[0], "selected_on": "validation"}
 
 
 def noise_generators(model):
@@ -483,13 +543,22 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
                         train_examples=len(examples.items), items=examples.num_items)
     # Paid (the histogram charged) before the first checkpoint holds p_i.
     charges = _pay_before_training(options, plan, run, resume, len(examples.items))
+    selection = None
+    if options.select_epochs:
+      selection = EpochSelection(
+          lambda: evaluate(model, examples, options, examples.valid_histories,
+                           examples.valid_items)["ndcg_at_10"],
+          options.epochs, plan.steps, resume.step)
     timer, callbacks = run.fit_callbacks(noise_generators(model), resume, charges,
                                          options.checkpoint_every,
+                                         extra=[selection] if selection else (),
                                          progress=options.progress and COMMAND,
                                          diagnostics=options.diagnostics)
     history = run.fit(model, {"items": examples.items}, examples.labels, options.batch_size,
                       plan.private and plan.poisson and plan.forward is None, plan.steps,
                       resume, callbacks)
+    if selection is not None:
+      selection.restore()
     if prior is None:
       metrics, prior_summary = evaluate_all(model, examples, options), None
     else:
@@ -498,7 +567,9 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
     summary.update(batch_size_chosen=batch_size_chosen,
                    item_frequencies=frequencies_lib.source(options, plan, frequencies),
                    item_vocabulary=frequencies_lib.vocabulary_summary(options, vocabulary),
-                   popularity_weights=frequencies_lib.weights_summary(weights, floor))
+                   popularity_weights=frequencies_lib.weights_summary(weights, floor),
+                   epoch_selection=selection and selection.summary(),
+                   train_prior_weight=options.train_prior_weight)
     if release is not None:
       summary.update(model=options.model, reattention=model.config.reattention.enabled,
                      item_pairs=dict(

@@ -179,6 +179,13 @@ def _add_item2item_arguments(parser):
            "(post-processing); 'auto': "
            f"the weight of {', '.join(f'{w:g}' for w in seqrec.PRIOR_WEIGHTS)} with the best "
            "validation NDCG@10, a choice not covered by ε (default: %(default)s)")
+  add("--train-prior-weight", type=float, default=defaults.train_prior_weight, metavar="W",
+      help="--model dpformer-frozen: train with W times that prior in the logits and the "
+           "transformer's output initialised to 0, so its blocks learn the prior's residual "
+           "(needs --loss-positions last; 0: none; default: %(default)s)")
+  add("--select-epochs", action="store_true",
+      help="evaluate the validation items before training and after every epoch and keep the "
+           "best weights (a choice not covered by ε)")
   add("--public-users", type=float, default=defaults.public_users, metavar="FRACTION",
       help="treat this share of users, picked by a public hash of the user index and "
            "--public-users-salt (not by their data), as public, opted-in data: their exact "
