@@ -4,14 +4,15 @@ batch job is Chua et al.'s, "Scalable DP-SGD: Shuffling vs. Poisson Subsampling"
 
 One invocation is one run of the CLI, end to end, with its defaults (one epoch, DP base rate, DP
 Platt scaling; each run draws its own secret key: a draw; --seed, the public initialisation,
-default 0, `train ctr`'s); its summary's test AUC, log loss and
-DP base rate are appended to --jsonl with the wall time, the load averages before and after and
-the peak RSS of the run (`getrusage` of the waited-for children: the largest process, not a sum).
+default 0 as `train ctr`'s); its summary's test AUC, log loss and DP base rate are appended to
+--jsonl with the wall time, the load averages before and after and the peak RSS of the run
+(`getrusage` of the waited-for children: the largest process, not a sum).
 A (path, draw, seed) already in --jsonl is skipped; --report prints mean ± SE per path (of the
 runs at --seeds), the difference (out of core − in memory) with its SE, and the base rate:
 
     /tmp/heavy nice -n 10 .venv/bin/python benchmarks/out_of_core_auc.py --data DIR \\
         --jsonl F.jsonl --path memory --draw 0        # then --path out_of_core, draws 1, 2
+                                   # (and --path non_private: the non-private reference)
     .venv/bin/python benchmarks/out_of_core_auc.py --jsonl F.jsonl --report
 """
 import argparse
@@ -47,9 +48,11 @@ def run_once(args):
     return
   scratch = tempfile.mkdtemp(prefix="ooc_auc_", dir=args.scratch)
   summary_path = os.path.join(scratch, "summary.json")
-  command = [DPREC, "train", "ctr", "--data", args.data, "--algorithm", "dp_adafest",
-             "--epsilon", "1", "--no-progress", "--run-dir", os.path.join(scratch, "run"),
-             "--summary-json", summary_path, "--seed", str(args.seed)]
+  algorithm = (["--algorithm", "non_private"] if args.path == "non_private"
+               else ["--algorithm", "dp_adafest", "--epsilon", "1"])
+  command = [DPREC, "train", "ctr", "--data", args.data, *algorithm, "--no-progress",
+             "--run-dir", os.path.join(scratch, "run"), "--summary-json", summary_path,
+             "--seed", str(args.seed)]
   command += ["--out-of-core"] if args.path == "out_of_core" else []
   load_before = os.getloadavg()
   start = time.time()
@@ -70,6 +73,9 @@ def run_once(args):
 
 
 def mean_se(values):
+  values = [v for v in values if v is not None]
+  if not values:
+    return float("nan"), float("nan")
   mean = sum(values) / len(values)
   if len(values) < 2:
     return mean, float("nan")
@@ -83,11 +89,11 @@ def report(runs):
   stats = {}
   print("| path | draws | test AUC | log loss | DP base rate | base-rate log loss | wall s |")
   print("|---|---:|---|---|---|---|---:|")
-  for path in ("memory", "out_of_core"):
+  for path in ("memory", "out_of_core", "non_private"):
     mine = [r for r in runs if r["path"] == path]
     if not mine:
       continue
-    stats[path] = {key: mean_se([r[key] for r in mine])
+    stats[path] = {key: mean_se([r.get(key) for r in mine])
                    for key in ("auc", "eval_log_loss", "base_rate", "base_rate_log_loss",
                                "wall_seconds")}
     cells = [f"{m:.4f} ± {se:.4f}" for m, se in (stats[path][key] for key in
@@ -105,7 +111,8 @@ def main(argv=None):
                                    formatter_class=argparse.RawDescriptionHelpFormatter)
   parser.add_argument("--jsonl", required=True, help="one line a finished run")
   parser.add_argument("--data", help="TSV day_N files (the last is held out)")
-  parser.add_argument("--path", choices=("memory", "out_of_core"))
+  parser.add_argument("--path", choices=("memory", "out_of_core", "non_private"),
+                      help="non_private: the non-private reference, in memory")
   parser.add_argument("--draw", type=int)
   parser.add_argument("--seed", type=int, default=0, help="train ctr's --seed (initialisation)")
   parser.add_argument("--seeds", type=int, nargs="*", help="--report: only runs at these seeds")
