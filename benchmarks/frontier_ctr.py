@@ -113,6 +113,21 @@ PHASES = {
                         table_learning_rate=10, l2_norm_clip=2.0)
                    for algorithm in ("dp_sgd", "dp_sgd_lazy")]
                   + [dict(algorithm="dp_sgd", l2_norm_clip=2.0)],
+    # Plain SGD on the tables (the only lazy variant within 1.2x DP-AdaFEST's step at 10M), lazy,
+    # above the eager grid's top (lr 100): 300, then 1,000 if 300 wins on validation.
+    "sgd_lazy_5m": [dict(algorithm="dp_sgd_lazy", optimizer="table_sgd", momentum=0.0,
+                         table_learning_rate=lr, l2_norm_clip=2.0) for lr in (300, 1000)],
+    # Three draws of plain SGD's choice on validation (lr 100: eager 0.7930, lazy 300 0.7838).
+    "sgd_lazy_confirm_5m": [dict(algorithm="dp_sgd_lazy", optimizer="table_sgd", momentum=0.0,
+                                 table_learning_rate=100, l2_norm_clip=2.0)],
+    # What `train ctr` would run by default with lazy noise: the rule's lr (B/160) at its C2 = 1,
+    # then twice it (the same step per clipped example: lr·C2/B = 1/80).
+    "sgd_lazy_default_5m": [dict(algorithm="dp_sgd_lazy", optimizer="table_sgd", momentum=0.0,
+                                 table_learning_rate=lr) for lr in (16384 / 160, 16384 / 80)],
+    # A table lr for any data: the two sizes' best plain SGD lr (400k, B = 2,048: 10; 5M,
+    # B = 16,384: 100) grow about as B; at 400k the rule lr = B/160 against lr 10 (--draws 3).
+    "sgd_lazy_rule": [dict(algorithm="dp_sgd_lazy", optimizer="table_sgd", momentum=0.0,
+                           table_learning_rate=lr, l2_norm_clip=2.0) for lr in (10, 2048 / 160)],
     "lazy": [dict(algorithm="dp_sgd_lazy", optimizer="table_sgd", momentum=momentum,
                   table_learning_rate=lr, l2_norm_clip=2.0)
              for momentum, lr in ((0.0, 10), (0.9, 1))],
