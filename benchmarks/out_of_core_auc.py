@@ -100,7 +100,7 @@ def report(runs):
              ("auc", "eval_log_loss", "base_rate", "base_rate_log_loss"))]
     print(f"| {path} | {len(mine)} | " + " | ".join(cells)
           + f" | {stats[path]['wall_seconds'][0]:.0f} |")
-  if len(stats) == 2:
+  if "memory" in stats and "out_of_core" in stats:
     for key in ("auc", "eval_log_loss"):
       (m0, se0), (m1, se1) = stats["memory"][key], stats["out_of_core"][key]
       print(f"{key}: out of core − in memory = {m1 - m0:+.4f} ± {math.hypot(se0, se1):.4f}")
