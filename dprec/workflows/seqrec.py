@@ -80,7 +80,9 @@ EPSILON_COVERS = {
                            "this run: these metrics are not covered by ε; nor is the logit "
                            "prior's weight that --prior-weight auto picks on the validation "
                            "items (with a given weight the prior reads released pairs only), "
-                           "nor the epoch --select-epochs keeps on them",
+                           "nor the epoch --select-epochs keeps on them, nor a setting (e.g. "
+                           "--pair-share, the release's split with training) chosen by "
+                           "comparing runs on them",
     "public_users": "with --public-users F (item2item): the users the public rule picks "
                     "(public_user_selection) opted in as public data; their rows are used "
                     "exactly and charged nothing, and ε covers the other users only (the "
