@@ -296,6 +296,9 @@ class DPStep:
         (not isinstance(inner, (sparse_optimizers.SparseSGD, sparse_optimizers.TableSGD)),
          f"the optimizer is {type(inner).__name__}, not SparseSGD or TableSGD (the noise must "
          "enter the tables linearly)"),
+        (isinstance(inner, sparse_optimizers.TableSGD)
+         and not all(inner.trains_with_sgd(t.embeddings) for t in self.dp_step_tables),
+         "TableSGD was not given the DP tables (`train_tables`): it would run Adam on them"),
         (dp.expected_batch_size is None, "no expected_batch_size (the normaliser must be fixed)"),
         (tf.distribute.has_strategy(), "a tf.distribute strategy (one device only)"),
         (secure_noise_lib.is_secure(self._dp_generator), "secure_noise"),

@@ -80,6 +80,10 @@ class TableSGD(LazyAdam):
     """Marks the table variables (before `build`)."""
     self._table_ids = {id(v) for v in variables}
 
+  def trains_with_sgd(self, variable):
+    """Whether `variable` is one of the tables marked by `train_tables` (SGD, not Adam)."""
+    return id(variable) in self._table_ids
+
   def build(self, var_list):
     """Adam's m and v for the dense variables; for a table, its velocity (with momentum) in m's
     place and empty placeholders, so that no table-sized slot goes unused."""

@@ -202,6 +202,11 @@ class CTRTrainOptions(run_lib.FitOptions):
       raise DprecError(f"--out-of-core-above must be >= 0, got {self.out_of_core_above}")
     if self.out_of_core:
       self._validate_out_of_core()
+    if self.algorithm == "dp_sgd_lazy" and (self.strategy != "none" or self.secure_noise
+                                            or self.optimizer not in ("sgd", "table_sgd")):
+      raise DprecError(  # as `dp_step`'s refusal, but before the ledger is paid
+          "--algorithm dp_sgd_lazy runs on one device (no --strategy), with the default noise "
+          "(no --secure-noise) and SGD on the tables (--optimizer table_sgd or sgd)")
     if self.strategy == "parameter_server" and self.secure_noise:
       raise DprecError("--secure-noise is not available with --strategy parameter_server")
     if (self.strategy == "multi_worker" and self.run_dir is None
@@ -345,15 +350,18 @@ def learning_rate(options):
   return DEFAULT_LEARNING_RATES["private" if options.private else "non_private"]
 
 
-def make_optimizer(options):
-  """The row-sparse optimizer of `options.optimizer` at `learning_rate(options)`."""
+def make_optimizer(options, tables):
+  """The row-sparse optimizer of `options.optimizer` at `learning_rate(options)`; `tables`: the
+  model's DP table variables, on which `--optimizer table_sgd` runs SGD (Adam on the rest)."""
   if options.optimizer == "adambc":
     return sparse_optimizers.AdamBC(learning_rate(options), floor=options.adambc_floor)
   if options.optimizer == "table_sgd":
     if not hasattr(options, "table_learning_rate"):
       raise DprecError("--optimizer table_sgd is for train ctr only")
-    return sparse_optimizers.TableSGD(learning_rate(options), options.table_learning_rate,
-                                      options.momentum)
+    optimizer = sparse_optimizers.TableSGD(learning_rate(options), options.table_learning_rate,
+                                           options.momentum)
+    optimizer.train_tables(tables)
+    return optimizer
   return OPTIMIZERS[options.optimizer](learning_rate(options))
 
 
@@ -378,12 +386,11 @@ def build_model(options, data, plan, run):
   if run.ledger is not None:  # paid once, before anything they shape is released
     run.pay_once(plan, selection and {SELECTION_LABEL: (selection.epsilon, selection.delta)})
   config = algorithm_config(options, plan.noise_multiplier, selection and selection.rows)
-  model.compile(optimizer=DPOptimizer(config, make_optimizer(options),
+  tables = [t.embeddings for t in model.dp_step_tables]
+  model.compile(optimizer=DPOptimizer(config, make_optimizer(options, tables),
                                       expected_batch_size=options.batch_size,
                                       noise_key=run.noise_key,
                                       secure_noise=options.secure_noise))
-  if options.optimizer == "table_sgd":
-    model.optimizer.train_tables([t.embeddings for t in model.dp_step_tables])
   model.optimizer.build(model.trainable_variables)  # slots now: restorable, traced once
   return model, rate
 

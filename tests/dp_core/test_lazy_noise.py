@@ -116,3 +116,29 @@ def test_lazy_noise_is_refused_where_it_cannot_run():
   x, y = _batches(1)[0]
   with pytest.raises(DprecError, match="not SparseSGD or TableSGD"):
     model.train_on_batch(x, y)
+
+
+def test_table_sgd_without_the_tables_is_refused():
+  """TableSGD not told which variables are the DP tables would run Adam on their noise-free
+  clipped sums (the noise added apart): refused."""
+  model = _model()
+  model.compile(DPOptimizer(DPSGDLazy(1.0, 1.0), TableSGD(0.01, table_learning_rate=0.5),
+                            expected_batch_size=BATCH, insecure_noise_seed=0),
+                loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
+  x, y = _batches(1)[0]
+  with pytest.raises(DprecError, match="not given the DP tables"):
+    model.train_on_batch(x, y)
+
+
+@pytest.mark.parametrize("extra", [dict(strategy="mirrored"), dict(secure_noise=True),
+                                   dict(optimizer="adam")])
+def test_train_ctr_refuses_what_lazy_noise_cannot_run_before_paying(extra):
+  """`train ctr`'s options refuse them up front (the step's own refusal comes after the ledger
+  is paid)."""
+  from dprec.workflows.ctr import CTRTrainOptions  # pylint: disable=import-outside-toplevel
+  options = CTRTrainOptions(data="days", algorithm="dp_sgd_lazy", epsilon=1.0,
+                            **{"optimizer": "table_sgd", **extra})
+  with pytest.raises(DprecError, match="dp_sgd_lazy runs on one device"):
+    options.validate()
+  CTRTrainOptions(data="days", algorithm="dp_sgd_lazy", epsilon=1.0,
+                  optimizer="table_sgd").validate()
