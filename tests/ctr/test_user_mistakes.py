@@ -5,6 +5,8 @@ import json
 import pytest
 
 from dprec import cli
+from dprec.errors import DprecError
+from dprec.workflows.ctr import CTRTrainOptions
 
 pytestmark = pytest.mark.commands
 
@@ -50,3 +52,16 @@ def test_a_dp_run_on_too_few_rows_says_what_to_expect(data_dir, tmp_path):
 def test_warnings_print_as_one_line():
   line = cli._format_warning("what to expect", UserWarning, "f.py", 1)  # pylint: disable=protected-access
   assert line == "dprec: warning: what to expect\n"
+
+
+@pytest.mark.parametrize("extra", [dict(strategy="mirrored"), dict(secure_noise=True),
+                                   dict(optimizer="adam")])
+def test_train_ctr_refuses_what_lazy_noise_cannot_run_before_paying(extra):
+  """`train ctr`'s options refuse them up front (the step's own refusal comes after the ledger
+  is paid)."""
+  options = CTRTrainOptions(data="days", algorithm="dp_sgd_lazy", epsilon=1.0,
+                            **{"optimizer": "table_sgd", **extra})
+  with pytest.raises(DprecError, match="dp_sgd_lazy runs on one device"):
+    options.validate()
+  CTRTrainOptions(data="days", algorithm="dp_sgd_lazy", epsilon=1.0,
+                  optimizer="table_sgd").validate()

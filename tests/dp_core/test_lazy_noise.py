@@ -129,16 +129,3 @@ def test_table_sgd_without_the_tables_is_refused():
   with pytest.raises(DprecError, match="not given the DP tables"):
     model.train_on_batch(x, y)
 
-
-@pytest.mark.parametrize("extra", [dict(strategy="mirrored"), dict(secure_noise=True),
-                                   dict(optimizer="adam")])
-def test_train_ctr_refuses_what_lazy_noise_cannot_run_before_paying(extra):
-  """`train ctr`'s options refuse them up front (the step's own refusal comes after the ledger
-  is paid)."""
-  from dprec.workflows.ctr import CTRTrainOptions  # pylint: disable=import-outside-toplevel
-  options = CTRTrainOptions(data="days", algorithm="dp_sgd_lazy", epsilon=1.0,
-                            **{"optimizer": "table_sgd", **extra})
-  with pytest.raises(DprecError, match="dp_sgd_lazy runs on one device"):
-    options.validate()
-  CTRTrainOptions(data="days", algorithm="dp_sgd_lazy", epsilon=1.0,
-                  optimizer="table_sgd").validate()
