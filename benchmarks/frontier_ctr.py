@@ -42,6 +42,8 @@ from dprec.training import poisson
 from dprec.workflows import ctr as ctr_workflow
 from utility_ctr import THRESHOLDS
 
+import jsonl_records
+
 DEFAULTS = ctr_workflow.CTRTrainOptions(data="")
 TARGET = 0.005  # Ghazi et al.'s (2023) AUC loss against DP-SGD
 # A point without its own B runs at `train ctr`'s batch rule of sessions 7-10 (N/500: 8,192 at
@@ -177,11 +179,7 @@ def data_tag(data_dir, validation_rows):
 
 
 def read_runs(path, tag=None):
-  if not os.path.exists(path):
-    return []
-  with open(path, encoding="utf-8") as stream:
-    runs = [json.loads(line) for line in stream if line.strip()]
-  return [r for r in runs if tag is None or r["data"] == tag]
+  return [r for r in jsonl_records.read(path) if tag is None or r["data"] == tag]
 
 
 def pending(phases, draws, runs, only=None):

@@ -26,23 +26,18 @@ import sys
 import tempfile
 import time
 
+import jsonl_records
+
 DPREC = os.path.join(os.path.dirname(sys.executable), "dprec")
 KEPT = ("auc", "eval_log_loss", "base_rate", "base_rate_log_loss", "epsilon", "delta", "steps",
         "batch_size", "noise_multiplier", "train_rows", "eval_rows", "calibration_scale",
         "calibration_shift", "out_of_core", "peak_batch_size", "run_id")
 
 
-def read_runs(path):
-  if not os.path.exists(path):
-    return []
-  with open(path, encoding="utf-8") as stream:
-    return [json.loads(line) for line in stream if line.strip()]
-
-
 def run_once(args):
   """Trains once on `args.path`'s way and appends the run's line to `args.jsonl`."""
   if any((r["path"], r["draw"], r.get("seed", 0)) == (args.path, args.draw, args.seed)
-         for r in read_runs(args.jsonl)):
+         for r in jsonl_records.read(args.jsonl)):
     print(f"# {args.path} draw {args.draw} seed {args.seed}: already in {args.jsonl}",
           file=sys.stderr)
     return
@@ -120,7 +115,7 @@ def main(argv=None):
   parser.add_argument("--report", action="store_true", help="only print the table")
   args = parser.parse_args(argv)
   if args.report:
-    report([r for r in read_runs(args.jsonl)
+    report([r for r in jsonl_records.read(args.jsonl)
             if args.seeds is None or r.get("seed", 0) in args.seeds])
   elif args.data and args.path and args.draw is not None:
     run_once(args)

@@ -29,6 +29,7 @@ import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 from dpformer_amazon import preprocess  # pylint: disable=wrong-import-position
+import jsonl_records  # noqa: E402  pylint: disable=wrong-import-position
 
 from dprec.data.sequences import load_sequences, make_examples  # noqa: E402
 from dprec.models import ranking_metrics  # noqa: E402
@@ -49,13 +50,6 @@ def _value(text):
 
 def _pairs(items):
   return dict((key, _value(value)) for key, value in (item.split("=", 1) for item in items))
-
-
-def _recorded(path):
-  if not os.path.exists(path):
-    return []
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
 
 
 def _key(overrides):
@@ -114,11 +108,11 @@ def main(argv=None):
     print("| overrides | seed | test NDCG@10 / HIT@10 | validation NDCG@10 / HIT@10 | "
           "head / torso / tail NDCG | distinct items | prior w | steps/s | s | load |")
     print("|---|---|---|---|---|---|---|---|---|---|")
-    for record in _recorded(args.results):
+    for record in jsonl_records.read(args.results):
       print(row(record))
     return
   data = load_sequences(preprocess(args.data, args.work_dir, validation=True))
-  done = {(_key(r["overrides"]), r.get("seed")) for r in _recorded(args.results)}
+  done = {(_key(r["overrides"]), r.get("seed")) for r in jsonl_records.read(args.results)}
   if args.popularity:
     if (_key({"model": "most popular"}), None) not in done:
       _append(args.results, dict(popularity(make_examples(data, 50, True)),

@@ -24,6 +24,8 @@ import subprocess
 import sys
 import tempfile
 
+import jsonl_records
+
 EPSILON = "1"
 # name: (synth options, days, rows a day, preprocess options)
 SETTINGS = {
@@ -129,15 +131,8 @@ def record(setting, point, draw, argv, summary, commit):
               periods=[{k: p.get(k) for k in keep} for p in summary["periods"]])
 
 
-def load(path):
-  if not os.path.exists(path):
-    return []
-  with open(path, encoding="utf-8") as f:
-    return [json.loads(line) for line in f if line.strip()]
-
-
 def run(options):
-  done = {(r["setting"], r["point"], r["draw"]) for r in load(options.jsonl)}
+  done = {(r["setting"], r["point"], r["draw"]) for r in jsonl_records.read(options.jsonl)}
   dprec = os.path.join(os.path.dirname(sys.executable), "dprec")
   commit = options.commit or subprocess.run(["git", "rev-parse", "--short", "HEAD"],
                                            capture_output=True, text=True,
@@ -247,7 +242,7 @@ def main(argv=None):
   parser.add_argument("--plot-points", default="issue,defaults,ctr")
   options = parser.parse_args(argv)
   if options.report:
-    rows = load(options.jsonl)
+    rows = jsonl_records.read(options.jsonl)
     print(report(rows))
     if options.plot:
       plot(rows, options.plot, options.plot_points.split(","))

@@ -143,6 +143,18 @@ def test_write_batches_truncated_to_a_cap_charge_its_delta_and_train(tmp_path):
   assert model.epsilon_spent <= 2.0 * (1 + 1e-6)
 
 
+def _model_and_its_batches(tmp_path):
+  """A private model and a valid batch directory of its run, in `tmp_path`: step s holds rows
+  s, s + T, s + 2T, ..."""
+  with pytest.warns(UserWarning):
+    model = _private(tf.keras)
+  steps = model.privacy_plan.steps
+  directory = str(tmp_path / "batches")
+  _write_directory(model, directory, [np.arange(s, N, steps) for s in range(steps)],
+                   _input_file(tmp_path))
+  return model, directory
+
+
 def test_a_fit_asking_for_more_steps_than_the_batches_hold_stops_after_the_last_shard(
     tmp_path, monkeypatch, caplog):
   """Budget to spare (σ 1.5 times the calibrated one; at thousands of steps ε(T + k) fits the
@@ -151,12 +163,8 @@ def test_a_fit_asking_for_more_steps_than_the_batches_hold_stops_after_the_last_
   (not Keras' "ran out of data"), and a further fit is refused."""
   calibrated = plan_lib._calibrated  # pylint: disable=protected-access
   monkeypatch.setattr(plan_lib, "_calibrated", lambda *args: 1.5 * calibrated(*args))
-  with pytest.warns(UserWarning):
-    model = _private(tf.keras)
+  model, directory = _model_and_its_batches(tmp_path)
   steps = model.privacy_plan.steps
-  directory = str(tmp_path / "batches")
-  _write_directory(model, directory, [np.arange(s, N, steps) for s in range(steps)],
-                   _input_file(tmp_path))
   with pytest.warns(UserWarning) as warned:
     model.fit(dprec.PoissonBatches(directory, parse), epochs=2, verbose=0)
   assert [str(w.message) for w in warned if directory in str(w.message)] == [
@@ -185,14 +193,7 @@ def _another_plan(manifest):
 @pytest.fixture(scope="module")
 def drawn_directory(tmp_path_factory):
   """A model and a valid batch directory of its run (module-wide: each case copies it)."""
-  tmp_path = tmp_path_factory.mktemp("drawn")
-  with pytest.warns(UserWarning):
-    model = _private(tf.keras)
-  steps = model.privacy_plan.steps
-  directory = str(tmp_path / "batches")
-  _write_directory(model, directory, [np.arange(s, N, steps) for s in range(steps)],
-                   _input_file(tmp_path))
-  return model, directory
+  return _model_and_its_batches(tmp_path_factory.mktemp("drawn"))
 
 
 @pytest.mark.parametrize("break_it, message", [
