@@ -63,14 +63,31 @@ class DPEmbedding(tf.keras.layers.Layer):
     return [(self.table_name, self.vocab_size, self.output_dim)]
 
   padded = False  # a `DPStackedEmbedding` may hold tables narrower than its variable
+  _ids_only = False  # recording ids alone (`start_recording`)
 
-  def start_recording(self):
+  def start_recording(self, ids_only=False):
+    """Records this layer's lookups until `stop_recording`. `ids_only`: the ids alone are wanted
+    (lazy noise's look ahead): the rows are not gathered (`_gather`)."""
     object.__setattr__(self, "_recording", [])
+    object.__setattr__(self, "_ids_only", bool(ids_only))
 
   def stop_recording(self):
     lookups = self._recording or []
     object.__setattr__(self, "_recording", None)
+    object.__setattr__(self, "_ids_only", False)
     return lookups
+
+  def _gather(self, safe_ids):
+    """The rows of `safe_ids` [n, L] ([n, L, d]); while recording ids alone, zeros of their shape
+    instead: stateless, so a pass whose output nobody uses is pruned, where the table read (a
+    stateful op) would run."""
+    if self._ids_only:
+      shape = tf.concat([tf.shape(safe_ids), [self.output_dim]], 0)
+      return tf.ensure_shape(tf.zeros(shape, self.embeddings.dtype),
+                             safe_ids.shape.concatenate([self.output_dim]))
+    # A gather, also of a table sharded by rows (`dprec.distribute.parameter_server`), where
+    # tf.gather returns the rows grouped by shard instead of in the order of the ids (TF 2.21).
+    return tf.nn.embedding_lookup(self.embeddings, safe_ids)
 
   def call(self, inputs):
     if isinstance(inputs, tf.RaggedTensor):
@@ -81,9 +98,7 @@ class DPEmbedding(tf.keras.layers.Layer):
       ids = ids[:, tf.newaxis]
     valid = tf.not_equal(ids, self.pad_id)
     safe_ids = tf.where(valid, ids, tf.zeros_like(ids))
-    # A gather, also of a table sharded by rows (`dprec.distribute.parameter_server`), where
-    # tf.gather returns the rows grouped by shard instead of in the order of the ids (TF 2.21).
-    rows = tf.nn.embedding_lookup(self.embeddings, safe_ids)  # [n, L, d]
+    rows = self._gather(safe_ids)  # [n, L, d]
     if self._recording is not None:
       self._recording.append(Lookup(safe_ids, valid, rows))
     mask = tf.cast(valid, rows.dtype)[..., tf.newaxis]
@@ -146,7 +161,7 @@ class DPStackedEmbedding(DPEmbedding):
     valid = tf.not_equal(ids, self.pad_id)
     # A pad looks up its own table's row 0, as an unstacked single-valued table does.
     safe_ids = tf.where(valid, ids, tf.zeros_like(ids)) + self.row_offsets
-    rows = tf.nn.embedding_lookup(self.embeddings, safe_ids)  # [n, F, d]
+    rows = self._gather(safe_ids)  # [n, F, d]
     if self._recording is not None:
       self._recording.append(Lookup(safe_ids, valid, rows, distinct_columns=True))
     return rows

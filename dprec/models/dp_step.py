@@ -59,9 +59,9 @@ def shard_gradients(gradient, table):
     return list(zip(tf.split(gradient, sizes), table.variables))
   starts = [sum(sizes[:s]) for s in range(len(sizes) + 1)]
   bounds = tf.searchsorted(gradient.indices, tf.constant(starts, gradient.indices.dtype))
-  return [(tf.IndexedSlices(gradient.values[bounds[s]:bounds[s + 1]],
-                            gradient.indices[bounds[s]:bounds[s + 1]] - starts[s],
-                            tf.constant(shard.shape.as_list(), tf.int64)), shard)
+  return [(type(gradient)(gradient.values[bounds[s]:bounds[s + 1]],  # DistinctRows stay so
+                          gradient.indices[bounds[s]:bounds[s + 1]] - starts[s],
+                          tf.constant(shard.shape.as_list(), tf.int64)), shard)
           for s, shard in enumerate(table.variables)]
 
 
@@ -274,7 +274,7 @@ class DPStep:
     """Per DP table, the distinct local rows `x`'s forward pass reads (`lookup_pass`)."""
     tables = self.dp_step_tables
     for table in tables:
-      table.start_recording()
+      table.start_recording(ids_only=True)
     try:
       self.lookup_pass(x)
     finally:
@@ -407,7 +407,8 @@ class DPStep:
     for f, (row, values) in enumerate(table_sums):
       if f in table_grads:
         grad = table_grads[f]
-        grads.append(tf.IndexedSlices(grad.values / normaliser, grad.indices, grad.dense_shape))
+        grads.append(noise_lib.DistinctRows(grad.values / normaliser, grad.indices,
+                                            grad.dense_shape))
       else:
         grads.append(noise_lib.noisy_dense_rows(row, values, std, generator, shapes[f],
                                                 normaliser, _row_widths(tables[f])))
@@ -421,7 +422,7 @@ class DPStep:
     for f, ((row, values), rows, shape) in enumerate(zip(table_sums, kept_rows, shapes)):
       noise = lazy_lib.row_step_noise(seed, f, step, shape, std, values.dtype)
       total = tf.tensor_scatter_nd_add(noise, row[:, tf.newaxis], values) / normaliser
-      grads.append(total if rows is None else tf.IndexedSlices(
+      grads.append(total if rows is None else noise_lib.DistinctRows(
           tf.gather(total, rows), rows, tf.constant(shape, tf.int64)))
     return grads
 

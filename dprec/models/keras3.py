@@ -123,6 +123,8 @@ class DPTable:
   padded = False
   combiner = None
   pad_id = -1
+  _ids_only = False  # lazy noise's look ahead does not run on Keras 3
+  _gather = embedding_lib.DPEmbedding._gather  # pylint: disable=protected-access
 
   def __init__(self, layer):
     try:

@@ -5,14 +5,27 @@ scatter into a copy of the whole table (a 10M×55 embedding: SGD 11.7 s, Adam 16
 here), and Adam decays every row's moments on every step. These run without XLA: SGD with a
 row scatter, Keras' own row-sparse Adagrad update, and a lazy Adam that updates the moments
 of the gradient's rows only (dense variables get the ordinary Adam update), SGD or momentum on
-the tables beside Adam on the rest (`TableSGD`), and DP-AdamBC.
+the tables beside Adam on the rest (`TableSGD`), and DP-AdamBC. A DP step's row gradients
+(`dprec.sparse.noise.DistinctRows`) skip Keras' sum over duplicate indices.
 """
 import tensorflow as tf
+
+from dprec.sparse.noise import DistinctRows
 
 ADAMBC_FLOOR = 5e-8  # γ' of `AdamBC`: the ε2 of Tang et al.'s DP-AdamBC reference code
 
 
-class SparseSGD(tf.keras.optimizers.SGD):
+class _AppliesDistinctRows:
+  """Keras sums every IndexedSlices gradient's duplicate indices before the update (a unique and
+  a segment sum over all its values: for lazy DP-SGD, every row the batch touched); a
+  `DistinctRows` gradient has none and is applied as it is."""
+
+  def _deduplicate_sparse_grad(self, grads):
+    summed = super()._deduplicate_sparse_grad
+    return [g if isinstance(g, DistinctRows) else summed([g])[0] for g in grads]
+
+
+class SparseSGD(_AppliesDistinctRows, tf.keras.optimizers.SGD):
   """SGD without momentum; an IndexedSlices gradient updates its rows only (scatter_sub).
   (Keras' SGD keeps a momentum slot even at momentum 0 and rescales it densely every step.)"""
 
@@ -33,7 +46,7 @@ class SparseSGD(tf.keras.optimizers.SGD):
     return tf.raw_ops.ResourceApplyGradientDescent(var=variable.handle, alpha=lr, delta=gradient)
 
 
-class SparseAdagrad(tf.keras.optimizers.Adagrad):
+class SparseAdagrad(_AppliesDistinctRows, tf.keras.optimizers.Adagrad):
   """Adagrad; an IndexedSlices gradient updates its rows and their accumulators only."""
 
   def __init__(self, learning_rate=0.05, name="SparseAdagrad", **kwargs):
@@ -41,7 +54,7 @@ class SparseAdagrad(tf.keras.optimizers.Adagrad):
     super().__init__(learning_rate=learning_rate, name=name, **kwargs)
 
 
-class LazyAdam(tf.keras.optimizers.Adam):
+class LazyAdam(_AppliesDistinctRows, tf.keras.optimizers.Adam):
   """Adam whose IndexedSlices update reads and writes only the gradient's rows of m, v and the
   variable ("lazy": rows absent from a step keep stale moments); dense gradients: Adam."""
 
@@ -150,7 +163,7 @@ def lazy_adam_rows(adam, gradient, variable, m, v, learning_rate):
       tf.IndexedSlices(alpha * m_rows / (tf.sqrt(v_rows) + adam.epsilon), rows))
 
 
-class AdamBC(tf.keras.optimizers.Optimizer):
+class AdamBC(_AppliesDistinctRows, tf.keras.optimizers.Optimizer):
   """DP-AdamBC (Tang et al., "On the Performance of Differentially Private Optimization with
   Heavy-Tail Class Imbalance", arXiv:2411.04205, App. A, Algorithm 2): Adam whose second moment has
   the DP noise variance subtracted, θ ← θ − η·m̂ / sqrt(max(v̂ − Φ̂, γ')).

@@ -24,6 +24,11 @@ from dprec.sparse.selection import find_sorted
 RowWidths = collections.namedtuple("RowWidths", ["rows", "widths"])
 
 
+class DistinctRows(tf.IndexedSlices):
+  """An IndexedSlices whose indices are distinct (a DP step's noised rows): dprec's optimizers
+  apply it as it is, without Keras' sum over duplicate indices (`dprec.optimizers.sparse`)."""
+
+
 def _maybe_add_noise(values, noise_std, generator):
   if noise_std == 0:
     return values
@@ -64,7 +69,7 @@ def noisy_sparse_rows(kept_rows, pair_rows, pair_values, noise_std, generator, t
     sums = [values if layout is None else values * _column_mask(rows, layout, shape[1],
                                                                  values.dtype)
             for values, rows, layout, shape in zip(sums, kept_rows, row_widths, table_shapes)]
-  return [tf.IndexedSlices(values, rows, tf.constant(shape, tf.int64))
+  return [DistinctRows(values, rows, tf.constant(shape, tf.int64))
           for values, rows, shape in zip(sums, kept_rows, table_shapes)]
 
 

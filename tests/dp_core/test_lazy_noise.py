@@ -13,6 +13,7 @@ from dprec.optimizers import DPOptimizer
 from dprec.optimizers.config import DPSGD, DPSGDLazy
 from dprec.optimizers.sparse import LazyAdam, SparseSGD, TableSGD
 from dprec.sparse import lazy as lazy_lib
+from dprec.sparse import noise as noise_lib
 
 VOCAB, DIM, BATCH = 40, 3, 8.0
 
@@ -129,3 +130,34 @@ def test_table_sgd_without_the_tables_is_refused():
   with pytest.raises(DprecError, match="not given the DP tables"):
     model.train_on_batch(x, y)
 
+
+
+def test_the_look_ahead_reads_no_table_rows():
+  """The pass that finds the rows a step will read records their ids without gathering them
+  (a table read is stateful: it would run although nothing uses it), and finds the same rows."""
+  model = _compiled(DPSGDLazy(1.0, 1.5), None)
+  x, _ = _batches(1)[0]
+  graph = tf.function(model._rows_read).get_concrete_function(x).graph  # pylint: disable=protected-access
+  assert not [op.name for op in graph.get_operations() if op.type == "ResourceGather"]
+  rows = model._rows_read(x)  # pylint: disable=protected-access
+  np.testing.assert_array_equal(np.sort(rows[0].numpy()), np.unique(x.numpy()))
+
+
+def test_distinct_row_gradients_skip_the_duplicate_sum_and_others_keep_it():
+  """A `DistinctRows` gradient is applied as it is (no unique and segment sum over its values);
+  an ordinary IndexedSlices with a repeated row still has its values summed first."""
+  for optimizer in (SparseSGD(0.5), LazyAdam(0.1), TableSGD(0.1, table_learning_rate=0.5)):
+    table = tf.Variable(tf.zeros([6, 2]))
+    if isinstance(optimizer, TableSGD):
+      optimizer.train_tables([table])
+    values, rows = tf.ones([3, 2]), tf.constant([1, 1, 4], tf.int64)
+    distinct = noise_lib.DistinctRows(values[:2], tf.constant([1, 4], tf.int64),
+                                      tf.constant([6, 2], tf.int64))
+    summed = optimizer._deduplicate_sparse_grad(  # pylint: disable=protected-access
+        [distinct, tf.IndexedSlices(values, rows, tf.constant([6, 2], tf.int64))])
+    assert summed[0] is distinct
+    np.testing.assert_array_equal(tf.convert_to_tensor(summed[1]).numpy()[1], [2.0, 2.0])
+    assert summed[1].indices.shape[0] == 2
+    optimizer.apply_gradients([(distinct, table)])
+    moved = np.flatnonzero(np.abs(table.numpy()).sum(1))
+    np.testing.assert_array_equal(moved, [1, 4])
