@@ -29,6 +29,11 @@ Batches: Zipf-like ids (P(rank r) ∝ 1/r) per table, heavy-tailed integers; voc
 001 Table 3 (`table3`) or scaled to M rows in all (`scaled:10M`), each plus the OOV row.
 Times exclude the first step (tracing). Prints a Markdown table; ratios are against
 `non_private` in the same run (a `_stacked` variant's against `non_private_stacked` if it ran).
+Three modes: one `fit` per variant in turn (default); `--interleaved R`, every variant's
+`train_step` called in turn for R rounds (static batch shapes); `--fit-rounds R`, every
+variant's model held at once and `fit` for --steps steps each in turn, R rounds (what `train
+ctr` runs: Keras' loop, batch size unknown when the step is traced), the median of per-step
+times, so load changes hit every variant alike. Ratios in the last two: against the first variant.
 
     .venv/bin/python benchmarks/ctr_step.py --vocab table3 scaled:10M
     .venv/bin/python benchmarks/ctr_step.py --vocab table3 scaled:10M \
@@ -204,12 +209,56 @@ def interleaved(variants, vocab_sizes, batches, rounds, calls, threshold, stack_
   return interleaved_medians(steps, rounds, calls)
 
 
+class _StepTimes(tf.keras.callbacks.Callback):
+  """Wall ms of every training step."""
+
+  def __init__(self):
+    super().__init__()
+    self.times, self._start = [], None
+
+  def on_train_batch_begin(self, batch, logs=None):
+    self._start = time.perf_counter()
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.times.append(1000 * (time.perf_counter() - self._start))
+
+
+def fit_rounds(variants, vocab_sizes, batches, rounds, steps, threshold, stack_multiple=8,
+               hidden_units=None):
+  """{variant: (median ms a step, steps timed)}: every variant's model built, then `rounds`
+  rounds of `fit` for `steps` steps each in turn (a first round traces; each call's first step,
+  which starts the input pipeline, is dropped)."""
+  models = {variant: build(variant, vocab_sizes, len(batches[0][1]), threshold, stack_multiple,
+                           hidden_units)[0] for variant in variants}
+  signature = tf.nest.map_structure(
+      lambda a: tf.TensorSpec((None,) + a.shape[1:], tf.as_dtype(a.dtype)), batches[0])
+  times = {variant: [] for variant in variants}
+  for r in range(rounds + 1):
+    for variant, model in models.items():
+      dataset = tf.data.Dataset.from_generator(
+          lambda: itertools.islice(itertools.cycle(batches), steps + 1),
+          output_signature=signature)
+      timer = _StepTimes()
+      model.fit(dataset, epochs=1, steps_per_epoch=steps + 1, callbacks=[timer], verbose=0)
+      if r:
+        times[variant].extend(timer.times[1:])
+  return {variant: (statistics.median(t), len(t)) for variant, t in times.items()}
+
+
 def _tensorflow_privacy_imports():
   try:
     import tensorflow_privacy  # noqa: F401  pylint: disable=import-outside-toplevel
   except ImportError:
     return False
   return True
+
+
+def _finish(json_path, results):
+  """The machine line after a table; the results to `json_path` if given."""
+  print(f"# {machine.describe()}")
+  if json_path:
+    with open(json_path, "w", encoding="utf-8") as out:
+      json.dump(results, out, indent=2)
 
 
 def main(argv=None):
@@ -233,6 +282,9 @@ def main(argv=None):
   parser.add_argument("--interleaved", type=int, metavar="ROUNDS",
                       help="instead: all variants' steps in turn, ROUNDS rounds of --steps calls "
                            "each; median wall and CPU ms per step (for a shared machine)")
+  parser.add_argument("--fit-rounds", type=int, metavar="ROUNDS",
+                      help="instead: every variant's model `fit` for --steps steps in turn, ROUNDS "
+                           "rounds; median ms per step (train ctr's loop, on a shared machine)")
   args = parser.parse_args(argv)
   if "tfp_dpmodel" in args.variants and not _tensorflow_privacy_imports():
     args.variants.remove("tfp_dpmodel")
@@ -240,6 +292,21 @@ def main(argv=None):
           f"({tf.__version__}); run on the [tfp] stack for it", file=sys.stderr)
   results = []
   print(f"# {machine.describe()}")
+  if args.fit_rounds:
+    print("| vocabulary | variant | ms/step (median) | steps timed | × first variant |")
+    print("|---|---|---:|---:|---:|")
+    for spec in args.vocab:
+      vocab_sizes = tuple(v + 1 for v in synthetic.vocab_sizes(spec))
+      times = fit_rounds(args.variants, vocab_sizes,
+                         make_batches(vocab_sizes, args.batch_size, 8), args.fit_rounds,
+                         args.steps, args.threshold, args.stack_multiple, args.hidden_units)
+      first = times[args.variants[0]][0]
+      for variant, (ms, count) in times.items():
+        print(f"| {spec} | {variant} | {ms:.1f} | {count} | {ms / first:.3f} |", flush=True)
+        results.append(dict(vocab=spec, variant=variant, fit_ms=ms, steps_timed=count,
+                            batch_size=args.batch_size, hidden_units=args.hidden_units))
+    _finish(args.json, results)
+    return
   if args.interleaved:
     print("| vocabulary | variant | wall ms/step | CPU ms/step | wall × reference | "
           "CPU × reference |")
@@ -255,10 +322,7 @@ def main(argv=None):
         print(f"| {spec} | {variant} | {wall_ms:.1f} | {cpu_ms:.1f} | "
               f"{wall_ms / reference[0]:.2f} | {cpu_ms / reference[1]:.2f} |", flush=True)
         results.append(dict(vocab=spec, variant=variant, wall_ms=wall_ms, cpu_ms=cpu_ms))
-    print(f"# {machine.describe()}")
-    if args.json:
-      with open(args.json, "w", encoding="utf-8") as out:
-        json.dump(results, out, indent=2)
+    _finish(args.json, results)
     return
   print("| vocabulary | rows | variant | ms/step | × non_private | tfp_dpmodel / variant |")
   print("|---|---:|---|---:|---:|---:|")
@@ -282,10 +346,7 @@ def main(argv=None):
       versus = rows["tfp_dpmodel"] / seconds if "tfp_dpmodel" in rows else float("nan")
       print(f"| {spec} | {sum(vocab_sizes):,} | {variant} | {1000 * seconds:.1f} | "
             f"{ratio:.2f} | {versus:.2f} |", flush=True)
-  print(f"# {machine.describe()}")
-  if args.json:
-    with open(args.json, "w", encoding="utf-8") as out:
-      json.dump(results, out, indent=2)
+  _finish(args.json, results)
 
 
 if __name__ == "__main__":

@@ -6,6 +6,8 @@ import pytest
 
 from dprec import cli
 from dprec.errors import DprecError
+from dprec.privacy.ledger import PrivacyLedger
+from dprec.workflows import ctr
 from dprec.workflows.ctr import CTRTrainOptions
 
 pytestmark = pytest.mark.commands
@@ -43,7 +45,6 @@ def test_a_changed_argument_on_a_run_dir_is_named_as_one(data_dir, tmp_path, cap
 
 
 def test_a_dp_run_on_too_few_rows_says_what_to_expect(data_dir, tmp_path):
-  from dprec.workflows import ctr  # pylint: disable=import-outside-toplevel
   with pytest.warns(ctr.SmallDataWarning, match=r"training rows at ε = 1: .* near chance"):
     assert cli.main(["train", "ctr", "--data", data_dir, "--algorithm", "dp_sgd", "--epsilon",
                      "1", *ARGS]) == 0
@@ -65,3 +66,27 @@ def test_train_ctr_refuses_what_lazy_noise_cannot_run_before_paying(extra):
     options.validate()
   CTRTrainOptions(data="days", algorithm="dp_sgd_lazy", epsilon=1.0,
                   optimizer="table_sgd").validate()
+
+
+def test_lazy_noise_on_padded_stacked_tables_is_refused_before_paying(data_dir, tmp_path,
+                                                                      cli_error):
+  """Stacked tables with padding columns (known once the model is built) are refused before the
+  ledger is charged (the step's own refusal comes at its first trace, after)."""
+  ledger = tmp_path / "ledger.json"
+  err = cli_error(["train", "ctr", "--data", data_dir, "--algorithm", "dp_sgd_lazy",
+                   "--optimizer", "table_sgd", "--epsilon", "1", "--stack-tables", "8",
+                   "--ledger", str(ledger), *ARGS])
+  assert "padding columns" in err and "--stack-tables 1" in err
+  assert not ledger.exists() or not PrivacyLedger.read(ledger).charges
+
+
+def test_a_private_run_without_a_table_learning_rate_gets_the_measured_rule():
+  """`--optimizer table_sgd` without `--table-learning-rate`: η = B·(1 − μ)/(80·C2) in a private
+  run (0.1 was 1,000× too small at 5M rows), the fixed default without DP, the user's if given."""
+  def rate(**kwargs):
+    return ctr.table_learning_rate(CTRTrainOptions(
+        data="days", optimizer="table_sgd", batch_size=16384, **kwargs))
+  assert rate(algorithm="dp_sgd_lazy", l2_norm_clip=1.0) == pytest.approx(204.8)
+  assert rate(algorithm="dp_sgd_lazy", l2_norm_clip=2.0, momentum=0.9) == pytest.approx(10.24)
+  assert rate(algorithm="non_private") == ctr.NON_PRIVATE_TABLE_LEARNING_RATE
+  assert rate(algorithm="dp_sgd_lazy", table_learning_rate=3.0) == 3.0
