@@ -47,7 +47,9 @@ def add_step_arguments(add, defaults):
           f"{defaults.learning_rate:g}" if defaults.learning_rate is not None else
           ", ".join(f"{rate:g} {run}" for run, rate in ctr.DEFAULT_LEARNING_RATES.items()))
       + "; for --optimizer adam)")
-  add("--optimizer", choices=sorted(ctr.OPTIMIZERS), default=defaults.optimizer,
+  add("--optimizer", default=defaults.optimizer,
+      choices=sorted(name for name in ctr.OPTIMIZERS  # table_sgd: train ctr's alone
+                     if name != "table_sgd" or hasattr(defaults, "table_learning_rate")),
       help="row-sparse optimizer applying the noisy gradient (adam = lazy Adam; adambc = "
            "DP-AdamBC: Adam with the noise variance subtracted, Tang et al. 2024, "
            "arXiv:2411.04205)")

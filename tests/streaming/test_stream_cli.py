@@ -26,6 +26,13 @@ def test_help_names_the_interface(capsys):
                "--train-days", "--checkpoint-every", "--top-k", "--insecure-noise-seed",
                "--secure-noise", "--diagnostics", "--calibration-level-prior-examples"):
     assert flag in out
+  assert "table_sgd" not in out  # train ctr's alone: not offered, then refused
+
+
+def test_table_sgd_is_not_offered(capsys):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(["stream", "--data", "d", "--optimizer", "table_sgd"])
+  assert exit_info.value.code == 2 and "invalid choice: 'table_sgd'" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("extra, message", [
