@@ -253,6 +253,15 @@ def _tensorflow_privacy_imports():
   return True
 
 
+def _by_vocabulary(args, mode, rounds):
+  """(vocabulary, `mode`'s times) for each of `args.vocab` (`mode`: `interleaved` or
+  `fit_rounds`, `rounds` rounds of `args.steps` steps)."""
+  for spec in args.vocab:
+    vocab_sizes = tuple(v + 1 for v in synthetic.vocab_sizes(spec))
+    yield spec, mode(args.variants, vocab_sizes, make_batches(vocab_sizes, args.batch_size, 8),
+                     rounds, args.steps, args.threshold, args.stack_multiple, args.hidden_units)
+
+
 def _finish(json_path, results):
   """The machine line after a table; the results to `json_path` if given."""
   print(f"# {machine.describe()}")
@@ -295,11 +304,7 @@ def main(argv=None):
   if args.fit_rounds:
     print("| vocabulary | variant | ms/step (median) | steps timed | × first variant |")
     print("|---|---|---:|---:|---:|")
-    for spec in args.vocab:
-      vocab_sizes = tuple(v + 1 for v in synthetic.vocab_sizes(spec))
-      times = fit_rounds(args.variants, vocab_sizes,
-                         make_batches(vocab_sizes, args.batch_size, 8), args.fit_rounds,
-                         args.steps, args.threshold, args.stack_multiple, args.hidden_units)
+    for spec, times in _by_vocabulary(args, fit_rounds, args.fit_rounds):
       first = times[args.variants[0]][0]
       for variant, (ms, count) in times.items():
         print(f"| {spec} | {variant} | {ms:.1f} | {count} | {ms / first:.3f} |", flush=True)
@@ -311,11 +316,7 @@ def main(argv=None):
     print("| vocabulary | variant | wall ms/step | CPU ms/step | wall × reference | "
           "CPU × reference |")
     print("|---|---|---:|---:|---:|---:|")
-    for spec in args.vocab:
-      vocab_sizes = tuple(v + 1 for v in synthetic.vocab_sizes(spec))
-      times = interleaved(args.variants, vocab_sizes,
-                          make_batches(vocab_sizes, args.batch_size, 8), args.interleaved,
-                          args.steps, args.threshold, args.stack_multiple, args.hidden_units)
+    for spec, times in _by_vocabulary(args, interleaved, args.interleaved):
       for variant, (wall_ms, cpu_ms) in times.items():
         reference = times.get("non_private_stacked" if variant.endswith("_stacked")
                               else "non_private", times.get("non_private", (np.nan, np.nan)))
