@@ -237,15 +237,29 @@ def test_diagnostics_are_reported_under_a_name_that_says_so(data_dir, tmp_path):
 
 def test_a_second_run_on_a_shared_ledger_pays_and_is_refused_at_the_budget(
     data_dir, tmp_path, cli_error):
-  first = _train(data_dir, tmp_path, "dp_sgd", "--run-dir", str(tmp_path / "a"))
+  """One dp_sgd run (--calibration-share 0.1) serves three checks: DP Platt scaling is
+  charged once, a second run on its ledger is refused at the budget, and a rerun after the
+  ledger was deleted says so."""
+  run_dir = tmp_path / "a"
+  first = _train(data_dir, tmp_path, "dp_sgd", "--run-dir", str(run_dir), "--calibration-share",
+                 "0.1")
   charges = privacy.PrivacyLedger(str(tmp_path / "ledger.json")).charges
   assert {c["run_id"] for c in charges} == {first["run_id"]}
+  _assert_platt_scaling_charged_once(first, charges)
   err = cli_error(["train", "ctr", "--data", data_dir, "--algorithm", "dp_sgd",
                         "--epsilon", str(EPSILON), "--batch-size", str(BATCH), "--steps",
                         str(STEPS), "--hidden-units", "8", "--no-progress", "--charge-every",
                         "4", "--ledger", str(tmp_path / "ledger.json"), "--run-dir",
                         str(tmp_path / "b")])
   assert "already spent" in err
+  # A run whose ledger was deleted says so.
+  (tmp_path / "ledger.json").unlink()
+  err = cli_error(["train", "ctr", "--data", data_dir, "--algorithm", "dp_sgd",
+                        "--batch-size", str(BATCH), "--steps", str(STEPS), "--hidden-units", "8",
+                        "--no-progress", "--charge-every", "4", "--epsilon", str(EPSILON),
+                        "--ledger", str(tmp_path / "ledger.json"), "--run-dir", str(run_dir)])
+  assert "holds 0 steps of run" in err and f"have trained {STEPS}" in err
+  assert "ledger was deleted or replaced" in err and "Put the run's ledger back" in err
 
 
 def test_rerunning_a_finished_run_evaluates_it_again_and_other_settings_are_refused(
@@ -328,18 +342,6 @@ def test_a_damaged_newest_checkpoint_falls_back_to_the_previous_one(data_dir, tm
                         "--checkpoint-every", "3"])
   assert "no checkpoint in" in err and "restores" in err and "move the directory aside" in err
   assert (tmp_path / "ledger.json").read_bytes() == ledger
-
-
-def test_a_run_whose_ledger_was_deleted_says_so(data_dir, tmp_path, cli_error):
-  run_dir = tmp_path / "run"
-  _train(data_dir, tmp_path, "dp_sgd", "--run-dir", str(run_dir))
-  (tmp_path / "ledger.json").unlink()
-  err = cli_error(["train", "ctr", "--data", data_dir, "--algorithm", "dp_sgd",
-                        "--batch-size", str(BATCH), "--steps", str(STEPS), "--hidden-units", "8",
-                        "--no-progress", "--charge-every", "4", "--epsilon", str(EPSILON),
-                        "--ledger", str(tmp_path / "ledger.json"), "--run-dir", str(run_dir)])
-  assert "holds 0 steps of run" in err and f"have trained {STEPS}" in err
-  assert "ledger was deleted or replaced" in err and "Put the run's ledger back" in err
 
 
 KILL_ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_DETERMINISTIC_OPS="1",
@@ -459,22 +461,25 @@ def test_dp_run_is_calibrated_like_the_base_rate(data_dir, tmp_path):
   assert summary["eval_log_loss"] < summary["base_rate_log_loss"] + 0.002
 
 
-@pytest.mark.parametrize("share", ["0.1", "0"])
-def test_dp_platt_scaling_is_charged_once_or_not_at_all(data_dir, tmp_path, share):
-  """`--calibration-share` > 0 charges the ledger one Gaussian mechanism at the planned σ_c
-  (labelled) and reports the Platt scale and shift; 0 plans, charges and applies none."""
-  summary = _train(data_dir, tmp_path, "dp_sgd", "--calibration-share", share)
-  charges = [c for c in privacy.PrivacyLedger(str(tmp_path / "ledger.json")).charges
-             if c.get("label") == "train ctr calibration"]
-  if share == "0":
-    assert not charges and summary["calibration_shift"] is None
-    assert summary["calibration_scale"] is None
-    assert summary["calibration_noise_multiplier"] is None
-    return
+def _assert_platt_scaling_charged_once(summary, ledger_charges):
+  """`--calibration-share` > 0 charges the ledger one Gaussian mechanism at
+  the planned σ_c (labelled) and reports the Platt scale and shift."""
+  charges = [c for c in ledger_charges if c.get("label") == "train ctr calibration"]
   assert len(charges) == 1 and charges[0]["noise_multiplier"] == pytest.approx(
       summary["calibration_noise_multiplier"])
   assert charges[0]["sampling_rate"] == 1.0 and charges[0]["steps"] == 1
   assert np.isfinite(summary["calibration_shift"]) and summary["calibration_scale"] > 0
+
+
+def test_dp_platt_scaling_is_charged_once_or_not_at_all(data_dir, tmp_path):
+  """`--calibration-share` 0 plans, charges and applies none; 0.1 charges it once (checked on the
+  run of test_a_second_run_on_a_shared_ledger_pays_and_is_refused_at_the_budget)."""
+  summary = _train(data_dir, tmp_path, "dp_sgd", "--calibration-share", "0")
+  charges = [c for c in privacy.PrivacyLedger(str(tmp_path / "ledger.json")).charges
+             if c.get("label") == "train ctr calibration"]
+  assert not charges and summary["calibration_shift"] is None
+  assert summary["calibration_scale"] is None
+  assert summary["calibration_noise_multiplier"] is None
 
 
 @pytest.mark.parametrize("rows, batch_size, steps", [
