@@ -108,8 +108,7 @@ def _train_with_canaries(options, data, canaries):
         np.random.default_rng()).rows  # OS entropy
   config = train_ctr.algorithm_config(train_options, plan.noise_multiplier, selected)
   private = train_options.algorithm != "non_private"
-  tables = [t.embeddings for t in model.dp_step_tables]
-  model.compile(optimizer=DPOptimizer(config, train_ctr.make_optimizer(train_options, tables),
+  model.compile(optimizer=DPOptimizer(config, train_ctr.make_optimizer(train_options, model),
                                       expected_batch_size=train_options.batch_size,
                                       secure_noise=train_options.secure_noise))
   model.optimizer.build(model.trainable_variables)

@@ -290,6 +290,18 @@ class DPStep:
     lazy = getattr(self, "_lazy", None)
     if lazy is not None:
       return lazy
+    self.refuse_what_lazy_noise_cannot_run()
+    dp = self.dp_optimizer
+    seed = _row_step_seed(dp) if config.per_step_noise else None
+    lazy = lazy_lib.LazyNoise([t.embeddings for t in self.dp_step_tables], self.optimizer,
+                              config_lib.noise_std(config.l2_norm_clip, config.noise_multiplier)
+                              / dp.expected_batch_size, self._dp_generator, seed)
+    object.__setattr__(self, "_lazy", lazy)
+    return lazy
+
+  def refuse_what_lazy_noise_cannot_run(self):
+    """Raises a DprecError naming each reason lazy noise cannot run on this compiled model
+    (`_lazy_noise`; a workflow calls it before paying for the run)."""
     inner, dp = self.optimizer, self.dp_optimizer
     problems = [
         (not self.flushes_pending_noise, "this Keras binding does not flush pending noise"),
@@ -302,16 +314,11 @@ class DPStep:
         (dp.expected_batch_size is None, "no expected_batch_size (the normaliser must be fixed)"),
         (tf.distribute.has_strategy(), "a tf.distribute strategy (one device only)"),
         (secure_noise_lib.is_secure(self._dp_generator), "secure_noise"),
-        (any(t.padded for t in self.dp_step_tables), "stacked tables with padding columns")]
+        (any(t.padded for t in self.dp_step_tables), "stacked tables with padding columns "
+         "(stack them at exact widths: --stack-tables 1, `stack_tables=1`)")]
     refused = [reason for bad, reason in problems if bad]
     if refused:
       raise DprecError("dp_sgd_lazy cannot run here: " + "; ".join(refused))
-    seed = _row_step_seed(dp) if config.per_step_noise else None
-    lazy = lazy_lib.LazyNoise([t.embeddings for t in self.dp_step_tables], inner,
-                              config_lib.noise_std(config.l2_norm_clip, config.noise_multiplier)
-                              / dp.expected_batch_size, self._dp_generator, seed)
-    object.__setattr__(self, "_lazy", lazy)
-    return lazy
 
   def materialise_pending(self):
     """Adds every row's pending lazy noise (`DPSGDLazy`): before any release of the weights."""

@@ -366,9 +366,9 @@ def table_learning_rate(options):
   return options.batch_size * (1.0 - options.momentum) / (80.0 * options.l2_norm_clip)
 
 
-def make_optimizer(options, tables):
-  """The row-sparse optimizer of `options.optimizer` at `learning_rate(options)`; `tables`: the
-  model's DP table variables, on which `--optimizer table_sgd` runs SGD (Adam on the rest)."""
+def make_optimizer(options, model):
+  """The row-sparse optimizer of `options.optimizer` at `learning_rate(options)`; `--optimizer
+  table_sgd` runs SGD on `model`'s DP table variables (Adam on the rest)."""
   if options.optimizer == "adambc":
     return sparse_optimizers.AdamBC(learning_rate(options), floor=options.adambc_floor)
   if options.optimizer == "table_sgd":
@@ -376,7 +376,7 @@ def make_optimizer(options, tables):
       raise DprecError("--optimizer table_sgd is for train ctr only")
     optimizer = sparse_optimizers.TableSGD(learning_rate(options), table_learning_rate(options),
                                            options.momentum)
-    optimizer.train_tables(tables)
+    optimizer.train_tables([t.embeddings for t in model.dp_step_tables])
     return optimizer
   return OPTIMIZERS[options.optimizer](learning_rate(options))
 
@@ -392,10 +392,6 @@ def build_model(options, data, plan, run):
       data.vocab_sizes, hidden_units=options.hidden_units,
       stack_tables=options.stack_tables or False,
       logit_bias=float(np.log(rate / (1 - rate))) if options.logit_init == "base_rate" else None)
-  if options.algorithm == "dp_sgd_lazy" and any(t.padded for t in model.dp_step_tables):
-    raise DprecError(  # as `dp_step`'s refusal, but before the ledger is paid
-        f"--algorithm dp_sgd_lazy cannot train tables stacked with padding columns (--stack-tables "
-        f"{options.stack_tables} rounds some widths up): use --stack-tables 1 (exact widths)")
   selection = None
   if options.algorithm in FEST_ALGORITHMS:
     top_k = (options.top_k, options.top_k_epsilon or None, run.numpy_rng("dp top-k"))
@@ -403,14 +399,15 @@ def build_model(options, data, plan, run):
                                        *top_k) if _out_of_core(data)
                  else fest.rows_from_ids(data.train[ctr.CAT_FEATURES], model.config.table_names,
                                          model.config.vocab_sizes, *top_k))
-  if run.ledger is not None:  # paid once, before anything they shape is released
-    run.pay_once(plan, selection and {SELECTION_LABEL: (selection.epsilon, selection.delta)})
   config = algorithm_config(options, plan.noise_multiplier, selection and selection.rows)
-  tables = [t.embeddings for t in model.dp_step_tables]
-  model.compile(optimizer=DPOptimizer(config, make_optimizer(options, tables),
+  model.compile(optimizer=DPOptimizer(config, make_optimizer(options, model),
                                       expected_batch_size=options.batch_size,
                                       noise_key=run.noise_key,
                                       secure_noise=options.secure_noise))
+  if options.algorithm == "dp_sgd_lazy":
+    model.refuse_what_lazy_noise_cannot_run()  # the step's own refusal, before the ledger is paid
+  if run.ledger is not None:  # paid once, before anything they shape is released
+    run.pay_once(plan, selection and {SELECTION_LABEL: (selection.epsilon, selection.delta)})
   model.optimizer.build(model.trainable_variables)  # slots now: restorable, traced once
   return model, rate
 

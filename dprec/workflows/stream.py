@@ -210,8 +210,7 @@ class CTRPeriodModel(PeriodModel):
     tf.keras.utils.set_random_seed(self.options.seed + sum(sizes))  # fresh rows: reproducible
     model = ctr.build_ctr_model(sizes, table_names=names, embedding_dims=self.embedding_dims,
                                 hidden_units=self.options.hidden_units)
-    optimizer = ctr_workflow.make_optimizer(self.options,
-                                            [t.embeddings for t in model.dp_step_tables])
+    optimizer = ctr_workflow.make_optimizer(self.options, model)
     optimizer.build(model.trainable_variables)
     if self.model is not None:  # same architecture, so variables correspond by position
       pairs = list(zip(self.model.trainable_variables, model.trainable_variables))
