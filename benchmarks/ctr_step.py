@@ -150,16 +150,21 @@ def build(variant, vocab_sizes, batch_size, threshold, stack_multiple=8, hidden_
   return model, lambda features, labels: (features, labels)
 
 
+def _cycled(batches, count):
+  """A dataset of `count` batches cycling through `batches` (numpy), batch size left unknown."""
+  return tf.data.Dataset.from_generator(
+      lambda: itertools.islice(itertools.cycle(batches), count),
+      output_signature=tf.nest.map_structure(
+          lambda a: tf.TensorSpec((None,) + a.shape[1:], tf.as_dtype(a.dtype)), batches[0]))
+
+
 def time_variant(variant, vocab_sizes, batches, steps, threshold, stack_multiple=8,
                  hidden_units=None):
   """Seconds per step over `steps` timed steps (after one untimed tracing step)."""
   model, adapt = build(variant, vocab_sizes, len(batches[0][1]), threshold, stack_multiple,
                        hidden_units)
   inputs = [adapt(x, y) for x, y in batches]
-  dataset = tf.data.Dataset.from_generator(
-      lambda: itertools.islice(itertools.cycle(inputs), steps + 1),
-      output_signature=tf.nest.map_structure(
-          lambda a: tf.TensorSpec((None,) + a.shape[1:], tf.as_dtype(a.dtype)), inputs[0]))
+  dataset = _cycled(inputs, steps + 1)
   timer = StepTimer()
   model.fit(dataset, epochs=1, steps_per_epoch=steps + 1, callbacks=[timer], verbose=0)
   seconds = timer.seconds / (timer.steps - 1)
@@ -230,16 +235,12 @@ def fit_rounds(variants, vocab_sizes, batches, rounds, steps, threshold, stack_m
   which starts the input pipeline, is dropped)."""
   models = {variant: build(variant, vocab_sizes, len(batches[0][1]), threshold, stack_multiple,
                            hidden_units)[0] for variant in variants}
-  signature = tf.nest.map_structure(
-      lambda a: tf.TensorSpec((None,) + a.shape[1:], tf.as_dtype(a.dtype)), batches[0])
   times = {variant: [] for variant in variants}
   for r in range(rounds + 1):
     for variant, model in models.items():
-      dataset = tf.data.Dataset.from_generator(
-          lambda: itertools.islice(itertools.cycle(batches), steps + 1),
-          output_signature=signature)
       timer = _StepTimes()
-      model.fit(dataset, epochs=1, steps_per_epoch=steps + 1, callbacks=[timer], verbose=0)
+      model.fit(_cycled(batches, steps + 1), epochs=1, steps_per_epoch=steps + 1,
+                callbacks=[timer], verbose=0)
       if r:
         times[variant].extend(timer.times[1:])
   return {variant: (statistics.median(t), len(t)) for variant, t in times.items()}
