@@ -2,7 +2,7 @@
 `Embedding` per Criteo categorical column, the 13 integer features, a Dense tower, binary
 cross-entropy from logits, `make_private(model, epsilon=, train_size=, epochs=)` and `fit`.
 
-Tables this large (Σ V·d above `private_model.AUTO_DENSE_LIMIT`) make `algorithm="auto"`
+Tables this large (Σ V·d above `private_options.AUTO_DENSE_LIMIT`) make `algorithm="auto"`
 DP-AdaFEST, so this measures the library path's sparse defaults (r = σ1/σ2, τ) beside DP-SGD,
 the non-private model and the base rate: validation and test AUC and log loss, the gradient-size
 reduction Keras logs, ε spent, wall time (non-private: the same model, plain Keras, B = 1,024;
@@ -29,7 +29,7 @@ import tensorflow as tf
 from dprec.data import ctr_data
 from dprec.models import ctr
 from dprec.optimizers import sparse as sparse_optimizers
-from dprec.workflows import private_model
+from dprec.workflows import private_options
 
 # make_private's options of each configuration (None: the non-private model, plain Keras).
 CONFIGS = {
@@ -162,7 +162,7 @@ def main(argv=None):
           for split, rows in (("validation", data.validation), ("test", data.eval))}
   print(json.dumps(dict(config="base rate", train_rows=len(data.train["label"]),
                         table_floats=sum(s * ctr.embedding_dim(s - 1) for s in data.vocab_sizes),
-                        auto_dense_limit=private_model.AUTO_DENSE_LIMIT,
+                        auto_dense_limit=private_options.AUTO_DENSE_LIMIT,
                         validation_log_loss=base["validation"], test_log_loss=base["test"])),
         flush=True)
   for name in args.configs:

@@ -10,10 +10,10 @@ import keras
 
 from dprec.errors import DprecError
 from dprec.models import keras3
-from dprec.workflows import private_model
+from dprec.workflows import private_training
 
 
-class Keras3PrivateModel(private_model.PrivateTraining, keras3.Keras3DPModel):
+class Keras3PrivateModel(private_training.PrivateTraining, keras3.Keras3DPModel):
   """The private class of a Keras 3 model."""
 
   keras_module = keras
@@ -32,9 +32,9 @@ class Keras3PrivateModel(private_model.PrivateTraining, keras3.Keras3DPModel):
     stateful layers."""
     keras3.check_backend()
     _refuse_own_compute_loss(type(self).__bases__[1])
-    private_model.refuse_mixed_keras([self, *keras3.layers(self)], _tf_keras_layer(),
+    private_training.refuse_mixed_keras([self, *keras3.layers(self)], _tf_keras_layer(),
                                      "Keras 3", "tf.keras (Keras 2)")
-    private_model.refuse_stateful(self)
+    private_training.refuse_stateful(self)
     _keep_registered_name(type(self), type(self).__bases__[1])
 
 

@@ -12,7 +12,7 @@ from dprec.optimizers import DPFEST, DPSGD, DPOptimizer, SparseSGD
 from dprec.optimizers import config as config_lib
 from dprec.sparse import kept_rows as kept_rows_lib
 from dprec.workflows import ctr
-from dprec.workflows import private_model
+from dprec.workflows import private_options
 
 SIGMA = 0.8
 OPTIONS = types.SimpleNamespace(l2_norm_clip=1.5, ratio=2.0, contribution_clip=1.0,
@@ -43,7 +43,7 @@ def test_from_plan_is_accounted_at_the_planned_sigma(name):
 def test_the_workflows_lists_come_from_the_algorithms():
   assert ctr.ALGORITHMS == tuple(config_lib.ALGORITHMS)
   assert set(ctr.FEST_ALGORITHMS) == {"dp_fest", "dp_adafest_plus"}
-  assert private_model.ALGORITHMS == ("auto", "dp_sgd", "dp_sgd_lazy", "dp_adafest")
+  assert private_options.ALGORITHMS == ("auto", "dp_sgd", "dp_sgd_lazy", "dp_adafest")
 
 
 def test_the_audit_claim_is_the_algorithms():

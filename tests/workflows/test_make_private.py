@@ -28,7 +28,9 @@ from dprec.privacy.noise_key import InsecureNoiseWarning
 from dprec.sparse import selection
 from dprec.training import poisson
 from dprec.workflows import ctr as ctr_workflow
-from dprec.workflows import private_model
+from dprec.workflows import private_inputs
+from dprec.workflows import private_options
+from dprec.workflows import private_training
 
 tfrs = pytest.importorskip("tensorflow_recommenders")
 
@@ -153,7 +155,7 @@ def test_removing_one_example_moves_the_clipped_sum_by_at_most_c2(kind, keras_ap
   x = {k: v[:16] for k, v in x.items()}
   y = 100 * y[:16]
   # Builds it, as the first fit does; far from the predictions: every example is clipped to C2.
-  model._initialise(*private_model._in_memory(x, y))
+  model._initialise(*private_inputs.in_memory(x, y))
 
   def clipped_sum(rows):
     features = {k: tf.constant(v[rows]) for k, v in x.items()}
@@ -182,7 +184,7 @@ def test_epsilon_equals_dp_accounting_and_training_stops_at_the_budget(keras_api
   history = model.fit(x, y, epochs=3, verbose=0)  # asks for three planned epochs' steps
   accountant = dp_accounting.pld.PLDAccountant(
       dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
-  for label in (private_model.LABEL_STATISTICS_LABEL, private_model.RECALIBRATION_LABEL):
+  for label in (private_options.LABEL_STATISTICS_LABEL, private_options.RECALIBRATION_LABEL):
     accountant.compose(dp_accounting.GaussianDpEvent(plan.mechanisms[label]))
   accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
       plan.sampling_rate, dp_accounting.GaussianDpEvent(plan.noise_multiplier)), plan.steps))
@@ -209,7 +211,7 @@ def test_quantile_clipping_costs_the_planned_sigma_and_moves_the_clip_in_fit():
   history = model.fit(*_data(), epochs=1, verbose=0)
   accountant = dp_accounting.pld.PLDAccountant(
       dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
-  for label in (private_model.LABEL_STATISTICS_LABEL, private_model.RECALIBRATION_LABEL):
+  for label in (private_options.LABEL_STATISTICS_LABEL, private_options.RECALIBRATION_LABEL):
     accountant.compose(dp_accounting.GaussianDpEvent(plan.mechanisms[label]))
   accountant.compose(dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
       plan.sampling_rate, dp_accounting.GaussianDpEvent(  # the pair as one Gaussian
@@ -230,7 +232,7 @@ def test_auto_on_large_tables_selects_few_rows_by_noise_alone():
   """Tables above `AUTO_DENSE_LIMIT` floats train with DP-AdaFEST at `train ctr`'s (r, τ); a row
   no example touched passes the threshold with probability Ψ(τ/(σ1·C1)): under 1e-3 at ε = 1
   for a data set of 100k, where r = 5, τ = 5 (the old default) kept one row in eight."""
-  vocab = private_model.AUTO_DENSE_LIMIT // 16 + 1
+  vocab = private_options.AUTO_DENSE_LIMIT // 16 + 1
   model = dprec.make_private(_large_tables(vocab), epsilon=1.0, train_size=100_000)
   model.compile(loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
   config = model.dp_optimizer.config
@@ -273,7 +275,7 @@ def test_recalibration_is_planned_by_default_when_it_can_run():
                            (dict(recalibrate=False), False)):
     model = _private(_functional(), **options)
     model.compile(optimizer="sgd", loss="mse")
-    assert (private_model.RECALIBRATION_LABEL in model.privacy_plan.mechanisms) == planned
+    assert (private_options.RECALIBRATION_LABEL in model.privacy_plan.mechanisms) == planned
   model = _private(_functional(), init_output_bias=False, recalibrate=True)
   with pytest.raises(DprecError, match="label range"):
     model.compile(optimizer="sgd", loss="mse")
@@ -285,7 +287,7 @@ def test_data_sized_batch_and_dp_output_bias():
                    accountant="rdp")  # PLD at σ this small takes minutes
   model.compile(optimizer="sgd", loss="mse")
   assert model.privacy_plan.batch_size == poisson.data_sized_batch_size(N)
-  model._initialise(*private_model._in_memory(x, y))  # what the first fit does
+  model._initialise(*private_inputs.in_memory(x, y))  # what the first fit does
   assert model.get_layer("rating").bias.numpy()[0] == pytest.approx(y.mean(), abs=0.1)
 
 
@@ -316,7 +318,7 @@ def test_refusals_name_the_layer_in_one_line(build, named, keras_api):
   with pytest.raises(DprecError) as error:
     _private(model)
   assert named in str(error.value) and "\n" not in str(error.value)
-  assert not isinstance(model, private_model.PrivateTraining)  # left as it was
+  assert not isinstance(model, private_training.PrivateTraining)  # left as it was
 
 
 def test_a_retrieval_task_is_refused_for_its_in_batch_negatives():
@@ -376,7 +378,7 @@ def test_two_tower_full_softmax_bounds_one_example_and_in_batch_negatives_do_not
   model = _private(retrieval.two_tower(USERS, ITEMS, dim=4, hidden_units=(8,)))
   model.compile(optimizer="sgd", loss=tf.keras.losses.SparseCategoricalCrossentropy(
       from_logits=True))
-  model._initialise(*private_model._in_memory({"user": x["user"]}, x["item"]))
+  model._initialise(*private_inputs.in_memory({"user": x["user"]}, x["item"]))
   distances = _removal_distances(model, {"user": x["user"]}, x["item"])
   assert max(distances) <= CLIP * (1 + 1e-4) and min(distances) >= 0.9 * CLIP
 
@@ -410,7 +412,7 @@ def test_auto_picks_dp_sgd_when_a_row_cannot_reach_the_threshold():
   """With large tables, "auto" still takes DP-SGD when each of an example's k rows gets
   C1/√k of its contribution and a row would need more than a tenth of the batch to reach τ:
   the sampled retriever (1 + 2·101 rows an example); a one-id table keeps DP-AdaFEST."""
-  items = private_model.AUTO_DENSE_LIMIT // 16 + 1
+  items = private_options.AUTO_DENSE_LIMIT // 16 + 1
   retriever = retrieval.SampledTwoTower(10, items, dim=16, hidden_units=(), seed=0)
   assert retriever.rows_per_example == 203
   model = dprec.make_private(retriever, epsilon=1.0, train_size=100_000, batch_size=512)
@@ -420,7 +422,7 @@ def test_auto_picks_dp_sgd_when_a_row_cannot_reach_the_threshold():
   four = tf.keras.Model(ids, tf.keras.layers.Dense(1)(tf.keras.layers.Flatten()(
       tf.keras.layers.Embedding(items, 16)(ids))))
   model = dprec.make_private(four, epsilon=1.0, train_size=100_000, batch_size=512)
-  assert private_model.rows_per_example(model) == 4
+  assert private_training.rows_per_example(model) == 4
   model.compile(loss=tf.keras.losses.BinaryCrossentropy(from_logits=True))
   assert isinstance(model.dp_optimizer.config, config_lib.DPAdaFEST)
 
@@ -463,7 +465,7 @@ def test_a_keras_3_model_on_another_backend_is_refused_in_one_line(backend, monk
     _private(model)
   message = str(error.value)
   assert f"TensorFlow backend, not {backend}" in message and "KERAS_BACKEND=tensorflow" in message
-  assert "\n" not in message and not isinstance(model, private_model.PrivateTraining)
+  assert "\n" not in message and not isinstance(model, private_training.PrivateTraining)
 
 
 @pytest.mark.parametrize("outer", ["keras3", "tf_keras"])

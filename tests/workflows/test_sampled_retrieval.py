@@ -13,7 +13,8 @@ import dprec
 from dprec.models import retrieval
 from dprec.optimizers import config as config_lib
 from dprec.privacy.noise_key import InsecureNoiseWarning
-from dprec.workflows import private_model
+from dprec.workflows import private_inputs
+from dprec.workflows import private_options
 
 USERS, ITEMS, N, K, CLIP = 30, 40, 256, 6, 0.05
 LOSS = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
@@ -40,7 +41,7 @@ def _private_model(**options):
 def test_sampled_negatives_bound_one_example_by_c2():
   x = _data()
   model = _private_model()
-  model._initialise(*private_model._in_memory(x, retrieval.positive_labels(N)))  # DP Q
+  model._initialise(*private_inputs.in_memory(x, retrieval.positive_labels(N)))  # DP Q
   model.dp_optimizer.config = config_lib.DPSGD(l2_norm_clip=CLIP, noise_multiplier=0.0)
 
   def clipped_sum(rows):
@@ -61,8 +62,8 @@ def test_sampled_negatives_bound_one_example_by_c2():
 def test_dp_item_histogram_epsilon_equals_dp_accounting():
   x = _data()
   model = _private_model()
-  model._initialise(*private_model._in_memory(x, retrieval.positive_labels(N)))
-  sigma = model.privacy_plan.mechanisms[private_model.LABEL_STATISTICS_LABEL]
+  model._initialise(*private_inputs.in_memory(x, retrieval.positive_labels(N)))
+  sigma = model.privacy_plan.mechanisms[private_options.LABEL_STATISTICS_LABEL]
   accountant = dp_accounting.pld.PLDAccountant(
       dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
   accountant.compose(dp_accounting.GaussianDpEvent(sigma))
