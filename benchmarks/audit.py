@@ -10,7 +10,7 @@ wall time; `--draws` repeats each row with fresh canaries and noise (how reliabl
     # BENCHMARKS.md's white-box table: q = 1/2, T = 20, 100,000 Dirac canaries per run
     .venv/bin/python benchmarks/audit.py --threat-model white_box --rows 30000 \
         --batch-size 10000 --steps 20 --epsilons 1 2 4 8 16
-    # issue 51's reliability table: ten draws at ε = 2, 4, 8 with `dprec audit`'s defaults
+    # the reliability table: ten draws at ε = 2, 4, 8 with `dprec audit`'s defaults
     .venv/bin/python benchmarks/audit.py --threat-model white_box --rows 60000 \
         --algorithms dp_sgd --epsilons 2 4 8 --draws 10
     # BENCHMARKS.md's black-box table: `dprec audit`'s defaults (data-sized B and T, m = 1000)

@@ -1,4 +1,4 @@
-"""`train ctr`'s DP Platt scaling: its uncentred feature against `stream`'s centred one (#48).
+"""`train ctr`'s DP Platt scaling: its uncentred feature against `stream`'s centred one.
 
     dprec synth criteo --rows 150000 --days 3 --seed 0 --out DATA    # `dprec demo`'s data
     python benchmarks/calibration_centring.py --data DATA [--seeds 0 1] [--steps 200]

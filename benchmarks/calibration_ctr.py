@@ -1,4 +1,4 @@
-"""Why DP pCTR models are badly calibrated, one lever at a time (issue 14, item 3).
+"""Why DP pCTR models are badly calibrated, one lever at a time.
 
     dprec synth criteo --rows 800000 --days 2 --seed 0 --out DATA
     python benchmarks/calibration_ctr.py --data DATA [--steps 300] [--seeds 0 1] [--only NAME ...]
@@ -23,7 +23,7 @@ from unittest import mock
 
 from dprec.workflows import ctr as ctr_workflow
 
-# Before issue 14: Glorot logit layer, C2 = 1, lazy Adam 3e-3, no recalibration.
+# The old defaults: Glorot logit layer, C2 = 1, lazy Adam 3e-3, no recalibration.
 TODAY = dict(logit_init="default", optimizer="adam", learning_rate=3e-3, l2_norm_clip=1.0,
              calibration_share=0.0)
 # The first calibrated defaults (C2 = 10, lazy Adam 3e-4, base-rate init, no recalibration).

@@ -8,7 +8,7 @@ Variants, run one after another in this process on the same batches:
                 need a larger τ (15 → ~460 rows of table3's 0.34M, ~13,500 of 10M; 25 → ~0)
   dp_sgd        dprec DP-SGD (dense noise on every embedding row)
   dp_sgd_lazy   dprec DP-SGD with lazy dense noise (`DPSGDLazy`: noise on the rows a step reads,
-                each row's pending steps drawn as one Gaussian; issue 52); not in the default list
+                each row's pending steps drawn as one Gaussian); not in the default list
   dp_sgd_lazy_momentum
                 the same with momentum 0.9 on the tables (`TableSGD`: the dense tower on lazy
                 Adam; the pending (row, velocity) noise a 2-variable Gaussian); on request only

@@ -88,7 +88,7 @@ def main(argv=None):
   parser.add_argument("--max-len", type=int, default=50)
   parser.add_argument("--validation", action="store_true",
                       help="hold out each user's second to last item for model selection "
-                           "(issue 15's protocol); the table gains validation columns")
+                           "(the DPFormer protocol); the table gains validation columns")
   parser.add_argument("--dim", type=int, default=64)
   parser.add_argument("--item-rank", type=int, default=None)
   parser.add_argument("--item-norm-share", type=float, default=None)
@@ -262,7 +262,7 @@ def personalisation(model, examples, users=2000, seed=0):
 
 
 def lever_tag(args):
-  """The run directory's suffix naming the issue 15 levers that differ from the defaults."""
+  """The run directory's suffix naming the levers that differ from the defaults."""
   levers = [("d", args.dim, 64), ("r", args.item_rank, None), ("F", args.item_norm_share, None),
             ("T", args.item_vocab_threshold, None), ("K", args.item_histogram_items, None),
             ("f", args.item_frequency_share, 0.05), ("pw", args.popularity_weights, False),

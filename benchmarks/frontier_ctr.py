@@ -1,7 +1,7 @@
 """Ghazi et al.'s "Sparsity-Preserving Differentially Private Training of Large Embedding Models"
 (arXiv:2311.08357) headline as a frontier with error bars: held-out AUC against embedding-gradient
 size reduction for DP-SGD (the line), DP-FEST, DP-AdaFEST and DP-AdaFEST+ at ε = 1 (Ghazi et al.
-2023: "AUC loss < 0.005 at > 5×10⁵"; issue 37).
+2023: "AUC loss < 0.005 at > 5×10⁵").
 
 Every run goes through `train ctr`'s code path (`ctr.run`) on data loaded once, with `train ctr`'s
 defaults (one epoch; DP Platt scaling) except what the point names and B, which is N/500's power
@@ -95,7 +95,7 @@ PHASES = {
                 for point in (dict(algorithm="dp_sgd"), adafest(2, 7))],
     # The dense tower (noised on every weight each step): both ends at Dense 256-256 (session 9),
     # then more rows kept at the lr that won there.
-    # Issue 52: DP-SGD with SGD or momentum on the tables (Adam 1e-2 on the dense tower), over the
+    # DP-SGD with SGD or momentum on the tables (Adam 1e-2 on the dense tower), over the
     # tables' learning rate, beside the same DP-SGD with Adam everywhere at C2 = 2 (run with
     # --batch-size: 16,384 at 5M, the tuned line of session 11).
     "sgd_tables": [dict(algorithm="dp_sgd", l2_norm_clip=2.0)]

@@ -1,4 +1,4 @@
-"""Where lazy DP-SGD's step time over DP-AdaFEST's goes (issue 52): the lazy step beside copies
+"""Where lazy DP-SGD's step time over DP-AdaFEST's goes: the lazy step beside copies
 with one part switched off, interleaved in one process (`ctr_step.interleaved_medians`), at
 `train ctr`'s batch size and tower. The copies are not DP (they leave noise out): timing only.
 

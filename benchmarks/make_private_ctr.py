@@ -11,7 +11,7 @@ configuration is a fresh model and a fresh secret noise key; `--draws` repeats t
 `--keras keras3` writes the model with `import keras` instead of tf.keras, and `--crosses K` puts
 K KerasRS `FeatureCross` layers (DCN-v2: Wang et al. 2021, "DCN V2: Improved deep & cross
 network", arXiv:2008.13535) between the embeddings and the tower (Keras 3 only): the KerasRS
-ranking model of issue 50.
+ranking model of `benchmarks/make_private_keras3.py`.
 
     dprec synth criteo --rows 800000 --days 2 --seed 0 --output DATA
     python benchmarks/make_private_ctr.py --data DATA --configs nonprivate default r2_tau7 dp_sgd

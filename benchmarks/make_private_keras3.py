@@ -1,5 +1,5 @@
 """The TFRS basic-ranking tutorial's model written in Keras 3 and in tf-keras, each made private
-by the same `dprec.make_private` call (issue 50).
+by the same `dprec.make_private` call.
 
 The tutorial's ranking model (user and item embeddings of 32, Dense 256-64-1, MSE, Adagrad 0.1,
 5 epochs) as one functional model built from either Keras' layers, on synthetic

@@ -1,4 +1,4 @@
-"""The TFRS basic-ranking tutorial model made private by `dprec.make_private` (issue 30).
+"""The TFRS basic-ranking tutorial model made private by `dprec.make_private`.
 
 The tutorial's model (user and item embeddings of 32, Dense 256-64-1, MSE through
 `tfrs.tasks.Ranking`, Adagrad 0.1, 5 epochs) on synthetic MovieLens-100K-shaped ratings

@@ -1,4 +1,4 @@
-"""Private two-tower retrieval on Amazon Games through `dprec.make_private` (issue 30).
+"""Private two-tower retrieval on Amazon Games through `dprec.make_private`.
 
 Data: ../shared/data/amazon-video-games/Video.txt (SASRec format, `user item` lines in time
 order). Leave-one-out as in DPFormer: each user's last item is the test target, the one before

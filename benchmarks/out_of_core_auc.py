@@ -1,5 +1,5 @@
 """Held-out AUC of `dprec train ctr` in memory and `--out-of-core`, the same data and defaults,
-over draws (issue 49: "AUC of both at 4M rows with three draws each (same within noise)"; the
+over draws ("AUC of both at 4M rows with three draws each (same within noise)"; the
 batch job is Chua et al.'s, "Scalable DP-SGD: Shuffling vs. Poisson Subsampling", NeurIPS 2024).
 
 One invocation is one run of the CLI, end to end, with its defaults (one epoch, DP base rate, DP

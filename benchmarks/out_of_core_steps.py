@@ -1,5 +1,5 @@
 """Steps/s of `train ctr`'s model trained from the out-of-core shards against the in-memory Poisson
-sampler, side by side in one process on the same rows, model and plan (issue 49; the batch job
+sampler, side by side in one process on the same rows, model and plan (the batch job
 has the shape of Chua et al., "Scalable DP-SGD: Shuffling vs. Poisson Subsampling", NeurIPS 2024).
 
 The TSV `day_N` files of --data (`dprec synth criteo --rows 4000000 --days 2`: day_0 trains) are

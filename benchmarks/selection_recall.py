@@ -1,4 +1,4 @@
-"""What DP-AdaFEST's per-batch selection lets through (issue 37): the share of a batch's
+"""What DP-AdaFEST's per-batch selection lets through: the share of a batch's
 embedding lookups whose row is kept, by row frequency, from the training data's own counts.
 
 Every example touches one row of each of the F tables, so its contribution map, clipped to C1,

@@ -1,4 +1,4 @@
-"""The frozen-table DP transformer (`train seqrec --model dpformer-frozen`, issue 53) on Amazon
+"""The frozen-table DP transformer (`train seqrec --model dpformer-frozen`) on Amazon
 Games, beside item2item, most popular and the non-private transformer; one lever at a time.
 
     python benchmarks/seqrec_frozen.py --results R.jsonl --seeds 0 [--epsilon 5]

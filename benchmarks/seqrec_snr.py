@@ -1,5 +1,5 @@
 """Where a DP sequential recommender's signal goes: item-table share of the per-user gradient norm
-and per-row signal-to-noise over a run, by item popularity (issue 15, step E0).
+and per-row signal-to-noise over a run, by item popularity.
 
     python benchmarks/seqrec_snr.py [--data ../shared/data/amazon-video-games/Video.txt]
         [--epsilon 5] [--epochs 100] [--batch-size 1024] [--dim 64] [--sample 512]

@@ -1,4 +1,4 @@
-"""`dprec stream` against `dprec train ctr` on the same rows, one lever at a time (issue 47).
+"""`dprec stream` against `dprec train ctr` on the same rows, one lever at a time.
 
     nice -n 10 python benchmarks/stream_parity.py --setting 8x25k --points issue,ctr --draws 3
     python benchmarks/stream_parity.py --report [--plot docs/experiments/stream_parity.png]

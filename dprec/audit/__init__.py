@@ -1,4 +1,4 @@
-"""Empirical privacy auditing: canaries, scores, and ε lower bounds (issue 13)."""
+"""Empirical privacy auditing: canaries, scores, and ε lower bounds."""
 from dprec.audit.bounds import best_bounds
 from dprec.audit.bounds import epsilon_lower_bound
 from dprec.audit.bounds import gdp_epsilon_lower_bound

@@ -88,7 +88,7 @@ class CTRAuditOptions:
 THREAT_MODELS = ("black_box", "white_box")
 # Black box: canaries are rows of the training data; white box: coordinates of one small table
 # (200,000: at data-sized batches, q ≈ 1/150, the family fit of 100,000 reached only about half
-# of ε = 2; docs/experiments/audit.md, issue 51).
+# of ε = 2; docs/experiments/audit.md).
 DEFAULT_CANARIES = {"black_box": 1000, "white_box": 200_000}
 
 

@@ -364,7 +364,7 @@ class DPAdaFESTPlus(DPAdaFEST):
 
 
 # DP-AdaFEST's default σ1/σ2 ratio r and threshold τ (`train ctr`, the stream, `make_private`):
-# Ghazi et al.'s frontier reproduced at 5M rows (docs/experiments/ctr_utility.md, issue 37): the
+# Ghazi et al.'s frontier reproduced at 5M rows (docs/experiments/ctr_utility.md): the
 # ≥ 10³× point with the best validation AUC; σ1 = 2·σ2 keeps τ/σ1 ≈ 4 (false positives ~3e-5 a
 # row).
 ADAFEST_RATIO = 2.0

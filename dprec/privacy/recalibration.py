@@ -1,4 +1,4 @@
-"""DP Platt scaling (issue 14): recalibrate a binary classifier's logits z as a·z + b, with a and
+"""DP Platt scaling: recalibrate a binary classifier's logits z as a·z + b, with a and
 b fitted on the training examples by maximum likelihood under DP.
 
 Why a DP pCTR model needs it: DP-SGD with a clip C2 below the typical per-example gradient norm

@@ -1,4 +1,4 @@
-"""One ledger from preprocessing to training (issue 22): `dprec preprocess criteo --vocab-mode
+"""One ledger from preprocessing to training: `dprec preprocess criteo --vocab-mode
 dp_top_k` at ε = 0.2 into ledger L, then `dprec train ctr --ledger L --epsilon 1` calibrates σ
 for the 0.8 left and reports a total equal to dp_accounting's composition of both parts."""
 import json

@@ -1,5 +1,5 @@
 """Common mistakes of a new user of `dprec train ctr` and `make_private` get errors that say what
-happened and what to do (issue 48's walk-through)."""
+happened and what to do (a new user's walk-through)."""
 import json
 
 import pytest

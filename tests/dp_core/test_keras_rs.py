@@ -1,4 +1,4 @@
-"""KerasRS layers under DP (issue 50): `FeatureCross` (its Dense sublayers are the registry's,
+"""KerasRS layers under DP: `FeatureCross` (its Dense sublayers are the registry's,
 also low-rank) and `DotInteraction` (no weights) give per-example norms equal to brute-force
 per-example gradients and train through `make_private`; a retrieval model trains privately and is
 evaluated with `BruteForceRetrieval`; a `compute_loss` of the model's own, where KerasRS' retrieval

@@ -1,4 +1,4 @@
-"""DP label statistics and DP affine recalibration (issue 30): exact without noise, noise of
+"""DP label statistics and DP affine recalibration: exact without noise, noise of
 the stated scale (measured from samples), sensitivity as stated (one label moves the sum by at
 most the bound), and a label range that holds the labels."""
 import numpy as np

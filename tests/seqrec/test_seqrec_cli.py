@@ -162,7 +162,7 @@ def test_frequency_file_must_cover_every_item(sequences_dir, tmp_path):
 def test_adambc_optimizer_low_rank_item_table_and_secure_noise_run(sequences_dir, tmp_path, capsys):
   """`--optimizer adambc` (DP-AdamBC, Tang et al., "On the Performance of Differentially Private
   Optimization with Heavy-Tail Class Imbalance", arXiv:2411.04205, same schedule and weight decay),
-  `--item-rank` (issue 15) and `--secure-noise` (issue 13), together to spare a run; their
+  `--item-rank` and `--secure-noise`, together to spare a run; their
   steps are tested on their own."""
   code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5", "--optimizer",
                    "adambc", "--adambc-floor", "1e-7", "--item-rank", "4", "--secure-noise"]
@@ -175,7 +175,7 @@ def test_adambc_optimizer_low_rank_item_table_and_secure_noise_run(sequences_dir
 
 def test_item_vocabulary_and_norm_share_run_selected_on_validation(sequences_dir, tmp_path, capsys):
   """`--item-vocab-threshold` and `--popularity-weights` (from the same one DP histogram as
-  Re-Attention's p_i: one ledger charge) and `--item-norm-share` (issue 15): the checkpoint's
+  Re-Attention's p_i: one ledger charge) and `--item-norm-share`: the checkpoint's
   table has the vocabulary's rows, every item maps to one, each row has a weight floored at the
   histogram's noise std; the summary reports validation metrics for model selection and the
   top-10 diversity."""

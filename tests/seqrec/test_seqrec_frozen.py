@@ -1,4 +1,4 @@
-"""`train seqrec --model dpformer-frozen` (issue 53): the item table is fixed from the released
+"""`train seqrec --model dpformer-frozen`: the item table is fixed from the released
 pairs, so a DP step leaves it bit for bit and noises only the blocks; one user moves the blocks'
 clipped sum by ≤ C; ε is dp_accounting's composition of the histogram, the pair release and
 the training steps; trained with the pair prior in its logits, it starts exactly at offset +

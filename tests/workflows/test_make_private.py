@@ -1,4 +1,4 @@
-"""`dprec.make_private` (issues 30, 50): the conversion keeps weights and names and saves/loads; the
+"""`dprec.make_private`: the conversion keeps weights and names and saves/loads; the
 DP step it makes bounds one example's influence by C2 (functional, TFRS ranking and full-softmax
 two-tower models; in-batch negatives do not); ε equals dp_accounting's; training stops at the
 budget; the refusals name what they refuse. Tests taking `keras_api` run on a tf.keras and a

@@ -1,4 +1,4 @@
-"""`make_private`'s fit from the run's Poisson batches on disk (issue 49): the streamed fit ends
+"""`make_private`'s fit from the run's Poisson batches on disk: the streamed fit ends
 where the in-memory fit given the same batches ends, in tf.keras and Keras 3; `write_batches`
 runs the Beam job and a cap B_max truncates its batches at the δ the ledger is charged; a fit
 asking for more steps than the batches hold stops after the last shard, paying for none beyond;

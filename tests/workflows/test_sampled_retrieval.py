@@ -1,4 +1,4 @@
-"""`dprec.models.retrieval.SampledTwoTower` through `dprec.make_private` (issue 30): with
+"""`dprec.models.retrieval.SampledTwoTower` through `dprec.make_private`: with
 per-example sampled negatives, removing one example moves the clipped sum by ≤ C2; the DP item
 histogram's ε equals dp_accounting's; the logits carry the logQ correction, the fixed prior and
 the accidental-hit mask; negatives follow Q."""
