@@ -369,7 +369,7 @@ class DPStep:
     clip = tf.convert_to_tensor(adaptive) if adaptive is not None else None
     clip_factors = tf.stop_gradient(config.clip_factors(
         forward.squared, _rest_share(forward.group_squared), clip=clip))
-    units = forward.units  # then clip_factors are c_u; each row is weighted by its unit's
+    units = forward.units  # with units, clip_factors are per unit: every row takes its unit's
     row_factors = clip_factors if units is None else units.of_rows(clip_factors)
     clipped = {}
     for extra, grads, squared in forward.group_squared:
