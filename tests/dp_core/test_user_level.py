@@ -3,6 +3,7 @@ layer and DP tables, removing one unit moves the clipped sum by ≤ C2 and the D
 ≤ C1, a batch of one-row units is the row-level step, lazy noise runs, and what cannot give a
 per-unit norm is refused."""
 import importlib.metadata
+import types
 
 import numpy as np
 import pytest
@@ -11,6 +12,7 @@ import tensorflow as tf
 from dprec.clipping import layer_norms
 from dprec.clipping import units as units_lib
 from dprec.clipping.units import UNIT_KEY
+from dprec.distribute import replicas as replicas_lib
 from dprec.errors import DprecError
 from dprec.layers.embedding import DPEmbedding
 from dprec.models.dp_model import DPModel, ExtraNorms
@@ -265,7 +267,7 @@ def test_lazy_noise_at_user_level_ends_at_eager_dp_sgds_weights():
     np.testing.assert_allclose(lazy, eager, rtol=1e-5, atol=1e-5)
 
 
-def test_what_gives_no_per_unit_norm_is_refused(lib):
+def test_what_gives_no_per_unit_norm_is_refused(lib, monkeypatch):
   x, y = lib.make_batch()
   features = _features(x, MODEL_UNITS)
   model = lib.build_model()
@@ -283,6 +285,10 @@ def test_what_gives_no_per_unit_norm_is_refused(lib):
     model.per_example_squared_norms(features, y)
   with pytest.raises(DprecError, match=f"{UNIT_KEY!r} must be a dense integer tensor"):
     model.per_example_squared_norms(dict(features, **{UNIT_KEY: tf.zeros([12])}), y)
+  object.__setattr__(model, "extra_squared_norms", lambda: [])
+  monkeypatch.setattr(replicas_lib, "Replicas", lambda: types.SimpleNamespace(count=2))
+  with pytest.raises(DprecError, match="replicas could split a unit's rows"):
+    model.per_example_squared_norms(features, y)
 
 
 def test_units_out_of_order_are_refused(lib):
