@@ -7,14 +7,19 @@ Differentially Private Learners", arXiv:2110.05679, §4.2 footnote 4: (a_i a_i�
 repeated ids and multi-valued features; rows dropped by the selection are zeroed before the norm
 (Ghazi et al., "Sparsity-Preserving Differentially Private Training of Large Embedding Models",
 arXiv:2311.08357, Algorithm 1 line 8). Cost O(lookups × d), never O(vocabulary).
+
+At user level (`dprec.clipping.units`) the pairs are (unit, row) pairs: the gradients of every
+position of the unit's rows with that id add up, so the same segment sums give the norm of each
+unit's summed table gradient, again without per-example or per-unit copies of the table.
 """
 import collections
 
 import tensorflow as tf
 
-# The distinct (example, row) pairs of one table in one batch: `example` [P], `row` [P] (local
-# row ids), and `position_pair` [Q] mapping each valid lookup position (in the order of
-# `valid_positions`) to its pair (None: position q is pair q, `one_id_per_example`).
+# The distinct (example, row) pairs of one table in one batch: `example` [P] (the unit at user
+# level), `row` [P] (local row ids), and `position_pair` [Q] mapping each valid lookup position
+# (in the order of `valid_positions`) to its pair (None: position q is pair q,
+# `one_id_per_example`).
 Pairs = collections.namedtuple("Pairs", ["example", "row", "position_pair"])
 
 
@@ -36,11 +41,14 @@ def one_id_per_example(lookups):
   return len(lookups) == 1 and (lookups[0].ids.shape[1] == 1 or lookups[0].distinct_columns)
 
 
-def distinct_pairs(lookups, vocab_size):
+def distinct_pairs(lookups, vocab_size, units=None):
   """The distinct (example, row) pairs of a table's lookups (from the input ids alone), in the
-  order of their first position."""
+  order of their first position; with `units` (`dprec.clipping.units.Units`), the distinct
+  (unit, row) pairs."""
   example, row = valid_positions(lookups)
-  if one_id_per_example(lookups):  # positions are distinct pairs: no unique pass
+  if units is not None:
+    example = units.of(example)
+  elif one_id_per_example(lookups):  # positions are distinct pairs: no unique pass
     return Pairs(example, row, None)
   key = example * vocab_size + row
   unique_keys, position_pair = tf.unique(key, out_idx=tf.int64)
@@ -59,8 +67,9 @@ def pair_gradients(pairs, lookups, row_grads):
 
 
 def squared_norms(pairs, pair_grads, kept, batch_size):
-  """‖g_i‖² of the tables for each example, counting only pairs whose row is `kept`: lists with
-  one entry per table ([P_f] pairs, [P_f, d_f] gradients, [P_f] masks), one segment sum."""
+  """‖g_i‖² of the tables for each example (each unit: `batch_size` is then U), counting only
+  pairs whose row is `kept`: lists with one entry per table ([P_f] pairs, [P_f, d_f] gradients,
+  [P_f] masks), one segment sum."""
   per_pair = [tf.reduce_sum(tf.square(g), axis=1) * tf.cast(k, g.dtype)
               for g, k in zip(pair_grads, kept)]
   return tf.math.unsorted_segment_sum(tf.concat(per_pair, axis=0),

@@ -25,6 +25,12 @@ differentially private learners", arXiv:2110.05679, §4):
   their gradients are the per-example gradients.
 MultiHeadAttention needs no function of its own: its projections are EinsumDense layers, each
 used once per call, whose norms the DP step collects separately.
+
+User level (`dprec.clipping.units`): a function registered `per_unit` returns a
+`squared_norm_fn(dL/dZ, units)` that also gives the squared norms [U] of each unit's summed
+gradient ‖Σ_{i∈u} ∇L_i‖²: the Gram identity with the unit's rows' positions as its positions
+(`unit_gram_squared_norms`), per-unit sums of the bias, Embedding pair and LayerNormalization
+gradients.
 """
 import collections
 
@@ -34,8 +40,11 @@ from dprec.errors import DprecError
 
 # A layer class's entry: its squared-norm function (tensorflow_privacy's convention) and its
 # book-kept clipped-gradient function `fn(layer, args, output_grads, clip_factors) -> [Σ_i
-# c_i·∇_w L_i per trainable weight]` (None: the DP step's second backward pass of Σ c_i·L_i).
-Registration = collections.namedtuple("Registration", ["squared_norm", "clipped_gradients"])
+# c_i·∇_w L_i per trainable weight]` (None: the DP step's second backward pass of Σ c_i·L_i),
+# and whether its `squared_norm_fn` takes `units` (user level, module docstring).
+Registration = collections.namedtuple("Registration",
+                                      ["squared_norm", "clipped_gradients", "per_unit"],
+                                      defaults=[False])
 
 
 class LayerRegistry:
@@ -44,9 +53,10 @@ class LayerRegistry:
   def __init__(self, registrations=None):
     self._registrations = dict(registrations or {})
 
-  def insert(self, layer_class, function, clipped_gradients=None):
-    """Registers `function` (the squared norms) and `clipped_gradients` for `layer_class`."""
-    self._registrations[layer_class] = Registration(function, clipped_gradients)
+  def insert(self, layer_class, function, clipped_gradients=None, per_unit=False):
+    """Registers `function` (the squared norms) and `clipped_gradients` for `layer_class`;
+    `per_unit`: its `squared_norm_fn(grads, units)` also gives per-unit norms."""
+    self._registrations[layer_class] = Registration(function, clipped_gradients, per_unit)
 
   def is_elem(self, layer):
     return type(layer) in self._registrations
@@ -59,6 +69,10 @@ class LayerRegistry:
     """The clipped-gradient function of `layer`'s class, or None."""
     return self._registrations[type(layer)].clipped_gradients
 
+  def per_unit(self, layer):
+    """Whether the squared-norm function of `layer`'s class gives per-unit norms."""
+    return self._registrations[type(layer)].per_unit
+
   def layer_names(self):
     """The registered classes' names, sorted: what error messages and docs list."""
     return sorted(layer_class.__name__ for layer_class in self._registrations)
@@ -68,13 +82,14 @@ class LayerRegistry:
 _REGISTRATIONS = {}
 
 
-def registers(*layer_names, clipped_gradients=None):
-  """Decorator: registers the decorated squared-norm function (and `clipped_gradients`) for the
-  Keras layer classes named `layer_names`, in every registry `make_layer_registry` makes."""
+def registers(*layer_names, clipped_gradients=None, per_unit=False):
+  """Decorator: registers the decorated squared-norm function (and `clipped_gradients`,
+  `per_unit`) for the Keras layer classes named `layer_names`, in every registry
+  `make_layer_registry` makes."""
 
   def register(function):
     for name in layer_names:
-      _REGISTRATIONS[name] = Registration(function, clipped_gradients)
+      _REGISTRATIONS[name] = Registration(function, clipped_gradients, per_unit)
     return function
 
   return register
@@ -110,6 +125,23 @@ def gram_squared_norms(inputs, grads):
                        * tf.matmul(grads, grads, transpose_b=True), axis=[1, 2])
 
 
+def unit_gram_squared_norms(inputs, grads, units):
+  """‖Σ_{i∈u} Σ_t a_i,t g_i,tᵀ‖_F² for each unit u (`dprec.clipping.units.Units`), a [B, T, d],
+  g [B, T, p]: the unit's k_max·T padded positions in `gram_squared_norms`, or, when
+  d·p < (k_max·T)², the norm of the unit's gradient Σ a g ᵀ [U, d, p] itself (the cheaper)."""
+
+  def grouped(tensor):  # [B, T, k] → [U, k_max·T, k], zeros after the unit's rows
+    return tf.reshape(units.pad(tensor),
+                      tf.stack([units.count, -1, tf.shape(tensor, out_type=tf.int64)[-1]]))
+
+  inputs, grads = grouped(inputs), grouped(grads)
+  positions = tf.shape(inputs, out_type=tf.int64)[1]
+  size = tf.shape(inputs, out_type=tf.int64)[2] * tf.shape(grads, out_type=tf.int64)[2]
+  return tf.cond(
+      positions * positions <= size, lambda: gram_squared_norms(inputs, grads),
+      lambda: tf.reduce_sum(tf.square(tf.matmul(inputs, grads, transpose_a=True)), axis=[1, 2]))
+
+
 def _squared_sum(tensor):
   """Σ over all axes but the batch axis of tensor²."""
   return tf.reduce_sum(tf.square(tf.reshape(tensor, [tf.shape(tensor)[0], -1])), axis=1)
@@ -132,7 +164,7 @@ def dense_clipped_gradients(layer, args, output_grads, clip_factors):
   return grads
 
 
-@registers("Dense", clipped_gradients=dense_clipped_gradients)
+@registers("Dense", clipped_gradients=dense_clipped_gradients, per_unit=True)
 def dense_computation(layer, args, kwargs, tape, num_microbatches=None):
   """Dense: watches the pre-activation Z = aW + b."""
   del kwargs
@@ -144,8 +176,13 @@ def dense_computation(layer, args, kwargs, tape, num_microbatches=None):
   tape.watch(preactivation)
   outputs = layer.activation(preactivation) if layer.activation else preactivation
 
-  def squared_norm_fn(grads):
+  def squared_norm_fn(grads, units=None):
     grads, positions = _per_position(grads), _per_position(inputs)
+    if units is not None:
+      squared = unit_gram_squared_norms(positions, grads, units)
+      if layer.use_bias:
+        squared += _squared_sum(units.sum(tf.reduce_sum(grads, axis=1)))
+      return squared
     if grads.shape[1] == 1:  # ‖a_i‖²‖g_i‖², and ‖g_i‖² again for the bias: one pass over g
       grad_squared = tf.reduce_sum(tf.square(grads), axis=[1, 2])
       input_squared = tf.reduce_sum(tf.square(positions), axis=[1, 2])
@@ -171,23 +208,27 @@ def _einsum_specs(equation):
   return inputs, kernel, output
 
 
-def einsum_kernel_squared_norms(equation, inputs, grads):
-  """‖∇_K L_i‖² for Z = einsum(equation, a, K), from a and g = dL/dZ."""
+def einsum_kernel_squared_norms(equation, inputs, grads, units=None):
+  """‖∇_K L_i‖² for Z = einsum(equation, a, K), from a and g = dL/dZ; with `units`, of each
+  unit's summed gradient."""
   in_spec, kernel_spec, out_spec = _einsum_specs(equation)
   batch = in_spec[0]
   contracted = "".join(c for c in kernel_spec if c in in_spec and c not in out_spec)
   kept = "".join(c for c in kernel_spec if c in out_spec and c not in in_spec)
   if len(contracted) + len(kept) < len(kernel_spec):  # a kernel axis shared by a and Z: Eq. 1
-    return _squared_sum(tf.einsum(f"{in_spec},{out_spec}->{batch}{kernel_spec}", inputs, grads))
+    per_example = tf.einsum(f"{in_spec},{out_spec}->{batch}{kernel_spec}", inputs, grads)
+    return _squared_sum(per_example if units is None else units.sum(per_example))
   positions = "".join(c for c in in_spec[1:] if c in out_spec and c not in kernel_spec)
 
   def per_position(tensor):  # [B, positions..., kernel axes...] → [B, T, K]
     size = tf.reduce_prod(tf.shape(tensor)[1 + len(positions):])
     return tf.reshape(tensor, [tf.shape(tensor)[0], -1, size])
 
-  return gram_squared_norms(
-      per_position(tf.einsum(f"{in_spec}->{batch}{positions}{contracted}", inputs)),
-      per_position(tf.einsum(f"{out_spec}->{batch}{positions}{kept}", grads)))
+  inputs = per_position(tf.einsum(f"{in_spec}->{batch}{positions}{contracted}", inputs))
+  grads = per_position(tf.einsum(f"{out_spec}->{batch}{positions}{kept}", grads))
+  if units is not None:
+    return unit_gram_squared_norms(inputs, grads, units)
+  return gram_squared_norms(inputs, grads)
 
 
 def _bias_gradients(bias, grads):
@@ -200,7 +241,7 @@ def _bias_gradients(bias, grads):
   return tf.reduce_sum(grads, axis=broadcast) if broadcast else grads
 
 
-@registers("EinsumDense")
+@registers("EinsumDense", per_unit=True)
 def einsum_dense_computation(layer, args, kwargs, tape, num_microbatches=None):
   """EinsumDense: watches the pre-activation Z = einsum(equation, a, K) + b."""
   del kwargs
@@ -212,16 +253,17 @@ def einsum_dense_computation(layer, args, kwargs, tape, num_microbatches=None):
   tape.watch(preactivation)
   outputs = layer.activation(preactivation) if layer.activation else preactivation
 
-  def squared_norm_fn(grads):
-    squared = einsum_kernel_squared_norms(layer.equation, inputs, grads)
+  def squared_norm_fn(grads, units=None):
+    squared = einsum_kernel_squared_norms(layer.equation, inputs, grads, units)
     if layer.bias is not None:
-      squared += _squared_sum(_bias_gradients(layer.bias, grads))
+      bias_grads = _bias_gradients(layer.bias, grads)
+      squared += _squared_sum(bias_grads if units is None else units.sum(bias_grads))
     return squared
 
   return preactivation, outputs, squared_norm_fn
 
 
-@registers("Embedding")
+@registers("Embedding", per_unit=True)
 def embedding_computation(layer, args, kwargs, tape, num_microbatches=None):
   """Embedding (dense [B, ...] or ragged ids): watches the looked-up vectors."""
   del kwargs
@@ -243,17 +285,20 @@ def embedding_computation(layer, args, kwargs, tape, num_microbatches=None):
   else:
     outputs = tf.reshape(vectors, tf.concat([tf.shape(args[0]), [-1]], 0))
 
-  def squared_norm_fn(grads):
-    # Rows are per (example, id) pair: the gradients of an id repeated in one example add up.
-    pairs, pair_of_lookup = tf.unique(example * layer.input_dim + flat_ids)
+  def squared_norm_fn(grads, units=None):
+    # Rows are per (example, id) pair (per (unit, id) with `units`): the gradients of an id
+    # repeated in one example (unit) add up.
+    owner, count = (example, batch_size) if units is None else (units.of(example),
+                                                                units.count)
+    pairs, pair_of_lookup = tf.unique(owner * layer.input_dim + flat_ids)
     summed = tf.math.unsorted_segment_sum(grads, pair_of_lookup, tf.size(pairs))
     return tf.math.unsorted_segment_sum(tf.reduce_sum(tf.square(summed), axis=1),
-                                        pairs // layer.input_dim, batch_size)
+                                        pairs // layer.input_dim, count)
 
   return vectors, outputs, squared_norm_fn
 
 
-@registers("LayerNormalization")
+@registers("LayerNormalization", per_unit=True)
 def layer_normalization_computation(layer, args, kwargs, tape, num_microbatches=None):
   """LayerNormalization: watches per-example copies of γ and β."""
   del kwargs
@@ -275,8 +320,8 @@ def layer_normalization_computation(layer, args, kwargs, tape, num_microbatches=
       watched.append(copies)
       outputs = combine(outputs, copies)
 
-  def squared_norm_fn(grads):
-    return tf.add_n([_squared_sum(g) for g in grads])
+  def squared_norm_fn(grads, units=None):
+    return tf.add_n([_squared_sum(g if units is None else units.sum(g)) for g in grads])
 
   return watched, outputs, squared_norm_fn
 

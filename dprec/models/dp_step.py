@@ -7,6 +7,12 @@ size), `_dp_generator`, `layer_registry` (None: the default), `dp_step_tables` (
 layers, by increasing width), `step_layers()` (every layer, nested ones included),
 `forward_losses(x, y, sample_weight)` and `extra_squared_norms()`: `dprec.models.dp_model.DPModel`
 for tf.keras, `dprec.models.keras3.Keras3DPModel` for Keras 3.
+
+User level (either binding): a batch whose features (a dict) hold `dprec.clipping.units.UNIT_KEY`
+(each row's unit index) has it popped before the forward pass and clips each unit's summed
+gradient as one: the norms below are then per unit, c_u = min(1, C2/‖Σ_{i∈u} g_i‖) weights every
+row of u, the DP-AdaFEST contribution map is one 0/1 map per unit (`dprec.sparse.contribution`),
+and `DPOptimizer.expected_batch_size` counts units (q·users under user-level Poisson sampling).
 """
 import collections
 import contextlib
@@ -16,6 +22,7 @@ import tensorflow as tf
 from dprec.clipping import embedding as embedding_norms
 from dprec.clipping import layer_norms
 from dprec.clipping import registry as registry_lib
+from dprec.clipping import units as units_lib
 from dprec.distribute import replicas as replicas_lib
 from dprec.errors import DprecError
 from dprec.optimizers import config as config_lib
@@ -28,7 +35,8 @@ from dprec.sparse import noise as noise_lib
 
 _Forward = collections.namedtuple(
     "_Forward", ["tape", "y_pred", "losses", "squared", "group_squared", "tables", "pairs",
-                 "pair_grads", "kept", "records", "record_grads", "extras", "extra_grads"])
+                 "pair_grads", "kept", "records", "record_grads", "extras", "extra_grads",
+                 "units"])
 
 
 def _rest_share(group_squared):
@@ -71,6 +79,21 @@ def _row_widths(table):
     return None
   return noise_lib.RowWidths([rows for _, rows, _ in table.sub_tables],
                              [width for _, _, width in table.sub_tables])
+
+
+def _refuse_what_user_level_cannot_clip(records, extras, registry):
+  """Refuses, in one line, what gives no per-unit norm: a registry layer whose function is
+  not `per_unit`, `ExtraNorms` (per-example only), and replicas, which could split a unit."""
+  problems = [f"layer {r.layer.name!r} ({type(r.layer).__name__}) has a per-example norm "
+              "function only (register one per_unit)" for r in records
+              if not registry.per_unit(r.layer)]
+  if extras:
+    problems.append("extra_squared_norms gives per-example norms only")
+  if replicas_lib.Replicas().count > 1:
+    problems.append("replicas could split a unit's rows (one replica only)")
+  if problems:
+    raise DprecError(f"user-level DP (the feature {units_lib.UNIT_KEY!r}) cannot clip per "
+                     "unit here: " + "; ".join(problems))
 
 
 def registry_of(model):
@@ -178,8 +201,9 @@ class DPStep:
     return tf.cast(tf.add_n(sizes) if sizes else 0, tf.float32)
 
   def per_example_squared_norms(self, x, y, sample_weight=None, by_group=False):
-    """‖g_i‖² per example as the compiled DP configuration clips it (kept rows only); with
-    `by_group`, [rest, then each `ExtraNorms` with a `norm_share`] separately."""
+    """‖g_i‖² per example (per unit at user level) as the compiled DP configuration clips it
+    (kept rows only); with `by_group`, [rest, then each `ExtraNorms` with a `norm_share`]
+    separately."""
     forward = self._dp_forward(self.dp_optimizer.config, x, y, sample_weight)
     if by_group:
       return [forward.squared] + [squared for _, _, squared in forward.group_squared]
@@ -190,8 +214,9 @@ class DPStep:
     return self._dp_gradients(self.dp_optimizer.config, x, y, sample_weight)[0]
 
   def _dp_forward(self, config, x, y, sample_weight):
-    """Step 1, the forward pass (AutoGraph converts it as in any Keras step), recording what
-    steps 2–3 (`_norms`) need."""
+    """Step 1, the forward pass (AutoGraph converts it as in any Keras step) of `x` without its
+    `UNIT_KEY`, recording what steps 2–3 (`_norms`) need."""
+    x, units = units_lib.split_units(x)
     tables = self.dp_step_tables
     layers = self.step_layers()  # the DP tables are in no registry: the recorder skips them
     tape = tf.GradientTape(persistent=True)
@@ -206,15 +231,16 @@ class DPStep:
       summed_loss = tf.reduce_sum(losses)
       extras = list(self.extra_squared_norms())
     return self._norms(config, tape, tables, lookups, recorder.records, extras, y_pred, losses,
-                       summed_loss)
+                       summed_loss, units)
 
   # The DP step's own code (steps 2–5 and the update) has no Python control flow on tensors, and
   # AutoGraph's conversion of it took about half of the step's trace time (13.2–14.5 → 6.7–7.9
   # CPU-s for the 26-table pCTR model, the same graph): it runs unconverted. The `ExtraNorms`
   # functions run inside it.
   @tf.autograph.experimental.do_not_convert
-  def _norms(self, config, tape, tables, lookups, records, extras, y_pred, losses, summed_loss):
-    """Steps 2–3: kept rows, per-example squared norms."""
+  def _norms(self, config, tape, tables, lookups, records, extras, y_pred, losses, summed_loss,
+             units):
+    """Steps 2–3: kept rows, per-example squared norms (per unit with `units`)."""
     sub_tables = [sub for t in tables for sub in t.sub_tables]
     layout = kept_rows_lib.TableLayout([name for name, _, _ in sub_tables],
                                        [rows for _, rows, _ in sub_tables],
@@ -225,6 +251,10 @@ class DPStep:
                        "losses the DP step clips; remove the regularizers or add them to "
                        "per_example_loss")
     batch_size = tf.shape(losses, out_type=tf.int64)[0]
+    unit_args = ()
+    if units is not None:  # the "examples" below are the units
+      _refuse_what_user_level_cannot_clip(records, extras, registry_of(self))
+      batch_size, unit_args = units.count, (units,)
 
     # One backward pass to every recorded tensor.
     record_grads, row_grads, extra_grads = tape.gradient(
@@ -234,14 +264,15 @@ class DPStep:
         unconnected_gradients=tf.UnconnectedGradients.ZERO)
     squared, group_squared = tf.zeros([batch_size], losses.dtype), []
     for record, grads in zip(records, record_grads):
-      squared += record.squared_norm_fn(grads)
+      squared += record.squared_norm_fn(grads, *unit_args)
     for extra, grads in zip(extras, extra_grads):
       if extra.norm_share is None:
         squared += extra.squared_norm_fn(grads)
       else:
         group_squared.append((extra, grads, extra.squared_norm_fn(grads)))
     used = [f for f, ls in enumerate(lookups) if ls]
-    pairs = {f: embedding_norms.distinct_pairs(lookups[f], tables[f].vocab_size) for f in used}
+    pairs = {f: embedding_norms.distinct_pairs(lookups[f], tables[f].vocab_size, units)
+             for f in used}
     pair_grads = {f: embedding_norms.pair_gradients(pairs[f], lookups[f], row_grads[f])
                   for f in used}
     kept = self._kept_rows(config, layout, tables, pairs, batch_size)
@@ -250,7 +281,7 @@ class DPStep:
                                                [pair_grads[f] for f in used],
                                                [kept[f].pair_kept for f in used], batch_size)
     return _Forward(tape, y_pred, losses, squared, group_squared, tables, pairs, pair_grads,
-                    kept, records, record_grads, extras, extra_grads)
+                    kept, records, record_grads, extras, extra_grads, units)
 
   def _dp_gradients(self, config, x, y, sample_weight):
     """Noisy, normalised gradients of one DP step (module docstring, steps 1–5)."""
@@ -271,12 +302,13 @@ class DPStep:
     self(x, training=False)
 
   def _rows_read(self, x):
-    """Per DP table, the distinct local rows `x`'s forward pass reads (`lookup_pass`)."""
+    """Per DP table, the distinct local rows `x`'s forward pass reads (`lookup_pass` of `x`
+    without its `UNIT_KEY`)."""
     tables = self.dp_step_tables
     for table in tables:
       table.start_recording(ids_only=True)
     try:
-      self.lookup_pass(x)
+      self.lookup_pass(units_lib.split_units(x)[0])
     finally:
       lookups = [table.stop_recording() for table in tables]
     return [tf.unique(tf.concat([tf.reshape(l.ids, [-1]) for l in ls], 0))[0] if ls
@@ -337,6 +369,8 @@ class DPStep:
     clip = tf.convert_to_tensor(adaptive) if adaptive is not None else None
     clip_factors = tf.stop_gradient(config.clip_factors(
         forward.squared, _rest_share(forward.group_squared), clip=clip))
+    units = forward.units  # with units, clip_factors are per unit: every row takes its unit's
+    row_factors = clip_factors if units is None else units.of_rows(clip_factors)
     clipped = {}
     for extra, grads, squared in forward.group_squared:
       factors = tf.stop_gradient(config.clip_factors(squared, extra.norm_share, clip=clip))
@@ -344,13 +378,13 @@ class DPStep:
     for record, grads in zip(forward.records, forward.record_grads):
       if record.clipped_gradient_fn is not None:
         clipped.update(zip(map(id, record.layer.trainable_weights), record.clipped_gradient_fn(
-            record.layer, record.args, grads, clip_factors)))
+            record.layer, record.args, grads, row_factors)))
     table_vars = table_variable_ids(tables)
     dense_vars = [v for v in self.trainable_variables if id(v) not in table_vars]
     remaining = [v for v in dense_vars if id(v) not in clipped]
     if remaining:
       with tape:
-        weighted_loss = self._clipped_loss(forward, clip_factors)
+        weighted_loss = self._clipped_loss(forward, row_factors)
       clipped.update(zip(map(id, remaining), tape.gradient(
           weighted_loss, remaining, unconnected_gradients=tf.UnconnectedGradients.ZERO)))
     dense_grads = [clipped[id(v)] for v in dense_vars]
@@ -372,8 +406,9 @@ class DPStep:
       else:
         table_sums.append((tf.zeros([0], tf.int64),
                            tf.zeros([0, table.output_dim], losses.dtype)))
+    count = tf.shape(losses)[0] if units is None else units.count
     normaliser = (self.dp_optimizer.expected_batch_size
-                  or replicas.sum(tf.cast(tf.shape(losses)[0], losses.dtype)))
+                  or replicas.sum(tf.cast(count, losses.dtype)))
     grads = replicas.once(self._noisy_gradients, config, replicas.sum(dense_grads), table_sums,
                           [k.rows for k in kept], normaliser, clip)
     if clip is not None:  # after the gradient's noise, which used this step's C2

@@ -30,7 +30,8 @@ class DPOptimizer:
   applies the noisy gradient (use `SparseSGD`, `SparseAdagrad`, `LazyAdam` or `AdamBC` so sparse
   updates stay sparse; the DP step tells `AdamBC` the noise variance it subtracts).
   `expected_batch_size`: the normaliser of the noisy sum (q·N for Poisson
-  sampling; None divides by the actual batch size, right for fixed-size batches only).
+  sampling; None divides by the actual batch size, right for fixed-size batches only). At user
+  level (batches with `dprec.clipping.units.UNIT_KEY`) it counts units: q·users.
 
   The noise and selection randomness is secret by default: a generator keyed from a fresh
   `NoiseKey` (the OS CSPRNG). At most one of these replaces it:

@@ -6,6 +6,13 @@ Example i's map v_i is 1 on every distinct row it touches across all tables (glo
 so ‖v_i‖₂ = √k_i for k_i distinct rows; clipping to C1 weights each of its rows by
 min(1, C1/√k_i). The batch map V̂ = Σ_i [v_i]_{C1} is a segment sum over touched rows only:
 adding or removing one example moves it by at most C1 in ℓ2.
+
+At user level (`dprec.clipping.units`) the pairs are the distinct (unit, row) pairs, so a unit's
+map is 1 on every distinct row any of its rows touches, clipped to C1 as one: removing a user
+(all its rows) moves V̂ by at most C1. A 0/1 map rather than the unit's row counts: as within an
+example, a repeated id counts once, so the noisy threshold counts the users who touch a row and
+one user's repetitions cannot stand in for many users; and ‖v_u‖ = √k_u is at most the norm of
+the counts, so the clipping scales a heavy user's rows down no more than counts would.
 """
 import collections
 
@@ -17,7 +24,7 @@ ContributionMap = collections.namedtuple("ContributionMap", ["rows", "values", "
 
 
 def example_weights(pair_example, batch_size, clip):
-  """min(1, C1/√k_i) for each example, k_i = its number of distinct rows (pairs)."""
+  """min(1, C1/√k_i) for each example (unit), k_i = its number of distinct rows (pairs)."""
   counts = tf.math.unsorted_segment_sum(
       tf.ones_like(pair_example, dtype=tf.float32), pair_example, batch_size)
   if clip == float("inf"):
