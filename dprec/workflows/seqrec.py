@@ -15,8 +15,10 @@ run on the very batches and noise an uninterrupted run would have used, paying n
 `dp_forward` trains DP-Forward instead (Du et al., "DP-Forward: Fine-tuning and Inference on
 Language Models with Differential Privacy in Forward Pass", arXiv:2309.06746,
 `dprec.workflows.dp_forward`): SeqLDP. `model="item2item"` releases DP item-to-item statistics once
-instead of training a transformer (`dprec.workflows.item2item`; the default, measured best on Amazon
-Games' validation items: docs/experiments/seqrec_item2item.md). `model="hybrid"` releases them too,
+instead of training a transformer (`dprec.workflows.item2item`; measured best on Amazon Games'
+validation items: docs/experiments/seqrec_item2item.md). `model="auto"`, the default, picks
+item2item or the transformer from the data's shape, a small DP release of its own composed with
+the rest (`dprec.workflows.model_choice`). `model="hybrid"` releases them too,
 as a mechanism of the plan beside training (`pair_share` of ε), and initialises the transformer's
 item rows from their truncated SVD (post-processing; `pair_init`) before DP training with the rest
 of ε, and can add their item-to-item score to the trained transformer's logits as a fixed prior
@@ -58,22 +60,24 @@ from dprec.training import poisson
 from dprec.workflows import dp_forward as dp_forward_lib
 from dprec.workflows import item2item as item2item_lib
 from dprec.workflows import item_frequencies as frequencies_lib
+from dprec.workflows import model_choice
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import resume as resume_lib
 from dprec.workflows import run as run_lib
 
 COMMAND = LEDGER_LABEL = "train seqrec"
 FROZEN = "dpformer-frozen"
-MODELS = ("item2item", "dpformer", "hybrid", FROZEN)
+MODELS = (model_choice.AUTO, "item2item", "dpformer", "hybrid", FROZEN)
 PAIR_MODELS = ("hybrid", FROZEN)  # the transformers built on the pair release
 FORWARD_NOISE = "forward noise"
 EPSILON_COVERS = {
     "epsilon": "(epsilon, delta)-DP for adding or removing one user (all of their training "
                "sequence), covering the model (weights and Re-Attention's p_i; for item2item "
                "the released item pairs and the DP histogram; for hybrid and dpformer-frozen "
-               "all three, composed)",
+               "all three, composed; with --model auto also the released mean number of "
+               "scored positions per user that chose the model, model_choice)",
     "public": ["settings", "noise multipliers", "train_examples (N) and items (M), assumed "
-               "public", "steps_per_second"],
+               "public (--model auto's rule reads them too)", "steps_per_second"],
     "held_out_evaluation": "ndcg_at_10, hit_at_10, by_popularity, test_users, validation and "
                            "the top-10 diversity (distinct_top10_items, overlaps) rank each "
                            "user's held-out item given their history, which IS training data of "
@@ -100,7 +104,10 @@ class SeqRecTrainOptions(run_lib.FitOptions):
   NOT_FINGERPRINTED = run_lib.FitOptions.NOT_FINGERPRINTED + (
       "exclude_history", "eval_batch_size", "reattention_at_eval")
   data: Optional[str] = None
-  model: str = "item2item"  # as `dprec train seqrec`'s; "dpformer": the transformer
+  # as `dprec train seqrec`'s: "auto" chooses item2item or dpformer (`model_choice`)
+  model: str = model_choice.AUTO
+  model_choice_share: float = 0.02  # --model auto: ε share of the released shape statistic
+  auto_model: bool = False  # set by `model_choice.resolve`: its release is in the plan
   epsilon: float = 5.0
   delta: Optional[float] = None
   epochs: float = 100.0
@@ -171,6 +178,10 @@ class SeqRecTrainOptions(run_lib.FitOptions):
     super().validate()
     checks = [
         (self.model in MODELS, f"--model must be one of {', '.join(MODELS)}, got {self.model}"),
+        (0 < self.model_choice_share < 1,
+         f"--model-choice-share must be in (0, 1), got {self.model_choice_share}"),
+        (self.model != model_choice.AUTO or self.dp_forward is None,
+         "--model auto does not combine with --dp-forward (which trains the transformer)"),
         (self.model != "item2item" or self.dp_forward is None,
          "--model item2item does not combine with --dp-forward"),
         (0 <= self.public_users < 1, f"--public-users must be in [0, 1), got "
@@ -241,6 +252,9 @@ class SeqRecTrainOptions(run_lib.FitOptions):
     for holds, message in checks:
       if not holds:
         raise DprecError(message)
+    if self.model == model_choice.AUTO:  # refused before the choice's release, whatever it is
+      for candidate in model_choice.candidates(self):
+        candidate.validate()
 
   def model_config(self, num_items, table_rows=None):
     """`table_rows`: the rows of a DP-FEST vocabulary (None: one per item)."""
@@ -272,21 +286,28 @@ def plan_privacy(options, num_examples, run=None) -> plan_lib.PrivacyPlan:
   delta, spent = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
                                     default_delta=1.0 / num_examples)
   if options.model == "item2item":
-    return item2item_lib.plan_privacy(options, num_examples, delta, spent)
-  if options.batch_size > num_examples:
-    raise DprecError(f"--batch-size {options.batch_size} exceeds the {num_examples} training "
-                     "users; give a smaller one or none (then it is chosen from N)")
+    return item2item_lib.plan_privacy(options, num_examples, delta, spent,
+                                      model_choice.mechanisms(options))
+  check_batch_size(options, num_examples)
   if options.dp_forward is not None:
     return dp_forward_lib.plan_run(options, delta, num_examples, spent)
   steps = max(1, int(round(options.epochs * num_examples / options.batch_size)))
   if not options.private:
     return plan_lib.plan_privacy(math.inf, None, num_examples, options.batch_size, steps)
-  mechanisms = (item2item_lib.mechanisms(options) if options.model in PAIR_MODELS
-                else frequencies_lib.mechanisms(options))
+  mechanisms = model_choice.mechanisms(options) + (
+      item2item_lib.mechanisms(options) if options.model in PAIR_MODELS
+      else frequencies_lib.mechanisms(options))
   return plan_lib.plan_privacy(options.epsilon, delta, num_examples, options.batch_size, steps,
                                mechanisms=mechanisms,
                                accountant=options.accountant, poisson=not options.fixed_batches,
                                spent=spent)
+
+
+def check_batch_size(options, num_examples):
+  """Refuses a given B above the N training users."""
+  if options.batch_size is not None and options.batch_size > num_examples:
+    raise DprecError(f"--batch-size {options.batch_size} exceeds the {num_examples} training "
+                     "users; give a smaller one or none (then it is chosen from N)")
 
 
 def build_model(options, examples, plan, frequencies=None, noise_key=None, vocabulary=None,
@@ -511,6 +532,7 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
   tf.keras.utils.set_random_seed(options.seed)
   with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,
                    options.secure_noise, options.data) as run:
+    options, choice = choose_model(options, examples, run)
     plan = plan_privacy(options, len(examples.items), run)
     if plan.forward is not None:
       prior = dp_forward_lib.label_prior(options.item_frequencies, data.item_ids,
@@ -525,6 +547,7 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
       summary = _run_item2item(options, examples, plan, run, frequencies, public)
       summary["public_user_selection"] = public_users_lib.summary(
           options.public_users, options.public_users_salt, public_data, data)
+      summary["model_choice"] = choice
       run_lib.write_summary(summary, options.summary_json)
       return summary
     vocabulary = frequencies_lib.vocabulary(options, examples, frequencies)
@@ -571,7 +594,7 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
                    item_vocabulary=frequencies_lib.vocabulary_summary(options, vocabulary),
                    popularity_weights=frequencies_lib.weights_summary(weights, floor),
                    epoch_selection=selection and selection.summary(),
-                   train_prior_weight=options.train_prior_weight)
+                   train_prior_weight=options.train_prior_weight, model_choice=choice)
     if release is not None:
       summary.update(model=options.model, reattention=model.config.reattention.enabled,
                      item_pairs=dict(
@@ -580,6 +603,17 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
           **item2item_lib.settings(options)), logit_prior=prior_summary)
   run_lib.write_summary(summary, options.summary_json)
   return summary
+
+
+def choose_model(options, examples, run):
+  """(options, the choice's summary): `--model auto` resolved by `model_choice.resolve` (its
+  statistic released from the run's key at the δ the plan will use), else the given model."""
+  if options.model != model_choice.AUTO:
+    return options, model_choice.given(options)
+  check_batch_size(options, len(examples.items))  # the transformer's refusal, before the release
+  delta, _ = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
+                                default_delta=1.0 / len(examples.items))
+  return model_choice.resolve(options, examples, delta, run.numpy_rng(model_choice.LABEL))
 
 
 def _run_item2item(options, examples, plan, run, frequencies, public=None):
