@@ -283,6 +283,8 @@ def plan_privacy(options, num_examples, run=None) -> plan_lib.PrivacyPlan:
   else 1/N), composed with the DP histogram of p_i and with what `run`'s ledger spent on the
   data before (`run_lib.plan_prior`); DP-Forward: σ of its E epoch releases, composed with that
   too (`dp_forward.plan_run`); item2item: the pair release's σ (`item2item.plan_privacy`)."""
+  if options.model == model_choice.AUTO:
+    raise DprecError("model 'auto' is resolved before planning (seqrec.choose_model)")
   delta, spent = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
                                     default_delta=1.0 / num_examples)
   if options.model == "item2item":

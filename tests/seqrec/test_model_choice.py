@@ -79,6 +79,11 @@ def test_auto_chooses_the_model_each_synthetic_shape_calls_for(shape, model, req
     assert (kept.model, kept.dropout, kept.epochs) == ("dpformer", 0.3, 20)
   else:
     assert choice["settings_applied"] == {} and resolved.dropout == options.dropout
+  exact_run = seqrec.SeqRecTrainOptions(epsilon=float("inf"))  # the exact mean, charged nothing
+  exact_resolved, exact_choice = model_choice.resolve(exact_run, examples, None,
+                                                      np.random.default_rng(0))
+  assert exact_choice["mean_scored_positions"] == pytest.approx(exact)
+  assert exact_choice["model"] == model and model_choice.mechanisms(exact_resolved) == []
 
 
 def test_release_noise_has_the_claimed_scale_and_bounded_contributions(dense):
@@ -109,6 +114,8 @@ def test_the_chosen_transformers_plan_composes_the_choice_with_its_releases(dens
   assert plan.mechanisms[model_choice.LABEL] == choice["noise_multiplier"]
   direct = _dp_accounting_epsilon(plan, plan.mechanisms.values())
   assert abs(plan.planned_epsilon() - direct) <= 1e-3 * direct and 4.95 < direct <= 5.0 + 1e-6
+  with pytest.raises(DprecError, match="resolved before planning"):
+    seqrec.plan_privacy(options, n)  # an unresolved choice has no plan
   named = seqrec.plan_privacy(seqrec.SeqRecTrainOptions(model="dpformer", epsilon=5.0,
                                                         batch_size=100, epochs=5), n)
   assert set(named.mechanisms) == {item_frequencies.LABEL}  # a named model: no choice charged
