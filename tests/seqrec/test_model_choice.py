@@ -129,6 +129,7 @@ def test_auto_refuses_what_either_model_would_before_releasing(dense):
       options.validate()
 
 
+@pytest.mark.commands
 def test_auto_end_to_end_charges_the_choice_under_its_own_label(sequences_dir, tmp_path, capsys):
   """Short histories (L = 8): item2item, with ε the composition of the choice, the histogram
   and the pair release, each its own ledger entry."""
