@@ -12,6 +12,7 @@ from dprec import cli
 from dprec.data import synthetic
 from dprec.data.sequences import SequenceData, make_examples
 from dprec.errors import DprecError
+from dprec.models.seqrec import warmup_linear_decay
 from dprec.privacy import PrivacyLedger
 from dprec.workflows import item2item, item_frequencies, model_choice, seqrec
 
@@ -151,3 +152,13 @@ def test_auto_end_to_end_charges_the_choice_under_its_own_label(sequences_dir, t
   direct = accountant.get_epsilon(summary["delta"])
   assert abs(summary["epsilon"] - direct) <= 1e-3 * direct
   assert 4.95 < summary["epsilon"] <= 5.0 + 1e-6
+
+
+def test_the_transformers_schedule_warms_up_over_a_fifth_then_decays_linearly():
+  """Ding et al. 2023, §5: the learning rate rises over the first 20% of steps, then falls
+  linearly to 0 (what `build_model` compiles for every transformer, auto's included)."""
+  schedule = warmup_linear_decay(5e-3, 100)
+  rates = np.array([float(schedule(step)) for step in range(100)])
+  np.testing.assert_allclose(rates[[0, 9, 19, 59, 99]], 5e-3 * np.array([0.05, 0.5, 1, 0.5, 0]),
+                             atol=1e-9)
+  assert np.all(np.diff(rates[:20]) > 0) and np.all(np.diff(rates[19:]) < 0)
