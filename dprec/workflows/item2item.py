@@ -47,14 +47,13 @@ def noise_multiplier(plan):
   return plan.mechanisms.get(LABEL, plan.noise_multiplier)
 
 
-def plan_privacy(options, num_examples, delta, spent, mechanisms=()) -> plan_lib.PrivacyPlan:
+def plan_privacy(options, num_examples, delta, spent) -> plan_lib.PrivacyPlan:
   """The pair release as the plan's one step at q = 1 (a Gaussian mechanism), its σ calibrated
-  for what the histogram and the other one-off `mechanisms` [(label, ε share)] (mechanisms of
-  the plan) leave of ε."""
+  for what the histogram (a mechanism of the plan) leaves of ε."""
   return plan_lib.plan_privacy(
       options.epsilon, delta, num_examples, num_examples, 1,
-      mechanisms=list(mechanisms) + frequencies_lib.mechanisms(options),
-      accountant=options.accountant, spent=spent)
+      mechanisms=frequencies_lib.mechanisms(options), accountant=options.accountant,
+      spent=spent)
 
 
 def training_sequences(examples):

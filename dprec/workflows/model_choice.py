@@ -5,11 +5,18 @@ model (README, "Privacy model": N sets δ and q; the item vocabulary is built fr
 assumed public). The third, the mean number of scored positions per user p (each user's
 next-item targets in training, between 0 and the maximum length L), is released under DP:
 the sum of the users' counts, centred on L/2, has sensitivity L/2 for adding or removing a user,
-and gets Gaussian noise at σ calibrated alone for `model_choice_share` of ε
-(`dprec.privacy.label_stats.dp_mean`; the noise comes from the run's secret key). It is a
-mechanism of the run's plan beside the chosen model's releases, composed with them, and
-charged to the ledger under its own label `LABEL`. The scored positions per item r = N·p/M are
-post-processing of it.
+and gets Gaussian noise calibrated for (ε0, δ0) = `model_choice_share`·(ε, δ)
+(`dprec.privacy.label_stats.dp_mean`; the noise comes from the run's secret key). The scored
+positions per item r = N·p/M are post-processing of it.
+
+Accounting. Which model trains, and so which releases follow with which parameters, depends on
+p: an adaptive choice of mechanism. Composing the release of p with each model's releases in
+the accountant (PLD) would bound each fixed branch, not the adaptive mixture. So p is an
+(ε0, δ0)-DP release composed by basic composition, which holds for adaptively chosen
+mechanisms (Dwork, Rothblum & Vadhan, "Boosting and Differential Privacy", 2010): every branch
+is planned as if the ledger had spent (ε0, δ0) before it (`with_choice`, the plan's `spent`),
+so each is (ε − ε0, δ − δ0)-DP and the run (ε, δ)-DP, whichever model p picks. The ledger
+records p as an (ε0, δ0) charge under its own label `LABEL` and composes it the same way.
 
 The transformer is chosen when p ≥ `MIN_POSITIONS_PER_USER` and r ≥ `MIN_POSITIONS_PER_ITEM`
 (long histories over few items: the next-item loss has signal at many positions, and every
@@ -58,12 +65,26 @@ def _resolved(options, model):
   return dataclasses.replace(options, **changes)
 
 
-def mechanisms(options):
-  """[(ledger label, ε share)]: the release of p when `--model auto` chose the model (and the
-  run is private), else none."""
+def budget(options, delta):
+  """(ε0, δ0) of the release of p when `--model auto` chose the model in a private run at δ,
+  else None."""
   if options.auto_model and options.private:
-    return [(LABEL, options.model_choice_share)]
-  return []
+    return options.model_choice_share * options.epsilon, options.model_choice_share * delta
+  return None
+
+
+def with_choice(options, spent, delta):
+  """`spent` (a `dprec.privacy.Spent`) with the choice's (ε0, δ0) added, by basic composition."""
+  charge = budget(options, delta)
+  if charge is None:
+    return spent
+  return dataclasses.replace(spent, selections=spent.selections + (charge,))
+
+
+def selections(options, delta):
+  """{LABEL: (ε0, δ0)}: the ledger charge of the choice (empty when nothing was released)."""
+  charge = budget(options, delta)
+  return {} if charge is None else {LABEL: charge}
 
 
 def scored_positions(examples):
@@ -93,13 +114,11 @@ def choose(mean_positions, num_users, num_items):
 
 def resolve(options, examples, delta, rng):
   """(options with the chosen model and `auto_model` set, the choice's summary). Releases p at
-  σ calibrated alone for `model_choice_share`·ε at `delta` (ε = inf: the exact mean, charged
-  nothing); `rng` is the run's secret generator for `LABEL`."""
+  σ calibrated for (ε0, δ0) = `model_choice_share`·(ε, `delta`) (ε = inf: the exact mean,
+  charged nothing); `rng` is the run's secret generator for `LABEL`."""
   num_users, num_items, max_len = len(examples.items), examples.num_items, options.max_len
-  sigma = None
-  if options.private:
-    sigma = privacy.calibrate_gaussian_mechanism(options.model_choice_share * options.epsilon,
-                                                 delta, options.accountant)
+  charge = budget(dataclasses.replace(options, auto_model=True), delta)
+  sigma = charge and privacy.calibrate_gaussian_mechanism(*charge, options.accountant)
   mean = release(examples, max_len, sigma or 0.0, rng)
   model, reason = choose(mean, num_users, num_items)
   resolved = _resolved(options, model)
@@ -112,7 +131,8 @@ def resolve(options, examples, delta, rng):
                "min_positions_per_item": MIN_POSITIONS_PER_ITEM},
       "public": {"train_examples": num_users, "items": num_items, "max_len": max_len},
       "private": options.private, "epsilon_share": options.model_choice_share if sigma else 0.0,
-      "noise_multiplier": sigma, "sensitivity": max_len / 2,
+      "epsilon": charge and charge[0], "delta": charge and charge[1], "noise_multiplier": sigma,
+      "sensitivity": max_len / 2, "composition": charge and "basic (adaptive choice)",
       "ledger_label": LABEL if sigma else None, "settings_applied": applied}
 
 

@@ -75,7 +75,8 @@ EPSILON_COVERS = {
                "sequence), covering the model (weights and Re-Attention's p_i; for item2item "
                "the released item pairs and the DP histogram; for hybrid and dpformer-frozen "
                "all three, composed; with --model auto also the released mean number of "
-               "scored positions per user that chose the model, model_choice)",
+               "scored positions per user that chose the model, model_choice, composed by "
+               "basic composition)",
     "public": ["settings", "noise multipliers", "train_examples (N) and items (M), assumed "
                "public (--model auto's rule reads them too)", "steps_per_second"],
     "held_out_evaluation": "ndcg_at_10, hit_at_10, by_popularity, test_users, validation and "
@@ -287,18 +288,17 @@ def plan_privacy(options, num_examples, run=None) -> plan_lib.PrivacyPlan:
     raise DprecError("model 'auto' is resolved before planning (seqrec.choose_model)")
   delta, spent = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
                                     default_delta=1.0 / num_examples)
+  spent = model_choice.with_choice(options, spent, delta)
   if options.model == "item2item":
-    return item2item_lib.plan_privacy(options, num_examples, delta, spent,
-                                      model_choice.mechanisms(options))
+    return item2item_lib.plan_privacy(options, num_examples, delta, spent)
   check_batch_size(options, num_examples)
   if options.dp_forward is not None:
     return dp_forward_lib.plan_run(options, delta, num_examples, spent)
   steps = max(1, int(round(options.epochs * num_examples / options.batch_size)))
   if not options.private:
     return plan_lib.plan_privacy(math.inf, None, num_examples, options.batch_size, steps)
-  mechanisms = model_choice.mechanisms(options) + (
-      item2item_lib.mechanisms(options) if options.model in PAIR_MODELS
-      else frequencies_lib.mechanisms(options))
+  mechanisms = (item2item_lib.mechanisms(options) if options.model in PAIR_MODELS
+                else frequencies_lib.mechanisms(options))
   return plan_lib.plan_privacy(options.epsilon, delta, num_examples, options.batch_size, steps,
                                mechanisms=mechanisms,
                                accountant=options.accountant, poisson=not options.fixed_batches,
@@ -501,6 +501,15 @@ def evaluate_with_prior(model, prior, examples: SeqRecExamples, options):
   return chosen, summary
 
 
+def _check_and_pay_once(options, plan, run, label):
+  """Refuses a run whose unpaid part (`label`'s steps, the one-off releases) the ledger cannot
+  afford, then pays the one-off releases: the plan's Gaussian mechanisms and `--model auto`'s
+  choice, an (ε0, δ0) charge."""
+  choice = model_choice.selections(options, plan.delta)
+  run.check_budget(plan, label, plan.steps, {name: e for name, (e, _) in choice.items()})
+  run.pay_once(plan, choice)
+
+
 def _pay_before_training(options, plan, run, resume, num_examples):
   """Opens the ledger, refuses a run whose unpaid part it cannot afford, pays the one-off
   releases (the DP histogram; DP-Forward's label ε2) and returns the callback paying the steps
@@ -512,8 +521,7 @@ def _pay_before_training(options, plan, run, resume, num_examples):
         run, plan, LEDGER_LABEL, resume.step,
         dp_forward_lib.steps_per_epoch(num_examples, options.batch_size))
   run.check_ledger_covers_checkpoint(LEDGER_LABEL)
-  run.check_budget(plan, LEDGER_LABEL, plan.steps)
-  run.pay_once(plan)
+  _check_and_pay_once(options, plan, run, LEDGER_LABEL)
   return run.budget_callback(plan, LEDGER_LABEL, resume.step, options.charge_every)
 
 
@@ -623,8 +631,7 @@ def _run_item2item(options, examples, plan, run, frequencies, public=None):
   `public` users' exact statistics, evaluates and returns the summary
   (`dprec.workflows.item2item`)."""
   if run.open_plan_ledger(plan) is not None:
-    run.check_budget(plan, item2item_lib.LABEL, plan.steps)
-    run.pay_once(plan)
+    _check_and_pay_once(options, plan, run, item2item_lib.LABEL)
     run.pay_steps(plan, item2item_lib.LABEL, plan.steps)
   timer = time.perf_counter()
   model, release = item2item_lib.build_model(options, examples, plan, frequencies,

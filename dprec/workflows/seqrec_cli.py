@@ -39,7 +39,7 @@ def register(subparsers):
   add("--data", required=True, help="directory written by `dprec preprocess sequences`")
   add("--model", choices=seqrec.MODELS, default=defaults.model,
       help="auto: item2item or dpformer, by the mean scored positions per user (released "
-           "under DP at --model-choice-share of ε, its own ledger entry) and per item "
+           "under DP at --model-choice-share of ε and δ, its own ledger entry) and per item "
            "(with the public N users and M items): dpformer with the paper's MovieLens schedule "
            "(100 epochs, warm-up and decay, --normalize, dropout 0.2, where those options are "
            "left at their defaults) when both reach 16, else item2item; the summary's "
@@ -56,8 +56,9 @@ def register(subparsers):
            "truncated SVD (--pair-share of ε) with log DP counts as logit offsets, only its "
            "blocks trained with DP-SGD on the rest of ε (--prior-weight as hybrid)")
   add("--model-choice-share", type=float, default=defaults.model_choice_share, metavar="SHARE",
-      help="--model auto: the share of ε of the released mean scored positions per user "
-           "(calibrated alone, composed with the model's releases; default: %(default)s)")
+      help="--model auto: the share of ε and of δ of the released mean scored positions per "
+           "user, an (ε0, δ0) release composed with the model's by basic composition (default: "
+           "%(default)s)")
   add("--epsilon", type=_epsilon, required=True,
       help="privacy budget ε, the total: what --ledger spent on this data before is composed "
            "in; 'inf' trains non-privately")

@@ -1,14 +1,15 @@
 """`train seqrec --model auto`: the rule picks item2item on short, sparse histories and the
 transformer (with the paper's schedule) on long ones over few items; its one statistic is
-released at the noise it claims and charged under its own ledger label, composed with the
-chosen model's releases; a named model spends nothing on a choice."""
+released at the noise it claims, charged under its own ledger label as an (ε0, δ0) release and
+composed with the chosen model's releases by basic composition; a named model spends nothing on
+a choice."""
 import json
 
 import dp_accounting
 import numpy as np
 import pytest
 
-from dprec import cli
+from dprec import cli, privacy
 from dprec.data import synthetic
 from dprec.data.sequences import SequenceData, make_examples
 from dprec.errors import DprecError
@@ -67,6 +68,8 @@ def test_auto_chooses_the_model_each_synthetic_shape_calls_for(shape, model, req
                                           np.random.default_rng(0))
   assert resolved.model == choice["model"] == model and resolved.auto_model
   assert choice["ledger_label"] == model_choice.LABEL and choice["epsilon_share"] == 0.02
+  assert (choice["epsilon"], choice["delta"]) == (0.1, 0.02 / len(examples.items))
+  assert choice["noise_multiplier"] == privacy.calibrate_gaussian_mechanism(0.1, choice["delta"])
   exact = model_choice.scored_positions(examples).mean()
   assert abs(choice["mean_scored_positions"] - exact) < 5 * (
       choice["noise_multiplier"] * choice["sensitivity"] / len(examples.items))
@@ -84,7 +87,8 @@ def test_auto_chooses_the_model_each_synthetic_shape_calls_for(shape, model, req
   exact_resolved, exact_choice = model_choice.resolve(exact_run, examples, None,
                                                       np.random.default_rng(0))
   assert exact_choice["mean_scored_positions"] == pytest.approx(exact)
-  assert exact_choice["model"] == model and model_choice.mechanisms(exact_resolved) == []
+  assert exact_choice["model"] == model and exact_choice["noise_multiplier"] is None
+  assert model_choice.selections(exact_resolved, 0.01) == {}
 
 
 def test_release_noise_has_the_claimed_scale_and_bounded_contributions(dense):
@@ -97,13 +101,16 @@ def test_release_noise_has_the_claimed_scale_and_bounded_contributions(dense):
   assert abs(np.mean(released) - positions.mean()) < 4 * expected / np.sqrt(4000)
 
 
-def _dp_accounting_epsilon(plan, mechanism_sigmas):
+def _epsilon(choice, delta, mechanism_sigmas, plan=None):
+  """ε0 of the choice plus dp_accounting's PLD composition of the Gaussian mechanisms (and the
+  plan's Poisson-sampled steps) at δ − δ0: basic composition of the choice with the rest."""
   accountant = dp_accounting.pld.PLDAccountant()
   for sigma in mechanism_sigmas:
     accountant.compose(dp_accounting.GaussianDpEvent(sigma))
-  accountant.compose(dp_accounting.PoissonSampledDpEvent(
-      plan.sampling_rate, dp_accounting.GaussianDpEvent(plan.noise_multiplier)), plan.steps)
-  return accountant.get_epsilon(plan.delta)
+  if plan is not None:
+    accountant.compose(dp_accounting.PoissonSampledDpEvent(
+        plan.sampling_rate, dp_accounting.GaussianDpEvent(plan.noise_multiplier)), plan.steps)
+  return choice["epsilon"] + accountant.get_epsilon(delta - choice["delta"])
 
 
 def test_the_chosen_transformers_plan_composes_the_choice_with_its_releases(dense):
@@ -111,15 +118,15 @@ def test_the_chosen_transformers_plan_composes_the_choice_with_its_releases(dens
   options = seqrec.SeqRecTrainOptions(epsilon=5.0, batch_size=100, epochs=5)
   resolved, choice = model_choice.resolve(options, dense, 1 / n, np.random.default_rng(0))
   plan = seqrec.plan_privacy(resolved, n)
-  assert set(plan.mechanisms) == {model_choice.LABEL, item_frequencies.LABEL}
-  assert plan.mechanisms[model_choice.LABEL] == choice["noise_multiplier"]
-  direct = _dp_accounting_epsilon(plan, plan.mechanisms.values())
+  assert set(plan.mechanisms) == {item_frequencies.LABEL}
+  assert plan.spent.selections == ((choice["epsilon"], choice["delta"]),)
+  direct = _epsilon(choice, plan.delta, plan.mechanisms.values(), plan)
   assert abs(plan.planned_epsilon() - direct) <= 1e-3 * direct and 4.95 < direct <= 5.0 + 1e-6
   with pytest.raises(DprecError, match="resolved before planning"):
     seqrec.plan_privacy(options, n)  # an unresolved choice has no plan
   named = seqrec.plan_privacy(seqrec.SeqRecTrainOptions(model="dpformer", epsilon=5.0,
                                                         batch_size=100, epochs=5), n)
-  assert set(named.mechanisms) == {item_frequencies.LABEL}  # a named model: no choice charged
+  assert not named.spent  # a named model: no choice charged
   assert named.noise_multiplier < plan.noise_multiplier
 
 
@@ -144,12 +151,10 @@ def test_auto_end_to_end_charges_the_choice_under_its_own_label(sequences_dir, t
                               "items": summary["items"], "max_len": 8}
   charges = {c["label"]: c for c in PrivacyLedger(str(ledger)).charges}
   assert set(charges) == {model_choice.LABEL, item_frequencies.LABEL, item2item.LABEL}
-  assert charges[model_choice.LABEL]["noise_multiplier"] == choice["noise_multiplier"]
-  accountant = dp_accounting.pld.PLDAccountant()
-  for sigma in (choice["noise_multiplier"], summary["item_frequencies"]["noise_multiplier"],
-                summary["noise_multiplier"]):
-    accountant.compose(dp_accounting.GaussianDpEvent(sigma))
-  direct = accountant.get_epsilon(summary["delta"])
+  assert (charges[model_choice.LABEL]["epsilon"], charges[model_choice.LABEL]["delta"]) == (
+      choice["epsilon"], choice["delta"]) == (0.1, 0.02 * summary["delta"])
+  direct = _epsilon(choice, summary["delta"], (summary["item_frequencies"]["noise_multiplier"],
+                                               summary["noise_multiplier"]))
   assert abs(summary["epsilon"] - direct) <= 1e-3 * direct
   assert 4.95 < summary["epsilon"] <= 5.0 + 1e-6
 
