@@ -15,8 +15,10 @@ run on the very batches and noise an uninterrupted run would have used, paying n
 `dp_forward` trains DP-Forward instead (Du et al., "DP-Forward: Fine-tuning and Inference on
 Language Models with Differential Privacy in Forward Pass", arXiv:2309.06746,
 `dprec.workflows.dp_forward`): SeqLDP. `model="item2item"` releases DP item-to-item statistics once
-instead of training a transformer (`dprec.workflows.item2item`; the default, measured best on Amazon
-Games' validation items: docs/experiments/seqrec_item2item.md). `model="hybrid"` releases them too,
+instead of training a transformer (`dprec.workflows.item2item`; measured best on Amazon Games'
+validation items: docs/experiments/seqrec_item2item.md). `model="auto"`, the default, picks
+item2item or the transformer from the data's shape, a small DP release of its own composed with
+the rest (`dprec.workflows.model_choice`). `model="hybrid"` releases them too,
 as a mechanism of the plan beside training (`pair_share` of ε), and initialises the transformer's
 item rows from their truncated SVD (post-processing; `pair_init`) before DP training with the rest
 of ε, and can add their item-to-item score to the trained transformer's logits as a fixed prior
@@ -58,22 +60,25 @@ from dprec.training import poisson
 from dprec.workflows import dp_forward as dp_forward_lib
 from dprec.workflows import item2item as item2item_lib
 from dprec.workflows import item_frequencies as frequencies_lib
+from dprec.workflows import model_choice
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import resume as resume_lib
 from dprec.workflows import run as run_lib
 
 COMMAND = LEDGER_LABEL = "train seqrec"
 FROZEN = "dpformer-frozen"
-MODELS = ("item2item", "dpformer", "hybrid", FROZEN)
+MODELS = (model_choice.AUTO, "item2item", "dpformer", "hybrid", FROZEN)
 PAIR_MODELS = ("hybrid", FROZEN)  # the transformers built on the pair release
 FORWARD_NOISE = "forward noise"
 EPSILON_COVERS = {
     "epsilon": "(epsilon, delta)-DP for adding or removing one user (all of their training "
                "sequence), covering the model (weights and Re-Attention's p_i; for item2item "
                "the released item pairs and the DP histogram; for hybrid and dpformer-frozen "
-               "all three, composed)",
+               "all three, composed; with --model auto also the released mean number of "
+               "scored positions per user that chose the model, model_choice, composed by "
+               "basic composition)",
     "public": ["settings", "noise multipliers", "train_examples (N) and items (M), assumed "
-               "public", "steps_per_second"],
+               "public (--model auto's rule reads them too)", "steps_per_second"],
     "held_out_evaluation": "ndcg_at_10, hit_at_10, by_popularity, test_users, validation and "
                            "the top-10 diversity (distinct_top10_items, overlaps) rank each "
                            "user's held-out item given their history, which IS training data of "
@@ -100,7 +105,10 @@ class SeqRecTrainOptions(run_lib.FitOptions):
   NOT_FINGERPRINTED = run_lib.FitOptions.NOT_FINGERPRINTED + (
       "exclude_history", "eval_batch_size", "reattention_at_eval")
   data: Optional[str] = None
-  model: str = "item2item"  # as `dprec train seqrec`'s; "dpformer": the transformer
+  # as `dprec train seqrec`'s: "auto" chooses item2item or dpformer (`model_choice`)
+  model: str = model_choice.AUTO
+  model_choice_share: float = 0.02  # --model auto: ε share of the released shape statistic
+  auto_model: bool = False  # set by `model_choice.resolve`: its release is in the plan
   epsilon: float = 5.0
   delta: Optional[float] = None
   epochs: float = 100.0
@@ -171,6 +179,10 @@ class SeqRecTrainOptions(run_lib.FitOptions):
     super().validate()
     checks = [
         (self.model in MODELS, f"--model must be one of {', '.join(MODELS)}, got {self.model}"),
+        (0 < self.model_choice_share < 1,
+         f"--model-choice-share must be in (0, 1), got {self.model_choice_share}"),
+        (self.model != model_choice.AUTO or self.dp_forward is None,
+         "--model auto does not combine with --dp-forward (which trains the transformer)"),
         (self.model != "item2item" or self.dp_forward is None,
          "--model item2item does not combine with --dp-forward"),
         (0 <= self.public_users < 1, f"--public-users must be in [0, 1), got "
@@ -241,6 +253,9 @@ class SeqRecTrainOptions(run_lib.FitOptions):
     for holds, message in checks:
       if not holds:
         raise DprecError(message)
+    if self.model == model_choice.AUTO:  # refused before the choice's release, whatever it is
+      for candidate in model_choice.candidates(self):
+        candidate.validate()
 
   def model_config(self, num_items, table_rows=None):
     """`table_rows`: the rows of a DP-FEST vocabulary (None: one per item)."""
@@ -269,13 +284,14 @@ def plan_privacy(options, num_examples, run=None) -> plan_lib.PrivacyPlan:
   else 1/N), composed with the DP histogram of p_i and with what `run`'s ledger spent on the
   data before (`run_lib.plan_prior`); DP-Forward: σ of its E epoch releases, composed with that
   too (`dp_forward.plan_run`); item2item: the pair release's σ (`item2item.plan_privacy`)."""
+  if options.model == model_choice.AUTO:
+    raise DprecError("model 'auto' is resolved before planning (seqrec.choose_model)")
   delta, spent = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
                                     default_delta=1.0 / num_examples)
+  spent = model_choice.with_choice(options, spent, delta)
   if options.model == "item2item":
     return item2item_lib.plan_privacy(options, num_examples, delta, spent)
-  if options.batch_size > num_examples:
-    raise DprecError(f"--batch-size {options.batch_size} exceeds the {num_examples} training "
-                     "users; give a smaller one or none (then it is chosen from N)")
+  check_batch_size(options, num_examples)
   if options.dp_forward is not None:
     return dp_forward_lib.plan_run(options, delta, num_examples, spent)
   steps = max(1, int(round(options.epochs * num_examples / options.batch_size)))
@@ -287,6 +303,13 @@ def plan_privacy(options, num_examples, run=None) -> plan_lib.PrivacyPlan:
                                mechanisms=mechanisms,
                                accountant=options.accountant, poisson=not options.fixed_batches,
                                spent=spent)
+
+
+def check_batch_size(options, num_examples):
+  """Refuses a given B above the N training users."""
+  if options.batch_size is not None and options.batch_size > num_examples:
+    raise DprecError(f"--batch-size {options.batch_size} exceeds the {num_examples} training "
+                     "users; give a smaller one or none (then it is chosen from N)")
 
 
 def build_model(options, examples, plan, frequencies=None, noise_key=None, vocabulary=None,
@@ -478,6 +501,15 @@ def evaluate_with_prior(model, prior, examples: SeqRecExamples, options):
   return chosen, summary
 
 
+def _check_and_pay_once(options, plan, run, label):
+  """Refuses a run whose unpaid part (`label`'s steps, the one-off releases) the ledger cannot
+  afford, then pays the one-off releases: the plan's Gaussian mechanisms and `--model auto`'s
+  choice, an (ε0, δ0) charge."""
+  choice = model_choice.selections(options, plan.delta)
+  run.check_budget(plan, label, plan.steps, {name: e for name, (e, _) in choice.items()})
+  run.pay_once(plan, choice)
+
+
 def _pay_before_training(options, plan, run, resume, num_examples):
   """Opens the ledger, refuses a run whose unpaid part it cannot afford, pays the one-off
   releases (the DP histogram; DP-Forward's label ε2) and returns the callback paying the steps
@@ -489,8 +521,7 @@ def _pay_before_training(options, plan, run, resume, num_examples):
         run, plan, LEDGER_LABEL, resume.step,
         dp_forward_lib.steps_per_epoch(num_examples, options.batch_size))
   run.check_ledger_covers_checkpoint(LEDGER_LABEL)
-  run.check_budget(plan, LEDGER_LABEL, plan.steps)
-  run.pay_once(plan)
+  _check_and_pay_once(options, plan, run, LEDGER_LABEL)
   return run.budget_callback(plan, LEDGER_LABEL, resume.step, options.charge_every)
 
 
@@ -511,6 +542,7 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
   tf.keras.utils.set_random_seed(options.seed)
   with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,
                    options.secure_noise, options.data) as run:
+    options, choice = choose_model(options, examples, run)
     plan = plan_privacy(options, len(examples.items), run)
     if plan.forward is not None:
       prior = dp_forward_lib.label_prior(options.item_frequencies, data.item_ids,
@@ -525,6 +557,7 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
       summary = _run_item2item(options, examples, plan, run, frequencies, public)
       summary["public_user_selection"] = public_users_lib.summary(
           options.public_users, options.public_users_salt, public_data, data)
+      summary["model_choice"] = choice
       run_lib.write_summary(summary, options.summary_json)
       return summary
     vocabulary = frequencies_lib.vocabulary(options, examples, frequencies)
@@ -571,7 +604,7 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
                    item_vocabulary=frequencies_lib.vocabulary_summary(options, vocabulary),
                    popularity_weights=frequencies_lib.weights_summary(weights, floor),
                    epoch_selection=selection and selection.summary(),
-                   train_prior_weight=options.train_prior_weight)
+                   train_prior_weight=options.train_prior_weight, model_choice=choice)
     if release is not None:
       summary.update(model=options.model, reattention=model.config.reattention.enabled,
                      item_pairs=dict(
@@ -582,13 +615,23 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
   return summary
 
 
+def choose_model(options, examples, run):
+  """(options, the choice's summary): `--model auto` resolved by `model_choice.resolve` (its
+  statistic released from the run's key at the δ the plan will use), else the given model."""
+  if options.model != model_choice.AUTO:
+    return options, model_choice.given(options)
+  check_batch_size(options, len(examples.items))  # the transformer's refusal, before the release
+  delta, _ = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
+                                default_delta=1.0 / len(examples.items))
+  return model_choice.resolve(options, examples, delta, run.numpy_rng(model_choice.LABEL))
+
+
 def _run_item2item(options, examples, plan, run, frequencies, public=None):
   """Pays the histogram and the pair release, releases the pairs from the run's key, adds the
   `public` users' exact statistics, evaluates and returns the summary
   (`dprec.workflows.item2item`)."""
   if run.open_plan_ledger(plan) is not None:
-    run.check_budget(plan, item2item_lib.LABEL, plan.steps)
-    run.pay_once(plan)
+    _check_and_pay_once(options, plan, run, item2item_lib.LABEL)
     run.pay_steps(plan, item2item_lib.LABEL, plan.steps)
   timer = time.perf_counter()
   model, release = item2item_lib.build_model(options, examples, plan, frequencies,

@@ -29,15 +29,22 @@ def register(subparsers):
       "seqrec", help="train a sequential recommender (DP item-to-item or DPFormer) with or "
                      "without DP",
       description="Train a next-item recommender on a `dprec preprocess sequences` output: by "
-      "default from DP item-to-item statistics released once (--model item2item), or the "
-      "DPFormer transformer (--model dpformer: Phantom Clipping, Re-Attention); prints a JSON "
+      "default the model the data's shape calls for (--model auto), DP item-to-item statistics "
+      "released once (--model item2item) or the DPFormer transformer (--model dpformer: Phantom "
+      "Clipping, Re-Attention); prints a JSON "
       "summary with full-ranking NDCG@10 and HIT@10 overall and by item popularity "
       "(head/torso/tail).")
   add = parser.add_argument
   defaults = seqrec.SeqRecTrainOptions  # one source for the defaults of the CLI and the Python API
   add("--data", required=True, help="directory written by `dprec preprocess sequences`")
   add("--model", choices=seqrec.MODELS, default=defaults.model,
-      help="item2item: each user's (item, later item) pairs, scaled to norm 1, released once "
+      help="auto: item2item or dpformer, by the mean scored positions per user (released "
+           "under DP at --model-choice-share of ε and δ, its own ledger entry) and per item "
+           "(with the public N users and M items): dpformer with the paper's MovieLens schedule "
+           "(100 epochs, warm-up and decay, --normalize, dropout 0.2, where those options are "
+           "left at their defaults) when both reach 16, else item2item; the summary's "
+           "model_choice says which and why (docs/guide/seqrec.md); "
+           "item2item: each user's (item, later item) pairs, scaled to norm 1, released once "
            "with Gaussian noise over the DP histogram's top items and thresholded, scored from "
            "the user's recent items (best on Amazon Games' validation items at eps 5, "
            "docs/experiments/seqrec_item2item.md); dpformer: the transformer trained with DP-SGD "
@@ -48,6 +55,10 @@ def register(subparsers):
            "dpformer-frozen: the transformer over a fixed item table, the released pairs' "
            "truncated SVD (--pair-share of ε) with log DP counts as logit offsets, only its "
            "blocks trained with DP-SGD on the rest of ε (--prior-weight as hybrid)")
+  add("--model-choice-share", type=float, default=defaults.model_choice_share, metavar="SHARE",
+      help="--model auto: the share of ε and of δ of the released mean scored positions per "
+           "user, an (ε0, δ0) release composed with the model's by basic composition (default: "
+           "%(default)s)")
   add("--epsilon", type=_epsilon, required=True,
       help="privacy budget ε, the total: what --ledger spent on this data before is composed "
            "in; 'inf' trains non-privately")

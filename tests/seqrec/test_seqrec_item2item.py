@@ -14,7 +14,7 @@ from dprec.models.logit_prior import LogitPrior
 from dprec.privacy import PrivacyLedger, item_pairs, user_histogram
 from dprec.workflows import item2item, item_frequencies, seqrec
 
-SMALL = ["--max-len", "8", "--pair-item-set", "30", "--no-progress"]
+SMALL = ["--model", "item2item", "--max-len", "8", "--pair-item-set", "30", "--no-progress"]
 
 
 def _run(capsys, *argv):
