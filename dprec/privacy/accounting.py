@@ -115,14 +115,6 @@ def group_sensitivities(sampling_rate, group_size):
                                                                          sampling_rate)]
 
 
-def group_event(noise_multiplier, sampling_rate, steps, group_size):
-  """The `DpEvent` of T Poisson-subsampled Gaussian steps seen by a group of k rows."""
-  sensitivities, probabilities = group_sensitivities(sampling_rate, group_size)
-  return dp_accounting.SelfComposedDpEvent(
-      dp_accounting.MixtureOfGaussiansDpEvent(noise_multiplier, sensitivities, probabilities),
-      int(steps))
-
-
 def gaussian_mechanism_period(noise_multiplier):
   """One release of the (unsampled) Gaussian mechanism, e.g. a DP histogram: the sampled
   Gaussian at q = 1 for one step, whose PLD and RDP are exactly the Gaussian mechanism's."""
@@ -142,7 +134,7 @@ def make_accountant(accountant="pld", pld_discretization=PLD_DISCRETIZATION):
 @functools.lru_cache(maxsize=32)
 def _step_pld(noise_multiplier, sampling_rate, discretization, group_size=1):
   """One sampled-Gaussian step's PLD: the expensive part, shared by every T and period (for a
-  group of k rows, the mixture of Gaussians `group_event` composes)."""
+  group of k rows, the PLD `dp_accounting.dp_event.MixtureOfGaussiansDpEvent` composes)."""
   if group_size > 1:
     sensitivities, probabilities = group_sensitivities(sampling_rate, group_size)
     return privacy_loss_distribution.from_mixture_gaussian_mechanism(
