@@ -90,8 +90,9 @@ class UserSampling:
     users_per_batch: the expected users per batch, q·U (q = users_per_batch / U).
     max_rows_per_user: k, the most rows a sampled user brings to a step (public, >= 1).
     entropy: seed of the numpy generators that pick users and rows; secret, as
-      `poisson.BatchSampling.entropy` (a run passes bits derived from its noise key; None draws
-      256 bits from the OS CSPRNG).
+      `poisson.BatchSampling.entropy` (a run passes bits derived from its noise key,
+      `dprec.workflows.run.Run.entropy("user poisson")`; None draws 256 bits from the OS
+      CSPRNG). Never a public seed, unless the run is flagged as not private.
   """
   users_per_batch: float
   max_rows_per_user: int = DEFAULT_MAX_ROWS_PER_USER
@@ -152,7 +153,7 @@ def user_batches(features: Mapping[str, np.ndarray], labels: Optional[np.ndarray
     raise DprecError(f"feature {UNIT_KEY!r} is reserved for the privacy unit of user-level "
                      "batches: rename that feature")
   sizes = {len(a) for a in arrays.values()} | ({len(labels)} if labels is not None else set())
-  if len(sizes) != 1:
+  if len(sizes) != 1:  # none (no features) or several
     raise DprecError(f"features and labels must have one length, got {sorted(sizes)}")
   users = UserRows.group(user_ids, sizes.pop())
   for rows, unit in user_batch_indices(users, sampling, steps, start):
