@@ -134,6 +134,10 @@ def test_converted_row_charges_on_a_user_budget(tmp_path):
   ledger.charge_pure(0.25, label="top-k", unit="row", group_size=k)
   assert ledger.charges[-1]["epsilon"] == pytest.approx(k * 0.25)
   assert ledger.epsilon_spent() == pytest.approx(spent + k * 0.25, rel=1e-9)
+  # A Gaussian mechanism (q = 1) of row sensitivity C is one of sensitivity k·C for the user.
+  histogram = PrivacyLedger(tmp_path / "histogram.json", 20.0, DELTA, unit="user")
+  assert histogram.charge_gaussian_mechanism(6.0, "histogram", unit="row", group_size=3) == \
+      pytest.approx(privacy.compute_epsilon(2.0, 1.0, 1, DELTA).epsilon, rel=1e-9)
   # User-level sampling charges the user unit directly: the plain sampled Gaussian.
   uls = PrivacyLedger(tmp_path / "uls.json", 20.0, DELTA, unit="user")
   assert uls.charge_gaussian(sigma, q, steps) == pytest.approx(
