@@ -7,6 +7,8 @@ from dprec.privacy.accounting import dataset_sampling
 from dprec.privacy.accounting import dp_sgd_event
 from dprec.privacy.accounting import gaussian_epsilon
 from dprec.privacy.accounting import gaussian_mechanism_period
+from dprec.privacy.accounting import group_epsilon
+from dprec.privacy.accounting import group_privacy
 from dprec.privacy.accounting import make_accountant
 from dprec.privacy.accounting import NOT_POISSON_NOTE
 from dprec.privacy.accounting import PrivacyResult

@@ -6,6 +6,20 @@ add/remove-one adjacency). Fixed-size shuffled batches are accounted as if Poiss
 2023, §3.3, [PHK+23] §4.3) and flagged. One DP-AdaFEST step composes two Gaussians on the same
 sample, which equals one Gaussian with σ = (σ1⁻² + σ2⁻²)^(−1/2) (Ghazi et al. 2023, §3.3, Sec 3.3;
 App. C.4 misprints the exponent).
+
+The privacy unit (docs/guide/privacy_accounting.md, "The privacy unit"). Everything above protects
+one unit that each step samples independently at rate q and whose contribution to the clipped sum
+is at most C: a row under example-level sampling (ELS), a user under user-level sampling (ULS:
+users are Poisson-sampled at q, each sampled user's rows clipped as one contribution; Charles et
+al., "Fine-Tuning Large Language Models with User-Level Differential Privacy", arXiv:2407.07737,
+§3), so ULS is this same accountant at q over users. ELS protects a user of at most k rows
+(`TrainingPeriod.group_size`) as a group of k rows: each of the user's rows joins a step
+independently at q, so the user moves the sum by m·C with m ~ Binomial(k, q), and the step is
+dominated by the mixture of Gaussians (N(0, σ²), Σ_m Binom(m; k, q)·N(m, σ²)) (dp_accounting's
+`MixtureGaussianPrivacyLoss`; the vector case reduces to the scalar one by Choquette-Choo et al.,
+"Privacy Amplification for Matrix Mechanisms", arXiv:2310.15526, Cor. 4.7, and the steps compose
+adaptively by dominating pairs). `group_privacy` is the generic conversion for any (ε, δ)-DP
+release (Vadhan, "The Complexity of Differential Privacy", Lemma 2.2), looser for Gaussians.
 """
 import dataclasses
 import functools
@@ -14,6 +28,8 @@ from typing import Sequence
 
 import dp_accounting
 from dp_accounting.pld import privacy_loss_distribution
+import numpy as np
+from scipy import stats
 
 from dprec.errors import DprecError
 
@@ -25,14 +41,18 @@ PLD_DISCRETIZATION = 1e-4
 
 @dataclasses.dataclass(frozen=True)
 class TrainingPeriod:
-  """T steps of the Poisson-subsampled Gaussian mechanism (rate q, noise multiplier σ)."""
+  """T steps of the Poisson-subsampled Gaussian mechanism (rate q, noise multiplier σ), seen by
+  a unit of `group_size` rows each sampled at q (1: the unit sampled is the unit protected;
+  k > 1: a user of at most k rows under example-level sampling, see the module docstring)."""
   noise_multiplier: float
   sampling_rate: float
   steps: int
   poisson: bool = True
+  group_size: int = 1
 
   def __post_init__(self):
     check_gaussian_parameters(self.noise_multiplier, self.sampling_rate, self.steps)
+    check_group_size(self.group_size)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -70,6 +90,12 @@ def check_gaussian_parameters(noise_multiplier, sampling_rate, steps):
     raise DprecError(f"steps must be a non-negative integer, got {steps}")
 
 
+def check_group_size(group_size):
+  if int(group_size) != group_size or group_size < 1:
+    raise DprecError(f"max rows per user (group size) must be an integer >= 1, got {group_size}: "
+                     "pass --max-rows-per-user 1 or more")
+
+
 def poisson_note(poisson):
   return "" if poisson else NOT_POISSON_NOTE
 
@@ -79,6 +105,14 @@ def dp_sgd_event(noise_multiplier, sampling_rate, steps):
   return dp_accounting.SelfComposedDpEvent(
       dp_accounting.PoissonSampledDpEvent(
           sampling_rate, dp_accounting.GaussianDpEvent(noise_multiplier)), int(steps))
+
+
+def group_sensitivities(sampling_rate, group_size):
+  """(sensitivities, probabilities) of a group of k rows each sampled at q: m·C with
+  probability Binom(m; k, q), in units of C (dp_accounting's mixture of Gaussians)."""
+  counts = np.arange(group_size + 1)
+  return [float(m) for m in counts], [float(p) for p in stats.binom.pmf(counts, group_size,
+                                                                         sampling_rate)]
 
 
 def gaussian_mechanism_period(noise_multiplier):
@@ -98,8 +132,14 @@ def make_accountant(accountant="pld", pld_discretization=PLD_DISCRETIZATION):
 
 
 @functools.lru_cache(maxsize=32)
-def _step_pld(noise_multiplier, sampling_rate, discretization):
-  """One sampled-Gaussian step's PLD: the expensive part, shared by every T and period."""
+def _step_pld(noise_multiplier, sampling_rate, discretization, group_size=1):
+  """One sampled-Gaussian step's PLD: the expensive part, shared by every T and period (for a
+  group of k rows, the PLD `dp_accounting.dp_event.MixtureOfGaussiansDpEvent` composes)."""
+  if group_size > 1:
+    sensitivities, probabilities = group_sensitivities(sampling_rate, group_size)
+    return privacy_loss_distribution.from_mixture_gaussian_mechanism(
+        noise_multiplier, sensitivities, probabilities,
+        value_discretization_interval=discretization)
   return privacy_loss_distribution.from_gaussian_mechanism(
       standard_deviation=noise_multiplier,
       value_discretization_interval=discretization,
@@ -107,8 +147,8 @@ def _step_pld(noise_multiplier, sampling_rate, discretization):
 
 
 @functools.lru_cache(maxsize=32)
-def _period_pld(noise_multiplier, sampling_rate, steps, discretization):
-  return _step_pld(noise_multiplier, sampling_rate, discretization).self_compose(steps)
+def _period_pld(noise_multiplier, sampling_rate, steps, discretization, group_size=1):
+  return _step_pld(noise_multiplier, sampling_rate, discretization, group_size).self_compose(steps)
 
 
 def gaussian_epsilon(periods: Sequence[TrainingPeriod], delta, accountant="pld",
@@ -137,12 +177,15 @@ def _composed_epsilon(periods, delta, accountant, pld_discretization):
   if any(p.noise_multiplier == 0 for p in periods):
     return math.inf
   if accountant == "rdp":
+    if any(p.group_size > 1 for p in periods):
+      raise DprecError("the RDP accountant has no mixture of Gaussians for a group of rows per "
+                       "user (example-level sampling, user-level unit): use --accountant pld")
     events = [dp_sgd_event(p.noise_multiplier, p.sampling_rate, p.steps) for p in periods]
     return make_accountant("rdp").compose(dp_accounting.ComposedDpEvent(events)).get_epsilon(delta)
   pld = privacy_loss_distribution.identity(pld_discretization)
   for p in periods:
     pld = pld.compose(_period_pld(float(p.noise_multiplier), float(p.sampling_rate), int(p.steps),
-                                  pld_discretization))
+                                  pld_discretization, int(p.group_size)))
   return float(pld.get_epsilon_for_delta(delta))
 
 
@@ -154,6 +197,47 @@ def compute_epsilon(noise_multiplier, sampling_rate, steps, delta, accountant="p
       epsilon=epsilon, delta=delta, noise_multiplier=noise_multiplier,
       sampling_rate=sampling_rate, steps=int(steps), accountant=accountant, poisson=poisson,
       note=poisson_note(poisson))
+
+
+def group_privacy(epsilon, delta, group_size):
+  """(kε, k·e^((k−1)ε)·δ): what any (ε, δ)-DP release guarantees to a group of k units (Vadhan,
+  "The Complexity of Differential Privacy", Lemma 2.2; Dwork and Roth, "The Algorithmic
+  Foundations of Differential Privacy", Thm. 2.2 for δ = 0): the conversion of a row-level
+  selection charge to a user of at most k rows."""
+  check_group_size(group_size)
+  if not epsilon >= 0 or not 0 <= delta < 1:
+    raise DprecError(f"need epsilon >= 0 and 0 <= delta < 1, got ({epsilon}, {delta})")
+  k = int(group_size)
+  return k * epsilon, (k * math.exp((k - 1) * epsilon) * delta if delta else 0.0)
+
+
+GROUP_METHODS = ("mixture", "conversion")
+
+
+def group_epsilon(noise_multiplier, sampling_rate, steps, group_size, delta, method="mixture",
+                  accountant="pld"):
+  """ε at δ of T Poisson-subsampled Gaussian steps for a user of at most k rows, each row
+  sampled at q (example-level sampling read at the user level).
+
+  "mixture": the accountant on the group's mixture of Gaussians (`TrainingPeriod.group_size`,
+  the module docstring; PLD only). "conversion": `group_privacy` of the row-level guarantee,
+  kε(δ_row) at the largest δ_row on a log grid with k·e^((k−1)ε(δ_row))·δ_row <= δ (every δ_row
+  meeting it gives a valid bound).
+  """
+  if method not in GROUP_METHODS:
+    raise DprecError(f"unknown group method {method!r}: expected one of {', '.join(GROUP_METHODS)}")
+  check_delta(delta)
+  if method == "mixture":
+    return gaussian_epsilon([TrainingPeriod(noise_multiplier, sampling_rate, int(steps),
+                                            group_size=group_size)], delta, accountant)
+  period = TrainingPeriod(noise_multiplier, sampling_rate, int(steps))
+  k = int(group_size)
+  for row_delta in np.geomspace(delta / k, delta / k * 1e-12, 241):
+    row_epsilon = gaussian_epsilon([period], float(row_delta), accountant)
+    epsilon, converted = group_privacy(row_epsilon, float(row_delta), k)
+    if converted <= delta:
+      return epsilon
+  return math.inf
 
 
 def composed_noise_multiplier(sigma1, sigma2):

@@ -135,13 +135,20 @@ def _step_to_optimum(meets, sigma, rtol):
 
 
 def calibrate_noise_multiplier(target_epsilon, delta, sampling_rate, steps, accountant="pld",
-                               rtol=1e-3):
-  """σ such that T sampled-Gaussian steps at rate q give ε <= target, within rtol of the optimum."""
+                               rtol=1e-3, group_size=1):
+  """σ such that T sampled-Gaussian steps at rate q give ε <= target, within rtol of the optimum.
+
+  The target protects the unit sampled at q (a row, or a user under user-level sampling); with
+  `group_size` k > 1, a user of at most k rows each sampled at q (example-level sampling, the
+  mixture of Gaussians of `accounting.TrainingPeriod`): σ is then the rows' noise multiplier
+  (noise σ·C on the sum of C-clipped rows) that gives the user-level target."""
   accounting.check_gaussian_parameters(1.0, sampling_rate, steps)
+  accounting.check_group_size(group_size)
   if steps == 0:
     raise DprecError("steps must be > 0 to calibrate a noise multiplier")
   return _calibrate(
-      lambda sigma: [accounting.TrainingPeriod(sigma, sampling_rate, int(steps))],
+      lambda sigma: [accounting.TrainingPeriod(sigma, sampling_rate, int(steps),
+                                               group_size=int(group_size))],
       target_epsilon, delta, accountant, rtol)
 
 

@@ -17,6 +17,15 @@ charges for another data set (`check_dataset`), and reports the parts (`parts`).
 A charge may say which `days` of the data set its release read (a row-level stream's period):
 charges of disjoint days compose in parallel (`composition.compose_partitioned`: ε is the worst
 day's, each day's charges composed with the charges that read every day, those without `days`).
+
+A ledger's budget protects one privacy unit (`unit`: "row", or "user" for all of a person's
+rows; a ledger written before units is "row"), and every charge records the unit it was charged
+in (a charge without one reads as "row"). Charges of one ledger all share its unit: a user-level
+guarantee bounds nothing about one row of a user who keeps others (add/remove adjacency), and a
+row-level one bounds a user only as a group of rows, so a row-level charge on a user-level
+budget is refused unless converted as a group of at most k rows per user (`group_size`):
+Gaussian steps by the mixture of Gaussians of `accounting.TrainingPeriod`, selections by
+`accounting.group_privacy` (docs/guide/privacy_accounting.md, "The privacy unit").
 """
 import datetime
 import json
@@ -33,6 +42,8 @@ GAUSSIAN = "poisson_gaussian"
 PURE = "pure"
 APPROXIMATE = "approximate"
 PREPROCESSING = "preprocessing"
+ROW, USER = "row", "user"
+UNITS = (ROW, USER)
 
 
 def _now():
@@ -41,7 +52,12 @@ def _now():
 
 def _gaussian_key(charge):
   return (charge["noise_multiplier"], charge["sampling_rate"], charge["poisson"],
-          _days(charge))
+          charge.get("group_size", 1), _days(charge))
+
+
+def unit_of(charge):
+  """The unit a charge protects ("row" for charges written before units)."""
+  return charge.get("unit", ROW)
 
 
 def _days(charge):
@@ -59,16 +75,16 @@ def same_dataset(a, b) -> bool:
 
 
 def _spent(charges):
-  """The charges as `composition.Spent`: Gaussian periods grouped by (σ, q) (composition
-  commutes) and the selection charges."""
+  """The charges as `composition.Spent`: Gaussian periods grouped by (σ, q, group size)
+  (composition commutes) and the selection charges."""
   steps = {}
   for charge in charges:
     if charge["mechanism"] == GAUSSIAN:
-      key = _gaussian_key(charge)[:3]
+      key = _gaussian_key(charge)[:4]
       steps[key] = steps.get(key, 0) + charge["steps"]
   return composition.Spent(
-      periods=tuple(accounting.TrainingPeriod(s, q, n, poisson)
-                    for (s, q, poisson), n in steps.items()),
+      periods=tuple(accounting.TrainingPeriod(s, q, n, poisson, group)
+                    for (s, q, poisson, group), n in steps.items()),
       selections=tuple((c["epsilon"], c.get("delta", 0.0)) for c in charges
                        if c["mechanism"] in (PURE, APPROXIMATE)))
 
@@ -80,23 +96,25 @@ def _days_field(days):
 class PrivacyLedger:
   """Budgeted record of every privacy charge of a run, persisted at `path`.
 
-  If `path` exists it is reloaded, and `epsilon_budget`/`delta`/`accountant`, when given, must
-  match it; otherwise `epsilon_budget` and `delta` are required, the accountant defaults to PLD,
-  and the file is created. `run_id`: the run this instance charges for, recorded in each of its
-  charges; `marks`: more fields recorded in each charge (e.g. `private: False` for a run with
-  insecure noise).
+  If `path` exists it is reloaded, and `epsilon_budget`/`delta`/`accountant`/`unit`, when
+  given, must match it; otherwise `epsilon_budget` and `delta` are required, the accountant
+  defaults to PLD, the unit to "row", and the file is created. `run_id`: the run this instance
+  charges for, recorded in each of its charges; `marks`: more fields recorded in each charge
+  (e.g. `private: False` for a run with insecure noise).
   """
 
   def __init__(self, path, epsilon_budget=None, delta=None, accountant=None, run_id=None,
-               marks=None):
+               marks=None, unit=None):
     self.path = os.fspath(path)
     self.stamp = dict(marks or {}, **({"run_id": run_id} if run_id is not None else {}))
+    if unit is not None and unit not in UNITS:
+      raise DprecError(f"privacy unit must be one of {', '.join(UNITS)}, got {unit!r}")
     with atomic_io.locked(self.path):
-      self._open(epsilon_budget, delta, accountant)
+      self._open(epsilon_budget, delta, accountant, unit)
 
-  def _open(self, epsilon_budget, delta, accountant):
+  def _open(self, epsilon_budget, delta, accountant, unit):
     if os.path.exists(self.path):
-      self._load(epsilon_budget, delta, accountant)
+      self._load(epsilon_budget, delta, accountant, unit)
       self._result = self._compose_loaded()
     else:
       if epsilon_budget is None or delta is None:
@@ -107,6 +125,7 @@ class PrivacyLedger:
       accountant = accountant or "pld"
       accounting.check_accountant(accountant)
       self.epsilon_budget, self.delta, self.accountant = float(epsilon_budget), delta, accountant
+      self.unit = unit or ROW
       self.created = _now()
       self.charges = []
       self._result = self._compose(self.charges)
@@ -124,7 +143,7 @@ class PrivacyLedger:
     return ledger
 
   # -- persistence ---------------------------------------------------------------------------
-  def _load(self, epsilon_budget=None, delta=None, accountant=None, tidy=True):
+  def _load(self, epsilon_budget=None, delta=None, accountant=None, unit=None, tidy=True):
     """Reads the file into this instance (the fields given must match it); not composed.
     `tidy` (only under the lock): also removes temporaries left by a killed writer."""
     try:
@@ -135,8 +154,9 @@ class PrivacyLedger:
                        "continue without it (restore it from the latest checkpoint)") from error
     if not isinstance(data, dict) or data.get("format") != LEDGER_FORMAT:
       raise DprecError(f"{self.path}: not a dprec privacy ledger (format {LEDGER_FORMAT})")
+    data.setdefault("privacy_unit", ROW)  # written before units
     for field, given in (("epsilon_budget", epsilon_budget), ("delta", delta),
-                         ("accountant", accountant)):
+                         ("accountant", accountant), ("privacy_unit", unit)):
       if given is not None and given != data.get(field):
         raise DprecError(
             f"{self.path}: field {field}: the ledger has {data.get(field)!r}, this run asks for "
@@ -145,7 +165,12 @@ class PrivacyLedger:
             "with another ledger path (--ledger) or a new --run-dir")
     self.epsilon_budget, self.delta = data["epsilon_budget"], data["delta"]
     self.accountant, self.created = data["accountant"], data.get("created", "")
-    self.charges = data["charges"]
+    self.unit, self.charges = data["privacy_unit"], data["charges"]
+    for index, charge in enumerate(self.charges):
+      if isinstance(charge, dict) and unit_of(charge) != self.unit:
+        raise DprecError(f"{self.path}: charge {index} ({charge.get('label')}) has unit "
+                         f"{unit_of(charge)!r} on a {self.unit}-level budget: a ledger holds "
+                         "charges of one unit (restore the ledger from the latest checkpoint)")
     if tidy:  # Left by a writer killed before its rename (writers hold the lock): intact.
       atomic_io.remove_stale_temporaries(self.path)
 
@@ -158,7 +183,8 @@ class PrivacyLedger:
 
   def _state(self, charges):
     return {"format": LEDGER_FORMAT, "epsilon_budget": self.epsilon_budget, "delta": self.delta,
-            "accountant": self.accountant, "created": self.created, "charges": charges}
+            "accountant": self.accountant, "privacy_unit": self.unit, "created": self.created,
+            "charges": charges}
 
   def _save(self, charges):
     atomic_io.write_json(self.path, self._state(charges))
@@ -189,15 +215,43 @@ class PrivacyLedger:
   def remaining(self):
     return max(0.0, self.epsilon_budget - self.epsilon_spent())
 
+  def _unit_fields(self, unit, group_size, what):
+    """The fields recording a charge's unit on this budget: {"unit"}, and for a row-level
+    release converted for a user of at most `group_size` rows, {"group_size", "converted_from"}.
+    Refuses a charge of another unit that is not converted."""
+    unit = self.unit if unit is None else unit
+    if unit not in UNITS:
+      raise DprecError(f"privacy unit must be one of {', '.join(UNITS)}, got {unit!r}")
+    if group_size is not None:
+      accounting.check_group_size(group_size)
+    if unit == self.unit:
+      if group_size is not None:
+        raise DprecError(f"{self.path}: {what}: group_size converts a row-level charge for a "
+                         f"user-level budget; this {unit}-level charge on a {unit}-level budget "
+                         "takes none; nothing recorded")
+      return {"unit": unit}
+    if unit == ROW and group_size is not None:
+      return {"unit": USER, "group_size": int(group_size), "converted_from": ROW}
+    fix = ("convert it as a group of at most k rows per user (group_size=k, the bound on a "
+           "user's rows)" if unit == ROW else
+           "one user's guarantee does not bound one row of a user who keeps others: charge a "
+           "user-level ledger (unit user)")
+    raise DprecError(f"{self.path}: {what}: a {unit}-level charge on a {self.unit}-level budget "
+                     f"is refused: {fix}; nothing recorded")
+
   def _with_gaussian(self, noise_multiplier, sampling_rate, steps, poisson, label, charges=None,
-                     days=None):
+                     days=None, unit=None, group_size=None):
     """The charge list (default: the ledger's) after a Gaussian charge (reading `days` of the
-    data set; None: every day); merged into the last entry when identical."""
+    data set; None: every day) of `unit` (None: the ledger's; `_unit_fields`); merged into the
+    last entry when identical."""
     charges = self.charges if charges is None else charges
     accounting.check_gaussian_parameters(noise_multiplier, sampling_rate, steps)
+    units = self._unit_fields(unit, group_size, f"{label or 'Gaussian'} charge")
+    if units.get("group_size") == 1:
+      del units["group_size"]  # a user of one row: the row's own period
     charge = {"mechanism": GAUSSIAN, "noise_multiplier": float(noise_multiplier),
               "sampling_rate": float(sampling_rate), "steps": int(steps), "poisson": bool(poisson),
-              "label": label, **_days_field(days), **self.stamp}
+              "label": label, **_days_field(days), **units, **self.stamp}
     last = charges[-1] if charges else None
     if (last is not None and last["mechanism"] == GAUSSIAN and last["label"] == label
         and last.get("run_id") == charge.get("run_id")
@@ -209,19 +263,20 @@ class PrivacyLedger:
     return charges + [charge]
 
   def epsilon_if_charged(self, noise_multiplier, sampling_rate, steps, poisson=True, label="",
-                         gaussian_mechanisms=(), days=None, approximate=()):
+                         gaussian_mechanisms=(), days=None, approximate=(), unit=None,
+                         group_size=None):
     """ε the ledger would reach after this Gaussian charge, preceded by the Gaussian mechanisms
     [(noise multiplier, label)] (`charge_gaussian_mechanism`), all reading `days`, and the
-    `approximate` [(ε, δ, label)] releases (`charge_approximate`); nothing is recorded."""
-    charges = self.charges + [
-        {"mechanism": APPROXIMATE if delta else PURE, "epsilon": float(epsilon),
-         "delta": float(delta), "label": approximate_label, **self.stamp}
-        for epsilon, delta, approximate_label in approximate]
+    `approximate` [(ε, δ, label)] releases (`charge_approximate`), all of `unit` (converted by
+    `group_size` as they would be charged); nothing is recorded."""
+    charges = self.charges + [self._approximate(epsilon, delta, approximate_label, unit,
+                                                group_size)
+                              for epsilon, delta, approximate_label in approximate]
     for mechanism_sigma, mechanism_label in gaussian_mechanisms:
       charges = self._with_gaussian(mechanism_sigma, 1.0, 1, True, mechanism_label, charges,
-                                    days)
+                                    days, unit, group_size)
     charges = self._with_gaussian(noise_multiplier, sampling_rate, steps, poisson, label, charges,
-                                  days)
+                                  days, unit, group_size)
     return self._compose(charges).epsilon
 
   def _commit(self, add, description):
@@ -250,33 +305,51 @@ class PrivacyLedger:
     return result.epsilon
 
   def charge_gaussian(self, noise_multiplier, sampling_rate, steps, poisson=True, label="",
-                      days=None):
-    """Record T sampled-Gaussian steps (on the data set's `days`; None: any row); returns ε so
-    far. Over budget: raises, records nothing."""
+                      days=None, unit=None, group_size=None):
+    """Record T sampled-Gaussian steps (on the data set's `days`; None: any row) protecting
+    `unit` (None: the ledger's; a row-level release on a user-level budget needs `group_size`,
+    the bound on a user's rows, and is recorded as a user's mixture of Gaussians); returns ε so
+    far. Over budget or of another unit: raises, records nothing."""
     return self._commit(
         lambda charges: self._with_gaussian(noise_multiplier, sampling_rate, steps, poisson,
-                                            label, charges, days),
+                                            label, charges, days, unit, group_size),
         f"charging {steps} steps (sigma {noise_multiplier:g}, q {sampling_rate:g}"
         f"{', ' + label if label else ''})")
 
-  def charge_gaussian_mechanism(self, noise_multiplier, label="", days=None):
+  def charge_gaussian_mechanism(self, noise_multiplier, label="", days=None, unit=None,
+                                group_size=None):
     """Record one release of the (unsampled) Gaussian mechanism, e.g. a DP histogram, composed
     with training in the accountant (`accounting.gaussian_mechanism_period`); returns ε so far."""
     period = accounting.gaussian_mechanism_period(noise_multiplier)
     return self.charge_gaussian(period.noise_multiplier, period.sampling_rate, period.steps,
-                                period.poisson, label, days)
+                                period.poisson, label, days, unit, group_size)
 
-  def charge_pure(self, epsilon, label=""):
+  def charge_pure(self, epsilon, label="", unit=None, group_size=None):
     """Record a pure ε-DP release (e.g. DP top-k selection); returns ε so far."""
-    return self.charge_approximate(epsilon, 0.0, label)
+    return self.charge_approximate(epsilon, 0.0, label, unit, group_size)
 
-  def charge_approximate(self, epsilon, delta, label=""):
-    """Record an (ε, δ)-DP release (e.g. zCDP-accounted top-k); training keeps δ − Σδ."""
+  def _approximate(self, epsilon, delta, label, unit, group_size):
+    """The charge of an (ε, δ)-DP release of `unit`, converted by `accounting.group_privacy`
+    when a row-level release is charged for a user of at most `group_size` rows."""
     if not epsilon >= 0 or not 0 <= delta < self.delta:
       raise DprecError(f"selection charge needs epsilon >= 0 and 0 <= delta < {self.delta:g}, "
                        f"got ({epsilon}, {delta})")
-    charge = {"mechanism": APPROXIMATE if delta else PURE, "epsilon": float(epsilon),
-              "delta": float(delta), "label": label, "time": _now(), **self.stamp}
+    units = self._unit_fields(unit, group_size, f"{label or 'selection'} charge")
+    if "converted_from" in units:
+      units["converted_from"] = {"unit": ROW, "epsilon": float(epsilon), "delta": float(delta)}
+      epsilon, delta = accounting.group_privacy(epsilon, delta, units["group_size"])
+      if not delta < self.delta:
+        raise DprecError(f"{self.path}: {label or 'selection'} charge: delta {delta:g} for a "
+                         f"group of {units['group_size']} rows is not below the ledger's "
+                         f"{self.delta:g}; nothing recorded")
+    return {"mechanism": APPROXIMATE if delta else PURE, "epsilon": float(epsilon),
+            "delta": float(delta), "label": label, **units, **self.stamp}
+
+  def charge_approximate(self, epsilon, delta, label="", unit=None, group_size=None):
+    """Record an (ε, δ)-DP release (e.g. zCDP-accounted top-k) protecting `unit` (as in
+    `charge_gaussian`); training keeps δ − Σδ."""
+    charge = dict(self._approximate(epsilon, delta, label, unit, group_size), time=_now())
+    epsilon, delta = charge["epsilon"], charge["delta"]
     what = f"epsilon {epsilon:g}" + (f", delta {delta:g}" if delta else "")
     return self._commit(lambda charges: charges + [charge],
                         f"charging {what}{' (' + label + ')' if label else ''}")
@@ -344,7 +417,8 @@ class PrivacyLedger:
   def summary(self):
     result = self.composition()
     return {"path": self.path, "epsilon_budget": self.epsilon_budget, "delta": self.delta,
-            "accountant": self.accountant, "epsilon_spent": result.epsilon,
+            "accountant": self.accountant, "privacy_unit": self.unit,
+            "epsilon_spent": result.epsilon,
             "training_epsilon": result.training_epsilon,
             "selection_epsilon": result.selection_epsilon,
             "training_delta": result.training_delta, "selection_delta": result.selection_delta,
