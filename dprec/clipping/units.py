@@ -12,8 +12,7 @@ language model fine-tuning", arXiv:2406.14322). Without the feature every row is
 import tensorflow as tf
 
 from dprec.errors import DprecError
-
-UNIT_KEY = "privacy_unit"
+from dprec.privacy_unit import UNIT_KEY
 
 
 class Units:

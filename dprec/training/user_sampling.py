@@ -34,12 +34,9 @@ import numpy as np
 
 from dprec.errors import DprecError
 from dprec.privacy import accounting
+from dprec.privacy_unit import UNIT_KEY, USER_KEY
 from dprec.training import poisson
 
-# The feature naming each row's privacy unit in a batch; the DP step's per-user clipping
-# (`dprec.clipping.units.UNIT_KEY`) reads the same string.
-UNIT_KEY = "privacy_unit"
-USER_KEY = "user_id"
 DEFAULT_MAX_ROWS_PER_USER = 16
 
 

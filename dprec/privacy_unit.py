@@ -1,0 +1,8 @@
+"""The names a row carries when ε protects a user rather than a row, shared by the user sampler
+(`dprec.training.user_sampling`), the DP step's per-user clipping (`dprec.clipping.units`) and the
+data a user-level run reads."""
+
+# int [B] in a batch: each row's unit index 0..U−1, a unit's rows together, units increasing.
+UNIT_KEY = "privacy_unit"
+# int [N] in the data: each row's user id.
+USER_KEY = "user_id"
