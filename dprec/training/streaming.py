@@ -112,6 +112,12 @@ class PeriodModel(abc.ABC):
     """Makes the next `build` take the shapes `shapes()` returned (a checkpoint's)."""
     del shapes
 
+  def shapes_in_checkpoint(self, prefix: str, table_rows: Mapping[str, int]) -> Dict:
+    """`shapes()` of the model built for `table_rows` whose TensorFlow checkpoint is at `prefix`,
+    read from its variables: for checkpoints written before they recorded `shapes`."""
+    del prefix, table_rows
+    return {}
+
   @abc.abstractmethod
   def trackables(self) -> Dict[str, tf.Module]:
     """Objects saved in checkpoints: model, optimizer (slots); never the noise generators."""
@@ -262,11 +268,15 @@ class StreamingTrainer:
     if path is None:
       return False
     self.state = self.checkpoints.read_state(path)
+    prefix = os.path.join(path, ckpt_lib.MODEL_PREFIX)
     if self.state["table_rows"] is not None:  # the checkpoint's shapes, then its values
-      self.model.set_shapes(self.state.get("model_shapes") or {})
+      shapes = self.state.get("model_shapes")
+      if shapes is None:  # a checkpoint written before they were recorded
+        shapes = self.model.shapes_in_checkpoint(prefix, self._ordered(self.state["table_rows"]))
+      self.model.set_shapes(shapes)
       self._build(self.state["table_rows"])
       self.model.set_selected_rows(_rows_from_json(self.state["selected_rows"]))
-      self._tf_checkpoint.read(os.path.join(path, ckpt_lib.MODEL_PREFIX)).assert_consumed()
+      self._tf_checkpoint.read(prefix).assert_consumed()
     _truncate_journal(self.journal_path, self.state["journal_lines"])
     return True
 

@@ -230,6 +230,13 @@ class CTRPeriodModel(PeriodModel):
   def set_shapes(self, shapes):
     self.embedding_dims = shapes.get("embedding_dims")
 
+  def shapes_in_checkpoint(self, prefix, table_rows):
+    """The widths of the tables `trackables()` saved at `prefix` (model/embedding/tables/i)."""
+    saved = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
+    key = "model/embedding/tables/{}/embeddings/.ATTRIBUTES/VARIABLE_VALUE"
+    return {"embedding_dims": {name: saved[key.format(i)][1]
+                               for i, name in enumerate(table_rows)}}
+
   def trackables(self):
     return {"model": self.model, "optimizer": self.optimizer, "calibration": self.calibration,
             "base_rate": self.base_rate}

@@ -187,7 +187,8 @@ def test_a_finished_stream_continues_when_days_arrive_and_says_when_none_did(
   budget lasts the periods of the days present, and the summary says where that came from. Run
   on two days, the same command continues with the third once it arrives (tables grown by its
   new ids keep their widths; each period paid once, as by one run of three days), and says in
-  one line that there is nothing new to train when no day arrived, charging nothing."""
+  one line that there is nothing new to train when no day arrived, charging nothing (also
+  from a checkpoint that does not record the widths, as earlier versions wrote)."""
   from dprec import cli  # pylint: disable=import-outside-toplevel
   data, run_dir = str(tmp_path / "out"), str(tmp_path / "run")
   shutil.copytree(stream_output, data)
@@ -224,6 +225,11 @@ def test_a_finished_stream_continues_when_days_arrive_and_says_when_none_did(
   assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
   _assert_tables_keep_their_widths(run_dir)
   ledger = (tmp_path / "run" / "ledger.json").read_bytes()
+  state_path = os.path.join(_latest(run_dir), "state.json")
+  with open(state_path) as f:
+    state = json.load(f)
+  with open(state_path, "w") as f:  # as earlier versions wrote it: widths only in the model
+    json.dump({k: v for k, v in state.items() if k != "model_shapes"}, f)
   capfd.readouterr()
   assert cli.main(command) == 0  # no new day
   lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("dprec")]
@@ -231,3 +237,4 @@ def test_a_finished_stream_continues_when_days_arrive_and_says_when_none_did(
                    "appeared within 0 s; the stream is idle); nothing charged"]
   assert (tmp_path / "run" / "ledger.json").read_bytes() == ledger
   assert _summary(run_dir)["periods"] == summary["periods"]
+  _assert_tables_keep_their_widths(run_dir)
