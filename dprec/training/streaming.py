@@ -30,7 +30,11 @@ restart replay the uncommitted steps exactly: no period is trained twice or skip
 model and ledger equal an uninterrupted run's, and the budget paid before the crash is never
 paid again nor forgotten (the ledger file is never rolled back; a period counts as paid once
 this run's charge is in it, whatever other runs sharing the ledger paid). A journal
-(`steps.jsonl`) lists the committed (period, step) pairs.
+(`steps.jsonl`) lists the committed (period, step) pairs. Checkpoints record the model's shapes
+(`PeriodModel.shapes`: widths fixed when the tables were first built), which a restart builds
+before restoring. A rerun looks again at why the last invocation stopped: an idle stream goes
+on with the periods that arrived since; one that trained its `train_periods`, or whose next
+period the budget cannot pay, trains and charges nothing (`trained_now` false).
 
 Released outputs hold no exact private quantity by default: per-period rows report the plan's
 sizes, ε, and AUC; the exact row counts, Poisson batch sizes and unclipped training losses are
@@ -71,6 +75,7 @@ UNITS = {
 EPSILON_COVERS = {
     "epsilon": "(epsilon, delta)-DP for " + UNITS["row"],
     "covered": ["the model", "steps", "gradient_size_reduction", "epsilon_so_far", "stopped",
+                "trained_now (whether this invocation trained a step)",
                 "calibration_scale and calibration_shift (DP Platt scaling of each period)",
                 "base_rate (DP, first period) and base_rate_log_loss",
                 "holdout (final model on the hold-out days, not training data of this run)"],
