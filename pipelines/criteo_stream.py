@@ -59,6 +59,7 @@ from dprec.data.criteo import CATEGORICAL_FEATURES
 from dprec.data.criteo import CriteoVocabulary
 from dprec.data.criteo import count_categories
 from dprec.errors import DprecError
+from dprec.progress import progress_bar
 from pipelines import beam_io
 from pipelines import criteo
 from pipelines import day_watch
@@ -414,6 +415,7 @@ def run_periods(job: StreamJob, beam_args: Sequence[str] = ()) -> dict:
                default=None)
   pending = collections.defaultdict(dict)  # first day of an open period → {path: metadata}
   counters = collections.Counter()
+  bar = progress_bar(desc=f"{job.output}: periods written", unit=" period")  # a line each
   for new, last in day_watch.watch_days(job.input_dir, job.poll_seconds, job.settle_seconds,
                                         job.idle_timeout, job.stop_after_day, state["inputs"]):
     for metadata in new:
@@ -427,6 +429,9 @@ def run_periods(job: StreamJob, beam_args: Sequence[str] = ()) -> dict:
           beam_io.pipeline_options(beam_args, embedded=PERIOD_RUNNER),
           lambda p: build_period_pipeline(p, job, files),
           criteo.METRICS_NAMESPACE))
+      bar.update(len(closed))
+      bar.set_postfix_str(f"newest from day {closed[-1]}; watching {job.input_dir}")
+  bar.close()
   return dict(sorted(counters.items()))
 
 

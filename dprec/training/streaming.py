@@ -30,7 +30,11 @@ restart replay the uncommitted steps exactly: no period is trained twice or skip
 model and ledger equal an uninterrupted run's, and the budget paid before the crash is never
 paid again nor forgotten (the ledger file is never rolled back; a period counts as paid once
 this run's charge is in it, whatever other runs sharing the ledger paid). A journal
-(`steps.jsonl`) lists the committed (period, step) pairs.
+(`steps.jsonl`) lists the committed (period, step) pairs. Checkpoints record the model's shapes
+(`PeriodModel.shapes`: widths fixed when the tables were first built), which a restart builds
+before restoring. A rerun looks again at why the last invocation stopped: an idle stream goes
+on with the periods that arrived since; one that trained its `train_periods`, or whose next
+period the budget cannot pay, trains and charges nothing (`trained_now` false).
 
 Released outputs hold no exact private quantity by default: per-period rows report the plan's
 sizes, ε, and AUC; the exact row counts, Poisson batch sizes and unclipped training losses are
@@ -71,6 +75,7 @@ UNITS = {
 EPSILON_COVERS = {
     "epsilon": "(epsilon, delta)-DP for " + UNITS["row"],
     "covered": ["the model", "steps", "gradient_size_reduction", "epsilon_so_far", "stopped",
+                "trained_now (whether this invocation trained a step)",
                 "calibration_scale and calibration_shift (DP Platt scaling of each period)",
                 "base_rate (DP, first period) and base_rate_log_loss",
                 "holdout (final model on the hold-out days, not training data of this run)"],
@@ -92,13 +97,31 @@ class PeriodModel(abc.ABC):
   """What the streaming trainer needs from a model and its (DP) training step.
 
   `dprec.workflows.stream.CTRPeriodModel` implements it with the pCTR model and `DPModel`;
-  anything with the same six methods can be streamed (`transfer_variable` helps to grow).
+  anything with the same six methods can be streamed (`transfer_variable` helps to grow). A
+  model whose shapes depend on more than its table rows (widths fixed when first built) says so
+  in `shapes`, so that a resumed run rebuilds the checkpoint's shapes before restoring it.
   """
 
   @abc.abstractmethod
   def build(self, table_rows: Mapping[str, int]):
     """Creates the model, or grows its tables to `table_rows` keeping every learned row and
     optimizer slot (ids are stable across periods, so row i is the same bucket before and after)."""
+
+  def shapes(self) -> Dict:
+    """JSON of what shapes the built model besides its table rows (e.g. embedding widths), saved
+    with every checkpoint and handed to `set_shapes` before a resumed run builds the model to
+    restore it."""
+    return {}
+
+  def set_shapes(self, shapes: Mapping):
+    """Makes the next `build` take the shapes `shapes()` returned (a checkpoint's)."""
+    del shapes
+
+  def shapes_in_checkpoint(self, prefix: str, table_rows: Mapping[str, int]) -> Dict:
+    """`shapes()` of the model built for `table_rows` whose TensorFlow checkpoint is at `prefix`,
+    read from its variables: for checkpoints written before they recorded `shapes`."""
+    del prefix, table_rows
+    return {}
 
   @abc.abstractmethod
   def trackables(self) -> Dict[str, tf.Module]:
@@ -180,23 +203,25 @@ def _fresh_state():
       "evaluated": False,  # has period `period` evaluated the model trained before it?
       "running": None,  # sums over the steps of the period in progress (None: not started)
       "table_names": None, "vocab_sizes": None, "table_rows": None, "selected_rows": None,
-      "journal_lines": 0, "rows": [], "stopped": None, "idle": False, "holdout": None}
+      "model_shapes": None,  # `PeriodModel.shapes` of the model built for `table_rows`
+      "journal_lines": 0, "rows": [], "stopped": None, "holdout": None}
 
 
 class StreamingTrainer:
   """Trains a `PeriodModel` on the periods of a `PeriodSource` under one privacy plan."""
 
   def __init__(self, model: PeriodModel, source: PeriodSource, plan, config: StreamConfig, run,
-               progress=None):
+               progress=None, log=None):
     """Args:
       model, source, config: see the classes.
       plan: the run's `dprec.workflows.plan.PrivacyPlan` (`plan_stream`).
       run: its `dprec.workflows.run.Run`, with a run directory (checkpoints, ledger, journal,
         metrics CSV, TensorBoard logs and the plot).
       progress: optional callable(period, step, logs) called after every step (progress bars).
+      log: optional callable(line) told of every period trained and every wait for one.
     """
     self.model, self.source, self.plan, self.config = model, source, plan, config
-    self.progress = progress
+    self.progress, self.log = progress, log or (lambda line: None)
     self.run_state = run
     self.checkpoints = ckpt_lib.CheckpointManager(run.checkpoint_dir)
     self.journal_path = os.path.join(run.run_dir, JOURNAL)
@@ -241,16 +266,22 @@ class StreamingTrainer:
     self.model.build(self._ordered(table_rows))
     self._tf_checkpoint = tf.train.Checkpoint(**self.model.trackables())
     self.state["table_rows"] = dict(table_rows)
+    self.state["model_shapes"] = self.model.shapes()
 
   def _restore(self):
     path = self.checkpoints.latest()
     if path is None:
       return False
     self.state = self.checkpoints.read_state(path)
-    if self.state["table_rows"] is not None:
+    prefix = os.path.join(path, ckpt_lib.MODEL_PREFIX)
+    if self.state["table_rows"] is not None:  # the checkpoint's shapes, then its values
+      shapes = self.state.get("model_shapes")
+      if shapes is None:  # a checkpoint written before they were recorded
+        shapes = self.model.shapes_in_checkpoint(prefix, self._ordered(self.state["table_rows"]))
+      self.model.set_shapes(shapes)
       self._build(self.state["table_rows"])
       self.model.set_selected_rows(_rows_from_json(self.state["selected_rows"]))
-      self._tf_checkpoint.read(os.path.join(path, ckpt_lib.MODEL_PREFIX)).assert_consumed()
+      self._tf_checkpoint.read(prefix).assert_consumed()
     _truncate_journal(self.journal_path, self.state["journal_lines"])
     return True
 
@@ -327,12 +358,16 @@ class StreamingTrainer:
   def _next_period(self, index):
     """Waits (up to idle_timeout) for complete period `index`; None when the stream is idle."""
     deadline = time.monotonic() + self.config.idle_timeout
+    waiting = False
     while True:
       period = self.source.period(index)
       if period is not None:
         return period
       if time.monotonic() >= deadline:
         return None
+      if not waiting:
+        waiting = True
+        self.log(f"waiting up to {self.config.idle_timeout:g} s for period {index}")
       time.sleep(min(self.config.poll_interval, max(0.0, deadline - time.monotonic())))
 
   def _evaluate_row(self, period: Period):
@@ -423,17 +458,21 @@ class StreamingTrainer:
     Returns the JSON summary (see `summary`).
     """
     resumed = self._restore()
-    if self.state["idle"]:
-      self.state.update(stopped=None, idle=False)
+    # Why the last invocation stopped is looked at again (new days, a budget still too small).
+    self.state["stopped"] = None
     self.metrics.write(self.state["rows"])
     train_periods = self.config.train_periods
+    start = (self.state["period"], self.state["step"])
     while self.state["stopped"] is None:
       index = self.state["period"]
+      if (train_periods is not None and index >= train_periods
+          and (index == 0 or self.state["evaluated"])):
+        self.state["stopped"] = f"trained the {train_periods} training periods"
+        break
       period = self._next_period(index)
       if period is None:
         self.state["stopped"] = (f"no complete period {index} appeared within "
                                  f"{self.config.idle_timeout:g} s; the stream is idle")
-        self.state["idle"] = True  # a restart resumes tailing
         break
       if index > 0 and not self.state["evaluated"]:
         self._evaluate_row(period)
@@ -441,8 +480,7 @@ class StreamingTrainer:
         self._commit()
         self.metrics.write(self.state["rows"])
       if train_periods is not None and index >= train_periods:
-        self.state["stopped"] = f"trained the {train_periods} training periods"
-        break
+        continue  # evaluated the last training period's model: stops above
       if self.state["step"] == 0 and self.state["running"] is None:
         steps = self._period_steps(period)
         unaffordable = self._pay_for_period(period, steps)
@@ -484,11 +522,13 @@ class StreamingTrainer:
       self.state.update(period=index + 1, step=0, evaluated=False, running=None)
       self._commit()
       self.metrics.write(self.state["rows"])
+      self.log(_period_line(self.state["rows"]))
     trained = self.state["table_rows"] is not None
     if trained and train_periods is not None and self.state.get("holdout") is None:
       self.state["holdout"] = self._evaluate_holdout(train_periods)
     self._commit()
     summary = self.summary(resumed)
+    summary["trained_now"] = start != (self.state["period"], self.state["step"])
     self.metrics.finish(self.state["rows"], summary)
     return summary
 
@@ -541,6 +581,18 @@ class StreamingTrainer:
         "resumed": resumed,
         "run_dir": self.run_state.run_dir,
     }
+
+
+def _period_line(rows):
+  """One line on the period just trained (and the AUC of the model before it, on it)."""
+  row = rows[-1]
+  line = (f"period {row['period']} (days {', '.join(map(str, row['days']))}): trained "
+          f"{row['steps']} steps")
+  if row["epsilon_so_far"] is not None:
+    line += f", epsilon so far {row['epsilon_so_far']:.4g}"
+  if len(rows) > 1 and rows[-2]["auc"] is not None:
+    line += f"; the model before it had AUC {rows[-2]['auc']:.4f} on it"
+  return line
 
 
 def bound_rows_per_user(users: np.ndarray, max_rows: int, rng: np.random.Generator) -> np.ndarray:

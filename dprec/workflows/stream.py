@@ -29,11 +29,13 @@ buckets (a new `CTRModel` with more rows; every learned row and optimizer slot c
 rows freshly initialised; the noise generator re-keyed by the trainer at every step from the run's
 key), and a DP-FEST row set refreshed at period boundaries (rows stay where they are, so buckets
 that stay selected keep what they learned). Embedding widths are fixed by the first period's
-vocabulary so rows keep their shape.
+vocabulary so rows keep their shape; every checkpoint records them (`shapes`), and a resumed run
+rebuilds them, not widths of its grown tables, before restoring.
 """
 import dataclasses
 import math
 import os
+import sys
 from typing import Mapping, Optional, Tuple
 
 import numpy as np
@@ -195,7 +197,8 @@ class CTRPeriodModel(PeriodModel):
     self.calibration_prior_examples = calibration_prior_examples
     self.calibration_level_prior_examples = calibration_level_prior_examples
     self.expected_batch_size = expected_batch_size
-    self.model = self.optimizer = self.embedding_dims = None
+    self.model = self.optimizer = None
+    self.embedding_dims = None  # {table: width}, fixed by the first build
     self._compiled_for = None  # (model, selected rows) the train step was last compiled for
     # Released, covered by ε, checkpointed: DP Platt scaling's (a, b) on the output (training
     # never sees it) and the first period's (DP) base rate (0: none).
@@ -205,10 +208,11 @@ class CTRPeriodModel(PeriodModel):
   def build(self, table_rows: Mapping[str, int]):
     names = tuple(table_rows)
     sizes = tuple(int(table_rows[n]) for n in names)
-    if self.embedding_dims is None:
-      self.embedding_dims = tuple(ctr.embedding_dim(max(v - 1, 1)) for v in sizes)
+    if self.embedding_dims is None:  # fixed when first built, so rows keep their shape
+      self.embedding_dims = {n: ctr.embedding_dim(max(v - 1, 1)) for n, v in zip(names, sizes)}
     tf.keras.utils.set_random_seed(self.options.seed + sum(sizes))  # fresh rows: reproducible
-    model = ctr.build_ctr_model(sizes, table_names=names, embedding_dims=self.embedding_dims,
+    model = ctr.build_ctr_model(sizes, table_names=names,
+                                embedding_dims=tuple(self.embedding_dims[n] for n in names),
                                 hidden_units=self.options.hidden_units)
     optimizer = ctr_workflow.make_optimizer(self.options, model)
     optimizer.build(model.trainable_variables)
@@ -218,6 +222,20 @@ class CTRPeriodModel(PeriodModel):
       for old, new in pairs:
         transfer_variable(old.numpy(), new)
     self.model, self.optimizer = model, optimizer
+
+  def shapes(self):
+    """The embedding widths, per table (fixed by the first build, not by the grown rows)."""
+    return {"embedding_dims": dict(self.embedding_dims)}
+
+  def set_shapes(self, shapes):
+    self.embedding_dims = shapes.get("embedding_dims")
+
+  def shapes_in_checkpoint(self, prefix, table_rows):
+    """The widths of the tables `trackables()` saved at `prefix` (model/embedding/tables/i)."""
+    saved = tf.train.load_checkpoint(prefix).get_variable_to_shape_map()
+    key = "model/embedding/tables/{}/embeddings/.ATTRIBUTES/VARIABLE_VALUE"
+    return {"embedding_dims": {name: saved[key.format(i)][1]
+                               for i, name in enumerate(table_rows)}}
 
   def trackables(self):
     return {"model": self.model, "optimizer": self.optimizer, "calibration": self.calibration,
@@ -379,7 +397,12 @@ def build_trainer(options: StreamOptions, source, plan, run) -> StreamingTrainer
       headroom=options.headroom, diagnostics=options.diagnostics)
   progress = PeriodProgress(plan.steps_per_period, options.diagnostics)
   return StreamingTrainer(model, source, plan, config, run,
-                          progress=progress if options.progress else None)
+                          progress=progress if options.progress else None,
+                          log=_say if options.progress else None)
+
+
+def _say(line):
+  print(f"dprec stream: {line}", file=sys.stderr, flush=True)
 
 
 def run(options: StreamOptions) -> dict:
@@ -391,6 +414,8 @@ def run(options: StreamOptions) -> dict:
                    options.secure_noise, options.data) as run:
     plan = plan_privacy(options, source, expected, run)
     summary = build_trainer(options, source, plan, run).run()
+  if summary["resumed"] and not summary["trained_now"]:
+    _say(f"nothing new to train in {options.run_dir} ({summary['stopped']}); nothing charged")
   summary["algorithm"] = options.algorithm
   summary["expected_periods"], summary["expected_periods_from"] = expected, expected_from
   summary["batch_size"], summary["batch_size_chosen"] = plan.batch_size, not options.batch_size

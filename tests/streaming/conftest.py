@@ -121,7 +121,8 @@ class StandInModel(PeriodModel):
 
 def make_trainer(run_dir, epsilon_total, source, train_periods=None, checkpoint_every=7,
                  expected_periods=3, noise_multiplier=2.0, batch_size=40, accountant="pld",
-                 ledger_path=None, insecure_noise_seed=None, diagnostics=False, **plan_options):
+                 ledger_path=None, insecure_noise_seed=None, diagnostics=False, idle_timeout=0.0,
+                 log=None, **plan_options):
   """A StreamingTrainer of the stand-in model over `source` (examples per period from day 0);
   `plan_options`: more of `plan_stream`'s (privacy_unit, mechanisms, ...)."""
   plan = plan_stream(epsilon_total, 1e-5, expected_periods=expected_periods,
@@ -129,9 +130,9 @@ def make_trainer(run_dir, epsilon_total, source, train_periods=None, checkpoint_
                      noise_multiplier=noise_multiplier, accountant=accountant, **plan_options)
   model = StandInModel(noise_multiplier=plan.noise_multiplier)
   config = StreamConfig(checkpoint_every=checkpoint_every, train_periods=train_periods,
-                        diagnostics=diagnostics)
+                        diagnostics=diagnostics, idle_timeout=idle_timeout, poll_interval=0.01)
   run = Run("stream", run_dir, ledger_path, insecure_noise_seed)
-  return StreamingTrainer(model, source, plan, config, run)
+  return StreamingTrainer(model, source, plan, config, run, log=log)
 
 
 @pytest.fixture

@@ -113,6 +113,11 @@ def test_watcher_and_trainer_with_a_sigkill_in_the_middle_of_a_period(tmp_path):
       if process.poll() is None:
         process.kill()
   assert watcher.returncode == 0, _tail(watcher.log_path)
+  with open(watcher.log_path, errors="replace") as f:
+    written = [line for line in f if "periods written:" in line]
+  # A line as each period is written: day N closes day N - 1's, the last day the last two.
+  for count in (1, 2, DAYS):
+    assert any(f"periods written: {count} period" in line for line in written), written
   assert trainer.returncode == 0, _tail(trainer.log_path)
 
   with open(os.path.join(out, "stats.json")) as f:

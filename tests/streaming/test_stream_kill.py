@@ -5,6 +5,9 @@ killed run is restarted with the same command; its final ledger, the (period, st
 trained, its final weights and its per-period metrics must equal the uninterrupted run's. Both
 run directories hold the same run id and secret noise key (one run started, then its directory
 cloned before training): the key, reloaded on restart, is what makes the resumed noise exact.
+Tables have no headroom (`--headroom 1`), so the ids new in period 1 grow them: the killed run
+resumes from tables that grew after their widths were fixed, and so does a finished stream when
+new days arrive.
 """
 import json
 import os
@@ -18,7 +21,9 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from dprec import privacy
 from dprec.data.synthetic import generate_criteo
+from dprec.models.ctr import embedding_dim
 from dprec.privacy.noise_key import InsecureNoiseWarning
 from dprec.workflows.run import Run
 from pipelines import criteo_stream
@@ -48,7 +53,7 @@ def _command(data, run_dir, batch_size=10):
   return [sys.executable, "-m", "dprec.cli", "stream", "--data", data, "--run-dir", run_dir,
           "--algorithm", "dp_adafest", "--epsilon", "20", "--noise-multiplier", "1.0",
           "--accountant", "rdp", "--train-days", "2", "--batch-size", str(batch_size),
-          "--hidden-units", "8",
+          "--hidden-units", "8", "--headroom", "1",
           "--checkpoint-every", "7", "--no-progress", "--diagnostics",
           "--summary-json", os.path.join(run_dir, "cli_summary.json")]
 
@@ -67,11 +72,28 @@ def _ledger(run_dir):
   return [{k: v for k, v in c.items() if k not in ("time", "updated")} for c in ledger["charges"]]
 
 
-def _weights(run_dir):
+def _latest(run_dir):
   with open(os.path.join(run_dir, "checkpoints", "LATEST")) as f:
-    reader = tf.train.load_checkpoint(os.path.join(run_dir, "checkpoints", f.read(), "model"))
+    return os.path.join(run_dir, "checkpoints", f.read())
+
+
+def _weights(run_dir):
+  reader = tf.train.load_checkpoint(os.path.join(_latest(run_dir), "model"))
   return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()
           if "OBJECT_GRAPH" not in name}
+
+
+def _assert_tables_keep_their_widths(run_dir):
+  """The newest checkpoint's tables have the rows and widths its state records, widths fixed
+  by period 0 that differ from those of the grown tables' rows in some table."""
+  with open(os.path.join(_latest(run_dir), "state.json")) as f:
+    state = json.load(f)
+  rows, widths = state["table_rows"], state["model_shapes"]["embedding_dims"]
+  weights = _weights(run_dir)
+  for i, name in enumerate(state["table_names"]):
+    key = f"model/embedding/tables/{i}/embeddings/.ATTRIBUTES/VARIABLE_VALUE"
+    assert weights[key].shape == (rows[name], widths[name]), name
+  assert any(widths[n] != embedding_dim(rows[n] - 1) for n in rows), "no table outgrew its width"
 
 
 def _summary(run_dir):
@@ -135,6 +157,7 @@ def test_sigkill_mid_period_and_restart_equals_an_uninterrupted_run(stream_outpu
                                                            rel=1e-5)
   assert killed_summary["holdout"]["auc"] == pytest.approx(plain_summary["holdout"]["auc"],
                                                            rel=1e-5)
+  _assert_tables_keep_their_widths(killed)
 
 
 def test_a_secure_and_an_insecure_cli_run_of_the_same_arguments_differ(stream_output, tmp_path):
@@ -158,13 +181,60 @@ def test_a_secure_and_an_insecure_cli_run_of_the_same_arguments_differ(stream_ou
   assert insecure["private"] is False and "--insecure-noise-seed 3" in insecure["privacy_note"]
 
 
-def test_a_finished_output_plans_for_the_days_it_holds(stream_output, tmp_path):
+def test_a_finished_stream_continues_when_days_arrive_and_says_when_none_did(
+    stream_output, tmp_path, capfd):
   """Not a live stream (--idle-timeout 0) and neither --expected-periods nor --train-days: the
-  budget lasts the periods of the days present, and the summary says where that came from."""
+  budget lasts the periods of the days present, and the summary says where that came from. Run
+  on two days, the same command continues with the third once it arrives (tables grown by its
+  new ids keep their widths; each period paid once, as by one run of three days), and says in
+  one line that there is nothing new to train when no day arrived, charging nothing (also
+  from a checkpoint that does not record the widths, as earlier versions wrote)."""
   from dprec import cli  # pylint: disable=import-outside-toplevel
-  command = _command(stream_output, str(tmp_path), batch_size=250)[3:]
+  data, run_dir = str(tmp_path / "out"), str(tmp_path / "run")
+  shutil.copytree(stream_output, data)
+  manifest = os.path.join(data, "manifest.json")
+  with open(manifest) as f:
+    full = json.load(f)
+  with open(manifest, "w") as f:  # as the Beam job's manifest was before day 2 closed
+    json.dump(dict(full, days=full["days"][:2]), f)
+  command = _command(data, run_dir, batch_size=250)[3:]
   at = command.index("--train-days")
-  assert cli.main(command[:at] + command[at + 2:]) == 0
-  summary = _summary(str(tmp_path))
+  command = command[:at] + command[at + 2:]
+  assert cli.main(command) == 0
+  assert _summary(run_dir)["periods_trained"] == 2
+  with open(manifest, "w") as f:
+    json.dump(full, f)  # day 2 arrived
+  assert cli.main(command) == 0
+  summary = _summary(run_dir)
   assert summary["expected_periods"] == 3 and summary["periods_trained"] == 3
   assert summary["expected_periods_from"].startswith("the 3 days in ")
+  assert summary["resumed"] and [r["period"] for r in summary["periods"]] == [0, 1, 2]
+  assert summary["periods"][1]["auc"] is not None  # evaluated on period 2 once it arrived
+  charges = _ledger(run_dir)
+  assert [(c["label"], c["steps"]) for c in charges if c["sampling_rate"] < 1] == [
+      (f"stream period {p}", summary["plan"]["steps_per_period"]) for p in range(3)]
+  assert [c["label"] for c in charges if c["sampling_rate"] == 1] == [
+      "stream period 0 calibration", "stream base rate", "stream period 1 calibration",
+      "stream period 2 calibration"]
+  plan = summary["plan"]
+  expected = privacy.gaussian_epsilon(  # rows live in one period: the costliest period's ε
+      [privacy.gaussian_mechanism_period(c["noise_multiplier"]) for c in charges
+       if c["days"] == [0] and c["sampling_rate"] == 1]
+      + [privacy.TrainingPeriod(plan["noise_multiplier"], plan["sampling_rate"],
+                                plan["steps_per_period"])], summary["delta"], "rdp")
+  assert summary["epsilon"] == pytest.approx(expected, rel=1e-9)
+  _assert_tables_keep_their_widths(run_dir)
+  ledger = (tmp_path / "run" / "ledger.json").read_bytes()
+  state_path = os.path.join(_latest(run_dir), "state.json")
+  with open(state_path) as f:
+    state = json.load(f)
+  with open(state_path, "w") as f:  # as earlier versions wrote it: widths only in the model
+    json.dump({k: v for k, v in state.items() if k != "model_shapes"}, f)
+  capfd.readouterr()
+  assert cli.main(command) == 0  # no new day
+  lines = [line for line in capfd.readouterr().err.splitlines() if line.startswith("dprec")]
+  assert lines == [f"dprec stream: nothing new to train in {run_dir} (no complete period 3 "
+                   "appeared within 0 s; the stream is idle); nothing charged"]
+  assert (tmp_path / "run" / "ledger.json").read_bytes() == ledger
+  assert _summary(run_dir)["periods"] == summary["periods"]
+  _assert_tables_keep_their_widths(run_dir)

@@ -43,18 +43,25 @@ def test_budget_stops_cleanly_before_the_period_that_would_exceed_it(tmp_path, s
   trainer.run_state.close()  # the process ends: its run directory is free again
   again = standin.make_trainer(str(tmp_path), (two + three) / 2, source, noise_multiplier=2.0,
                                privacy_unit="user")
-  assert again.run()["periods_trained"] == 2
+  resumed = again.run()
+  assert resumed["periods_trained"] == 2 and not resumed["trained_now"]
+  assert "privacy budget" in resumed["stopped"]  # looked at again: still too costly
   assert (tmp_path / "ledger.json").read_text() == ledger
 
 
 def test_an_idle_stream_resumes_when_periods_arrive_without_repeating_any(tmp_path, standin):
   days = standin.make_days(4)
   source = ArrayPeriodSource(days[:2])
-  first = standin.make_trainer(str(tmp_path), 50.0, source).run()
+  lines = []
+  first = standin.make_trainer(str(tmp_path), 50.0, source, idle_timeout=0.05,
+                               log=lines.append).run()
   assert "idle" in first["stopped"] and first["periods_trained"] == 2
+  assert [line.split(":")[0] for line in lines] == [
+      "period 0 (days 0)", "period 1 (days 1)", "waiting up to 0.05 s for period 2"]
+  assert "AUC" in lines[1] and "epsilon so far" in lines[1]
   source.days.extend(days[2:])  # two more days land
   second = standin.make_trainer(str(tmp_path), 50.0, source).run()
-  assert second["resumed"] and second["periods_trained"] == 4
+  assert second["resumed"] and second["periods_trained"] == 4 and second["trained_now"]
   trained = [(r["period"], r["step"]) for r in _journal(tmp_path)]
   assert trained == [(p, s) for p in range(4) for s in range(10)]
   assert second["periods"][1]["auc"] is not None  # evaluated on period 2 once it arrived
