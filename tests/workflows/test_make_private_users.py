@@ -212,3 +212,14 @@ def test_a_row_level_run_refuses_a_user_level_ledger(tmp_path):
                    max_rows_per_user=None, batch_size=64)
   with pytest.raises(DprecError, match="privacy_unit: the ledger has 'user'"):
     model.compile(optimizer="sgd", loss="mse")
+
+
+def test_a_release_at_k_sigma_on_k_rows_per_user_is_the_gaussian_at_sigma_per_user(tmp_path):
+  """What `make_private` charges for a one-off release at user level (the Gaussian at the planned
+  σ, unit user) equals the ledger's conversion of the row-level release it makes (noise k·σ)
+  for a group of k rows."""
+  sigma, delta = 10.0, 1e-5  # a large σ: the mixture's PLD builds in seconds
+  charged = PrivacyLedger(str(tmp_path / "a.json"), 10.0, delta, unit="user")
+  converted = PrivacyLedger(str(tmp_path / "b.json"), 10.0, delta, unit="user")
+  assert charged.charge_gaussian_mechanism(sigma) == pytest.approx(
+      converted.charge_gaussian_mechanism(K * sigma, unit="row", group_size=K), rel=1e-6)
