@@ -41,7 +41,9 @@ under DP (MSE and binary cross-entropy, by default).
 N (`train_size`) is public, as are every option and the model's architecture; vocabularies are
 the model's (public, as in Ghazi et al. 2023, arXiv:2311.08357). ε covers the trained weights,
 the bias initialisation and the recalibration; the training metrics Keras reports are not
-covered (exact, non-private diagnostics of the training batches).
+covered (exact, non-private diagnostics of the training batches). At `privacy_unit="user"`, ε
+protects a user with all of their rows: U users replace N, batches sample users with at most k
+rows each, and the releases read at most k rows per user (`dprec.workflows.private_users`).
 """
 import sys
 import weakref

@@ -1,7 +1,8 @@
-"""`dprec.make_private(privacy_unit="user")` in both Kerases: the plan is over users, the batches
-the model trains on hold at most k rows of each sampled user with the unit feature, the one-off
-releases read at most k rows per user at k times the planned σ, ε on the user-level ledger equals
-dp_accounting's, and what cannot be done at user level is refused before anything is paid."""
+"""`dprec.make_private(privacy_unit="user")` in both Kerases (and a TFRS ranking model): the
+plan is over users, the batches the model trains on hold at most k rows of each sampled user
+with the unit feature, the one-off releases read at most k rows per user at k times the planned
+σ, ε on the user-level ledger equals dp_accounting's, and what cannot be done at user level is
+refused before anything is paid."""
 import importlib.metadata
 import types
 import warnings
@@ -223,3 +224,29 @@ def test_a_release_at_k_sigma_on_k_rows_per_user_is_the_gaussian_at_sigma_per_us
   converted = PrivacyLedger(str(tmp_path / "b.json"), 10.0, delta, unit="user")
   assert charged.charge_gaussian_mechanism(sigma) == pytest.approx(
       converted.charge_gaussian_mechanism(K * sigma, unit="row", group_size=K), rel=1e-6)
+
+
+def test_a_tfrs_ranking_model_trains_at_user_level(tmp_path, monkeypatch):
+  tfrs = pytest.importorskip("tensorflow_recommenders")
+
+  class Ranking(tfrs.models.Model):
+    def __init__(self):
+      super().__init__()
+      self.model = _model()
+      self.task = tfrs.tasks.Ranking(loss=tf.keras.losses.MeanSquaredError())
+
+    def call(self, features):
+      return self.model(features)
+
+    def compute_loss(self, features, training=False):
+      labels = features.pop("rating")
+      return self.task(labels=labels, predictions=self(features))
+
+  x, y, ids = _data()
+  batches, _ = _recording(monkeypatch)
+  model = _private(Ranking(), ids, str(tmp_path / "ledger.json"))
+  model.compile(optimizer="sgd")
+  model.fit(dict(x, rating=y), epochs=1, verbose=0)
+  assert model.privacy_ledger.unit == "user" and model._private.steps == 3
+  assert model.epsilon_spent == pytest.approx(2.0, rel=2e-3)
+  assert all(UNIT_KEY in batch for batch in batches)
