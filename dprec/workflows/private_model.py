@@ -41,11 +41,14 @@ under DP (MSE and binary cross-entropy, by default).
 N (`train_size`) is public, as are every option and the model's architecture; vocabularies are
 the model's (public, as in Ghazi et al. 2023, arXiv:2311.08357). ε covers the trained weights,
 the bias initialisation and the recalibration; the training metrics Keras reports are not
-covered (exact, non-private diagnostics of the training batches).
+covered (exact, non-private diagnostics of the training batches). At `privacy_unit="user"`, ε
+protects a user with all of their rows: U users replace N, batches sample users with at most k
+rows each, and the releases read at most k rows per user (`dprec.workflows.private_users`).
 """
 import sys
 import weakref
 
+import numpy as np
 import tensorflow as tf
 
 from dprec.errors import DprecError
@@ -90,7 +93,8 @@ def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epo
                  threshold=config_lib.ADAFEST_THRESHOLD, contribution_clip=1.0,
                  init_output_bias=True, output_bias_share=0.02, recalibrate=None,
                  recalibration_share=0.05, label_range=None, accountant="pld", charge_every=100,
-                 secure_noise=False, insecure_noise_seed=None, max_batch_size=None):
+                 secure_noise=False, insecure_noise_seed=None, max_batch_size=None,
+                 privacy_unit="row", user_id=None, max_rows_per_user=None):
   """Makes `model` (a Keras 3 `keras.Model` on the TensorFlow backend, or a `tf.keras.Model`:
   functional, Sequential, subclassed, or a TFRS `tfrs.Model` whose `compute_loss` calls a
   `tfrs.tasks.Ranking`) train with (ε, δ)-DP for
@@ -142,7 +146,21 @@ def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epo
     max_batch_size: truncate each Poisson batch to B_max examples (default: exact Poisson); its
       cost, δ_trunc = (1 + e^ε)·P[some step's batch > B_max] (Chua et al. 2024,
       `dprec.privacy.truncation`), is charged to the ledger and taken from training's δ;
-      refused where it exceeds a tenth of δ.
+      refused where it exceeds a tenth of δ. Row level only.
+    privacy_unit: what ε protects: "row" (default: adding or removing one training example) or
+      "user" (adding or removing a user with all of their rows; `dprec.workflows.
+      private_training`, "User level"). At "user", N, B, δ's default and the plan are over users
+      (U, the number of distinct ids, is public as N is): B is the expected users per batch
+      (default: the rule above applied to U), T = ⌈epochs·U/B⌉ at q = B/U; each step's sampled
+      users bring at most k = `max_rows_per_user` of their rows, drawn by the run's key (a
+      user's other rows sit that step out), and the step clips each user's summed gradient to
+      C2. The ledger is user-level: `epsilon_spent` and `history.history["epsilon"]` are ε per
+      user.
+    user_id: at privacy_unit="user", an integer array of train_size non-negative user ids, one
+      per training example in the order `fit` receives them (not a model input: the model never
+      sees it; give it as a feature as well if the model reads it).
+    max_rows_per_user: k (default `dprec.training.user_sampling.DEFAULT_MAX_ROWS_PER_USER`, 16):
+      public, never read off the data.
 
   After `fit`: `history.history["epsilon"]`, `model.epsilon_spent`, `model.privacy_ledger`.
   """
@@ -155,8 +173,10 @@ def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epo
       recalibrate=recalibrate, recalibration_share=recalibration_share,
       label_range=tuple(label_range) if label_range is not None else None,
       accountant=accountant, charge_every=charge_every, secure_noise=secure_noise,
-      insecure_noise_seed=insecure_noise_seed, max_batch_size=max_batch_size)
-  options.validate()
+      insecure_noise_seed=insecure_noise_seed, max_batch_size=max_batch_size,
+      privacy_unit=privacy_unit, user_id=None if user_id is None else np.asarray(user_id),
+      max_rows_per_user=max_rows_per_user)
+  users = options.validate()
   base = _private_base(model)
   if isinstance(model, PrivateTraining):
     raise DprecError(f"model '{model.name}' is already private")
@@ -173,7 +193,7 @@ def make_private(model, *, epsilon, train_size, delta=None, batch_size=None, epo
                     insecure_noise_seed=options.insecure_noise_seed,
                     secure_noise=options.secure_noise)
   weakref.finalize(model, run.close)  # removes a temporary ledger
-  object.__setattr__(model, "_private", PrivateState(options, run))
+  object.__setattr__(model, "_private", PrivateState(options, run, users=users))
   return model
 
 

@@ -4,14 +4,19 @@ import dataclasses
 import math
 from typing import Optional, Tuple
 
+import numpy as np
+
 from dprec.errors import DprecError
 from dprec.optimizers import config as config_lib
+from dprec.privacy import accounting
 from dprec.training import output_layer
+from dprec.training import user_sampling
 
 COMMAND = "make_private"
 TRAINING_LABEL = "make_private training"
 LABEL_STATISTICS_LABEL = "make_private output bias"
 RECALIBRATION_LABEL = "make_private recalibration"
+PRIVACY_UNITS = ("row", "user")
 # "auto" and the algorithms that need no rows drawn before training (DP-FEST's top-k).
 ALGORITHMS = ("auto",) + tuple(name for name, algorithm in config_lib.ALGORITHMS.items()
                                if algorithm.private and not algorithm.preselected)
@@ -68,10 +73,15 @@ class PrivateOptions:
   secure_noise: bool = False
   insecure_noise_seed: Optional[int] = None
   max_batch_size: Optional[int] = None
+  privacy_unit: str = "row"
+  user_id: Optional[np.ndarray] = dataclasses.field(default=None, repr=False)
+  max_rows_per_user: Optional[int] = None
 
   private = True  # the algorithms' `from_plan` reads it
 
-  def validate(self):
+  def validate(self) -> Optional[user_sampling.UserRows]:
+    """Refuses bad options in one line; returns the training rows grouped by user at user level
+    (`user_sampling.UserRows`), None at row level."""
     if not self.epsilon > 0 or not math.isfinite(self.epsilon):
       raise DprecError(f"epsilon must be positive and finite, got {self.epsilon}")
     if int(self.train_size) < 1:
@@ -79,9 +89,11 @@ class PrivateOptions:
                        f"{self.train_size}")
     if self.delta is not None and not 0 < self.delta < 1:
       raise DprecError(f"delta must be in (0, 1), got {self.delta}")
-    if self.batch_size is not None and not 1 <= self.batch_size <= self.train_size:
-      raise DprecError(f"batch_size must be in [1, train_size={self.train_size}], got "
-                       f"{self.batch_size}")
+    users = self._users()
+    units = self.train_size if users is None else users.num_users
+    if self.batch_size is not None and not 1 <= self.batch_size <= units:
+      what = "train_size" if users is None else "the number of users"
+      raise DprecError(f"batch_size must be in [1, {what}={units}], got {self.batch_size}")
     if not self.epochs > 0:
       raise DprecError(f"epochs must be positive, got {self.epochs}")
     if self.algorithm not in ALGORITHMS:
@@ -103,3 +115,32 @@ class PrivateOptions:
     if self.label_range is not None and not (len(self.label_range) == 2
                                              and self.label_range[0] < self.label_range[1]):
       raise DprecError(f"label_range must be (lo, hi) with lo < hi, got {self.label_range}")
+    return users
+
+  @property
+  def rows_per_unit(self) -> int:
+    """k, the most rows of a protected unit a step or a one-off release reads (1: a row)."""
+    if self.privacy_unit != "user":
+      return 1
+    if self.max_rows_per_user is None:
+      return user_sampling.DEFAULT_MAX_ROWS_PER_USER
+    return self.max_rows_per_user
+
+  def _users(self) -> Optional[user_sampling.UserRows]:
+    """The user-level options checked, and the rows grouped by `user_id` (None at row level)."""
+    if self.privacy_unit not in PRIVACY_UNITS:
+      raise DprecError(f"privacy_unit must be one of {', '.join(PRIVACY_UNITS)}, got "
+                       f"{self.privacy_unit!r}")
+    if self.privacy_unit == "row":
+      if self.user_id is not None or self.max_rows_per_user is not None:
+        raise DprecError("user_id and max_rows_per_user go with privacy_unit='user'; at the "
+                         "default privacy_unit='row' one training example is protected")
+      return None
+    if self.user_id is None:
+      raise DprecError("privacy_unit='user' needs user_id: an integer array of train_size "
+                       "user ids, one per training example in the order fit receives them")
+    if self.max_batch_size is not None:
+      raise DprecError("max_batch_size caps row-level Poisson batches; at privacy_unit='user' "
+                       "a batch holds at most max_rows_per_user rows per sampled user already")
+    accounting.check_group_size(self.rows_per_unit)
+    return user_sampling.UserRows.group(self.user_id, self.train_size, field="user_id")

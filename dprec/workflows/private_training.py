@@ -2,7 +2,11 @@
 (`dprec.workflows.plan`), `compile` with the algorithm's `DPOptimizer`, `fit` on Poisson batches
 drawn with the run's secret key (or the run's batches on disk) charging the ledger, the output
 bias from a DP label statistic before training and the DP recalibration after it; and the
-refusals both Kerases share."""
+refusals both Kerases share.
+
+User level (`privacy_unit="user"`): the plan is over the U users, `fit` trains on user-level
+batches and the one-off releases read at most k rows per user at k times the planned σ
+(`dprec.workflows.private_users`: what is protected, and why ε is per user)."""
 import dataclasses
 import math
 import warnings
@@ -22,9 +26,11 @@ from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
 from dprec.training import output_layer
 from dprec.training import poisson
+from dprec.training import user_sampling
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import private_batches
 from dprec.workflows import private_inputs
+from dprec.workflows import private_users
 from dprec.workflows import run as run_lib
 from dprec.workflows.private_options import (
     AUTO_DENSE_LIMIT, AUTO_MAX_TOUCH_SHARE, COMMAND, DEFAULT_CLIP, LABEL_STATISTICS_LABEL,
@@ -46,6 +52,12 @@ class PrivateState:
   label_range: Optional[Tuple[float, float]] = None
   prior: Optional[float] = None
   recalibration: Optional[Tuple[float, float]] = None
+  users: Optional[user_sampling.UserRows] = None  # the rows grouped by user, at user level
+
+  @property
+  def units(self) -> int:
+    """What a batch samples and ε protects: N rows, or U users at user level."""
+    return self.options.train_size if self.users is None else self.users.num_users
 
 
 def rows_per_example(model) -> Optional[int]:
@@ -209,7 +221,7 @@ class PrivateTraining:
 
   def _plan(self):
     state, options = self._private, self._private.options
-    n = options.train_size
+    n = state.units  # U users at user level: public, as N
     batch_size = options.batch_size or poisson.data_sized_batch_size(n)
     steps = max(1, math.ceil(options.epochs * n / batch_size))
     mechanisms = []
@@ -218,10 +230,13 @@ class PrivateTraining:
     if self._recalibrates(options, state.kind):
       mechanisms.append((RECALIBRATION_LABEL, options.recalibration_share))
     delta, spent = run_lib.plan_prior(state.run, options.epsilon, options.delta,
-                                      options.accountant, default_delta=1.0 / n)
+                                      options.accountant, default_delta=1.0 / n,
+                                      unit=options.privacy_unit)
     plan = plan_lib.plan_privacy(options.epsilon, delta, n, batch_size, steps,
                                  mechanisms=mechanisms, accountant=options.accountant,
                                  spent=spent, max_batch_size=options.max_batch_size)
+    if state.users is not None:
+      plan = dataclasses.replace(plan, privacy_unit=options.privacy_unit)
     state.run.open_plan_ledger(plan)
     state.run.check_budget(plan, TRAINING_LABEL, steps)
     return plan
@@ -237,6 +252,9 @@ class PrivateTraining:
     if self._private.plan is None:
       raise DprecError("compile the private model before write_batches: the batches are drawn "
                        "for its plan")
+    if self._private.users is not None:
+      raise DprecError("write_batches draws row-level Poisson batches; at privacy_unit='user' "
+                       "fit trains on in-memory data")
     return private_batches.write(self._private.run, self._private.plan, files, directory, parse,
                                  beam_args)
 
@@ -263,6 +281,9 @@ class PrivateTraining:
       raise DprecError(f"fit(batch_size={batch_size}) differs from the planned batch size "
                        f"{state.plan.batch_size}: give batch_size to make_private")
     on_disk = private_batches.as_batches(x)
+    if on_disk is not None and state.users is not None:
+      raise DprecError("fit at privacy_unit='user' trains on in-memory data, not on Poisson "
+                       "batches on disk (they sample rows, not users)")
     if on_disk is None:
       dataset, statistics = self._in_memory_batches(x, y, epochs)
     else:
@@ -277,7 +298,7 @@ class PrivateTraining:
                      *(callbacks or [])]
     state.fits += 1
     start = budget.steps_taken
-    steps_per_epoch = math.ceil(state.options.train_size / state.plan.batch_size)
+    steps_per_epoch = math.ceil(state.units / state.plan.batch_size)
     try:
       history = super().fit(dataset, epochs=epochs, steps_per_epoch=steps_per_epoch,
                             verbose=verbose, callbacks=fit_callbacks, shuffle=False,
@@ -294,18 +315,28 @@ class PrivateTraining:
 
   def _in_memory_batches(self, x, y, epochs):
     """(Poisson batches of in-memory data for `epochs` epochs, () → (features, labels,
-    structure) of all of it)."""
+    structure) of all of it); at user level, user-level batches and at most k rows per user
+    (`private_users`)."""
     state = self._private
     features, labels, structure = private_inputs.in_memory(x, y)
     n = len(next(iter(features.values())))
     if n != state.options.train_size:
       raise DprecError(f"fit got {n} training examples but make_private was planned for "
                        f"train_size={state.options.train_size}")
+    steps = epochs * math.ceil(state.units / state.plan.batch_size)
+    if state.users is not None:
+      k = state.options.rows_per_unit
+      sampling = user_sampling.UserSampling(state.plan.batch_size, k,
+                                            state.run.entropy("user poisson", state.fits))
+      dataset = private_users.batches(features, labels, structure, state.options.user_id,
+                                      sampling, steps)
+      return dataset, lambda: (*private_users.statistic_rows(
+          features, labels, state.users, k, state.run.numpy_rng("user statistic rows")),
+                               structure)
     sampling = poisson.BatchSampling(state.plan.batch_size, True,
                                      state.run.entropy("poisson", state.fits),
                                      state.plan.max_batch_size)
-    dataset = poisson.sampled_dataset(features, labels, sampling,
-                                      epochs * math.ceil(n / state.plan.batch_size))
+    dataset = poisson.sampled_dataset(features, labels, sampling, steps)
     return (dataset.map(private_inputs.packer(structure, labels is not None)),
             lambda: (features, labels, structure))
 
@@ -373,6 +404,8 @@ class PrivateTraining:
     layer = (self._output_layer(features, structure)
              if state.kind and not custom and releases_output else None)
     refuse_unclippable(self)
+    if state.users is not None:
+      private_users.check_step(self, features, labels, structure)
     # Slots in the model's variable order (the DP step's is another): `save` and `load_model`
     # of the original class agree on them.
     self.optimizer.build(self.trainable_variables)
@@ -381,6 +414,7 @@ class PrivateTraining:
     sigma = state.plan.mechanisms.get(LABEL_STATISTICS_LABEL)
     if sigma is None:
       return
+    sigma *= state.options.rows_per_unit  # per row: a user's k rows move it k times as far
     if custom is not None:
       custom(self._pack(features, structure), labels, sigma, state.run.numpy_rng("output bias"))
       return
@@ -405,7 +439,8 @@ class PrivateTraining:
     true_labels, predictions = self._labels_and_predictions(features, labels, structure)
     state.recalibration = output_layer.recalibrate(
         layer, state.kind, predictions, true_labels,
-        state.plan.mechanisms[RECALIBRATION_LABEL], state.run.numpy_rng("recalibration"),
+        state.plan.mechanisms[RECALIBRATION_LABEL] * state.options.rows_per_unit,
+        state.run.numpy_rng("recalibration"),
         prior=state.prior if state.prior is not None else 0.5,
         label_range=state.label_range, logits=state.logits)
 

@@ -247,11 +247,12 @@ class Run:
 
   # ---- the ledger --------------------------------------------------------------------------
 
-  def open_ledger(self, epsilon_budget, delta, accountant, default_delta=None):
+  def open_ledger(self, epsilon_budget, delta, accountant, default_delta=None, unit=None):
     """The ledger at `ledger_path` (also kept as `self.ledger`); every charge this run makes
     records its `run_id` and data set (and, with insecure noise, `private: false` and the
-    reason). `delta` None: the existing ledger's δ, or `default_delta` for a new one. Refuses a
-    ledger holding charges for another data set."""
+    reason). `delta` None: the existing ledger's δ, or `default_delta` for a new one. `unit`:
+    the privacy unit of its budget (None: the existing ledger's, else "row"; another than an
+    existing ledger's is refused). Refuses a ledger holding charges for another data set."""
     from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
     if not self.chief and self._temporary is None:  # a shared ledger: the chief creates it
       _wait_for(self.ledger_path, "the chief's privacy ledger")
@@ -261,7 +262,8 @@ class Run:
     if self.dataset is not None:
       marks["dataset"] = self.dataset
     self.ledger = PrivacyLedger(self.ledger_path, epsilon_budget=epsilon_budget, delta=delta,
-                                accountant=accountant, run_id=self.run_id, marks=marks)
+                                accountant=accountant, run_id=self.run_id, marks=marks,
+                                unit=unit)
     self.ledger.check_dataset(self.dataset)
     return self.ledger
 
@@ -496,17 +498,17 @@ class Run:
                                   plan.notes + list(notes))}
 
 
-def plan_prior(run, epsilon_budget, delta, accountant, default_delta):
+def plan_prior(run, epsilon_budget, delta, accountant, default_delta, unit=None):
   """(δ, `Spent`) a privacy plan starts from. In a private `run` (a finite `epsilon_budget`):
   its ledger, opened now (`Run.open_ledger`: δ `delta`, else the existing ledger's, else
-  `default_delta`), and what it spent on the run's data set before the run's first charge
-  (`PrivacyLedger.spent_before`: e.g. a DP top-k vocabulary; a resumed run finds what it found
-  when it started). Otherwise (`run` None: planning alone): (`delta` or `default_delta`,
-  nothing spent)."""
+  `default_delta`; privacy `unit`, None: the existing ledger's, else "row"), and what it spent
+  on the run's data set before the run's first charge (`PrivacyLedger.spent_before`: e.g. a DP
+  top-k vocabulary; a resumed run finds what it found when it started). Otherwise (`run`
+  None: planning alone): (`delta` or `default_delta`, nothing spent)."""
   from dprec.privacy import composition  # pylint: disable=import-outside-toplevel
   if run is None or epsilon_budget is None or not math.isfinite(epsilon_budget):
     return (default_delta if delta is None else delta), composition.Spent()
-  ledger = run.open_ledger(epsilon_budget, delta, accountant, default_delta)
+  ledger = run.open_ledger(epsilon_budget, delta, accountant, default_delta, unit)
   return ledger.delta, ledger.spent_before(run.run_id)
 
 
