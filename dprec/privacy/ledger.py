@@ -135,6 +135,8 @@ class PrivacyLedger:
                        "continue without it (restore it from the latest checkpoint)") from error
     if not isinstance(data, dict) or data.get("format") != LEDGER_FORMAT:
       raise DprecError(f"{self.path}: not a dprec privacy ledger (format {LEDGER_FORMAT})")
+    if "epsilon_budget" in data and data["epsilon_budget"] is None:
+      data["epsilon_budget"] = float("inf")  # strict JSON writes an unlimited budget as null
     for field, given in (("epsilon_budget", epsilon_budget), ("delta", delta),
                          ("accountant", accountant)):
       if given is not None and given != data.get(field):

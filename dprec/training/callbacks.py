@@ -252,32 +252,49 @@ class ProgressBar(tf.keras.callbacks.Callback):
   `diagnostics` the (non-private: exact, unclipped) training loss and AUC.
 
   ε is shown as "eps_paid": the ledger is charged ahead in blocks (`PrivacyBudgetCallback`), so
-  it includes steps paid for but not yet trained.
+  it includes steps paid for but not yet trained. With a `timer` (`StepTimer`), the rate shown is
+  its "steps/s", the summary's `steps_per_second` (training steps after the first, which traces
+  the step), in place of tqdm's own rate (which counts the tracing).
   """
 
   SHOWN = {"epsilon": "eps_paid", "gradient_size_reduction": "gradient_size_reduction"}
   DIAGNOSTICS = {"loss": "loss", "auc": "auc"}
 
-  def __init__(self, desc: str = "train", initial: int = 0, diagnostics: bool = False):
+  RATE = "steps/s"
+  WITHOUT_RATE = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
+
+  def __init__(self, desc: str = "train", initial: int = 0, diagnostics: bool = False,
+               timer: Optional[StepTimer] = None):
     """`initial`: steps already trained (a resumed run's bar starts there)."""
     super().__init__()
     self.desc = desc
     self.initial = initial
     self.shown = dict(self.SHOWN, **(self.DIAGNOSTICS if diagnostics else {}))
+    self.timer = timer
     self._bar = None
+    self._postfix = {}
 
   def on_train_begin(self, logs=None):
     steps, epochs = self.params.get("steps"), self.params.get("epochs") or 1
+    rate = {} if self.timer is None else {"bar_format": self.WITHOUT_RATE}
     self._bar = progress_bar(total=self.initial + steps * epochs if steps else None,
-                             initial=self.initial, desc=self.desc, unit="step")
+                             initial=self.initial, desc=self.desc, unit="step", **rate)
+
+  def _set_postfix(self, refresh):
+    rate = self.timer and self.timer.steps_per_second
+    self._bar.set_postfix(dict({self.RATE: f"{rate:.3g}"} if rate else {}, **self._postfix),
+                          refresh=refresh)
 
   def on_train_batch_end(self, batch, logs=None):
     self._bar.update(1)
     if batch % 10 == 0:
-      self._bar.set_postfix({self.shown[k]: f"{float(v):.4g}" for k, v in (logs or {}).items()
-                             if k in self.shown}, refresh=False)
+      self._postfix = {self.shown[k]: f"{float(v):.4g}" for k, v in (logs or {}).items()
+                       if k in self.shown}
+      self._set_postfix(refresh=False)
 
   def on_train_end(self, logs=None):
+    self._set_postfix(refresh=False)  # the final rate, the summary's steps_per_second: closing
+    # draws it
     self._bar.close()
 
 

@@ -92,6 +92,7 @@ EPSILON_COVERS = {
     "epsilon": "(epsilon, delta)-DP for adding or removing one training example (row), "
                "covering the model, the DP top-k rows and every field listed under 'covered'",
     "covered": ["auc", "eval_loss", "eval_log_loss", "base_rate", "base_rate_log_loss",
+                "eval_base_rate", "worse_than_base_rate",
                 "calibration_scale", "calibration_shift", "gradient_size",
                 "gradient_size_reduction", "steps", "stopped_at_budget", "validation_auc",
                 "validation_log_loss"],
@@ -99,8 +100,10 @@ EPSILON_COVERS = {
                "train_rows, eval_rows and validation_rows (N, assumed public)",
                "dense_embedding_size", "sharded_tables", "timings",
                "resumed_from_step, rerun_steps and fault_epsilon (where faults stopped the run)"],
-    "held_out_evaluation": "auc and eval_loss are computed on the last day, which is not "
-                           "training data of this run (that day itself is not protected); so "
+    "held_out_evaluation": "auc, eval_loss, eval_base_rate (its click rate) and "
+                           "base_rate_log_loss (the log loss of the constant predictor at that "
+                           "rate) are computed on the last day, which is not training data of "
+                           "this run (that day itself is not protected); so "
                            "are validation_auc and validation_log_loss, on held-out training "
                            "rows (dprec.data.ctr_data.hold_out_validation)",
     "not_covered": "diagnostics_nonprivate (only with --diagnostics): exact training loss/AUC",
@@ -235,6 +238,22 @@ def default_batch_size(num_examples: int) -> int:
 
 class SmallDataWarning(UserWarning):
   """A DP run with too few training rows for its ε to train a useful model."""
+
+
+class WorseThanBaseRateWarning(UserWarning):
+  """A model whose held-out log loss is worse than the constant predictor's at the held-out
+  click rate."""
+
+
+def warn_if_worse_than_base_rate(summary: dict) -> None:
+  """Warns (one line) when `summary`'s held-out log loss exceeds `base_rate_log_loss`."""
+  if summary["worse_than_base_rate"]:
+    warnings.warn(
+        f"held-out log loss {summary['eval_log_loss']:.4f} is worse than "
+        f"{summary['base_rate_log_loss']:.4f}, the constant predictor's at the held-out click "
+        f"rate {summary['eval_base_rate']:.4f}: always predicting that rate would do better "
+        "(docs/guide/train_ctr.md, 'Reading the result')",
+        WorseThanBaseRateWarning)
 
 
 def warn_on_small_data(options: CTRTrainOptions, num_examples: int) -> None:
@@ -545,7 +564,8 @@ def _train(options, data, strategy, coordinator, base=None):
                      validation_rows=int(len(data.validation["label"])))
     summary.update(chosen, **layout if coordinator else {})
   if chief:
-    run_lib.write_summary(summary, options.summary_json)
+    run_lib.write_summary(summary, run_lib.summary_path(options))
+    warn_if_worse_than_base_rate(summary)
   return summary
 
 
@@ -569,7 +589,9 @@ def run_local_cluster(options: CTRTrainOptions) -> dict:
   (MultiWorkerMirroredStrategy, each told its role by TF_CONFIG; worker 0 is the chief);
   returns the chief's summary. A worker that fails stops the others."""
   with tempfile.TemporaryDirectory(prefix="dprec-workers-") as scratch:
-    summary_json = options.summary_json or os.path.join(scratch, "summary.json")
+    summary_json = run_lib.summary_path(options)
+    if summary_json in (None, run_lib.STDOUT):
+      summary_json = os.path.join(scratch, run_lib.SUMMARY_FILE)
     worker = dataclasses.replace(options, local_workers=0, summary_json=summary_json)
     workers = cluster.start_local_workers(
         ["-c", "import sys; from dprec import cli; cli.import_tensorflow_quietly(); "
@@ -596,8 +618,12 @@ def _summary(options, data, model, plan, history, evaluation, timer, budget, run
   summary = {
       "algorithm": options.algorithm, "auc": float(evaluation["auc"]),
       "eval_loss": float(evaluation["loss"]), "eval_log_loss": float(evaluation["loss"]),
-      # held_out: (rows, click rate); the constant's log loss depends on the labels' mean only
-      "base_rate": rate, "base_rate_log_loss": ctr.log_loss_of_constant([held_out[1]], rate),
+      # held_out: (rows, click rate). The yardstick: the constant predictor at the held-out
+      # click rate, on the rows the AUC and log loss are measured on (their status).
+      "base_rate": rate, "eval_base_rate": held_out[1],
+      "base_rate_log_loss": ctr.log_loss_of_constant([held_out[1]], held_out[1]),
+      "worse_than_base_rate": bool(float(evaluation["loss"]) > ctr.log_loss_of_constant(
+          [held_out[1]], held_out[1])),
       "base_rate_noise_multiplier": plan.mechanisms.get(BASE_RATE_LABEL),
       "calibration_scale": calibration[0], "calibration_shift": calibration[1],
       "calibration_noise_multiplier": plan.mechanisms.get(CALIBRATION_LABEL),
@@ -619,7 +645,7 @@ def _summary(options, data, model, plan, history, evaluation, timer, budget, run
       "table_learning_rate": (table_learning_rate(options) if options.optimizer == "table_sgd"
                               else None),
       "train_rows": _train_rows(data), "eval_rows": int(held_out[0]), "data_source": data.source,
-      "ledger": options.ledger, "run_dir": options.run_dir,
+      "run_dir": options.run_dir,
       "note": "; ".join([VOCABULARY_NOTE] + plan.notes),
       **run.privacy_summary(plan, EPSILON_COVERS),
   }
