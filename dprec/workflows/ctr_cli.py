@@ -149,6 +149,12 @@ def register(subparsers):
            f"Table 3, +5%% at "
            f"10M rows), and checkpoints hold one variable per stack, so a run resumes only "
            f"with the same setting. Default: off (one variable per table)")
+  add("--select-on-validation", type=float, default=defaults.select_on_validation,
+      metavar="SHARE",
+      help="--algorithm non_private: hold out this share of the training rows (the end of the "
+           "last training day) and keep the weights of the best validation log loss, measured "
+           f"{ctr.SELECTION_POINTS} times a run (early stopping's choice; never on the "
+           "evaluation day); default: off")
   add("--eval-batch-size", type=int, default=defaults.eval_batch_size,
       help="batch size of the evaluation")
   add("--log-dir", help="TensorBoard directory (loss, AUC, ε, gradient size)")
