@@ -20,7 +20,14 @@ import tempfile
 
 QUIET = False  # set by `hold_library_logs`; `held_stderr_if_quiet` reads it
 TF_LOG_LEVEL = "TF_CPP_MIN_LOG_LEVEL"
-USER_TF_LOG_LEVEL = TF_LOG_LEVEL in os.environ  # the user's own setting wins
+_SET_BY_DPREC = None  # the TF_LOG_LEVEL dprec set (a user's own setting wins)
+
+
+def _set_tf_log_level(level: str):
+  """Sets TensorFlow's native log level unless the user set it."""
+  global _SET_BY_DPREC  # pylint: disable=global-statement
+  if os.environ.get(TF_LOG_LEVEL) in (None, _SET_BY_DPREC):
+    os.environ[TF_LOG_LEVEL] = _SET_BY_DPREC = level
 
 
 def hold_library_logs():
@@ -28,8 +35,7 @@ def hold_library_logs():
   native log, Python logging below ERROR (Beam's, absl's), Dask's (here and in its workers)."""
   global QUIET  # pylint: disable=global-statement
   QUIET = True
-  if not USER_TF_LOG_LEVEL:
-    os.environ[TF_LOG_LEVEL] = "3"
+  _set_tf_log_level("3")
   os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
   logging.getLogger().setLevel(logging.ERROR)
 
@@ -133,8 +139,7 @@ class _QuietTensorFlowFinder(importlib.abc.MetaPathFinder):
 def quiet_tensorflow_start_up():
   """On `import dprec`: TensorFlow's INFO log off (`TF_CPP_MIN_LOG_LEVEL=1`, unless the user set
   it) and, if TensorFlow is not imported yet, its import filtered (`filtered_stderr`)."""
-  if not USER_TF_LOG_LEVEL:
-    os.environ[TF_LOG_LEVEL] = "1"
+  _set_tf_log_level("1")
   if "tensorflow" not in sys.modules and not any(
       isinstance(finder, _QuietTensorFlowFinder) for finder in sys.meta_path):
     sys.meta_path.insert(0, _QuietTensorFlowFinder())
