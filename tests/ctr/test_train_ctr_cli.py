@@ -449,7 +449,7 @@ def test_adambc_bias_correction_costs_no_privacy(data_dir, tmp_path):
 
 def test_dp_run_is_calibrated_like_the_base_rate(data_dir, tmp_path):
   """With the CLI's defaults a DP-AdaFEST model's held-out log loss is not above that of
-  predicting the (DP) training click rate. The defaults before issue 14 (Glorot logit layer,
+  the constant predictor at the held-out click rate (`base_rate_log_loss`). The defaults before issue 14 (Glorot logit layer,
   C2 = 1, Adam 3e-3, no recalibration) ended 0.17 above it here (0.743 vs 0.570); the same
   training with DP Platt scaling ended between 0.0018 below and 0.0002 above it in four runs:
   on 1,000 training rows the model does not rank held-out rows (AUC 0.43–0.46) and the fit
