@@ -15,7 +15,7 @@ def privacy(summary: dict, unit: str) -> str:
                                                         summary.get("epsilon_total"))
   if epsilon is None or not math.isfinite(epsilon):
     return "not private (ε = ∞)"
-  text = f"ε = {epsilon:.3g} per {unit}"
+  text = f"ε = {epsilon:.4g} per {unit}"
   if budget is not None and math.isfinite(budget):
     text += f" (budget {budget:g})"
   text += f", δ = {summary['delta']:.2g}"
@@ -57,4 +57,6 @@ def train_seqrec(summary: dict) -> str:
   return (f"train seqrec {summary['model']}: NDCG@10 {100 * summary['ndcg_at_10']:.2f}% "
           f"(random ranking {100 * chance['ndcg']:.2f}%), HIT@10 "
           f"{100 * summary['hit_at_10']:.2f}% (random {100 * chance['hit']:.2f}%) over "
-          f"{summary['test_users']:,} test users; " + privacy(summary, "user"))
+          f"{summary['test_users']:,} test users; "
+          + privacy(summary, f"user ({summary['privacy_notion']})" if "privacy_notion" in summary
+                    else "user"))

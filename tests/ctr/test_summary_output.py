@@ -36,7 +36,7 @@ def test_one_line_then_json_in_the_run_dir_then_a_rerun_says_so(criteo_days, tmp
   assert out.count("\n") == 1, out
   summary = strict_load((run_dir / "summary.json").read_text())
   assert out.startswith("train ctr dp_sgd: held-out AUC ") and "(chance 0.5)" in out
-  assert f"ε = {summary['epsilon']:.3g} per training row (budget 2)" in out
+  assert f"ε = {summary['epsilon']:.4g} per training row (budget 2)" in out
   assert f"δ = {summary['delta']:.2g}" in out and f"summary: {run_dir / 'summary.json'}" in out
   assert summary["ledger"] == str(run_dir / "ledger.json")
   assert "finished" not in err
