@@ -94,3 +94,15 @@ def test_the_progress_bar_shows_the_summary_s_steps_per_second(capsys):
   bar.on_train_end()
   last = capsys.readouterr().err.strip().splitlines()[-1]
   assert "steps/s=56.8" in last and "step/s" not in last.replace("steps/s", ""), last
+
+
+def test_stream_result_line_reads_the_last_evaluated_period():
+  summary = {"algorithm": "dp_sgd", "periods_trained": 3, "privacy_unit": "user",
+             "epsilon": 0.8, "epsilon_total": 1.0, "delta": 1e-6, "private": True,
+             "periods": [{"eval_period": 1, "auc": 0.6, "log_loss": 0.55,
+                          "base_rate_log_loss": 0.56},
+                         {"eval_period": 2, "auc": 0.61, "log_loss": 0.54,
+                          "base_rate_log_loss": 0.57}, {"auc": None}]}
+  line = result.stream(summary)
+  assert "on period 2 (held out): AUC 0.6100 (chance 0.5), log loss 0.5400 nats" in line
+  assert "ε = 0.8 per user (budget 1), δ = 1e-06" in line
