@@ -483,7 +483,8 @@ class Run:
     reasons = ([] if dp else ["non-private training: no differential privacy"])
     reasons += [] if self.private else [self.noise_key.note]
     public = list(epsilon_covers.get("public", [])) + [
-        "epsilon_parts (accounting) and dataset (the data set's path, id and vocab_privacy)"]
+        "epsilon_parts (accounting), ledger (its path) and dataset (the data set's path, id "
+        "and vocab_privacy)"]
     fields = {"run_id": self.run_id, "epsilon_covers": dict(epsilon_covers, public=public),
               "secure_noise": self.secure_noise, "ledger": self.ledger_file}
     public_seeded = []
