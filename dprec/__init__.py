@@ -6,8 +6,11 @@ convention of TFRS and TF-GNN; dprec's own models and commands are tf-keras mode
 dprec sets that variable if the user has not, which works as long as `tf.keras` has not been
 used yet (TF reads the variable on the first use); the `dprec` command always imports dprec
 first. In a process whose `tf.keras` is already Keras 3, dprec trains Keras 3 models only.
+Importing dprec also quiets TensorFlow's start-up log (`dprec.quiet.quiet_tensorflow_start_up`).
 """
 import os
+
+from dprec import quiet
 
 __version__ = "0.1.0"
 
@@ -20,6 +23,7 @@ def _select_keras_2():
 
 
 _select_keras_2()
+quiet.quiet_tensorflow_start_up()
 
 
 # The public surface: `from dprec import X` for everything the README and the guides use, each

@@ -11,6 +11,7 @@ import contextlib
 import fcntl
 import glob
 import json
+import math
 import os
 import tempfile
 
@@ -53,8 +54,25 @@ def write_text(path, text):
   write_bytes(path, text.encode("utf-8"))
 
 
+def strict(value):
+  """`value` with every number that is not finite (ε = ∞ of a non-private run, a NaN loss) as
+  None: JSON has no such numbers, and dprec writes strict JSON (null)."""
+  if isinstance(value, float) and not math.isfinite(value):
+    return None
+  if isinstance(value, dict):
+    return {key: strict(item) for key, item in value.items()}
+  if isinstance(value, (list, tuple)):
+    return [strict(item) for item in value]
+  return value
+
+
+def dumps(value, **kwargs) -> str:
+  """`json.dumps` of `strict(value)`: strict JSON (`allow_nan=False`)."""
+  return json.dumps(strict(value), allow_nan=False, **kwargs)
+
+
 def write_json(path, value, sort_keys=False):
-  write_text(path, json.dumps(value, indent=2, sort_keys=sort_keys) + "\n")
+  write_text(path, dumps(value, indent=2, sort_keys=sort_keys) + "\n")
 
 
 def remove_stale_temporaries(path):

@@ -2,18 +2,20 @@
 
 A command module exposes `register(subparsers)`, which adds its parser(s) and sets `func` to a
 handler taking the parsed args. A handler returns an int exit code or a dict, which is printed as
-JSON on stdout. User errors (`DprecError`) print one line on stderr and exit 2; any other
-exception prints one line too unless `--debug` asks for the traceback.
+strict JSON on stdout (`atomic_io.dumps`: null for a non-finite number); a training command prints
+its one-line result itself (`dprec.workflows.run.report`) and returns 0. User errors
+(`DprecError`) print one line on stderr and exit 2; any other exception prints one line too
+unless `--debug` asks for the traceback.
 
 Only the modules of the command being run are imported (TensorFlow and Beam take seconds to
 import); the others appear in `dprec --help` through their one-line summary below.
 """
 import argparse
 import importlib
-import json
 import sys
 import warnings
 
+from dprec import atomic_io
 from dprec import quiet
 from dprec.cli_help import use_formatter
 from dprec.errors import DprecError
@@ -111,7 +113,7 @@ def main(argv=None):
           file=sys.stderr)
     return 1
   if isinstance(result, dict):
-    print(json.dumps(result, indent=2, sort_keys=True))
+    print(atomic_io.dumps(result, indent=2, sort_keys=True))
     return 0
   return int(result or 0)
 

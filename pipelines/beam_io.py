@@ -26,6 +26,7 @@ from apache_beam.options.pipeline_options import DirectOptions
 from apache_beam.options.pipeline_options import PipelineOptions
 from apache_beam.options.pipeline_options import StandardOptions
 
+from dprec import atomic_io
 from dprec import quiet
 from dprec.cli_help import use_formatter
 from dprec.errors import DprecError
@@ -296,7 +297,7 @@ def atomic_write(path: str, data: bytes) -> None:
 
 
 def write_json(path: str, value) -> None:
-  atomic_write(path, (json.dumps(value, indent=2, sort_keys=True) + "\n").encode())
+  atomic_write(path, (atomic_io.dumps(value, indent=2, sort_keys=True) + "\n").encode())
 
 
 def read_json(path: str):
@@ -445,7 +446,7 @@ def run_main(job) -> int:
   except DprecError as error:
     print(f"error: {error}", file=sys.stderr)
     return 2
-  print(json.dumps(summary, indent=2, sort_keys=True))
+  print(atomic_io.dumps(summary, indent=2, sort_keys=True))
   return 0
 
 

@@ -4,11 +4,11 @@ Canaries of independent runs are independent: the R·m canaries are guessed on t
 run's would be (each run's output depends on its own canaries only).
 """
 import dataclasses
-import json
 from typing import Callable, Dict, List, Optional
 
 import numpy as np
 
+from dprec import atomic_io
 from dprec.audit import bounds
 
 METHODS = {
@@ -89,7 +89,6 @@ def write_outputs(summary, records, scores_file=None, summary_json=None):
   """The scores file (JSON lines, one per canary) and the JSON summary, where asked for."""
   if scores_file:
     with open(scores_file, "w", encoding="utf-8") as out:
-      out.writelines(json.dumps(record) + "\n" for record in records)
+      out.writelines(atomic_io.dumps(record) + "\n" for record in records)
   if summary_json:
-    with open(summary_json, "w", encoding="utf-8") as out:
-      json.dump(summary, out, indent=2, sort_keys=True)
+    atomic_io.write_json(summary_json, summary, sort_keys=True)

@@ -155,6 +155,8 @@ class PrivacyLedger:
     if not isinstance(data, dict) or data.get("format") != LEDGER_FORMAT:
       raise DprecError(f"{self.path}: not a dprec privacy ledger (format {LEDGER_FORMAT})")
     data.setdefault("privacy_unit", ROW)  # written before units
+    if "epsilon_budget" in data and data["epsilon_budget"] is None:
+      data["epsilon_budget"] = float("inf")  # strict JSON writes an unlimited budget as null
     for field, given in (("epsilon_budget", epsilon_budget), ("delta", delta),
                          ("accountant", accountant), ("privacy_unit", unit)):
       if given is not None and given != data.get(field):

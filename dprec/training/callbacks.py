@@ -223,24 +223,33 @@ class CheckpointCallback(tf.keras.callbacks.Callback):
 
 class StepTimer(tf.keras.callbacks.Callback):
   """Counts training steps and measures steps/s from the end of the first step (which includes
-  tracing the `tf.function`) to the end of the last."""
+  tracing the `tf.function`) to the end of the last, less the time callbacks spent evaluating
+  (`exclude`)."""
 
   def __init__(self):
     super().__init__()
     self.steps = 0
     self._first_end = None
     self._last_end = None
+    self._excluded = self._pending = 0.0
+
+  def exclude(self, seconds: float):
+    """Leaves `seconds` spent evaluating after a step (not training) out, once a later step
+    ends (time after the last step is not measured)."""
+    if self._first_end is not None:
+      self._pending += seconds
 
   def on_train_batch_end(self, batch, logs=None):
     self.steps += 1
     self._last_end = time.perf_counter()
+    self._excluded, self._pending = self._excluded + self._pending, 0.0
     if self._first_end is None:
       self._first_end = self._last_end
 
   @property
   def seconds(self) -> float:
     """Seconds from the end of the first step to the end of the last."""
-    return (self._last_end - self._first_end) if self.steps > 1 else 0.0
+    return (self._last_end - self._first_end - self._excluded) if self.steps > 1 else 0.0
 
   @property
   def steps_per_second(self) -> Optional[float]:
@@ -252,32 +261,49 @@ class ProgressBar(tf.keras.callbacks.Callback):
   `diagnostics` the (non-private: exact, unclipped) training loss and AUC.
 
   ε is shown as "eps_paid": the ledger is charged ahead in blocks (`PrivacyBudgetCallback`), so
-  it includes steps paid for but not yet trained.
+  it includes steps paid for but not yet trained. With a `timer` (`StepTimer`), the rate shown is
+  its "steps/s", the summary's `steps_per_second` (training steps after the first, which traces
+  the step), in place of tqdm's own rate (which counts the tracing).
   """
 
   SHOWN = {"epsilon": "eps_paid", "gradient_size_reduction": "gradient_size_reduction"}
   DIAGNOSTICS = {"loss": "loss", "auc": "auc"}
 
-  def __init__(self, desc: str = "train", initial: int = 0, diagnostics: bool = False):
+  RATE = "steps/s"
+  WITHOUT_RATE = "{l_bar}{bar}| {n_fmt}/{total_fmt} [{elapsed}<{remaining}{postfix}]"
+
+  def __init__(self, desc: str = "train", initial: int = 0, diagnostics: bool = False,
+               timer: Optional[StepTimer] = None):
     """`initial`: steps already trained (a resumed run's bar starts there)."""
     super().__init__()
     self.desc = desc
     self.initial = initial
     self.shown = dict(self.SHOWN, **(self.DIAGNOSTICS if diagnostics else {}))
+    self.timer = timer
     self._bar = None
+    self._postfix = {}
 
   def on_train_begin(self, logs=None):
     steps, epochs = self.params.get("steps"), self.params.get("epochs") or 1
+    rate = {} if self.timer is None else {"bar_format": self.WITHOUT_RATE}
     self._bar = progress_bar(total=self.initial + steps * epochs if steps else None,
-                             initial=self.initial, desc=self.desc, unit="step")
+                             initial=self.initial, desc=self.desc, unit="step", **rate)
+
+  def _set_postfix(self, refresh):
+    rate = self.timer and self.timer.steps_per_second
+    self._bar.set_postfix(dict({self.RATE: f"{rate:.3g}"} if rate else {}, **self._postfix),
+                          refresh=refresh)
 
   def on_train_batch_end(self, batch, logs=None):
     self._bar.update(1)
     if batch % 10 == 0:
-      self._bar.set_postfix({self.shown[k]: f"{float(v):.4g}" for k, v in (logs or {}).items()
-                             if k in self.shown}, refresh=False)
+      self._postfix = {self.shown[k]: f"{float(v):.4g}" for k, v in (logs or {}).items()
+                       if k in self.shown}
+      self._set_postfix(refresh=False)
 
   def on_train_end(self, logs=None):
+    self._set_postfix(refresh=False)  # the final rate, the summary's steps_per_second: closing
+    # draws it
     self._bar.close()
 
 
@@ -302,3 +328,40 @@ class PeriodProgress:
     if step + 1 == self.total:
       self.bar.close()
       self.bar, self.period = None, None
+
+
+class BestOnValidation(tf.keras.callbacks.Callback):
+  """Model selection on validation data (early stopping's choice without stopping): every
+  `every` steps and after the last, `score(model)` (lower is better, e.g. validation log loss);
+  the weights of the best score are kept, and `restore` puts them back. Only for a non-private
+  run: the choice reads the validation rows exactly. With a `timer` (`StepTimer`), the time
+  spent scoring is left out of its steps/s."""
+
+  def __init__(self, score, every: int, timer: Optional[StepTimer] = None):
+    super().__init__()
+    self.score, self.every, self.timer = score, every, timer
+    self.steps, self.scores = 0, {}
+    self.best_step, self._best = None, None
+
+  def _consider(self):
+    start = time.perf_counter()
+    value = float(self.score(self.model))
+    if self.timer is not None:
+      self.timer.exclude(time.perf_counter() - start)
+    self.scores[self.steps] = value
+    if self.best_step is None or value < self.scores[self.best_step]:
+      self.best_step, self._best = self.steps, self.model.get_weights()
+
+  def on_train_batch_end(self, batch, logs=None):
+    self.steps += 1
+    if self.steps % self.every == 0:
+      self._consider()
+
+  def on_train_end(self, logs=None):
+    if self.steps and self.steps not in self.scores:
+      self._consider()
+
+  def restore(self, model):
+    """Puts the best weights into `model` (the one trained)."""
+    if self._best is not None:
+      model.set_weights(self._best)

@@ -42,7 +42,7 @@ import numpy as np
 import tensorflow as tf
 
 from dprec import privacy
-from dprec.data.ctr_data import CTRData, load_data
+from dprec.data.ctr_data import CTRData, hold_out_validation, load_data
 from dprec.distribute import cluster
 from dprec.distribute import parameter_server
 from dprec.errors import DprecError
@@ -82,6 +82,7 @@ CALIBRATION_LABEL = "train ctr calibration"
 # out AUC 0.479 and 0.485 on 13,334 training rows (B = 1,024, 30 steps, 2 noise seeds) and 0.694
 # on 100,000 (B = 1,024, 200 steps) (docs/experiments/ctr_utility.md, "Small data").
 SMALL_DATA = 50_000
+SELECTION_POINTS = 20  # --select-on-validation: validation log loss this many times a run
 CALIBRATION_ROWS = 1_000_000  # rows DP Platt scaling fits on (BENCHMARKS: 1M fit = the 5M fit)
 SELECTION_LABEL = "dp-fest top-k"
 VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-k-epsilon 0) are "
@@ -92,6 +93,7 @@ EPSILON_COVERS = {
     "epsilon": "(epsilon, delta)-DP for adding or removing one training example (row), "
                "covering the model, the DP top-k rows and every field listed under 'covered'",
     "covered": ["auc", "eval_loss", "eval_log_loss", "base_rate", "base_rate_log_loss",
+                "eval_base_rate", "worse_than_base_rate",
                 "calibration_scale", "calibration_shift", "gradient_size",
                 "gradient_size_reduction", "steps", "stopped_at_budget", "validation_auc",
                 "validation_log_loss"],
@@ -99,8 +101,10 @@ EPSILON_COVERS = {
                "train_rows, eval_rows and validation_rows (N, assumed public)",
                "dense_embedding_size", "sharded_tables", "timings",
                "resumed_from_step, rerun_steps and fault_epsilon (where faults stopped the run)"],
-    "held_out_evaluation": "auc and eval_loss are computed on the last day, which is not "
-                           "training data of this run (that day itself is not protected); so "
+    "held_out_evaluation": "auc, eval_loss, eval_base_rate (its click rate) and "
+                           "base_rate_log_loss (the log loss of the constant predictor at that "
+                           "rate) are computed on the last day, which is not training data of "
+                           "this run (that day itself is not protected); so "
                            "are validation_auc and validation_log_loss, on held-out training "
                            "rows (dprec.data.ctr_data.hold_out_validation)",
     "not_covered": "diagnostics_nonprivate (only with --diagnostics): exact training loss/AUC",
@@ -156,6 +160,7 @@ class CTRTrainOptions(run_lib.FitOptions):
   runner: Optional[str] = None  # the Beam jobs of --out-of-core (default: embedded)
   dask_workers: Optional[int] = None
   beam_options: Tuple[str, ...] = ()
+  select_on_validation: float = 0.0  # non_private: share of training rows for model selection
 
   @property
   def private(self):
@@ -202,6 +207,8 @@ class CTRTrainOptions(run_lib.FitOptions):
       raise DprecError(f"--out-of-core-above must be >= 0, got {self.out_of_core_above}")
     if self.out_of_core:
       self._validate_out_of_core()
+    if self.select_on_validation:
+      self._validate_selection()
     if self.algorithm == "dp_sgd_lazy" and (self.strategy != "none" or self.secure_noise
                                             or self.optimizer not in ("sgd", "table_sgd")):
       raise DprecError(  # as `dp_step`'s refusal, but before the ledger is paid
@@ -214,6 +221,17 @@ class CTRTrainOptions(run_lib.FitOptions):
       raise DprecError("--strategy multi_worker needs --run-dir: the chief keeps the run's secret "
                        "noise key there and the other workers read it (a file system they share)")
 
+
+  def _validate_selection(self):
+    """--select-on-validation: a non-private run on one device, in memory, without a run
+    directory (a resumed run would not know the best step so far)."""
+    if not 0 < self.select_on_validation < 1:
+      raise DprecError("--select-on-validation must be in (0, 1), got "
+                       f"{self.select_on_validation}")
+    if self.private or self.run_dir or self.out_of_core or self.strategy != "none":
+      raise DprecError("--select-on-validation (model selection on held-out training rows, read "
+                       "exactly) is for --algorithm non_private on one device, in memory, "
+                       "without --run-dir")
 
   def _validate_out_of_core(self):
     """What --out-of-core does not do yet (docs/guide/train_ctr.md, 'Data larger than memory')."""
@@ -235,6 +253,22 @@ def default_batch_size(num_examples: int) -> int:
 
 class SmallDataWarning(UserWarning):
   """A DP run with too few training rows for its ε to train a useful model."""
+
+
+class WorseThanBaseRateWarning(UserWarning):
+  """A model whose held-out log loss is worse than the constant predictor's at the held-out
+  click rate."""
+
+
+def warn_if_worse_than_base_rate(summary: dict) -> None:
+  """Warns (one line) when `summary`'s held-out log loss exceeds `base_rate_log_loss`."""
+  if summary["worse_than_base_rate"]:
+    warnings.warn(
+        f"held-out log loss {summary['eval_log_loss']:.4f} is worse than "
+        f"{summary['base_rate_log_loss']:.4f}, the constant predictor's at the held-out click "
+        f"rate {summary['eval_base_rate']:.4f}: always predicting that rate would do better "
+        "(docs/guide/train_ctr.md, 'Reading the result')",
+        WorseThanBaseRateWarning)
 
 
 def warn_on_small_data(options: CTRTrainOptions, num_examples: int) -> None:
@@ -440,6 +474,9 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
                                                  _beam_args(options)), strategy, coordinator,
                     base)
   data = data or load_data(options.data, options.vocab, options.vocab_min_count)
+  if options.select_on_validation:
+    data = hold_out_validation(data, max(1, round(options.select_on_validation
+                                                  * len(data.train["label"]))))
   return _train(options, data, strategy, coordinator)
 
 
@@ -495,6 +532,12 @@ def _train(options, data, strategy, coordinator, base=None):
               if run.ledger is not None else None)
     # Workers of a multi-worker run stop together when the chief stops at the budget.
     extra = [callbacks_lib.SharedStop(strategy)] if options.strategy == "multi_worker" else []
+    chooser = None
+    if options.select_on_validation:  # non-private: validation log loss every 1/20 of the run
+      chooser = callbacks_lib.BestOnValidation(
+          lambda m: validation_log_loss(m, data.validation, options.eval_batch_size),
+          max(1, options.steps // SELECTION_POINTS))
+      extra.append(chooser)
     if options.log_dir and options.diagnostics and chief:  # Keras' scalars: exact loss/AUC
       extra.append(tf.keras.callbacks.TensorBoard(
           os.path.join(options.log_dir, "diagnostics_nonprivate"), update_freq=100))
@@ -504,6 +547,8 @@ def _train(options, data, strategy, coordinator, base=None):
         options.checkpoint_every,
         extra, options.progress and chief and f"{COMMAND} {options.algorithm}",
         options.diagnostics)
+    if chooser is not None:
+      chooser.timer = timer  # training steps/s, without the validation passes
     if _out_of_core(data):
       history = out_of_core.fit(run, model, batches, manifest, options.steps, resume, callbacks,
                                 coordinator)
@@ -512,6 +557,8 @@ def _train(options, data, strategy, coordinator, base=None):
       history = run.fit(model, features, data.train["label"], options.batch_size,
                         plan.private and plan.poisson, options.steps, resume, callbacks,
                         coordinator, max_batch_size=options.max_batch_size)
+    if chooser is not None:
+      chooser.restore(model)
     replicas = (parameter_server.num_workers(strategy) if coordinator
                 else model.distribute_strategy.num_replicas_in_sync)
     # Public: the number of tables split over parameter servers (by their public sizes).
@@ -543,10 +590,24 @@ def _train(options, data, strategy, coordinator, base=None):
       summary.update(validation_auc=float(validation["auc"]),
                      validation_log_loss=float(validation["loss"]),
                      validation_rows=int(len(data.validation["label"])))
+    if chooser is not None:
+      summary["model_selection"] = {
+          "on": "validation log loss (held-out training rows, never the evaluation day)",
+          "validation_rows": int(len(data.validation["label"])), "every": chooser.every,
+          "best_step": chooser.best_step,
+          "validation_log_loss_by_step": {str(s): v for s, v in chooser.scores.items()}}
     summary.update(chosen, **layout if coordinator else {})
   if chief:
-    run_lib.write_summary(summary, options.summary_json)
+    run_lib.write_summary(summary, run_lib.summary_path(options))
+    warn_if_worse_than_base_rate(summary)
   return summary
+
+
+def validation_log_loss(model, validation, batch_size) -> float:
+  """The mean log loss (nats) of `model` on the `validation` rows."""
+  logits = ctr.predict_logits(model, validation, batch_size)
+  labels = validation["label"].astype(np.float64)
+  return float(np.mean(np.logaddexp(0.0, logits) - labels * logits))
 
 
 def _local_copy(model):
@@ -569,7 +630,9 @@ def run_local_cluster(options: CTRTrainOptions) -> dict:
   (MultiWorkerMirroredStrategy, each told its role by TF_CONFIG; worker 0 is the chief);
   returns the chief's summary. A worker that fails stops the others."""
   with tempfile.TemporaryDirectory(prefix="dprec-workers-") as scratch:
-    summary_json = options.summary_json or os.path.join(scratch, "summary.json")
+    summary_json = run_lib.summary_path(options)
+    if summary_json in (None, run_lib.STDOUT):
+      summary_json = os.path.join(scratch, run_lib.SUMMARY_FILE)
     worker = dataclasses.replace(options, local_workers=0, summary_json=summary_json)
     workers = cluster.start_local_workers(
         ["-c", "import sys; from dprec import cli; cli.import_tensorflow_quietly(); "
@@ -596,8 +659,12 @@ def _summary(options, data, model, plan, history, evaluation, timer, budget, run
   summary = {
       "algorithm": options.algorithm, "auc": float(evaluation["auc"]),
       "eval_loss": float(evaluation["loss"]), "eval_log_loss": float(evaluation["loss"]),
-      # held_out: (rows, click rate); the constant's log loss depends on the labels' mean only
-      "base_rate": rate, "base_rate_log_loss": ctr.log_loss_of_constant([held_out[1]], rate),
+      # held_out: (rows, click rate). The yardstick: the constant predictor at the held-out
+      # click rate, on the rows the AUC and log loss are measured on (their status).
+      "base_rate": rate, "eval_base_rate": held_out[1],
+      "base_rate_log_loss": ctr.log_loss_of_constant([held_out[1]], held_out[1]),
+      "worse_than_base_rate": bool(float(evaluation["loss"]) > ctr.log_loss_of_constant(
+          [held_out[1]], held_out[1])),
       "base_rate_noise_multiplier": plan.mechanisms.get(BASE_RATE_LABEL),
       "calibration_scale": calibration[0], "calibration_shift": calibration[1],
       "calibration_noise_multiplier": plan.mechanisms.get(CALIBRATION_LABEL),
@@ -619,7 +686,7 @@ def _summary(options, data, model, plan, history, evaluation, timer, budget, run
       "table_learning_rate": (table_learning_rate(options) if options.optimizer == "table_sgd"
                               else None),
       "train_rows": _train_rows(data), "eval_rows": int(held_out[0]), "data_source": data.source,
-      "ledger": options.ledger, "run_dir": options.run_dir,
+      "run_dir": options.run_dir,
       "note": "; ".join([VOCABULARY_NOTE] + plan.notes),
       **run.privacy_summary(plan, EPSILON_COVERS),
   }

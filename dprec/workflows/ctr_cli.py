@@ -3,6 +3,8 @@ import argparse
 
 from dprec.cli_help import add_deprecated_alias
 from dprec.workflows import ctr
+from dprec.workflows import result
+from dprec.workflows import run as run_lib
 from dprec.workflows import run_cli
 from dprec.workflows.ctr import CTRTrainOptions
 
@@ -14,7 +16,9 @@ Large Embedding Models" (arXiv:2311.08357), on Criteo TSV day files or a `dprec 
 criteo` output (the last day is held out for evaluation), non-privately or with DP-SGD, DP-FEST,
 DP-AdaFEST or DP-AdaFEST+. σ comes from --epsilon; the ledger is paid before the steps run and
 training stops at the budget; a DP run starts its logit at a DP base rate and ends with DP Platt
-scaling. Prints a JSON summary (held-out AUC and log loss, ε spent, gradient-size reduction).
+scaling. Ends with one line (held-out AUC and log loss beside their baselines, ε spent, δ); the
+JSON summary (also the gradient-size reduction, steps/s, ...) goes to --summary-json, else
+RUN_DIR/summary.json.
 Guide: docs/guide/train_ctr.md.
 """
 GHAZI = "Ghazi et al. 2023, arXiv:2311.08357"  # the paper of DP-FEST and DP-AdaFEST
@@ -145,6 +149,12 @@ def register(subparsers):
            f"Table 3, +5%% at "
            f"10M rows), and checkpoints hold one variable per stack, so a run resumes only "
            f"with the same setting. Default: off (one variable per table)")
+  add("--select-on-validation", type=float, default=defaults.select_on_validation,
+      metavar="SHARE",
+      help="--algorithm non_private: hold out this share of the training rows (the end of the "
+           "last training day) and keep the weights of the best validation log loss, measured "
+           f"{ctr.SELECTION_POINTS} times a run (early stopping's choice; never on the "
+           "evaluation day); default: off")
   add("--eval-batch-size", type=int, default=defaults.eval_batch_size,
       help="batch size of the evaluation")
   add("--log-dir", help="TensorBoard directory (loss, AUC, ε, gradient size)")
@@ -176,6 +186,8 @@ def register(subparsers):
   parser.set_defaults(func=run)
 
 
-def run(args) -> dict:
-  return ctr.run(run_cli.options_from_args(CTRTrainOptions, args,
-                                           beam_options=tuple(args.beam_options)))
+def run(args) -> int:
+  options = run_cli.options_from_args(CTRTrainOptions, args,
+                                      beam_options=tuple(args.beam_options))
+  summary = ctr.run(options)
+  return run_lib.report(summary, options, result.train_ctr(summary))

@@ -42,6 +42,7 @@ import math
 import os
 import secrets
 import shutil
+import sys
 import tempfile
 import time
 from typing import Mapping, Optional
@@ -58,6 +59,8 @@ RUN_FORMAT = "dprec-run-v1"
 SECRET_DIR = "secret"
 KEY_FILE = "noise_key"
 LEDGER_FILE = "ledger.json"
+SUMMARY_FILE = "summary.json"  # in the run directory, unless --summary-json says otherwise
+STDOUT = "-"  # --summary-json -: the JSON summary on stdout
 CHECKPOINTS_DIR = "checkpoints"
 WORKER_WAIT_SECONDS = 600  # how long a worker waits for the chief to create the run
 BUDGET_SLACK = 1 + 1e-6  # calibration's rounding: a plan within this of the budget fits it
@@ -142,6 +145,7 @@ class Run:
         raise
       base = run_dir
     self.ledger_path = ledger or os.path.join(base, LEDGER_FILE)
+    self._temporary_ledger = ledger is None and run_dir is None
     self.ledger = None  # opened by `open_ledger` (a private run)
 
   def __enter__(self):
@@ -266,6 +270,12 @@ class Run:
                                 unit=unit)
     self.ledger.check_dataset(self.dataset)
     return self.ledger
+
+  @property
+  def ledger_file(self) -> Optional[str]:
+    """The path of the ledger this run opened (None: none, or a temporary one, removed at the
+    end of the run)."""
+    return None if self.ledger is None or self._temporary_ledger else self.ledger_path
 
   def open_plan_ledger(self, plan):
     """The ledger of a `dprec.workflows.plan.PrivacyPlan`'s budget (the one `plan_prior`
@@ -419,7 +429,7 @@ class Run:
     fit += list(extra)
     if progress:
       fit.append(callbacks.ProgressBar(desc=progress, initial=resume.step,
-                                       diagnostics=diagnostics))
+                                       diagnostics=diagnostics, timer=timer))
     return timer, fit
 
   def fit(self, model, features, labels, batch_size, poisson, steps, resume, callbacks,
@@ -438,6 +448,9 @@ class Run:
     import tensorflow as tf  # pylint: disable=import-outside-toplevel
     from dprec.training import poisson as sampling_lib  # pylint: disable=import-outside-toplevel
     if steps <= resume.step:
+      if self.chief:
+        print(f"dprec: {self.run_dir}: this run finished its {steps} steps before: evaluating "
+              "its model again (nothing charged)", file=sys.stderr)
       return {}
     sampling = sampling_lib.BatchSampling(batch_size, poisson, self.entropy("poisson"),
                                           max_batch_size)
@@ -463,7 +476,8 @@ class Run:
   # ---- the summary -------------------------------------------------------------------------
 
   def privacy_fields(self, dp: bool, epsilon_covers: dict, notes=()) -> dict:
-    """The summary's privacy fields: `private` (a DP algorithm with secret randomness),
+    """The summary's privacy fields: `ledger` (the path of the ledger charged; None: none, or a
+    temporary one), `private` (a DP algorithm with secret randomness),
     `privacy_note` (why not, and other caveats), `epsilon_covers` (which outputs ε covers),
     `secure_noise` (the DP step's noise sampled exactly); with the run's ledger, `epsilon_parts`
     (preprocessing selection and training, adding up to its ε) and, with its data directory,
@@ -471,9 +485,10 @@ class Run:
     reasons = ([] if dp else ["non-private training: no differential privacy"])
     reasons += [] if self.private else [self.noise_key.note]
     public = list(epsilon_covers.get("public", [])) + [
-        "epsilon_parts (accounting) and dataset (the data set's path, id and vocab_privacy)"]
+        "epsilon_parts (accounting), ledger (its path) and dataset (the data set's path, id "
+        "and vocab_privacy)"]
     fields = {"run_id": self.run_id, "epsilon_covers": dict(epsilon_covers, public=public),
-              "secure_noise": self.secure_noise}
+              "secure_noise": self.secure_noise, "ledger": self.ledger_file}
     public_seeded = []
     if self.ledger is not None:
       fields["epsilon_parts"] = self.ledger.parts()
@@ -512,10 +527,33 @@ def plan_prior(run, epsilon_budget, delta, accountant, default_delta, unit=None)
   return ledger.delta, ledger.spent_before(run.run_id)
 
 
+def summary_path(options: RunOptions) -> Optional[str]:
+  """Where the JSON summary goes: `--summary-json` (`STDOUT`: printed by `report`), else
+  RUN_DIR/summary.json with a run directory, else nowhere."""
+  if options.summary_json:
+    return options.summary_json
+  return os.path.join(options.run_dir, SUMMARY_FILE) if options.run_dir else None
+
+
 def write_summary(summary, path):
-  """Writes the JSON summary to `path` (if given) atomically."""
-  if path:
+  """Writes the JSON summary (strict JSON: `atomic_io.strict`) to `path` atomically (None or
+  `STDOUT`: no file)."""
+  if path and path != STDOUT:
     atomic_io.write_json(path, summary, sort_keys=True)
+
+
+def report(summary: dict, options: RunOptions, result: str) -> int:
+  """Ends a command: its one-line `result` (the metric with its baseline, ε with its unit and δ:
+  `dprec.workflows.result`) on stdout, followed by where the JSON summary is; with
+  `--summary-json -` the JSON on stdout and the line on stderr. Returns 0 (the exit status)."""
+  path = summary_path(options)
+  if path == STDOUT:
+    print(atomic_io.dumps(summary, indent=2, sort_keys=True))
+    print(result, file=sys.stderr)
+  else:
+    print(f"{result}; summary: {path}" if path else
+          f"{result} (JSON summary: --summary-json PATH, or - for stdout)")
+  return 0
 
 
 def _wait_for(path, what, timeout=WORKER_WAIT_SECONDS):

@@ -26,7 +26,10 @@ def add_run_arguments(add, defaults, run_dir_help, randomness, diagnostics):
   add("--diagnostics", action="store_true",
       help=f"also report non-private diagnostics ({diagnostics}), labelled so")
   add("--no-progress", action="store_true", help="no progress bars")
-  add("--summary-json", help="also write the JSON summary to this file")
+  add("--summary-json", metavar="PATH",
+      help="write the JSON summary (strict JSON: null for ∞) to PATH, or to stdout with - (the "
+           "one-line result then goes to stderr); default: DIR/summary.json with --run-dir, "
+           "else none")
 
 
 def add_fit_arguments(add, defaults):

@@ -558,7 +558,7 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
       summary["public_user_selection"] = public_users_lib.summary(
           options.public_users, options.public_users_salt, public_data, data)
       summary["model_choice"] = choice
-      run_lib.write_summary(summary, options.summary_json)
+      run_lib.write_summary(summary, run_lib.summary_path(options))
       return summary
     vocabulary = frequencies_lib.vocabulary(options, examples, frequencies)
     if vocabulary is not None:  # labels index the table's rows
@@ -611,7 +611,7 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
           release, noise_multiplier=plan.mechanisms.get(item2item_lib.LABEL),
           epsilon_share=item2item_lib.mechanisms(options)[-1][1], init=options.pair_init,
           **item2item_lib.settings(options)), logit_prior=prior_summary)
-  run_lib.write_summary(summary, options.summary_json)
+  run_lib.write_summary(summary, run_lib.summary_path(options))
   return summary
 
 
@@ -651,8 +651,6 @@ def _run_item2item(options, examples, plan, run, frequencies, public=None):
       "train_examples": int(len(examples.items)), "items": examples.num_items,
       "public_users": options.public_users, "seed": options.seed, "run_dir": options.run_dir,
       "seconds": time.perf_counter() - timer}
-  if run.ledger is None:
-    summary["epsilon"] = float("inf")
   return summary
 
 
@@ -681,8 +679,6 @@ def _summary(options, examples, plan, history, metrics, timer, run, resume):
       "items": examples.num_items, "steps_per_second": timer.steps_per_second,
       "seed": options.seed, "run_dir": options.run_dir, "resumed_from_step": resume.step,
   }
-  if run.ledger is None:
-    summary["epsilon"] = float("inf")
   if forward is not None:
     summary.update(model="dp-forward", poisson=False, dp_forward=forward,
                    privacy_notion=forward["privacy_notion"])

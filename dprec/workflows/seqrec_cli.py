@@ -3,6 +3,8 @@ import argparse
 import dataclasses
 
 from dprec.workflows import dp_forward
+from dprec.workflows import result
+from dprec.workflows import run as run_lib
 from dprec.workflows import run_cli
 from dprec.workflows import seqrec
 
@@ -31,9 +33,10 @@ def register(subparsers):
       description="Train a next-item recommender on a `dprec preprocess sequences` output: by "
       "default the model the data's shape calls for (--model auto), DP item-to-item statistics "
       "released once (--model item2item) or the DPFormer transformer (--model dpformer: Phantom "
-      "Clipping, Re-Attention); prints a JSON "
-      "summary with full-ranking NDCG@10 and HIT@10 overall and by item popularity "
-      "(head/torso/tail).")
+      "Clipping, Re-Attention). Ends with one "
+      "line (full-ranking NDCG@10 and HIT@10 in %% beside a random ranking's, ε spent, δ); the "
+      "JSON summary (also by item popularity, head/torso/tail) goes to --summary-json, else "
+      "RUN_DIR/summary.json.")
   add = parser.add_argument
   defaults = seqrec.SeqRecTrainOptions  # one source for the defaults of the CLI and the Python API
   add("--data", required=True, help="directory written by `dprec preprocess sequences`")
@@ -148,7 +151,8 @@ def run(args):
   if args.dp_forward:
     options = dataclasses.replace(options, dp_forward=_dp_forward_options(args),
                                   loss_positions="last", reattention=False, model="dpformer")
-  return seqrec.run(options)
+  summary = seqrec.run(options)
+  return run_lib.report(summary, options, result.train_seqrec(summary))
 
 
 def _add_item2item_arguments(parser):

@@ -4,6 +4,8 @@ import argparse
 from dprec.cli_help import add_deprecated_alias
 from dprec.workflows import ctr
 from dprec.workflows import ctr_cli
+from dprec.workflows import result
+from dprec.workflows import run as run_lib
 from dprec.workflows import run_cli
 from dprec.workflows import stream
 
@@ -15,8 +17,10 @@ DESCRIPTION = """\
 Trains the pCTR model period by period as the streaming Beam job writes periods, evaluating each
 new period before training on it, with one privacy ledger for the whole run. Rerunning the same
 command resumes a killed run. --privacy-unit says what ε protects: a row (its period's training
-and the shared releases) or a user (every period). Prints a JSON summary; with --run-dir also
-metrics.csv, TensorBoard logs and a plot. Guide: docs/guide/stream.md.
+and the shared releases) or a user (every period). Ends with one line (the last held-out
+period's AUC and log loss beside their baselines, ε spent, δ); the JSON summary goes to
+--summary-json and RUN_DIR/summary.json, beside metrics.csv, TensorBoard logs and a plot.
+Guide: docs/guide/stream.md.
 """
 
 
@@ -117,4 +121,6 @@ def register(subparsers):
 
 
 def run(args):
-  return stream.run(run_cli.options_from_args(stream.StreamOptions, args))
+  options = run_cli.options_from_args(stream.StreamOptions, args)
+  summary = stream.run(options)
+  return run_lib.report(summary, options, result.stream(summary))

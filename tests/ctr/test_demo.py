@@ -32,9 +32,17 @@ def test_demo_trains_dp_adafest_and_spends_the_planned_epsilon(tmp_path, capsys)
   non_private = summary["non_private"]
   assert non_private["algorithm"] == "non_private" and non_private["epsilon"] is None
   assert non_private["steps"] == 3 and non_private["batch_size"] == training["batch_size"]
+  # The baseline's model selection: on held-out training rows, never the evaluation day.
+  selection = non_private["model_selection"]
+  assert selection["best_step"] in (1, 2, 3) and set(selection["validation_log_loss_by_step"]) \
+      == {"1", "2", "3"}
+  assert selection["validation_rows"] + non_private["train_rows"] == training["train_rows"]
+  assert non_private["eval_rows"] == training["eval_rows"]
+  assert non_private["base_rate_log_loss"] == training["base_rate_log_loss"]
   table = captured.err[captured.err.index("| run | AUC | log loss"):].splitlines()
-  assert table[2].startswith(f"| non-private | {non_private['auc']:.4f} | "
-                             f"{non_private['eval_log_loss']:.4f} |") and "| ∞ |" in table[2]
+  assert table[2].startswith(f"| non-private (best step on validation) | "
+                             f"{non_private['auc']:.4f} | {non_private['eval_log_loss']:.4f} |")
+  assert "| ∞ |" in table[2] and non_private["steps_per_second"] > 0
   assert table[3].startswith(f"| DP-AdaFEST | {training['auc']:.4f} | "
                              f"{training['eval_log_loss']:.4f} |")
   assert f"| {training['epsilon']:.3f} |" in table[3]

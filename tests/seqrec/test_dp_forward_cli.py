@@ -8,6 +8,8 @@ import pytest
 from dprec import cli
 from dprec.privacy import PrivacyLedger
 
+TRAIN = ["train", "seqrec", "--summary-json", "-"]  # the JSON summary on stdout
+
 pytestmark = pytest.mark.commands
 
 TINY = ["--epochs", "2", "--batch-size", "32", "--max-len", "8", "--dim", "8", "--blocks", "1",
@@ -15,7 +17,7 @@ TINY = ["--epochs", "2", "--batch-size", "32", "--max-len", "8", "--dim", "8", "
 
 
 def run(capsys, *argv):
-  code = cli.main(["train", "seqrec", *argv])
+  code = cli.main([*TRAIN, *argv])
   out, err = capsys.readouterr()
   return code, (json.loads(out) if code == 0 else None), err
 

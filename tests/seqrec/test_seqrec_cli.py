@@ -14,6 +14,12 @@ from dprec.privacy import PrivacyLedger, user_histogram
 from dprec.training import checkpoint as ckpt_lib
 from dprec.workflows import item_frequencies
 
+TRAIN = ["train", "seqrec", "--summary-json", "-"]  # the JSON summary on stdout
+
+
+def _not_json(constant):
+  raise ValueError(f"{constant} is not strict JSON")
+
 pytestmark = pytest.mark.commands
 
 SMALL = ["--model", "dpformer", "--epochs", "1", "--max-len", "8", "--dim", "8", "--blocks", "1",
@@ -23,11 +29,13 @@ TINY = SMALL + ["--batch-size", "32"]
 
 def test_dp_run_summary_and_epsilon(sequences_dir, tmp_path, capsys, check_composition):
   summary_file = tmp_path / "summary.json"
-  code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5", "--normalize",
+  code = cli.main([*TRAIN, "--data", sequences_dir, "--epsilon", "5", "--normalize",
                    "--summary-json", str(summary_file)] + TINY)
   assert code == 0
-  summary = json.loads(capsys.readouterr().out)
-  assert summary == json.loads(summary_file.read_text())
+  out = capsys.readouterr().out  # one line; the JSON in --summary-json, strict JSON
+  summary = json.loads(summary_file.read_text(), parse_constant=_not_json)
+  assert out.count("\n") == 1 and out.startswith("train seqrec dpformer: NDCG@10 ")
+  assert f"{100 * summary['ndcg_at_10']:.2f}% (random ranking" in out
   for key in ("ndcg_at_10", "hit_at_10", "epsilon", "delta"):
     assert key in summary
   for bucket in ("head", "torso", "tail"):
@@ -45,7 +53,7 @@ def test_dp_run_summary_and_epsilon(sequences_dir, tmp_path, capsys, check_compo
 
 
 def test_non_private_baselines(sequences_dir, capsys):
-  code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "inf", "--untied",
+  code = cli.main([*TRAIN, "--data", sequences_dir, "--epsilon", "inf", "--untied",
                    "--no-reattention"] + TINY)
   assert code == 0
   summary = json.loads(capsys.readouterr().out)
@@ -55,7 +63,7 @@ def test_non_private_baselines(sequences_dir, capsys):
 
 
 def test_missing_data_is_a_one_line_error(tmp_path, capsys):
-  code = cli.main(["train", "seqrec", "--data", str(tmp_path / "nowhere"), "--epsilon", "5"]
+  code = cli.main([*TRAIN, "--data", str(tmp_path / "nowhere"), "--epsilon", "5"]
                   + TINY)
   assert code == 2
   err = capsys.readouterr().err.strip()
@@ -63,12 +71,12 @@ def test_missing_data_is_a_one_line_error(tmp_path, capsys):
 
 
 def test_default_batch_size_fits_tiny_data_and_an_impossible_one_is_refused(sequences_dir, capsys):
-  code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "inf"] + SMALL)
+  code = cli.main([*TRAIN, "--data", sequences_dir, "--epsilon", "inf"] + SMALL)
   assert code == 0
   summary = json.loads(capsys.readouterr().out)
   assert summary["train_examples"] < 1024 and summary["batch_size_chosen"]
   assert summary["batch_size"] == summary["train_examples"] // 8
-  code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "inf", "--batch-size",
+  code = cli.main([*TRAIN, "--data", sequences_dir, "--epsilon", "inf", "--batch-size",
                    "1000"] + SMALL)
   assert code == 2
   err = capsys.readouterr().err.strip()
@@ -101,7 +109,7 @@ def test_trained_model_holds_dp_frequencies_charged_to_the_ledger(sequences_dir,
     return commit(manager, *args, **kwargs)
 
   monkeypatch.setattr(ckpt_lib.CheckpointManager, "commit", commit_after_the_charge)
-  code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5", "--run-dir",
+  code = cli.main([*TRAIN, "--data", sequences_dir, "--epsilon", "5", "--run-dir",
                    run_dir] + TINY)
   assert code == 0
   summary = json.loads(capsys.readouterr().out)
@@ -123,7 +131,7 @@ def test_trained_model_holds_dp_frequencies_charged_to_the_ledger(sequences_dir,
 def test_public_frequency_file_is_used_as_is_and_not_charged(sequences_dir, frequency_file,
                                                              tmp_path, capsys):
   run_dir, (path, values) = str(tmp_path / "run"), frequency_file
-  code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5", "--run-dir",
+  code = cli.main([*TRAIN, "--data", sequences_dir, "--epsilon", "5", "--run-dir",
                    run_dir, "--item-frequencies", path] + TINY)
   assert code == 0
   summary = json.loads(capsys.readouterr().out)
@@ -140,7 +148,7 @@ def test_bad_frequency_file_is_a_one_line_error_with_file_and_line(sequences_dir
                                                                    line, message):
   path = tmp_path / "bad.txt"
   path.write_text(f"# header\n\n{line}\n")
-  code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5",
+  code = cli.main([*TRAIN, "--data", sequences_dir, "--epsilon", "5",
                    "--item-frequencies", str(path)] + TINY)
   assert code == 2
   err = capsys.readouterr().err.strip()
@@ -164,7 +172,7 @@ def test_adambc_optimizer_low_rank_item_table_and_secure_noise_run(sequences_dir
   Optimization with Heavy-Tail Class Imbalance", arXiv:2411.04205, same schedule and weight decay),
   `--item-rank` and `--secure-noise`, together to spare a run; their
   steps are tested on their own."""
-  code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5", "--optimizer",
+  code = cli.main([*TRAIN, "--data", sequences_dir, "--epsilon", "5", "--optimizer",
                    "adambc", "--adambc-floor", "1e-7", "--item-rank", "4", "--secure-noise"]
                   + TINY)
   assert code == 0
@@ -180,7 +188,7 @@ def test_item_vocabulary_and_norm_share_run_selected_on_validation(sequences_dir
   histogram's noise std; the summary reports validation metrics for model selection and the
   top-10 diversity."""
   run_dir = str(tmp_path / "run")
-  code = cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5", "--run-dir",
+  code = cli.main([*TRAIN, "--data", sequences_dir, "--epsilon", "5", "--run-dir",
                    run_dir, "--item-vocab-threshold", "20", "--item-norm-share", "0.9",
                    "--item-histogram-items", "4", "--popularity-weights"] + TINY)
   assert code == 0

@@ -20,6 +20,8 @@ from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.privacy import PrivacyLedger
 from dprec.workflows import item2item, item_frequencies, seqrec
 
+TRAIN = ["train", "seqrec", "--summary-json", "-"]  # the JSON summary on stdout
+
 ITEMS = np.array([[0, 0, 3, 5, 3, 3], [1, 2, 4, 2, 7, 8], [0, 0, 0, 0, 0, 9],
                   [13, 12, 13, 1, 5, 6]], np.int32)
 LABELS = np.array([[0, 0, 5, 3, 3, 5], [2, 4, 2, 7, 8, 2], [0, 0, 0, 0, 0, 9],
@@ -86,7 +88,7 @@ FROZEN = ["--model", "dpformer-frozen", "--epochs", "1", "--batch-size", "32", "
 def test_frozen_epsilon_composes_histogram_pairs_and_training(sequences_dir, tmp_path, capsys,
                                                               check_composition):
   ledger = tmp_path / "ledger.json"
-  assert cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5", "--ledger",
+  assert cli.main([*TRAIN, "--data", sequences_dir, "--epsilon", "5", "--ledger",
                    str(ledger), *FROZEN]) == 0
   summary = json.loads(capsys.readouterr().out)
   assert summary["model"] == seqrec.FROZEN and summary["reattention"] is False
@@ -95,7 +97,7 @@ def test_frozen_epsilon_composes_histogram_pairs_and_training(sequences_dir, tmp
   check_composition(summary, [histogram["noise_multiplier"], pairs["noise_multiplier"]])
   labels = {c["label"] for c in PrivacyLedger(str(ledger)).charges}
   assert labels == {item_frequencies.LABEL, item2item.LABEL, seqrec.LEDGER_LABEL}
-  assert cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5",
+  assert cli.main([*TRAIN, "--data", sequences_dir, "--epsilon", "5",
                    "--item-norm-share", "0.5", *FROZEN]) == 2
   assert "trains no item rows" in capsys.readouterr().err
 
@@ -163,7 +165,7 @@ def test_training_prior_needs_the_frozen_table_and_the_last_position():
 @pytest.mark.commands
 def test_frozen_trained_with_the_prior_keeps_the_best_epoch_on_validation(sequences_dir, capsys,
                                                                           check_composition):
-  assert cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5", *FROZEN,
+  assert cli.main([*TRAIN, "--data", sequences_dir, "--epsilon", "5", *FROZEN,
                    "--epochs", "2", "--train-prior-weight", "1", "--select-epochs"]) == 0
   summary = json.loads(capsys.readouterr().out)
   selection = summary["epoch_selection"]

@@ -14,11 +14,13 @@ from dprec.models.logit_prior import LogitPrior
 from dprec.privacy import PrivacyLedger, item_pairs, user_histogram
 from dprec.workflows import item2item, item_frequencies, seqrec
 
+TRAIN = ["train", "seqrec", "--summary-json", "-"]  # the JSON summary on stdout
+
 SMALL = ["--model", "item2item", "--max-len", "8", "--pair-item-set", "30", "--no-progress"]
 
 
 def _run(capsys, *argv):
-  assert cli.main(["train", "seqrec", *argv]) == 0
+  assert cli.main([*TRAIN, *argv]) == 0
   return json.loads(capsys.readouterr().out)
 
 
@@ -44,7 +46,7 @@ def test_dp_run_epsilon_is_the_composition_of_histogram_and_pair_release(sequenc
 
 def test_non_private_run_uses_the_exact_statistics(sequences_dir, capsys):
   summary = _run(capsys, "--data", sequences_dir, "--epsilon", "inf", *SMALL)
-  assert summary["model"] == "item2item" and summary["epsilon"] == float("inf")
+  assert summary["model"] == "item2item" and summary["epsilon"] is None
   assert summary["item_pairs"]["private"] is False
   assert 0.0 <= summary["ndcg_at_10"] <= summary["hit_at_10"] <= 1.0
 
@@ -219,9 +221,9 @@ def test_hybrid_prior_weight_auto_is_the_best_candidate_on_validation(sequences_
 
 
 def test_prior_weight_auto_needs_validation_items_and_the_hybrid(sequences_dir, capsys):
-  assert cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "inf",
+  assert cli.main([*TRAIN, "--data", sequences_dir, "--epsilon", "inf",
                    "--prior-weight", "auto", "--no-hold-out-validation", *HYBRID]) == 2
   assert "validation items" in capsys.readouterr().err
-  assert cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5", "--prior-weight",
+  assert cli.main([*TRAIN, "--data", sequences_dir, "--epsilon", "5", "--prior-weight",
                    "1", *SMALL]) == 2
   assert "--model hybrid's" in capsys.readouterr().err
