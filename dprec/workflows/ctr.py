@@ -202,11 +202,8 @@ class CTRTrainOptions(run_lib.FitOptions):
       raise DprecError(f"--out-of-core-above must be >= 0, got {self.out_of_core_above}")
     if self.out_of_core:
       self._validate_out_of_core()
-    if self.algorithm == "dp_sgd_lazy" and (self.strategy != "none" or self.secure_noise
-                                            or self.optimizer not in ("sgd", "table_sgd")):
-      raise DprecError(  # as `dp_step`'s refusal, but before the ledger is paid
-          "--algorithm dp_sgd_lazy runs on one device (no --strategy), with the default noise "
-          "(no --secure-noise) and SGD on the tables (--optimizer table_sgd or sgd)")
+    if self.algorithm == "dp_sgd_lazy":
+      self._validate_lazy_noise()
     if self.strategy == "parameter_server" and self.secure_noise:
       raise DprecError("--secure-noise is not available with --strategy parameter_server")
     if (self.strategy == "multi_worker" and self.run_dir is None
@@ -214,6 +211,20 @@ class CTRTrainOptions(run_lib.FitOptions):
       raise DprecError("--strategy multi_worker needs --run-dir: the chief keeps the run's secret "
                        "noise key there and the other workers read it (a file system they share)")
 
+
+  def _validate_lazy_noise(self):
+    """What lazy noise cannot run with, each named alone (as `dp_step`'s refusal, but before the
+    ledger is paid)."""
+    problems = [
+        (self.strategy != "none", f"--strategy {self.strategy}: it runs on one device (drop "
+                                  "--strategy)"),
+        (self.secure_noise, "--secure-noise: it draws the default noise (drop --secure-noise)"),
+        (self.optimizer not in ("sgd", "table_sgd"),
+         f"--optimizer {self.optimizer}: it needs SGD on the tables (--optimizer table_sgd or "
+         "sgd)")]
+    refused = [reason for bad, reason in problems if bad]
+    if refused:
+      raise DprecError("--algorithm dp_sgd_lazy cannot run with " + "; ".join(refused))
 
   def _validate_out_of_core(self):
     """What --out-of-core does not do yet (docs/guide/train_ctr.md, 'Data larger than memory')."""
