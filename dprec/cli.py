@@ -8,13 +8,13 @@ exception prints one line too unless `--debug` asks for the traceback.
 Only the modules of the command being run are imported (TensorFlow and Beam take seconds to
 import); the others appear in `dprec --help` through their one-line summary below.
 """
-import argparse
 import importlib
 import json
 import sys
 import warnings
 
 from dprec import quiet
+from dprec.cli_help import SuggestingParser
 from dprec.cli_help import use_formatter
 from dprec.errors import DprecError
 
@@ -44,7 +44,7 @@ USES_TENSORFLOW = ("demo", "train", "stream", "audit")
 
 def build_parser(load=None):
   """The argument parser; `load` names the commands whose modules are imported (all if None)."""
-  parser = argparse.ArgumentParser(
+  parser = SuggestingParser(
       prog="dprec",
       description="Differentially private training for large-embedding recommender models.")
   parser.add_argument("--debug", action="store_true",

@@ -250,3 +250,17 @@ def test_command_line_defaults_are_the_python_apis(argv, options):
             and key not in ("data", "epsilon", "dp_forward")
             and json.dumps(value) != json.dumps(fields[key].default)}  # a tuple as a list
   assert not differ, differ
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["train", "ctr", "--data", "d", "--algoritm", "dp_sgd"],
+     "unrecognized arguments: --algoritm dp_sgd (did you mean --algorithm?)"),
+    (["train", "ctr", "--data", "d", "--algorithm", "dp_adafst"], "; did you mean dp_adafest?"),
+    (["trian", "ctr"], "; did you mean train?"),
+])
+def test_misspelt_options_and_choices_get_the_closest_suggested(capsys, argv, hint):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(argv)
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and hint in err, err
+  assert "--algoritm" not in argv or err.startswith("usage: dprec train ctr")
