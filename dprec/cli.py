@@ -3,16 +3,20 @@
 A command module exposes `register(subparsers)`, which adds its parser(s) and sets `func` to a
 handler taking the parsed args. A handler returns an int exit code or a dict, which is printed as
 JSON on stdout. User errors (`DprecError`) print one line on stderr and exit 2; any other
-exception prints one line too unless `--debug` asks for the traceback.
+exception prints one line too unless `--debug` asks for the traceback. Ctrl-C prints one line
+(a training command's `interrupted(args, command_line)` says what its run kept and how to
+resume) and exits 130.
 
 Only the modules of the command being run are imported (TensorFlow and Beam take seconds to
 import); the others appear in `dprec --help` through their one-line summary below.
 """
 import importlib
 import json
+import shlex
 import sys
 import warnings
 
+from dprec import progress
 from dprec import quiet
 from dprec.cli_help import SuggestingParser
 from dprec.cli_help import use_formatter
@@ -37,6 +41,7 @@ COMMANDS = {
               ("dprec.audit.ctr",)),
 }
 GROUPS = ("train",)
+INTERRUPTED = 128 + 2  # the exit status of a command stopped by SIGINT (Ctrl-C)
 # Commands that import TensorFlow (held quiet, below); `preprocess` runs Beam alone (its jobs
 # write TFRecords through Beam, without TensorFlow), which saves its import: seconds a job.
 USES_TENSORFLOW = ("demo", "train", "stream", "audit")
@@ -99,6 +104,14 @@ def main(argv=None):
   args = build_parser(load=command).parse_args(argv)
   try:
     result = args.func(args)
+  except KeyboardInterrupt:  # Ctrl-C: one line on what was kept and how to go on
+    if args.debug:
+      raise
+    progress.close_all()
+    explain = getattr(args, "interrupted", None)
+    print("dprec: " + (explain(args, shlex.join(["dprec", *argv])) if explain else "interrupted"),
+          file=sys.stderr)
+    return INTERRUPTED
   except (DprecError, FileNotFoundError, ValueError) as error:
     if args.debug:
       raise

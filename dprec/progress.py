@@ -31,3 +31,10 @@ def progress_bar(iterable=None, **kwargs) -> tqdm.tqdm:
     kwargs.setdefault("ascii", True)
     kwargs["file"] = _LogLines(sys.stderr)
   return tqdm.tqdm(iterable, **kwargs)
+
+
+def close_all() -> None:
+  """Closes every open progress bar (e.g. one a Ctrl-C left open), so that nothing is drawn
+  after the command's last line."""
+  for bar in list(tqdm.tqdm._instances):  # pylint: disable=protected-access
+    bar.close()

@@ -512,7 +512,7 @@ def _train(options, data, strategy, coordinator, base=None):
     # Parameter servers: each scheduled step resets its worker's generator itself.
     timer, callbacks = run.fit_callbacks(
         {} if coordinator else {NOISE_PURPOSE: model.dp_optimizer.generator}, resume, budget,
-        options.checkpoint_every,
+        options.checkpoint_interval(options.steps),
         extra, options.progress and chief and f"{COMMAND} {options.algorithm}",
         options.diagnostics)
     if _out_of_core(data):

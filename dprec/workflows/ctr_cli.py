@@ -173,7 +173,7 @@ def register(subparsers):
                    "and checkpoints here; rerunning the same command resumes a killed run from "
                    "its last checkpoint (same batches and noise, no step paid twice)")
   run_cli.add_fit_arguments(add, defaults)
-  parser.set_defaults(func=run)
+  parser.set_defaults(func=run, interrupted=run_cli.interrupted)
 
 
 def run(args) -> dict:

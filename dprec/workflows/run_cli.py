@@ -1,6 +1,11 @@
 """The command-line arguments of `RunOptions` and `FitOptions` (`dprec.workflows.run`), defined
-once for `train ctr`, `train seqrec` and `stream`, and the options of parsed arguments."""
+once for `train ctr`, `train seqrec` and `stream`, the options of parsed arguments, and what the
+command says when Ctrl-C stops a run."""
 import dataclasses
+import os
+
+from dprec.workflows import resume as resume_lib
+from dprec.workflows import run as run_lib
 
 
 def add_run_arguments(add, defaults, run_dir_help, randomness, diagnostics):
@@ -13,7 +18,9 @@ def add_run_arguments(add, defaults, run_dir_help, randomness, diagnostics):
   add("--accountant", choices=("pld", "rdp"), default=defaults.accountant,
       help="privacy accountant (default %(default)s)")
   add("--checkpoint-every", type=int, default=defaults.checkpoint_every, metavar="N",
-      help="steps between checkpoints (one is always written at the end; default %(default)s)")
+      help="steps between checkpoints (one is always written at the end, and one when Ctrl-C "
+           f"stops training; default: a quarter of the run's steps (stream: a period's), at most "
+           f"{run_lib.CHECKPOINT_EVERY})")
   add("--seed", type=int, default=defaults.seed,
       help="seed of the public randomness only (initialisation, dropout; default %(default)s): "
            "noise and batches come from a secret key")
@@ -46,3 +53,23 @@ def options_from_args(options_class, args, **overrides):
   fields = {f.name for f in dataclasses.fields(options_class)}
   values = {key: value for key, value in vars(args).items() if key in fields}
   return options_class(**dict(values, progress=not args.no_progress, **overrides))
+
+
+def interrupted(args, command) -> str:
+  """The line `dprec` prints when Ctrl-C stops the run of parsed `args` (`command`: its command
+  line): what its run directory keeps, what its ledger was charged, and how to resume."""
+  run_dir = args.run_dir
+  ledger = args.ledger or (run_dir and os.path.join(run_dir, run_lib.LEDGER_FILE))
+  charged = ""
+  if ledger and os.path.exists(ledger):
+    from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
+    charged = (f"; the ledger {ledger} holds ε = {PrivacyLedger.read(ledger).epsilon_spent():.4g} "
+               "spent, steps paid ahead included")
+  if run_dir is None:
+    return (f"interrupted: nothing kept to resume from (no --run-dir){charged}; a rerun starts "
+            "over and pays again: give --run-dir DIR to make a run resumable")
+  step = resume_lib.checkpointed_step(os.path.join(run_dir, run_lib.CHECKPOINTS_DIR))
+  kept = (f"its checkpoint at step {step}" if step else
+          "no checkpoint (training had not started)")
+  return (f"interrupted: {run_dir} keeps {kept}{charged}; the same command resumes it (no step "
+          f"paid twice): {command}")

@@ -127,7 +127,7 @@ def register(subparsers):
                    "benchmarks/dpformer_amazon.py --curve evaluates kept checkpoints")
   run_cli.add_fit_arguments(add, defaults)
   _add_dp_forward_arguments(parser)
-  parser.set_defaults(func=run)
+  parser.set_defaults(func=run, interrupted=run_cli.interrupted)
 
 
 def run(args):

@@ -113,7 +113,7 @@ def register(subparsers):
       diagnostics="exact period sizes, batch sizes, training losses",
       run_dir_help="run id, secret noise key (DIR/secret: keep it private), checkpoints, "
                    "ledger, metrics.csv, TensorBoard logs, plot (default %(default)s)")
-  parser.set_defaults(func=run)
+  parser.set_defaults(func=run, interrupted=run_cli.interrupted)
 
 
 def run(args):
