@@ -80,11 +80,11 @@ def register(subparsers):
   add("--min-shard-rows", type=int, default=defaults.min_shard_rows, metavar="ROWS",
       help="with --strategy parameter_server: a table is split by rows over up to all parameter "
            "servers, each shard at least ROWS rows (smaller tables and dense layers stay whole)")
-  add("--algorithm", choices=ctr.ALGORITHMS, default=defaults.algorithm,
-      help="training algorithm")
+  add("--algorithm", choices=ctr.ALGORITHMS, help=run_cli.algorithm_help(defaults.algorithm))
   add("--epsilon", type=float,
       help="privacy budget ε, the total: what --ledger spent on this data before (e.g. a DP "
-           "top-k vocabulary) is composed in (required unless non_private)")
+           "top-k vocabulary) is composed in (required unless non_private); 'inf': "
+           "--algorithm non_private")
   add("--delta", type=float,
       help="δ (default: the --ledger's if it exists, else 1/N, N = training rows)")
   lowest, highest = ctr.BATCH_SIZE_RANGE
@@ -177,5 +177,7 @@ def register(subparsers):
 
 
 def run(args) -> dict:
-  return ctr.run(run_cli.options_from_args(CTRTrainOptions, args,
-                                           beam_options=tuple(args.beam_options)))
+  algorithm, epsilon = run_cli.algorithm_and_epsilon(args.algorithm, args.epsilon,
+                                                     CTRTrainOptions.algorithm)
+  return ctr.run(run_cli.options_from_args(CTRTrainOptions, args, algorithm=algorithm,
+                                           epsilon=epsilon, beam_options=tuple(args.beam_options)))

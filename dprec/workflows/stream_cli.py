@@ -40,11 +40,12 @@ def register(subparsers):
   add_deprecated_alias(data.add_argument, "--poll-interval", "--poll-seconds", "poll_interval",
                        type=float)
   dp = parser.add_argument_group("privacy")
-  dp.add_argument("--algorithm", default="dp_adafest", choices=ctr.ALGORITHMS,
-                  help="training algorithm")
+  dp.add_argument("--algorithm", choices=ctr.ALGORITHMS,
+                  help=run_cli.algorithm_help(defaults.algorithm))
   dp.add_argument("--epsilon", type=float, default=None, dest="epsilon_total",
                   help="privacy budget ε of the whole run, the total: what --ledger spent on "
-                  "this data before is composed in (required unless non_private)")
+                  "this data before is composed in (required unless non_private); 'inf': "
+                  "--algorithm non_private")
   add_deprecated_alias(dp.add_argument, "--epsilon-total", "--epsilon", "epsilon_total",
                        type=float)
   dp.add_argument("--delta", type=float, default=None,
@@ -117,4 +118,7 @@ def register(subparsers):
 
 
 def run(args):
-  return stream.run(run_cli.options_from_args(stream.StreamOptions, args))
+  algorithm, epsilon = run_cli.algorithm_and_epsilon(args.algorithm, args.epsilon_total,
+                                                     stream.StreamOptions.algorithm)
+  return stream.run(run_cli.options_from_args(stream.StreamOptions, args, algorithm=algorithm,
+                                              epsilon_total=epsilon))
