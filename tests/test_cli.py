@@ -289,3 +289,35 @@ def test_epsilon_inf_is_algorithm_non_private(monkeypatch, capsys, argv):
                                                    "epsilon": options.epsilon})
   assert cli.main(["train", "ctr", "--data", "d", *argv]) == 0
   assert json.loads(capsys.readouterr().out) == {"algorithm": "non_private", "epsilon": None}
+
+
+@pytest.fixture
+def other_commands_data(tmp_path):
+  """{kind: path} of data each training command refuses: interaction lines, a sequences output
+  (its manifest), Criteo day files and one of them."""
+  (tmp_path / "seq.txt").write_text("1 17\n1 14\n2 3\n")
+  (tmp_path / "sequences").mkdir()
+  (tmp_path / "sequences" / "manifest.json").write_text('{"format": "dprec-sequences-v1"}')
+  (tmp_path / "days").mkdir()
+  for day in range(2):
+    (tmp_path / "days" / f"day_{day}").write_text("\t".join(["1"] + ["3"] * 13 + ["a1"] * 26))
+  return {name: str(tmp_path / name) for name in ("seq.txt", "sequences", "days")}
+
+
+@pytest.mark.parametrize("command, data, suggested", [
+    (["train", "ctr"], "seq.txt", "`dprec preprocess sequences --input {} --format sasrec"),
+    (["train", "ctr"], "sequences", "`dprec train seqrec --data {} --epsilon E`"),
+    (["train", "ctr"], "days/day_0", "give --data its directory"),
+    (["stream"], "seq.txt", "`dprec train seqrec --data DIR`"),
+    (["stream"], "days", "`dprec preprocess criteo --streaming --input {} --output OUT`"),
+    (["train", "seqrec", "--epsilon", "1"], "days", "`dprec train ctr --data {}`"),
+    (["train", "seqrec", "--epsilon", "1"], "seq.txt",
+     "run `dprec preprocess sequences --input {} --format sasrec --output DIR`, then"),
+])
+def test_another_commands_data_is_refused_naming_the_command_that_takes_it(
+    capsys, other_commands_data, command, data, suggested):
+  root, _, rest = data.partition("/")
+  path = os.path.join(other_commands_data[root], rest) if rest else other_commands_data[root]
+  assert cli.main([*command, "--data", path]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and suggested.format(path) in err, err

@@ -3,6 +3,7 @@ import argparse
 
 from dprec.cli_help import add_deprecated_alias
 from dprec.workflows import ctr
+from dprec.workflows import data_kinds
 from dprec.workflows import run_cli
 from dprec.workflows.ctr import CTRTrainOptions
 
@@ -177,6 +178,7 @@ def register(subparsers):
 
 
 def run(args) -> dict:
+  data_kinds.refuse_other_commands_data(args.data, "train ctr")
   algorithm, epsilon = run_cli.algorithm_and_epsilon(args.algorithm, args.epsilon,
                                                      CTRTrainOptions.algorithm)
   return ctr.run(run_cli.options_from_args(CTRTrainOptions, args, algorithm=algorithm,

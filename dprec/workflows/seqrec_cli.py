@@ -3,6 +3,7 @@ import argparse
 import dataclasses
 
 from dprec.workflows import dp_forward
+from dprec.workflows import data_kinds
 from dprec.workflows import run_cli
 from dprec.workflows import seqrec
 
@@ -131,6 +132,7 @@ def register(subparsers):
 
 
 def run(args):
+  data_kinds.refuse_other_commands_data(args.data, "train seqrec")
   options = run_cli.options_from_args(seqrec.SeqRecTrainOptions, args,
                                       reattention=not args.no_reattention, tied=not args.untied,
                                       dp_forward=None)

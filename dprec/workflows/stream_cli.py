@@ -4,6 +4,7 @@ import argparse
 from dprec.cli_help import add_deprecated_alias
 from dprec.workflows import ctr
 from dprec.workflows import ctr_cli
+from dprec.workflows import data_kinds
 from dprec.workflows import run_cli
 from dprec.workflows import stream
 
@@ -118,6 +119,7 @@ def register(subparsers):
 
 
 def run(args):
+  data_kinds.refuse_other_commands_data(args.data, "stream")
   algorithm, epsilon = run_cli.algorithm_and_epsilon(args.algorithm, args.epsilon_total,
                                                      stream.StreamOptions.algorithm)
   return stream.run(run_cli.options_from_args(stream.StreamOptions, args, algorithm=algorithm,
