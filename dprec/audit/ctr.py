@@ -40,6 +40,7 @@ from dprec.audit import runner
 from dprec.audit import scores as scores_lib
 from dprec.audit import white_box
 from dprec.errors import DprecError
+from dprec.progress import phase_lines
 from dprec.models import ctr
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.sparse import fest
@@ -61,6 +62,7 @@ class CTRAuditOptions:
   score: str = "all"
   scores_file: Optional[str] = None
   summary_json: Optional[str] = None
+  progress: bool = True  # a line on stderr per phase
 
   @property
   def canary_count(self) -> int:
@@ -156,8 +158,11 @@ def _accounted_claim(train_options, num_examples):
 def audit_ctr(options: CTRAuditOptions, data: Optional[train_ctr.CTRData] = None) -> dict:
   """Runs the audit; returns (and writes to `options.summary_json`) its JSON summary."""
   options.validate()
-  data = data or train_ctr.load_data(options.train.data, options.train.vocab,
-                                     options.train.vocab_min_count)
+  report = phase_lines("audit", options.progress)
+  if data is None:
+    report(f"loading {options.train.data}")
+    data = train_ctr.load_data(options.train.data, options.train.vocab,
+                               options.train.vocab_min_count)
   num_examples = len(data.train["label"])
   options = dataclasses.replace(options, train=train_ctr.sized_for(options.train, num_examples))
   train_options = options.train
@@ -177,7 +182,7 @@ def audit_ctr(options: CTRAuditOptions, data: Optional[train_ctr.CTRData] = None
   delta = train_options.delta or 1.0 / num_examples  # `train ctr`'s default δ = 1/N
   started = time.perf_counter()
   result = runner.run_audit(train_and_score, options.runs, delta, options.confidence,
-                            np.random.default_rng(), options.threat_model, claim)
+                            np.random.default_rng(), options.threat_model, claim, report)
   plan = result.plan
   private = train_options.algorithm != "non_private"
   steps_epsilon = None
@@ -276,7 +281,8 @@ def run(args) -> dict:
   if audit_values["scores_file"] is None and audit_values["summary_json"]:
     stem = os.path.splitext(audit_values["summary_json"])[0]
     audit_values["scores_file"] = stem + ".scores.jsonl"
-  summary = audit_ctr(CTRAuditOptions(train=train, **audit_values))
+  summary = audit_ctr(CTRAuditOptions(train=train, progress=not args.no_progress,
+                                      **audit_values))
   claimed = summary["claimed_epsilon"]
   print(f"ε lower bound {summary['epsilon_lower_bound']:.3f} at {summary['confidence']:.0%} "
         f"(ceiling {summary['ceiling']:.3f}: every guess right; Steinke et al. "
