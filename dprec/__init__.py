@@ -9,6 +9,8 @@ first. In a process whose `tf.keras` is already Keras 3, dprec trains Keras 3 mo
 """
 import os
 
+from dprec import lazy
+
 __version__ = "0.1.0"
 
 LEGACY_KERAS = "TF_USE_LEGACY_KERAS"
@@ -52,16 +54,15 @@ _PUBLIC = {
 __all__ = ["__version__", "privacy", *_PUBLIC]
 
 
+_public = lazy.exports(__name__, _PUBLIC, globals())
+
+
 def __getattr__(name):
   """The names of `__all__`, imported on first use (see `_PUBLIC`)."""
-  import importlib  # pylint: disable=import-outside-toplevel
   if name == "privacy":
+    import importlib  # pylint: disable=import-outside-toplevel
     return importlib.import_module("dprec.privacy")
-  if name not in _PUBLIC:
-    raise AttributeError(f"module 'dprec' has no attribute {name!r}")
-  value = getattr(importlib.import_module(_PUBLIC[name]), name)
-  globals()[name] = value
-  return value
+  return _public(name)
 
 
 def __dir__():

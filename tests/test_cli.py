@@ -321,3 +321,25 @@ def test_another_commands_data_is_refused_naming_the_command_that_takes_it(
   assert cli.main([*command, "--data", path]) == 2
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and suggested.format(path) in err, err
+
+
+@pytest.mark.parametrize("argv, code", [
+    (["train", "ctr", "--data", "d", "--algoritm", "dp_sgd"], 2), (["train", "ctr", "--help"], 0),
+    (["--help"], 0)])
+def test_arguments_are_parsed_and_refused_without_tensorflow(argv, code):
+  """A fresh process: `train ctr`'s parser (its options, names and defaults) loads no
+  TensorFlow, so a mistake is refused at once."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  script = ("import sys; from dprec import cli\ntry:\n  cli.main(sys.argv[1:])\n"
+            "except SystemExit as exit:\n  print(exit.code, 'tensorflow' in sys.modules)")
+  done = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True,
+                        check=True)
+  assert done.stdout.splitlines()[-1] == f"{code} False", done.stderr
+
+
+def test_the_command_lines_algorithm_names_are_the_dp_steps():
+  from dprec.optimizers import config as config_lib  # pylint: disable=import-outside-toplevel
+  from dprec.optimizers import defaults  # pylint: disable=import-outside-toplevel
+  assert tuple(config_lib.ALGORITHMS) == defaults.ALGORITHMS
+  assert defaults.PRESELECTED == tuple(name for name, algorithm in config_lib.ALGORITHMS.items()
+                                       if algorithm.preselected)

@@ -48,7 +48,7 @@ from dprec.training import poisson
 # `train ctr`'s options, data loading, privacy plan, algorithm configuration and parser, reused.
 from dprec.workflows import ctr as train_ctr
 from dprec.workflows import ctr_cli as train_ctr_cli
-from dprec.workflows import run_cli
+from dprec.workflows import ctr_options
 
 
 @dataclasses.dataclass
@@ -274,7 +274,7 @@ def run(args) -> dict:
   fields = {f.name for f in dataclasses.fields(train_ctr.CTRTrainOptions)}
   values = {key: value for key, value in vars(args).items()
             if key in fields and key not in AUDIT_ONLY + NOT_USED}
-  values["algorithm"], values["epsilon"] = run_cli.algorithm_and_epsilon(
+  values["algorithm"], values["epsilon"] = ctr_options.algorithm_and_epsilon(
       args.algorithm, args.epsilon, train_ctr.CTRTrainOptions.algorithm)
   train = train_ctr.CTRTrainOptions(progress=False, **values)
   audit_values = {key: getattr(args, key) for key in AUDIT_ONLY}

@@ -1,13 +1,7 @@
 """The command-line arguments of `RunOptions` and `FitOptions` (`dprec.workflows.run`), defined
-once for `train ctr`, `train seqrec` and `stream`, the options of parsed arguments, and what the
-command says when Ctrl-C stops a run."""
+once for `train ctr`, `train seqrec` and `stream`, and the options of parsed arguments."""
 import dataclasses
-import math
-import os
 
-from dprec.errors import DprecError
-
-from dprec.workflows import resume as resume_lib
 from dprec.workflows import run as run_lib
 
 
@@ -57,47 +51,3 @@ def options_from_args(options_class, args, **overrides):
   values = {key: value for key, value in vars(args).items() if key in fields}
   return options_class(**dict(values, progress=not args.no_progress, **overrides))
 
-
-NON_PRIVATE = "non_private"  # the --algorithm of training without DP
-
-
-def algorithm_help(default):
-  """The help of `--algorithm` (parsed to None: `algorithm_and_epsilon` resolves it)."""
-  return (f"training algorithm; {NON_PRIVATE} is --epsilon inf, training without DP "
-          f"(default: {default})")
-
-
-def algorithm_and_epsilon(algorithm, epsilon, default):
-  """(algorithm, ε) of `--algorithm` (None: not given) and `--epsilon`, one choice under two
-  names: `--epsilon inf` is `--algorithm non_private` (ε None), given alone or with it; a finite
-  ε with `non_private`, or `inf` with a DP algorithm, is refused as contradictory."""
-  infinite = epsilon is not None and math.isinf(epsilon)
-  if algorithm == NON_PRIVATE and epsilon is not None and not infinite:
-    raise DprecError(f"--algorithm {NON_PRIVATE} trains without DP and spends no ε: drop "
-                     f"--epsilon {epsilon:g}, or choose a DP --algorithm")
-  if infinite and algorithm not in (None, NON_PRIVATE):
-    raise DprecError(f"--epsilon inf trains without DP (as --algorithm {NON_PRIVATE}): give a "
-                     f"finite --epsilon for --algorithm {algorithm}, or drop --algorithm")
-  if infinite:
-    return NON_PRIVATE, None
-  return algorithm or default, epsilon
-
-
-def interrupted(args, command) -> str:
-  """The line `dprec` prints when Ctrl-C stops the run of parsed `args` (`command`: its command
-  line): what its run directory keeps, what its ledger was charged, and how to resume."""
-  run_dir = args.run_dir
-  ledger = args.ledger or (run_dir and os.path.join(run_dir, run_lib.LEDGER_FILE))
-  charged = ""
-  if ledger and os.path.exists(ledger):
-    from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
-    charged = (f"; the ledger {ledger} holds ε = {PrivacyLedger.read(ledger).epsilon_spent():.4g} "
-               "spent, steps paid ahead included")
-  if run_dir is None:
-    return (f"interrupted: nothing kept to resume from (no --run-dir){charged}; a rerun starts "
-            "over and pays again: give --run-dir DIR to make a run resumable")
-  step = resume_lib.checkpointed_step(os.path.join(run_dir, run_lib.CHECKPOINTS_DIR))
-  kept = (f"its checkpoint at step {step}" if step else
-          "no checkpoint (training had not started)")
-  return (f"interrupted: {run_dir} keeps {kept}{charged}; the same command resumes it (no step "
-          f"paid twice): {command}")

@@ -4,6 +4,7 @@ import dataclasses
 
 from dprec.workflows import dp_forward
 from dprec.workflows import data_kinds
+from dprec.workflows import interrupted
 from dprec.workflows import run_cli
 from dprec.workflows import seqrec
 
@@ -128,7 +129,7 @@ def register(subparsers):
                    "benchmarks/dpformer_amazon.py --curve evaluates kept checkpoints")
   run_cli.add_fit_arguments(add, defaults)
   _add_dp_forward_arguments(parser)
-  parser.set_defaults(func=run, interrupted=run_cli.interrupted)
+  parser.set_defaults(func=run, interrupted=interrupted.message)
 
 
 def run(args):

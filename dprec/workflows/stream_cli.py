@@ -4,7 +4,9 @@ import argparse
 from dprec.cli_help import add_deprecated_alias
 from dprec.workflows import ctr
 from dprec.workflows import ctr_cli
+from dprec.workflows import ctr_options
 from dprec.workflows import data_kinds
+from dprec.workflows import interrupted
 from dprec.workflows import run_cli
 from dprec.workflows import stream
 
@@ -42,7 +44,7 @@ def register(subparsers):
                        type=float)
   dp = parser.add_argument_group("privacy")
   dp.add_argument("--algorithm", choices=ctr.ALGORITHMS,
-                  help=run_cli.algorithm_help(defaults.algorithm))
+                  help=ctr_options.algorithm_help(defaults.algorithm))
   dp.add_argument("--epsilon", type=float, default=None, dest="epsilon_total",
                   help="privacy budget ε of the whole run, the total: what --ledger spent on "
                   "this data before is composed in (required unless non_private); 'inf': "
@@ -115,12 +117,12 @@ def register(subparsers):
       diagnostics="exact period sizes, batch sizes, training losses",
       run_dir_help="run id, secret noise key (DIR/secret: keep it private), checkpoints, "
                    "ledger, metrics.csv, TensorBoard logs, plot (default %(default)s)")
-  parser.set_defaults(func=run, interrupted=run_cli.interrupted)
+  parser.set_defaults(func=run, interrupted=interrupted.message)
 
 
 def run(args):
   data_kinds.refuse_other_commands_data(args.data, "stream")
-  algorithm, epsilon = run_cli.algorithm_and_epsilon(args.algorithm, args.epsilon_total,
+  algorithm, epsilon = ctr_options.algorithm_and_epsilon(args.algorithm, args.epsilon_total,
                                                      stream.StreamOptions.algorithm)
   return stream.run(run_cli.options_from_args(stream.StreamOptions, args, algorithm=algorithm,
                                               epsilon_total=epsilon))
