@@ -4,14 +4,15 @@ A command module exposes `register(subparsers)`, which adds its parser(s) and se
 handler taking the parsed args. A handler returns an int exit code or a dict, which is printed as
 JSON on stdout. User errors (`DprecError`) print one line on stderr and exit 2; any other
 exception prints one line too unless `--debug` asks for the traceback. Ctrl-C prints one line
-(a training command's `interrupted(args, command_line)` says what its run kept and how to
-resume) and exits 130.
+(a training command's `args.interrupted(args, command_line)`, `dprec.workflows.interrupted`,
+says what its run kept and how to resume) and exits 130.
 
 Only the modules of the command being run are imported (TensorFlow and Beam take seconds to
 import), and of a group's (`train`) the sub-command's; the others appear in `dprec --help`
 through their one-line summary below. TensorFlow is imported after the arguments are parsed, so
 that a mistake in them is refused at once (where the command's module parses without it).
 """
+import contextlib
 import importlib
 import json
 import shlex
@@ -109,12 +110,14 @@ def main(argv=None):
   argv = sys.argv[1:] if argv is None else list(argv)
   warnings.formatwarning = _format_warning
   command = _command_in(argv)
-  if not {"--debug", "--verbose"} & set(argv):
+  held = not {"--debug", "--verbose"} & set(argv)
+  if held:
     quiet.hold_library_logs()
-  with quiet.held_stderr_if_quiet():  # a command module that imports TensorFlow to register
+  # A command module that imports TensorFlow to register: its start-up log held back.
+  with quiet.held_stderr() if held else contextlib.nullcontext():
     parser = build_parser(load=command)
   args = parser.parse_args(argv)  # refuses bad arguments before TensorFlow is loaded
-  if quiet.QUIET and set(command) & set(USES_TENSORFLOW):
+  if held and set(command) & set(USES_TENSORFLOW):
     import_tensorflow_quietly()
   try:
     result = args.func(args)
