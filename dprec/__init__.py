@@ -10,7 +10,7 @@ Importing dprec also quiets TensorFlow's start-up log (`dprec.quiet.quiet_tensor
 """
 import os
 
-from dprec import quiet
+from dprec import lazy, quiet
 
 __version__ = "0.1.0"
 
@@ -56,16 +56,15 @@ _PUBLIC = {
 __all__ = ["__version__", "privacy", *_PUBLIC]
 
 
+_public = lazy.exports(__name__, _PUBLIC, globals())
+
+
 def __getattr__(name):
   """The names of `__all__`, imported on first use (see `_PUBLIC`)."""
-  import importlib  # pylint: disable=import-outside-toplevel
   if name == "privacy":
+    import importlib  # pylint: disable=import-outside-toplevel
     return importlib.import_module("dprec.privacy")
-  if name not in _PUBLIC:
-    raise AttributeError(f"module 'dprec' has no attribute {name!r}")
-  value = getattr(importlib.import_module(_PUBLIC[name]), name)
-  globals()[name] = value
-  return value
+  return _public(name)
 
 
 def __dir__():

@@ -1,7 +1,9 @@
-"""Progress bars for long work: tqdm on stderr, redrawn in place on a terminal; in a log (stderr
+"""Progress for long work on stderr: tqdm bars, redrawn in place on a terminal; in a log (stderr
 not a terminal, e.g. `make demo > log 2>&1`) one plain line at most every `LOG_INTERVAL_SECONDS`
-instead of hundreds of carriage-return redraws."""
+instead of hundreds of carriage-return redraws; and one line per phase of work made of a few
+long parts (`phase_lines`)."""
 import sys
+import time
 
 import tqdm
 
@@ -31,3 +33,23 @@ def progress_bar(iterable=None, **kwargs) -> tqdm.tqdm:
     kwargs.setdefault("ascii", True)
     kwargs["file"] = _LogLines(sys.stderr)
   return tqdm.tqdm(iterable, **kwargs)
+
+
+def close_all() -> None:
+  """Closes every open progress bar (e.g. one a Ctrl-C left open), so that nothing is drawn
+  after the command's last line."""
+  for bar in list(tqdm.tqdm._instances):  # pylint: disable=protected-access
+    bar.close()
+
+
+def phase_lines(label: str, enabled: bool = True):
+  """A function `report(what)` printing one line per phase on stderr, `label: what (T s)`, T the
+  seconds since this call; prints nothing if not `enabled`."""
+  started = time.perf_counter()
+
+  def report(what):
+    if enabled:
+      print(f"{label}: {what} ({time.perf_counter() - started:.0f} s)", file=sys.stderr,
+            flush=True)
+
+  return report

@@ -247,6 +247,99 @@ def test_command_line_defaults_are_the_python_apis(argv, options):
   fields = {f.name: f for f in dataclasses.fields(defaults)}
   differ = {key: (value, fields[key].default) for key, value in parsed.items()
             if key in fields and fields[key].default is not dataclasses.MISSING
-            and key not in ("data", "epsilon", "dp_forward")
+            and key not in ("data", "epsilon", "dp_forward", "algorithm")  # `algorithm`: None
+            # until `run_cli.algorithm_and_epsilon` resolves it with --epsilon (to the default)
             and json.dumps(value) != json.dumps(fields[key].default)}  # a tuple as a list
   assert not differ, differ
+
+
+@pytest.mark.parametrize("argv, hint", [
+    (["train", "ctr", "--data", "d", "--algoritm", "dp_sgd"],
+     "unrecognized arguments: --algoritm dp_sgd (did you mean --algorithm?)"),
+    (["train", "ctr", "--data", "d", "--algorithm", "dp_adafst"], "; did you mean dp_adafest?"),
+    (["trian", "ctr"], "; did you mean train?"),
+])
+def test_misspelt_options_and_choices_get_the_closest_suggested(capsys, argv, hint):
+  with pytest.raises(SystemExit) as exit_info:
+    cli.main(argv)
+  err = capsys.readouterr().err
+  assert exit_info.value.code == 2 and hint in err, err
+  assert "--algoritm" not in argv or err.startswith("usage: dprec train ctr")
+
+
+@pytest.mark.parametrize("argv, refusal", [
+    (["train", "ctr", "--data", "d", "--algorithm", "non_private", "--epsilon", "1"],
+     "drop --epsilon 1"),
+    (["stream", "--data", "d", "--algorithm", "non_private", "--epsilon", "2"],
+     "drop --epsilon 2"),
+    (["train", "ctr", "--data", "d", "--algorithm", "dp_sgd", "--epsilon", "inf"],
+     "finite --epsilon for --algorithm dp_sgd"),
+])
+def test_non_private_and_a_finite_epsilon_contradict_each_other(capsys, argv, refusal):
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and refusal in err, err
+
+
+@pytest.mark.parametrize("argv", [["--epsilon", "inf"], ["--algorithm", "non_private"],
+                                  ["--algorithm", "non_private", "--epsilon", "inf"]])
+def test_epsilon_inf_is_algorithm_non_private(monkeypatch, capsys, argv):
+  from dprec.workflows import ctr  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(ctr, "run", lambda options: {"algorithm": options.algorithm,
+                                                   "epsilon": options.epsilon})
+  assert cli.main(["train", "ctr", "--data", "d", *argv]) == 0
+  assert json.loads(capsys.readouterr().out) == {"algorithm": "non_private", "epsilon": None}
+
+
+@pytest.fixture
+def other_commands_data(tmp_path):
+  """{kind: path} of data each training command refuses: interaction lines, a sequences output
+  (its manifest), Criteo day files and one of them."""
+  (tmp_path / "seq.txt").write_text("1 17\n1 14\n2 3\n")
+  (tmp_path / "sequences").mkdir()
+  (tmp_path / "sequences" / "manifest.json").write_text('{"format": "dprec-sequences-v1"}')
+  (tmp_path / "days").mkdir()
+  for day in range(2):
+    (tmp_path / "days" / f"day_{day}").write_text("\t".join(["1"] + ["3"] * 13 + ["a1"] * 26))
+  return {name: str(tmp_path / name) for name in ("seq.txt", "sequences", "days")}
+
+
+@pytest.mark.parametrize("command, data, suggested", [
+    (["train", "ctr"], "seq.txt", "`dprec preprocess sequences --input {} --format sasrec"),
+    (["train", "ctr"], "sequences", "`dprec train seqrec --data {} --epsilon E`"),
+    (["train", "ctr"], "days/day_0", "give --data its directory"),
+    (["stream"], "seq.txt", "`dprec train seqrec --data DIR`"),
+    (["stream"], "days", "`dprec preprocess criteo --streaming --input {} --output OUT`"),
+    (["train", "seqrec", "--epsilon", "1"], "days", "`dprec train ctr --data {}`"),
+    (["train", "seqrec", "--epsilon", "1"], "seq.txt",
+     "run `dprec preprocess sequences --input {} --format sasrec --output DIR`, then"),
+])
+def test_another_commands_data_is_refused_naming_the_command_that_takes_it(
+    capsys, other_commands_data, command, data, suggested):
+  root, _, rest = data.partition("/")
+  path = os.path.join(other_commands_data[root], rest) if rest else other_commands_data[root]
+  assert cli.main([*command, "--data", path]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and suggested.format(path) in err, err
+
+
+@pytest.mark.parametrize("argv, code", [
+    (["train", "ctr", "--data", "d", "--algoritm", "dp_sgd"], 2), (["train", "ctr", "--help"], 0),
+    (["--help"], 0)])
+def test_arguments_are_parsed_and_refused_without_tensorflow(argv, code):
+  """A fresh process: `train ctr`'s parser (its options, names and defaults) loads no
+  TensorFlow, so a mistake is refused at once."""
+  import subprocess  # pylint: disable=import-outside-toplevel
+  script = ("import sys; from dprec import cli\ntry:\n  cli.main(sys.argv[1:])\n"
+            "except SystemExit as exit:\n  print(exit.code, 'tensorflow' in sys.modules)")
+  done = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True,
+                        check=True)
+  assert done.stdout.splitlines()[-1] == f"{code} False", done.stderr
+
+
+def test_the_command_lines_algorithm_names_are_the_dp_steps():
+  from dprec.optimizers import config as config_lib  # pylint: disable=import-outside-toplevel
+  from dprec.optimizers import defaults  # pylint: disable=import-outside-toplevel
+  assert tuple(config_lib.ALGORITHMS) == defaults.ALGORITHMS
+  assert defaults.PRESELECTED == tuple(name for name, algorithm in config_lib.ALGORITHMS.items()
+                                       if algorithm.preselected)

@@ -64,3 +64,9 @@ def test_snippets_import_only_from_the_public_api():
 def test_make_private_snippet_labels_what_it_prints():
   prints = re.findall(r"print\((.*?)\)\n(?!\s)", _quickstart_snippets()[0], re.S)
   assert prints and all("RMSE" in p and "ε spent" in p for p in prints)
+
+
+def test_readme_states_the_makefiles_test_workers():
+  workers = re.search(r"^test:.*?pytest -n (\d+)", (README.parent / "Makefile").read_text(),
+                      re.S | re.M).group(1)
+  assert f"pytest, {workers} workers" in README.read_text()

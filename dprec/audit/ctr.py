@@ -40,6 +40,7 @@ from dprec.audit import runner
 from dprec.audit import scores as scores_lib
 from dprec.audit import white_box
 from dprec.errors import DprecError
+from dprec.progress import phase_lines
 from dprec.models import ctr
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.sparse import fest
@@ -47,6 +48,7 @@ from dprec.training import poisson
 # `train ctr`'s options, data loading, privacy plan, algorithm configuration and parser, reused.
 from dprec.workflows import ctr as train_ctr
 from dprec.workflows import ctr_cli as train_ctr_cli
+from dprec.workflows import ctr_options
 
 
 @dataclasses.dataclass
@@ -60,6 +62,7 @@ class CTRAuditOptions:
   score: str = "all"
   scores_file: Optional[str] = None
   summary_json: Optional[str] = None
+  progress: bool = True  # a line on stderr per phase
 
   @property
   def canary_count(self) -> int:
@@ -155,8 +158,11 @@ def _accounted_claim(train_options, num_examples):
 def audit_ctr(options: CTRAuditOptions, data: Optional[train_ctr.CTRData] = None) -> dict:
   """Runs the audit; returns (and writes to `options.summary_json`) its JSON summary."""
   options.validate()
-  data = data or train_ctr.load_data(options.train.data, options.train.vocab,
-                                     options.train.vocab_min_count)
+  report = phase_lines("audit", options.progress)
+  if data is None:
+    report(f"loading {options.train.data}")
+    data = train_ctr.load_data(options.train.data, options.train.vocab,
+                               options.train.vocab_min_count)
   num_examples = len(data.train["label"])
   options = dataclasses.replace(options, train=train_ctr.sized_for(options.train, num_examples))
   train_options = options.train
@@ -176,7 +182,7 @@ def audit_ctr(options: CTRAuditOptions, data: Optional[train_ctr.CTRData] = None
   delta = train_options.delta or 1.0 / num_examples  # `train ctr`'s default δ = 1/N
   started = time.perf_counter()
   result = runner.run_audit(train_and_score, options.runs, delta, options.confidence,
-                            np.random.default_rng(), options.threat_model, claim)
+                            np.random.default_rng(), options.threat_model, claim, report)
   plan = result.plan
   private = train_options.algorithm != "non_private"
   steps_epsilon = None
@@ -268,12 +274,15 @@ def run(args) -> dict:
   fields = {f.name for f in dataclasses.fields(train_ctr.CTRTrainOptions)}
   values = {key: value for key, value in vars(args).items()
             if key in fields and key not in AUDIT_ONLY + NOT_USED}
+  values["algorithm"], values["epsilon"] = ctr_options.algorithm_and_epsilon(
+      args.algorithm, args.epsilon, train_ctr.CTRTrainOptions.algorithm)
   train = train_ctr.CTRTrainOptions(progress=False, **values)
   audit_values = {key: getattr(args, key) for key in AUDIT_ONLY}
   if audit_values["scores_file"] is None and audit_values["summary_json"]:
     stem = os.path.splitext(audit_values["summary_json"])[0]
     audit_values["scores_file"] = stem + ".scores.jsonl"
-  summary = audit_ctr(CTRAuditOptions(train=train, **audit_values))
+  summary = audit_ctr(CTRAuditOptions(train=train, progress=not args.no_progress,
+                                      **audit_values))
   claimed = summary["claimed_epsilon"]
   print(f"ε lower bound {summary['epsilon_lower_bound']:.3f} at {summary['confidence']:.0%} "
         f"(ceiling {summary['ceiling']:.3f}: every guess right; Steinke et al. "

@@ -66,12 +66,15 @@ class AuditResult:
 
 def run_audit(train_and_score: Callable, runs: int, delta: float, confidence: float,
               rng: np.random.Generator, threat_model: str = "black_box",
-              claim: Optional[bounds.SubsampledGaussian] = None) -> AuditResult:
+              claim: Optional[bounds.SubsampledGaussian] = None,
+              report: Callable = lambda what: None) -> AuditResult:
   """`train_and_score(rng)` trains once with fresh canaries and returns ({score name: [m]},
   included [m], plan); the bounds pool the canaries of all `runs`; the summary leads with the
-  `threat_model`'s headline estimator; `claim`: the accounted mechanism, for the family fit."""
+  `threat_model`'s headline estimator; `claim`: the accounted mechanism, for the family fit;
+  `report(what)` is told each phase (`dprec.progress.phase_lines`)."""
   pooled, included, records, plan = {}, [], [], None
   for run in range(runs):
+    report(f"run {run + 1} of {runs}: training with canaries and scoring them")
     scores, run_included, plan = train_and_score(rng)
     for name, values in scores.items():
       pooled.setdefault(name, []).append(np.asarray(values, np.float64))
@@ -80,6 +83,7 @@ def run_audit(train_and_score: Callable, runs: int, delta: float, confidence: fl
                  **{name: float(values[i]) for name, values in scores.items()}}
                 for i, inc in enumerate(run_included)]
   scores = {name: np.concatenate(values) for name, values in pooled.items()}
+  report(f"the ε lower bounds of {len(records)} canaries")
   result = bounds.best_bounds(scores, np.concatenate(included), delta, confidence, rng, claim)
   headline = next(name for name in HEADLINES[threat_model] if name in result)
   return AuditResult(result, records, plan, headline)

@@ -17,6 +17,9 @@ import time
 from typing import List, Optional, Sequence
 
 STRATEGIES = ("none", "mirrored", "multi_worker", "parameter_server")
+# --strategy parameter_server: a variable is sharded only if each shard gets at least this many
+# rows (`parameter_server.table_partitioner`)
+MIN_ROWS_PER_SHARD = 1024
 
 
 def make_strategy(name: str):

@@ -41,7 +41,7 @@ import tensorflow as tf
 # Per-worker variables have no public class to extend (TF 2.21).
 from tensorflow.python.distribute import ps_values  # pylint: disable=no-name-in-module
 
-MIN_ROWS_PER_SHARD = 1024  # a variable is sharded only if each shard gets at least this many rows
+from dprec.distribute.cluster import MIN_ROWS_PER_SHARD
 
 
 def table_partitioner(num_shards: int, min_rows: int = MIN_ROWS_PER_SHARD):

@@ -1,16 +1,12 @@
 """DP training configurations, the DP optimizer passed to `DPModel.compile`, row-sparse
-optimizers."""
-from dprec.optimizers.config import ALGORITHMS
-from dprec.optimizers.config import DPAdaFEST
-from dprec.optimizers.config import DPAdaFESTPlus
-from dprec.optimizers.config import DPFEST
-from dprec.optimizers.config import DPSGD
-from dprec.optimizers.config import DPSGDLazy
-from dprec.optimizers.config import NonPrivate
-from dprec.optimizers.config import QuantileClipping
-from dprec.optimizers.dp_optimizer import DPOptimizer
-from dprec.optimizers.sparse import AdamBC
-from dprec.optimizers.sparse import LazyAdam
-from dprec.optimizers.sparse import SparseAdagrad
-from dprec.optimizers.sparse import SparseSGD
-from dprec.optimizers.sparse import TableSGD
+optimizers (their names imported on first use: `dprec.lazy`)."""
+from dprec import lazy
+
+_NAMES = {**{name: "dprec.optimizers.config"
+             for name in ("ALGORITHMS", "DPAdaFEST", "DPAdaFESTPlus", "DPFEST", "DPSGD",
+                          "DPSGDLazy", "NonPrivate", "QuantileClipping")},
+          "DPOptimizer": "dprec.optimizers.dp_optimizer",
+          **{name: "dprec.optimizers.sparse"
+             for name in ("AdamBC", "LazyAdam", "SparseAdagrad", "SparseSGD", "TableSGD")}}
+__all__ = sorted(_NAMES)
+__getattr__ = lazy.exports(__name__, _NAMES, globals())

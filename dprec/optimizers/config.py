@@ -19,6 +19,7 @@ from typing import Mapping, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from dprec.optimizers.defaults import ADAFEST_RATIO, ADAFEST_THRESHOLD  # noqa: F401
 from dprec.sparse import kept_rows as kept_rows_lib
 from dprec.sparse.selection import gaussian_survival
 
@@ -367,8 +368,6 @@ class DPAdaFESTPlus(DPAdaFEST):
 # Ghazi et al.'s frontier reproduced at 5M rows (docs/experiments/ctr_utility.md): the
 # ≥ 10³× point with the best validation AUC; σ1 = 2·σ2 keeps τ/σ1 ≈ 4 (false positives ~3e-5 a
 # row).
-ADAFEST_RATIO = 2.0
-ADAFEST_THRESHOLD = 7.0
 
 ALGORITHMS = {cls.name: cls for cls in (NonPrivate, DPSGD, DPSGDLazy, DPFEST, DPAdaFEST,
                                          DPAdaFESTPlus)}

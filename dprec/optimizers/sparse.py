@@ -10,9 +10,8 @@ the tables beside Adam on the rest (`TableSGD`), and DP-AdamBC. A DP step's row 
 """
 import tensorflow as tf
 
+from dprec.optimizers.defaults import ADAMBC_FLOOR
 from dprec.sparse.noise import DistinctRows
-
-ADAMBC_FLOOR = 5e-8  # γ' of `AdamBC`: the ε2 of Tang et al.'s DP-AdamBC reference code
 
 
 class _AppliesDistinctRows:

@@ -9,6 +9,8 @@ the budget it charges only the steps that do; when not even one more step fits i
 before that step. If training ends early for another reason, up to `charge_every - 1` prepaid
 steps stay charged: the ledger only ever over-states what was spent, never under-states it.
 """
+import signal
+import threading
 import time
 from typing import Mapping, Optional
 
@@ -184,7 +186,10 @@ class SharedStop(tf.keras.callbacks.Callback):
 
 class CheckpointCallback(tf.keras.callbacks.Callback):
   """Commits an atomic checkpoint (`dprec.training.checkpoint`) every `every` steps of
-  `model.fit` and at its end, so a killed run resumes from the last one.
+  `model.fit` and at its end, so a killed run resumes from the last one; on Ctrl-C (SIGINT) it
+  lets the running step finish, commits one (its steps were paid before they ran: the ledger
+  holds their charge) and raises `KeyboardInterrupt`. A second Ctrl-C stops at once. Not on a
+  cluster, where a checkpoint is written by every worker together or waits for steps in flight.
 
   Each checkpoint holds the objects of `tf_checkpoint` (model, optimizer slots, noise generator)
   and the JSON `state` with `step` (steps trained so far, counting from `start_step`) and
@@ -201,6 +206,8 @@ class CheckpointCallback(tf.keras.callbacks.Callback):
     self.every = every
     self.state = dict(state, step=start_step)
     self._committed_step = start_step
+    self._interrupted = False
+    self._previous_handler = None
 
   def commit(self):
     flush = getattr(self.model, "materialise_pending", None)  # a checkpoint holds no pending noise
@@ -209,14 +216,38 @@ class CheckpointCallback(tf.keras.callbacks.Callback):
     self.manager.commit(self.state, self.tf_checkpoint.write)
     self._committed_step = self.state["step"]
 
+  def _on_interrupt(self, signum, frame):
+    if self._interrupted:  # the second Ctrl-C
+      raise KeyboardInterrupt
+    self._interrupted = True
+
+  def _restore_handler(self):
+    if self._previous_handler is not None:
+      signal.signal(signal.SIGINT, self._previous_handler)
+      self._previous_handler = None
+
+  def on_train_begin(self, logs=None):
+    clusters = (tf.distribute.MultiWorkerMirroredStrategy,
+                tf.distribute.experimental.ParameterServerStrategy)
+    if (threading.current_thread() is threading.main_thread()
+        and not isinstance(self.model.distribute_strategy, clusters)):
+      self._interrupted = False
+      self._previous_handler = signal.signal(signal.SIGINT, self._on_interrupt)
+
   def on_train_batch_end(self, batch, logs=None):
     self.state["step"] += 1
     if logs and "loss" in logs:
       self.state["loss"] = float(logs["loss"])
     if self.state["step"] % self.every == 0:
       self.commit()
+    if self._interrupted:
+      self._restore_handler()
+      if self.state["step"] != self._committed_step:
+        self.commit()
+      raise KeyboardInterrupt
 
   def on_train_end(self, logs=None):
+    self._restore_handler()
     if self.state["step"] != self._committed_step:
       self.commit()
 

@@ -17,14 +17,11 @@ from typing import Dict, Iterator, Mapping, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
+from dprec.training.batch_sizes import DATA_SIZED_RANGE, STEPS_PER_EPOCH
+
 
 DEFAULT_BATCH_SIZE = 1024
 DEFAULT_MAX_SAMPLING_RATE = 1 / 8
-# Data-sized B: the power of two nearest N / STEPS_PER_EPOCH (`train ctr` and `make_private`;
-# chosen on validation AUC over data sizes for DP-SGD and DP-AdaFEST alike: the numbers are in
-# docs/experiments/ctr_utility.md) ...
-STEPS_PER_EPOCH = 150
-DATA_SIZED_RANGE = (64, 16384)  # ... within these bounds (and at most N/8)
 
 
 def default_batch_size(num_examples: int, preferred: int = DEFAULT_BATCH_SIZE,

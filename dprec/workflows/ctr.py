@@ -58,20 +58,18 @@ from dprec.training import poisson
 from dprec.workflows import out_of_core
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import run as run_lib
+# The options and the names the command line offers, without TensorFlow (`ctr_options`).
+from dprec.workflows.ctr_options import ALGORITHMS, BATCH_SIZE_RANGE  # noqa: F401
+from dprec.workflows.ctr_options import (CTRTrainOptions, DEFAULT_LEARNING_RATES,
+                                         SELECTION_POINTS)
+from dprec.workflows.ctr_options import FEST_ALGORITHMS, LOCAL_CLUSTERS, LOGIT_INITS  # noqa: F401
+from dprec.workflows.ctr_options import NON_PRIVATE_TABLE_LEARNING_RATE, OPTIMIZER_NAMES
+from dprec.workflows.ctr_options import ROWS_IN_MEMORY, STEPS_PER_EPOCH, STRATEGIES  # noqa: F401
 
 COMMAND = "train ctr"
-ALGORITHMS = tuple(config_lib.ALGORITHMS)
-FEST_ALGORITHMS = tuple(name for name, algorithm in config_lib.ALGORITHMS.items()
-                        if algorithm.preselected)  # a DP top-k set, drawn before training
-STRATEGIES = cluster.STRATEGIES
-LOCAL_CLUSTERS = ("multi_worker", "parameter_server")
-OPTIMIZERS = {"sgd": sparse_optimizers.SparseSGD, "adagrad": sparse_optimizers.SparseAdagrad,
-              "adam": sparse_optimizers.LazyAdam, "adambc": sparse_optimizers.AdamBC,
-              "table_sgd": sparse_optimizers.TableSGD}
-LOGIT_INITS = ("base_rate", "default")
-STEPS_PER_EPOCH = poisson.STEPS_PER_EPOCH  # default B: `default_batch_size`
-BATCH_SIZE_RANGE = poisson.DATA_SIZED_RANGE
-ROWS_IN_MEMORY = out_of_core.DEFAULT_ROWS_IN_MEMORY
+OPTIMIZERS = dict(zip(OPTIMIZER_NAMES, (
+    sparse_optimizers.SparseSGD, sparse_optimizers.SparseAdagrad, sparse_optimizers.LazyAdam,
+    sparse_optimizers.AdamBC, sparse_optimizers.TableSGD)))
 BASE_RATE_LABEL = "train ctr base rate"
 CALIBRATION_LABEL = "train ctr calibration"
 # DP Platt scaling fits on `dp_platt_scaling`'s default feature, z clipped to ±10. `stream`'s,
@@ -82,7 +80,6 @@ CALIBRATION_LABEL = "train ctr calibration"
 # out AUC 0.479 and 0.485 on 13,334 training rows (B = 1,024, 30 steps, 2 noise seeds) and 0.694
 # on 100,000 (B = 1,024, 200 steps) (docs/experiments/ctr_utility.md, "Small data").
 SMALL_DATA = 50_000
-SELECTION_POINTS = 20  # --select-on-validation: validation log loss this many times a run
 CALIBRATION_ROWS = 1_000_000  # rows DP Platt scaling fits on (BENCHMARKS: 1M fit = the 5M fit)
 SELECTION_LABEL = "dp-fest top-k"
 VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-k-epsilon 0) are "
@@ -109,140 +106,6 @@ EPSILON_COVERS = {
                            "rows (dprec.data.ctr_data.hold_out_validation)",
     "not_covered": "diagnostics_nonprivate (only with --diagnostics): exact training loss/AUC",
 }
-
-
-# Adam's learning rate without `--learning-rate`. Under DP the noise in Adam's second moment
-# shrinks its steps, so private runs want a larger one than non-private runs, which lose at it;
-# and Dense 256-256 rather than App. D.1.1's 598×4 (1.1M weights noised every step, 5× the step
-# time). Both chosen on validation: the numbers are in docs/experiments/ctr_utility.md.
-DEFAULT_LEARNING_RATES = {"private": 1e-2, "non_private": 3e-3}
-
-
-@dataclasses.dataclass
-class CTRTrainOptions(run_lib.FitOptions):
-  """Everything `dprec train ctr` accepts (see `dprec.workflows.ctr_cli` for each field)."""
-  NOT_FINGERPRINTED = run_lib.FitOptions.NOT_FINGERPRINTED + (
-      "vocab", "log_dir", "eval_batch_size", "strategy", "local_workers", "local_ps",
-      "min_shard_rows", "runner", "dask_workers", "beam_options", "out_of_core_above")
-  data: str
-  strategy: str = "none"
-  local_workers: int = 0
-  local_ps: int = 0
-  min_shard_rows: int = parameter_server.MIN_ROWS_PER_SHARD
-  algorithm: str = "dp_adafest"
-  epsilon: Optional[float] = None
-  delta: Optional[float] = None
-  batch_size: Optional[int] = None  # None: from N (`sized_for`)
-  max_batch_size: Optional[int] = None  # B_max: truncated Poisson (`dprec.privacy.truncation`)
-  steps: Optional[int] = None  # None: one epoch at the batch size
-  ratio: float = config_lib.ADAFEST_RATIO
-  threshold: float = config_lib.ADAFEST_THRESHOLD
-  contribution_clip: float = 1.0
-  l2_norm_clip: float = 1.0  # see BENCHMARKS.md "Calibrated DP pCTR"
-  learning_rate: Optional[float] = None  # None: `DEFAULT_LEARNING_RATES` (private or not)
-  optimizer: str = "adam"
-  adambc_floor: float = sparse_optimizers.ADAMBC_FLOOR
-  table_learning_rate: Optional[float] = None  # --optimizer table_sgd; None: `table_learning_rate`
-  momentum: float = 0.0  # --optimizer table_sgd: on the tables
-  logit_init: str = "base_rate"
-  base_rate_share: float = 0.01
-  calibration_share: float = 0.1
-  top_k: Optional[int] = None
-  top_k_epsilon: float = 0.1
-  vocab: Optional[str] = None
-  vocab_min_count: int = 1
-  hidden_units: Tuple[int, ...] = (256, 256)
-  stack_tables: int = 0  # 0: one variable per table; m: widths rounded up to m, one per width
-  eval_batch_size: int = 8192
-  log_dir: Optional[str] = None
-  out_of_core: bool = False  # Poisson batches written by a Beam job, streamed (`out_of_core`)
-  out_of_core_above: int = ROWS_IN_MEMORY  # ... and by default above this many training rows
-  runner: Optional[str] = None  # the Beam jobs of --out-of-core (default: embedded)
-  dask_workers: Optional[int] = None
-  beam_options: Tuple[str, ...] = ()
-  select_on_validation: float = 0.0  # non_private: share of training rows for model selection
-
-  @property
-  def private(self):
-    return self.algorithm != "non_private"
-
-  def validate(self):
-    super().validate()
-    for name, value, allowed in (("algorithm", self.algorithm, ALGORITHMS),
-                                 ("strategy", self.strategy, STRATEGIES),
-                                 ("optimizer", self.optimizer, OPTIMIZERS),
-                                 ("logit-init", self.logit_init, LOGIT_INITS)):
-      if value not in allowed:
-        raise DprecError(f"--{name} must be one of {', '.join(allowed)}, got {value}")
-    if not self.adambc_floor > 0:
-      raise DprecError(f"--adambc-floor must be positive, got {self.adambc_floor}")
-    if not 0 < self.base_rate_share < 1:
-      raise DprecError(f"--base-rate-share must be in (0, 1), got {self.base_rate_share}")
-    if not 0 <= self.calibration_share < 1:
-      raise DprecError(f"--calibration-share must be in [0, 1), got {self.calibration_share}")
-    if (self.batch_size is not None and self.batch_size < 1) or (
-        self.steps is not None and self.steps < 1):
-      raise DprecError("--batch-size and --steps must be positive")
-    if self.private and (self.epsilon is None or not self.epsilon > 0):
-      raise DprecError(f"--algorithm {self.algorithm} needs a positive --epsilon")
-    if self.delta is not None and not 0 < self.delta < 1:
-      raise DprecError(f"--delta must be in (0, 1), got {self.delta}")
-    if self.algorithm in FEST_ALGORITHMS and not (self.top_k or 0) > 0:
-      raise DprecError(f"--algorithm {self.algorithm} needs --top-k-total (rows kept over all "
-                       "tables)")
-    if self.top_k_epsilon < 0:
-      raise DprecError("--top-k-epsilon must be >= 0")
-    if self.local_workers < 0 or (self.local_workers and self.strategy not in LOCAL_CLUSTERS):
-      raise DprecError("--local-workers N (N >= 1) starts a localhost cluster for --strategy "
-                       "multi_worker or parameter_server")
-    if self.local_ps < 0 or bool(self.local_ps) != (
-        self.strategy == "parameter_server" and self.local_workers > 0):
-      raise DprecError("--strategy parameter_server --local-workers N needs --local-ps K "
-                       "(K >= 1 parameter servers), and --local-ps only goes with them")
-    if self.stack_tables < 0:
-      raise DprecError(f"--stack-tables must be >= 1 (or absent: off), got {self.stack_tables}")
-    if self.min_shard_rows < 1:
-      raise DprecError(f"--min-shard-rows must be >= 1, got {self.min_shard_rows}")
-    if self.out_of_core_above < 0:
-      raise DprecError(f"--out-of-core-above must be >= 0, got {self.out_of_core_above}")
-    if self.out_of_core:
-      self._validate_out_of_core()
-    if self.select_on_validation:
-      self._validate_selection()
-    if self.algorithm == "dp_sgd_lazy" and (self.strategy != "none" or self.secure_noise
-                                            or self.optimizer not in ("sgd", "table_sgd")):
-      raise DprecError(  # as `dp_step`'s refusal, but before the ledger is paid
-          "--algorithm dp_sgd_lazy runs on one device (no --strategy), with the default noise "
-          "(no --secure-noise) and SGD on the tables (--optimizer table_sgd or sgd)")
-    if self.strategy == "parameter_server" and self.secure_noise:
-      raise DprecError("--secure-noise is not available with --strategy parameter_server")
-    if (self.strategy == "multi_worker" and self.run_dir is None
-        and self.insecure_noise_seed is None):
-      raise DprecError("--strategy multi_worker needs --run-dir: the chief keeps the run's secret "
-                       "noise key there and the other workers read it (a file system they share)")
-
-
-  def _validate_selection(self):
-    """--select-on-validation: a non-private run on one device, in memory, without a run
-    directory (a resumed run would not know the best step so far)."""
-    if not 0 < self.select_on_validation < 1:
-      raise DprecError("--select-on-validation must be in (0, 1), got "
-                       f"{self.select_on_validation}")
-    if self.private or self.run_dir or self.out_of_core or self.strategy != "none":
-      raise DprecError("--select-on-validation (model selection on held-out training rows, read "
-                       "exactly) is for --algorithm non_private on one device, in memory, "
-                       "without --run-dir")
-
-  def _validate_out_of_core(self):
-    """What --out-of-core does not do yet (docs/guide/train_ctr.md, 'Data larger than memory')."""
-    if self.strategy not in ("none", "parameter_server"):
-      raise DprecError("--out-of-core trains on one device or with --strategy parameter_server "
-                       "(the chief reads the shards)")
-    if self.fixed_batches:
-      raise DprecError("--out-of-core writes Poisson batches: drop --fixed-batches")
-    if self.vocab:
-      raise DprecError("--out-of-core builds the vocabulary in its Beam job: drop --vocab, or "
-                       "give --data a `dprec preprocess criteo` output")
 
 
 def default_batch_size(num_examples: int) -> int:
@@ -382,9 +245,6 @@ def learning_rate(options):
   if options.learning_rate is not None:
     return options.learning_rate
   return DEFAULT_LEARNING_RATES["private" if options.private else "non_private"]
-
-
-NON_PRIVATE_TABLE_LEARNING_RATE = 0.1  # --optimizer table_sgd without DP: not tuned
 
 
 def table_learning_rate(options):
@@ -544,7 +404,7 @@ def _train(options, data, strategy, coordinator, base=None):
     # Parameter servers: each scheduled step resets its worker's generator itself.
     timer, callbacks = run.fit_callbacks(
         {} if coordinator else {NOISE_PURPOSE: model.dp_optimizer.generator}, resume, budget,
-        options.checkpoint_every,
+        options.checkpoint_interval(options.steps),
         extra, options.progress and chief and f"{COMMAND} {options.algorithm}",
         options.diagnostics)
     if chooser is not None:

@@ -1,12 +1,13 @@
-"""`dprec train ctr`: the command line of `dprec.workflows.ctr` (parse, then call)."""
+"""`dprec train ctr`: the command line of `dprec.workflows.ctr` (parse, then call). Parsing needs
+only `ctr_options` (no TensorFlow); `run` loads the workflow."""
 import argparse
 
 from dprec.cli_help import add_deprecated_alias
-from dprec.workflows import ctr
-from dprec.workflows import result
-from dprec.workflows import run as run_lib
+from dprec.workflows import ctr_options
+from dprec.workflows import data_kinds
+from dprec.workflows import interrupted
 from dprec.workflows import run_cli
-from dprec.workflows.ctr import CTRTrainOptions
+from dprec.workflows.ctr_options import CTRTrainOptions
 
 DESCRIPTION = """\
     dprec train ctr --data DIR --algorithm dp_adafest --epsilon 1
@@ -49,10 +50,11 @@ def add_step_arguments(add, defaults):
   add("--learning-rate", type=float, default=defaults.learning_rate,
       help="learning rate (default: " + (
           f"{defaults.learning_rate:g}" if defaults.learning_rate is not None else
-          ", ".join(f"{rate:g} {run}" for run, rate in ctr.DEFAULT_LEARNING_RATES.items()))
+          ", ".join(f"{rate:g} {run}"
+                    for run, rate in ctr_options.DEFAULT_LEARNING_RATES.items()))
       + "; for --optimizer adam)")
   add("--optimizer", default=defaults.optimizer,
-      choices=sorted(name for name in ctr.OPTIMIZERS  # table_sgd: train ctr's alone
+      choices=sorted(name for name in ctr_options.OPTIMIZER_NAMES  # table_sgd: train ctr's alone
                      if name != "table_sgd" or hasattr(defaults, "table_learning_rate")),
       help="row-sparse optimizer applying the noisy gradient (adam = lazy Adam; adambc = "
            "DP-AdamBC: Adam with the noise variance subtracted, Tang et al. 2024, "
@@ -68,7 +70,7 @@ def register(subparsers):
   add = parser.add_argument
   defaults = CTRTrainOptions  # one source for the defaults of the CLI and the Python API
   add("--data", required=True, help="directory of Criteo TSV day_N files, or a Beam output dir")
-  add("--strategy", choices=ctr.STRATEGIES, default=defaults.strategy,
+  add("--strategy", choices=ctr_options.STRATEGIES, default=defaults.strategy,
       help="tf.distribute strategy: none (one device), mirrored (this machine's devices), "
            "multi_worker (the cluster in TF_CONFIG, one process per worker, worker 0 the chief; "
            "needs --run-dir on a file system all workers share, holding the secret noise key), "
@@ -84,17 +86,19 @@ def register(subparsers):
   add("--min-shard-rows", type=int, default=defaults.min_shard_rows, metavar="ROWS",
       help="with --strategy parameter_server: a table is split by rows over up to all parameter "
            "servers, each shard at least ROWS rows (smaller tables and dense layers stay whole)")
-  add("--algorithm", choices=ctr.ALGORITHMS, default=defaults.algorithm,
-      help="training algorithm")
+  add("--algorithm", choices=ctr_options.ALGORITHMS,
+      help=ctr_options.algorithm_help(defaults.algorithm))
   add("--epsilon", type=float,
       help="privacy budget ε, the total: what --ledger spent on this data before (e.g. a DP "
-           "top-k vocabulary) is composed in (required unless non_private)")
+           "top-k vocabulary) is composed in (required unless non_private); 'inf': "
+           "--algorithm non_private")
   add("--delta", type=float,
       help="δ (default: the --ledger's if it exists, else 1/N, N = training rows)")
-  lowest, highest = ctr.BATCH_SIZE_RANGE
+  lowest, highest = ctr_options.BATCH_SIZE_RANGE
   add("--batch-size", type=int, default=defaults.batch_size,
       help=f"expected (Poisson) batch size B (default: from the N training rows, the power of "
-           f"two nearest N/{ctr.STEPS_PER_EPOCH}, an epoch in about {ctr.STEPS_PER_EPOCH} steps, "
+           f"two nearest N/{ctr_options.STEPS_PER_EPOCH}, an epoch in about "
+           f"{ctr_options.STEPS_PER_EPOCH} steps, "
            f"within [{lowest}, {highest}], at most N/8)")
   add("--max-batch-size", type=int, default=defaults.max_batch_size, metavar="B_MAX",
       help="truncate each Poisson batch to B_MAX rows (default: none, exact Poisson): a fixed "
@@ -108,10 +112,10 @@ def register(subparsers):
       help="--optimizer table_sgd (SGD on the embedding tables, lazy Adam at --learning-rate on "
            "the dense layers): the tables' learning rate (default: B·(1 − momentum)/(80·C2) for "
            "a private run, the best on validation at 400k and 5M rows; "
-           f"{ctr.NON_PRIVATE_TABLE_LEARNING_RATE:g} without DP)")
+           f"{ctr_options.NON_PRIVATE_TABLE_LEARNING_RATE:g} without DP)")
   add("--momentum", type=float, default=defaults.momentum,
       help="--optimizer table_sgd: the tables' momentum (0: plain SGD)")
-  add("--logit-init", choices=ctr.LOGIT_INITS, default=defaults.logit_init,
+  add("--logit-init", choices=ctr_options.LOGIT_INITS, default=defaults.logit_init,
       help="base_rate: the logit layer starts at zero weights and the bias at the logit of the "
            "training click rate (DP: a Gaussian estimate charged to the ledger), so the "
            "untrained model predicts the base rate; default: Keras' Glorot init (p ≈ 0.5)")
@@ -153,7 +157,7 @@ def register(subparsers):
       metavar="SHARE",
       help="--algorithm non_private: hold out this share of the training rows (the end of the "
            "last training day) and keep the weights of the best validation log loss, measured "
-           f"{ctr.SELECTION_POINTS} times a run (early stopping's choice; never on the "
+           f"{ctr_options.SELECTION_POINTS} times a run (early stopping's choice; never on the "
            "evaluation day); default: off")
   add("--eval-batch-size", type=int, default=defaults.eval_batch_size,
       help="batch size of the evaluation")
@@ -183,11 +187,18 @@ def register(subparsers):
                    "and checkpoints here; rerunning the same command resumes a killed run from "
                    "its last checkpoint (same batches and noise, no step paid twice)")
   run_cli.add_fit_arguments(add, defaults)
-  parser.set_defaults(func=run)
+  parser.set_defaults(func=run, interrupted=interrupted.message)
 
 
 def run(args) -> int:
-  options = run_cli.options_from_args(CTRTrainOptions, args,
+  data_kinds.refuse_other_commands_data(args.data, "train ctr")
+  algorithm, epsilon = ctr_options.algorithm_and_epsilon(args.algorithm, args.epsilon,
+                                                     CTRTrainOptions.algorithm)
+  # TensorFlow loads here, after the arguments parsed.
+  from dprec.workflows import ctr as workflow  # pylint: disable=import-outside-toplevel
+  from dprec.workflows import result  # pylint: disable=import-outside-toplevel
+  from dprec.workflows import run as run_lib  # pylint: disable=import-outside-toplevel
+  options = run_cli.options_from_args(CTRTrainOptions, args, algorithm=algorithm, epsilon=epsilon,
                                       beam_options=tuple(args.beam_options))
-  summary = ctr.run(options)
+  summary = workflow.run(options)
   return run_lib.report(summary, options, result.train_ctr(summary))

@@ -38,10 +38,6 @@ RECORDS = "records"
 BATCHES = "batches"
 READ_BATCH = 65536  # rows a streaming pass parses at once
 EVAL_CHUNK_ROWS = 1 << 15  # TSV lines the held-out day is parsed in (the reader's default: 2^18)
-# `train ctr` trains in memory up to this many training rows (`--out-of-core-above`), where that
-# path is faster and fits: it holds ~365 bytes a row over ~1.3 GB (BENCHMARKS.md, "Out of core"),
-# 20M rows ≈ 8.6 GB; above it the rows stay on disk.
-DEFAULT_ROWS_IN_MEMORY = 20_000_000
 TSV_BYTES_PER_ROW = 240  # Criteo TSV lines (and the synthetic ones) average about this
 GZIP_RATIO = 4  # and compress about this much
 

@@ -64,6 +64,7 @@ STDOUT = "-"  # --summary-json -: the JSON summary on stdout
 CHECKPOINTS_DIR = "checkpoints"
 WORKER_WAIT_SECONDS = 600  # how long a worker waits for the chief to create the run
 BUDGET_SLACK = 1 + 1e-6  # calibration's rounding: a plan within this of the budget fits it
+CHECKPOINT_EVERY = 100  # steps between checkpoints at most, unless `checkpoint_every` says
 
 
 @dataclasses.dataclass(kw_only=True)
@@ -73,7 +74,7 @@ class RunOptions:
   run_dir: Optional[str] = None
   ledger: Optional[str] = None
   accountant: str = "pld"
-  checkpoint_every: int = 100
+  checkpoint_every: Optional[int] = None  # None: `checkpoint_interval`
   seed: int = 0
   insecure_noise_seed: Optional[int] = None
   secure_noise: bool = False  # exact noise, no floating-point artefact (`privacy.secure_noise`)
@@ -86,8 +87,16 @@ class RunOptions:
                        "diagnostics", "progress", "summary_json")
 
   def validate(self):
-    if self.checkpoint_every < 1:
+    if self.checkpoint_every is not None and self.checkpoint_every < 1:
       raise DprecError(f"--checkpoint-every must be >= 1, got {self.checkpoint_every}")
+
+  def checkpoint_interval(self, steps=None) -> int:
+    """Steps between checkpoints: `checkpoint_every` if set, else a quarter of the run's `steps`
+    (None: unknown) and at most `CHECKPOINT_EVERY`, so that a short run killed early resumes past
+    step 0."""
+    if self.checkpoint_every is not None:
+      return self.checkpoint_every
+    return CHECKPOINT_EVERY if steps is None else max(1, min(CHECKPOINT_EVERY, steps // 4))
 
   def run_fingerprint(self, **extra) -> dict:
     """The options a resumed run must share with the run it continues (`fingerprint`)."""

@@ -2,6 +2,8 @@
 once for `train ctr`, `train seqrec` and `stream`, and the options of parsed arguments."""
 import dataclasses
 
+from dprec.workflows import run as run_lib
+
 
 def add_run_arguments(add, defaults, run_dir_help, randomness, diagnostics):
   """Adds the run's arguments with `add` (a parser's or group's `add_argument`); `defaults`: the
@@ -13,7 +15,9 @@ def add_run_arguments(add, defaults, run_dir_help, randomness, diagnostics):
   add("--accountant", choices=("pld", "rdp"), default=defaults.accountant,
       help="privacy accountant (default %(default)s)")
   add("--checkpoint-every", type=int, default=defaults.checkpoint_every, metavar="N",
-      help="steps between checkpoints (one is always written at the end; default %(default)s)")
+      help="steps between checkpoints (one is always written at the end, and one when Ctrl-C "
+           f"stops training; default: a quarter of the run's steps (stream: a period's), at most "
+           f"{run_lib.CHECKPOINT_EVERY})")
   add("--seed", type=int, default=defaults.seed,
       help="seed of the public randomness only (initialisation, dropout; default %(default)s): "
            "noise and batches come from a secret key")
@@ -49,3 +53,4 @@ def options_from_args(options_class, args, **overrides):
   fields = {f.name for f in dataclasses.fields(options_class)}
   values = {key: value for key, value in vars(args).items() if key in fields}
   return options_class(**dict(values, progress=not args.no_progress, **overrides))
+

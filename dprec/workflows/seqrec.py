@@ -585,7 +585,7 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
                            examples.valid_items)["ndcg_at_10"],
           options.epochs, plan.steps, resume.step)
     timer, callbacks = run.fit_callbacks(noise_generators(model), resume, charges,
-                                         options.checkpoint_every,
+                                         options.checkpoint_interval(plan.steps),
                                          extra=[selection] if selection else (),
                                          progress=options.progress and COMMAND,
                                          diagnostics=options.diagnostics)

@@ -3,6 +3,8 @@ import argparse
 import dataclasses
 
 from dprec.workflows import dp_forward
+from dprec.workflows import data_kinds
+from dprec.workflows import interrupted
 from dprec.workflows import result
 from dprec.workflows import run as run_lib
 from dprec.workflows import run_cli
@@ -141,10 +143,11 @@ def register(subparsers):
                    "benchmarks/dpformer_amazon.py --curve evaluates kept checkpoints")
   run_cli.add_fit_arguments(add, defaults)
   _add_dp_forward_arguments(parser)
-  parser.set_defaults(func=run)
+  parser.set_defaults(func=run, interrupted=interrupted.message)
 
 
 def run(args):
+  data_kinds.refuse_other_commands_data(args.data, "train seqrec")
   options = run_cli.options_from_args(seqrec.SeqRecTrainOptions, args,
                                       reattention=not args.no_reattention, tied=not args.untied,
                                       dp_forward=None)

@@ -390,7 +390,7 @@ def build_trainer(options: StreamOptions, source, plan, run) -> StreamingTrainer
                          options.calibration_logit_bound, options.calibration_prior_examples,
                          options.calibration_level_prior_examples)
   config = StreamConfig(
-      checkpoint_every=options.checkpoint_every,
+      checkpoint_every=options.checkpoint_interval(plan.steps_per_period),
       train_periods=None if options.train_days is None else plan.expected_periods,
       idle_timeout=options.idle_timeout, poll_interval=options.poll_interval,
       top_k=options.top_k if options.algorithm in ctr_workflow.FEST_ALGORITHMS else None,

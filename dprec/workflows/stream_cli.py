@@ -4,6 +4,9 @@ import argparse
 from dprec.cli_help import add_deprecated_alias
 from dprec.workflows import ctr
 from dprec.workflows import ctr_cli
+from dprec.workflows import ctr_options
+from dprec.workflows import data_kinds
+from dprec.workflows import interrupted
 from dprec.workflows import result
 from dprec.workflows import run as run_lib
 from dprec.workflows import run_cli
@@ -44,11 +47,12 @@ def register(subparsers):
   add_deprecated_alias(data.add_argument, "--poll-interval", "--poll-seconds", "poll_interval",
                        type=float)
   dp = parser.add_argument_group("privacy")
-  dp.add_argument("--algorithm", default="dp_adafest", choices=ctr.ALGORITHMS,
-                  help="training algorithm")
+  dp.add_argument("--algorithm", choices=ctr.ALGORITHMS,
+                  help=ctr_options.algorithm_help(defaults.algorithm))
   dp.add_argument("--epsilon", type=float, default=None, dest="epsilon_total",
                   help="privacy budget ε of the whole run, the total: what --ledger spent on "
-                  "this data before is composed in (required unless non_private)")
+                  "this data before is composed in (required unless non_private); 'inf': "
+                  "--algorithm non_private")
   add_deprecated_alias(dp.add_argument, "--epsilon-total", "--epsilon", "epsilon_total",
                        type=float)
   dp.add_argument("--delta", type=float, default=None,
@@ -117,10 +121,14 @@ def register(subparsers):
       diagnostics="exact period sizes, batch sizes, training losses",
       run_dir_help="run id, secret noise key (DIR/secret: keep it private), checkpoints, "
                    "ledger, metrics.csv, TensorBoard logs, plot (default %(default)s)")
-  parser.set_defaults(func=run)
+  parser.set_defaults(func=run, interrupted=interrupted.message)
 
 
 def run(args):
-  options = run_cli.options_from_args(stream.StreamOptions, args)
+  data_kinds.refuse_other_commands_data(args.data, "stream")
+  algorithm, epsilon = ctr_options.algorithm_and_epsilon(args.algorithm, args.epsilon_total,
+                                                     stream.StreamOptions.algorithm)
+  options = run_cli.options_from_args(stream.StreamOptions, args, algorithm=algorithm,
+                                      epsilon_total=epsilon)
   summary = stream.run(options)
   return run_lib.report(summary, options, result.stream(summary))

@@ -34,8 +34,13 @@ def _audit(data_dir, tmp_path, algorithm, *extra):
     return json.load(stream)
 
 
-def test_non_private_training_is_caught(data_dir, tmp_path):
+def test_non_private_training_is_caught(data_dir, tmp_path, capsys):
   summary = _audit(data_dir, tmp_path, "non_private")
+  phases = [line.split(" (")[0] for line in capsys.readouterr().err.splitlines()
+            if line.startswith("audit: ")]  # one line per phase, with the seconds so far
+  assert phases == [f"audit: loading {data_dir}",
+                    "audit: run 1 of 1: training with canaries and scoring them",
+                    f"audit: the ε lower bounds of {CANARIES} canaries"]
   assert {"epsilon_lower_bound", "ceiling", "confidence", "canaries", "claimed_epsilon",
           "threat_model", "method", "algorithm"} <= set(summary)
   assert summary["confidence"] == 0.95 and summary["canaries"] == CANARIES

@@ -299,8 +299,9 @@ def test_stacked_tables_train_resume_only_stacked_and_the_audit_refuses_them(
   run_dir = tmp_path / "run"
   summary = _train(data_dir, tmp_path, "dp_adafest", "--stack-tables", "--run-dir", str(run_dir))
   assert summary["steps"] == STEPS and summary["gradient_size_reduction"] > 1.0
+  latest = (run_dir / "checkpoints" / "LATEST").read_text().strip()
   tables = [shape for name, shape in tf.train.list_variables(
-      str(run_dir / "checkpoints" / "ckpt-000000" / "model"))
+      str(run_dir / "checkpoints" / latest / "model"))
               if name.startswith("model/embedding/tables/")]
   # The tiny data's widths are all <= 8: one stack, holding more than the tables (padding).
   assert len(tables) == 1 and tables[0][1] == 8, tables

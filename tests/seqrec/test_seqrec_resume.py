@@ -205,3 +205,43 @@ def test_a_preprocessing_charge_on_the_data_set_is_composed_with_training(sequen
   assert parts["preprocessing_selection"]["epsilon"] == 1.0
   assert parts["training"]["epsilon"] == pytest.approx(training, rel=1e-6)
   assert summary["dataset"]["id"] == dataset["id"] is not None
+
+
+def test_ctrl_c_keeps_a_checkpoint_says_how_to_resume_and_the_rerun_goes_on(sequences_dir,
+                                                                          tmp_path):
+  """Ctrl-C (SIGINT) mid-training: one line naming the run directory and the command, exit 130,
+  a checkpoint of the last whole step (its charge already in the ledger); the same command
+  resumes past step 0 and charges no step twice."""
+  import json  # pylint: disable=import-outside-toplevel
+  import signal  # pylint: disable=import-outside-toplevel
+  import subprocess  # pylint: disable=import-outside-toplevel
+  import sys  # pylint: disable=import-outside-toplevel
+  import time  # pylint: disable=import-outside-toplevel
+  run_dir = str(tmp_path / "run")
+  argv = ["train", "seqrec", "--data", sequences_dir, "--model", "dpformer", "--epsilon", "5",
+          "--epochs", "10", "--batch-size", "8", "--max-len", "8", "--dim", "8", "--blocks", "1",
+          "--dropout", "0", "--charge-every", "1000", "--run-dir", run_dir]
+  command = [sys.executable, "-m", "dprec.cli", *argv]
+  process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  ledger = os.path.join(run_dir, "ledger.json")
+  while not (os.path.exists(ledger) and _steps_in_ledger(run_dir)):  # training has begun
+    assert process.poll() is None, process.communicate()
+    time.sleep(0.05)
+  process.send_signal(signal.SIGINT)
+  out, err = process.communicate(timeout=300)
+  assert process.returncode == 130 and out == "", err
+  line = err.strip().splitlines()[-1]
+  assert "Traceback" not in err and line.startswith("dprec: interrupted: "), err
+  assert f"{run_dir} keeps its checkpoint at step" in line and ledger in line
+  assert line.endswith("dprec " + " ".join(argv))
+  paid = _steps_in_ledger(run_dir)
+  summary = json.loads(subprocess.run(command, capture_output=True, text=True,
+                                      check=True).stdout)
+  assert 0 < summary["resumed_from_step"] < summary["steps"] == paid == _steps_in_ledger(run_dir)
+
+
+def test_the_default_checkpoint_cadence_fits_a_short_run():
+  """A run shorter than 100 steps checkpoints four times, not only at its end."""
+  assert _options("d").checkpoint_every == 3
+  default = SeqRecTrainOptions(data="d", epsilon=1.0)
+  assert [default.checkpoint_interval(steps) for steps in (64, 3, 1000)] == [16, 1, 100]
