@@ -143,7 +143,8 @@ def test_auto_end_to_end_charges_the_choice_under_its_own_label(sequences_dir, t
   and the pair release, each its own ledger entry."""
   ledger = tmp_path / "ledger.json"
   assert cli.main(["train", "seqrec", "--data", sequences_dir, "--epsilon", "5", "--ledger",
-                   str(ledger), "--max-len", "8", "--pair-item-set", "30", "--no-progress"]) == 0
+                   str(ledger), "--max-len", "8", "--pair-item-set", "30", "--no-progress",
+                   "--summary-json", "-"]) == 0
   summary = json.loads(capsys.readouterr().out)
   choice = summary["model_choice"]
   assert summary["model"] == choice["model"] == "item2item" and choice["by"] == "--model auto"
