@@ -91,7 +91,7 @@ class StreamJob:
   idle_timeout: Optional[float] = None
   stop_after_day: Optional[int] = None
   settle_seconds: float = 2.0
-  strict_columns: bool = False  # refuse lines with fewer than 40 fields instead of padding them
+  pad_short_lines: bool = False  # read lines with fewer than 40 fields as missing trailing values
   user_column: bool = False  # lines end with a user_id field, carried into the records
   dataset_id: Optional[str] = None  # `run` keeps the output's, or draws one
 
@@ -331,7 +331,7 @@ class StreamingCriteo(beam.PTransform):
     seconds = self._job.period_days * DAY_SECONDS
     return (blocks
             | "Parse" >> beam.Map(criteo.parse_block, metrics=True,
-                                  strict_columns=self._job.strict_columns,
+                                  pad_short_lines=self._job.pad_short_lines,
                                   user_column=self._job.user_column)
             | "Period" >> beam.WindowInto(
                 window.FixedWindows(seconds),
@@ -472,7 +472,7 @@ def job_from_args(args) -> StreamJob:
   return StreamJob(input_dir=args.input[0], output=args.output, period_days=args.period_days,
                    min_count=args.min_count, top_k=top_k, poll_seconds=args.poll_seconds,
                    idle_timeout=args.idle_timeout, stop_after_day=args.stop_after_day,
-                   settle_seconds=args.settle_seconds, strict_columns=args.strict_columns,
+                   settle_seconds=args.settle_seconds, pad_short_lines=args.pad_short_lines,
                    user_column=args.user_column)
 
 

@@ -46,6 +46,7 @@ class SequencesJob:
   min_count: Optional[int] = None
   validation: bool = True
   max_bad_fraction: float = 0.01
+  dataset_id: Optional[str] = None  # `run` derives it from the input when not given
 
   def __post_init__(self):
     if self.input_format not in FORMATS:
@@ -264,7 +265,7 @@ class WriteSequences(beam.DoFn):
                 "items": stats["items"], "actions": stats["actions"],
                 "validation": job.validation, "item_frequencies": sequence_data.FREQUENCIES,
                 "item_ids": sequence_data.ITEM_IDS, "user_ids": sequence_data.USER_IDS,
-                identity.DATASET_ID: identity.new_dataset_id(),
+                identity.DATASET_ID: job.dataset_id,
                 "vocab_privacy": identity.public_vocab_privacy(f"{job.k_core}-core items")}
     beam_io.write_json(os.path.join(out, sequence_data.MANIFEST), manifest)
     yield stats
@@ -284,6 +285,9 @@ def run(job: SequencesJob, beam_args: Sequence[str] = ()) -> dict:
   """Runs the job; returns `stats.json`. Fails (no manifest) above `max_bad_fraction` or when
   the filters leave no user."""
   paths = beam_io.match_inputs(job.inputs)
+  # The same input and filter are the same rows, so the same data set (`identity`).
+  job = dataclasses.replace(job, dataset_id=job.dataset_id or identity.fingerprint_id(
+      paths, {"format": job.input_format, "k_core": job.k_core}, open_file=beam_io.open_raw))
   beam_io.makedirs(job.output)
   beam_io.remove_stale(os.path.join(job.output, sequence_data.MANIFEST))
   counters = beam_io.run_pipeline(beam_io.pipeline_options(beam_args),
