@@ -1,6 +1,7 @@
 """Progress bars for long work: tqdm on stderr, redrawn in place on a terminal; in a log (stderr
 not a terminal, e.g. `make demo > log 2>&1`) one plain line at most every `LOG_INTERVAL_SECONDS`
-instead of hundreds of carriage-return redraws."""
+instead of hundreds of carriage-return redraws. Work that cannot report as it goes (a Beam job,
+whose workers' output is held back) says one line as each phase starts and ends (`phase`)."""
 import sys
 
 import tqdm
@@ -31,3 +32,8 @@ def progress_bar(iterable=None, **kwargs) -> tqdm.tqdm:
     kwargs.setdefault("ascii", True)
     kwargs["file"] = _LogLines(sys.stderr)
   return tqdm.tqdm(iterable, **kwargs)
+
+
+def phase(job: str, text: str) -> None:
+  """One line on stderr, `job: text`: a phase of a long job starting or done (rows so far)."""
+  print(f"{job}: {text}", file=sys.stderr, flush=True)

@@ -330,6 +330,13 @@ def makedirs(path: str) -> None:
     FileSystems.mkdirs(path)
 
 
+# Ctrl-C: what a batch job's output then is, and how a streaming job continues.
+INTERRUPTED = ("interrupted (Ctrl-C): the job stopped before its manifest was written, so its "
+               "output is incomplete; run it again, replacing that output")
+STREAM_INTERRUPTED = ("interrupted (Ctrl-C): the periods written so far are complete; the same "
+                      "command continues where it stopped")
+
+
 def run_pipeline(options: PipelineOptions, build, namespace: str) -> Optional[dict]:
   """Builds (`build(pipeline)`), runs and waits (on a local Dask cluster for a DaskRunner without
   an address); returns the job's Beam counters by name, None if the runner reports no metrics.
@@ -454,15 +461,24 @@ def job_main(module: str, description: str, add_arguments, run, argv=None) -> in
                               epilog=BEAM_EPILOG)
   add_arguments(parser)
   add_runner_arguments(parser)
+  parser.add_argument("--verbose", action="store_true",
+                      help="show Beam's (and its workers') INFO logs, held back by default")
   use_formatter(parser)
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-  return run_main(lambda: run(args))
+  if not args.verbose:
+    quiet.hold_library_logs()
+  return run_main(lambda: run(args), STREAM_INTERRUPTED if module == "criteo_stream"
+                  else INTERRUPTED)
 
 
-def run_main(job) -> int:
-  """Runs `job()` for a `python -m pipelines.X` entry point: JSON summary, one-line errors."""
+def run_main(job, interrupted: str = INTERRUPTED) -> int:
+  """Runs `job()` for a `python -m pipelines.X` entry point: JSON summary, one-line errors
+  (Ctrl-C: `interrupted`)."""
   try:
     summary = job()
+  except KeyboardInterrupt:
+    print(f"error: {interrupted}", file=sys.stderr)
+    return 130
   except DprecError as error:
     print(f"error: {error}", file=sys.stderr)
     return 2

@@ -24,6 +24,7 @@ import os
 import secrets
 import shutil
 import sys
+import time
 import uuid
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -31,6 +32,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
+from dprec import progress
 from dprec.cli_help import add_deprecated_alias
 from dprec.data import criteo_tfrecord
 from dprec.data import identity
@@ -48,6 +50,7 @@ from pipelines import beam_io
 VOCAB_MODES = ("min_count", "top_k", "dp_top_k")
 DEAD_LETTERS = "dead_letters"
 METRICS_NAMESPACE = "dprec.criteo"
+PROGRESS = "preprocess criteo"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -502,10 +505,16 @@ def run(job: CriteoJob, beam_args: Sequence[str] = ()) -> dict:
   beam_io.makedirs(job.output)
   for stale in (criteo_tfrecord.MANIFEST, DEAD_LETTERS):
     beam_io.remove_stale(os.path.join(job.output, stale))
-  counters = beam_io.run_pipeline(beam_io.pipeline_options(beam_args),
-                                  lambda pipeline: build_pipeline(pipeline, job, splits),
+  options = beam_io.pipeline_options(beam_args)
+  progress.phase(PROGRESS, f"{len(paths)} input files in {len(splits)} splits (data set "
+                 f"{job.dataset_id[:12]}…): counting buckets, then writing records, on "
+                 f"{beam_io.runner_name(options)}")
+  started = time.monotonic()
+  counters = beam_io.run_pipeline(options, lambda pipeline: build_pipeline(pipeline, job, splits),
                                   METRICS_NAMESPACE)
   summary = beam_io.read_json(os.path.join(job.output, criteo_tfrecord.STATS))
+  progress.phase(PROGRESS, f"{summary['rows_in']:,} rows read, {summary['rows_out']:,} written, "
+                 f"{summary['dead_letters']:,} dead letters, in {time.monotonic() - started:.0f} s")
   if privacy:
     summary["privacy"] = privacy
     beam_io.write_json(os.path.join(job.output, criteo_tfrecord.STATS), summary)
