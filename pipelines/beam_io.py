@@ -410,6 +410,16 @@ class _BeamOption(argparse.Action):
     namespace.beam_args = given + [f"{self.option_strings[0]}={values}"]
 
 
+class _NamedBeamOption(argparse.Action):
+  """`--beam-option NAME=VALUE`: `--NAME=VALUE` appended to `args.beam_args`."""
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    if "=" not in values:
+      parser.error(f"--beam-option takes NAME=VALUE, got {values!r}")
+    given = list(getattr(namespace, "beam_args", None) or [])
+    namespace.beam_args = given + [f"--{values.lstrip('-')}"]
+
+
 def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
   """Lists Beam's runner choice and the local Dask cluster's size in the job's help."""
   group = parser.add_argument_group(
@@ -418,6 +428,10 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
                      metavar="NAME",
                      help="Beam runner: DaskRunner, DataflowRunner, FlinkRunner, SparkRunner, ... "
                      f"(default: the embedded runner, {EMBEDDED_WORKERS} worker processes)")
+  group.add_argument("--beam-option", action=_NamedBeamOption, dest="beam_args",
+                     default=argparse.SUPPRESS, metavar="NAME=VALUE",
+                     help="another Beam pipeline option, as `train ctr --out-of-core` takes them "
+                     "(e.g. dask_client_address=HOST:PORT; the same as --NAME=VALUE)")
   group.add_argument("--dask-workers", action=_BeamOption, dest="beam_args",
                      default=argparse.SUPPRESS, metavar="N",
                      help="with --runner DaskRunner and no --dask_client_address: worker "
@@ -445,7 +459,8 @@ class BeamArgumentParser(argparse.ArgumentParser):
     given = list(getattr(namespace, "beam_args", None) or [])  # --runner among them
     unknown = [word for word in not_beam_options(given + extras) if word not in given]
     if unknown:
-      ours = [option for action in self._actions for option in action.option_strings]
+      ours = [option for action in self._actions for option in action.option_strings
+              if action.help is not argparse.SUPPRESS]  # not a deprecated name
       hints = [f"{close[0]} instead of {word}?" for word in unknown if word.startswith("-")
                for close in [difflib.get_close_matches(word.split("=")[0], ours, 1)] if close]
       self.error(f"unrecognized arguments: {' '.join(unknown)}: neither an option of this job "

@@ -73,13 +73,13 @@ class VocabConfig:
     if self.mode not in VOCAB_MODES:
       raise DprecError(f"--vocab-mode must be one of {', '.join(VOCAB_MODES)}, got {self.mode!r}")
     if self.min_count < 1:
-      raise DprecError(f"--min-count must be at least 1, got {self.min_count}")
+      raise DprecError(f"--vocab-min-count must be at least 1, got {self.min_count}")
     if self.mode != "min_count" and self.top_k is None:
       raise DprecError(f"--vocab-mode {self.mode} needs --top-k-per-feature")
     if self.mode == "dp_top_k" and not (self.epsilon and self.epsilon > 0):
       raise DprecError("--vocab-mode dp_top_k needs a positive --top-k-epsilon")
     if self.mode == "dp_top_k" and self.min_count != 1:
-      raise DprecError("--min-count thresholds exact counts, which is not private: "
+      raise DprecError("--vocab-min-count thresholds exact counts, which is not private: "
                        "--vocab-mode dp_top_k takes only --top-k-per-feature and --top-k-epsilon")
 
   def per_feature_k(self) -> List[Optional[int]]:
@@ -101,7 +101,7 @@ class CriteoJob:
   split_bytes: int = beam_io.SPLIT_BYTES
   ledger: Optional[str] = None
   epsilon_budget: Optional[float] = None
-  delta: float = 1e-6
+  delta: Optional[float] = None  # of a new ledger; None: 1/N, N the input's lines (`run`)
   pad_short_lines: bool = False  # read lines with fewer than 40 fields as missing trailing values
   dataset_id: Optional[str] = None  # `run` derives it from the input when not given
   overwrite: bool = False  # replace an existing output directory
@@ -500,7 +500,10 @@ def run(job: CriteoJob, beam_args: Sequence[str] = ()) -> dict:
   job = dataclasses.replace(job, dataset_id=job.dataset_id or input_dataset_id(job, paths))
   check_output(job)
   if job.vocab.mode == "dp_top_k":
-    check_selection_useful(job.vocab, beam_io.count_lines(paths))
+    lines = beam_io.count_lines(paths)
+    check_selection_useful(job.vocab, lines)
+    # δ = 1/N of a new ledger, as training's default (N public, here all the input's lines).
+    job = dataclasses.replace(job, delta=job.delta or 1.0 / max(lines, 1))
   privacy = charge_selection(job)  # refused before the output directory is touched
   beam_io.makedirs(job.output)
   for stale in (criteo_tfrecord.MANIFEST, DEAD_LETTERS):
@@ -533,11 +536,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--output", required=True, help="output directory")
   parser.add_argument("--vocab-mode", default="min_count", choices=VOCAB_MODES,
                       help="how buckets become ids (default min_count)")
-  parser.add_argument("--min-count", type=int, default=1,
-                      help="keep buckets seen at least this often (default 1)")
+  parser.add_argument("--vocab-min-count", type=int, default=1, dest="min_count",
+                      help="keep buckets seen at least this often (default 1; `train ctr "
+                      "--vocab-min-count` on TSV days)")
+  add_deprecated_alias(parser.add_argument, "--min-count", "--vocab-min-count", "min_count",
+                       type=int)
   parser.add_argument("--top-k-per-feature", default=None, dest="top_k", metavar="K",
                       help="top_k/dp_top_k: k for every feature, 26 comma-separated values, or "
-                      "'table3' for the sizes of Ghazi et al. 2023, arXiv:2311.08357, Table 3")
+                      "'table3' for the sizes of Ghazi et al. 2023, arXiv:2311.08357, Table 3 "
+                      "(per feature; `train ctr --top-k-total` counts rows over all 26 tables)")
   add_deprecated_alias(parser.add_argument, "--top-k", "--top-k-per-feature", "top_k")
   parser.add_argument("--top-k-epsilon", type=float, default=None, dest="epsilon",
                       help="dp_top_k: total pure-DP epsilon of the selection (split over the 26 "
@@ -552,7 +559,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--ledger", default=None, help="dp_top_k: privacy ledger JSON to charge")
   parser.add_argument("--epsilon-budget", type=float, default=None,
                       help="budget of a new ledger (an existing ledger keeps its own)")
-  parser.add_argument("--delta", type=float, default=1e-6, help="delta of a new ledger")
+  parser.add_argument("--delta", type=float, default=None,
+                      help="delta of a new ledger (default 1/N, N the input's lines, as training "
+                      "defaults to 1/N of its rows; training adopts the ledger's delta)")
   parser.add_argument("--max-bad-fraction", type=float, default=0.01,
                       help="fail if more than this fraction of lines is malformed (default 0.01)")
   parser.add_argument("--pad-short-lines", action="store_true",

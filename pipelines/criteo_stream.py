@@ -9,8 +9,8 @@ Records are parsed in parallel, windowed into fixed windows of the period and gr
 One stateful step then takes the closed periods in event-time order and keeps the running-sum
 bucket counts across them (the "streaming-based frequency information" of Ghazi et al. 2023,
 arXiv:2311.08357, §5.1): a bucket
-gets the next free index the first period its running count reaches --min-count (up to --top-k ids
-per feature) and keeps it forever, so ids are stable across periods. Each period's TFRecords, its
+gets the next free index the first period its running count reaches --vocab-min-count (up to k
+ids a feature) and keeps it forever, so ids are stable across periods. Each period's TFRecords, its
 vocabulary snapshot and its dead letters are written under a temporary name and renamed to
 `OUT/day_<first day of the period>`, then the manifest is replaced atomically (a trainer tailing
 OUT never sees half a period), then the running state (`OUT/stream_state.pkl`), so the job can be
@@ -99,7 +99,7 @@ class StreamJob:
     if self.period_days < 1:
       raise DprecError(f"--period-days must be at least 1, got {self.period_days}")
     if self.min_count < 1:
-      raise DprecError(f"--min-count must be at least 1, got {self.min_count}")
+      raise DprecError(f"--vocab-min-count must be at least 1, got {self.min_count}")
     if self.top_k is not None and self.top_k < 1:
       raise DprecError(f"--top-k must be positive, got {self.top_k}")
     if self.poll_seconds <= 0 or self.settle_seconds < 0:

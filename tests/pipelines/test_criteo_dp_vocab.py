@@ -43,12 +43,12 @@ def test_unseen_ids_compete_with_exponential_mechanism_probabilities():
   assert np.all(np.abs(observed - expected) < tolerance), (observed, expected)
 
 
-def _dp_job(tmp_path, epsilon, seed=0, ledger="ledger.json"):
+def _dp_job(tmp_path, epsilon, seed=0, delta=1e-6):
   return criteo.CriteoJob(
       inputs=(str(tmp_path / "day_0"),), output=str(tmp_path / f"out_{seed}"),
       vocab=criteo.VocabConfig(mode="dp_top_k", top_k=1, epsilon=epsilon,
                                insecure_noise_seed=seed),
-      ledger=str(tmp_path / ledger), epsilon_budget=5.0, delta=1e-6)
+      ledger=str(tmp_path / "ledger.json"), epsilon_budget=5.0, delta=delta)
 
 
 @pytest.fixture
@@ -102,8 +102,10 @@ def test_a_selection_that_can_keep_nothing_is_refused_before_any_charge(tmp_path
                      r"rows$"):
     criteo.run(_dp_job(tmp_path, 0.5), in_process)
   assert not (tmp_path / "ledger.json").exists() and not (tmp_path / "out_0").exists()
-  mixed = _dp_job(tmp_path, 4.0)
+  mixed = _dp_job(tmp_path, 4.0, delta=None)
   mixed = dataclasses.replace(mixed, vocab=dataclasses.replace(mixed.vocab, top_k=(1,) * 25 + (9,)))
   criteo.run(mixed, in_process)
   assert "warning: dp_top_k keeps nothing in C26 (their ε is spent for nothing)" in (
       capsys.readouterr().err)
+  with open(tmp_path / "ledger.json") as stream:  # a new ledger's δ: 1/N, as training's
+    assert json.load(stream)["delta"] == 1 / 600

@@ -93,7 +93,7 @@ def test_an_option_neither_the_job_nor_beam_knows_is_an_error(capsys):
                                    "--min_count", "5"])
   assert exit_info.value.code == 2
   err = capsys.readouterr().err
-  assert "unrecognized arguments: --min_count 5" in err and "--min-count instead of" in err
+  assert "unrecognized arguments: --min_count 5" in err and "--vocab-min-count instead of" in err
   args = cli.build_parser().parse_args(["preprocess", "sequences", "--input", "in", "--format",
                                         "sasrec", "--output", "out", "--direct_num_workers=1",
                                         "--dask-workers", "3"])
@@ -117,6 +117,19 @@ def test_old_option_names_still_work_and_say_they_are_deprecated(capsys):
   err = capsys.readouterr().err
   assert "--top-k is deprecated" in err and "use --top-k-per-feature" in err
   assert "--epsilon is deprecated" in err and "use --top-k-epsilon" in err
+  # One name a concept across commands: --output (synth's --out), --vocab-min-count (train
+  # ctr's), --beam-option NAME=VALUE (train ctr --out-of-core's); short lines refused by default.
+  args = cli.build_parser().parse_args([
+      "preprocess", "criteo", "--input", "in", "--output", "out", "--min-count", "3",
+      "--strict-columns", "--runner", "DaskRunner", "--beam-option", "dask_client_address=h:1"])
+  assert (args.min_count, args.pad_short_lines) == (3, [])
+  assert args.beam_args == ["--runner=DaskRunner", "--dask_client_address=h:1"]
+  args = cli.build_parser().parse_args(["synth", "criteo", "--rows", "5", "--out", "d"])
+  assert args.output == "d"
+  err = capsys.readouterr().err
+  assert "--min-count is deprecated" in err and "use --vocab-min-count" in err
+  assert "--strict-columns is deprecated" in err and "--out is deprecated" in err
+  assert "use --output" in err and err.count("\n") == 3
 
 
 @pytest.mark.parametrize("streaming, said", [
