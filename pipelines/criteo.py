@@ -489,7 +489,7 @@ def check_output(job: CriteoJob) -> None:
     return
   old = identity.manifest_field(job.output, identity.DATASET_ID)
   held = (f"already holds data set {old[:12]}… of this same input" if old == job.dataset_id
-          else f"already holds {'data set ' + old[:12] + '… of another input' if old else 'files'}")
+          else f"already holds {'data set ' + old[:12] + '… (other rows)' if old else 'files'}")
   raise DprecError(f"{job.output}: {held}; pass --overwrite to replace it, or another --output")
 
 

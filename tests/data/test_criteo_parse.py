@@ -270,3 +270,19 @@ def test_a_trailing_user_id_column_is_parsed_and_checked():
 def _vocabulary():
   return criteo.CriteoVocabulary(tuple(np.zeros(0, np.int64) for _ in range(26)),
                                  tuple(np.zeros(0, np.int64) for _ in range(26)))
+
+
+def test_training_on_tsv_days_names_the_bad_line_and_the_fix(tmp_path):
+  """`train ctr` on TSV days (`load_data`): a malformed line is one line naming file, line and
+  field, and the fix (correct it, or preprocess, which sets it aside); a cut file names its own."""
+  from dprec.data.ctr_data import load_data  # pylint: disable=import-outside-toplevel
+  _write(tmp_path / "day_1", [GOOD, GOOD])
+  day_0 = _write(tmp_path / "day_0", [GOOD, _replace(5, "1.5"), GOOD])
+  with pytest.raises(InputError) as error:
+    load_data(str(tmp_path))
+  message = str(error.value)
+  assert message.startswith(f"{day_0}:2: field I5: not an integer") and "\n" not in message
+  assert "fix or remove that line, or run `dprec preprocess criteo` on the days" in message
+  (tmp_path / "day_0").write_text(GOOD + "\n" + GOOD[:40])
+  with pytest.raises(InputError, match=r"day_0:2: field line: cut: .*copy it again$"):
+    load_data(str(tmp_path))

@@ -88,6 +88,11 @@ def test_pipeline_charges_the_ledger_and_refuses_over_budget(tmp_path, day_0, in
   with open(tmp_path / "ledger.json") as stream:
     assert len(json.load(stream)["charges"]) == 2
   assert not (tmp_path / "out_2" / "manifest.json").exists()
+  # Other rows are another data set: refused in one short line that offers no fresh budget.
+  (tmp_path / "day_0").write_text((tmp_path / "day_0").read_text() * 2)
+  with pytest.raises(DprecError, match="holds charges for another data set") as error:
+    criteo.run(_dp_job(tmp_path, 0.5, seed=3), in_process)
+  assert len(str(error.value)) < 400 and "new" not in str(error.value)
 
 
 def test_a_selection_that_can_keep_nothing_is_refused_before_any_charge(tmp_path, day_0,

@@ -143,8 +143,11 @@ def test_ctrl_c_is_one_line(tmp_path, capfd, monkeypatch, streaming, said):
       raise KeyboardInterrupt
   from pipelines import criteo, criteo_stream  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(criteo_stream if streaming else criteo, "run", interrupted)
-  code = cli.main(["preprocess", "criteo", "--input", str(tmp_path), "--output", "out"]
-                  + ["--streaming"] * streaming)
+  try:
+    code = cli.main(["preprocess", "criteo", "--input", str(tmp_path), "--output", "out"]
+                    + ["--streaming"] * streaming)
+  except KeyboardInterrupt:
+    pytest.fail("Ctrl-C escaped as a traceback")
   err = capfd.readouterr().err
   assert code == 2 and err.count("\n") == 1 and err.startswith("dprec: error: interrupted")
   assert said in err
