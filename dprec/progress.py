@@ -1,7 +1,8 @@
 """Progress for long work on stderr: tqdm bars, redrawn in place on a terminal; in a log (stderr
 not a terminal, e.g. `make demo > log 2>&1`) one plain line at most every `LOG_INTERVAL_SECONDS`
-instead of hundreds of carriage-return redraws; and one line per phase of work made of a few
-long parts (`phase_lines`)."""
+instead of hundreds of carriage-return redraws. Work that cannot report as it goes (a Beam job,
+whose workers' output is held back) says one line as each phase starts and ends (`phase`);
+work made of a few long parts, one line per part with the seconds so far (`phase_lines`)."""
 import sys
 import time
 
@@ -35,6 +36,11 @@ def progress_bar(iterable=None, **kwargs) -> tqdm.tqdm:
   return tqdm.tqdm(iterable, **kwargs)
 
 
+def phase(job: str, text: str) -> None:
+  """One line on stderr, `job: text`: a phase of a long job starting or done (rows so far)."""
+  print(f"{job}: {text}", file=sys.stderr, flush=True)
+
+
 def close_all() -> None:
   """Closes every open progress bar (e.g. one a Ctrl-C left open), so that nothing is drawn
   after the command's last line."""
@@ -49,7 +55,6 @@ def phase_lines(label: str, enabled: bool = True):
 
   def report(what):
     if enabled:
-      print(f"{label}: {what} ({time.perf_counter() - started:.0f} s)", file=sys.stderr,
-            flush=True)
+      phase(label, f"{what} ({time.perf_counter() - started:.0f} s)")
 
   return report

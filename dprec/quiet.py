@@ -43,13 +43,16 @@ def hold_library_logs():
 @contextlib.contextmanager
 def held_stderr():
   """Sends file descriptor 2 (this process's and its children's stderr, native writes too) to a
-  temporary file for the block; replays it if the block raises."""
+  temporary file for the block; replays it if the block raises (not on Ctrl-C: the libraries'
+  shutdown noise is no report of what went wrong)."""
   sys.stderr.flush()
   saved = os.dup(2)
   with tempfile.TemporaryFile() as held:
     os.dup2(held.fileno(), 2)
     try:
       yield
+    except KeyboardInterrupt:
+      raise
     except BaseException:
       sys.stderr.flush()
       os.dup2(saved, 2)

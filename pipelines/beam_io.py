@@ -199,6 +199,11 @@ def match_inputs(pattern_or_paths) -> List[str]:
   return sorted(paths, key=lambda p: (day_of(p), p))
 
 
+def open_raw(path: str):
+  """A binary stream of the file's bytes as stored (a gzip file not decompressed)."""
+  return FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED)
+
+
 def is_gzip(path: str) -> bool:
   with FileSystems.open(path, compression_type=CompressionTypes.UNCOMPRESSED) as probe:
     return probe.read(2) == _GZIP_MAGIC
@@ -286,6 +291,22 @@ def read_split(split: Split) -> Iterator[object]:
     raw.close()
 
 
+def count_lines(paths: Sequence[str]) -> int:
+  """Lines in all the files (a gzip file decompressed; a last line without a newline counts):
+  an upper bound of the rows, one sequential pass."""
+  total = 0
+  for path in paths:
+    raw = open_raw(path)
+    stream = gzip.GzipFile(fileobj=raw, mode="rb") if is_gzip(path) else raw
+    with raw, stream:
+      last = b"\n"
+      for piece in iter(lambda: stream.read(_READ_BYTES), b""):
+        total += piece.count(b"\n")
+        last = piece[-1:]
+      total += last != b"\n"
+  return total
+
+
 def atomic_write(path: str, data: bytes) -> None:
   """Writes `data` to a temporary name beside `path`, then renames it into place."""
   temporary = f"{path}.tmp-{uuid.uuid4().hex}"
@@ -308,6 +329,13 @@ def read_json(path: str):
 def makedirs(path: str) -> None:
   if not FileSystems.exists(path):
     FileSystems.mkdirs(path)
+
+
+# Ctrl-C: what a batch job's output then is, and how a streaming job continues.
+INTERRUPTED = ("interrupted (Ctrl-C): the job stopped before its manifest was written, so its "
+               "output is incomplete; run it again, replacing that output")
+STREAM_INTERRUPTED = ("interrupted (Ctrl-C): the periods written so far are complete; the same "
+                      "command continues where it stopped")
 
 
 def run_pipeline(options: PipelineOptions, build, namespace: str) -> Optional[dict]:
@@ -383,6 +411,16 @@ class _BeamOption(argparse.Action):
     namespace.beam_args = given + [f"{self.option_strings[0]}={values}"]
 
 
+class _NamedBeamOption(argparse.Action):
+  """`--beam-option NAME=VALUE`: `--NAME=VALUE` appended to `args.beam_args`."""
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    if "=" not in values:
+      parser.error(f"--beam-option takes NAME=VALUE, got {values!r}")
+    given = list(getattr(namespace, "beam_args", None) or [])
+    namespace.beam_args = given + [f"--{values.lstrip('-')}"]
+
+
 def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
   """Lists Beam's runner choice and the local Dask cluster's size in the job's help."""
   group = parser.add_argument_group(
@@ -391,6 +429,10 @@ def add_runner_arguments(parser: argparse.ArgumentParser) -> None:
                      metavar="NAME",
                      help="Beam runner: DaskRunner, DataflowRunner, FlinkRunner, SparkRunner, ... "
                      f"(default: the embedded runner, {EMBEDDED_WORKERS} worker processes)")
+  group.add_argument("--beam-option", action=_NamedBeamOption, dest="beam_args",
+                     default=argparse.SUPPRESS, metavar="NAME=VALUE",
+                     help="another Beam pipeline option, as `train ctr --out-of-core` takes them "
+                     "(e.g. dask_client_address=HOST:PORT; the same as --NAME=VALUE)")
   group.add_argument("--dask-workers", action=_BeamOption, dest="beam_args",
                      default=argparse.SUPPRESS, metavar="N",
                      help="with --runner DaskRunner and no --dask_client_address: worker "
@@ -418,7 +460,8 @@ class BeamArgumentParser(argparse.ArgumentParser):
     given = list(getattr(namespace, "beam_args", None) or [])  # --runner among them
     unknown = [word for word in not_beam_options(given + extras) if word not in given]
     if unknown:
-      ours = [option for action in self._actions for option in action.option_strings]
+      ours = [option for action in self._actions for option in action.option_strings
+              if action.help is not argparse.SUPPRESS]  # not a deprecated name
       hints = [f"{close[0]} instead of {word}?" for word in unknown if word.startswith("-")
                for close in [difflib.get_close_matches(word.split("=")[0], ours, 1)] if close]
       self.error(f"unrecognized arguments: {' '.join(unknown)}: neither an option of this job "
@@ -434,15 +477,24 @@ def job_main(module: str, description: str, add_arguments, run, argv=None) -> in
                               epilog=BEAM_EPILOG)
   add_arguments(parser)
   add_runner_arguments(parser)
+  parser.add_argument("--verbose", action="store_true",
+                      help="show Beam's (and its workers') INFO logs, held back by default")
   use_formatter(parser)
   args = parser.parse_args(sys.argv[1:] if argv is None else argv)
-  return run_main(lambda: run(args))
+  if not args.verbose:
+    quiet.hold_library_logs()
+  return run_main(lambda: run(args), STREAM_INTERRUPTED if module == "criteo_stream"
+                  else INTERRUPTED)
 
 
-def run_main(job) -> int:
-  """Runs `job()` for a `python -m pipelines.X` entry point: JSON summary, one-line errors."""
+def run_main(job, interrupted: str = INTERRUPTED) -> int:
+  """Runs `job()` for a `python -m pipelines.X` entry point: JSON summary, one-line errors
+  (Ctrl-C: `interrupted`)."""
   try:
     summary = job()
+  except KeyboardInterrupt:
+    print(f"error: {interrupted}", file=sys.stderr)
+    return 130
   except DprecError as error:
     print(f"error: {error}", file=sys.stderr)
     return 2

@@ -8,6 +8,8 @@ import argparse
 
 from dprec.errors import DprecError
 from pipelines.beam_io import BEAM_EPILOG
+from pipelines.beam_io import INTERRUPTED
+from pipelines.beam_io import STREAM_INTERRUPTED
 from pipelines.beam_io import STREAMING_EPILOG
 from pipelines.beam_io import BeamArgumentParser
 from pipelines.beam_io import add_runner_arguments
@@ -26,6 +28,19 @@ kept stable across periods. Guide: docs/guide/preprocess.md.
 """
 
 
+def _interrupted_in_one_line(run):
+  """`run` with Ctrl-C as a one-line error saying what the output then is (Beam's own logs of
+  it held back: `beam_io.run_pipeline`)."""
+  def job(args) -> dict:
+    try:
+      return run(args)
+    except KeyboardInterrupt:
+      streaming = getattr(args, "streaming", False)
+      raise DprecError(STREAM_INTERRUPTED if streaming else INTERRUPTED) from None
+  return job
+
+
+@_interrupted_in_one_line
 def run_criteo(args) -> dict:
   """Batch job, or with `--streaming` the directory-watching job."""
   if args.streaming:
@@ -37,6 +52,7 @@ def run_criteo(args) -> dict:
   return criteo.run(criteo.job_from_args(args), args.beam_args)
 
 
+@_interrupted_in_one_line
 def run_sequences(args) -> dict:
   from pipelines import sequences  # pylint: disable=import-outside-toplevel
   return sequences.run(sequences.job_from_args(args), args.beam_args)

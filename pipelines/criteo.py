@@ -19,9 +19,12 @@ anything runs, the charge recording that data set, so training on it composes it
 import argparse
 import collections
 import dataclasses
+import math
 import os
+import secrets
 import shutil
 import sys
+import time
 import uuid
 from typing import Dict, List, Optional, Sequence, Tuple, Union
 
@@ -29,6 +32,7 @@ import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
+from dprec import progress
 from dprec.cli_help import add_deprecated_alias
 from dprec.data import criteo_tfrecord
 from dprec.data import identity
@@ -46,6 +50,7 @@ from pipelines import beam_io
 VOCAB_MODES = ("min_count", "top_k", "dp_top_k")
 DEAD_LETTERS = "dead_letters"
 METRICS_NAMESPACE = "dprec.criteo"
+PROGRESS = "preprocess criteo"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,13 +73,13 @@ class VocabConfig:
     if self.mode not in VOCAB_MODES:
       raise DprecError(f"--vocab-mode must be one of {', '.join(VOCAB_MODES)}, got {self.mode!r}")
     if self.min_count < 1:
-      raise DprecError(f"--min-count must be at least 1, got {self.min_count}")
+      raise DprecError(f"--vocab-min-count must be at least 1, got {self.min_count}")
     if self.mode != "min_count" and self.top_k is None:
       raise DprecError(f"--vocab-mode {self.mode} needs --top-k-per-feature")
     if self.mode == "dp_top_k" and not (self.epsilon and self.epsilon > 0):
       raise DprecError("--vocab-mode dp_top_k needs a positive --top-k-epsilon")
     if self.mode == "dp_top_k" and self.min_count != 1:
-      raise DprecError("--min-count thresholds exact counts, which is not private: "
+      raise DprecError("--vocab-min-count thresholds exact counts, which is not private: "
                        "--vocab-mode dp_top_k takes only --top-k-per-feature and --top-k-epsilon")
 
   def per_feature_k(self) -> List[Optional[int]]:
@@ -96,9 +101,10 @@ class CriteoJob:
   split_bytes: int = beam_io.SPLIT_BYTES
   ledger: Optional[str] = None
   epsilon_budget: Optional[float] = None
-  delta: float = 1e-6
-  strict_columns: bool = False  # refuse lines with fewer than 40 fields instead of padding them
-  dataset_id: Optional[str] = None  # drawn by `run` when not given
+  delta: Optional[float] = None  # of a new ledger; None: 1/N, N the input's lines (`run`)
+  pad_short_lines: bool = False  # read lines with fewer than 40 fields as missing trailing values
+  dataset_id: Optional[str] = None  # `run` derives it from the input when not given
+  overwrite: bool = False  # replace an existing output directory
 
 
 def parse_top_k(text: Optional[str]):
@@ -187,14 +193,14 @@ def build_vocabulary(counts: Sequence[Tuple[np.ndarray, np.ndarray]],
   return CriteoVocabulary(ids, tuple(np.zeros(len(i), np.int64) for i in ids))
 
 
-def parse_block(item, metrics: bool = False, strict_columns: bool = False,
+def parse_block(item, metrics: bool = False, pad_short_lines: bool = False,
                 user_column: bool = False):
   """A `LineBlock` → (parsed chunk, dead letters); a `DeadLetter` from reading → (None, [it])."""
   if isinstance(item, beam_io.DeadLetter):
     letters, chunk = [item], None
   else:
     chunk = parse_bytes(item.data, item.path, item.first_line, strict=False,
-                        strict_columns=strict_columns, user_column=user_column)
+                        pad_short_lines=pad_short_lines, user_column=user_column)
     letters = [beam_io.DeadLetter(*bad) for bad in chunk.bad_rows]
   if metrics:
     rows = 0 if chunk is None else len(chunk)
@@ -205,9 +211,9 @@ def parse_block(item, metrics: bool = False, strict_columns: bool = False,
   return chunk, letters
 
 
-def count_split(split: beam_io.Split, strict_columns: bool = False):
+def count_split(split: beam_io.Split, pad_short_lines: bool = False):
   """(feature index, (ids, counts)) of every categorical feature of one split."""
-  chunks = [chunk for chunk, _ in (parse_block(item, strict_columns=strict_columns)
+  chunks = [chunk for chunk, _ in (parse_block(item, pad_short_lines=pad_short_lines)
                                    for item in beam_io.read_split(split)) if chunk is not None]
   yield from enumerate(count_categories(chunks))
 
@@ -282,15 +288,15 @@ class WriteSplit(beam.DoFn):
   path to the final summary: Beam's DaskRunner computes only what the last transform depends on.
   """
 
-  def __init__(self, output: str, strict_columns: bool = False):
-    self._output, self._strict_columns = output, strict_columns
+  def __init__(self, output: str, pad_short_lines: bool = False):
+    self._output, self._pad_short_lines = output, pad_short_lines
 
   def process(self, split: beam_io.Split, vocab: CriteoVocabulary):
     letters = []
 
     def chunks():
       for item in beam_io.read_split(split):
-        chunk, bad = parse_block(item, metrics=True, strict_columns=self._strict_columns)
+        chunk, bad = parse_block(item, metrics=True, pad_short_lines=self._pad_short_lines)
         letters.extend(bad)
         if chunk is not None:
           yield chunk
@@ -392,24 +398,59 @@ def build_pipeline(pipeline: beam.Pipeline, job: CriteoJob, splits: Sequence[bea
   """Adds the batch job to `pipeline`; returns the PCollection of the final summary."""
   split_pc = pipeline | "Splits" >> beam.Create(list(splits))
   counts = (split_pc
-            | "CountBuckets" >> beam.FlatMap(count_split, job.strict_columns)
+            | "CountBuckets" >> beam.FlatMap(count_split, job.pad_short_lines)
             | "MergeCounts" >> beam.CombinePerKey(MergeCountsFn()))
   vocab = (counts
            | "AllFeatures" >> beam.combiners.ToList()
            | "BuildVocabulary" >> beam.Map(
                lambda pairs, config: build_vocabulary([p for _, p in sorted(
                    pairs, key=lambda kv: kv[0])], config), job.vocab))
-  written = split_pc | "Write" >> beam.ParDo(WriteSplit(job.output, job.strict_columns),
+  written = split_pc | "Write" >> beam.ParDo(WriteSplit(job.output, job.pad_short_lines),
                                              beam.pvalue.AsSingleton(vocab))
   return (written
           | "MergeStats" >> beam.CombineGlobally(MergeStatsFn())
           | "Finish" >> beam.ParDo(Finish(job), beam.pvalue.AsSingleton(vocab)))
 
 
+def check_selection_useful(vocab: VocabConfig, lines: int) -> None:
+  """Refuses, before anything is charged, a DP top-k that would keep no bucket with probability
+  1/2 or more in any feature, however the data look (a warning names the features where that
+  holds while others can keep some).
+
+  Feature f's draws are exponential mechanisms of ε_f/k_f (scale b = 26k/ε), their candidates
+  all `ID_DOMAIN` ids, those never seen counting 0: a bucket of count c wins a draw over the
+  never-seen ids with probability at most e^(c/b) / (e^(c/b) + D − lines), below 1/2 while
+  c < b·ln(D − lines). No bucket counts more than the rows, at most `lines`. The check reads only
+  the input's line count (the number of rows, which dprec treats as public: training's N) and
+  the options; it releases nothing about the rows' contents.
+  """
+  from dprec.privacy import split_selection_budget  # pylint: disable=import-outside-toplevel
+  ks = vocab.per_feature_k()
+  per_draw, _ = split_selection_budget(ks, vocab.epsilon)
+  log_domain = math.log(ID_DOMAIN - lines)
+  needed = [log_domain / e for e in per_draw]
+  hopeless = [name for name, count in zip(CATEGORICAL_FEATURES, needed) if count > lines]
+  if not hopeless:
+    return
+  worst = int(np.argmax(needed))
+  k_max = int(vocab.epsilon / len(ks) * lines / log_domain)
+  epsilon_min = len(ks) * ks[worst] * log_domain / max(lines, 1)
+  what = (f"a bucket needs a count above {needed[worst]:,.0f} to be kept (noise scale "
+          f"26k/ε = {1 / per_draw[worst]:,.0f} against 2^32 never-seen ids, k {ks[worst]}), more "
+          f"than the input's {lines:,} lines")
+  fix = ("use " + (f"--top-k-per-feature {k_max} or less at this ε, " if k_max else "")
+         + f"--top-k-epsilon {epsilon_min:.3g} or more at this k, or more rows")
+  if len(hopeless) == len(ks):
+    raise DprecError(f"--vocab-mode dp_top_k would release nothing useful: {what}; nothing "
+                     f"charged; {fix}")
+  print(f"warning: dp_top_k keeps nothing in {', '.join(hopeless)} (their ε is spent for "
+        f"nothing): {what}; {fix}", file=sys.stderr)
+
+
 def charge_selection(job: CriteoJob) -> Optional[dict]:
   """Charges DP top-k to the ledger before anything runs (refused if over budget, or if the
-  ledger holds charges for another data set), as a preprocessing charge of the job (run id =
-  its dataset_id) for its output data set."""
+  ledger holds charges for another data set), as a preprocessing charge of the job (a run id of
+  its own) for its output data set."""
   if job.vocab.mode != "dp_top_k":
     return None
   if not job.ledger:
@@ -424,8 +465,8 @@ def charge_selection(job: CriteoJob) -> Optional[dict]:
   marks = {"stage": PREPROCESSING, "dataset": dataset}
   if job.vocab.insecure_noise_seed is not None:
     marks.update(private=False, privacy_note=_seed_note(job.vocab.insecure_noise_seed))
-  ledger = PrivacyLedger(job.ledger, job.epsilon_budget, job.delta, run_id=job.dataset_id,
-                         marks=marks)
+  ledger = PrivacyLedger(job.ledger, job.epsilon_budget, job.delta,
+                         run_id=f"preprocess-{secrets.token_hex(8)}", marks=marks)
   ledger.check_dataset(dataset)
   spent = ledger.charge_pure(epsilon, label=f"criteo vocabulary dp_top_k (k={ks[0]}"
                              f"{'' if len(set(ks)) == 1 else ' …'} per feature, 26 features)")
@@ -434,19 +475,49 @@ def charge_selection(job: CriteoJob) -> Optional[dict]:
           "epsilon_spent": spent, "dataset": dataset}
 
 
+def input_dataset_id(job: CriteoJob, paths: Sequence[str]) -> str:
+  """`identity.fingerprint_id` of the input files and of the one option that changes which rows
+  exist (padding short lines): the same input preprocessed again is the same data set (and
+  `dprec train ctr` on the same TSV days finds the same id)."""
+  return identity.fingerprint_id(paths, {"pad_short_lines": True} if job.pad_short_lines else {},
+                                 open_file=beam_io.open_raw)
+
+
+def check_output(job: CriteoJob) -> None:
+  """Refuses (one line) an output directory that already holds files, unless `overwrite`."""
+  if job.overwrite or not os.path.isdir(job.output) or not os.listdir(job.output):
+    return
+  old = identity.manifest_field(job.output, identity.DATASET_ID)
+  held = (f"already holds data set {old[:12]}… of this same input" if old == job.dataset_id
+          else f"already holds {'data set ' + old[:12] + '… (other rows)' if old else 'files'}")
+  raise DprecError(f"{job.output}: {held}; pass --overwrite to replace it, or another --output")
+
+
 def run(job: CriteoJob, beam_args: Sequence[str] = ()) -> dict:
   """Runs the batch job; returns `stats.json`'s content. Fails above `max_bad_fraction`."""
   paths = beam_io.match_inputs(job.inputs)
   splits = beam_io.plan_splits(paths, job.split_bytes)
-  job = dataclasses.replace(job, dataset_id=job.dataset_id or identity.new_dataset_id())
+  job = dataclasses.replace(job, dataset_id=job.dataset_id or input_dataset_id(job, paths))
+  check_output(job)
+  if job.vocab.mode == "dp_top_k":
+    lines = beam_io.count_lines(paths)
+    check_selection_useful(job.vocab, lines)
+    # δ = 1/N of a new ledger, as training's default (N public, here all the input's lines).
+    job = dataclasses.replace(job, delta=job.delta or 1.0 / max(lines, 1))
   privacy = charge_selection(job)  # refused before the output directory is touched
   beam_io.makedirs(job.output)
   for stale in (criteo_tfrecord.MANIFEST, DEAD_LETTERS):
     beam_io.remove_stale(os.path.join(job.output, stale))
-  counters = beam_io.run_pipeline(beam_io.pipeline_options(beam_args),
-                                  lambda pipeline: build_pipeline(pipeline, job, splits),
+  options = beam_io.pipeline_options(beam_args)
+  progress.phase(PROGRESS, f"{len(paths)} input files in {len(splits)} splits (data set "
+                 f"{job.dataset_id[:12]}…): counting buckets, then writing records, on "
+                 f"{beam_io.runner_name(options)}")
+  started = time.monotonic()
+  counters = beam_io.run_pipeline(options, lambda pipeline: build_pipeline(pipeline, job, splits),
                                   METRICS_NAMESPACE)
   summary = beam_io.read_json(os.path.join(job.output, criteo_tfrecord.STATS))
+  progress.phase(PROGRESS, f"{summary['rows_in']:,} rows read, {summary['rows_out']:,} written, "
+                 f"{summary['dead_letters']:,} dead letters, in {time.monotonic() - started:.0f} s")
   if privacy:
     summary["privacy"] = privacy
     beam_io.write_json(os.path.join(job.output, criteo_tfrecord.STATS), summary)
@@ -465,11 +536,15 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--output", required=True, help="output directory")
   parser.add_argument("--vocab-mode", default="min_count", choices=VOCAB_MODES,
                       help="how buckets become ids (default min_count)")
-  parser.add_argument("--min-count", type=int, default=1,
-                      help="keep buckets seen at least this often (default 1)")
+  parser.add_argument("--vocab-min-count", type=int, default=1, dest="min_count",
+                      help="keep buckets seen at least this often (default 1; `train ctr "
+                      "--vocab-min-count` on TSV days)")
+  add_deprecated_alias(parser.add_argument, "--min-count", "--vocab-min-count", "min_count",
+                       type=int)
   parser.add_argument("--top-k-per-feature", default=None, dest="top_k", metavar="K",
                       help="top_k/dp_top_k: k for every feature, 26 comma-separated values, or "
-                      "'table3' for the sizes of Ghazi et al. 2023, arXiv:2311.08357, Table 3")
+                      "'table3' for the sizes of Ghazi et al. 2023, arXiv:2311.08357, Table 3 "
+                      "(per feature; `train ctr --top-k-total` counts rows over all 26 tables)")
   add_deprecated_alias(parser.add_argument, "--top-k", "--top-k-per-feature", "top_k")
   parser.add_argument("--top-k-epsilon", type=float, default=None, dest="epsilon",
                       help="dp_top_k: total pure-DP epsilon of the selection (split over the 26 "
@@ -484,13 +559,23 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--ledger", default=None, help="dp_top_k: privacy ledger JSON to charge")
   parser.add_argument("--epsilon-budget", type=float, default=None,
                       help="budget of a new ledger (an existing ledger keeps its own)")
-  parser.add_argument("--delta", type=float, default=1e-6, help="delta of a new ledger")
+  parser.add_argument("--delta", type=float, default=None,
+                      help="delta of a new ledger (default 1/N, N the input's lines, as training "
+                      "defaults to 1/N of its rows; training adopts the ledger's delta)")
   parser.add_argument("--max-bad-fraction", type=float, default=0.01,
                       help="fail if more than this fraction of lines is malformed (default 0.01)")
-  parser.add_argument("--strict-columns", action="store_true",
-                      help="refuse lines with fewer than 40 fields as malformed (default: read "
-                      "them as missing trailing values, as copies with stripped trailing tabs "
-                      "need, and count them in stats.json's padded_rows)")
+  parser.add_argument("--pad-short-lines", action="store_true",
+                      help="read lines with fewer than 40 fields as missing trailing values, as "
+                      "copies with stripped trailing tabs need, counted in stats.json's "
+                      "padded_rows (default: such lines are malformed, dead letters; a file's "
+                      "last line cut without a newline always is one: the rest of the file is "
+                      "missing)")
+  add_deprecated_alias(parser.add_argument, "--strict-columns",
+                       "no flag (short lines are malformed by default)", "pad_short_lines",
+                       nargs=0)
+  parser.add_argument("--overwrite", action="store_true",
+                      help="replace an existing --output directory (default: refuse one that "
+                      "holds files)")
 
 
 def job_from_args(args) -> CriteoJob:
@@ -500,7 +585,7 @@ def job_from_args(args) -> CriteoJob:
   return CriteoJob(inputs=tuple(args.input), output=args.output, vocab=vocab,
                    max_bad_fraction=args.max_bad_fraction, ledger=args.ledger,
                    epsilon_budget=args.epsilon_budget, delta=args.delta,
-                   strict_columns=args.strict_columns)
+                   pad_short_lines=args.pad_short_lines, overwrite=args.overwrite)
 
 
 def main(argv=None) -> int:

@@ -9,8 +9,8 @@ Records are parsed in parallel, windowed into fixed windows of the period and gr
 One stateful step then takes the closed periods in event-time order and keeps the running-sum
 bucket counts across them (the "streaming-based frequency information" of Ghazi et al. 2023,
 arXiv:2311.08357, §5.1): a bucket
-gets the next free index the first period its running count reaches --min-count (up to --top-k ids
-per feature) and keeps it forever, so ids are stable across periods. Each period's TFRecords, its
+gets the next free index the first period its running count reaches --vocab-min-count (up to k
+ids a feature) and keeps it forever, so ids are stable across periods. Each period's TFRecords, its
 vocabulary snapshot and its dead letters are written under a temporary name and renamed to
 `OUT/day_<first day of the period>`, then the manifest is replaced atomically (a trainer tailing
 OUT never sees half a period), then the running state (`OUT/stream_state.pkl`), so the job can be
@@ -92,7 +92,7 @@ class StreamJob:
   idle_timeout: Optional[float] = None
   stop_after_day: Optional[int] = None
   settle_seconds: float = 2.0
-  strict_columns: bool = False  # refuse lines with fewer than 40 fields instead of padding them
+  pad_short_lines: bool = False  # read lines with fewer than 40 fields as missing trailing values
   user_column: bool = False  # lines end with a user_id field, carried into the records
   dataset_id: Optional[str] = None  # `run` keeps the output's, or draws one
 
@@ -100,7 +100,7 @@ class StreamJob:
     if self.period_days < 1:
       raise DprecError(f"--period-days must be at least 1, got {self.period_days}")
     if self.min_count < 1:
-      raise DprecError(f"--min-count must be at least 1, got {self.min_count}")
+      raise DprecError(f"--vocab-min-count must be at least 1, got {self.min_count}")
     if self.top_k is not None and self.top_k < 1:
       raise DprecError(f"--top-k must be positive, got {self.top_k}")
     if self.poll_seconds <= 0 or self.settle_seconds < 0:
@@ -332,7 +332,7 @@ class StreamingCriteo(beam.PTransform):
     seconds = self._job.period_days * DAY_SECONDS
     return (blocks
             | "Parse" >> beam.Map(criteo.parse_block, metrics=True,
-                                  strict_columns=self._job.strict_columns,
+                                  pad_short_lines=self._job.pad_short_lines,
                                   user_column=self._job.user_column)
             | "Period" >> beam.WindowInto(
                 window.FixedWindows(seconds),
@@ -477,7 +477,7 @@ def job_from_args(args) -> StreamJob:
   return StreamJob(input_dir=args.input[0], output=args.output, period_days=args.period_days,
                    min_count=args.min_count, top_k=top_k, poll_seconds=args.poll_seconds,
                    idle_timeout=args.idle_timeout, stop_after_day=args.stop_after_day,
-                   settle_seconds=args.settle_seconds, strict_columns=args.strict_columns,
+                   settle_seconds=args.settle_seconds, pad_short_lines=args.pad_short_lines,
                    user_column=args.user_column)
 
 

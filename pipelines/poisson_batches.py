@@ -30,6 +30,7 @@ from typing import Optional, Sequence, Tuple
 import apache_beam as beam
 import numpy as np
 
+from dprec import progress
 from dprec.errors import DprecError
 from dprec.privacy.noise_key import NoiseKey
 from dprec.training import batch_shards
@@ -37,6 +38,7 @@ from dprec.training import poisson
 from pipelines import beam_io
 
 METRICS_NAMESPACE = "dprec.poisson_batches"
+PROGRESS = "out-of-core batches"
 SPILL_DIR = "spill"
 MAX_BUCKETS = 256  # spill files per input file; a bucket's steps are gathered in memory
 
@@ -189,10 +191,14 @@ def run(job: BatchJob, beam_args: Sequence[str] = ()) -> dict:
   for stale in (batch_shards.MANIFEST, SPILL_DIR):
     beam_io.remove_stale(os.path.join(job.output, stale))
   options = beam_io.pipeline_options(beam_args)
+  progress.phase(PROGRESS, f"drawing {job.steps:,} Poisson batches from {job.num_examples:,} "
+                 f"rows in {len(job.files)} files, on {beam_io.runner_name(options)}")
   started = time.monotonic()
   beam_io.run_pipeline(options, lambda pipeline: build_pipeline(pipeline, job), METRICS_NAMESPACE)
   seconds = time.monotonic() - started
   manifest = beam_io.read_json(os.path.join(job.output, batch_shards.MANIFEST))
+  progress.phase(PROGRESS, f"{job.num_examples:,} rows read, {manifest['rows_written']:,} written "
+                 f"into {job.steps:,} batches, in {seconds:.0f} s")
   return {"batch_dir": job.output, "rows_read": job.num_examples,
           "rows_written": manifest["rows_written"], "peak_batch_size": manifest["peak_batch_size"],
           "steps": job.steps, "runner": beam_io.runner_name(options),

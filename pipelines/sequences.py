@@ -21,12 +21,14 @@ import collections
 import dataclasses
 import os
 import sys
+import time
 from typing import List, Optional, Sequence, Tuple
 
 import apache_beam as beam
 import numpy as np
 from apache_beam.metrics import Metrics
 
+from dprec import progress
 from dprec.data import identity
 from dprec.data import sequences as sequence_data
 from dprec.errors import DprecError
@@ -35,6 +37,7 @@ from pipelines import beam_io
 FORMATS = ("movielens", "sasrec", "csv")
 SHARD_USERS = 50_000
 METRICS_NAMESPACE = "dprec.sequences"
+PROGRESS = "preprocess sequences"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -46,6 +49,7 @@ class SequencesJob:
   min_count: Optional[int] = None
   validation: bool = True
   max_bad_fraction: float = 0.01
+  dataset_id: Optional[str] = None  # `run` derives it from the input when not given
 
   def __post_init__(self):
     if self.input_format not in FORMATS:
@@ -264,7 +268,7 @@ class WriteSequences(beam.DoFn):
                 "items": stats["items"], "actions": stats["actions"],
                 "validation": job.validation, "item_frequencies": sequence_data.FREQUENCIES,
                 "item_ids": sequence_data.ITEM_IDS, "user_ids": sequence_data.USER_IDS,
-                identity.DATASET_ID: identity.new_dataset_id(),
+                identity.DATASET_ID: job.dataset_id,
                 "vocab_privacy": identity.public_vocab_privacy(f"{job.k_core}-core items")}
     beam_io.write_json(os.path.join(out, sequence_data.MANIFEST), manifest)
     yield stats
@@ -284,12 +288,20 @@ def run(job: SequencesJob, beam_args: Sequence[str] = ()) -> dict:
   """Runs the job; returns `stats.json`. Fails (no manifest) above `max_bad_fraction` or when
   the filters leave no user."""
   paths = beam_io.match_inputs(job.inputs)
+  # The same input and filter are the same rows, so the same data set (`identity`).
+  job = dataclasses.replace(job, dataset_id=job.dataset_id or identity.fingerprint_id(
+      paths, {"format": job.input_format, "k_core": job.k_core}, open_file=beam_io.open_raw))
   beam_io.makedirs(job.output)
   beam_io.remove_stale(os.path.join(job.output, sequence_data.MANIFEST))
-  counters = beam_io.run_pipeline(beam_io.pipeline_options(beam_args),
-                                  lambda pipeline: build_pipeline(pipeline, job, paths),
+  options = beam_io.pipeline_options(beam_args)
+  progress.phase(PROGRESS, f"{len(paths)} input files: parsing, then the {job.k_core}-core and "
+                 f"the sequences, on {beam_io.runner_name(options)}")
+  started = time.monotonic()
+  counters = beam_io.run_pipeline(options, lambda pipeline: build_pipeline(pipeline, job, paths),
                                   METRICS_NAMESPACE)
   stats = beam_io.read_json(os.path.join(job.output, sequence_data.STATS))
+  progress.phase(PROGRESS, f"{stats['lines_in']:,} lines read, {stats['dead_letters']:,} dead "
+                 f"letters, {stats['users']:,} users kept, in {time.monotonic() - started:.0f} s")
   if counters is not None:  # Not every runner reports metrics (the DaskRunner does not).
     stats["beam_counters"] = counters
   beam_io.check_bad_fraction(stats["dead_letters"], stats["lines_in"], job.max_bad_fraction,

@@ -1,6 +1,7 @@
 """`dprec synth criteo|sequences`: write synthetic data sets in the real formats ."""
 import argparse
 
+from dprec.cli_help import add_deprecated_alias
 from dprec.data import synthetic
 
 
@@ -53,7 +54,9 @@ def register(subparsers):
 
 def _add_common(parser, out_help, handler):
   parser.add_argument("--seed", type=int, default=0, help="random seed (same seed, same bytes)")
-  parser.add_argument("--out", required=True, help=out_help)
+  output = parser.add_mutually_exclusive_group(required=True)
+  output.add_argument("--output", help=f"{out_help} (as `dprec preprocess --output`)")
+  add_deprecated_alias(output.add_argument, "--out", "--output", "output")
   parser.add_argument("--no-progress", action="store_true", help="hide the progress bar")
   parser.set_defaults(func=handler)
 
@@ -70,12 +73,12 @@ def _positive(text):
 
 def _criteo(args):
   return synthetic.generate_criteo(
-      args.out, args.rows, args.days, args.seed, args.vocab,
+      args.output, args.rows, args.days, args.seed, args.vocab,
       synthetic.CriteoSynthConfig(ctr=args.ctr, tail_decay=args.tail_decay, users=args.users),
       progress=not args.no_progress)
 
 
 def _sequences(args):
   return synthetic.generate_sequences(
-      args.out, args.users, args.items, args.seed,
+      args.output, args.users, args.items, args.seed,
       synthetic.SequenceSynthConfig(mean_length=args.mean_length), progress=not args.no_progress)

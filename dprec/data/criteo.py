@@ -7,11 +7,13 @@ Parsing runs on whole chunks with pyarrow's C++ CSV reader and numpy, never line
 batches of millions of rows parse at the speed of `pandas.read_csv`. Every malformed line is either
 an `InputError(path, line, field, reason)` (strict) or returned as a `BadRow` (permissive).
 
-Many copies of the data have trailing empty fields stripped (a line whose last categorical columns
-are missing loses its trailing tabs). Such a line, with fewer than 40 fields, is read as missing
-trailing values (as `pandas.read_csv` with 40 names does) and flagged in `ParsedChunk.padded`;
-`strict_columns=True` refuses it as malformed instead. A line with more than 40 fields is always
-malformed.
+A line with fewer than 40 fields is malformed: it is what an interrupted copy leaves as its last
+line, and the rest of such a file is missing. A file's last line without a newline that is short
+is reported as `cut` (the file ends inside it). Copies whose lines have their trailing empty fields
+stripped (a line whose last categorical columns are missing loses its trailing tabs) are read with
+`pad_short_lines=True`: such a line is read as missing trailing values (as `pandas.read_csv` with
+40 names does) and flagged in `ParsedChunk.padded`; a cut last line stays malformed. A line with
+more than 40 fields is always malformed.
 
 A file may carry one more, trailing column `user_id` (a non-negative decimal integer, required on
 every line; `user_column=True`, e.g. `dprec synth criteo --users N`): the key by which `dprec
@@ -73,7 +75,7 @@ class ParsedChunk:
   int_values: np.ndarray  # int64[n, 13], 0 where missing
   int_missing: np.ndarray  # bool[n, 13]
   cat_values: np.ndarray  # int64[n, 26], the hex id as an integer, -1 where missing
-  padded: np.ndarray  # bool[n], the line had fewer than 40 fields (trailing values missing)
+  padded: np.ndarray  # bool[n], a short line read with `pad_short_lines` (trailing values missing)
   bad_rows: List[BadRow]
   user_id: Optional[np.ndarray] = None  # int64[n], the `USER_COLUMN` (None: no such column)
 
@@ -128,26 +130,30 @@ def parse_hex_ids(strings: Union[pa.Array, Sequence[str]]) -> Tuple[np.ndarray, 
 
 
 def parse_lines(lines: Iterable[Union[str, bytes]], path: str, first_line_no: int = 1,
-                strict: bool = True, strict_columns: bool = False,
+                strict: bool = True, pad_short_lines: bool = False,
                 user_column: bool = False) -> ParsedChunk:
   """Parses consecutive lines (without their newlines) that start at `first_line_no` of `path`."""
   lines = [line.encode() if isinstance(line, str) else line for line in lines]
   return parse_bytes(b"\n".join(lines) + b"\n" if lines else b"", path, first_line_no, strict,
-                     strict_columns, user_column)
+                     pad_short_lines, user_column)
 
 
 def parse_bytes(data: bytes, path: str, first_line_no: int = 1, strict: bool = True,
-                strict_columns: bool = False, user_column: bool = False) -> ParsedChunk:
-  """Parses a block of whole lines; the first one is line `first_line_no` of `path`.
+                pad_short_lines: bool = False, user_column: bool = False) -> ParsedChunk:
+  """Parses a block of whole lines; the first one is line `first_line_no` of `path` (a block that
+  does not end with a newline ends its file).
 
   Strict mode raises `InputError` for the first malformed line; permissive mode returns malformed
-  lines in `bad_rows` and the rest parsed. Lines with fewer than 40 fields are padded with
-  missing values (module docstring) unless `strict_columns`. `user_column`: every line ends
-  with a 41st field, `USER_COLUMN` (a line without it is malformed).
+  lines in `bad_rows` and the rest parsed. Lines with fewer than 40 fields are malformed, or with
+  `pad_short_lines` padded with missing values, except a cut last line (module docstring).
+  `user_column`: every line ends with a 41st field, `USER_COLUMN` (a line without it is
+  malformed).
   """
   names = COLUMNS + [USER_COLUMN] * user_column
+  data, cut = _without_cut_line(data, path, first_line_no, len(names))
   if not data:
-    return _empty_chunk(path, user_column)
+    _raise_if_strict(strict, cut)
+    return dataclasses.replace(_empty_chunk(path, user_column), bad_rows=cut)
   if not _is_utf8(data):  # pyarrow fails on such a line without saying where it is
     data = _without_binary(data, path, first_line_no, strict)
   table, skipped = _read_table(data, True, names)
@@ -159,7 +165,7 @@ def parse_bytes(data: bytes, path: str, first_line_no: int = 1, strict: bool = T
     keep[[number - 1 for number, _, _ in skipped]] = False
     line_numbers = line_numbers[keep]
   padded = np.zeros(table.num_rows, bool)
-  short = [] if strict_columns else [row for row in skipped if row[2] < len(COLUMNS)]
+  short = [row for row in skipped if row[2] < len(COLUMNS)] if pad_short_lines else []
   texts = {number + first_line_no - 1: text for number, text, _ in short}  # as read, unpadded
   if short:
     table, line_numbers, padded = _with_padded_lines(table, line_numbers, short, first_line_no,
@@ -197,6 +203,7 @@ def parse_bytes(data: bytes, path: str, first_line_no: int = 1, strict: bool = T
     line_numbers, padded = line_numbers[row_ok], padded[row_ok]
     int_missing = int_missing[row_ok]
     cat_values = np.stack([parse_hex_ids(c)[1] for c in columns[14:]], axis=1)
+  _raise_if_strict(strict, cut)
 
   int_values = np.stack([np.asarray(pc.cast(pc.if_else(pc.equal(c, ""), "0", c), pa.int64()))
                          for c in columns[1:14]], axis=1)
@@ -205,8 +212,27 @@ def parse_bytes(data: bytes, path: str, first_line_no: int = 1, strict: bool = T
       label=np.asarray(pc.cast(columns[0], pa.int32())),
       int_values=int_values, int_missing=int_missing, cat_values=cat_values, padded=padded,
       bad_rows=[BadRow(path, line_no, f"field {field}: {reason}", raw)
-                for line_no, field, reason, raw in bad],
+                for line_no, field, reason, raw in bad] + cut,
       user_id=np.asarray(pc.cast(users, pa.int64())) if user_column else None)
+
+
+def _without_cut_line(data: bytes, path: str, first_line_no: int,
+                      fields: int) -> Tuple[bytes, List[BadRow]]:
+  """`data` without its last line if that has no newline and fewer than `fields` fields (the
+  file ends inside it: an interrupted copy), and that line as a `BadRow` with reason `cut: …`."""
+  start = data.rfind(b"\n") + 1
+  found = data.count(b"\t", start) + 1
+  if not data or data.endswith(b"\n") or found >= fields:
+    return data, []
+  line_no = first_line_no + data.count(b"\n")
+  reason = (f"cut: the file ends inside this line ({found} of {fields} fields, no newline): an "
+            "interrupted copy? the rest of the file is missing; copy it again")
+  return data[:start], [BadRow(path, line_no, reason, data[start:].decode(errors="replace"))]
+
+
+def _raise_if_strict(strict: bool, cut: List[BadRow]) -> None:
+  if strict and cut:
+    raise InputError(cut[0].path, cut[0].line_no, "line", cut[0].reason)
 
 
 def _is_utf8(data: bytes) -> bool:
@@ -474,13 +500,13 @@ def _open(path: str):
 
 
 def read_criteo_tsv(paths, strict: bool = True, chunk_rows: int = DEFAULT_CHUNK_ROWS,
-                    strict_columns: bool = False) -> Iterator[ParsedChunk]:
+                    pad_short_lines: bool = False) -> Iterator[ParsedChunk]:
   """Streams `ParsedChunk`s of at most `chunk_rows` lines from plain or gzipped TSV files."""
   if chunk_rows < 1:
     raise DprecError(f"chunk_rows must be positive, got {chunk_rows}")
   for path in _as_paths(paths):
     for first_line_no, block in _line_blocks(path, chunk_rows):
-      yield parse_bytes(block, path, first_line_no, strict, strict_columns)
+      yield parse_bytes(block, path, first_line_no, strict, pad_short_lines)
 
 
 def _line_blocks(path: str, chunk_rows: int) -> Iterator[Tuple[int, bytes]]:

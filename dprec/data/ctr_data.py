@@ -11,6 +11,12 @@ from typing import Dict, Optional, Tuple
 import numpy as np
 
 from dprec.errors import DprecError
+from dprec.errors import InputError
+
+# What to do about a malformed line of TSV days read in memory (every line must parse there).
+TSV_FIX = ("fix or remove that line, or run `dprec preprocess criteo` on the days (it sets "
+           "malformed lines aside as dead letters, within --max-bad-fraction) and train on its "
+           "--output")
 
 
 @dataclasses.dataclass
@@ -59,9 +65,14 @@ def load_data(directory: str, vocab_dir: Optional[str] = None, min_count: int = 
   files = criteo.criteo_day_files(directory)
   if len(files) < 2:
     raise DprecError(f"{directory}: need at least 2 day_N files (the last is held out)")
-  vocab = (criteo.CriteoVocabulary.load(vocab_dir) if vocab_dir
-           else criteo.CriteoVocabulary.build(files[:-1], min_count=min_count))
-  train, held_out = criteo.load_criteo(files[:-1], vocab), criteo.load_criteo(files[-1:], vocab)
+  vocab = criteo.CriteoVocabulary.load(vocab_dir) if vocab_dir else None
+  try:
+    vocab = vocab or criteo.CriteoVocabulary.build(files[:-1], min_count=min_count)
+    train, held_out = criteo.load_criteo(files[:-1], vocab), criteo.load_criteo(files[-1:], vocab)
+  except InputError as error:
+    if error.reason.startswith("cut:"):  # the rest of the file is missing: it names the fix
+      raise
+    raise InputError(error.path, error.line, error.field, f"{error.reason}; {TSV_FIX}") from None
   if not len(train["label"]) or not len(held_out["label"]):
     raise DprecError(f"{directory}: the training days and the held-out day must not be empty")
   return CTRData(train, held_out, vocab.sizes, "criteo-tsv")

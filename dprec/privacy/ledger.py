@@ -382,15 +382,13 @@ class PrivacyLedger:
     others = [c for c in self.charges if c.get("dataset") is not None
               and not same_dataset(c["dataset"], dataset)]
     if others:
-      listed = "; ".join(f"{c.get('label') or c['mechanism']} (run {c.get('run_id')}) for "
-                         f"{c['dataset'].get('path')} (id {c['dataset'].get('id')})"
-                         for c in others[:5])
-      more = f" and {len(others) - 5} more" if len(others) > 5 else ""
+      first, held = others[0], others[0]["dataset"]
+      more = f" and {len(others) - 1} more" if len(others) > 1 else ""
       raise DprecError(
-          f"{self.path}: the ledger holds charges for another data set: {listed}{more}; this "
-          f"run trains on {dataset.get('path')} (id {dataset.get('id')}). A ledger is the "
-          "budget of one data set: use the ledger of this data set (the one its preprocessing "
-          "charged, if any) or a new one")
+          f"{self.path}: holds charges for another data set: "
+          f"{first.get('label') or first['mechanism']} (run {first.get('run_id')}) for "
+          f"{held.get('path')} (id {held.get('id')}){more}; {dataset.get('path')} (id "
+          f"{dataset.get('id')}) holds different rows, whose charges belong in their own ledger")
 
   def parts(self):
     """ε and δ split into the preprocessing selections (charges with `stage:

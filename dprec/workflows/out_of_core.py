@@ -149,7 +149,8 @@ def prepare(data: str, base: str, min_count: int, beam_args: Sequence[str]) -> D
     from pipelines import criteo as criteo_job  # pylint: disable=import-outside-toplevel
     criteo_job.run(criteo_job.CriteoJob(
         inputs=tuple(files[:-1]), output=records,
-        vocab=criteo_job.VocabConfig(min_count=min_count), max_bad_fraction=0.0), beam_args)
+        vocab=criteo_job.VocabConfig(min_count=min_count), max_bad_fraction=0.0,
+        overwrite=True), beam_args)  # the run's own records: a failed attempt's are replaced
   manifest = criteo_tfrecord.load_manifest(records)
   vocab = criteo_tfrecord.load_vocabulary(records)
   return _data(records, manifest, [entry["day"] for entry in manifest["days"]], "criteo-tsv",

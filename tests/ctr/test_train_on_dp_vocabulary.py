@@ -1,6 +1,6 @@
 """One ledger from preprocessing to training: `dprec preprocess criteo --vocab-mode
-dp_top_k` at ε = 0.2 into ledger L, then `dprec train ctr --ledger L --epsilon 1` calibrates σ
-for the 0.8 left and reports a total equal to dp_accounting's composition of both parts."""
+dp_top_k` at ε = 0.5 into ledger L, then `dprec train ctr --ledger L --epsilon 1` calibrates σ
+for the 0.5 left and reports a total equal to dp_accounting's composition of both parts."""
 import json
 import os
 import shutil
@@ -16,7 +16,7 @@ from dprec.privacy.ledger import PREPROCESSING
 pytestmark = pytest.mark.commands
 
 IN_PROCESS = ["--direct_num_workers=1", "--direct_running_mode=in_memory"]
-BUDGET, SELECTION, DELTA, STEPS, BATCH = 1.0, 0.2, 1e-5, 6, 64
+BUDGET, SELECTION, DELTA, STEPS, BATCH = 1.0, 0.5, 1e-5, 6, 64
 
 
 @pytest.fixture(scope="module")
@@ -28,7 +28,7 @@ def preprocessed(tmp_path_factory):
                             progress=False)
   out, ledger = str(root / "out"), str(root / "ledger.json")
   assert cli.main(["preprocess", "criteo", "--input", str(root / "days"), "--output", out,
-                   "--vocab-mode", "dp_top_k", "--top-k-per-feature", "20",
+                   "--vocab-mode", "dp_top_k", "--top-k-per-feature", "1",
                    "--top-k-epsilon", str(SELECTION),
                    "--ledger", ledger, "--epsilon-budget", str(BUDGET), "--delta", str(DELTA)]
                   + IN_PROCESS) == 0
@@ -75,7 +75,7 @@ def test_training_composes_the_dp_vocabulary_and_calibrates_for_what_is_left(pre
       [summary["base_rate_noise_multiplier"], summary["calibration_noise_multiplier"]],
       summary["noise_multiplier"], summary["sampling_rate"], STEPS)
   left = BUDGET - SELECTION
-  assert left * (1 - 5e-3) < training <= left + 1e-9  # σ calibrated for the 0.8 left
+  assert left * (1 - 5e-3) < training <= left + 1e-9  # σ calibrated for the 0.5 left
   assert summary["epsilon"] == pytest.approx(SELECTION + training, rel=1e-6)
   assert summary["epsilon"] <= BUDGET + 1e-9 and summary["delta"] == DELTA  # the ledger's δ
   parts = summary["epsilon_parts"]
@@ -86,7 +86,7 @@ def test_training_composes_the_dp_vocabulary_and_calibrates_for_what_is_left(pre
   assert [c["dataset"] for c in parts["preprocessing_selection"]["charges"]] == [dataset]
   assert summary["dataset"] == dict(dataset, vocab_privacy=manifest["vocab_privacy"])
   charges = privacy.PrivacyLedger(ledger).charges
-  assert charges[0]["stage"] == PREPROCESSING and charges[0]["run_id"] == manifest["dataset_id"]
+  assert charges[0]["stage"] == PREPROCESSING and charges[0]["run_id"].startswith("preprocess-")
   assert all(c["dataset"] == dataset for c in charges)
 
 

@@ -34,7 +34,7 @@ MALFORMED = [
 ]
 
 
-# A short line is read as missing trailing values by default, malformed with strict_columns.
+# A short line is malformed by default, read as missing trailing values with pad_short_lines.
 PADDED = [("1 2 3", "label", "must be 0 or 1, got '1 2 3'")]  # one field, then a bad label
 SHORT = [
     (GOOD.rsplit("\t", 1)[0], "line", "expected 40 tab-separated fields, found 39"),
@@ -49,31 +49,32 @@ def _write(path, lines, compress=False):
   return str(path)
 
 
-CASES = ([(line, field, reason, False) for line, field, reason in MALFORMED + PADDED] +
-         [(line, field, reason, True) for line, field, reason in MALFORMED + SHORT])
+CASES = ([(line, field, reason, True) for line, field, reason in MALFORMED + PADDED] +
+         [(line, field, reason, False) for line, field, reason in MALFORMED + SHORT])
 
 
-@pytest.mark.parametrize("line, field, reason, strict_columns", CASES)
-def test_strict_mode_names_file_line_and_field(tmp_path, line, field, reason, strict_columns):
+@pytest.mark.parametrize("line, field, reason, pad_short_lines", CASES)
+def test_strict_mode_names_file_line_and_field(tmp_path, line, field, reason, pad_short_lines):
   path = _write(tmp_path / "day_0", [GOOD, GOOD, line, GOOD])
   with pytest.raises(InputError) as error:
-    list(criteo.read_criteo_tsv(path, chunk_rows=2, strict_columns=strict_columns))
+    list(criteo.read_criteo_tsv(path, chunk_rows=2, pad_short_lines=pad_short_lines))
   assert (error.value.path, error.value.line, error.value.field, error.value.reason) == (
       path, 3, field, reason)
 
 
-@pytest.mark.parametrize("line, field, reason, strict_columns", CASES)
-def test_permissive_mode_skips_and_reports(tmp_path, line, field, reason, strict_columns):
+@pytest.mark.parametrize("line, field, reason, pad_short_lines", CASES)
+def test_permissive_mode_skips_and_reports(tmp_path, line, field, reason, pad_short_lines):
   path = _write(tmp_path / "day_0", [GOOD, GOOD, line, GOOD])
   chunk = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(
-      path, strict=False, strict_columns=strict_columns)))
+      path, strict=False, pad_short_lines=pad_short_lines)))
   assert chunk.line_numbers.tolist() == [1, 2, 4]
   assert chunk.bad_rows == [criteo.BadRow(path, 3, f"field {field}: {reason}", line)]
 
 
 # Bytes that are not UTF-8 (a binary line), line 3 of the file: the field holding the first one.
 BINARY = [
-    (b"\x00\x01\xff\xfe garbage \x80", "label", "byte 0xff at character 3 of the line"),
+    (b"\x00\x01\xff\xfe garbage \x80" + GOOD.encode()[1:], "label",
+     "byte 0xff at character 3 of the line"),
     (GOOD.encode().replace(b"\t-3\t", b"\t-\xff3\t"), "I3", "byte 0xff at character 7"),
     (GOOD.encode()[:-3] + b"\xc3", "C26", "byte 0xc3 at character"),
 ]
@@ -94,12 +95,14 @@ def test_a_binary_line_is_located_by_file_line_and_field(tmp_path, line, field, 
 
 
 def test_lines_without_trailing_fields_read_as_missing_values_in_line_order(tmp_path):
-  """Copies with stripped trailing tabs: fewer than 40 fields are missing trailing values (as
-  pandas.read_csv with 40 names reads them), flagged `padded`; order and line numbers kept."""
+  """Copies with stripped trailing tabs (`pad_short_lines`): fewer than 40 fields are missing
+  trailing values (as pandas.read_csv with 40 names reads them), flagged `padded`; order and line
+  numbers kept."""
   no_cats = "\t".join(["0"] + INTS)  # 14 fields: every categorical missing
   no_last = GOOD.rsplit("\t", 1)[0]  # 39 fields: C26 missing
   path = _write(tmp_path / "day_0", [GOOD, no_cats, GOOD, no_last, GOOD + "\tx", "1"])
-  chunk = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(path, strict=False)))
+  chunk = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(
+      path, strict=False, pad_short_lines=True)))
   assert chunk.line_numbers.tolist() == [1, 2, 3, 4, 6]
   assert chunk.padded.tolist() == [False, True, False, True, True]
   assert chunk.label.tolist() == [1, 0, 1, 1, 1]
@@ -108,9 +111,27 @@ def test_lines_without_trailing_fields_read_as_missing_values_in_line_order(tmp_
   np.testing.assert_array_equal(chunk.cat_values[3, :-1], chunk.cat_values[0, :-1])
   assert chunk.int_missing[4].all() and not chunk.int_missing[1].all()
   assert [row.line_no for row in chunk.bad_rows] == [5]  # 41 fields: still malformed
-  strict = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(
-      path, strict=False, strict_columns=True)))
+  strict = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(path, strict=False)))
   assert strict.line_numbers.tolist() == [1, 3] and not strict.padded.any()
+
+
+@pytest.mark.parametrize("pad_short_lines", [False, True])
+def test_a_file_cut_inside_its_last_line_is_never_padded(tmp_path, pad_short_lines):
+  """An interrupted copy ends inside a line, at a tab: that line is malformed (`cut`), named by
+  file, line and field count, even where short lines are padded; a complete last line without
+  a newline is read."""
+  path = tmp_path / "day_0"
+  path.write_text("\n".join([GOOD, GOOD, "\t".join(GOOD.split("\t")[:20]) + "\t"]))  # cut
+  with pytest.raises(InputError) as error:
+    list(criteo.read_criteo_tsv(str(path), chunk_rows=2, pad_short_lines=pad_short_lines))
+  assert (error.value.path, error.value.line, error.value.field) == (str(path), 3, "line")
+  assert error.value.reason.startswith("cut: the file ends inside this line (21 of 40 fields")
+  chunk = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(
+      str(path), strict=False, pad_short_lines=pad_short_lines)))
+  assert len(chunk) == 2 and not chunk.padded.any()
+  assert [(r.line_no, r.reason.split(":")[0]) for r in chunk.bad_rows] == [(3, "cut")]
+  path.write_text("\n".join([GOOD, GOOD]))  # no final newline, every field there
+  assert len(criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(str(path))))) == 2
 
 
 def test_first_bad_line_wins_and_all_are_reported(tmp_path):
@@ -249,3 +270,19 @@ def test_a_trailing_user_id_column_is_parsed_and_checked():
 def _vocabulary():
   return criteo.CriteoVocabulary(tuple(np.zeros(0, np.int64) for _ in range(26)),
                                  tuple(np.zeros(0, np.int64) for _ in range(26)))
+
+
+def test_training_on_tsv_days_names_the_bad_line_and_the_fix(tmp_path):
+  """`train ctr` on TSV days (`load_data`): a malformed line is one line naming file, line and
+  field, and the fix (correct it, or preprocess, which sets it aside); a cut file names its own."""
+  from dprec.data.ctr_data import load_data  # pylint: disable=import-outside-toplevel
+  _write(tmp_path / "day_1", [GOOD, GOOD])
+  day_0 = _write(tmp_path / "day_0", [GOOD, _replace(5, "1.5"), GOOD])
+  with pytest.raises(InputError) as error:
+    load_data(str(tmp_path))
+  message = str(error.value)
+  assert message.startswith(f"{day_0}:2: field I5: not an integer") and "\n" not in message
+  assert "fix or remove that line, or run `dprec preprocess criteo` on the days" in message
+  (tmp_path / "day_0").write_text(GOOD + "\n" + GOOD[:40])
+  with pytest.raises(InputError, match=r"day_0:2: field line: cut: .*copy it again$"):
+    load_data(str(tmp_path))

@@ -10,6 +10,7 @@ import numpy as np
 import pytest
 
 from dprec.data import criteo_tfrecord
+from dprec.data import identity
 from dprec.data.criteo import CATEGORICAL_FEATURES
 from dprec.errors import DprecError
 from pipelines import beam_io
@@ -28,7 +29,7 @@ def _golden_inputs(tmp_path, criteo_line):
       criteo_line(0, {0: 1000000}, {"C2": "000000BB"}),  # Upper-case hex is the same id.
   ]
   bad0 = [
-      criteo_line(1, {}, {"C1": A}) + "\tdeadbeef",  # 41 fields (fewer would be padded)
+      criteo_line(1, {}, {"C1": A}) + "\tdeadbeef",  # 41 fields
       criteo_line(1, {}, {"C3": "0000zzzz"}),  # non-hex id
       criteo_line(1, {1: "abc"}),  # non-integer
       criteo_line(2, {}),  # label not 0/1
@@ -132,25 +133,68 @@ def test_too_many_bad_rows_fail_without_manifest(tmp_path, criteo_line, in_proce
   assert not os.path.exists(tmp_path / "out" / "manifest.json")
   with open(tmp_path / "out" / "stats.json") as stream:
     assert json.load(stream)["dead_letters"] == 1
-  tolerant = criteo.CriteoJob(job.inputs, job.output, max_bad_fraction=0.25)
+  tolerant = criteo.CriteoJob(job.inputs, job.output, max_bad_fraction=0.25, overwrite=True)
   assert criteo.run(tolerant, in_process)["rows_out"] == 3
   assert os.path.exists(tmp_path / "out" / "manifest.json")
 
 
-def test_lines_with_stripped_trailing_tabs_are_padded_and_counted(tmp_path, criteo_line,
-                                                                  in_process):
-  """Copies with trailing empty fields stripped: read as missing values and counted in stats.json
-  (`padded_rows`); `strict_columns` (`--strict-columns`) refuses them as before."""
+def test_lines_with_stripped_trailing_tabs_are_padded_only_when_asked(tmp_path, criteo_line,
+                                                                      in_process):
+  """Copies with trailing empty fields stripped: malformed by default; with `pad_short_lines`
+  (`--pad-short-lines`) read as missing values and counted in stats.json (`padded_rows`), a
+  data set of its own (other rows)."""
   lines = [criteo_line(1, {}, {"C1": A}), criteo_line(0, {}, {"C1": A}).rstrip("\t"),
            criteo_line(0, {0: 3}, {"C1": A, "C26": A})]
   assert lines[1].count("\t") == 14  # label, 13 integer fields, C1: the tail is gone
   (tmp_path / "day_0").write_text("\n".join(lines) + "\n")
   job = criteo.CriteoJob(inputs=(str(tmp_path / "day_0"),), output=str(tmp_path / "out"))
-  summary = criteo.run(job, in_process)
-  assert (summary["rows_out"], summary["padded_rows"], summary["dead_letters"]) == (3, 1, 0)
-  strict = dataclasses.replace(job, output=str(tmp_path / "strict"), strict_columns=True)
   with pytest.raises(DprecError, match="1 of 3 rows are malformed"):
-    criteo.run(strict, in_process)
+    criteo.run(job, in_process)
+  padded = dataclasses.replace(job, output=str(tmp_path / "padded"), pad_short_lines=True)
+  summary = criteo.run(padded, in_process)
+  assert (summary["rows_out"], summary["padded_rows"], summary["dead_letters"]) == (3, 1, 0)
+  assert summary["dataset_id"] != criteo.input_dataset_id(job, job.inputs)
+
+
+def test_an_interrupted_copy_is_a_dead_letter_not_a_padded_row(tmp_path, criteo_line,
+                                                               in_process):
+  """A day file that ends inside a line at a tab (a copy cut short): the line is a `cut` dead
+  letter naming file and line, even with padding on, and fails the job at the default 1%."""
+  lines = [criteo_line(1, {0: i}, {"C1": A, "C26": B}) for i in range(50)]
+  cut = "\t".join(lines[-1].split("\t")[:21]) + "\t"  # 22 fields, no newline
+  (tmp_path / "day_0").write_text("\n".join(lines[:-1] + [cut]))
+  job = criteo.CriteoJob(inputs=(str(tmp_path / "day_0"),), output=str(tmp_path / "out"),
+                         pad_short_lines=True)
+  with pytest.raises(DprecError, match="1 of 50 rows are malformed"):
+    criteo.run(job, in_process)
+  with open(tmp_path / "out" / "dead_letters" / "part-00000.jsonl") as stream:
+    letter = json.loads(stream.read())
+  assert (letter["line"], letter["reason"].split(":")[0]) == (50, "cut")
+  assert "22 of 40 fields, no newline" in letter["reason"]
+  with open(tmp_path / "out" / "stats.json") as stream:
+    stats = json.load(stream)
+  assert stats["padded_rows"] == 0 and stats["bad_rows_by_reason"] == {"cut": 1}
+
+
+def test_the_same_input_is_the_same_data_set_and_an_output_is_not_overwritten(
+    tmp_path, criteo_line, in_process):
+  """dataset_id is the input's fingerprint: the same files preprocessed again (or read as TSV
+  days by training) are the same data set; an output directory holding files is refused in one
+  line unless `overwrite`."""
+  (tmp_path / "in").mkdir()
+  (tmp_path / "in" / "day_0").write_text(criteo_line(1, {}, {"C1": A}) + "\n")
+  (tmp_path / "in" / "day_1").write_text(criteo_line(0, {}, {"C1": B}) + "\n")
+  job = criteo.CriteoJob(inputs=(str(tmp_path / "in"),), output=str(tmp_path / "p1"))
+  first = criteo.run(job, in_process)["dataset_id"]
+  with pytest.raises(DprecError, match=r"p1: already holds data set \w+… of this same input; "
+                                       r"pass --overwrite to replace it, or another --output$"):
+    criteo.run(job, in_process)
+  assert criteo.run(dataclasses.replace(job, overwrite=True), in_process)["dataset_id"] == first
+  again = criteo.run(dataclasses.replace(job, output=str(tmp_path / "p2")), in_process)
+  assert again["dataset_id"] == first == identity.dataset_identity(str(tmp_path / "in"))["id"]
+  (tmp_path / "in" / "day_1").write_text(criteo_line(1, {}, {"C1": B}) + "\n")  # other rows
+  other = dataclasses.replace(job, overwrite=True)
+  assert criteo.run(other, in_process)["dataset_id"] != first
 
 
 def test_top_k_keeps_the_most_frequent_buckets(tmp_path, criteo_line, in_process):

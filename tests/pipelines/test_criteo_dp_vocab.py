@@ -43,28 +43,32 @@ def test_unseen_ids_compete_with_exponential_mechanism_probabilities():
   assert np.all(np.abs(observed - expected) < tolerance), (observed, expected)
 
 
-def _dp_job(tmp_path, epsilon, seed=0):
+def _dp_job(tmp_path, epsilon, seed=0, delta=1e-6):
   return criteo.CriteoJob(
       inputs=(str(tmp_path / "day_0"),), output=str(tmp_path / f"out_{seed}"),
-      vocab=criteo.VocabConfig(mode="dp_top_k", top_k=3, epsilon=epsilon,
+      vocab=criteo.VocabConfig(mode="dp_top_k", top_k=1, epsilon=epsilon,
                                insecure_noise_seed=seed),
-      ledger=str(tmp_path / "ledger.json"), epsilon_budget=5.0, delta=1e-6)
+      ledger=str(tmp_path / "ledger.json"), epsilon_budget=5.0, delta=delta)
 
 
-def test_pipeline_charges_the_ledger_and_refuses_over_budget(tmp_path, criteo_line, in_process):
+@pytest.fixture
+def day_0(tmp_path, criteo_line):
   rng = np.random.default_rng(1)
   lines = [criteo_line(rng.integers(0, 2), {0: rng.integers(0, 9)},
                        {f"C{j}": f"{rng.zipf(1.5) % 40:08x}" for j in range(1, 27)})
-           for _ in range(300)]
+           for _ in range(600)]
   (tmp_path / "day_0").write_text("\n".join(lines) + "\n")
+
+
+def test_pipeline_charges_the_ledger_and_refuses_over_budget(tmp_path, day_0, in_process):
   summary = criteo.run(_dp_job(tmp_path, 2.0), in_process)
   assert summary["privacy"]["epsilon_charged"] == pytest.approx(2.0)
-  assert summary["privacy"]["epsilon_per_draw"] == [pytest.approx(2.0 / 26 / 3)] * 26
+  assert summary["privacy"]["epsilon_per_draw"] == [pytest.approx(2.0 / 26)] * 26
   with open(tmp_path / "ledger.json") as stream:
     ledger = json.load(stream)
   assert [c["epsilon"] for c in ledger["charges"]] == [pytest.approx(2.0)]
   vocab = criteo_tfrecord.load_vocabulary(str(tmp_path / "out_0"))
-  assert vocab.sizes == (4,) * 26 and all(not c.any() for c in vocab.counts)  # No exact counts.
+  assert vocab.sizes == (2,) * 26 and all(not c.any() for c in vocab.counts)  # No exact counts.
   manifest = criteo_tfrecord.load_manifest(str(tmp_path / "out_0"))
   dataset = {"path": str(tmp_path / "out_0"), "id": manifest["dataset_id"]}
   assert ledger["charges"][0]["dataset"] == summary["privacy"]["dataset"] == dataset
@@ -74,13 +78,39 @@ def test_pipeline_charges_the_ledger_and_refuses_over_budget(tmp_path, criteo_li
   assert manifest["vocab_privacy"]["epsilon"] == pytest.approx(2.0) == charged
   # Seeded (public) draws: the charge and the manifest say the selection is not private.
   assert ledger["charges"][0]["private"] is False and not manifest["vocab_privacy"]["private"]
-  # The ledger is out_0's budget: another output's selection is refused, and so is one over it.
-  with pytest.raises(DprecError, match="another data set"):
-    criteo.run(_dp_job(tmp_path, 0.5, seed=1), in_process)
-  (tmp_path / "fresh").mkdir()
+  # The same rows into another output are the same data set: its selection composes in this
+  # ledger (not a fresh budget), and one over the budget is refused, nothing recorded.
+  again = criteo.run(_dp_job(tmp_path, 1.0, seed=1), in_process)
+  assert again["dataset_id"] == manifest["dataset_id"]
+  assert again["privacy"]["epsilon_spent"] == pytest.approx(3.0)
   with pytest.raises(BudgetExceededError):
-    criteo.run(dataclasses.replace(_dp_job(tmp_path, 5.5, seed=1),
-                                   ledger=str(tmp_path / "fresh" / "ledger.json")), in_process)
+    criteo.run(dataclasses.replace(_dp_job(tmp_path, 2.5, seed=2)), in_process)
   with open(tmp_path / "ledger.json") as stream:
-    assert len(json.load(stream)["charges"]) == 1
-  assert not (tmp_path / "out_1" / "manifest.json").exists()
+    assert len(json.load(stream)["charges"]) == 2
+  assert not (tmp_path / "out_2" / "manifest.json").exists()
+  # Other rows are another data set: refused in one short line that offers no fresh budget.
+  (tmp_path / "day_0").write_text((tmp_path / "day_0").read_text() * 2)
+  with pytest.raises(DprecError, match="holds charges for another data set") as error:
+    criteo.run(_dp_job(tmp_path, 0.5, seed=3), in_process)
+  assert len(str(error.value)) < 400 and "new" not in str(error.value)
+
+
+def test_a_selection_that_can_keep_nothing_is_refused_before_any_charge(tmp_path, day_0,
+                                                                        in_process, capsys):
+  """k = 1 at ε = 0.5 on 600 lines: noise scale 26k/ε = 52 puts the count a bucket needs to beat
+  the 2^32 never-seen ids at 52·ln(2^32 − 600) ≈ 1,153, above the 600 any bucket can have: refused
+  in one line with the fix, nothing charged or written. With 26 values where only some
+  features are hopeless, a warning names them and the selection runs."""
+  with pytest.raises(DprecError, match=r"^--vocab-mode dp_top_k would release nothing useful: "
+                     r"a bucket needs a count above 1,153 .* more than the input's 600 lines; "
+                     r"nothing charged; use --top-k-epsilon 0.961 or more at this k, or more "
+                     r"rows$"):
+    criteo.run(_dp_job(tmp_path, 0.5), in_process)
+  assert not (tmp_path / "ledger.json").exists() and not (tmp_path / "out_0").exists()
+  mixed = _dp_job(tmp_path, 4.0, delta=None)
+  mixed = dataclasses.replace(mixed, vocab=dataclasses.replace(mixed.vocab, top_k=(1,) * 25 + (9,)))
+  criteo.run(mixed, in_process)
+  assert "warning: dp_top_k keeps nothing in C26 (their ε is spent for nothing)" in (
+      capsys.readouterr().err)
+  with open(tmp_path / "ledger.json") as stream:  # a new ledger's δ: 1/N, as training's
+    assert json.load(stream)["delta"] == 1 / 600

@@ -74,7 +74,7 @@ def test_criteo_batch_job_writes_the_same_bytes_on_dask(tmp_path, criteo_line, i
     out, ledger = str(tmp_path / runner), str(tmp_path / f"ledger_{runner}.json")
     job = criteo.CriteoJob(
         inputs=(str(tmp_path / "in"),), output=out, split_bytes=64 << 10, max_bad_fraction=0.1,
-        vocab=criteo.VocabConfig(mode="dp_top_k", top_k=20, epsilon=2.0, insecure_noise_seed=7),
+        vocab=criteo.VocabConfig(mode="dp_top_k", top_k=1, epsilon=2.0, insecure_noise_seed=7),
         ledger=ledger, epsilon_budget=10.0)
     outputs[runner] = criteo.run(job, beam_args)
     runs[runner] = {out: "OUT", ledger: "LEDGER", outputs[runner]["dataset_id"]: "ID"}

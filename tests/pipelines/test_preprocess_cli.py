@@ -2,12 +2,16 @@
 import ast
 import importlib
 import json
+import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 import pipelines
 from dprec import cli
+from dprec import quiet
 
 pytestmark = pytest.mark.commands
 
@@ -34,8 +38,12 @@ def test_sequences_command_prints_json_and_errors_are_one_line(tmp_path, capsys,
   out = str(tmp_path / "out")
   assert cli.main(["preprocess", "sequences", "--input", str(tmp_path / "good.txt"), "--format",
                    "sasrec", "--output", out] + in_process) == 0
-  summary = json.loads(capsys.readouterr().out)
+  captured = capsys.readouterr()
+  summary = json.loads(captured.out)
   assert (summary["users"], summary["items"], summary["actions"]) == (2, 2, 3)
+  # A line as the Beam job starts and one with the rows done (its workers' logs held back).
+  assert captured.err.startswith("preprocess sequences: 1 input files: parsing")
+  assert "\npreprocess sequences: 3 lines read, 0 dead letters, 2 users kept, in" in captured.err
 
   code = cli.main(["preprocess", "criteo", "--input", str(tmp_path / "none_*"), "--output", out]
                   + in_process)
@@ -85,7 +93,7 @@ def test_an_option_neither_the_job_nor_beam_knows_is_an_error(capsys):
                                    "--min_count", "5"])
   assert exit_info.value.code == 2
   err = capsys.readouterr().err
-  assert "unrecognized arguments: --min_count 5" in err and "--min-count instead of" in err
+  assert "unrecognized arguments: --min_count 5" in err and "--vocab-min-count instead of" in err
   args = cli.build_parser().parse_args(["preprocess", "sequences", "--input", "in", "--format",
                                         "sasrec", "--output", "out", "--direct_num_workers=1",
                                         "--dask-workers", "3"])
@@ -109,3 +117,47 @@ def test_old_option_names_still_work_and_say_they_are_deprecated(capsys):
   err = capsys.readouterr().err
   assert "--top-k is deprecated" in err and "use --top-k-per-feature" in err
   assert "--epsilon is deprecated" in err and "use --top-k-epsilon" in err
+  # One name a concept across commands: --output (synth's --out), --vocab-min-count (train
+  # ctr's), --beam-option NAME=VALUE (train ctr --out-of-core's); short lines refused by default.
+  args = cli.build_parser().parse_args([
+      "preprocess", "criteo", "--input", "in", "--output", "out", "--min-count", "3",
+      "--strict-columns", "--runner", "DaskRunner", "--beam-option", "dask_client_address=h:1"])
+  assert (args.min_count, args.pad_short_lines) == (3, [])
+  assert args.beam_args == ["--runner=DaskRunner", "--dask_client_address=h:1"]
+  args = cli.build_parser().parse_args(["synth", "criteo", "--rows", "5", "--out", "d"])
+  assert args.output == "d"
+  err = capsys.readouterr().err
+  assert "--min-count is deprecated" in err and "use --vocab-min-count" in err
+  assert "--strict-columns is deprecated" in err and "--out is deprecated" in err
+  assert "use --output" in err and err.count("\n") == 3
+
+
+@pytest.mark.parametrize("streaming, said", [
+    (False, "output is incomplete; run it again, replacing that output"),
+    (True, "the periods written so far are complete; the same command continues")])
+def test_ctrl_c_is_one_line(tmp_path, capfd, monkeypatch, streaming, said):
+  """Ctrl-C: one line saying what the output is, and none of the libraries' logs held back."""
+  def interrupted(*_):
+    with quiet.held_stderr():
+      os.write(2, b"INFO:root:a Beam worker's log\n")
+      raise KeyboardInterrupt
+  from pipelines import criteo, criteo_stream  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(criteo_stream if streaming else criteo, "run", interrupted)
+  try:
+    code = cli.main(["preprocess", "criteo", "--input", str(tmp_path), "--output", "out"]
+                    + ["--streaming"] * streaming)
+  except KeyboardInterrupt:
+    pytest.fail("Ctrl-C escaped as a traceback")
+  err = capfd.readouterr().err
+  assert code == 2 and err.count("\n") == 1 and err.startswith("dprec: error: interrupted")
+  assert said in err
+
+
+def test_python_m_help_shows_no_beam_import_notice():
+  """Beam logs "apitools not found" through the root logger as it is imported: not shown."""
+  done = subprocess.run([sys.executable, "-m", "pipelines.criteo", "--help"], text=True,
+                        capture_output=True, check=True,
+                        cwd=Path(pipelines.__file__).parent.parent,
+                        env=dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3"))
+  assert "usage: python -m pipelines.criteo" in done.stdout and "--verbose" in done.stdout
+  assert done.stderr == ""
