@@ -20,7 +20,7 @@ CRITEO = """\
     dprec preprocess criteo --streaming --input incoming/ --output stream_out --idle-timeout 600
 
 Criteo TSV day files (plain or gzip) → validated rows → per-feature vocabularies (every bucket seen
---min-count times, the --top-k-per-feature most frequent, or a DP top-k selection charged to
+--vocab-min-count times, the --top-k-per-feature most frequent, or a DP top-k selection charged to
 --ledger) → sharded TFRecords per day, a manifest that `dprec train ctr` and `dprec stream` read,
 stats.json, and malformed lines as dead letters (file, line, reason). With --streaming the job
 watches the --input directory for day_N files and writes each closed period as it completes, ids

@@ -12,7 +12,8 @@ bucket counts is ever held in memory: (1) per-split parse → per-feature bucket
 `stats.json` and `manifest.json`. Parsing and the transform are `dprec.data.criteo`'s (the
 in-process reader's) on whole blocks of lines; nothing runs per row in Python.
 
-The manifest names the output (`dataset_id`, drawn when the job starts) and says whether its
+The manifest names the output's rows (`dataset_id`, derived from the input files: the same input
+is the same data set, `dprec.data.identity`) and says whether its
 vocabulary is DP (`vocab_privacy`); a DP top-k vocabulary is charged to the ledger before
 anything runs, the charge recording that data set, so training on it composes its ε.
 """

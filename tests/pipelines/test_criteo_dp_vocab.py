@@ -92,7 +92,8 @@ def test_pipeline_charges_the_ledger_and_refuses_over_budget(tmp_path, day_0, in
   (tmp_path / "day_0").write_text((tmp_path / "day_0").read_text() * 2)
   with pytest.raises(DprecError, match="holds charges for another data set") as error:
     criteo.run(_dp_job(tmp_path, 0.5, seed=3), in_process)
-  assert len(str(error.value)) < 400 and "new" not in str(error.value)
+  message = str(error.value).replace(str(tmp_path), "")
+  assert len(message) < 350 and "new" not in message
 
 
 def test_a_selection_that_can_keep_nothing_is_refused_before_any_charge(tmp_path, day_0,
