@@ -1,12 +1,12 @@
-"""`dprec train seqrec`: the command line of `dprec.workflows.seqrec` (parse, then call)."""
+"""`dprec train seqrec`: the command line of `dprec.workflows.seqrec` (parse, then call). Parsing
+needs only `seqrec_options` (no TensorFlow); `run` loads the workflow."""
 import argparse
 import dataclasses
 
-from dprec.workflows import dp_forward
 from dprec.workflows import data_kinds
 from dprec.workflows import interrupted
 from dprec.workflows import run_cli
-from dprec.workflows import seqrec
+from dprec.workflows import seqrec_options
 
 
 def _epsilon(text):
@@ -36,9 +36,9 @@ def register(subparsers):
       "summary with full-ranking NDCG@10 and HIT@10 overall and by item popularity "
       "(head/torso/tail).")
   add = parser.add_argument
-  defaults = seqrec.SeqRecTrainOptions  # one source for the defaults of the CLI and the Python API
+  defaults = seqrec_options.SeqRecTrainOptions  # one source: the CLI's and the Python API's
   add("--data", required=True, help="directory written by `dprec preprocess sequences`")
-  add("--model", choices=seqrec.MODELS, default=defaults.model,
+  add("--model", choices=seqrec_options.MODELS, default=defaults.model,
       help="item2item: each user's (item, later item) pairs, scaled to norm 1, released once "
            "with Gaussian noise over the DP histogram's top items and thresholded, scored from "
            "the user's recent items (best on Amazon Games' validation items at eps 5, "
@@ -134,18 +134,19 @@ def register(subparsers):
 
 def run(args):
   data_kinds.refuse_other_commands_data(args.data, "train seqrec")
-  options = run_cli.options_from_args(seqrec.SeqRecTrainOptions, args,
+  options = run_cli.options_from_args(seqrec_options.SeqRecTrainOptions, args,
                                       reattention=not args.no_reattention, tied=not args.untied,
                                       dp_forward=None)
   if args.dp_forward:
     options = dataclasses.replace(options, dp_forward=_dp_forward_options(args),
                                   loss_positions="last", reattention=False, model="dpformer")
+  from dprec.workflows import seqrec  # pylint: disable=import-outside-toplevel
   return seqrec.run(options)
 
 
 def _add_item2item_arguments(parser):
   """The pair statistics and scoring of `--model item2item` (defaults: the dataclass's)."""
-  defaults = seqrec.SeqRecTrainOptions()
+  defaults = seqrec_options.SeqRecTrainOptions()
   group = parser.add_argument_group(
       "item2item (--model item2item)", "the DP pair statistics (sensitivity 1 per user) and "
       "how they score the next item")
@@ -180,7 +181,8 @@ def _add_item2item_arguments(parser):
       help="--model hybrid / dpformer-frozen: add W times the released pairs' item-to-item "
            "score of the user's recent items (--pair-recent) to the transformer's logits "
            "(post-processing); 'auto': "
-           f"the weight of {', '.join(f'{w:g}' for w in seqrec.PRIOR_WEIGHTS)} with the best "
+           f"the weight of {', '.join(f'{w:g}' for w in seqrec_options.PRIOR_WEIGHTS)} with the "
+           "best "
            "validation NDCG@10, a choice not covered by ε (default: %(default)s)")
   add("--train-prior-weight", type=float, default=defaults.train_prior_weight, metavar="W",
       help="--model dpformer-frozen: train with W times that prior in the logits and the "
@@ -207,7 +209,7 @@ def _add_dp_forward_arguments(parser):
       "unless --label-epsilon), not central DP; the service trains with non-private steps. "
       "Implies --model dpformer, --loss-positions last and no Re-Attention; --epochs must be whole")
   add = group.add_argument
-  defaults = dp_forward.DPForwardOptions  # the defaults of the Python API
+  defaults = seqrec_options.DPForwardOptions  # the defaults of the Python API
   add("--dp-forward", action="store_true", help="train with DP-Forward instead of DP-SGD")
   add("--forward-position", choices=("output", "attention"), default=defaults.position,
       help="noise the user representation (output) or the first attention output, residual "
@@ -229,7 +231,7 @@ def _add_dp_forward_arguments(parser):
 
 
 def _dp_forward_options(args):
-  return dp_forward.DPForwardOptions(
+  return seqrec_options.DPForwardOptions(
       position=args.forward_position, norm_bound=args.forward_norm_bound,
       bound="clip" if args.forward_clip else "normalize",
       at_inference=not args.no_inference_noise, reduced_dim=args.forward_reduced_dim,
