@@ -330,9 +330,10 @@ def test_another_commands_data_is_refused_naming_the_command_that_takes_it(
 
 @pytest.mark.parametrize("argv, code", [
     (["train", "ctr", "--data", "d", "--algoritm", "dp_sgd"], 2), (["train", "ctr", "--help"], 0),
+    (["train", "seqrec", "--data", "d", "--modle", "x"], 2), (["train", "--help"], 0),
     (["--help"], 0)])
 def test_arguments_are_parsed_and_refused_without_tensorflow(argv, code):
-  """A fresh process: `train ctr`'s parser (its options, names and defaults) loads no
+  """A fresh process: the `train` commands' parsers (their options, names and defaults) load no
   TensorFlow, so a mistake is refused at once."""
   import subprocess  # pylint: disable=import-outside-toplevel
   script = ("import sys; from dprec import cli\ntry:\n  cli.main(sys.argv[1:])\n"

@@ -13,10 +13,8 @@ sequence is kept: the earlier ones are its own items.
 
 The guarantee is SeqLDP, per user and local, not central DP: it must never be read as DP-SGD's.
 """
-import dataclasses
 import io
 import os
-from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -25,30 +23,14 @@ from dprec import atomic_io
 from dprec import privacy
 from dprec.data.sequences import read_item_frequencies
 from dprec.errors import DprecError
-from dprec.layers.forward_noise import DPForwardConfig
 from dprec.privacy import forward as forward_privacy
 from dprec.privacy import label_rr
 from dprec.workflows import plan as plan_lib
+from dprec.workflows.seqrec_options import DPForwardOptions  # noqa: F401
 
 PRIOR_NOTE = ("label prior: the training item frequencies, treated as public as Re-Attention "
               "treats them (Ding et al. 2023, arXiv:2305.17633, Remark A.2); a private prior is "
               "not covered by epsilon2")
-
-
-@dataclasses.dataclass(frozen=True)
-class DPForwardOptions:
-  """The user-facing DP-Forward settings (`dprec train seqrec --dp-forward ...`)."""
-  position: str = "output"
-  norm_bound: float = 1.0
-  bound: str = "normalize"
-  at_inference: bool = True
-  reduced_dim: Optional[int] = None
-  encoder_updates: str = "none"
-  label_epsilon: float = 0.0
-
-  def model_config(self, noise_multiplier):
-    return DPForwardConfig(noise_multiplier, self.norm_bound, self.position, self.bound,
-                           self.at_inference, self.reduced_dim, self.encoder_updates)
 
 
 def steps_per_epoch(num_examples, batch_size):

@@ -1,14 +1,14 @@
-"""`dprec train seqrec`: the command line of `dprec.workflows.seqrec` (parse, then call)."""
+"""`dprec train seqrec`: the command line of `dprec.workflows.seqrec` (parse, then call). Parsing
+needs only `seqrec_options` (no TensorFlow); `run` loads the workflow."""
 import argparse
 import dataclasses
 
-from dprec.workflows import dp_forward
 from dprec.workflows import data_kinds
 from dprec.workflows import interrupted
 from dprec.workflows import result
 from dprec.workflows import run as run_lib
 from dprec.workflows import run_cli
-from dprec.workflows import seqrec
+from dprec.workflows import seqrec_options
 
 
 def _epsilon(text):
@@ -40,9 +40,9 @@ def register(subparsers):
       "JSON summary (also by item popularity, head/torso/tail) goes to --summary-json, else "
       "RUN_DIR/summary.json.")
   add = parser.add_argument
-  defaults = seqrec.SeqRecTrainOptions  # one source for the defaults of the CLI and the Python API
+  defaults = seqrec_options.SeqRecTrainOptions  # one source: the CLI's and the Python API's
   add("--data", required=True, help="directory written by `dprec preprocess sequences`")
-  add("--model", choices=seqrec.MODELS, default=defaults.model,
+  add("--model", choices=seqrec_options.MODELS, default=defaults.model,
       help="auto: item2item or dpformer, by the mean scored positions per user (released "
            "under DP at --model-choice-share of ε and δ, its own ledger entry) and per item "
            "(with the public N users and M items): dpformer with the paper's MovieLens schedule "
@@ -148,19 +148,20 @@ def register(subparsers):
 
 def run(args):
   data_kinds.refuse_other_commands_data(args.data, "train seqrec")
-  options = run_cli.options_from_args(seqrec.SeqRecTrainOptions, args,
+  options = run_cli.options_from_args(seqrec_options.SeqRecTrainOptions, args,
                                       reattention=not args.no_reattention, tied=not args.untied,
                                       dp_forward=None)
   if args.dp_forward:
     options = dataclasses.replace(options, dp_forward=_dp_forward_options(args),
                                   loss_positions="last", reattention=False, model="dpformer")
+  from dprec.workflows import seqrec  # pylint: disable=import-outside-toplevel
   summary = seqrec.run(options)
   return run_lib.report(summary, options, result.train_seqrec(summary))
 
 
 def _add_item2item_arguments(parser):
   """The pair statistics and scoring of `--model item2item` (defaults: the dataclass's)."""
-  defaults = seqrec.SeqRecTrainOptions()
+  defaults = seqrec_options.SeqRecTrainOptions()
   group = parser.add_argument_group(
       "item2item (--model item2item)", "the DP pair statistics (sensitivity 1 per user) and "
       "how they score the next item")
@@ -195,7 +196,8 @@ def _add_item2item_arguments(parser):
       help="--model hybrid / dpformer-frozen: add W times the released pairs' item-to-item "
            "score of the user's recent items (--pair-recent) to the transformer's logits "
            "(post-processing); 'auto': "
-           f"the weight of {', '.join(f'{w:g}' for w in seqrec.PRIOR_WEIGHTS)} with the best "
+           f"the weight of {', '.join(f'{w:g}' for w in seqrec_options.PRIOR_WEIGHTS)} with the "
+           "best "
            "validation NDCG@10, a choice not covered by ε (default: %(default)s)")
   add("--train-prior-weight", type=float, default=defaults.train_prior_weight, metavar="W",
       help="--model dpformer-frozen: train with W times that prior in the logits and the "
@@ -222,7 +224,7 @@ def _add_dp_forward_arguments(parser):
       "unless --label-epsilon), not central DP; the service trains with non-private steps. "
       "Implies --model dpformer, --loss-positions last and no Re-Attention; --epochs must be whole")
   add = group.add_argument
-  defaults = dp_forward.DPForwardOptions  # the defaults of the Python API
+  defaults = seqrec_options.DPForwardOptions  # the defaults of the Python API
   add("--dp-forward", action="store_true", help="train with DP-Forward instead of DP-SGD")
   add("--forward-position", choices=("output", "attention"), default=defaults.position,
       help="noise the user representation (output) or the first attention output, residual "
@@ -244,7 +246,7 @@ def _add_dp_forward_arguments(parser):
 
 
 def _dp_forward_options(args):
-  return dp_forward.DPForwardOptions(
+  return seqrec_options.DPForwardOptions(
       position=args.forward_position, norm_bound=args.forward_norm_bound,
       bound="clip" if args.forward_clip else "normalize",
       at_inference=not args.no_inference_noise, reduced_dim=args.forward_reduced_dim,
