@@ -15,8 +15,8 @@ pytestmark = pytest.mark.commands
 
 ROOT = Path(__file__).resolve().parents[1]
 GUIDES = ROOT / "docs" / "guide"
-SYNTH_DAYS = "dprec synth criteo --rows 3000 --days 3 --seed 0 --vocab scaled:3k --out {}"
-SYNTH_SEQUENCES = "dprec synth sequences --users 200 --items 60 --seed 0 --out {}"
+SYNTH_DAYS = "dprec synth criteo --rows 3000 --days 3 --seed 0 --vocab scaled:3k --output {}"
+SYNTH_SEQUENCES = "dprec synth sequences --users 200 --items 60 --seed 0 --output {}"
 
 # What each guide's example needs beforehand (shell, run in the same directory).
 SETUP = {
