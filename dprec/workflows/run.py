@@ -247,11 +247,12 @@ class Run:
 
   # ---- the ledger --------------------------------------------------------------------------
 
-  def open_ledger(self, epsilon_budget, delta, accountant, default_delta=None):
+  def open_ledger(self, epsilon_budget, delta, accountant, default_delta=None, unit=None):
     """The ledger at `ledger_path` (also kept as `self.ledger`); every charge this run makes
     records its `run_id` and data set (and, with insecure noise, `private: false` and the
-    reason). `delta` None: the existing ledger's δ, or `default_delta` for a new one. Refuses a
-    ledger holding charges for another data set."""
+    reason). `delta` None: the existing ledger's δ, or `default_delta` for a new one. `unit`:
+    the privacy unit of its budget (`PrivacyLedger`; None: a new ledger's is "row", an existing
+    one's is not checked). Refuses a ledger holding charges for another data set."""
     from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
     if not self.chief and self._temporary is None:  # a shared ledger: the chief creates it
       _wait_for(self.ledger_path, "the chief's privacy ledger")
@@ -261,7 +262,7 @@ class Run:
     if self.dataset is not None:
       marks["dataset"] = self.dataset
     self.ledger = PrivacyLedger(self.ledger_path, epsilon_budget=epsilon_budget, delta=delta,
-                                accountant=accountant, run_id=self.run_id, marks=marks)
+                                accountant=accountant, run_id=self.run_id, marks=marks, unit=unit)
     self.ledger.check_dataset(self.dataset)
     return self.ledger
 
@@ -270,7 +271,8 @@ class Run:
     opened, if it did); None for a non-private plan."""
     if not plan.private:
       return None
-    return self.ledger or self.open_ledger(plan.epsilon_total, plan.delta, plan.accountant)
+    return self.ledger or self.open_ledger(plan.epsilon_total, plan.delta, plan.accountant,
+                                           unit=plan.privacy_unit)
 
   def steps_paid(self, ledger, label) -> int:
     """Steps this run has charged under `label` (charges of other runs never count)."""
@@ -282,7 +284,7 @@ class Run:
 
   def _unpaid(self, plan, selections, mechanisms=None):
     mechanisms = plan.mechanisms if mechanisms is None else mechanisms
-    gaussian = [(plan.accounted(sigma), label) for label, sigma in mechanisms.items()
+    gaussian = [(sigma, label) for label, sigma in mechanisms.items()
                 if not self.paid(self.ledger, label)]
     pure = {label: epsilon for label, epsilon in selections.items()
             if epsilon and not self.paid(self.ledger, label)}
@@ -294,13 +296,13 @@ class Run:
     plan's σ and q unless given), the Gaussian `mechanisms` {label: σ} (default: the plan's)
     and the pure-ε `selections` {label: ε}; what it has paid already counts once. The steps and
     mechanisms read the data set's `days` (None: every day; `PrivacyLedger`), the selections
-    every day. σ and q are the plan's per protected unit (`PrivacyPlan.accounted`). Nothing is
+    every day, in the ledger's unit (a user-level stream's σ and q are per user). Nothing is
     charged."""
     gaussian, pure = self._unpaid(plan, selections or {}, mechanisms)
     unpaid = max(0, steps - self.steps_paid(self.ledger, label))
     epsilon = self.ledger.epsilon_if_charged(
-        plan.accounted(plan.noise_multiplier if noise_multiplier is None else noise_multiplier),
-        plan.accounted_rate(plan.sampling_rate if sampling_rate is None else sampling_rate),
+        plan.noise_multiplier if noise_multiplier is None else noise_multiplier,
+        plan.sampling_rate if sampling_rate is None else sampling_rate,
         unpaid, poisson=plan.poisson, label=label, gaussian_mechanisms=gaussian, days=days,
         approximate=[(0.0, delta, label) for label, delta in self._unpaid_truncation(plan)])
     return epsilon + sum(pure.values())  # basic composition, as the ledger does
@@ -337,7 +339,7 @@ class Run:
       self.ledger.charge_approximate(0.0, delta, label)
     for label, sigma in (plan.mechanisms if mechanisms is None else mechanisms).items():
       if not self.paid(self.ledger, label):
-        self.ledger.charge_gaussian_mechanism(plan.accounted(sigma), label, days)
+        self.ledger.charge_gaussian_mechanism(sigma, label, days)
     for label, (epsilon, delta) in (selections or {}).items():
       if epsilon and not self.paid(self.ledger, label):
         self.ledger.charge_approximate(epsilon, delta, label)
@@ -348,8 +350,7 @@ class Run:
       return
     unpaid = steps - self.steps_paid(self.ledger, label)
     if unpaid > 0:
-      self.ledger.charge_gaussian(plan.accounted(plan.noise_multiplier),
-                                  plan.accounted_rate(plan.sampling_rate), unpaid,
+      self.ledger.charge_gaussian(plan.noise_multiplier, plan.sampling_rate, unpaid,
                                   poisson=plan.poisson, label=label, days=days)
 
   def check_ledger_covers_checkpoint(self, label):
@@ -386,8 +387,7 @@ class Run:
       return None
     from dprec.training import callbacks  # pylint: disable=import-outside-toplevel
     return callbacks.PrivacyBudgetCallback(
-        self.ledger, plan.accounted(plan.noise_multiplier),
-        plan.accounted_rate(plan.sampling_rate), poisson=plan.poisson,
+        self.ledger, plan.noise_multiplier, plan.sampling_rate, poisson=plan.poisson,
         charge_every=charge_every, label=label, log_dir=log_dir, steps_taken=start_step,
         steps_charged=self.steps_paid(self.ledger, label), steps_held=steps_held)
 
@@ -496,17 +496,17 @@ class Run:
                                   plan.notes + list(notes))}
 
 
-def plan_prior(run, epsilon_budget, delta, accountant, default_delta):
+def plan_prior(run, epsilon_budget, delta, accountant, default_delta, unit=None):
   """(δ, `Spent`) a privacy plan starts from. In a private `run` (a finite `epsilon_budget`):
   its ledger, opened now (`Run.open_ledger`: δ `delta`, else the existing ledger's, else
-  `default_delta`), and what it spent on the run's data set before the run's first charge
-  (`PrivacyLedger.spent_before`: e.g. a DP top-k vocabulary; a resumed run finds what it found
-  when it started). Otherwise (`run` None: planning alone): (`delta` or `default_delta`,
-  nothing spent)."""
+  `default_delta`; of privacy unit `unit`), and what it spent on the run's data set before the
+  run's first charge (`PrivacyLedger.spent_before`: e.g. a DP top-k vocabulary; a resumed run
+  finds what it found when it started). Otherwise (`run` None: planning alone): (`delta` or
+  `default_delta`, nothing spent)."""
   from dprec.privacy import composition  # pylint: disable=import-outside-toplevel
   if run is None or epsilon_budget is None or not math.isfinite(epsilon_budget):
     return (default_delta if delta is None else delta), composition.Spent()
-  ledger = run.open_ledger(epsilon_budget, delta, accountant, default_delta)
+  ledger = run.open_ledger(epsilon_budget, delta, accountant, default_delta, unit)
   return ledger.delta, ledger.spent_before(run.run_id)
 
 
