@@ -107,9 +107,10 @@ def command(setting, point, days, output, run_dir, summary):
   if kind == "ctr":
     return ["train", "ctr", "--data", days, "--algorithm", "dp_adafest",
             "--epsilon", EPSILON, *common, *options]
+  # A user-level q counts the first period's users (`stream.users_per_period`), not N.
+  size = [] if "user" in options else ["--examples-per-period", str(rows)]
   return ["stream", "--data", output, "--algorithm", "dp_adafest", "--epsilon", EPSILON,
-          "--period-days", "1", "--train-days", str(num_days - 1), "--examples-per-period",
-          str(rows), *common, *options]
+          "--period-days", "1", "--train-days", str(num_days - 1), *size, *common, *options]
 
 
 def record(setting, point, draw, argv, summary, commit):

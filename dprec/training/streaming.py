@@ -8,16 +8,19 @@ Embedding Models", arXiv:2311.08357, §4.3 and Table 5). `StreamingTrainer` tail
      per-period mechanisms such as DP Platt scaling, the first period's once-only ones such as a
      DP base rate; for a row-level plan as reading the period's days, so periods compose in
      parallel), and stops cleanly instead when that would exceed the budget fixed up front
-     (`dprec.workflows.plan`); a user-level plan first keeps at most `group_size` rows of each
-     user (`bound_rows_per_user`);
+     (`dprec.workflows.plan`); a user-level plan first checks every row has its user's id;
   3. grows the embedding tables for ids first seen in p (learned rows stay where they are) and,
      for DP-FEST / DP-AdaFEST+, refreshes the top-k rows from the running counts (DP top-k when
      the selection must be private), rows that stay selected keeping what they learned;
-  4. trains its Poisson-sampled steps (the plan's T, scaled down for a period of fewer days than
-     planned, e.g. the last of 18 days cut into 4-day periods: a public count, never the exact
-     number of rows), checkpointing atomically every `checkpoint_every` steps and at the end of
-     the period; the model's `before_training` (first period) and `after_training` (every
-     period) hooks make the plan's other releases on the period's training rows.
+  4. trains its Poisson-sampled steps (a user-level plan samples users, each sampled user
+     bringing at most k rows clipped as one: `dprec.training.user_sampling`; the plan's T,
+     scaled down for a period of fewer days than planned, e.g. the last of 18 days cut into
+     4-day periods: a public count, never the exact number of rows), checkpointing atomically
+     every `checkpoint_every` steps and at the end of the period; the model's `before_training`
+     (first period) and `after_training` (every period) hooks make the plan's other releases on
+     the period's training rows (a user-level plan's: on at most k of each user's, drawn by the
+     run's key, `bound_rows_per_user`, at k times the plan's σ,
+     `PrivacyPlan.release_noise_multiplier`).
 
 The run (`dprec.workflows.run.Run`: directory, secret key, ledger, the charges it has paid) is
 given by the workflow (`dprec.workflows.stream`). Secret randomness: the batch of step (p, s), its
@@ -60,17 +63,20 @@ from dprec.training import checkpoint as ckpt_lib
 from dprec.training import stream_metrics
 from dprec.training.period_source import CATEGORICAL_KEY, Period, PeriodSource
 from dprec.training.poisson import poisson_batch_indices
+from dprec.training.user_sampling import UserRows, user_batch
+from dprec.privacy_unit import UNIT_KEY, USER_KEY
 
 JOURNAL = "steps.jsonl"
-USER_KEY = "user_id"  # int [n] user ids of a period's rows (needed by privacy unit "user")
 UNITS = {
     "row": "adding or removing one training example (row) of the whole stream: each row lives "
            "in one period, so the periods compose in parallel (the costliest period's ε), "
            "composed sequentially with what reads several periods (DP top-k refreshes of the "
            "running counts, preprocessing charges), in one ledger",
-    "user": "adding or removing one user (all their rows) of the whole stream: at most "
-            "max_rows_per_user rows of a user per period, every period, DP top-k refresh and "
-            "preprocessing charge composed sequentially in one ledger",
+    "user": "adding or removing one user (all their rows) of the whole stream: every step "
+            "Poisson-samples users, a sampled user's at most max_rows_per_user rows clipped as "
+            "one; each period's DP base rate and DP Platt scaling read at most max_rows_per_user "
+            "rows of a user; every period and preprocessing charge composed sequentially in one "
+            "user-level ledger",
 }
 EPSILON_COVERS = {
     "epsilon": "(epsilon, delta)-DP for " + UNITS["row"],
@@ -223,6 +229,10 @@ class StreamingTrainer:
     self.model, self.source, self.plan, self.config = model, source, plan, config
     self.progress, self.log = progress, log or (lambda line: None)
     self.run_state = run
+    if plan.privacy_unit == "user" and plan.private and plan.selection_epsilon_per_period:
+      raise DprecError("--privacy-unit user cannot refresh a DP top-k set: the running counts "
+                       "behind it count every row of a user; use public counts (selection "
+                       "epsilon 0) or an algorithm without a fixed set")
     self.checkpoints = ckpt_lib.CheckpointManager(run.checkpoint_dir)
     self.journal_path = os.path.join(run.run_dir, JOURNAL)
     self.ledger = run.open_plan_ledger(plan)
@@ -230,22 +240,33 @@ class StreamingTrainer:
     self.state = _fresh_state()
     self._tf_checkpoint = None
     self._loaded = (None, None)  # (period index, its arrays): evaluated, then trained on
+    self._grouped = (None, None)  # (period index, its `UserRows`): a user-level plan's
 
   def _load(self, period: Period):
     if self._loaded[0] != period.index:
       self._loaded = (period.index, period.load())
     return self._loaded[1]
 
-  def _training_rows(self, period: Period):
-    """Period p's rows to train on: all of them, or for a user-level plan at most
-    `group_size` of each user's, drawn uniformly by the run's key (`bound_rows_per_user`)."""
+  def _users(self, period: Period) -> UserRows:
+    """Period p's rows grouped by user (a user-level plan); refuses rows without an integer
+    user id, before anything is charged."""
+    if self._grouped[0] != period.index:
+      features, labels = self._load(period)
+      if USER_KEY not in features:
+        raise DprecError(f"period {period.index} (days {list(period.days)}): --privacy-unit user "
+                         f"needs a '{USER_KEY}' column in the stream's records")
+      self._grouped = (period.index, UserRows.group(features[USER_KEY], len(labels),
+                                                    f"{USER_KEY} of period {period.index}"))
+    return self._grouped[1]
+
+  def _release_rows(self, period: Period):
+    """Period p's rows the releases read (DP base rate, DP Platt scaling): all of them, or for a
+    user-level plan at most k = `max_rows_per_user` of each user's, drawn uniformly by the run's
+    key (`bound_rows_per_user`), so one user moves a release by at most k rows' worth."""
     features, labels = self._load(period)
     if self.plan.privacy_unit != "user":
       return features, labels
-    if USER_KEY not in features:
-      raise DprecError(f"period {period.index} (days {list(period.days)}): --privacy-unit user "
-                       f"needs a '{USER_KEY}' column in the stream's records")
-    kept = bound_rows_per_user(features[USER_KEY], self.plan.group_size,
+    kept = bound_rows_per_user(features[USER_KEY], self.plan.max_rows_per_user,
                                self.run_state.numpy_rng("rows per user", period.index))
     return {k: v[kept] for k, v in features.items()}, labels[kept]
 
@@ -253,7 +274,8 @@ class StreamingTrainer:
     """{name: (σ, secret rng)} of the plan's `mechanisms` ({} when not private)."""
     if not self.plan.private:
       return {}
-    return {name: (sigma, self.run_state.numpy_rng(f"{purpose} {name}", period))
+    return {name: (self.plan.release_noise_multiplier(sigma),
+                   self.run_state.numpy_rng(f"{purpose} {name}", period))
             for name, sigma in mechanisms.items()}
 
   # ---- state and checkpoints ----------------------------------------------------------------
@@ -410,12 +432,22 @@ class StreamingTrainer:
     return sum(sizes[n] - old.get(n, 0) for n in sizes) if old else 0
 
   def _batches(self, period, features, labels, start, stop, sizes):
-    """Poisson batches of steps [start, stop): step (p, s) always draws the same (secret) batch."""
+    """Poisson batches of steps [start, stop): step (p, s) always draws the same (secret) batch.
+    A user-level plan samples users at q, each bringing at most k rows, and marks each row's
+    user in the batch (`UNIT_KEY`: the DP step clips per user; `user_sampling.user_batch`)."""
     for step in range(start, stop):
-      rng = self.run_state.numpy_rng("poisson", period.index, step)
-      indices = next(poisson_batch_indices(len(labels), self.plan.sampling_rate, 1, rng))
+      if self.plan.privacy_unit == "user":
+        indices, unit = user_batch(
+            self._users(period), self.plan.sampling_rate, self.plan.max_rows_per_user,
+            self.run_state.numpy_rng("user poisson", period.index, step))
+      else:
+        rng = self.run_state.numpy_rng("poisson", period.index, step)
+        indices = next(poisson_batch_indices(len(labels), self.plan.sampling_rate, 1, rng))
       sizes.append(len(indices))
-      yield {k: v[indices] for k, v in features.items()}, labels[indices]
+      batch = {k: v[indices] for k, v in features.items()}
+      if self.plan.privacy_unit == "user":
+        batch[UNIT_KEY] = unit
+      yield batch, labels[indices]
 
   def _key_noise(self, period, step):
     """Puts the model's noise generators on their states for step (p, s) of the run's key."""
@@ -424,7 +456,7 @@ class StreamingTrainer:
 
   def _train_period(self, period: Period):
     """Trains the rest of period p in chunks that end at checkpoints."""
-    features, labels = self._training_rows(period)
+    features, labels = self._load(period)
     running = self.state["running"]
     total, every = running["total"], self.config.checkpoint_every
 
@@ -482,6 +514,8 @@ class StreamingTrainer:
       if train_periods is not None and index >= train_periods:
         continue  # evaluated the last training period's model: stops above
       if self.state["step"] == 0 and self.state["running"] is None:
+        if self.plan.privacy_unit == "user":
+          self._users(period)  # refuses rows without user ids before anything is charged
         steps = self._period_steps(period)
         unaffordable = self._pay_for_period(period, steps)
         if unaffordable is not None:
@@ -494,14 +528,14 @@ class StreamingTrainer:
         released = {}
         if index == 0:
           released = self.model.before_training(
-              *self._training_rows(period), self._releases(self.plan.mechanisms, "stream", 0))
+              *self._release_rows(period), self._releases(self.plan.mechanisms, "stream", 0))
         self.state["running"] = {"loss": 0.0, "reduction": 0.0, "batch": 0, "steps": 0,
                                  "total": steps, "new_ids": new_ids, "released": released}
         self._commit()
       started = time.monotonic()
       running, n = self._train_period(period)
       released = dict(running.get("released") or {}, **self.model.after_training(
-          *self._training_rows(period),
+          *self._release_rows(period),
           self._releases(self.plan.period_mechanisms, self._label(index), index)))
       steps = max(1, running["steps"])
       row = {
@@ -567,7 +601,8 @@ class StreamingTrainer:
     return {
         **self.run_state.privacy_fields(self.plan.private, covers),
         "privacy_unit": unit,
-        "max_rows_per_user": self.plan.group_size if unit == "user" else None,
+        "max_rows_per_user": self.plan.max_rows_per_user,
+        "ledger_unit": self.ledger.unit if self.ledger is not None else None,
         "epsilon_composition": self._composition(),
         "periods": rows,
         "periods_trained": len(rows),

@@ -11,8 +11,10 @@ with the steps in the accountant, the selections deducted first by basic composi
 App. C.3). A stream's periods compose by the unit it protects (`plan_stream`; README, "Privacy
 model"): for a row, which lives in one period, in parallel (σ is calibrated for the costliest
 period; the DP top-k refreshes read the running counts of every period so far and compose
-sequentially); for a user, whose rows recur across periods, sequentially, each period's rows of a
-user bounded by `group_size` and accounted as one unit of that many rows. For DP-AdaFEST the σ is
+sequentially); for a user, whose rows recur across periods, sequentially, each step Poisson-
+sampling users at q = B/U (U the users of a period, public as N is) and clipping each sampled user's
+at most `max_rows_per_user` rows as one unit (user-level sampling, `dprec.training.user_sampling`),
+so the steps are the sampled Gaussian at q over users. For DP-AdaFEST the σ is
 the composed (σ1⁻² + σ2⁻²)^(−1/2) (Ghazi et al. 2023, §3.3). What the run's ledger spent on the data
 set before it (`spent`, `dprec.workflows.run.plan_prior`: a preprocessing job's DP top-k vocabulary,
 other runs' training) is composed the same way, so σ is calibrated for what it leaves. Periods
@@ -25,6 +27,7 @@ from typing import Mapping, Optional, Sequence, Tuple
 
 from dprec import privacy
 from dprec.errors import DprecError
+from dprec.privacy import accounting
 from dprec.privacy import truncation
 
 FIXED_BATCHES_NOTE = "fixed-size batches: not Poisson, accounted as if Poisson"
@@ -41,19 +44,21 @@ class PrivacyPlan:
     steps_per_period: T, the steps of one period (of the whole run when it has one period).
     noise_multiplier: composed σ charged per step (None or 0 when non-private).
     expected_periods: periods the budget was planned for.
-    examples_per_period, batch_size: N and B with q = B / N.
+    examples_per_period, batch_size: N and B with q = B / N (a user-level stream: U, the users of
+      a period, and B the expected users per batch).
     selection_epsilon_per_period: pure ε of each period's DP top-k (0: public counts).
     accountant: "pld" or "rdp".
     poisson: False for fixed-size batches (accounted as if Poisson, and flagged so).
     mechanisms: {ledger label: σ} of Gaussian mechanisms released once before training.
     forward: DP-Forward's `dprec.privacy.ForwardPlan` (SeqLDP releases instead of DP steps).
     spent: what the ledger had spent on the data set before the run (composed with it).
-    privacy_unit: what a stream protects, "row" or "user" (None: a single run, a row).
+    privacy_unit: what a stream protects, "row" or "user" (None: a single run, a row); also the
+      unit of the ledger a stream opens.
     parallel_periods: the periods read disjoint units and compose in parallel (row streams).
     period_mechanisms: {name: σ} of Gaussian mechanisms released in every period (DP Platt
       scaling), charged under the period's label.
-    group_size: rows of one protected unit a period may hold (a user's, `--max-rows-per-user`):
-      the step's σ (noise on C2-clipped rows) is `group_size` times the unit's (`accounted`).
+    max_rows_per_user: k of a user-level stream (None otherwise): the most rows of a sampled
+      user in a step, and of a user in each period's releases (`release_noise_multiplier`).
     max_batch_size: B_max a step's Poisson batch is truncated to (None: exact Poisson), and
       truncation_delta the δ it costs (`dprec.privacy.truncation`), taken from training's δ.
   """
@@ -74,23 +79,16 @@ class PrivacyPlan:
   privacy_unit: Optional[str] = None
   parallel_periods: bool = False
   period_mechanisms: Mapping[str, float] = dataclasses.field(default_factory=dict)
-  group_size: int = 1
+  max_rows_per_user: Optional[int] = None
   max_batch_size: Optional[int] = None
   truncation_delta: float = 0.0
 
-  def accounted(self, noise_multiplier):
-    """A release's noise multiplier per protected unit: a unit of `group_size` rows, each
-    clipped to C, moves a sum by up to `group_size`·C."""
-    return noise_multiplier / self.group_size
-
-  def accounted_rate(self, sampling_rate):
-    """The chance that a Poisson batch at rate q holds any of a unit's `group_size` rows. With
-    `accounted`, the sampled Gaussian at these is a dominating pair of a unit's step: the
-    mixture over how many of its rows are sampled is dominated, in every hockey-stick
-    divergence (joint convexity), by its worst component, all rows in."""
-    if self.group_size == 1:
-      return sampling_rate
-    return 1.0 - (1.0 - sampling_rate) ** self.group_size
+  def release_noise_multiplier(self, noise_multiplier):
+    """The noise multiplier, on a row's sensitivity, of a release (DP base rate, DP Platt
+    scaling) whose plan σ is per protected unit: a user-level stream's releases read at most
+    k = `max_rows_per_user` rows of a user, which move their sum by at most k times a row's
+    sensitivity Δ, so noise k·σ·Δ is the Gaussian mechanism at σ for the user (charged so)."""
+    return noise_multiplier * (self.max_rows_per_user or 1)
 
   @property
   def private(self) -> bool:
@@ -127,10 +125,9 @@ class PrivacyPlan:
       return math.inf
     periods = self.expected_periods if periods is None else periods
     composed = min(periods, 1) if self.parallel_periods else periods  # the costliest period
-    training = privacy.TrainingPeriod(self.accounted(self.noise_multiplier),
-                                      self.accounted_rate(self.sampling_rate),
+    training = privacy.TrainingPeriod(self.noise_multiplier, self.sampling_rate,
                                       self.steps_per_period * composed)
-    mechanisms = [privacy.gaussian_mechanism_period(self.accounted(sigma))
+    mechanisms = [privacy.gaussian_mechanism_period(sigma)
                   for sigma in list(self.mechanisms.values()) * bool(periods)
                   + list(self.period_mechanisms.values()) * composed]
     spent = self.spent_with_truncation
@@ -236,51 +233,56 @@ PRIVACY_UNITS = ("row", "user")
 def plan_stream(epsilon_total, delta, expected_periods, examples_per_period, batch_size,
                 epochs_per_period=1.0, selection_epsilon=0.0,
                 noise_multiplier: Optional[float] = None, accountant="pld",
-                spent: privacy.Spent = privacy.Spent(), privacy_unit="row", max_rows_per_user=1,
+                spent: privacy.Spent = privacy.Spent(), privacy_unit="row",
+                max_rows_per_user: Optional[int] = None,
                 mechanisms: Sequence[Tuple[str, float]] = (),
                 period_mechanisms: Sequence[Tuple[str, float]] = ()):
   """The plan of a stream: T = ceil(epochs · N_period / B) steps per period at q = B / N_period
-  (from the *expected* examples per period, fixed before any data is seen), σ 0 when
-  non-private.
+  (from the *expected* units per period, fixed before any data is seen), σ 0 when non-private.
 
   `privacy_unit` "row": each row lives in one period, so the periods compose in parallel and σ
   is calibrated for one period (its T steps, the `period_mechanisms`, and the `mechanisms`
   released once, with the first period), with every selection (`selection_epsilon` in all,
-  sequential) deducted. "user": a user's rows recur across periods, so everything composes
-  sequentially over `expected_periods`, each period holding at most `max_rows_per_user` rows of
-  a user (`PrivacyPlan.group_size`); each period mechanism gets its share over the periods.
-  `mechanisms` / `period_mechanisms`: [(name, ε share)], each calibrated alone to its share of
-  `epsilon_total` (per unit)."""
+  sequential) deducted. "user": `examples_per_period` is U, the users of a period, and
+  `batch_size` the expected users per batch; each step Poisson-samples users at q = B/U and a
+  sampled user brings at most k = `max_rows_per_user` rows, clipped as one (Charles et al.,
+  "Fine-Tuning Large Language Models with User-Level Differential Privacy", arXiv:2407.07737,
+  Algorithm 2), so a step is the sampled Gaussian at q over users. A user can be in every
+  period: everything composes sequentially over `expected_periods`, each period mechanism
+  getting its share over the periods; the releases read at most k rows of a user
+  (`PrivacyPlan.release_noise_multiplier`). `mechanisms` / `period_mechanisms`: [(name, ε
+  share)], each calibrated alone to its share of `epsilon_total` (per unit)."""
   _check_sizes(expected_periods, examples_per_period, batch_size)
   if not epsilon_total > 0:
     raise DprecError(f"--epsilon must be positive, got {epsilon_total}")
   if privacy_unit not in PRIVACY_UNITS:
     raise DprecError(f"--privacy-unit must be one of {', '.join(PRIVACY_UNITS)}, got "
                      f"{privacy_unit!r}")
-  if max_rows_per_user < 1 or (privacy_unit == "row" and max_rows_per_user != 1):
-    raise DprecError(f"--max-rows-per-user must be >= 1 and goes with --privacy-unit user, got "
-                     f"{max_rows_per_user}")
   parallel = privacy_unit == "row"
+  if parallel and max_rows_per_user is not None:
+    raise DprecError("--max-rows-per-user goes with --privacy-unit user")
+  if not parallel:
+    if max_rows_per_user is None:
+      from dprec.training import user_sampling  # pylint: disable=import-outside-toplevel
+      max_rows_per_user = user_sampling.DEFAULT_MAX_ROWS_PER_USER
+    accounting.check_group_size(max_rows_per_user)
   steps = max(1, math.ceil(epochs_per_period * examples_per_period / batch_size))
   common = dict(epsilon_total=epsilon_total, delta=delta,
                 sampling_rate=min(1.0, batch_size / examples_per_period), steps_per_period=steps,
                 expected_periods=expected_periods, examples_per_period=examples_per_period,
                 batch_size=batch_size, accountant=accountant, spent=spent,
                 privacy_unit=privacy_unit, parallel_periods=parallel,
-                group_size=int(max_rows_per_user))
+                max_rows_per_user=None if parallel else int(max_rows_per_user))
   if not math.isfinite(epsilon_total):
     return PrivacyPlan(noise_multiplier=0.0, **common)
   repeats = 1 if parallel else expected_periods
-  group = common["group_size"]
-  once = {name: group * _mechanism_sigma(share * epsilon_total, delta, accountant)
+  once = {name: _mechanism_sigma(share * epsilon_total, delta, accountant)
           for name, share in mechanisms}
-  each = {name: group * _mechanism_sigma(share * epsilon_total / repeats, delta, accountant)
+  each = {name: _mechanism_sigma(share * epsilon_total / repeats, delta, accountant)
           for name, share in period_mechanisms}
-  plan = PrivacyPlan(noise_multiplier=noise_multiplier, mechanisms=once, period_mechanisms=each,
-                     selection_epsilon_per_period=selection_epsilon / expected_periods, **common)
   if noise_multiplier is None:
-    fixed = tuple(plan.accounted(s) for s in list(once.values()) + list(each.values()) * repeats)
-    unit_sigma = _calibrated(epsilon_total, delta, plan.accounted_rate(plan.sampling_rate),
-                             steps * repeats, selection_epsilon, accountant, True, fixed, spent)
-    plan = dataclasses.replace(plan, noise_multiplier=group * unit_sigma)
-  return plan
+    fixed = tuple(list(once.values()) + list(each.values()) * repeats)
+    noise_multiplier = _calibrated(epsilon_total, delta, common["sampling_rate"], steps * repeats,
+                                   selection_epsilon, accountant, True, fixed, spent)
+  return PrivacyPlan(noise_multiplier=noise_multiplier, mechanisms=once, period_mechanisms=each,
+                     selection_epsilon_per_period=selection_epsilon / expected_periods, **common)

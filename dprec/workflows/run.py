@@ -291,7 +291,8 @@ class Run:
     opened, if it did); None for a non-private plan."""
     if not plan.private:
       return None
-    return self.ledger or self.open_ledger(plan.epsilon_total, plan.delta, plan.accountant)
+    return self.ledger or self.open_ledger(plan.epsilon_total, plan.delta, plan.accountant,
+                                           unit=plan.privacy_unit)
 
   def steps_paid(self, ledger, label) -> int:
     """Steps this run has charged under `label` (charges of other runs never count)."""
@@ -303,7 +304,7 @@ class Run:
 
   def _unpaid(self, plan, selections, mechanisms=None):
     mechanisms = plan.mechanisms if mechanisms is None else mechanisms
-    gaussian = [(plan.accounted(sigma), label) for label, sigma in mechanisms.items()
+    gaussian = [(sigma, label) for label, sigma in mechanisms.items()
                 if not self.paid(self.ledger, label)]
     pure = {label: epsilon for label, epsilon in selections.items()
             if epsilon and not self.paid(self.ledger, label)}
@@ -315,13 +316,13 @@ class Run:
     plan's σ and q unless given), the Gaussian `mechanisms` {label: σ} (default: the plan's)
     and the pure-ε `selections` {label: ε}; what it has paid already counts once. The steps and
     mechanisms read the data set's `days` (None: every day; `PrivacyLedger`), the selections
-    every day. σ and q are the plan's per protected unit (`PrivacyPlan.accounted`). Nothing is
+    every day, in the ledger's unit (a user-level stream's σ and q are per user). Nothing is
     charged."""
     gaussian, pure = self._unpaid(plan, selections or {}, mechanisms)
     unpaid = max(0, steps - self.steps_paid(self.ledger, label))
     epsilon = self.ledger.epsilon_if_charged(
-        plan.accounted(plan.noise_multiplier if noise_multiplier is None else noise_multiplier),
-        plan.accounted_rate(plan.sampling_rate if sampling_rate is None else sampling_rate),
+        plan.noise_multiplier if noise_multiplier is None else noise_multiplier,
+        plan.sampling_rate if sampling_rate is None else sampling_rate,
         unpaid, poisson=plan.poisson, label=label, gaussian_mechanisms=gaussian, days=days,
         approximate=[(0.0, delta, label) for label, delta in self._unpaid_truncation(plan)])
     return epsilon + sum(pure.values())  # basic composition, as the ledger does
@@ -358,7 +359,7 @@ class Run:
       self.ledger.charge_approximate(0.0, delta, label)
     for label, sigma in (plan.mechanisms if mechanisms is None else mechanisms).items():
       if not self.paid(self.ledger, label):
-        self.ledger.charge_gaussian_mechanism(plan.accounted(sigma), label, days)
+        self.ledger.charge_gaussian_mechanism(sigma, label, days)
     for label, (epsilon, delta) in (selections or {}).items():
       if epsilon and not self.paid(self.ledger, label):
         self.ledger.charge_approximate(epsilon, delta, label)
@@ -369,8 +370,7 @@ class Run:
       return
     unpaid = steps - self.steps_paid(self.ledger, label)
     if unpaid > 0:
-      self.ledger.charge_gaussian(plan.accounted(plan.noise_multiplier),
-                                  plan.accounted_rate(plan.sampling_rate), unpaid,
+      self.ledger.charge_gaussian(plan.noise_multiplier, plan.sampling_rate, unpaid,
                                   poisson=plan.poisson, label=label, days=days)
 
   def check_ledger_covers_checkpoint(self, label):
@@ -407,8 +407,7 @@ class Run:
       return None
     from dprec.training import callbacks  # pylint: disable=import-outside-toplevel
     return callbacks.PrivacyBudgetCallback(
-        self.ledger, plan.accounted(plan.noise_multiplier),
-        plan.accounted_rate(plan.sampling_rate), poisson=plan.poisson,
+        self.ledger, plan.noise_multiplier, plan.sampling_rate, poisson=plan.poisson,
         charge_every=charge_every, label=label, log_dir=log_dir, steps_taken=start_step,
         steps_charged=self.steps_paid(self.ledger, label), steps_held=steps_held)
 

@@ -10,8 +10,11 @@ from the run's secret key (`run_dir/secret`: keep the run directory private);
 What ε protects (`privacy_unit`, README "Privacy model"): a row (the default, for Criteo data:
 each row lives in one day, so the periods compose in parallel and ε is the costliest period's,
 plus the DP top-k refreshes of the running counts, which compose sequentially) or a user (a
-`user_id` column; at most `max_rows_per_user` rows of a user per period, drawn by the run's key
-before training; everything composes sequentially).
+`user_id` column; user-level sampling: every step Poisson-samples users at q = B/U, U the first
+period's users, treated as public as a period's row count is, and each sampled user brings at
+most `max_rows_per_user` rows, drawn by the run's key and clipped as one; the DP base rate and
+DP Platt scaling read at most that many rows of a user; everything composes sequentially, in a
+ledger of unit "user").
 
 The model and step are `train ctr`'s, defaults included (`dprec.workflows.ctr.CTRTrainOptions`),
 and so are its utility levers: the logit bias starts at the first period's DP base rate, each
@@ -45,6 +48,7 @@ from dprec import privacy
 from dprec.errors import DprecError
 from dprec.models import ctr
 from dprec.optimizers.dp_optimizer import DPOptimizer
+from dprec.privacy_unit import UNIT_KEY, USER_KEY
 from dprec.training import poisson
 from dprec.training import stream_metrics
 from dprec.training.callbacks import PeriodProgress
@@ -95,7 +99,7 @@ class StreamOptions(run_lib.RunOptions):
   top_k: Optional[int] = None
   top_k_epsilon: float = 0.1
   privacy_unit: str = "row"
-  max_rows_per_user: Optional[int] = None  # privacy unit "user": default 1
+  max_rows_per_user: Optional[int] = None  # privacy unit "user": default 16 (`user_sampling`)
   reference: Optional[str] = None
   batch_size: Optional[int] = None  # None: `default_batch_size` of the period size
   logit_init: str = _CTR.logit_init
@@ -146,8 +150,8 @@ class StreamOptions(run_lib.RunOptions):
     if (self.privacy_unit == "user" and self.algorithm in ctr_workflow.FEST_ALGORITHMS
         and self.top_k_epsilon > 0):
       raise DprecError("--privacy-unit user cannot refresh a DP top-k set: the running counts "
-                       "behind it count every row of a user, not at most --max-rows-per-user; "
-                       "use --top-k-epsilon 0 (counts public) or --algorithm dp_adafest")
+                       "behind it count every row of a user; use --top-k-epsilon 0 (counts "
+                       "public) or --algorithm dp_adafest")
     if self.reference not in (None,) + REFERENCES:
       raise DprecError(f"--reference must be one of {', '.join(REFERENCES)}, got "
                        f"{self.reference}")
@@ -180,7 +184,9 @@ class CTRPeriodModel(PeriodModel):
       (algorithm, l2_norm_clip, ratio, threshold, contribution_clip, learning_rate, optimizer,
       adambc_floor, hidden_units, eval_batch_size, seed: public, initialisation only).
     noise_multiplier: the plan's composed σ (split into σ1 = r·σ2 and σ2 for DP-AdaFEST).
-    expected_batch_size: q · N_period, the normaliser of the noisy sum.
+    expected_batch_size: q · N_period, the normaliser of the noisy sum (q · U, users, at the
+      user level).
+    user_level: batches carry `UNIT_KEY` (user-level sampling: the step clips per user).
     calibration_logit_bound: L of DP Platt scaling's fit on z − logit(base rate).
     calibration_prior_examples, calibration_level_prior_examples: n0 and n1, the weights of DP
       Platt scaling's priors towards the base rate on the affine and on the level.
@@ -191,8 +197,10 @@ class CTRPeriodModel(PeriodModel):
                calibration_logit_bound: float = StreamOptions.calibration_logit_bound,
                calibration_prior_examples: float = StreamOptions.calibration_prior_examples,
                calibration_level_prior_examples: float = (
-                   StreamOptions.calibration_level_prior_examples)):
+                   StreamOptions.calibration_level_prior_examples),
+               user_level: bool = False):
     self.options, self.noise_multiplier = options, noise_multiplier
+    self.user_level = user_level
     self.calibration_logit_bound = calibration_logit_bound
     self.calibration_prior_examples = calibration_prior_examples
     self.calibration_level_prior_examples = calibration_level_prior_examples
@@ -291,17 +299,21 @@ class CTRPeriodModel(PeriodModel):
                                              secure_noise=self.options.secure_noise))
 
   def train_steps(self, batches, steps, on_step):
+    units = (UNIT_KEY,) * self.user_level
+
     def generate():
       for features, labels in batches:
         yield ({ctr.CAT_FEATURES: features[ctr.CAT_FEATURES].astype(np.int32),
-                ctr.INT_FEATURES: features[ctr.INT_FEATURES].astype(np.float32)},
+                ctr.INT_FEATURES: features[ctr.INT_FEATURES].astype(np.float32),
+                **{key: features[key].astype(np.int32) for key in units}},
                labels.astype(np.int32))
 
     config = self.model.config
     # A None batch dimension: one trace serves every Poisson batch size (no per-size retrace).
     signature = ({ctr.CAT_FEATURES: tf.TensorSpec([None, len(config.vocab_sizes)], tf.int32),
                   ctr.INT_FEATURES: tf.TensorSpec([None, config.num_integer_features],
-                                                  tf.float32)},
+                                                  tf.float32),
+                  **{key: tf.TensorSpec([None], tf.int32) for key in units}},
                  tf.TensorSpec([None], tf.int32))
     self.model.fit(tf.data.Dataset.from_generator(generate, output_signature=signature),
                    steps_per_epoch=steps, epochs=1, verbose=0, callbacks=[_OnStep(on_step)])
@@ -356,11 +368,31 @@ def default_batch_size(examples_per_period: int) -> int:
   return poisson.default_batch_size(examples_per_period)
 
 
+def users_per_period(options: StreamOptions, source) -> int:
+  """U of a user-level stream: the users of the first period, treated as public (as a period's
+  number of rows is at the row level)."""
+  first = source.period(0)
+  if first is None:
+    raise DprecError(f"{options.data}: no complete period yet; --privacy-unit user counts the "
+                     "users of the first period: start once it has arrived")
+  features, _ = first.load()
+  if USER_KEY not in features:
+    raise DprecError(f"{options.data}: period 0 (days {list(first.days)}): --privacy-unit user "
+                     f"needs a '{USER_KEY}' column in the stream's records")
+  return int(np.unique(features[USER_KEY]).size)
+
+
 def plan_privacy(options: StreamOptions, source, expected: int, run=None) -> plan_lib.PrivacyPlan:
-  """One budget over `expected` periods, q from the expected examples per period (default: the
-  first period's), composed with what `run`'s ledger spent on the data before (δ: the ledger's,
-  else 1 / expected examples; `run_lib.plan_prior`)."""
+  """One budget over `expected` periods, q from the expected units per period (rows: given, or
+  the first period's; users: the first period's, `users_per_period`; B of users by the same
+  rule), composed with what `run`'s ledger (of the stream's unit) spent on the data before (δ:
+  the ledger's, else 1 / expected units; `run_lib.plan_prior`)."""
   per_period = options.examples_per_period
+  if options.privacy_unit == "user":
+    if per_period is not None:
+      raise DprecError("--examples-per-period goes with --privacy-unit row; at the user level "
+                       "the number of users per period comes from the first period")
+    per_period = users_per_period(options, source)
   if per_period is None:
     first = source.period(0)
     if first is None:
@@ -371,13 +403,14 @@ def plan_privacy(options: StreamOptions, source, expected: int, run=None) -> pla
                if options.private and options.algorithm in ctr_workflow.FEST_ALGORITHMS else 0.0)
   epsilon = options.epsilon_total if options.private else math.inf
   delta, spent = run_lib.plan_prior(run, epsilon, options.delta, options.accountant,
-                                    default_delta=1.0 / (expected * per_period))
+                                    default_delta=1.0 / (expected * per_period),
+                                    unit=options.privacy_unit)
   return plan_lib.plan_stream(
       epsilon, delta, expected, per_period,
       options.batch_size or default_batch_size(per_period),
       epochs_per_period=options.epochs_per_period, selection_epsilon=selection,
       noise_multiplier=options.noise_multiplier, accountant=options.accountant, spent=spent,
-      privacy_unit=options.privacy_unit, max_rows_per_user=options.max_rows_per_user or 1,
+      privacy_unit=options.privacy_unit, max_rows_per_user=options.max_rows_per_user,
       mechanisms=[(BASE_RATE, options.base_rate_share)],
       period_mechanisms=[(CALIBRATION, options.calibration_share)] * bool(
           options.calibration_share))
@@ -388,7 +421,8 @@ def build_trainer(options: StreamOptions, source, plan, run) -> StreamingTrainer
   model = CTRPeriodModel(options.model_options(), plan.noise_multiplier,
                          plan.sampling_rate * plan.examples_per_period,
                          options.calibration_logit_bound, options.calibration_prior_examples,
-                         options.calibration_level_prior_examples)
+                         options.calibration_level_prior_examples,
+                         user_level=plan.privacy_unit == "user")
   config = StreamConfig(
       checkpoint_every=options.checkpoint_interval(plan.steps_per_period),
       train_periods=None if options.train_days is None else plan.expected_periods,

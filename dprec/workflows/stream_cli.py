@@ -61,7 +61,8 @@ def register(subparsers):
   dp.add_argument("--expected-periods", type=int, default=None,
                   help="periods the budget must last (default: training periods of --train-days)")
   dp.add_argument("--examples-per-period", type=int, default=None,
-                  help="expected examples per period; sets q = B / N (default: the first period's)")
+                  help="expected examples per period; sets q = B / N (default: the first "
+                  "period's; row unit only: a user-level q uses the first period's users)")
   dp.add_argument("--epochs-per-period", type=float, default=1.0,
                   help="expected passes over a period's data (steps = epochs · N / B)")
   dp.add_argument("--noise-multiplier", type=float, default=None,
@@ -76,10 +77,13 @@ def register(subparsers):
   dp.add_argument("--privacy-unit", default=defaults.privacy_unit, choices=("row", "user"),
                   help="what ε protects: a row (each lives in one period: the periods compose "
                   "in parallel, ε is the costliest period's plus the DP top-k refreshes) or a "
-                  "user (the records' user_id; periods compose sequentially)")
+                  "user (the records' user_id; each step Poisson-samples users at q = B / U, U "
+                  "the first period's users, each sampled user's rows clipped as one; periods "
+                  "compose sequentially, in a user-level ledger)")
   dp.add_argument("--max-rows-per-user", type=int, default=None,
-                  help="--privacy-unit user: rows of a user kept per period, drawn by the run's "
-                  "key before training (default 1)")
+                  help="--privacy-unit user: k, the most rows a sampled user brings to a step "
+                  "(drawn afresh each step by the run's key) and a user's rows in each DP base "
+                  "rate and DP Platt scaling (default 16; public, bounds work not ε)")
   dp.add_argument("--base-rate-share", type=float, default=defaults.base_rate_share,
                   help="share of ε for the DP click rate of the first period (the logit "
                   "layer's starting bias, DP Platt scaling's prior)")
@@ -102,7 +106,8 @@ def register(subparsers):
   model = parser.add_argument_group("model and step")
   model.add_argument("--batch-size", type=int, default=None,
                      help=f"expected (Poisson) batch size (default: {stream.DEFAULT_BATCH_SIZE}, "
-                     "at most an eighth of the expected period size; not train ctr's N/150)")
+                     "at most an eighth of the expected period size; not train ctr's N/150; "
+                     "--privacy-unit user: expected users per batch, by the same rule on users)")
   model.add_argument("--logit-init", default=defaults.logit_init, choices=ctr.LOGIT_INITS,
                      help="base_rate: the logit layer starts at the first period's (DP) click "
                      "rate; default: Keras' initialisation")

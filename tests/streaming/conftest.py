@@ -3,7 +3,8 @@
 A logistic model with one scalar embedding per categorical feature, trained by DP-SGD (per-example
 clip, Gaussian noise from a `tf.random.Generator` the trainer re-keys before every step, on touched
 rows and the bias) with an Adagrad accumulator, so checkpoints must carry weights and optimizer
-slots (and no generator state).
+slots (and no generator state). A batch holding `UNIT_KEY` (a user-level plan's) is clipped per
+unit: each unit's summed gradient to C.
 """
 import sys
 
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 import tensorflow as tf
 
+from dprec.privacy_unit import UNIT_KEY, USER_KEY
 from dprec.training.streaming import PeriodModel, StreamConfig, StreamingTrainer
 from dprec.workflows.plan import plan_stream
 from dprec.workflows.run import Run
@@ -84,6 +86,8 @@ class StandInModel(PeriodModel):
     ints = features["int_features"]
     norm = tf.abs(residual) * tf.sqrt(FEATURES + tf.reduce_sum(ints ** 2, axis=1) + 1.0)
     scale = residual * tf.minimum(1.0, self.clip / tf.maximum(norm, 1e-12))
+    if UNIT_KEY in batch:
+      scale = self._unit_scale(batch, residual.numpy())
     std = self.noise_multiplier * self.clip
     expected = max(1.0, float(len(labels)))
     touched_rows = 0
@@ -105,6 +109,17 @@ class StandInModel(PeriodModel):
         tf.cast(labels, tf.float32), logits))
     return {"loss": float(loss), "gradient_size_reduction": vocab / max(1, touched_rows)}
 
+  def _unit_scale(self, batch, residual):
+    """Each row's dL/dlogit weighted by its unit's clip factor min(1, C/‖Σ_{i∈u} g_i‖)."""
+    unit = batch[UNIT_KEY]
+    x = np.concatenate([np.eye(self.tables[f"C{j + 1}"].shape[0])[batch["cat_features"][:, j]]
+                        for j in range(FEATURES)]
+                       + [batch["int_features"], np.ones((len(unit), 1))], axis=1)
+    sums = np.zeros((unit.max() + 1 if len(unit) else 0, x.shape[1]))
+    np.add.at(sums, unit, residual[:, None] * x)
+    factor = np.minimum(1.0, self.clip / np.maximum(np.linalg.norm(sums, axis=1), 1e-12))
+    return tf.constant(residual * factor[unit], tf.float32)
+
   def _apply(self, variable, slot, rows, grad):
     accumulator = tf.gather(slot, rows) + grad ** 2
     slot.scatter_nd_update(rows[:, None], accumulator)
@@ -122,11 +137,15 @@ class StandInModel(PeriodModel):
 def make_trainer(run_dir, epsilon_total, source, train_periods=None, checkpoint_every=7,
                  expected_periods=3, noise_multiplier=2.0, batch_size=40, accountant="pld",
                  ledger_path=None, insecure_noise_seed=None, diagnostics=False, idle_timeout=0.0,
-                 log=None, **plan_options):
-  """A StreamingTrainer of the stand-in model over `source` (examples per period from day 0);
-  `plan_options`: more of `plan_stream`'s (privacy_unit, mechanisms, ...)."""
+                 log=None, examples_per_period=None, **plan_options):
+  """A StreamingTrainer of the stand-in model over `source` (units per period: given, or day 0's
+  rows, or its users at the user level); `plan_options`: more of `plan_stream`'s."""
+  first = source.period(0)
+  per_period = examples_per_period or (
+      first.examples if plan_options.get("privacy_unit", "row") == "row"
+      else np.unique(first.load()[0][USER_KEY]).size)
   plan = plan_stream(epsilon_total, 1e-5, expected_periods=expected_periods,
-                     examples_per_period=source.period(0).examples, batch_size=batch_size,
+                     examples_per_period=per_period, batch_size=batch_size,
                      noise_multiplier=noise_multiplier, accountant=accountant, **plan_options)
   model = StandInModel(noise_multiplier=plan.noise_multiplier)
   config = StreamConfig(checkpoint_every=checkpoint_every, train_periods=train_periods,

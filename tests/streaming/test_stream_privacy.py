@@ -52,10 +52,10 @@ def test_runs_sharing_a_ledger_each_pay_and_the_second_stops_at_the_budget(tmp_p
   three, four = (privacy.compute_epsilon(2.0, 0.1, 10 * n, 1e-5).epsilon for n in (3, 4))
   ledger = str(tmp_path / "ledger.json")
   first, _ = _run(standin, tmp_path / "a", epsilon=(three + four) / 2, ledger_path=ledger,
-                  privacy_unit="user")
+                  privacy_unit="user", examples_per_period=400)
   assert first["periods_trained"] == 2
   second, _ = _run(standin, tmp_path / "b", epsilon=(three + four) / 2, ledger_path=ledger,
-                   privacy_unit="user")
+                   privacy_unit="user", examples_per_period=400)
   charges = json.loads((tmp_path / "ledger.json").read_text())["charges"]
   paid_by = [c["run_id"] for c in charges]
   assert paid_by[:2] == [first["run_id"]] * 2 and second["run_id"] in paid_by

@@ -29,7 +29,7 @@ def test_budget_stops_cleanly_before_the_period_that_would_exceed_it(tmp_path, s
   two, three = _pld_epsilon(2.0, q, 2 * steps), _pld_epsilon(2.0, q, 3 * steps)
   # A user's rows recur across periods: the periods compose sequentially.
   trainer = standin.make_trainer(str(tmp_path), (two + three) / 2, source, noise_multiplier=2.0,
-                                 privacy_unit="user")
+                                 privacy_unit="user", examples_per_period=400)
   summary = trainer.run()
   assert [row["period"] for row in summary["periods"]] == [0, 1]
   assert "privacy budget" in summary["stopped"] and "period 2" in summary["stopped"]
@@ -42,7 +42,7 @@ def test_budget_stops_cleanly_before_the_period_that_would_exceed_it(tmp_path, s
   ledger = (tmp_path / "ledger.json").read_text()
   trainer.run_state.close()  # the process ends: its run directory is free again
   again = standin.make_trainer(str(tmp_path), (two + three) / 2, source, noise_multiplier=2.0,
-                               privacy_unit="user")
+                               privacy_unit="user", examples_per_period=400)
   resumed = again.run()
   assert resumed["periods_trained"] == 2 and not resumed["trained_now"]
   assert "privacy budget" in resumed["stopped"]  # looked at again: still too costly

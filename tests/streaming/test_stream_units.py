@@ -1,6 +1,7 @@
 """Accounting a stream by the unit it protects (README "Privacy model"), checked against
 dp_accounting directly: a row lives in one period (parallel composition of the periods), a user
-recurs in every period (sequential composition, a user's rows per period bounded)."""
+recurs in every period (sequential composition; user-level sampling, each sampled user's at most
+k rows clipped as one, and at most k rows of a user in each release)."""
 import json
 import warnings
 
@@ -8,14 +9,19 @@ import dp_accounting
 import numpy as np
 import pytest
 
+from dprec.errors import DprecError
 from dprec.privacy.noise_key import InsecureNoiseWarning
+from dprec.privacy_unit import UNIT_KEY
 from dprec.training.period_source import ArrayPeriodSource
 from dprec.training.streaming import bound_rows_per_user
+from dprec.workflows import stream
+from dprec.workflows.plan import plan_stream
 
 DELTA = 1e-5
 CLIP = 1.0
-MECHANISMS = dict(mechanisms=[("base rate", 0.01)], period_mechanisms=[("calibration", 0.1)],
-                  selection_epsilon=0.3)
+USER_MECHANISMS = dict(mechanisms=[("base rate", 0.01)],
+                       period_mechanisms=[("calibration", 0.1)])
+MECHANISMS = dict(USER_MECHANISMS, selection_epsilon=0.3)
 
 
 def _direct(events):
@@ -48,7 +54,7 @@ def _trainer(standin, run_dir, days, **options):
 
 def _batches(trainer, index):
   period = trainer.source.period(index)
-  return list(trainer._batches(period, *trainer._training_rows(period), 0,
+  return list(trainer._batches(period, *trainer._load(period), 0,
                                trainer.plan.steps_per_period, []))
 
 
@@ -102,25 +108,96 @@ def test_a_row_unit_run_pays_one_period_plus_the_sequential_parts(tmp_path, stan
   assert max(d["epsilon"] for d in composition["by_days"]) == pytest.approx(summary["epsilon"])
 
 
-def test_a_user_unit_run_pays_the_sequential_composition(tmp_path, standin):
+def _ledger(run_dir):
+  return json.loads((run_dir / "ledger.json").read_text())
+
+
+def test_a_user_unit_run_samples_users_and_pays_their_sequential_composition(tmp_path, standin):
   periods, rows = 3, 2
   trainer = standin.make_trainer(str(tmp_path), 2.0, ArrayPeriodSource(standin.make_days(3)),
                                  noise_multiplier=None, privacy_unit="user",
-                                 max_rows_per_user=rows, **MECHANISMS)
+                                 max_rows_per_user=rows, **USER_MECHANISMS)
   summary = trainer.run()
   plan = trainer.plan
-  assert summary["privacy_unit"] == "user" and summary["max_rows_per_user"] == rows
+  assert summary["privacy_unit"] == summary["ledger_unit"] == "user"
+  assert summary["max_rows_per_user"] == rows
   assert summary["epsilon_composition"]["periods"] == "sequential"
-  # A user of ≤ 2 rows moves a sum by 2·C: σ/2 per user, sampled when any row is.
-  sigma, q = plan.noise_multiplier / rows, 1 - (1 - plan.sampling_rate) ** rows
-  events = [dp_accounting.GaussianDpEvent(plan.mechanisms["base rate"] / rows)]
-  events += [dp_accounting.GaussianDpEvent(plan.period_mechanisms["calibration"] / rows)] * periods
-  events += [_sampled(sigma, q, periods * plan.steps_per_period)]
-  assert summary["epsilon"] == pytest.approx(_direct(events) + 0.3, rel=1e-6)
+  ledger = _ledger(tmp_path)
+  assert ledger["privacy_unit"] == "user" and {c["unit"] for c in ledger["charges"]} == {"user"}
+  # q over the first period's users; a user moves a step by ≤ C (clipped as one) and a
+  # release by ≤ k rows, noised at k·σ: the Gaussian at σ per user.
+  users = np.unique(trainer.source.period(0).load()[0]["user_id"]).size
+  assert plan.sampling_rate == pytest.approx(40 / users)
+  events = [dp_accounting.GaussianDpEvent(plan.mechanisms["base rate"])]
+  events += [dp_accounting.GaussianDpEvent(plan.period_mechanisms["calibration"])] * periods
+  events += [_sampled(plan.noise_multiplier, plan.sampling_rate, periods * plan.steps_per_period)]
+  assert summary["epsilon"] == pytest.approx(_direct(events), rel=1e-6)
   assert summary["epsilon"] == pytest.approx(2.0, rel=5e-3)
+  releases = trainer._releases(plan.period_mechanisms, "stream period 0", 0)
+  assert releases["calibration"][0] == rows * plan.period_mechanisms["calibration"]
   for index in range(periods):
-    features, _ = trainer._training_rows(trainer.source.period(index))
+    period = trainer.source.period(index)
+    features, _ = trainer._release_rows(period)
     assert np.bincount(features["user_id"]).max() <= rows
+    assert np.bincount(period.load()[0]["user_id"]).max() > rows  # the bound has work to do
+    for batch, labels in _batches(trainer, index):
+      unit, user = batch[UNIT_KEY], batch["user_id"]
+      assert len(unit) == len(labels) and np.all(np.diff(unit) >= 0)
+      assert np.bincount(unit).max() <= rows
+      starts = np.r_[0, np.flatnonzero(np.diff(unit)) + 1]
+      assert np.all(user == user[starts][unit])  # a unit is one user's rows
+      assert len(np.unique(user)) == len(starts)  # and one user is one unit
+
+
+def test_a_user_unit_run_resumed_after_a_crash_draws_the_same_batches_and_pays_once(
+    tmp_path, standin):
+  """A crash mid-period (an exception out of a step) and a rerun end where an uninterrupted
+  run does: the same ledger, batches, journal and weights."""
+  days = standin.make_days(3)
+
+  def trainer(run_dir, crash_after=None):
+    out = _trainer(standin, run_dir, days, privacy_unit="user", max_rows_per_user=2,
+                   batch_size=10, **USER_MECHANISMS)
+    out.model = Recording(out.model, crash_after)
+    return out
+
+  class Recording:
+    """The stand-in, recording each batch (and raising after `crash_after` steps)."""
+
+    def __init__(self, model, crash_after):
+      self.model, self.crash_after, self.batches = model, crash_after, []
+
+    def __getattr__(self, name):
+      return getattr(self.model, name)
+
+    def train_steps(self, batches, steps, on_step):
+      for batch, labels in batches:
+        if len(self.batches) == self.crash_after:
+          raise RuntimeError("crash")
+        self.batches.append((batch[UNIT_KEY].tobytes(), batch["user_id"].tobytes()))
+        on_step(self.model._step(batch, labels))
+
+  plain = trainer(tmp_path / "plain")
+  plain.run()
+  steps = plain.plan.steps_per_period
+  crashed = trainer(tmp_path / "crashed", crash_after=steps + 10)
+  with pytest.raises(RuntimeError, match="crash"):
+    crashed.run()
+  crashed.run_state.close()  # the process ends: its run directory is free again
+  resumed = trainer(tmp_path / "crashed")
+  summary = resumed.run()
+  assert summary["resumed"] and summary["periods_trained"] == 3
+  assert resumed.model.batches == plain.model.batches[-len(resumed.model.batches):]
+  assert len(resumed.model.batches) == 2 * steps - 7  # from period 1's checkpoint at step 7
+
+  def charges(run_dir):
+    return [{k: v for k, v in c.items() if k not in ("time", "updated", "run_id")}
+            for c in _ledger(run_dir)["charges"]]
+  assert charges(tmp_path / "crashed") == charges(tmp_path / "plain")
+  journal = [(tmp_path / d / "steps.jsonl").read_text() for d in ("plain", "crashed")]
+  assert journal[0] == journal[1]
+  for a, b in zip(plain.model.trackables().values(), resumed.model.trackables().values()):
+    np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
 
 
 def test_bound_rows_per_user_keeps_at_most_n_uniformly():
@@ -131,9 +208,30 @@ def test_bound_rows_per_user_keeps_at_most_n_uniformly():
   np.testing.assert_allclose(share, 2 / 5, atol=0.12)  # each of user 2's rows: 2 in 5
 
 
-def test_user_unit_needs_user_ids(tmp_path, standin):
-  days = [({k: v for k, v in f.items() if k != "user_id"}, y) for f, y in standin.make_days(2)]
-  trainer = standin.make_trainer(str(tmp_path), 5.0, ArrayPeriodSource(days),
-                                 privacy_unit="user")
-  with pytest.raises(Exception, match="user_id"):
+@pytest.mark.parametrize("ids, message", [
+    (None, "needs a 'user_id' column"), (np.float64, "must be integers")])
+def test_user_unit_refuses_rows_without_integer_user_ids_charging_nothing(tmp_path, standin,
+                                                                          ids, message):
+  days = standin.make_days(2)
+  day = [({k: v for k, v in f.items() if k != "user_id"}, y) for f, y in days]
+  if ids is not None:
+    day = [(dict(f, user_id=f["user_id"].astype(ids)), y) for f, y in days]
+  source = ArrayPeriodSource(days)
+  trainer = standin.make_trainer(str(tmp_path), 5.0, source, privacy_unit="user")
+  trainer.source = ArrayPeriodSource(day)
+  with pytest.raises(DprecError, match=message) as error:
     trainer.run()
+  assert "\n" not in str(error.value)
+  assert not (tmp_path / "ledger.json").exists() or not _ledger(tmp_path)["charges"]
+
+
+def test_user_unit_refuses_k_below_one_and_dp_top_k_of_row_counts(tmp_path, standin):
+  with pytest.raises(DprecError, match="integer >= 1"):
+    plan_stream(1.0, 1e-5, 2, 100, 10, privacy_unit="user", max_rows_per_user=0)
+  with pytest.raises(DprecError, match="--max-rows-per-user"):
+    stream.StreamOptions(data="d", epsilon_total=1.0, privacy_unit="user",
+                         max_rows_per_user=0).validate()
+  with pytest.raises(DprecError, match="DP top-k"):
+    standin.make_trainer(str(tmp_path), 5.0, ArrayPeriodSource(standin.make_days(2)),
+                         privacy_unit="user", selection_epsilon=0.3)
+  assert not (tmp_path / "ledger.json").exists()

@@ -1,13 +1,16 @@
 """`--privacy-unit user` end to end on synthetic data: `dprec synth criteo --users N` writes a
 trailing user_id column, the streaming Beam job carries it into the records (`--user-column`),
-and a user-unit `dprec stream` trains on them with each user's rows per period bounded."""
+and a user-unit `dprec stream` trains the pCTR model on user batches (users Poisson-sampled, at
+most k rows each, `UNIT_KEY` for the per-user clip) in a user-level ledger."""
 import json
 
+import dp_accounting
 import numpy as np
 import pytest
 
 from dprec.data import criteo_tfrecord
 from dprec.data.synthetic import CriteoSynthConfig, generate_criteo
+from dprec.privacy_unit import UNIT_KEY
 from dprec.training.period_source import BeamStreamSource
 from dprec.workflows import run as run_lib
 from dprec.workflows import stream
@@ -17,7 +20,7 @@ DAYS, ROWS, USERS, MAX_ROWS = 3, 300, 40, 2
 
 
 @pytest.mark.slow  # a Beam job and two training periods: minutes on a loaded 2-core machine
-def test_user_unit_stream_on_synthetic_users_bounds_rows_per_user(tmp_path):
+def test_user_unit_stream_on_synthetic_users_samples_users_in_a_user_ledger(tmp_path):
   days = tmp_path / "days"
   summary = generate_criteo(str(days), rows=DAYS * ROWS, days=DAYS, seed=1, vocab="scaled:2k",
                             config=CriteoSynthConfig(users=USERS), progress=False)
@@ -36,23 +39,46 @@ def test_user_unit_stream_on_synthetic_users_bounds_rows_per_user(tmp_path):
 
   options = stream.StreamOptions(
       data=out, run_dir=str(tmp_path / "run"), train_days=DAYS - 1, algorithm="dp_adafest",
-      epsilon_total=8.0, privacy_unit="user", max_rows_per_user=MAX_ROWS, batch_size=30,
-      hidden_units=(8,), progress=False)
+      epsilon_total=8.0, privacy_unit="user", max_rows_per_user=MAX_ROWS, batch_size=10,
+      hidden_units=(8,), progress=False, accountant="pld")
   options.validate()
   source = BeamStreamSource(out, 1, options.train_days)
   with run_lib.Run(stream.COMMAND, options.run_dir, None, None, False, out) as run:
     plan = stream.plan_privacy(options, source, DAYS - 1, run)
     trainer = stream.build_trainer(options, source, plan, run)
     result = trainer.run()
-    assert result["privacy_unit"] == "user" and result["max_rows_per_user"] == MAX_ROWS
+    # q over the first period's users (public, as N is), expected users as the normaliser.
+    users = np.unique(source.period(0).load()[0]["user_id"]).size
+    assert plan.sampling_rate == pytest.approx(10 / users)
+    assert trainer.model.expected_batch_size == pytest.approx(10.0)
+    assert result["privacy_unit"] == result["ledger_unit"] == "user"
+    assert result["max_rows_per_user"] == MAX_ROWS
     assert result["epsilon_composition"]["periods"] == "sequential"
-    assert 0 < result["epsilon"] <= 8.0
-    for index in range(DAYS - 1):
-      features, labels = source.period(index).load()
+    with open(f"{options.run_dir}/ledger.json") as f:
+      ledger = json.load(f)
+    assert ledger["privacy_unit"] == "user"
+    assert {c["unit"] for c in ledger["charges"]} == {"user"}
+    periods = DAYS - 1
+    events = [dp_accounting.GaussianDpEvent(plan.mechanisms[stream.BASE_RATE])]
+    events += [dp_accounting.GaussianDpEvent(plan.period_mechanisms[stream.CALIBRATION])] * periods
+    events += [dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
+        plan.sampling_rate, dp_accounting.GaussianDpEvent(plan.noise_multiplier)),
+        periods * plan.steps_per_period)]
+    direct = dp_accounting.pld.PLDAccountant(
+        dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE, 1e-4).compose(
+            dp_accounting.ComposedDpEvent(events)).get_epsilon(plan.delta)
+    assert result["epsilon"] == pytest.approx(direct, rel=1e-6)
+    assert result["epsilon"] == pytest.approx(8.0, rel=5e-3)
+    for index in range(periods):
+      period = source.period(index)
+      features, labels = period.load()
       assert np.bincount(features["user_id"]).max() > MAX_ROWS  # the bound has work to do
-      kept, kept_labels = trainer._training_rows(source.period(index))  # pylint: disable=protected-access
-      counts = np.bincount(kept["user_id"])
-      assert counts.max() <= MAX_ROWS and len(kept_labels) == len(kept["user_id"])
-      # every user present keeps min(rows, MAX_ROWS) of them
-      np.testing.assert_array_equal(counts, np.minimum(np.bincount(features["user_id"]),
-                                                       MAX_ROWS))
+      kept, _ = trainer._release_rows(period)  # pylint: disable=protected-access
+      np.testing.assert_array_equal(np.bincount(kept["user_id"]),
+                                    np.minimum(np.bincount(features["user_id"]), MAX_ROWS))
+      batches = trainer._batches(period, features, labels, 0, 5, [])  # pylint: disable=protected-access
+      for batch, _ in batches:
+        unit, user = batch[UNIT_KEY], batch["user_id"]
+        assert np.bincount(unit).max() <= MAX_ROWS
+        starts = np.r_[0, np.flatnonzero(np.diff(unit)) + 1]
+        assert np.all(user == user[starts][unit]) and len(np.unique(user)) == len(starts)
