@@ -235,8 +235,9 @@ def test_ctrl_c_keeps_a_checkpoint_says_how_to_resume_and_the_rerun_goes_on(sequ
   assert f"{run_dir} keeps its checkpoint at step" in line and ledger in line
   assert line.endswith("dprec " + " ".join(argv))
   paid = _steps_in_ledger(run_dir)
-  summary = json.loads(subprocess.run(command, capture_output=True, text=True,
-                                      check=True).stdout)
+  subprocess.run(command, capture_output=True, text=True, check=True)  # the same command
+  with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as f:  # --run-dir's summary
+    summary = json.load(f)
   assert 0 < summary["resumed_from_step"] < summary["steps"] == paid == _steps_in_ledger(run_dir)
 
 
