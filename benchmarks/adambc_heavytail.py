@@ -230,9 +230,9 @@ def preconditioner_by_group(optimizer, name, group_of_class, noise_variance):
     return None
   t = float(optimizer.iterations.numpy())
   if name == "dp_adam":
-    v, phi = optimizer._velocities[0].numpy(), 0.0  # pylint: disable=protected-access
+    v, phi = optimizer._velocities[0].numpy(), 0.0
   else:
-    _, v, phi, _ = (s.numpy() for s in optimizer._slots[0])  # pylint: disable=protected-access
+    _, v, phi, _ = (s.numpy() for s in optimizer._slots[0])
     phi = phi[:, None]  # one Φ̂ per row of the kernel [d, c]: every row is noised each step
   correction = 1 - optimizer.beta_2 ** t
   corrected = v / correction - phi / correction
@@ -293,9 +293,9 @@ def print_table(runs, args, groups):
 
 def plot(runs, args, path):
   """Training loss and accuracy against ε, overall and per group, best run per optimizer."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt
   groups = len(runs[0]["loss_curve"][0]) - 1
   shown = [("all", 0), ("top class (g0)", 1), ("8 classes (g3)", min(4, groups)),
            (f"rarest (g{groups - 1})", groups)]

@@ -79,7 +79,7 @@ def _batch(spec, batch_size):
 
 def executed_ops(function, x, y):
   """Ops run by one call of `function` (after Grappler), from a TF profiler trace."""
-  from tensorflow.tsl.profiler.protobuf import xplane_pb2  # pylint: disable=import-outside-toplevel
+  from tensorflow.tsl.profiler.protobuf import xplane_pb2
   with tempfile.TemporaryDirectory() as logdir:
     tf.profiler.experimental.start(logdir)
     tf.nest.map_structure(lambda t: t.numpy() if hasattr(t, "numpy") else t, function(x, y))

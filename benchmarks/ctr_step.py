@@ -111,14 +111,13 @@ def _keras_model(vocab_sizes, dp):
   logits = tf.keras.layers.Dense(1)(activations)
   inputs = cat_inputs + [int_input]
   if dp:
-    # pylint: disable=import-outside-toplevel
     from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry
     from tensorflow_privacy.privacy.keras_models import dp_keras_model
     model_class = dp_keras_model.make_dp_model_class(tf.keras.Model)
     model = model_class(l2_norm_clip=C2, noise_multiplier=SIGMA2, use_xla=False,
                         layer_registry=layer_registry.make_default_layer_registry(),
                         inputs=inputs, outputs=logits)
-    assert model._enable_fast_peg_computation  # pylint: disable=protected-access
+    assert model._enable_fast_peg_computation
   else:
     model = tf.keras.Model(inputs, logits)
   model.compile(optimizer=tf.keras.optimizers.SGD(LEARNING_RATE),
@@ -248,7 +247,7 @@ def fit_rounds(variants, vocab_sizes, batches, rounds, steps, threshold, stack_m
 
 def _tensorflow_privacy_imports():
   try:
-    import tensorflow_privacy  # noqa: F401  pylint: disable=import-outside-toplevel
+    import tensorflow_privacy  # noqa: F401
   except ImportError:
     return False
   return True

@@ -55,7 +55,7 @@ METHODS = {
 
 
 def preprocess(source, work_dir):
-  from dpformer_amazon import preprocess as amazon  # pylint: disable=import-outside-toplevel
+  from dpformer_amazon import preprocess as amazon
   return amazon(source, work_dir)
 
 
@@ -66,7 +66,7 @@ def run_training(argv):
     command = [sys.executable, "-m", "dprec.cli", "train", "seqrec", "--no-progress",
                "--summary-json", summary_path, *argv]
     start = time.perf_counter()
-    child = subprocess.Popen(command, stdout=subprocess.DEVNULL)  # pylint: disable=consider-using-with
+    child = subprocess.Popen(command, stdout=subprocess.DEVNULL)
     _, status, usage = os.wait4(child.pid, 0)
     wall = time.perf_counter() - start
     child.returncode = os.waitstatus_to_exitcode(status)
@@ -111,12 +111,12 @@ def utility(args):
 
 def tiny_model(args, work_dir):
   """A small seqrec model trained without privacy on synthetic sequences, and its examples."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from dprec.data.sequences import load_sequences  # pylint: disable=import-outside-toplevel
-  from dprec.data.synthetic import generate_sequences  # pylint: disable=import-outside-toplevel
-  from dprec.data.sequences import make_examples  # pylint: disable=import-outside-toplevel
-  from dprec.workflows import seqrec  # pylint: disable=import-outside-toplevel
-  from pipelines import sequences  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
+  from dprec.data.sequences import load_sequences
+  from dprec.data.synthetic import generate_sequences
+  from dprec.data.sequences import make_examples
+  from dprec.workflows import seqrec
+  from pipelines import sequences
   source = os.path.join(work_dir, "tiny.txt")
   generate_sequences(source, users=args.tiny_users, items=args.tiny_items, seed=0, progress=False)
   out = os.path.join(work_dir, "tiny")
@@ -141,9 +141,9 @@ def cosine(a, b):
 
 
 def inversion(args):
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from dprec.layers.forward_noise import ForwardNoise  # pylint: disable=import-outside-toplevel
-  from dprec.privacy import analytic_gaussian  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
+  from dprec.layers.forward_noise import ForwardNoise
+  from dprec.privacy import analytic_gaussian
   with tempfile.TemporaryDirectory() as work_dir:
     model, examples = tiny_model(args, work_dir)
   histories = examples.test_histories

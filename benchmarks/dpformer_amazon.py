@@ -58,7 +58,7 @@ def preprocess(source, work_dir, validation=False):
   to last item is held out for model selection (a separate output directory)."""
   out = os.path.join(work_dir, "sequences-valid" if validation else "sequences")
   if not os.path.exists(os.path.join(out, "manifest.json")):
-    from pipelines import sequences  # pylint: disable=import-outside-toplevel
+    from pipelines import sequences
     sequences.run(sequences.SequencesJob(inputs=(source,), input_format="sasrec", output=out,
                                          validation=validation))
   return out
@@ -178,7 +178,7 @@ def popularity_row(data, args):
 
 def time_steps(data, args):
   """Seconds per DP step on the same real batches, positions with a target vs all positions."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   examples = make_examples(data, args.max_len)
   rng = np.random.default_rng(0)
   batches = [np.sort(rng.choice(len(examples.items), args.batch_size, replace=False))

@@ -319,9 +319,9 @@ def print_report(runs, draws):
 
 
 def plot(runs, draws, path, title):
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib
   matplotlib.use("Agg")
-  from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
+  from matplotlib import pyplot
   chosen, _ = frontier(runs, draws)
   line = the_line(chosen)
   if line is None:

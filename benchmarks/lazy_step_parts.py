@@ -25,9 +25,9 @@ PARTS = ("lazy", "no_draw", "no_materialise", "no_look_ahead")
 
 def _switch_off(model, part):
   """`model` (a dp_sgd_lazy `ctr_step` model, before its first trace) with `part` switched off."""
-  lazy = model._lazy_noise(model.dp_optimizer.config)  # pylint: disable=protected-access
+  lazy = model._lazy_noise(model.dp_optimizer.config)
   if part == "no_draw":
-    lazy._one_gaussian = lambda pending, with_velocity, dtype, width: (  # pylint: disable=protected-access
+    lazy._one_gaussian = lambda pending, with_velocity, dtype, width: (
         tf.zeros([tf.size(pending), width], dtype), None)
   elif part == "no_materialise":
     lazy.materialise = lambda f, rows, upto, read=False: None

@@ -62,7 +62,7 @@ def build(vocab_sizes, hidden_units, keras_api=tf.keras, crosses=0):
       inputs[f"C{i + 1}"]) for i, size in enumerate(vocab_sizes)]
   hidden = x0 = layers.Concatenate()(embedded + [inputs[ctr.INT_FEATURES]])
   if crosses:
-    import keras_rs  # pylint: disable=import-outside-toplevel
+    import keras_rs
     for _ in range(crosses):
       hidden = keras_rs.layers.FeatureCross()(x0, hidden)
   for units in hidden_units:
@@ -127,7 +127,7 @@ def _keras(name):
   """tf.keras, or Keras 3 (`import keras`, imported only when asked for)."""
   if name == "tf_keras":
     return tf.keras
-  import keras  # pylint: disable=import-outside-toplevel
+  import keras
   return keras
 
 

@@ -13,7 +13,7 @@ import argparse
 import json
 import time
 
-import dprec  # pylint: disable=unused-import  (Keras 2 before TensorFlow is used)
+import dprec  # Keras 2 before TensorFlow is used
 import numpy as np
 import tensorflow as tf
 import tensorflow_recommenders as tfrs
@@ -86,13 +86,13 @@ def run(args, data, epsilon, seed):
     model = dprec.make_private(model, **options)
     model.compile(optimizer=optimizer)
     if args.recalibrate is not False:  # the model before recalibration (trained at 95% of ε)
-      recalibrate = model._recalibrate  # pylint: disable=protected-access
+      recalibrate = model._recalibrate
 
       def measured_first(*inputs):
         result["test_rmse_before_recalibration"] = rmse(model, test)
         recalibrate(*inputs)
 
-      model._recalibrate = measured_first  # pylint: disable=protected-access
+      model._recalibrate = measured_first
     history = model.fit(train, epochs=args.epochs, verbose=0)
     result.update(epsilon_spent=model.epsilon_spent,
                   sigma=model.privacy_plan.noise_multiplier,

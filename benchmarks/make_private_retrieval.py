@@ -22,7 +22,7 @@ import math
 import os
 import time
 
-import dprec  # pylint: disable=unused-import  (Keras 2 before TensorFlow is used)
+import dprec  # Keras 2 before TensorFlow is used
 import numpy as np
 import tensorflow as tf
 

@@ -32,11 +32,11 @@ PACKED = "_packed"
 
 
 def worker(args):
-  import numpy as np  # pylint: disable=import-outside-toplevel
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from dprec.models.seqrec import NextItemLoss, SeqRecConfig, SeqRecModel  # pylint: disable=import-outside-toplevel
-  from dprec.optimizers.config import DPSGD  # pylint: disable=import-outside-toplevel
-  from dprec.optimizers.dp_optimizer import DPOptimizer  # pylint: disable=import-outside-toplevel
+  import numpy as np
+  import tensorflow as tf
+  from dprec.models.seqrec import NextItemLoss, SeqRecConfig, SeqRecModel
+  from dprec.optimizers.config import DPSGD
+  from dprec.optimizers.dp_optimizer import DPOptimizer
 
   tf.keras.utils.set_random_seed(0)
   rng = np.random.default_rng(0)
@@ -53,13 +53,13 @@ def worker(args):
   batch = ({"items": tf.constant(inputs)}, tf.constant(labels))
   if args.variant == "brute_force":  # fixed shapes only: tf.vectorized_map needs them
     brute_force = _brute_force_step(model, NextItemLoss(reduction="none"), args.batch_size)
-    run = lambda: float(brute_force(*batch))  # pylint: disable=unnecessary-lambda-assignment
+    run = lambda: float(brute_force(*batch))
   else:
     optimizer = tf.keras.optimizers.SGD(1e-3)
     if args.variant.startswith("phantom"):
       optimizer = DPOptimizer(DPSGD(1.0, 1.0), optimizer, expected_batch_size=args.batch_size)
     model.compile(optimizer=optimizer)
-    run = lambda: model.train_on_batch(*batch)  # pylint: disable=unnecessary-lambda-assignment
+    run = lambda: model.train_on_batch(*batch)
   run()
   start, cpu_start = time.perf_counter(), time.process_time()
   for _ in range(args.steps):
@@ -74,7 +74,7 @@ def worker(args):
 def _brute_force_step(model, loss_fn, batch_size):
   """One DP-SGD step from materialised per-example gradients (clip 1, σ = 1, SGD): each
   example's forward and backward pass vectorised over the batch by `tf.vectorized_map`."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   variables = model.trainable_variables
 
   def example_gradients(example):

@@ -22,15 +22,15 @@ import time
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-import numpy as np  # pylint: disable=wrong-import-position
-import tensorflow as tf  # pylint: disable=wrong-import-position
+import numpy as np
+import tensorflow as tf
 
-from dprec.distribute import parameter_server  # pylint: disable=wrong-import-position
-from dprec.layers.embedding import DPEmbedding  # pylint: disable=wrong-import-position
-from dprec.models.dp_model import DPModel  # pylint: disable=wrong-import-position
-from dprec.optimizers import DPAdaFEST, DPSGD, DPOptimizer, SparseSGD  # pylint: disable=wrong-import-position
-from dprec.privacy.noise_key import NoiseKey  # pylint: disable=wrong-import-position
-from dprec.training import poisson  # pylint: disable=wrong-import-position
+from dprec.distribute import parameter_server
+from dprec.layers.embedding import DPEmbedding
+from dprec.models.dp_model import DPModel
+from dprec.optimizers import DPAdaFEST, DPSGD, DPOptimizer, SparseSGD
+from dprec.privacy.noise_key import NoiseKey
+from dprec.training import poisson
 
 LOOPBACK = "/sys/class/net/lo/statistics/tx_bytes"
 

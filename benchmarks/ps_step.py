@@ -16,7 +16,7 @@ import statistics
 import time
 
 import dprec  # noqa: F401  (Keras 2 before TensorFlow binds tf.keras)
-import tensorflow as tf  # pylint: disable=wrong-import-order
+import tensorflow as tf
 
 from dprec.data.criteo import TABLE3_VOCAB_SIZES
 from dprec.distribute import parameter_server

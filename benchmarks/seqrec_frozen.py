@@ -28,8 +28,8 @@ import time
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
-from dpformer_amazon import preprocess  # pylint: disable=wrong-import-position
-import jsonl_records  # noqa: E402  pylint: disable=wrong-import-position
+from dpformer_amazon import preprocess
+import jsonl_records  # noqa: E402
 
 from dprec.data.sequences import load_sequences, make_examples  # noqa: E402
 from dprec.models import ranking_metrics  # noqa: E402

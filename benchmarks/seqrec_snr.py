@@ -152,7 +152,7 @@ def main(argv=None):
   parser.add_argument("--seed", type=int, default=0)
   args = parser.parse_args(argv)
   sys.path.insert(0, os.path.dirname(__file__))
-  from dpformer_amazon import preprocess  # pylint: disable=import-outside-toplevel
+  from dpformer_amazon import preprocess
   tf.keras.utils.set_random_seed(args.seed)
   data = load_sequences(preprocess(args.data, args.work_dir))
   options = SeqRecTrainOptions(model="dpformer", epsilon=args.epsilon, epochs=args.epochs,

@@ -81,7 +81,7 @@ def points(name):
 
 def data_sized(rows):
   """`train ctr`'s B for N rows (`dprec.training.poisson.data_sized_batch_size`)."""
-  from dprec.training import poisson  # pylint: disable=import-outside-toplevel
+  from dprec.training import poisson
   return poisson.data_sized_batch_size(rows)
 
 
@@ -191,9 +191,9 @@ def report(rows):
 def plot(rows, path, selected):
   """AUC and log loss − base rate's after each period, one line per (setting, point) of
   `selected` (mean over draws, the draws' range shaded), `train ctr`'s hold-out AUC dashed."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib
   matplotlib.use("Agg")
-  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  import matplotlib.pyplot as plt
   settings = list(dict.fromkeys(r["setting"] for r in rows))
   figure, axes = plt.subplots(2, len(settings), figsize=(6 * len(settings), 7), squeeze=False)
   for column, setting in enumerate(settings):

@@ -30,7 +30,7 @@ TRAIN_DAYS, DAYS = 18, 24
 
 def _stream_args(data, run_dir, algorithm, epsilon, period, options):
   """`dprec stream` arguments, parsed by the command's own parser."""
-  from dprec.workflows import stream_cli  # pylint: disable=import-outside-toplevel
+  from dprec.workflows import stream_cli
   parser = argparse.ArgumentParser()
   stream_cli.register(parser.add_subparsers())
   argv = ["stream", "--data", data, "--run-dir", run_dir, "--algorithm", algorithm,
@@ -47,8 +47,8 @@ def _stream_args(data, run_dir, algorithm, epsilon, period, options):
 
 def prepare_stream(root, options):
   """24 synthetic day files through the streaming Beam job; returns its output directory."""
-  from dprec.data.synthetic import generate_criteo  # pylint: disable=import-outside-toplevel
-  from pipelines import criteo_stream  # pylint: disable=import-outside-toplevel
+  from dprec.data.synthetic import generate_criteo
+  from pipelines import criteo_stream
   output = os.path.join(root, "stream")
   if os.path.exists(os.path.join(output, "manifest.json")):
     return output
@@ -61,7 +61,7 @@ def prepare_stream(root, options):
 
 
 def run_one(data, root, algorithm, epsilon, period, options):
-  from dprec.workflows import run_cli, stream  # pylint: disable=import-outside-toplevel
+  from dprec.workflows import run_cli, stream
   run_dir = os.path.join(root, f"run-{algorithm}-{epsilon}-{period}")
   shutil.rmtree(run_dir, ignore_errors=True)
   started = time.perf_counter()

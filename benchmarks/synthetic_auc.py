@@ -28,7 +28,7 @@ def auc(labels, scores):
 
 def build_model(sizes, hidden):
   """Logistic regression over one-hot buckets (hidden == 0) or an MLP over embeddings."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   int_features = tf.keras.Input([len(criteo.INTEGER_FEATURES)], name="int_features")
   cat_features = tf.keras.Input([len(criteo.CATEGORICAL_FEATURES)], name="cat_features",
                                 dtype=tf.int32)
@@ -55,7 +55,7 @@ def main():
   parser.add_argument("--epochs", type=int, default=2)
   parser.add_argument("--learning-rate", type=float, default=5e-3)
   args = parser.parse_args()
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   tf.keras.utils.set_random_seed(args.seed)
   with tempfile.TemporaryDirectory() as directory:
     summary = synthetic.generate_criteo(directory, args.rows, args.days, args.seed, args.vocab)

@@ -62,7 +62,7 @@ _public = lazy.exports(__name__, _PUBLIC, globals())
 def __getattr__(name):
   """The names of `__all__`, imported on first use (see `_PUBLIC`)."""
   if name == "privacy":
-    import importlib  # pylint: disable=import-outside-toplevel
+    import importlib
     return importlib.import_module("dprec.privacy")
   return _public(name)
 

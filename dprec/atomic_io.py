@@ -85,7 +85,7 @@ def lock(path, wait=True):
   """An open handle holding the exclusive lock `<path>.lock` (close it to release); with
   `wait=False`, None if another process holds it. Creates `path`'s directory if missing."""
   make_parent(path)
-  handle = open(path + ".lock", "a", encoding="utf-8")  # pylint: disable=consider-using-with
+  handle = open(path + ".lock", "a", encoding="utf-8")
   try:
     fcntl.flock(handle, fcntl.LOCK_EX if wait else fcntl.LOCK_EX | fcntl.LOCK_NB)
   except BlockingIOError:

@@ -100,7 +100,7 @@ def import_tensorflow_quietly():
   if "tensorflow" in sys.modules:
     return
   with quiet.held_stderr():
-    import tensorflow  # noqa: F401  pylint: disable=import-outside-toplevel
+    import tensorflow  # noqa: F401
 
 
 def _format_warning(message, *unused_args, **unused_kwargs):
@@ -136,7 +136,7 @@ def main(argv=None):
       raise
     print(f"dprec: error: {error}", file=sys.stderr)
     return 2
-  except Exception as error:  # pylint: disable=broad-except
+  except Exception as error:
     if args.debug:
       raise
     print(f"dprec: error: {type(error).__name__}: {error} (rerun with --debug for details)",

@@ -20,8 +20,8 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
 def use_formatter(parser, formatter_class=HelpFormatter):
   """Sets `formatter_class` on `parser` and every sub-command parser below it."""
   parser.formatter_class = formatter_class
-  for action in parser._actions:  # pylint: disable=protected-access
-    if isinstance(action, argparse._SubParsersAction):  # pylint: disable=protected-access
+  for action in parser._actions:
+    if isinstance(action, argparse._SubParsersAction):
       for sub in action.choices.values():
         use_formatter(sub, formatter_class)
 
@@ -81,9 +81,9 @@ class SuggestingParser(argparse.ArgumentParser):
   def _command_parser(self, namespace):
     """The (sub-)command parser `namespace` was parsed by: its usage and options are the ones an
     unknown option is compared with."""
-    for action in self._actions:  # pylint: disable=protected-access
-      if isinstance(action, argparse._SubParsersAction):  # pylint: disable=protected-access
+    for action in self._actions:
+      if isinstance(action, argparse._SubParsersAction):
         chosen = action.choices.get(getattr(namespace, action.dest, None))
         if isinstance(chosen, SuggestingParser):
-          return chosen._command_parser(namespace)  # pylint: disable=protected-access
+          return chosen._command_parser(namespace)
     return self

@@ -56,7 +56,7 @@ def demo_options(data_dir: str, out_dir: str, steps: int, batch_size: int, epsil
 def privacy_calculation(options: ctr.CTRTrainOptions, num_examples: int) -> dict:
   """σ, σ1, σ2 for the run and ε recomputed from the composed σ with the DP base rate's and
   DP Platt scaling's Gaussian mechanisms (should equal the target)."""
-  from dprec import privacy  # pylint: disable=import-outside-toplevel
+  from dprec import privacy
   plan = ctr.plan_privacy(options, num_examples)
   sigma1, sigma2 = ctr.noise_multipliers(options, plan.noise_multiplier)
   composed = privacy.composed_noise_multiplier(sigma1, sigma2)
@@ -72,7 +72,7 @@ def privacy_calculation(options: ctr.CTRTrainOptions, num_examples: int) -> dict
 
 
 def run(args) -> dict:
-  from dprec.data import synthetic  # pylint: disable=import-outside-toplevel
+  from dprec.data import synthetic
   data_dir = os.path.join(args.out, "data")
   ledger = os.path.join(args.out, "ledger.json")
   if os.path.exists(ledger):

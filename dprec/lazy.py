@@ -8,7 +8,7 @@ def exports(package: str, names: dict, namespace: dict):
   """The `__getattr__` of `package` returning the attribute `name` of module `names[name]`,
   imported when first asked for and then kept in `namespace` (the package's `globals()`)."""
 
-  def __getattr__(name):  # pylint: disable=invalid-name
+  def __getattr__(name):
     if name not in names:
       raise AttributeError(f"module {package!r} has no attribute {name!r}")
     value = namespace[name] = getattr(importlib.import_module(names[name]), name)

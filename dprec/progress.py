@@ -44,7 +44,7 @@ def phase(job: str, text: str) -> None:
 def close_all() -> None:
   """Closes every open progress bar (e.g. one a Ctrl-C left open), so that nothing is drawn
   after the command's last line."""
-  for bar in list(tqdm.tqdm._instances):  # pylint: disable=protected-access
+  for bar in list(tqdm.tqdm._instances):
     bar.close()
 
 

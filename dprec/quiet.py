@@ -25,7 +25,7 @@ _SET_BY_DPREC = None  # the TF_LOG_LEVEL dprec set (a user's own setting wins)
 
 def _set_tf_log_level(level: str):
   """Sets TensorFlow's native log level unless the user set it."""
-  global _SET_BY_DPREC  # pylint: disable=global-statement
+  global _SET_BY_DPREC
   if os.environ.get(TF_LOG_LEVEL) in (None, _SET_BY_DPREC):
     os.environ[TF_LOG_LEVEL] = _SET_BY_DPREC = level
 
@@ -33,7 +33,7 @@ def _set_tf_log_level(level: str):
 def hold_library_logs():
   """Sets the libraries' log levels (a user's own setting of these variables wins): TensorFlow's
   native log, Python logging below ERROR (Beam's, absl's), Dask's (here and in its workers)."""
-  global QUIET  # pylint: disable=global-statement
+  global QUIET
   QUIET = True
   _set_tf_log_level("3")
   os.environ.setdefault("DASK_LOGGING__DISTRIBUTED", "error")
@@ -129,7 +129,7 @@ class _QuietLoader(importlib.abc.Loader):
 class _QuietTensorFlowFinder(importlib.abc.MetaPathFinder):
   """Finds `tensorflow` once, the first time it is imported, with `_QuietLoader`."""
 
-  def find_spec(self, fullname, path, target=None):  # pylint: disable=unused-argument
+  def find_spec(self, fullname, path, target=None):
     if fullname != "tensorflow":
       return None
     sys.meta_path.remove(self)

@@ -105,8 +105,8 @@ class LocalDaskOptions(PipelineOptions):
 def _dask_options() -> type:
   """Beam's `DaskOptions`, or a DprecError naming the install when Dask is missing."""
   try:
-    from apache_beam.runners.dask.dask_runner import DaskOptions  # pylint: disable=import-outside-toplevel
-    import distributed  # noqa: F401  pylint: disable=import-outside-toplevel
+    from apache_beam.runners.dask.dask_runner import DaskOptions
+    import distributed  # noqa: F401
   except ImportError as error:
     raise DprecError(f"--runner DaskRunner needs Dask: pip install 'apache-beam[dask]' ({error})"
                      ) from None
@@ -128,7 +128,7 @@ def dask_cluster(options: PipelineOptions):
   workers = options.view_as(LocalDaskOptions).dask_workers
   if workers < 1:
     raise DprecError(f"--dask-workers must be at least 1, got {workers}")
-  from distributed import LocalCluster  # pylint: disable=import-outside-toplevel
+  from distributed import LocalCluster
   with LocalCluster(n_workers=workers, threads_per_worker=1, processes=True) as cluster:
     dask.address = cluster.scheduler_address
     try:
@@ -447,7 +447,7 @@ def not_beam_options(args: Sequence[str]) -> List[str]:
   parser = argparse.ArgumentParser(allow_abbrev=False, add_help=False)
   classes = {str(cls): cls for cls in PipelineOptions.__subclasses__()}
   for cls in classes.values():
-    cls._add_argparse_args(parser)  # pylint: disable=protected-access
+    cls._add_argparse_args(parser)
   return parser.parse_known_args(list(args))[1]
 
 

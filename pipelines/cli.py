@@ -44,23 +44,23 @@ def _interrupted_in_one_line(run):
 def run_criteo(args) -> dict:
   """Batch job, or with `--streaming` the directory-watching job."""
   if args.streaming:
-    from pipelines import criteo_stream  # pylint: disable=import-outside-toplevel
+    from pipelines import criteo_stream
     return criteo_stream.run(criteo_stream.job_from_args(args), args.beam_args)
   if args.user_column:
     raise DprecError("--user-column goes with --streaming (the batch job writes no user_id)")
-  from pipelines import criteo  # pylint: disable=import-outside-toplevel
+  from pipelines import criteo
   return criteo.run(criteo.job_from_args(args), args.beam_args)
 
 
 @_interrupted_in_one_line
 def run_sequences(args) -> dict:
-  from pipelines import sequences  # pylint: disable=import-outside-toplevel
+  from pipelines import sequences
   return sequences.run(sequences.job_from_args(args), args.beam_args)
 
 
 def add_jobs(jobs) -> None:
   """Adds the `criteo` and `sequences` parsers to a sub-parser group of `BeamArgumentParser`s."""
-  from pipelines import criteo, criteo_stream, sequences  # pylint: disable=import-outside-toplevel
+  from pipelines import criteo, criteo_stream, sequences
   raw = argparse.RawDescriptionHelpFormatter
   parser = jobs.add_parser("criteo", help="Criteo TSV → vocabularies + TFRecords (batch or "
                            "--streaming)", description=CRITEO,

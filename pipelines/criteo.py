@@ -160,7 +160,7 @@ def dp_top_k_ids(ids: np.ndarray, counts: np.ndarray, k: int, epsilon: float,
   `dprec.privacy.gumbel_top_k` with the never-seen ids of the domain as candidates counting 0; a
   slot one of them wins gets a uniformly random unseen id.
   """
-  from dprec.privacy.top_k import ABSENT, gumbel_top_k  # pylint: disable=import-outside-toplevel
+  from dprec.privacy.top_k import ABSENT, gumbel_top_k
   top = gumbel_top_k(counts, k, epsilon, rng, domain)
   chosen = np.full(len(top), ABSENT, np.int64)
   chosen[top != ABSENT] = np.asarray(ids, np.int64)[top[top != ABSENT]]
@@ -184,8 +184,8 @@ def build_vocabulary(counts: Sequence[Tuple[np.ndarray, np.ndarray]],
   if config.mode == "top_k":
     return CriteoVocabulary.from_counts(counts, min_count=config.min_count,
                                         top_k=config.per_feature_k())
-  from dprec.privacy import split_selection_budget  # pylint: disable=import-outside-toplevel
-  from dprec.privacy.noise_key import NoiseKey  # pylint: disable=import-outside-toplevel
+  from dprec.privacy import split_selection_budget
+  from dprec.privacy.noise_key import NoiseKey
   rng = NoiseKey.new(config.insecure_noise_seed).numpy_rng("criteo dp_top_k")
   ks = config.per_feature_k()
   per_draw, _ = split_selection_budget(ks, config.epsilon)
@@ -352,7 +352,7 @@ def vocab_privacy_of(job: CriteoJob) -> dict:
   whether its randomness was secret, or that it is not DP."""
   if job.vocab.mode != "dp_top_k":
     return identity.public_vocab_privacy(job.vocab.mode)
-  from dprec.privacy import split_selection_budget  # pylint: disable=import-outside-toplevel
+  from dprec.privacy import split_selection_budget
   _, epsilon = split_selection_budget(job.vocab.per_feature_k(), job.vocab.epsilon)
   return {"dp": True, "private": job.vocab.insecure_noise_seed is None, "mode": "dp_top_k",
           "epsilon": epsilon, "delta": 0.0, "ledger": identity.location(job.ledger),
@@ -362,7 +362,7 @@ def vocab_privacy_of(job: CriteoJob) -> dict:
 
 
 def _seed_note(seed: Optional[int]) -> Optional[str]:
-  from dprec.privacy.noise_key import INSECURE_NOTE  # pylint: disable=import-outside-toplevel
+  from dprec.privacy.noise_key import INSECURE_NOTE
   return None if seed is None else INSECURE_NOTE.format(seed=seed)
 
 
@@ -425,7 +425,7 @@ def check_selection_useful(vocab: VocabConfig, lines: int) -> None:
   the input's line count (the number of rows, which dprec treats as public: training's N) and
   the options; it releases nothing about the rows' contents.
   """
-  from dprec.privacy import split_selection_budget  # pylint: disable=import-outside-toplevel
+  from dprec.privacy import split_selection_budget
   ks = vocab.per_feature_k()
   per_draw, _ = split_selection_budget(ks, vocab.epsilon)
   log_domain = math.log(ID_DOMAIN - lines)
@@ -456,8 +456,8 @@ def charge_selection(job: CriteoJob) -> Optional[dict]:
     return None
   if not job.ledger:
     raise DprecError("--vocab-mode dp_top_k needs --ledger PATH (the privacy ledger to charge)")
-  from dprec.privacy import PrivacyLedger, split_selection_budget  # pylint: disable=import-outside-toplevel
-  from dprec.privacy.ledger import PREPROCESSING  # pylint: disable=import-outside-toplevel
+  from dprec.privacy import PrivacyLedger, split_selection_budget
+  from dprec.privacy.ledger import PREPROCESSING
   ks = job.vocab.per_feature_k()
   # k draws of ε_feature / k on each feature: the honest cost of one-shot top-k (Ghazi et al.
   # 2023, arXiv:2311.08357).

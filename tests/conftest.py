@@ -6,8 +6,8 @@ from pathlib import Path
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-import pytest  # pylint: disable=wrong-import-position
-import tensorflow as tf  # pylint: disable=wrong-import-position
+import pytest
+import tensorflow as tf
 
 # Two logical CPU devices, so tests/distribute runs MirroredStrategy with 2 replicas in this
 # process; set before TensorFlow initialises its devices (everything else runs on the first).
@@ -21,7 +21,7 @@ def tensorflow_privacy():
   Python 3.11 venv). Its tests are skipped without it, unless DPREC_REQUIRE_PEERS=1 (the legacy CI
   leg), where a missing peer fails them."""
   try:
-    import tensorflow_privacy as tfp  # pylint: disable=import-outside-toplevel
+    import tensorflow_privacy as tfp
   except ImportError as error:
     if os.environ.get("DPREC_REQUIRE_PEERS") == "1":
       pytest.fail(f"DPREC_REQUIRE_PEERS=1 but tensorflow_privacy does not import: {error}")
@@ -34,7 +34,7 @@ def criteo_days(tmp_path_factory):
   """`criteo_days(rows, days)`: a directory of tiny synthetic Criteo days (seed 0, vocabularies
   scaled to 3k buckets), generated once per size for the whole session; tests only read it."""
   # Imported here: not every Bazel test target depends on dprec.data.
-  from dprec.data import synthetic  # pylint: disable=import-outside-toplevel
+  from dprec.data import synthetic
   made = {}
 
   def make(rows, days):
@@ -66,8 +66,8 @@ def sequences_dir(tmp_path_factory):
   """120 users, 40 items, through the Beam sequences job (SASRec format), once for the session;
   tests only read it."""
   # Imported here: not every Bazel test target depends on dprec.data and pipelines.
-  from dprec.data import synthetic  # pylint: disable=import-outside-toplevel
-  from pipelines import sequences  # pylint: disable=import-outside-toplevel
+  from dprec.data import synthetic
+  from pipelines import sequences
   root = tmp_path_factory.mktemp("sequences")
   synthetic.generate_sequences(str(root / "seq.txt"), users=120, items=40, seed=0, progress=False)
   out = str(root / "out")

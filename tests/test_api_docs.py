@@ -35,7 +35,7 @@ def test_api_reference_builds_without_warnings(tmp_path):
 
 
 def test_the_public_api_is_exported_and_documented():
-  import dprec  # pylint: disable=import-outside-toplevel
+  import dprec
   page = (API / "dprec.rst").read_text(encoding="utf-8")
   for name in dprec.__all__:
     assert getattr(dprec, name) is not None, name

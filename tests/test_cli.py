@@ -16,7 +16,7 @@ pytestmark = pytest.mark.commands
 
 def _all_command_paths(parser):
   """Yields argv prefixes for every (sub)command reachable from `parser`."""
-  for action in parser._actions:  # pylint: disable=protected-access
+  for action in parser._actions:
     if action.__class__.__name__ == "_SubParsersAction":
       for name, subparser in action.choices.items():
         yield [name]
@@ -37,7 +37,7 @@ def test_every_command_has_help(capsys):
 def _parsers(parser, path=("dprec",)):
   """(argv path, parser) of `parser` and every sub-command parser below it."""
   yield path, parser
-  for action in parser._actions:  # pylint: disable=protected-access
+  for action in parser._actions:
     if action.__class__.__name__ == "_SubParsersAction":
       for name, subparser in action.choices.items():
         yield from _parsers(subparser, path + (name,))
@@ -46,12 +46,12 @@ def _parsers(parser, path=("dprec",)):
 def test_every_option_with_a_default_shows_it_in_help(capsys):
   checked = 0
   for path, parser in _parsers(cli.build_parser()):
-    formatter = parser._get_formatter()  # pylint: disable=protected-access
-    for action in parser._actions:  # pylint: disable=protected-access
+    formatter = parser._get_formatter()
+    for action in parser._actions:
       if (not action.option_strings or action.default is None or action.default is False
           or action.default == "==SUPPRESS=="):
         continue
-      help_text = formatter._get_help_string(action)  # pylint: disable=protected-access
+      help_text = formatter._get_help_string(action)
       assert "default" in help_text, (" ".join(path), action.option_strings[-1], help_text)
       checked += 1
   assert checked > 50
@@ -121,7 +121,7 @@ def test_tensorflow_start_up_log_is_quiet_unless_debugging(monkeypatch, argv, pr
 def test_tensorflow_is_imported_without_its_native_start_up_log():
   """TF >= 2.19 logs through absl before reading TF_CPP_MIN_LOG_LEVEL; the CLI holds that
   output back during the import and gives stderr back afterwards."""
-  import subprocess  # pylint: disable=import-outside-toplevel
+  import subprocess
   env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
   script = ("import os; from dprec import cli; cli.import_tensorflow_quietly(); "
             "os.write(2, b'stderr is back\\n')")
@@ -142,7 +142,7 @@ def test_every_help_prints_nothing_before_usage():
   nothing on stdout or stderr before the usage line. One leaf per command: `dprec` imports a
   command's modules whole (`cli.build_parser`), so its other leaves import nothing more (their
   help is checked in this process by `test_every_command_has_help`)."""
-  import subprocess  # pylint: disable=import-outside-toplevel
+  import subprocess
   env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
   first_of_command = {}
   for path in _leaf_commands():
@@ -185,7 +185,7 @@ def test_audit_lists_and_accepts_only_the_options_it_uses(capsys):
 
 
 def test_audit_prints_only_json_on_stdout(monkeypatch, capsys):
-  from dprec.audit import ctr as audit_ctr  # pylint: disable=import-outside-toplevel
+  from dprec.audit import ctr as audit_ctr
   summary = {"epsilon_lower_bound": 0.5, "confidence": 0.95, "ceiling": 3.0,
              "epsilon_lower_bound_steinke": 0.4, "ceiling_steinke": 2.0, "claimed_epsilon": 1.0}
   monkeypatch.setattr(audit_ctr, "audit_ctr", lambda options: summary)
@@ -218,7 +218,7 @@ def test_epsilon_is_required_everywhere_it_is_a_budget(capsys):
 def test_beam_jobs_are_quiet_unless_verbose(tmp_path):
   """A preprocessing run prints its JSON summary and on stderr only its own phase lines;
   --verbose shows Beam's logs (its workers' start-up)."""
-  import subprocess  # pylint: disable=import-outside-toplevel
+  import subprocess
   (tmp_path / "seq.txt").write_text("".join(f"{u} {i}\n" for u in range(1, 30)
                                             for i in range(1, 6)))
   env = {k: v for k, v in os.environ.items() if k != "TF_CPP_MIN_LOG_LEVEL"}
@@ -242,7 +242,7 @@ def test_beam_jobs_are_quiet_unless_verbose(tmp_path):
 ])
 def test_command_line_defaults_are_the_python_apis(argv, options):
   """One source for each default: the options class the command builds."""
-  import importlib  # pylint: disable=import-outside-toplevel
+  import importlib
   module, name = options.split(":")
   defaults = getattr(importlib.import_module(module), name)
   parsed = vars(cli.build_parser().parse_args(argv))
@@ -286,9 +286,9 @@ def test_non_private_and_a_finite_epsilon_contradict_each_other(capsys, argv, re
 @pytest.mark.parametrize("argv", [["--epsilon", "inf"], ["--algorithm", "non_private"],
                                   ["--algorithm", "non_private", "--epsilon", "inf"]])
 def test_epsilon_inf_is_algorithm_non_private(monkeypatch, capsys, argv):
-  from dprec.workflows import ctr  # pylint: disable=import-outside-toplevel
-  from dprec.workflows import result  # pylint: disable=import-outside-toplevel
-  from dprec.workflows import run as run_lib  # pylint: disable=import-outside-toplevel
+  from dprec.workflows import ctr
+  from dprec.workflows import result
+  from dprec.workflows import run as run_lib
   seen = {}
   monkeypatch.setattr(ctr, "run", lambda options: seen.update(
       algorithm=options.algorithm, epsilon=options.epsilon) or {})
@@ -337,7 +337,7 @@ def test_another_commands_data_is_refused_naming_the_command_that_takes_it(
 def test_arguments_are_parsed_and_refused_without_tensorflow(argv, code):
   """A fresh process: the `train` commands' parsers (their options, names and defaults) load no
   TensorFlow, so a mistake is refused at once."""
-  import subprocess  # pylint: disable=import-outside-toplevel
+  import subprocess
   script = ("import sys; from dprec import cli\ntry:\n  cli.main(sys.argv[1:])\n"
             "except SystemExit as exit:\n  print(exit.code, 'tensorflow' in sys.modules)")
   done = subprocess.run([sys.executable, "-c", script, *argv], capture_output=True, text=True,
@@ -346,8 +346,8 @@ def test_arguments_are_parsed_and_refused_without_tensorflow(argv, code):
 
 
 def test_the_command_lines_algorithm_names_are_the_dp_steps():
-  from dprec.optimizers import config as config_lib  # pylint: disable=import-outside-toplevel
-  from dprec.optimizers import defaults  # pylint: disable=import-outside-toplevel
+  from dprec.optimizers import config as config_lib
+  from dprec.optimizers import defaults
   assert tuple(config_lib.ALGORITHMS) == defaults.ALGORITHMS
   assert defaults.PRESELECTED == tuple(name for name, algorithm in config_lib.ALGORITHMS.items()
                                        if algorithm.preselected)

@@ -113,7 +113,7 @@ def _command_lines(path):
 def test_every_command_line_of_the_guides_and_readme_parses():
   """Beyond the main examples that run: every `dprec` line of every shell block names a command
   and options that exist, with values they accept (lines with a `...` placeholder excepted)."""
-  from dprec import cli  # pylint: disable=import-outside-toplevel
+  from dprec import cli
   parser, checked = cli.build_parser(), 0
   for path in [*sorted(GUIDES.glob("*.md")), ROOT / "README.md"]:
     for line in _command_lines(path):

@@ -11,7 +11,7 @@ ROOT = os.path.abspath(os.path.join(os.path.dirname(__file__), "..", ".."))
 sys.path.insert(0, ROOT)
 os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
 
-import dprec  # noqa: E402  pylint: disable=wrong-import-position
+import dprec  # noqa: E402
 
 project = "dprec"
 release = version = dprec.__version__
@@ -37,7 +37,7 @@ def _indent(line):
   return len(line) - len(line.lstrip())
 
 
-def _plain_text(app, what, name, obj, options, lines):  # pylint: disable=unused-argument
+def _plain_text(app, what, name, obj, options, lines):
   """Reads dprec's plain-text docstrings as reST: |x| is an absolute value or norm, not a
   substitution; `name`s and *args are text; and, as in plain text, a line indented more or
   less than the one before it starts a new block (reST wants a blank line there). Napoleon's

@@ -260,7 +260,6 @@ def register(subparsers):
 def _remove_options(parser, dests):
   """Takes the options of `dests` out of `parser` (argparse has no public way): the audit's help
   lists, and its parser accepts, only what it uses."""
-  # pylint: disable=protected-access
   for action in [action for action in parser._actions if action.dest in dests]:
     parser._remove_action(action)
     for group in parser._action_groups:

@@ -567,7 +567,7 @@ def criteo_dataset(paths, vocab: CriteoVocabulary, batch_size: int, strict: bool
 
   Files stream chunk by chunk (bounded memory); rows are re-batched across chunk and file edges.
   """
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   if batch_size < 1:
     raise DprecError(f"batch_size must be positive, got {batch_size}")
   paths = _as_paths(paths)

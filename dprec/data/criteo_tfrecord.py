@@ -34,7 +34,7 @@ USER_COLUMN_KEY = "user_column"  # manifest: the records carry `user_id`
 
 def feature_spec(user_column: bool = False):
   """`tf.io.parse_example` spec of one row (with `user_id` if `user_column`)."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   spec = {
       "label": tf.io.FixedLenFeature([1], tf.int64),
       "int_features": tf.io.FixedLenFeature([len(INTEGER_FEATURES)], tf.float32),
@@ -52,7 +52,7 @@ def encode_examples(batch: dict) -> np.ndarray:
   map entry → Features → Example) for the whole batch at once; each record parses to the same
   `tf.train.Example` as building it row by row, at a fifth of the per-row cost.
   """
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   n = len(batch["label"])
   if n == 0:
     return np.zeros(0, dtype=object)
@@ -87,7 +87,7 @@ def encode_examples(batch: dict) -> np.ndarray:
 
 def write_tfrecord(path: str, records: Iterable[bytes]) -> int:
   """Writes records to a temporary name, then renames: readers never see a partial file."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   temporary = f"{path}.tmp-{uuid.uuid4().hex}"
   count = 0
   with tf.io.TFRecordWriter(temporary) as writer:
@@ -156,7 +156,7 @@ def criteo_tfrecord_dataset(directory: str, days: Optional[Iterable[int]] = None
                             batch_size: int = 1024, drop_remainder: bool = False):
   """A `tf.data.Dataset` of `{"label", "int_features", "cat_features"}` batches, like `transform`
   (and `user_id` int64 when the manifest says the records carry it)."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   if batch_size < 1:
     raise DprecError(f"batch_size must be positive, got {batch_size}")
   user_column = bool(load_manifest(directory).get(USER_COLUMN_KEY))

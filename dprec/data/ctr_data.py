@@ -49,7 +49,7 @@ def load_data(directory: str, vocab_dir: Optional[str] = None, min_count: int = 
   if not os.path.isdir(directory):
     raise DprecError(f"{directory}: --data must be a directory, not a file")
   if os.path.exists(os.path.join(directory, "manifest.json")):
-    from dprec.data import criteo_tfrecord  # pylint: disable=import-outside-toplevel
+    from dprec.data import criteo_tfrecord
     manifest = criteo_tfrecord.load_manifest(directory)
     days = [entry["day"] for entry in manifest["days"]]
     if len(days) < 2:
@@ -61,7 +61,7 @@ def load_data(directory: str, vocab_dir: Optional[str] = None, min_count: int = 
       return {key: np.concatenate([np.asarray(b[key]) for b in batches]) for key in batches[0]}
     return CTRData(read(days[:-1]), read(days[-1:]), tuple(criteo_tfrecord.vocab_sizes(manifest)),
                    "beam-manifest")
-  from dprec.data import criteo  # pylint: disable=import-outside-toplevel
+  from dprec.data import criteo
   files = criteo.criteo_day_files(directory)
   if len(files) < 2:
     raise DprecError(f"{directory}: need at least 2 day_N files (the last is held out)")

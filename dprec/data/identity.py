@@ -85,7 +85,7 @@ def _day_files_id(directory: str) -> Optional[str]:
 
 
 def _open_binary(path: str):
-  return open(path, "rb")  # pylint: disable=consider-using-with
+  return open(path, "rb")
 
 
 def manifest_field(directory: str, field: str):

@@ -68,7 +68,7 @@ class SequenceData:
 def _example(user: int, train: np.ndarray, valid: int, test: int) -> bytes:
   """One user's serialized Example, its feature map in key order (protobuf's default order
   follows the process's string hashing, so the bytes would differ from process to process)."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
 
   def int64s(values):
     return tf.train.Feature(int64_list=tf.train.Int64List(value=values))
@@ -80,7 +80,7 @@ def _example(user: int, train: np.ndarray, valid: int, test: int) -> bytes:
 
 def write_sequences(directory: str, result: dict, shard_users: int) -> List[str]:
   """Writes TFRecord shards, frequencies and id maps of `result`; returns the shard names."""
-  from dprec.data.criteo_tfrecord import write_tfrecord  # pylint: disable=import-outside-toplevel
+  from dprec.data.criteo_tfrecord import write_tfrecord
   os.makedirs(directory, exist_ok=True)
   users = len(result["train"])
   shards = max(1, -(-users // shard_users))
@@ -103,8 +103,8 @@ def write_sequences(directory: str, result: dict, shard_users: int) -> List[str]
 
 def load_sequences(directory: str) -> SequenceData:
   """Reads a `dprec preprocess sequences` output directory (users in index order)."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
-  from dprec.data.criteo_tfrecord import read_manifest  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
+  from dprec.data.criteo_tfrecord import read_manifest
   manifest = read_manifest(directory, FORMAT, "sequences")
   path = os.path.join(directory, MANIFEST)
   with open(os.path.join(directory, STATS)) as stream:

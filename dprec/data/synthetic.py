@@ -292,7 +292,7 @@ def generate_criteo(out_dir: str, rows: int, days: int = 1, seed: int = 0,
         if out:
           out.close()
         files.append(os.path.join(out_dir, f"day_{day}"))
-        out = open(files[-1], "wb")  # pylint: disable=consider-using-with
+        out = open(files[-1], "wb")
       out.write(_criteo_text(sample))
       for j, column in enumerate(sample["ids"].T):
         seen = np.bincount(column[column >= 0], minlength=len(counts[j]))

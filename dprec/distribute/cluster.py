@@ -24,7 +24,7 @@ MIN_ROWS_PER_SHARD = 1024
 
 def make_strategy(name: str):
   """The `tf.distribute.Strategy` of `name` (None for "none": the default, one device)."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   if name == "none":
     return None
   if name == "mirrored":

@@ -39,7 +39,7 @@ from typing import Callable, Iterable, Optional, Sequence
 
 import tensorflow as tf
 # Per-worker variables have no public class to extend (TF 2.21).
-from tensorflow.python.distribute import ps_values  # pylint: disable=no-name-in-module
+from tensorflow.python.distribute import ps_values
 
 from dprec.distribute.cluster import MIN_ROWS_PER_SHARD
 
@@ -52,7 +52,7 @@ def table_partitioner(num_shards: int, min_rows: int = MIN_ROWS_PER_SHARD):
   if num_shards < 1 or min_rows < 1:
     raise ValueError(f"need num_shards >= 1 and min_rows >= 1, got {num_shards}, {min_rows}")
 
-  def partition(shape, dtype):  # pylint: disable=unused-argument
+  def partition(shape, dtype):
     rows = shape[0] if shape.rank else 1
     return [max(1, min(num_shards, rows // min_rows))] + [1] * max(shape.rank - 1, 0)
 
@@ -88,7 +88,7 @@ def serve():
 def num_workers(strategy) -> int:
   """The workers of a `ParameterServerStrategy`'s cluster."""
   # Its public `cluster_resolver` is None (TF 2.21); the one it was built with is kept here.
-  return strategy._cluster_resolver.cluster_spec().num_tasks("worker")  # pylint: disable=protected-access
+  return strategy._cluster_resolver.cluster_spec().num_tasks("worker")
 
 
 def in_scope() -> bool:
@@ -272,7 +272,7 @@ def in_process_cluster(num_workers: int, num_ps: int):
   `tf.distribute.Server`s in this process on free localhost ports (TF's in-process cluster, for
   tests and `--local-workers`); this process is the chief. Once connected, the process stays in
   the cluster: use it in a process of its own."""
-  from dprec.distribute import cluster  # pylint: disable=import-outside-toplevel
+  from dprec.distribute import cluster
   if num_workers < 1 or num_ps < 1:
     raise ValueError(f"need at least one worker and one ps, got {num_workers}, {num_ps}")
   ports = cluster.free_ports(num_workers + num_ps)

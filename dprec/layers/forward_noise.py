@@ -49,7 +49,7 @@ class ForwardNoise(tf.keras.layers.Layer):
     self.bound, self.at_inference, self.reduced_dim = bound, at_inference, reduced_dim
     self.user_gradients = user_gradients
     if generator is None:
-      from dprec.privacy.noise_key import NoiseKey  # pylint: disable=import-outside-toplevel
+      from dprec.privacy.noise_key import NoiseKey
       generator = NoiseKey.fresh().tf_generator("forward noise")
     # Not tracked: its state is secret and stays out of weights and checkpoints (a run re-keys
     # it at every step from its key).

@@ -61,7 +61,7 @@ def layers(model):
   """Every layer inside `model`, nested ones included, each once (Keras 3 has no public
   recursive listing; `_flatten_layers` is what its own `Model.summary` uses). Refuses what
   Keras 3 adds to a twin and the shared norm functions do not compute (`_UNSHARED`)."""
-  found = list(model._flatten_layers(include_self=False, recursive=True))  # pylint: disable=protected-access
+  found = list(model._flatten_layers(include_self=False, recursive=True))
   for layer in found:
     for attribute, what in _UNSHARED.items():
       if getattr(layer, attribute, None):
@@ -124,7 +124,7 @@ class DPTable:
   combiner = None
   pad_id = -1
   _ids_only = False  # lazy noise's look ahead does not run on Keras 3
-  _gather = embedding_lib.DPEmbedding._gather  # pylint: disable=protected-access
+  _gather = embedding_lib.DPEmbedding._gather
 
   def __init__(self, layer):
     try:
@@ -161,7 +161,7 @@ class Keras3DPModel(dp_step.DPStep):
   `dprec.models.dp_model.DPModel` is a tf.keras model. `compile` takes a `DPOptimizer` (its
   inner optimizer a Keras 3 one) and the loss; `fit` runs `train_step`, one DP step a batch."""
 
-  def compile(self, optimizer, loss=None, metrics=None, **kwargs):  # pylint: disable=arguments-renamed
+  def compile(self, optimizer, loss=None, metrics=None, **kwargs):
     """As `keras.Model.compile`, with a `DPOptimizer`. XLA is off: the step's shapes vary from
     batch to batch."""
     if not isinstance(optimizer, DPOptimizer):
@@ -196,7 +196,7 @@ class Keras3DPModel(dp_step.DPStep):
     tf.keras ones), by increasing width: the step's order."""
     embedding = keras.layers.Embedding
     return sorted([DPTable(layer) for layer in layers(self)
-                   if type(layer) is embedding and layer.trainable],  # pylint: disable=unidiomatic-typecheck
+                   if type(layer) is embedding and layer.trainable],
                   key=lambda t: t.output_dim)
 
   def step_layers(self):

@@ -99,7 +99,7 @@ class QuantileClipping:
 
   def with_count(self, noise_multiplier):
     """σ of the step with the count: the gradient's σ composed with the count's 2σ_b."""
-    from dprec.privacy import composed_noise_multiplier  # pylint: disable=import-outside-toplevel
+    from dprec.privacy import composed_noise_multiplier
     if noise_multiplier == 0:
       return 0.0
     return composed_noise_multiplier(noise_multiplier, 2 * self.count_noise_multiplier)
@@ -313,7 +313,7 @@ class DPAdaFEST(DPSGD):
   @classmethod
   def split_noise(cls, noise_multiplier, ratio):
     """σ1 = ratio·σ2 composing to σ (`dprec.privacy.adafest_noise_multipliers`)."""
-    from dprec.privacy import adafest_noise_multipliers  # pylint: disable=import-outside-toplevel
+    from dprec.privacy import adafest_noise_multipliers
     return adafest_noise_multipliers(noise_multiplier, ratio)
 
   @classmethod
@@ -343,7 +343,7 @@ class DPAdaFEST(DPSGD):
 
   @property
   def accounting_noise_multiplier(self):
-    from dprec.privacy import composed_noise_multiplier  # pylint: disable=import-outside-toplevel
+    from dprec.privacy import composed_noise_multiplier
     sigma1, sigma2 = self.contribution_noise_multiplier, self.noise_multiplier
     if sigma1 == 0 or sigma2 == 0:
       return 0.0

@@ -99,7 +99,7 @@ class TableSGD(LazyAdam):
   def build(self, var_list):
     """Adam's m and v for the dense variables; for a table, its velocity (with momentum) in m's
     place and empty placeholders, so that no table-sized slot goes unused."""
-    tf.keras.optimizers.Optimizer.build(self, var_list)  # pylint: disable=bad-super-call
+    tf.keras.optimizers.Optimizer.build(self, var_list)
     if getattr(self, "_built", False):
       return
     self._built = True
@@ -211,7 +211,7 @@ class AdamBC(_AppliesDistinctRows, tf.keras.optimizers.Optimizer):
           self.add_variable_from_reference(var, "m"),
           self.add_variable_from_reference(var, "v"),
           self.add_variable_from_reference(var, "noise_ema", shape=rows),
-          self.add_variable(rows, tf.int64, name=f"last_step/{var._shared_name}")))  # pylint: disable=protected-access
+          self.add_variable(rows, tf.int64, name=f"last_step/{var._shared_name}")))
 
   def update_step(self, gradient, variable):
     dtype = variable.dtype

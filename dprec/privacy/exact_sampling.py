@@ -400,7 +400,7 @@ class Rate:
   def gaussian_tail(cls, threshold):
     rate = cls.__new__(cls)
     with mpmath.workprec(PRECISION):
-      rate._set(mpmath.erfc(mpmath.mpf(threshold) / mpmath.sqrt(2)) / 2)  # pylint: disable=protected-access
+      rate._set(mpmath.erfc(mpmath.mpf(threshold) / mpmath.sqrt(2)) / 2)
     return rate
 
   def __float__(self):

@@ -89,18 +89,18 @@ class NoiseKey:
 
   def tf_generator(self, purpose: str, *index: int):
     """A `tf.random.Generator` on the derived Philox state."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
     return tf.random.Generator.from_state(self.tf_state(purpose, *index), alg="philox")
 
   def secure_generator(self, purpose: str, *index: int):
     """A `dprec.privacy.secure_noise.SecureNoise` keyed with the 256 derived bits."""
-    from dprec.privacy import secure_noise  # pylint: disable=import-outside-toplevel
+    from dprec.privacy import secure_noise
     return secure_noise.SecureNoise(self.derive(purpose, *index))
 
   def reset(self, generator, purpose: str, *index: int):
     """Puts `generator` (a `tf.random.Generator` or a `SecureNoise`) on the state derived for
     (purpose, index...), e.g. once per step."""
-    from dprec.privacy import secure_noise  # pylint: disable=import-outside-toplevel
+    from dprec.privacy import secure_noise
     if secure_noise.is_secure(generator):
       generator.reset(self.derive(purpose, *index))
     else:

@@ -93,7 +93,7 @@ class SecureNoise:
   def _sampler(self, draw=None, chunk=0):
     """A sampler on the stream of (`draw`, `chunk`); a new draw by default."""
     draw = next(self._draws) if draw is None else draw
-    return exact_sampling._Sampler(  # pylint: disable=protected-access
+    return exact_sampling._Sampler(
         KeyedStream(self._key, draw, chunk), self.digit_bits)
 
   # ------------------------------------------------------------------ numpy
@@ -133,14 +133,14 @@ class SecureNoise:
   # ------------------------------------------------------------------ TensorFlow
   def add_noise(self, values, std):
     """`noisy` as a TensorFlow op (inside `tf.function` too)."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
     out = tf.numpy_function(lambda v: self.noisy(v, std), [values], values.dtype, stateful=True)
     out.set_shape(values.shape)
     return out
 
   def add_passes(self, values, std, threshold):
     """`passes` as a TensorFlow op: bool, the shape of `values`."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
     out = tf.numpy_function(lambda v: self.passes(v, std, threshold), [values], tf.bool,
                             stateful=True)
     out.set_shape(values.shape)
@@ -148,7 +148,7 @@ class SecureNoise:
 
   def positions_op(self, length, rate):
     """`bernoulli_positions` as a TensorFlow op: int64 [None]."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
     out = tf.numpy_function(lambda n: self.bernoulli_positions(n, rate), [length], tf.int64,
                             stateful=True)
     out.set_shape([None])

@@ -46,7 +46,7 @@ def fest_rows(counts_by_table: Mapping[str, np.ndarray], k: Union[int, Mapping[s
   if epsilon is None:
     return FestRows({name: public_top_k(counts_by_table[name], kf)
                      for name, kf in zip(names, ks)})
-  from dprec.privacy import select_top_k_per_feature  # pylint: disable=import-outside-toplevel
+  from dprec.privacy import select_top_k_per_feature
   selection = select_top_k_per_feature(
       [np.asarray(counts_by_table[name]) for name in names], ks, epsilon,
       rng if rng is not None else np.random.default_rng(), delta, domain)

@@ -75,7 +75,7 @@ class CheckpointManager:
         restore(path)
       except DprecError:
         raise
-      except Exception as error:  # pylint: disable=broad-except
+      except Exception as error:
         failed.append(f"{path}: {type(error).__name__}: {error}")
         continue
       if failed:

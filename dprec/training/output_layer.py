@@ -69,7 +69,7 @@ def output_dense(model, x, layers=None, dense=None):
   dense = dense or tf.keras.layers.Dense
   layers = model.submodules if layers is None else layers
   calls = []
-  with _recording_dense_calls([m for m in layers if type(m) is dense], calls):  # pylint: disable=unidiomatic-typecheck
+  with _recording_dense_calls([m for m in layers if type(m) is dense], calls):
     output = model(x, training=False)
   if not calls:
     raise DprecError("the model's output does not come from a Dense layer: no output layer "

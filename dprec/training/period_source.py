@@ -114,7 +114,7 @@ class BeamStreamSource(PeriodSource):
 
   def _by_day(self):
     """({day: the manifest entry covering it}, manifest), or ({}, None) before the first window."""
-    from dprec.data import criteo_tfrecord  # pylint: disable=import-outside-toplevel
+    from dprec.data import criteo_tfrecord
     if not os.path.exists(os.path.join(self.data_dir, criteo_tfrecord.MANIFEST)):
       return {}, None
     manifest = criteo_tfrecord.load_manifest(self.data_dir)
@@ -149,14 +149,14 @@ class BeamStreamSource(PeriodSource):
     data_dir = self.data_dir
 
     def load():
-      from dprec.data import criteo_tfrecord  # pylint: disable=import-outside-toplevel
-      from dprec.training import poisson  # pylint: disable=import-outside-toplevel
+      from dprec.data import criteo_tfrecord
+      from dprec.training import poisson
       arrays = poisson.dataset_to_arrays(criteo_tfrecord.criteo_tfrecord_dataset(
           data_dir, [e["day"] for e in entries], batch_size=65536))
       return arrays, arrays.pop("label")
 
     def counts():
-      from dprec.data.criteo import CriteoVocabulary  # pylint: disable=import-outside-toplevel
+      from dprec.data.criteo import CriteoVocabulary
       vocab = CriteoVocabulary.load(vocab_dir)  # running counts of ids 1..V; OOV row 0 gets 0
       return {name: np.concatenate([[0], c]) for name, c in zip(vocab_sizes, vocab.counts)}
 

@@ -72,10 +72,10 @@ def plot_auc_epsilon(rows, path, reference=None):
   """Two panels against the training period: the AUC on the next period with the chance line
   (and ε spent so far on a right axis), and the log loss on the next period with the base
   rate's; `reference`: the rows of a non-private stream on the same periods, dashed."""
-  import matplotlib  # pylint: disable=import-outside-toplevel
+  import matplotlib
   matplotlib.use("Agg")
-  from matplotlib import pyplot  # pylint: disable=import-outside-toplevel
-  from matplotlib import ticker  # pylint: disable=import-outside-toplevel
+  from matplotlib import pyplot
+  from matplotlib import ticker
   periods = [row["period"] for row in rows]
   figure, (auc_axis, loss_axis) = pyplot.subplots(1, 2, figsize=(10, 3.8))
   auc_axis.plot(periods, _values(rows, "auc"), "o-", color="tab:blue", label="this run")

@@ -195,9 +195,9 @@ def run(args) -> int:
   algorithm, epsilon = ctr_options.algorithm_and_epsilon(args.algorithm, args.epsilon,
                                                      CTRTrainOptions.algorithm)
   # TensorFlow loads here, after the arguments parsed.
-  from dprec.workflows import ctr as workflow  # pylint: disable=import-outside-toplevel
-  from dprec.workflows import result  # pylint: disable=import-outside-toplevel
-  from dprec.workflows import run as run_lib  # pylint: disable=import-outside-toplevel
+  from dprec.workflows import ctr as workflow
+  from dprec.workflows import result
+  from dprec.workflows import run as run_lib
   options = run_cli.options_from_args(CTRTrainOptions, args, algorithm=algorithm, epsilon=epsilon,
                                       beam_options=tuple(args.beam_options))
   summary = workflow.run(options)

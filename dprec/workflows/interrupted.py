@@ -13,7 +13,7 @@ def message(args, command) -> str:
   ledger = args.ledger or (run_dir and os.path.join(run_dir, run_lib.LEDGER_FILE))
   charged = ""
   if ledger and os.path.exists(ledger):
-    from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
+    from dprec.privacy import PrivacyLedger
     charged = (f"; the ledger {ledger} holds ε = {PrivacyLedger.read(ledger).epsilon_spent():.4g} "
                "spent, steps paid ahead included")
   if run_dir is None:

@@ -106,7 +106,7 @@ def estimated_train_rows(data: str) -> int:
   (all days but the last), else the TSV training days' bytes over `TSV_BYTES_PER_ROW`."""
   if os.path.exists(os.path.join(data, criteo_tfrecord.MANIFEST)):
     return sum(entry["rows"] for entry in criteo_tfrecord.load_manifest(data)["days"][:-1])
-  from dprec.data import criteo  # pylint: disable=import-outside-toplevel
+  from dprec.data import criteo
   files = criteo.criteo_day_files(data)[:-1] if os.path.isdir(data) else []
   return sum(os.path.getsize(path) * (GZIP_RATIO if path.endswith(".gz") else 1)
              for path in files) // TSV_BYTES_PER_ROW
@@ -140,13 +140,13 @@ def prepare(data: str, base: str, min_count: int, beam_args: Sequence[str]) -> D
       raise DprecError(f"{data}/manifest.json: need at least 2 days (the last is held out)")
     return _data(data, manifest, days[:-1], "beam-manifest", lambda batch_size: _pairs(
         criteo_tfrecord.criteo_tfrecord_dataset(data, days[-1:], batch_size)))
-  from dprec.data import criteo  # pylint: disable=import-outside-toplevel
+  from dprec.data import criteo
   files = criteo.criteo_day_files(data)
   if len(files) < 2:
     raise DprecError(f"{data}: need at least 2 day_N files (the last is held out)")
   records = os.path.join(base, RECORDS)
   if not os.path.exists(os.path.join(records, criteo_tfrecord.MANIFEST)):
-    from pipelines import criteo as criteo_job  # pylint: disable=import-outside-toplevel
+    from pipelines import criteo as criteo_job
     criteo_job.run(criteo_job.CriteoJob(
         inputs=tuple(files[:-1]), output=records,
         vocab=criteo_job.VocabConfig(min_count=min_count), max_bad_fraction=0.0,
@@ -182,7 +182,7 @@ def write_batches(data: Data, base: str, run, batch_size: int, steps: int,
   plan = batch_shards.plan_fields(data.train_rows, batch_size, steps, max_batch_size)
   if os.path.exists(os.path.join(directory, batch_shards.MANIFEST)):
     return directory, batch_shards.read_manifest(directory, run.run_id, run.noise_key, plan), None
-  from pipelines import poisson_batches  # pylint: disable=import-outside-toplevel
+  from pipelines import poisson_batches
   summary = poisson_batches.run(poisson_batches.BatchJob(
       files=tuple(criteo_tfrecord.day_files(data.records, data.train_days)), output=directory,
       run_id=run.run_id, key_fingerprint=batch_shards.key_fingerprint(run.noise_key),

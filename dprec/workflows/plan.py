@@ -263,7 +263,7 @@ def plan_stream(epsilon_total, delta, expected_periods, examples_per_period, bat
     raise DprecError("--max-rows-per-user goes with --privacy-unit user")
   if not parallel:
     if max_rows_per_user is None:
-      from dprec.training import user_sampling  # pylint: disable=import-outside-toplevel
+      from dprec.training import user_sampling
       max_rows_per_user = user_sampling.DEFAULT_MAX_ROWS_PER_USER
     accounting.check_group_size(max_rows_per_user)
   steps = max(1, math.ceil(epochs_per_period * examples_per_period / batch_size))

@@ -72,7 +72,7 @@ def plan_fields(plan) -> dict:
 def write(run, plan, files: Sequence[str], directory: str, parse: Optional[Callable],
           beam_args: Sequence[str]) -> PoissonBatches:
   """Runs the batch job over `files` for `run`'s key and `plan` into `directory`."""
-  from pipelines import poisson_batches  # pylint: disable=import-outside-toplevel
+  from pipelines import poisson_batches
   fields = plan_fields(plan)
   poisson_batches.run(poisson_batches.BatchJob(
       files=tuple(os.fspath(f) for f in files), output=os.fspath(directory), run_id=run.run_id,

@@ -23,7 +23,7 @@ class Keras3PrivateModel(private_training.PrivateTraining, keras3.Keras3DPModel)
     """Keras 3's Adam (without AMSGrad) as `keras3.LazyAdam`, same hyperparameters; its SGD and
     Adagrad update an IndexedSlices gradient's rows only already."""
     optimizer = keras.optimizers.get(optimizer)
-    if type(optimizer) is not keras.optimizers.Adam or optimizer.amsgrad:  # pylint: disable=unidiomatic-typecheck
+    if type(optimizer) is not keras.optimizers.Adam or optimizer.amsgrad:
       return optimizer
     return keras3.LazyAdam.from_config(optimizer.get_config())
 

@@ -78,7 +78,7 @@ def _private_base(model):
   keras = sys.modules.get("keras")
   if (keras is not None and int(keras.__version__.split(".")[0]) >= 3
       and isinstance(model, keras.Model)):
-    from dprec.workflows import private_keras3  # pylint: disable=import-outside-toplevel
+    from dprec.workflows import private_keras3
     return private_keras3.Keras3PrivateModel
   if isinstance(model, tf.keras.Model):
     return PrivateModel
@@ -254,7 +254,7 @@ class PrivateModel(PrivateTraining, DPModel):
     if keras3 is not None and int(keras3.__version__.split(".")[0]) >= 3:
       refuse_mixed_keras([self, *self.step_layers()], keras3.layers.Layer, "tf.keras", "Keras 3")
     for layer in unique_by_identity(m for m in self.submodules
-                                    if type(m) is tf.keras.layers.Embedding):  # pylint: disable=unidiomatic-typecheck
+                                    if type(m) is tf.keras.layers.Embedding):
       convert_embedding(layer)
 
   def ranking_tasks(self):

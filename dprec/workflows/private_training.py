@@ -173,7 +173,7 @@ class PrivateTraining:
     """The `dprec.workflows.plan.PrivacyPlan` of the run (after `compile`)."""
     return self._private.plan
 
-  def compile(self, optimizer=None, loss=None, metrics=None, **kwargs):  # pylint: disable=arguments-renamed
+  def compile(self, optimizer=None, loss=None, metrics=None, **kwargs):
     """As Keras' `Model.compile`, with a DP step: plans σ for the budget and wraps the
     optimizer (default: Adam at 1e-3) in the algorithm's `DPOptimizer`."""
     state = self._private
@@ -259,7 +259,7 @@ class PrivateTraining:
                                  beam_args)
 
   def fit(self, x=None, y=None, batch_size=None, epochs=1, verbose="auto", callbacks=None,
-          validation_data=None, sample_weight=None, **kwargs):  # pylint: disable=arguments-differ
+          validation_data=None, sample_weight=None, **kwargs):
     """As Keras' `Model.fit`, with `epochs` of ⌈N/B⌉ DP steps each; stops at the budget. `x`:
     in-memory data (arrays, dicts, or a finite dataset, loaded into memory for Poisson
     sampling), or this run's batches on disk (`write_batches`, or their directory), streamed
@@ -449,7 +449,7 @@ class PrivateTraining:
     return []
 
 
-class recording_task:  # pylint: disable=invalid-name
+class recording_task:
   """While active, a Ranking task's calls record (labels, predictions, sample weights,
   per-example losses) and compute no metrics (their updates would be batch state)."""
 
@@ -461,7 +461,7 @@ class recording_task:  # pylint: disable=invalid-name
 
     def call(labels, predictions, sample_weight=None, training=False, compute_metrics=True):
       del training, compute_metrics
-      losses = per_example_losses(task._loss, labels, predictions, sample_weight)  # pylint: disable=protected-access
+      losses = per_example_losses(task._loss, labels, predictions, sample_weight)
       records.append((labels, predictions, sample_weight, losses))
       return tf.reduce_mean(losses)
 

@@ -47,7 +47,7 @@ class Resume:
     """Commits a checkpoint every `every` steps of `model.fit` and at its end; into the
     directory `scratch` instead (kept newest only) for a worker that is not the chief, which
     must write along with it (saving reads variables through collectives) but not over it."""
-    from dprec.training import callbacks  # pylint: disable=import-outside-toplevel
+    from dprec.training import callbacks
     state = {"fingerprint": self.fingerprint, "loss": self.loss}
     manager = self.manager if scratch is None else checkpoint_lib.CheckpointManager(scratch, 1)
     return callbacks.CheckpointCallback(manager, self.objects, every, state,
@@ -57,7 +57,7 @@ class Resume:
 def checkpoint_objects(model):
   """What a run's checkpoint holds: the model, its optimizer slots and step (no generator state:
   the noise is re-derived from the run's secret key and the step)."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   return tf.train.Checkpoint(model=model, optimizer=model.optimizer)
 
 

@@ -255,7 +255,7 @@ class Run:
   def noise_callback(self, generators: Mapping[str, object], start_step: int = 0, index=()):
     """A Keras callback putting each `{purpose: tf.random.Generator}` on its state for
     (purpose, index..., step) before every step."""
-    from dprec.training import callbacks  # pylint: disable=import-outside-toplevel
+    from dprec.training import callbacks
     return callbacks.KeyedNoiseCallback(self.noise_key, generators, start_step, index)
 
   # ---- the ledger --------------------------------------------------------------------------
@@ -266,7 +266,7 @@ class Run:
     reason). `delta` None: the existing ledger's δ, or `default_delta` for a new one. `unit`:
     the privacy unit of its budget (None: the existing ledger's, else "row"; another than an
     existing ledger's is refused). Refuses a ledger holding charges for another data set."""
-    from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
+    from dprec.privacy import PrivacyLedger
     if not self.chief and self._temporary is None:  # a shared ledger: the chief creates it
       _wait_for(self.ledger_path, "the chief's privacy ledger")
     if delta is None and not os.path.exists(self.ledger_path):
@@ -329,7 +329,7 @@ class Run:
 
   def _unpaid_truncation(self, plan):
     """[(label, δ)] of the plan's batch cap (`dprec.privacy.truncation`) if unpaid."""
-    from dprec.privacy import truncation  # pylint: disable=import-outside-toplevel
+    from dprec.privacy import truncation
     if not plan.truncation_delta or self.paid(self.ledger, truncation.LABEL):
       return []
     return [(truncation.LABEL, plan.truncation_delta)]
@@ -405,7 +405,7 @@ class Run:
     global step is paid once, by the chief."""
     if not self.chief:
       return None
-    from dprec.training import callbacks  # pylint: disable=import-outside-toplevel
+    from dprec.training import callbacks
     return callbacks.PrivacyBudgetCallback(
         self.ledger, plan.noise_multiplier, plan.sampling_rate, poisson=plan.poisson,
         charge_every=charge_every, label=label, log_dir=log_dir, steps_taken=start_step,
@@ -428,7 +428,7 @@ class Run:
     with a run directory (by the chief; the other workers write theirs to a scratch directory
     and read the chief's on resume), `extra`, and a progress bar titled `progress` (None:
     none)."""
-    from dprec.training import callbacks  # pylint: disable=import-outside-toplevel
+    from dprec.training import callbacks
     timer = callbacks.StepTimer()
     fit = [timer, self.noise_callback(generators, start_step=resume.step)]
     fit += [charges] if charges is not None else []
@@ -453,8 +453,8 @@ class Run:
     with its batch (or, with `read`, `batches` are the steps' references and the worker reads its
     batch itself: `read(reference)`) and the noise state of (the DP step, t)
     (`dprec.distribute.parameter_server.fit`). Returns the history ({} when no step is left)."""
-    import tensorflow as tf  # pylint: disable=import-outside-toplevel
-    from dprec.training import poisson as sampling_lib  # pylint: disable=import-outside-toplevel
+    import tensorflow as tf
+    from dprec.training import poisson as sampling_lib
     if steps <= resume.step:
       if self.chief:
         print(f"dprec: {self.run_dir}: this run finished its {steps} steps before: evaluating "
@@ -466,9 +466,9 @@ class Run:
     if batches is None and (coordinator is not None or not distributed):
       batches = sampling_lib.sampled_dataset(features, labels, sampling, steps, resume.step)
     if coordinator is not None:
-      from dprec.distribute import parameter_server  # pylint: disable=import-outside-toplevel
-      from dprec.optimizers.dp_optimizer import NOISE_PURPOSE  # pylint: disable=import-outside-toplevel
-      from dprec.training.callbacks import CheckpointCallback  # pylint: disable=import-outside-toplevel
+      from dprec.distribute import parameter_server
+      from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
+      from dprec.training.callbacks import CheckpointCallback
       return parameter_server.fit(
           model, coordinator, batches,
           (self.noise_key.tf_state(NOISE_PURPOSE, t) for t in range(resume.step, steps)),
@@ -528,7 +528,7 @@ def plan_prior(run, epsilon_budget, delta, accountant, default_delta, unit=None)
   on the run's data set before the run's first charge (`PrivacyLedger.spent_before`: e.g. a DP
   top-k vocabulary; a resumed run finds what it found when it started). Otherwise (`run`
   None: planning alone): (`delta` or `default_delta`, nothing spent)."""
-  from dprec.privacy import composition  # pylint: disable=import-outside-toplevel
+  from dprec.privacy import composition
   if run is None or epsilon_budget is None or not math.isfinite(epsilon_budget):
     return (default_delta if delta is None else delta), composition.Spent()
   ledger = run.open_ledger(epsilon_budget, delta, accountant, default_delta, unit)

@@ -154,7 +154,7 @@ def run(args):
   if args.dp_forward:
     options = dataclasses.replace(options, dp_forward=_dp_forward_options(args),
                                   loss_positions="last", reattention=False, model="dpformer")
-  from dprec.workflows import seqrec  # pylint: disable=import-outside-toplevel
+  from dprec.workflows import seqrec
   summary = seqrec.run(options)
   return run_lib.report(summary, options, result.train_seqrec(summary))
 

@@ -28,7 +28,7 @@ class DPForwardOptions:
   label_epsilon: float = 0.0
 
   def model_config(self, noise_multiplier):
-    from dprec.layers.forward_noise import DPForwardConfig  # pylint: disable=import-outside-toplevel
+    from dprec.layers.forward_noise import DPForwardConfig
     return DPForwardConfig(noise_multiplier, self.norm_bound, self.position, self.bound,
                            self.at_inference, self.reduced_dim, self.encoder_updates)
 
@@ -196,7 +196,6 @@ class SeqRecTrainOptions(run_lib.FitOptions):
 
   def model_config(self, num_items, table_rows=None):
     """`table_rows`: the rows of a DP-FEST vocabulary (None: one per item)."""
-    # pylint: disable=import-outside-toplevel
     from dprec.layers.reattention import ReAttentionConfig
     from dprec.models.logit_prior import TrainingPriorConfig
     from dprec.models.seqrec import SeqRecConfig

@@ -69,7 +69,6 @@ def test_guesses_break_ties_at_random():
 
 
 def test_gdp_curve_round_trips_and_matches_dp_accounting():
-  # pylint: disable-next=import-outside-toplevel
   from dp_accounting.pld import privacy_loss_mechanism
   for epsilon in (0.5, 2.0, 8.0):
     mu = bounds.gdp_mu(epsilon, 1e-5)

@@ -63,7 +63,7 @@ def test_summaries_and_ledgers_are_strict_json(tmp_path):
   path = tmp_path / "s.json"
   atomic_io.write_json(str(path), {"epsilon": math.inf, "loss": [math.nan, 1.0]})
   assert strict_load(path.read_text()) == {"epsilon": None, "loss": [None, 1.0]}
-  from dprec import privacy  # pylint: disable=import-outside-toplevel
+  from dprec import privacy
   ledger = privacy.PrivacyLedger(str(tmp_path / "l.json"), epsilon_budget=math.inf, delta=1e-5)
   ledger.charge_gaussian(1.0, 0.01, 10, label="x")
   strict_load((tmp_path / "l.json").read_text())

@@ -83,7 +83,7 @@ def test_secure_noise_run_is_accounted_as_the_gaussian_mechanism_it_rounds(data_
   the Gaussian accountant's: here dp_accounting's RDP accountant called directly on the run's
   events (the DP base rate, DP Platt scaling, then T Poisson-sampled Gaussian steps at the
   composed σ)."""
-  import dp_accounting  # pylint: disable=import-outside-toplevel
+  import dp_accounting
   summary = _train(data_dir, tmp_path, "dp_adafest", "--secure-noise", "--threshold", "2",
                    "--accountant", "rdp")
   assert summary["secure_noise"] is True and summary["private"] is True
@@ -156,7 +156,7 @@ def test_refuses_a_ledger_with_nothing_useful_left(data_dir, tmp_path, cli_error
 def test_beam_manifest_directory_loads_like_the_tsv_days(data_dir, tmp_path):
   """`--data` given the Beam job's layout (manifest + per-day TFRecords) yields the same arrays
   as the TSV days it was made from (written here with the Beam helper's own encoder)."""
-  from dprec.data import criteo, criteo_tfrecord  # pylint: disable=import-outside-toplevel
+  from dprec.data import criteo, criteo_tfrecord
   from_tsv = ctr_workflow.load_data(data_dir)
   out = tmp_path / "beam"
   days = []
@@ -182,7 +182,7 @@ NOT_PRIVATE_FIELDS = {"train_loss", "train_auc"}
 
 def _train_keeping_model(data_dir, tmp_path, monkeypatch, *extra):
   """`_train` (DP-AdaFEST) that also returns the trained model's weights."""
-  from dprec.models import ctr  # pylint: disable=import-outside-toplevel
+  from dprec.models import ctr
   built, build = [], ctr.build_ctr_model
   monkeypatch.setattr(ctr, "build_ctr_model", lambda *a, **k: built.append(build(*a, **k))
                       or built[-1])
@@ -539,7 +539,7 @@ def test_platt_scaling_fits_on_at_most_the_row_cap(monkeypatch):
 
 
 def test_validation_rows_are_held_out_of_training_and_evaluated(data_dir):
-  from dprec.data import ctr_data  # pylint: disable=import-outside-toplevel
+  from dprec.data import ctr_data
   data = ctr_workflow.load_data(data_dir)
   n = len(data.train["label"])
   split = ctr_data.hold_out_validation(data, 200)

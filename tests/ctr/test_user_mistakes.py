@@ -51,7 +51,7 @@ def test_a_dp_run_on_too_few_rows_says_what_to_expect(data_dir, tmp_path):
 
 
 def test_warnings_print_as_one_line():
-  line = cli._format_warning("what to expect", UserWarning, "f.py", 1)  # pylint: disable=protected-access
+  line = cli._format_warning("what to expect", UserWarning, "f.py", 1)
   assert line == "dprec: warning: what to expect\n"
 
 

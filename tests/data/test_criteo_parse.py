@@ -275,7 +275,7 @@ def _vocabulary():
 def test_training_on_tsv_days_names_the_bad_line_and_the_fix(tmp_path):
   """`train ctr` on TSV days (`load_data`): a malformed line is one line naming file, line and
   field, and the fix (correct it, or preprocess, which sets it aside); a cut file names its own."""
-  from dprec.data.ctr_data import load_data  # pylint: disable=import-outside-toplevel
+  from dprec.data.ctr_data import load_data
   _write(tmp_path / "day_1", [GOOD, GOOD])
   day_0 = _write(tmp_path / "day_0", [GOOD, _replace(5, "1.5"), GOOD])
   with pytest.raises(InputError) as error:

@@ -14,5 +14,5 @@ def steps(load_script):
 @pytest.fixture(scope="session")
 def mirrored():
   """MirroredStrategy over the two logical CPU devices of tests/conftest.py."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   return tf.distribute.MirroredStrategy(["/cpu:0", "/cpu:1"])

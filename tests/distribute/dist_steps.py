@@ -8,14 +8,14 @@ import sys
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 
-import numpy as np  # pylint: disable=wrong-import-position
-import tensorflow as tf  # pylint: disable=wrong-import-position
+import numpy as np
+import tensorflow as tf
 
-from dprec.layers.embedding import DPMultiEmbedding  # pylint: disable=wrong-import-position
-from dprec.models.dp_model import DPModel  # pylint: disable=wrong-import-position
-from dprec.optimizers import DPAdaFEST, DPSGD, DPOptimizer, SparseSGD  # pylint: disable=wrong-import-position
-from dprec.training import poisson  # pylint: disable=wrong-import-position
-from dprec.training.callbacks import SharedStop  # pylint: disable=wrong-import-position
+from dprec.layers.embedding import DPMultiEmbedding
+from dprec.models.dp_model import DPModel
+from dprec.optimizers import DPAdaFEST, DPSGD, DPOptimizer, SparseSGD
+from dprec.training import poisson
+from dprec.training.callbacks import SharedStop
 
 VOCABS = (40, 30)
 DIM = 3

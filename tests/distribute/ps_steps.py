@@ -10,15 +10,15 @@ import sys
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import numpy as np  # pylint: disable=wrong-import-position
-import tensorflow as tf  # pylint: disable=wrong-import-position
+import numpy as np
+import tensorflow as tf
 
-import dist_steps  # pylint: disable=wrong-import-position
-from dprec.distribute import parameter_server  # pylint: disable=wrong-import-position
-from dprec.optimizers import LazyAdam, SparseSGD  # pylint: disable=wrong-import-position
-from dprec.optimizers.dp_optimizer import NOISE_PURPOSE  # pylint: disable=wrong-import-position
-from dprec.privacy.noise_key import NoiseKey  # pylint: disable=wrong-import-position
-from dprec.training import poisson  # pylint: disable=wrong-import-position
+import dist_steps
+from dprec.distribute import parameter_server
+from dprec.optimizers import LazyAdam, SparseSGD
+from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
+from dprec.privacy.noise_key import NoiseKey
+from dprec.training import poisson
 
 VOCABS = (64, 48)  # 2 shards of ≥ 16 rows each; rows ≥ 40 (30) no example touches
 MIN_ROWS = 16
@@ -41,9 +41,9 @@ def state(model):
   for f, shards in enumerate(table_shards(model)):
     out[f"table{f}"] = np.concatenate([s.numpy() for s in shards])
     for slot in ("m", "v") if isinstance(optimizer, LazyAdam) else ():
-      slots = optimizer._momentums if slot == "m" else optimizer._velocities  # pylint: disable=protected-access
+      slots = optimizer._momentums if slot == "m" else optimizer._velocities
       out[f"table{f}_{slot}"] = np.concatenate([
-          slots[optimizer._index_dict[optimizer._var_key(s)]].numpy() for s in shards])  # pylint: disable=protected-access
+          slots[optimizer._index_dict[optimizer._var_key(s)]].numpy() for s in shards])
   dense = [w for w in model.trainable_weights if "embeddings" not in w.name]
   out.update({f"dense{i}": w.numpy() for i, w in enumerate(dense)})
   return out
@@ -105,7 +105,7 @@ def concurrent_steps(strategy, coordinator, steps=8):
     model = build("dp_adafest")
   before = state(model)
   applied = [np.zeros_like(before[f"table{f}"]) for f in range(len(VOCABS))]
-  apply = parameter_server._ScheduledStep.apply  # pylint: disable=protected-access
+  apply = parameter_server._ScheduledStep.apply
 
   def recording_apply(step, update):
     offsets = {id(v): (f, sum(s.shape[0] for s in shards[:i]))
@@ -116,7 +116,7 @@ def concurrent_steps(strategy, coordinator, steps=8):
         np.add.at(applied[f], np.asarray(gradient[0]) + offset, np.asarray(gradient[1]))
     apply(step, update)
 
-  parameter_server._ScheduledStep.apply = recording_apply  # pylint: disable=protected-access
+  parameter_server._ScheduledStep.apply = recording_apply
   try:
     features, labels = dist_steps.data()
     sampling = poisson.BatchSampling(dist_steps.BATCH, entropy=11)
@@ -125,7 +125,7 @@ def concurrent_steps(strategy, coordinator, steps=8):
                          list(poisson.sampled_dataset(features, labels, sampling, steps)),
                          [key.tf_state(NOISE_PURPOSE, t) for t in range(steps)], steps)
   finally:
-    parameter_server._ScheduledStep.apply = apply  # pylint: disable=protected-access
+    parameter_server._ScheduledStep.apply = apply
   after = state(model)
   return ({f"concurrent/before/table{f}": before[f"table{f}"] for f in range(len(VOCABS))}
           | {f"concurrent/after/table{f}": after[f"table{f}"] for f in range(len(VOCABS))}

@@ -97,14 +97,14 @@ def test_the_scheduled_step_is_traced_once_for_every_batch_size(steps):
   model = steps.build_model(steps.CONFIGS["dp_adafest"])
   features, labels = steps.data()
   state = tf.constant(model.dp_optimizer.generator.state)
-  step = parameter_server._ScheduledStep(  # pylint: disable=protected-access
+  step = parameter_server._ScheduledStep(
       model, ({"cat": features["cat"][:20]}, labels[:20]), state)
   for index, size in enumerate((20, 23, 17, 29)):
     _, update = step.run(({"cat": features["cat"][:size]}, labels[:size]), state,
                          tf.constant(index, tf.int64))
     step.apply(update)
   assert step.run.experimental_get_tracing_count() == 1
-  assert step._apply_function.experimental_get_tracing_count() == 1  # pylint: disable=protected-access
+  assert step._apply_function.experimental_get_tracing_count() == 1
 
 
 def test_the_step_defers_its_update_to_the_caller(steps):
@@ -113,7 +113,7 @@ def test_the_step_defers_its_update_to_the_caller(steps):
   model = steps.build_model(steps.CONFIGS["dp_adafest"])
   features, labels = steps.data()
   state = tf.constant(model.dp_optimizer.generator.state)
-  step = parameter_server._ScheduledStep(  # pylint: disable=protected-access
+  step = parameter_server._ScheduledStep(
       model, ({"cat": features["cat"][:20]}, labels[:20]), state)
   before = [v.numpy() for v in model.variables]
   _, update = step.run(({"cat": features["cat"]}, labels), state, tf.constant(0, tf.int64))

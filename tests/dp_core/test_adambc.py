@@ -14,7 +14,7 @@ B1, B2 = 0.9, 0.999
 
 
 def _slots(optimizer, variable):
-  m, v, phi, last = optimizer._slots[optimizer._index_dict[optimizer._var_key(variable)]]  # pylint: disable=protected-access
+  m, v, phi, last = optimizer._slots[optimizer._index_dict[optimizer._var_key(variable)]]
   return m.numpy(), v.numpy(), phi.numpy(), last.numpy()
 
 

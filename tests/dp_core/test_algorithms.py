@@ -24,7 +24,7 @@ FEST_ROWS = {"a0": [0, 2, 3], "a1": [4], "m": [1, 2, 5]}
 def test_from_plan_is_accounted_at_the_planned_sigma(name):
   algorithm = config_lib.ALGORITHMS[name]
   config = algorithm.from_plan(SIGMA, OPTIONS, FEST_ROWS if algorithm.preselected else None)
-  assert type(config) is algorithm and config.name == name  # pylint: disable=unidiomatic-typecheck
+  assert type(config) is algorithm and config.name == name
   assert config_lib.is_private(config) == algorithm.private
   if not algorithm.private:
     assert config.accounting_noise_multiplier is None

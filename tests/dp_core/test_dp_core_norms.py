@@ -28,7 +28,7 @@ def test_norms_inside_tf_function_and_ragged(lib):
   """Ragged multi-valued input, mean combiner, traced once for two batch sizes."""
   tf.keras.utils.set_random_seed(1)
   ids = tf.keras.Input((None,), dtype=tf.int64, ragged=True)
-  from dprec.layers import embedding  # pylint: disable=import-outside-toplevel
+  from dprec.layers import embedding
   h = embedding.DPEmbedding(9, 4, combiner="mean", name="bag")(ids)
   model = DPModel(ids, tf.keras.layers.Dense(1)(h))
   model.compile(DPOptimizer(DPSGD(1.0, 0.0), SparseSGD(0.1)), loss=lib.loss)
@@ -65,7 +65,7 @@ class _HookModel(DPModel):
 
   def __init__(self):
     super().__init__()
-    from dprec.layers import embedding  # pylint: disable=import-outside-toplevel
+    from dprec.layers import embedding
     self.table = embedding.DPEmbedding(6, 3, name="t")
     self.dense = tf.keras.layers.Dense(4)
     self.scale = _Scale()
@@ -112,8 +112,8 @@ def test_the_docs_name_the_registry_the_step_uses():
   """DPModel clips through its own `layer_registry` (dprec.clipping.layer_norms), not
   tensorflow_privacy's: the module docstring says so, and the default registry's docstring
   lists the registered layers (generated from the registry)."""
-  from dprec.clipping import layer_norms  # pylint: disable=import-outside-toplevel
-  from dprec.models import dp_model  # pylint: disable=import-outside-toplevel
+  from dprec.clipping import layer_norms
+  from dprec.models import dp_model
   assert "tensorflow_privacy registry" not in dp_model.__doc__
   assert "DPModel.layer_registry" in dp_model.__doc__
   assert "make_layer_registry" in dp_model.__doc__

@@ -169,9 +169,9 @@ def test_adafest_noise_split_keeps_the_accounted_sigma():
 
 
 def test_fest_rows_public_and_private(tmp_path):
-  from dprec.errors import BudgetExceededError  # pylint: disable=import-outside-toplevel
-  from dprec.privacy import PrivacyLedger  # pylint: disable=import-outside-toplevel
-  from dprec.sparse.fest import fest_rows  # pylint: disable=import-outside-toplevel
+  from dprec.errors import BudgetExceededError
+  from dprec.privacy import PrivacyLedger
+  from dprec.sparse.fest import fest_rows
   counts = {"a": np.array([5, 0, 9, 9, 1]), "b": np.arange(100) ** 2}
   public = fest_rows(counts, {"a": 2, "b": 3})
   np.testing.assert_array_equal(public.rows["a"], [2, 3])

@@ -14,7 +14,7 @@ import tensorflow as tf
 if int(importlib.metadata.version("keras").split(".")[0]) < 3:
   pytest.skip("Keras 3 is not installed", allow_module_level=True)
 
-import keras  # pylint: disable=wrong-import-position
+import keras
 
 from dprec.clipping import layer_norms
 from dprec.errors import DprecError
@@ -37,7 +37,7 @@ class _TfKeras:
     """Embedding layers become DP tables, as `make_private` makes them."""
     model = DPModel(inputs, outputs)
     for layer in model.submodules:
-      if type(layer) is tf.keras.layers.Embedding:  # pylint: disable=unidiomatic-typecheck
+      if type(layer) is tf.keras.layers.Embedding:
         convert_embedding(layer)
     return model
 

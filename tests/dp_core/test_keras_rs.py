@@ -15,13 +15,13 @@ import tensorflow as tf
 if int(importlib.metadata.version("keras").split(".")[0]) < 3:
   pytest.skip("Keras 3 is not installed", allow_module_level=True)
 
-import keras  # pylint: disable=wrong-import-position
+import keras
 
-import dprec  # pylint: disable=wrong-import-position
-from dprec.errors import DprecError  # pylint: disable=wrong-import-position
-from dprec.models import keras3 as keras3_binding  # pylint: disable=wrong-import-position
-from dprec.optimizers import DPSGD, DPOptimizer  # pylint: disable=wrong-import-position
-from dprec.privacy.noise_key import InsecureNoiseWarning  # pylint: disable=wrong-import-position
+import dprec
+from dprec.errors import DprecError
+from dprec.models import keras3 as keras3_binding
+from dprec.optimizers import DPSGD, DPOptimizer
+from dprec.privacy.noise_key import InsecureNoiseWarning
 
 keras_rs = pytest.importorskip("keras_rs")
 

@@ -137,9 +137,9 @@ def test_the_look_ahead_reads_no_table_rows():
   (a table read is stateful: it would run although nothing uses it), and finds the same rows."""
   model = _compiled(DPSGDLazy(1.0, 1.5), None)
   x, _ = _batches(1)[0]
-  graph = tf.function(model._rows_read).get_concrete_function(x).graph  # pylint: disable=protected-access
+  graph = tf.function(model._rows_read).get_concrete_function(x).graph
   assert not [op.name for op in graph.get_operations() if op.type == "ResourceGather"]
-  rows = model._rows_read(x)  # pylint: disable=protected-access
+  rows = model._rows_read(x)
   np.testing.assert_array_equal(np.sort(rows[0].numpy()), np.unique(x.numpy()))
 
 
@@ -153,7 +153,7 @@ def test_distinct_row_gradients_skip_the_duplicate_sum_and_others_keep_it():
     values, rows = tf.ones([3, 2]), tf.constant([1, 1, 4], tf.int64)
     distinct = noise_lib.DistinctRows(values[:2], tf.constant([1, 4], tf.int64),
                                       tf.constant([6, 2], tf.int64))
-    summed = optimizer._deduplicate_sparse_grad(  # pylint: disable=protected-access
+    summed = optimizer._deduplicate_sparse_grad(
         [distinct, tf.IndexedSlices(values, rows, tf.constant([6, 2], tf.int64))])
     assert summed[0] is distinct
     np.testing.assert_array_equal(tf.convert_to_tensor(summed[1]).numpy()[1], [2.0, 2.0])

@@ -15,7 +15,6 @@ BATCH = 4
 
 
 def _tfp_functions():
-  # pylint: disable=import-outside-toplevel
   from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry
   from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import einsum_dense
   from tensorflow_privacy.privacy.fast_gradient_clipping.registry_functions import \
@@ -65,7 +64,6 @@ def _model(model_class, **kwargs):
 def test_dp_step_equals_tensorflow_privacy_dp_model(tensorflow_privacy):
   """One clipped step without noise: the same update as tensorflow_privacy's DPModel."""
   del tensorflow_privacy
-  # pylint: disable=import-outside-toplevel
   from tensorflow_privacy.privacy.fast_gradient_clipping import layer_registry
   from tensorflow_privacy.privacy.keras_models import dp_keras_model
   x = tf.constant(np.random.default_rng(0).integers(0, 11, (8, 2)), tf.int32)

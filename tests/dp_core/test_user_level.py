@@ -304,8 +304,8 @@ def test_units_out_of_order_are_refused(lib):
 def test_keras3_binding_clips_per_unit():
   """The Keras 3 binding runs the same step: per-unit norms equal brute force, and removing a
   unit moves the clipped sum by ≤ C2."""
-  import keras  # pylint: disable=import-outside-toplevel
-  from dprec.models import keras3 as keras3_binding  # pylint: disable=import-outside-toplevel
+  import keras
+  from dprec.models import keras3 as keras3_binding
   keras.utils.set_random_seed(2)
   ids = keras.Input((2,), dtype="int32", name="ids")
   hidden = keras.layers.Dense(4, activation="tanh")(

@@ -29,7 +29,7 @@ def criteo_line():
 
 def _train_tiny_model(dataset, vocab_sizes, epochs=3):
   """Fits a logistic model on (int features, summed embeddings); returns the loss per epoch."""
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   tf.keras.utils.set_random_seed(0)
   ints = tf.keras.Input([13], name="int_features")
   cats = tf.keras.Input([26], name="cat_features", dtype=tf.int32)

@@ -67,7 +67,7 @@ def test_python_m_entry_points_show_help_with_defaults(module, capsys):
 
 
 def test_python_m_sequences_prints_json_and_passes_beam_options(tmp_path, capsys, in_process):
-  from pipelines import sequences  # pylint: disable=import-outside-toplevel
+  from pipelines import sequences
   (tmp_path / "good.txt").write_text("1 5\n1 6\n2 5\n")
   assert sequences.main(["--input", str(tmp_path / "good.txt"), "--format", "sasrec",
                          "--output", str(tmp_path / "out")] + in_process) == 0
@@ -141,7 +141,7 @@ def test_ctrl_c_is_one_line(tmp_path, capfd, monkeypatch, streaming, said):
     with quiet.held_stderr():
       os.write(2, b"INFO:root:a Beam worker's log\n")
       raise KeyboardInterrupt
-  from pipelines import criteo, criteo_stream  # pylint: disable=import-outside-toplevel
+  from pipelines import criteo, criteo_stream
   monkeypatch.setattr(criteo_stream if streaming else criteo, "run", interrupted)
   try:
     code = cli.main(["preprocess", "criteo", "--input", str(tmp_path), "--output", "out"]

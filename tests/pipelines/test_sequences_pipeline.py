@@ -80,7 +80,7 @@ def test_too_many_bad_lines_fail(tmp_path, in_process):
 
 
 def test_filtering_everything_away_is_refused_in_one_line(tmp_path, in_process, capsys):
-  from dprec import cli  # pylint: disable=import-outside-toplevel
+  from dprec import cli
   # Three users with two ratings each: the default 5-core of movielens leaves nothing.
   path = tmp_path / "u.data"
   path.write_text("".join(f"{u}\t{i}\t5\t{u * 10 + i}\n" for u in (1, 2, 3) for i in (7, 8)))
@@ -98,7 +98,7 @@ def test_filtering_everything_away_is_refused_in_one_line(tmp_path, in_process, 
 
 
 def test_a_model_trains_on_the_sequences(tmp_path, in_process):
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   rng = np.random.default_rng(0)
   # Each user walks through items in a cycle: the next item is predictable from the last.
   lines = [f"{u} {(s + i) % 12 + 1}" for u in range(1, 61) for s in [rng.integers(12)]

@@ -91,7 +91,7 @@ def test_thresholded_release_matches_thresholding_the_dense_noisy_matrix():
 
 def test_untouched_cells_are_distinct_and_never_touched():
   touched = np.array([0, 3, 4, 9])
-  cells = item_pairs._untouched_cells(touched, 6, 10, np.random.default_rng(0))  # pylint: disable=protected-access
+  cells = item_pairs._untouched_cells(touched, 6, 10, np.random.default_rng(0))
   assert sorted(cells.tolist()) == [1, 2, 5, 6, 7, 8]
 
 

@@ -12,7 +12,7 @@ from dprec.privacy.noise_key import NoiseKey
 
 
 def _sampler(seed, digit_bits=32):
-  return exact_sampling._Sampler(  # pylint: disable=protected-access
+  return exact_sampling._Sampler(
       secure_noise.KeyedStream(bytes([seed]) * 32, 0), digit_bits)
 
 
@@ -52,11 +52,11 @@ def test_a_prefix_tying_a_table_entry_is_refined_exactly(entry):
   """When U's 64-bit prefix p equals entry i = ⌊2^64·F⌋ (probability 2^−64 in use), U is below
   F with probability 2^64·F − p: `_bin_exact` (U refined by fresh bits) must match that."""
   sampler = _sampler(8)
-  bins = exact_sampling._half_normal_bins()  # pylint: disable=protected-access
+  bins = exact_sampling._half_normal_bins()
   prefix = int(bins[entry])
   with mpmath.workprec(256):
-    below = float(exact_sampling._half_normal_cdf(entry + 1) * mpmath.mpf(2) ** 64 - prefix)  # pylint: disable=protected-access
-  bins_found = np.array([sampler._bin_exact(prefix, entry, entry + 1)  # pylint: disable=protected-access
+    below = float(exact_sampling._half_normal_cdf(entry + 1) * mpmath.mpf(2) ** 64 - prefix)
+  bins_found = np.array([sampler._bin_exact(prefix, entry, entry + 1)
                          for _ in range(3000)])
   assert set(bins_found) <= {entry, entry + 1}
   share = np.mean(bins_found == entry)
@@ -140,12 +140,12 @@ def test_dp_optimizer_secure_noise_inside_tf_function():
 
 
 def test_slot_lookup_equals_a_full_search_of_the_table():
-  bins = exact_sampling._half_normal_bins()  # pylint: disable=protected-access
+  bins = exact_sampling._half_normal_bins()
   rng = np.random.default_rng(0)
   prefixes = rng.integers(0, 2 ** 64, 100000, dtype=np.uint64)
   prefixes[:1000] = bins[rng.integers(0, bins.size, 1000)]  # on entries
   prefixes[1000:2000] = np.uint64(2 ** 64 - 1) - rng.integers(0, 2 ** 50, 1000, dtype=np.uint64)
-  np.testing.assert_array_equal(exact_sampling._entries_below(bins, prefixes),  # pylint: disable=protected-access
+  np.testing.assert_array_equal(exact_sampling._entries_below(bins, prefixes),
                                 np.searchsorted(bins, prefixes, side="left"))
 
 

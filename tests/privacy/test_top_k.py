@@ -60,7 +60,7 @@ def test_candidates_outside_the_counts_compete_as_zero_counts_and_come_back_abse
 
 
 def test_fest_rows_over_a_domain_drop_the_slots_no_row_won():
-  from dprec.sparse.fest import fest_rows  # pylint: disable=import-outside-toplevel
+  from dprec.sparse.fest import fest_rows
   counts = {"a": np.array([0, 50, 40, 0]), "b": np.array([0, 1, 0])}
   rows = fest_rows(counts, 2, epsilon=1.0, rng=np.random.default_rng(0), domain=1 << 32).rows
   # 2^32 zero-count candidates swamp counts of 0–50 at Gumbel scale 2/(ε/2) = 4 per draw: the

@@ -87,7 +87,7 @@ def test_rerun_with_run_dir_pays_no_epoch_twice(sequences_dir, tmp_path, capsys)
 
 
 def test_randomised_labels_are_drawn_once_per_run_dir(tmp_path):
-  from dprec.workflows import dp_forward  # pylint: disable=import-outside-toplevel
+  from dprec.workflows import dp_forward
   labels = np.tile(np.arange(1, 6), (400, 1))
   prior = np.array([0, 5, 4, 3, 2, 1])
   saved = str(tmp_path / "rr_labels.npy")

@@ -226,7 +226,7 @@ def test_item_vocabulary_and_norm_share_run_selected_on_validation(sequences_dir
 def test_vocabulary_alone_pays_for_the_histogram():
   """Without Re-Attention, the vocabulary or the popularity weights still need the DP counts:
   the plan pays for them."""
-  from dprec.workflows.seqrec import SeqRecTrainOptions  # pylint: disable=import-outside-toplevel
+  from dprec.workflows.seqrec import SeqRecTrainOptions
   vanilla = SeqRecTrainOptions(model="dpformer", reattention=False)
   assert item_frequencies.mechanisms(vanilla) == []
   for levers in ({"item_vocab_threshold": 5}, {"popularity_weights": True}):

@@ -212,11 +212,11 @@ def test_ctrl_c_keeps_a_checkpoint_says_how_to_resume_and_the_rerun_goes_on(sequ
   """Ctrl-C (SIGINT) mid-training: one line naming the run directory and the command, exit 130,
   a checkpoint of the last whole step (its charge already in the ledger); the same command
   resumes past step 0 and charges no step twice."""
-  import json  # pylint: disable=import-outside-toplevel
-  import signal  # pylint: disable=import-outside-toplevel
-  import subprocess  # pylint: disable=import-outside-toplevel
-  import sys  # pylint: disable=import-outside-toplevel
-  import time  # pylint: disable=import-outside-toplevel
+  import json
+  import signal
+  import subprocess
+  import sys
+  import time
   run_dir = str(tmp_path / "run")
   argv = ["train", "seqrec", "--data", sequences_dir, "--model", "dpformer", "--epsilon", "5",
           "--epochs", "10", "--batch-size", "8", "--max-len", "8", "--dim", "8", "--blocks", "1",

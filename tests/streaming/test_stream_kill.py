@@ -108,7 +108,7 @@ def test_sigkill_mid_period_and_restart_equals_an_uninterrupted_run(stream_outpu
   shutil.copytree(plain, killed)
   assert os.stat(os.path.join(killed, "secret", "noise_key")).st_mode & 0o777 == 0o600
   # The uninterrupted run and the run to be killed side by side (one core each).
-  errors = open(tmp_path / "plain.err", "wb")  # pylint: disable=consider-using-with
+  errors = open(tmp_path / "plain.err", "wb")
   reference = subprocess.Popen(_command(stream_output, plain), env=ENV,
                                stdout=subprocess.DEVNULL, stderr=errors)
   process = subprocess.Popen(_command(stream_output, killed), env=ENV,
@@ -164,7 +164,7 @@ def test_a_secure_and_an_insecure_cli_run_of_the_same_arguments_differ(stream_ou
   """The noise key is all that differs: a secure run and an insecure-seed run end apart. (Same
   key, same result: the SIGKILL test above; an insecure seed gives one key every time:
   test_noise_key; the stand-in's four-run version: test_stream_privacy.)"""
-  from dprec import cli  # pylint: disable=import-outside-toplevel
+  from dprec import cli
 
   def run(name, *extra):
     run_dir = str(tmp_path / name)
@@ -189,7 +189,7 @@ def test_a_finished_stream_continues_when_days_arrive_and_says_when_none_did(
   new ids keep their widths; each period paid once, as by one run of three days), and says in
   one line that there is nothing new to train when no day arrived, charging nothing (also
   from a checkpoint that does not record the widths, as earlier versions wrote)."""
-  from dprec import cli  # pylint: disable=import-outside-toplevel
+  from dprec import cli
   data, run_dir = str(tmp_path / "out"), str(tmp_path / "run")
   shutil.copytree(stream_output, data)
   manifest = os.path.join(data, "manifest.json")

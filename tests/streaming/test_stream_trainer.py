@@ -86,7 +86,7 @@ def test_per_period_metrics_csv_tensorboard_plot_and_holdout(tmp_path, standin):
   assert float(table[2]["auc"]) == pytest.approx(rows[2]["auc"])
   assert (tmp_path / "auc_epsilon.png").read_bytes()[:4] == b"\x89PNG"
   assert json.loads((tmp_path / "summary.json").read_text())["periods"] == rows
-  import tensorflow as tf  # pylint: disable=import-outside-toplevel
+  import tensorflow as tf
   tags = set()
   for event_file in tf.io.gfile.glob(str(tmp_path / "tensorboard" / "events.*")):
     for event in tf.compat.v1.train.summary_iterator(event_file):
@@ -103,7 +103,7 @@ def test_new_ids_get_rows_and_unseen_ids_evaluate_as_oov(tmp_path, standin):
   assert all(size >= 6 for size in sizes.values())
   assert trainer.state["vocab_sizes"] == {f"C{j + 1}": 6 for j in range(3)}
   features, _ = source.period(2).load()
-  known = trainer._known_ids(features)["cat_features"]  # pylint: disable=protected-access
+  known = trainer._known_ids(features)["cat_features"]
   assert known.max() <= 5 and np.array_equal(known == 0, (features["cat_features"] == 0)
                                              | (features["cat_features"] > 5))
 

@@ -42,7 +42,7 @@ def _keras3():
   there the keras package's classes would shadow tf-keras' when a saved model loads."""
   if int(importlib.metadata.version("keras").split(".")[0]) < 3:
     pytest.skip("Keras 3 is not installed")
-  import keras  # pylint: disable=import-outside-toplevel
+  import keras
   return keras
 
 
@@ -148,7 +148,7 @@ def test_removing_one_example_moves_the_clipped_sum_by_at_most_c2(kind, keras_ap
     model.dp_optimizer.config = dataclasses.replace(model.dp_optimizer.config,
                                                     noise_multiplier=0.0)
     model.dp_optimizer.clip.assign(CLIP)
-    model._update_clip = lambda *args: None  # pylint: disable=protected-access
+    model._update_clip = lambda *args: None
   else:
     model.dp_optimizer.config = config_lib.DPSGD(l2_norm_clip=CLIP, noise_multiplier=0.0)
   x, y = _data()

@@ -32,7 +32,7 @@ def _keras(name):
     return tf.keras
   if int(importlib.metadata.version("keras").split(".")[0]) < 3:
     pytest.skip("Keras 3 is not installed")
-  import keras  # pylint: disable=import-outside-toplevel
+  import keras
   return keras
 
 
@@ -88,7 +88,7 @@ def _write_directory(model, directory, batches, inputs):
   os.makedirs(directory, exist_ok=True)
   entries = [batch_shards.write_shard(directory, step, [records[i] for i in batch])
              for step, batch in enumerate(batches)]
-  run, plan = model._private.run, model.privacy_plan  # pylint: disable=protected-access
+  run, plan = model._private.run, model.privacy_plan
   manifest = batch_shards.manifest_of(run.run_id, batch_shards.key_fingerprint(run.noise_key),
                                       False, private_batches.plan_fields(plan), [inputs], entries)
   with open(os.path.join(directory, batch_shards.MANIFEST), "w", encoding="utf-8") as stream:
@@ -105,7 +105,7 @@ def test_a_streamed_fit_ends_where_the_in_memory_fit_on_the_same_batches_ends(ke
   for got, expected in zip(streamed.get_weights(), in_memory.get_weights()):
     np.testing.assert_array_equal(got, expected)
   plan = in_memory.privacy_plan
-  entropy = in_memory._private.run.entropy("poisson", 0)  # pylint: disable=protected-access
+  entropy = in_memory._private.run.entropy("poisson", 0)
   drawn = list(poisson.batch_indices(N, poisson.BatchSampling(BATCH, True, entropy), plan.steps))
   directory = str(tmp_path / "batches")
   _write_directory(streamed, directory, drawn, _input_file(tmp_path))
@@ -135,7 +135,7 @@ def test_write_batches_truncated_to_a_cap_charge_its_delta_and_train(tmp_path):
   with open(os.path.join(batches.directory, batch_shards.MANIFEST), encoding="utf-8") as stream:
     manifest = json.load(stream)
   assert manifest["plan"]["max_batch_size"] == cap
-  assert manifest["peak_batch_size"] <= cap and manifest["run_id"] == model._private.run.run_id  # pylint: disable=protected-access
+  assert manifest["peak_batch_size"] <= cap and manifest["run_id"] == model._private.run.run_id
   model.fit(batches, verbose=0)
   charges = {c["label"]: c for c in model.privacy_ledger.charges}
   assert charges[truncation.LABEL]["delta"] == capped.truncation_delta
@@ -161,7 +161,7 @@ def test_a_fit_asking_for_more_steps_than_the_batches_hold_stops_after_the_last_
   calibration's slack for some k > 0): fit(epochs=2) of a one-epoch plan trains its T shards
   once, pays for T steps, stops with a warning naming the directory, the steps held and asked
   (not Keras' "ran out of data"), and a further fit is refused."""
-  calibrated = plan_lib._calibrated  # pylint: disable=protected-access
+  calibrated = plan_lib._calibrated
   monkeypatch.setattr(plan_lib, "_calibrated", lambda *args: 1.5 * calibrated(*args))
   model, directory = _model_and_its_batches(tmp_path)
   steps = model.privacy_plan.steps
@@ -171,7 +171,7 @@ def test_a_fit_asking_for_more_steps_than_the_batches_hold_stops_after_the_last_
       f"{directory}: fit asked for {2 * steps} steps from step 0, but the run's batches hold "
       f"its {steps} planned steps: training stopped after the last shard (step {steps - 1})"]
   assert "ran out of data" not in caplog.text
-  assert model._private.steps == steps  # pylint: disable=protected-access
+  assert model._private.steps == steps
   charges = {c["label"]: c for c in model.privacy_ledger.charges}
   assert charges["make_private training"]["steps"] == steps
   with pytest.raises(DprecError, match=f"all {steps} planned steps are trained"):
@@ -240,7 +240,7 @@ def test_bad_batches_are_refused_in_one_line(drawn_directory, tmp_path, break_it
   with pytest.raises(DprecError) as refused:
     model.fit(dprec.PoissonBatches(directory, parse), y, verbose=0)
   assert message in str(refused.value) and "\n" not in str(refused.value)
-  assert model._private.steps == 0 and not model._private.initialised  # pylint: disable=protected-access
+  assert model._private.steps == 0 and not model._private.initialised
 
 
 def test_write_batches_before_compile_and_a_cap_the_plan_cannot_afford_are_refused():

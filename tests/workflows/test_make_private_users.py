@@ -40,7 +40,7 @@ def _data(seed=0):
 def _keras3():
   if int(importlib.metadata.version("keras").split(".")[0]) < 3:
     pytest.skip("Keras 3 is not installed")
-  import keras  # pylint: disable=import-outside-toplevel
+  import keras
   return keras
 
 
@@ -156,7 +156,7 @@ def test_bad_user_level_options_are_refused_in_one_line(options, message, tmp_pa
 
 
 def _without_per_unit_dense(model):
-  from dprec.clipping import layer_norms  # pylint: disable=import-outside-toplevel
+  from dprec.clipping import layer_norms
   registry = layer_norms.make_layer_registry()
   registry.insert(tf.keras.layers.Dense, layer_norms.dense_computation)  # per-example only
   object.__setattr__(model, "layer_registry", registry)
