@@ -136,6 +136,9 @@ def _step_pld(noise_multiplier, sampling_rate, discretization, group_size=1):
   """One sampled-Gaussian step's PLD: the expensive part, shared by every T and period (for a
   group of k rows, the PLD `dp_accounting.dp_event.MixtureOfGaussiansDpEvent` composes)."""
   if group_size > 1:
+    if not hasattr(privacy_loss_distribution, "from_mixture_gaussian_mechanism"):
+      raise DprecError("accounting a group of rows per user needs dp-accounting >= 0.4.4 (its "
+                       "mixture of Gaussians): pip install -U dp-accounting")
     sensitivities, probabilities = group_sensitivities(sampling_rate, group_size)
     return privacy_loss_distribution.from_mixture_gaussian_mechanism(
         noise_multiplier, sensitivities, probabilities,
