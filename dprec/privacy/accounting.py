@@ -135,6 +135,10 @@ def make_accountant(accountant="pld", pld_discretization=PLD_DISCRETIZATION):
 def _step_pld(noise_multiplier, sampling_rate, discretization, group_size=1):
   """One sampled-Gaussian step's PLD: the expensive part, shared by every T and period (for a
   group of k rows, the PLD `dp_accounting.dp_event.MixtureOfGaussiansDpEvent` composes)."""
+  if group_size > 1 and sampling_rate == 1:  # every row of the group released: sensitivity k·C
+    return privacy_loss_distribution.from_gaussian_mechanism(
+        standard_deviation=noise_multiplier, sensitivity=group_size,
+        value_discretization_interval=discretization)
   if group_size > 1:
     if not hasattr(privacy_loss_distribution, "from_mixture_gaussian_mechanism"):
       raise DprecError("accounting a group of rows per user needs dp-accounting >= 0.4.4 (its "

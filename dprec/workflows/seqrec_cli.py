@@ -36,7 +36,7 @@ def register(subparsers):
       "default the model the data's shape calls for (--model auto), DP item-to-item statistics "
       "released once (--model item2item) or the DPFormer transformer (--model dpformer: Phantom "
       "Clipping, Re-Attention). Ends with one "
-      "line (full-ranking NDCG@10 and HIT@10 in %% beside a random ranking's, ε spent, δ); the "
+      "line (full-ranking NDCG@10 and HIT@10 in % beside a random ranking's, ε spent, δ); the "
       "JSON summary (also by item popularity, head/torso/tail) goes to --summary-json, else "
       "RUN_DIR/summary.json.")
   add = parser.add_argument
