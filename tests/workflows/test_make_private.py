@@ -5,7 +5,6 @@ budget; the refusals name what they refuse. Tests taking `keras_api` run on a tf
 Keras 3 model (`import keras`, skipped where `keras` is Keras 2), and a whole private `fit` of
 one model gives the same weights in both."""
 import dataclasses
-import importlib.metadata
 import os
 import subprocess
 import sys
@@ -35,21 +34,6 @@ from dprec.workflows import private_training
 tfrs = pytest.importorskip("tensorflow_recommenders")
 
 USERS, ITEMS, N, CLIP = 30, 40, 256, 0.5
-
-
-def _keras3():
-  """Keras 3 (`import keras`), skipping the test where `keras` is Keras 2 (TF 2.15), unimported:
-  there the keras package's classes would shadow tf-keras' when a saved model loads."""
-  if int(importlib.metadata.version("keras").split(".")[0]) < 3:
-    pytest.skip("Keras 3 is not installed")
-  import keras
-  return keras
-
-
-@pytest.fixture(params=["tf_keras", "keras3"])
-def keras_api(request):
-  """The Keras a test builds its model with: tf.keras (Keras 2), or Keras 3."""
-  return tf.keras if request.param == "tf_keras" else _keras3()
 
 
 def _is_tf_keras(keras_api):
@@ -429,12 +413,12 @@ def test_auto_picks_dp_sgd_when_a_row_cannot_reach_the_threshold():
 
 @pytest.mark.parametrize("algorithm, optimizer", [("dp_sgd", "sgd"), ("dp_adafest", "adagrad"),
                                                   ("dp_adafest", "adam")])
-def test_a_private_fit_ends_at_the_same_weights_in_both_kerases(algorithm, optimizer):
+def test_a_private_fit_ends_at_the_same_weights_in_both_kerases(algorithm, optimizer, keras3):
   """One model, its initial weights, data and insecure key in tf.keras and in Keras 3:
   make_private's whole fit (Poisson batches, DP output bias, DP steps on kept rows and their
   noise, recalibration) ends at the same weights and logs."""
   weights, logs = [], []
-  for keras_api in (tf.keras, _keras3()):
+  for keras_api in (tf.keras, keras3):
     model = _functional(keras_api)
     rng = np.random.default_rng(3)
     named = sorted((layer for layer in model.layers if layer.weights), key=lambda l: l.name)
@@ -457,8 +441,9 @@ def test_a_private_fit_ends_at_the_same_weights_in_both_kerases(algorithm, optim
 
 
 @pytest.mark.parametrize("backend", ["jax", "torch"])
-def test_a_keras_3_model_on_another_backend_is_refused_in_one_line(backend, monkeypatch):
-  keras = _keras3()
+def test_a_keras_3_model_on_another_backend_is_refused_in_one_line(backend, monkeypatch,
+                                                                  keras3):
+  keras = keras3
   model = _functional(keras)
   monkeypatch.setattr(keras.backend, "backend", lambda: backend)
   with pytest.raises(DprecError) as error:
@@ -469,8 +454,8 @@ def test_a_keras_3_model_on_another_backend_is_refused_in_one_line(backend, monk
 
 
 @pytest.mark.parametrize("outer", ["keras3", "tf_keras"])
-def test_a_model_mixing_keras_2_and_keras_3_layers_is_refused_in_one_line(outer):
-  keras = _keras3()
+def test_a_model_mixing_keras_2_and_keras_3_layers_is_refused_in_one_line(outer, keras3):
+  keras = keras3
   model_api, layer_api = (keras, tf.keras) if outer == "keras3" else (tf.keras, keras)
 
   class Mixed(model_api.Model):
@@ -488,8 +473,9 @@ def test_a_model_mixing_keras_2_and_keras_3_layers_is_refused_in_one_line(outer)
   assert "holding" in message and "layer(s) other_head" in message and "\n" not in message
 
 
-def test_a_subclassed_keras_3_model_saves_and_loads_as_its_registered_class(tmp_path):
-  keras = _keras3()
+def test_a_subclassed_keras_3_model_saves_and_loads_as_its_registered_class(tmp_path,
+                                                                           keras3):
+  keras = keras3
 
   @keras.saving.register_keras_serializable(package="dprec_tests")
   class Ratings(keras.Model):
@@ -516,10 +502,10 @@ def test_a_subclassed_keras_3_model_saves_and_loads_as_its_registered_class(tmp_
 
 
 @pytest.mark.slow  # a Python process of its own: TensorFlow's import is most of it
+@pytest.mark.usefixtures("keras3")  # skips without Keras 3
 def test_a_keras_3_model_trains_where_tf_keras_is_keras_3():
   """A process that bound tf.keras to Keras 3 before importing dprec: `import dprec` succeeds
   and make_private trains a Keras 3 model (the tf-keras path is then unavailable)."""
-  _keras3()
   code = ("import numpy as np, tensorflow as tf, warnings; tf.keras.layers; import dprec, keras; "
           "warnings.simplefilter('ignore'); ids = keras.Input((), dtype='int32'); "
           "model = keras.Model(ids, keras.layers.Dense(1)(keras.layers.Embedding(10, 2)(ids))); "

@@ -3,7 +3,6 @@ where the in-memory fit given the same batches ends, in tf.keras and Keras 3; `w
 runs the Beam job and a cap B_max truncates its batches at the δ the ledger is charged; a fit
 asking for more steps than the batches hold stops after the last shard, paying for none beyond;
 each bad input is refused in one line naming it."""
-import importlib.metadata
 import json
 import os
 import shutil
@@ -25,15 +24,6 @@ IN_PROCESS = ["--direct_num_workers=1", "--direct_running_mode=in_memory"]
 FEATURES = {"ids": tf.io.FixedLenFeature([2], tf.int64),
             "x": tf.io.FixedLenFeature([3], tf.float32),
             "label": tf.io.FixedLenFeature([], tf.float32)}
-
-
-def _keras(name):
-  if name == "tf_keras":
-    return tf.keras
-  if int(importlib.metadata.version("keras").split(".")[0]) < 3:
-    pytest.skip("Keras 3 is not installed")
-  import keras
-  return keras
 
 
 def _data():
@@ -95,10 +85,9 @@ def _write_directory(model, directory, batches, inputs):
     json.dump(manifest, stream)
 
 
-@pytest.mark.parametrize("keras_name", ["tf_keras", "keras3"])
-def test_a_streamed_fit_ends_where_the_in_memory_fit_on_the_same_batches_ends(keras_name,
+def test_a_streamed_fit_ends_where_the_in_memory_fit_on_the_same_batches_ends(keras_api,
                                                                              tmp_path):
-  keras = _keras(keras_name)
+  keras = keras_api
   with pytest.warns(UserWarning):
     in_memory = _private(keras)
     streamed = _private(keras)

@@ -3,7 +3,6 @@ plan is over users, the batches the model trains on hold at most k rows of each 
 with the unit feature, the one-off releases read at most k rows per user at k times the planned
 σ, ε on the user-level ledger equals dp_accounting's, and what cannot be done at user level is
 refused before anything is paid."""
-import importlib.metadata
 import types
 import warnings
 
@@ -35,18 +34,6 @@ def _data(seed=0):
   items = rng.integers(0, ITEMS, len(ids)).astype(np.int32)
   ratings = (1 + (ids + items) % 5).astype(np.float32)
   return {"user": ids.astype(np.int32), "item": items}, ratings, ids
-
-
-def _keras3():
-  if int(importlib.metadata.version("keras").split(".")[0]) < 3:
-    pytest.skip("Keras 3 is not installed")
-  import keras
-  return keras
-
-
-@pytest.fixture(params=["tf_keras", "keras3"])
-def keras_api(request):
-  return tf.keras if request.param == "tf_keras" else _keras3()
 
 
 def _model(keras_api=tf.keras):
