@@ -19,7 +19,7 @@ Embedding Models", arXiv:2311.08357, §4.3 and Table 5). `StreamingTrainer` tail
      every `checkpoint_every` steps and at the end of the period; the model's `before_training`
      (first period) and `after_training` (every period) hooks make the plan's other releases on
      the period's training rows (a user-level plan's: on at most k of each user's, drawn by the
-     run's key, `bound_rows_per_user`, at k times the plan's σ,
+     run's key, `user_sampling.rows_per_user`, at k times the plan's σ,
      `PrivacyPlan.release_noise_multiplier`).
 
 The run (`dprec.workflows.run.Run`: directory, secret key, ledger, the charges it has paid) is
@@ -63,7 +63,7 @@ from dprec.training import checkpoint as ckpt_lib
 from dprec.training import stream_metrics
 from dprec.training.period_source import CATEGORICAL_KEY, Period, PeriodSource
 from dprec.training.poisson import poisson_batch_indices
-from dprec.training.user_sampling import UserRows, user_batch
+from dprec.training.user_sampling import UserRows, rows_per_user, user_batch
 from dprec.privacy_unit import UNIT_KEY, USER_KEY
 
 JOURNAL = "steps.jsonl"
@@ -262,12 +262,12 @@ class StreamingTrainer:
   def _release_rows(self, period: Period):
     """Period p's rows the releases read (DP base rate, DP Platt scaling): all of them, or for a
     user-level plan at most k = `max_rows_per_user` of each user's, drawn uniformly by the run's
-    key (`bound_rows_per_user`), so one user moves a release by at most k rows' worth."""
+    key (`user_sampling.rows_per_user`), so one user moves a release by at most k rows' worth."""
     features, labels = self._load(period)
     if self.plan.privacy_unit != "user":
       return features, labels
-    kept = bound_rows_per_user(features[USER_KEY], self.plan.max_rows_per_user,
-                               self.run_state.numpy_rng("rows per user", period.index))
+    kept = rows_per_user(self._users(period), self.plan.max_rows_per_user,
+                         self.run_state.numpy_rng("rows per user", period.index))
     return {k: v[kept] for k, v in features.items()}, labels[kept]
 
   def _releases(self, mechanisms, purpose, period):
@@ -628,18 +628,6 @@ def _period_line(rows):
   if len(rows) > 1 and rows[-2]["auc"] is not None:
     line += f"; the model before it had AUC {rows[-2]['auc']:.4f} on it"
   return line
-
-
-def bound_rows_per_user(users: np.ndarray, max_rows: int, rng: np.random.Generator) -> np.ndarray:
-  """Sorted indices of the rows kept when each user keeps at most `max_rows` of theirs, drawn
-  uniformly (a random order, then each user's first `max_rows`) by the secret `rng`."""
-  order = rng.permutation(len(users))
-  shuffled = np.asarray(users)[order]
-  by_user = np.argsort(shuffled, kind="stable")
-  sorted_users = shuffled[by_user]
-  starts = np.r_[0, np.flatnonzero(sorted_users[1:] != sorted_users[:-1]) + 1]
-  rank = np.arange(len(users)) - np.repeat(starts, np.diff(np.r_[starts, len(users)]))
-  return np.sort(order[by_user[rank < max_rows]])
 
 
 def transfer_variable(old_value: np.ndarray, new_variable: tf.Variable):

@@ -133,6 +133,12 @@ def user_batch(users: UserRows, sampling_rate: float, max_rows_per_user: int,
   return rows[ordered], unit[ordered]
 
 
+def rows_per_user(users: UserRows, max_rows_per_user: int, rng: np.random.Generator) -> np.ndarray:
+  """Sorted indices of at most k uniformly chosen rows of every user (`user_batch` at q = 1):
+  what a one-off release reads, so that one user moves it by at most k rows' worth."""
+  return np.sort(user_batch(users, 1.0, max_rows_per_user, rng)[0])
+
+
 def user_batch_indices(users: UserRows, sampling: UserSampling, steps: int,
                        start: int = 0) -> Iterator[Tuple[np.ndarray, np.ndarray]]:
   """`user_batch` of steps `start`..`steps − 1`, each from its own stream of the secret key."""

@@ -64,8 +64,7 @@ def batches(features, labels, structure, user_ids, sampling, steps) -> tf.data.D
 def statistic_rows(features, labels, users, max_rows_per_user, rng):
   """(features, labels) of at most k uniformly chosen rows of every user (by `rng`, drawn from
   the run's key): what the one-off releases read."""
-  rows, _ = user_sampling.user_batch(users, 1.0, max_rows_per_user, rng)
-  rows = np.sort(rows)
+  rows = user_sampling.rows_per_user(users, max_rows_per_user, rng)
   return ({k: v[rows] for k, v in features.items()},
           None if labels is None else np.asarray(labels)[rows])
 

@@ -12,8 +12,8 @@ import pytest
 from dprec.errors import DprecError
 from dprec.privacy.noise_key import InsecureNoiseWarning
 from dprec.privacy_unit import UNIT_KEY
+from dprec.training import user_sampling
 from dprec.training.period_source import ArrayPeriodSource
-from dprec.training.streaming import bound_rows_per_user
 from dprec.workflows import stream
 from dprec.workflows.plan import plan_stream
 
@@ -200,9 +200,11 @@ def test_a_user_unit_run_resumed_after_a_crash_draws_the_same_batches_and_pays_o
     np.testing.assert_allclose(a.numpy(), b.numpy(), rtol=1e-6)
 
 
-def test_bound_rows_per_user_keeps_at_most_n_uniformly():
+def test_rows_per_user_keeps_at_most_n_uniformly():
   users = np.repeat(np.arange(4), [1, 3, 5, 2])
-  kept = [bound_rows_per_user(users, 2, np.random.default_rng(seed)) for seed in range(200)]
+  grouped = user_sampling.UserRows.group(users)
+  kept = [user_sampling.rows_per_user(grouped, 2, np.random.default_rng(seed))
+          for seed in range(200)]
   assert all(np.array_equal(np.bincount(users[k], minlength=4), [1, 2, 2, 2]) for k in kept)
   share = np.bincount(np.concatenate(kept), minlength=len(users))[users == 2] / 200
   np.testing.assert_allclose(share, 2 / 5, atol=0.12)  # each of user 2's rows: 2 in 5
