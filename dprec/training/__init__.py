@@ -4,7 +4,8 @@ from dprec import lazy
 
 _NAMES = {**{name: "dprec.training.period_source"
              for name in ("ArrayPeriodSource", "BeamStreamSource", "Period", "PeriodSource")},
-          **{name: "dprec.training.streaming"
-             for name in ("PeriodModel", "StreamConfig", "StreamingTrainer")}}
+          "PeriodModel": "dprec.training.period_model",
+          "StreamConfig": "dprec.training.stream_config",
+          "StreamingTrainer": "dprec.training.streaming"}
 __all__ = sorted(_NAMES)
 __getattr__ = lazy.exports(__name__, _NAMES, globals())

@@ -17,7 +17,7 @@ from dprec import atomic_io
 CSV_NAME = "metrics.csv"
 PLOT_NAME = "auc_epsilon.png"
 SUMMARY_NAME = "summary.json"
-# ε-covered or public fields only (`streaming.EPSILON_COVERS`); the exact sizes and losses are
+# ε-covered or public fields only (`stream_summary.EPSILON_COVERS`); the exact sizes and losses are
 # in a row's `diagnostics_nonprivate` (only with diagnostics on), shown under that name.
 COLUMNS = ("period", "eval_period", "auc", "log_loss", "base_rate_log_loss", "epsilon_so_far",
            "gradient_size_reduction", "steps", "new_ids", "vocab_size", "noise_multiplier",

@@ -53,8 +53,9 @@ from dprec.training import poisson
 from dprec.training import stream_metrics
 from dprec.training.callbacks import PeriodProgress
 from dprec.training.period_source import BeamStreamSource
-from dprec.training.streaming import PeriodModel, StreamConfig, StreamingTrainer
-from dprec.training.streaming import transfer_variable
+from dprec.training.period_model import PeriodModel, transfer_variable
+from dprec.training.stream_config import StreamConfig
+from dprec.training.streaming import StreamingTrainer
 from dprec.workflows import ctr as ctr_workflow
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import run as run_lib

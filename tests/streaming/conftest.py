@@ -13,7 +13,9 @@ import pytest
 import tensorflow as tf
 
 from dprec.privacy_unit import UNIT_KEY, USER_KEY
-from dprec.training.streaming import PeriodModel, StreamConfig, StreamingTrainer
+from dprec.training.period_model import PeriodModel
+from dprec.training.stream_config import StreamConfig
+from dprec.training.streaming import StreamingTrainer
 from dprec.workflows.plan import plan_stream
 from dprec.workflows.run import Run
 

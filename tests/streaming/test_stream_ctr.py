@@ -9,7 +9,8 @@ import pytest
 from dprec.models import ctr
 from dprec.privacy import dp_platt_scaling
 from dprec.training.period_source import ArrayPeriodSource
-from dprec.training.streaming import StreamConfig, StreamingTrainer
+from dprec.training.stream_config import StreamConfig
+from dprec.training.streaming import StreamingTrainer
 from dprec.workflows.ctr import CTRTrainOptions
 from dprec.workflows.plan import plan_stream
 from dprec.workflows.run import Run

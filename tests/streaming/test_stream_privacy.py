@@ -10,7 +10,8 @@ import pytest
 from dprec import privacy
 from dprec.privacy.noise_key import InsecureNoiseWarning
 from dprec.training.period_source import ArrayPeriodSource
-from dprec.training.streaming import StreamConfig, StreamingTrainer
+from dprec.training.stream_config import StreamConfig
+from dprec.training.streaming import StreamingTrainer
 from dprec.workflows.plan import plan_stream
 from dprec.workflows.run import Run
 

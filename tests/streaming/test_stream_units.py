@@ -54,8 +54,8 @@ def _trainer(standin, run_dir, days, **options):
 
 def _batches(trainer, index):
   period = trainer.source.period(index)
-  return list(trainer._batches(period, *trainer._load(period), 0,
-                               trainer.plan.steps_per_period, []))
+  return list(trainer.rows.batches(period, *trainer.rows.load(period), 0,
+                                   trainer.plan.steps_per_period, []))
 
 
 def test_removing_one_row_of_period_t_changes_only_period_t(tmp_path, standin):
@@ -133,11 +133,11 @@ def test_a_user_unit_run_samples_users_and_pays_their_sequential_composition(tmp
   events += [_sampled(plan.noise_multiplier, plan.sampling_rate, periods * plan.steps_per_period)]
   assert summary["epsilon"] == pytest.approx(_direct(events), rel=1e-6)
   assert summary["epsilon"] == pytest.approx(2.0, rel=5e-3)
-  releases = trainer._releases(plan.period_mechanisms, "stream period 0", 0)
+  releases = trainer.charges.releases(plan.period_mechanisms, "stream period 0", 0)
   assert releases["calibration"][0] == rows * plan.period_mechanisms["calibration"]
   for index in range(periods):
     period = trainer.source.period(index)
-    features, _ = trainer._release_rows(period)
+    features, _ = trainer.rows.release_rows(period)
     assert np.bincount(features["user_id"]).max() <= rows
     assert np.bincount(period.load()[0]["user_id"]).max() > rows  # the bound has work to do
     for batch, labels in _batches(trainer, index):

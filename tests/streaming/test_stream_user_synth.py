@@ -73,10 +73,10 @@ def test_user_unit_stream_on_synthetic_users_samples_users_in_a_user_ledger(tmp_
       period = source.period(index)
       features, labels = period.load()
       assert np.bincount(features["user_id"]).max() > MAX_ROWS  # the bound has work to do
-      kept, _ = trainer._release_rows(period)
+      kept, _ = trainer.rows.release_rows(period)
       np.testing.assert_array_equal(np.bincount(kept["user_id"]),
                                     np.minimum(np.bincount(features["user_id"]), MAX_ROWS))
-      batches = trainer._batches(period, features, labels, 0, 5, [])
+      batches = trainer.rows.batches(period, features, labels, 0, 5, [])
       for batch, _ in batches:
         unit, user = batch[UNIT_KEY], batch["user_id"]
         assert np.bincount(unit).max() <= MAX_ROWS
