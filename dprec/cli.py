@@ -37,7 +37,7 @@ COMMANDS = {
     "synth": ("write synthetic Criteo-like day files or interaction sequences",
               ("dprec.data.cli",)),
     "preprocess": ("Apache Beam preprocessing jobs (Criteo batch/streaming, sequences)",
-                   ("pipelines.cli",)),
+                   ("dprec.beam_jobs",)),
     "train": ("train a CTR or sequential recommender model, non-privately or with DP",
               {"ctr": "dprec.workflows.ctr_cli", "seqrec": "dprec.workflows.seqrec_cli"}),
     "stream": ("online training period by period on a growing Criteo time series",

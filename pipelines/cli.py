@@ -46,8 +46,6 @@ def run_criteo(args) -> dict:
   if args.streaming:
     from pipelines import criteo_stream
     return criteo_stream.run(criteo_stream.job_from_args(args), args.beam_args)
-  if args.user_column:
-    raise DprecError("--user-column goes with --streaming (the batch job writes no user_id)")
   from pipelines import criteo
   return criteo.run(criteo.job_from_args(args), args.beam_args)
 

@@ -104,8 +104,13 @@ class CriteoJob:
   epsilon_budget: Optional[float] = None
   delta: Optional[float] = None  # of a new ledger; None: 1/N, N the input's lines (`run`)
   pad_short_lines: bool = False  # read lines with fewer than 40 fields as missing trailing values
+  user_column: bool = False  # lines end with a user_id field, carried into the records
   dataset_id: Optional[str] = None  # `run` derives it from the input when not given
   overwrite: bool = False  # replace an existing output directory
+
+  def __post_init__(self):
+    if isinstance(self.vocab, dict):  # its fields, as `dprec.beam_jobs.launch` passes them
+      object.__setattr__(self, "vocab", VocabConfig(**self.vocab))
 
 
 def parse_top_k(text: Optional[str]):
@@ -212,9 +217,10 @@ def parse_block(item, metrics: bool = False, pad_short_lines: bool = False,
   return chunk, letters
 
 
-def count_split(split: beam_io.Split, pad_short_lines: bool = False):
+def count_split(split: beam_io.Split, pad_short_lines: bool = False, user_column: bool = False):
   """(feature index, (ids, counts)) of every categorical feature of one split."""
-  chunks = [chunk for chunk, _ in (parse_block(item, pad_short_lines=pad_short_lines)
+  chunks = [chunk for chunk, _ in (parse_block(item, pad_short_lines=pad_short_lines,
+                                               user_column=user_column)
                                    for item in beam_io.read_split(split)) if chunk is not None]
   yield from enumerate(count_categories(chunks))
 
@@ -289,15 +295,17 @@ class WriteSplit(beam.DoFn):
   path to the final summary: Beam's DaskRunner computes only what the last transform depends on.
   """
 
-  def __init__(self, output: str, pad_short_lines: bool = False):
+  def __init__(self, output: str, pad_short_lines: bool = False, user_column: bool = False):
     self._output, self._pad_short_lines = output, pad_short_lines
+    self._user_column = user_column
 
   def process(self, split: beam_io.Split, vocab: CriteoVocabulary):
     letters = []
 
     def chunks():
       for item in beam_io.read_split(split):
-        chunk, bad = parse_block(item, metrics=True, pad_short_lines=self._pad_short_lines)
+        chunk, bad = parse_block(item, metrics=True, pad_short_lines=self._pad_short_lines,
+                                 user_column=self._user_column)
         letters.extend(bad)
         if chunk is not None:
           yield chunk
@@ -389,9 +397,11 @@ class Finish(beam.DoFn):
     summary["dead_letter_files"] = os.path.join(self._job.output, DEAD_LETTERS, "*.jsonl")
     beam_io.write_json(os.path.join(self._job.output, criteo_tfrecord.STATS), summary)
     if summary["bad_fraction"] <= self._job.max_bad_fraction:
-      beam_io.write_json(os.path.join(self._job.output, criteo_tfrecord.MANIFEST),
-                         manifest(stats, vocab, dataset_id=self._job.dataset_id,
-                                  vocab_privacy=vocab_privacy_of(self._job)))
+      written = manifest(stats, vocab, dataset_id=self._job.dataset_id,
+                         vocab_privacy=vocab_privacy_of(self._job))
+      if self._job.user_column:
+        written[criteo_tfrecord.USER_COLUMN_KEY] = True
+      beam_io.write_json(os.path.join(self._job.output, criteo_tfrecord.MANIFEST), written)
     yield summary
 
 
@@ -399,15 +409,15 @@ def build_pipeline(pipeline: beam.Pipeline, job: CriteoJob, splits: Sequence[bea
   """Adds the batch job to `pipeline`; returns the PCollection of the final summary."""
   split_pc = pipeline | "Splits" >> beam.Create(list(splits))
   counts = (split_pc
-            | "CountBuckets" >> beam.FlatMap(count_split, job.pad_short_lines)
+            | "CountBuckets" >> beam.FlatMap(count_split, job.pad_short_lines, job.user_column)
             | "MergeCounts" >> beam.CombinePerKey(MergeCountsFn()))
   vocab = (counts
            | "AllFeatures" >> beam.combiners.ToList()
            | "BuildVocabulary" >> beam.Map(
                lambda pairs, config: build_vocabulary([p for _, p in sorted(
                    pairs, key=lambda kv: kv[0])], config), job.vocab))
-  written = split_pc | "Write" >> beam.ParDo(WriteSplit(job.output, job.pad_short_lines),
-                                             beam.pvalue.AsSingleton(vocab))
+  written = split_pc | "Write" >> beam.ParDo(
+      WriteSplit(job.output, job.pad_short_lines, job.user_column), beam.pvalue.AsSingleton(vocab))
   return (written
           | "MergeStats" >> beam.CombineGlobally(MergeStatsFn())
           | "Finish" >> beam.ParDo(Finish(job), beam.pvalue.AsSingleton(vocab)))
@@ -574,6 +584,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   add_deprecated_alias(parser.add_argument, "--strict-columns",
                        "no flag (short lines are malformed by default)", "pad_short_lines",
                        nargs=0)
+  parser.add_argument("--user-column", action="store_true",
+                      help="every line ends with a 41st field, a user id (`dprec synth criteo "
+                      "--users N`), carried into the records as user_id for `train ctr` and "
+                      "`dprec stream` at --privacy-unit user; a line whose id is missing or not "
+                      "a non-negative integer is a dead letter (default: the 40 Criteo columns)")
   parser.add_argument("--overwrite", action="store_true",
                       help="replace an existing --output directory (default: refuse one that "
                       "holds files)")
@@ -586,7 +601,8 @@ def job_from_args(args) -> CriteoJob:
   return CriteoJob(inputs=tuple(args.input), output=args.output, vocab=vocab,
                    max_bad_fraction=args.max_bad_fraction, ledger=args.ledger,
                    epsilon_budget=args.epsilon_budget, delta=args.delta,
-                   pad_short_lines=args.pad_short_lines, overwrite=args.overwrite)
+                   pad_short_lines=args.pad_short_lines, user_column=args.user_column,
+                   overwrite=args.overwrite)
 
 
 def main(argv=None) -> int:

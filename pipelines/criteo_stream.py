@@ -459,10 +459,6 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--settle-seconds", type=float, default=2.0,
                       help="take a day file once it has not changed for this long, so a file "
                       "written in place is not read half-written (default 2)")
-  parser.add_argument("--user-column", action="store_true",
-                      help="every line ends with a 41st field, a user id (`dprec synth criteo "
-                      "--users N`), carried into the records as user_id for `dprec stream "
-                      "--privacy-unit user` (default: the 40 Criteo columns)")
 
 
 def job_from_args(args) -> StreamJob:

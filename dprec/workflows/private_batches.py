@@ -6,20 +6,21 @@ holds.
     batches = model.write_batches(files, "/data/batches", parse=parse)  # a Beam job
     model.fit(batches)
 
-`write_batches` runs `pipelines.poisson_batches`, the job of `train ctr --out-of-core` (each
-example draws the steps it joins from the run's secret key, then a group by step: Chua et al.,
-"Scalable DP-SGD: Shuffling vs. Poisson Subsampling", arXiv:2411.04205), over the user's
-TFRecord files (N records in all, in order) for the run's plan: q = B/N, the T planned steps,
-B_max if `make_private(max_batch_size=...)`. `fit` streams the shards of the steps not yet
-taken, in order (`dprec.training.batch_shards`: each read, checked against the manifest, then
-parsed by `parse`), so memory grows with B and the model, not with N; the ledger is charged per
-step as in memory. A shard is one planned step: a `fit` asking for more steps than are left
-trains those left and stops after the last shard with a warning (`used_up`), paying for no step
-it cannot train; a later `fit` is refused. The releases that read every example (the output
-bias's DP label statistic, the recalibration) read a uniform sample of at most `STATISTIC_ROWS`
-examples drawn with the run's key in one streaming pass over the inputs: a Gaussian mechanism of
-per-example sensitivity on a subset chosen independently of the data is as private as on all of
-it, and the subset's size, min(N, `STATISTIC_ROWS`), is public.
+`write_batches` runs the Beam job `poisson_batches` (through `dprec.beam_jobs`), the job of
+`train ctr --out-of-core` (each example draws the steps it joins from the run's secret key, then
+a group by step: Chua et al., "Scalable DP-SGD: Shuffling vs. Poisson Subsampling",
+arXiv:2411.04205), over the user's TFRecord files (N records in all, in order) for the run's
+plan: q = B/N, the T planned steps, B_max if `make_private(max_batch_size=...)`. `fit` streams
+the shards of the steps not yet taken, in order (`dprec.training.batch_shards`: each read,
+checked against the manifest, then parsed by `parse`), so memory grows with B and the model, not
+with N; the ledger is charged per step as in memory. A shard is one planned step: a `fit` asking
+for more steps than are left trains those left and stops after the last shard with a warning
+(`used_up`), paying for no step it cannot train; a later `fit` is refused. The releases that
+read every example (the output bias's DP label statistic, the recalibration) read a uniform
+sample of at most `STATISTIC_ROWS` examples drawn with the run's key in one streaming pass over
+the inputs: a Gaussian mechanism of per-example sensitivity on a subset chosen independently of
+the data is as private as on all of it, and the subset's size, min(N, `STATISTIC_ROWS`), is
+public.
 
 The batches belong to the run of the model that wrote them (a `make_private` run lives as long
 as its model): a directory of another run, drawn with another key or for another plan,
@@ -38,6 +39,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import tensorflow as tf
 
+from dprec import beam_jobs
 from dprec.errors import DprecError
 from dprec.training import batch_shards
 
@@ -72,15 +74,15 @@ def plan_fields(plan) -> dict:
 def write(run, plan, files: Sequence[str], directory: str, parse: Optional[Callable],
           beam_args: Sequence[str]) -> PoissonBatches:
   """Runs the batch job over `files` for `run`'s key and `plan` into `directory`."""
-  from pipelines import poisson_batches
   fields = plan_fields(plan)
-  poisson_batches.run(poisson_batches.BatchJob(
-      files=tuple(os.fspath(f) for f in files), output=os.fspath(directory), run_id=run.run_id,
+  beam_jobs.launch(
+      "poisson_batches", beam_args, files=tuple(os.fspath(f) for f in files),
+      output=os.fspath(directory), run_id=run.run_id,
       key_fingerprint=batch_shards.key_fingerprint(run.noise_key),
       num_examples=fields["num_examples"], batch_size=fields["batch_size"],
       steps=fields["steps"], key_path=run.key_file() if run.private else None,
       insecure_noise_seed=None if run.private else run.noise_key.insecure_seed,
-      max_batch_size=plan.max_batch_size), beam_args)
+      max_batch_size=plan.max_batch_size)
   return PoissonBatches(os.fspath(directory), parse or batch_shards.parse_rows)
 
 

@@ -218,3 +218,31 @@ def test_bad_options_are_clear_errors():
   with pytest.raises(DprecError, match="26 comma-separated"):
     criteo.parse_top_k("1,x")
   assert criteo.parse_top_k("table3")[2] == 82741 and criteo.parse_top_k("7") == 7
+
+
+def test_the_user_column_is_kept_and_a_bad_id_is_a_dead_letter(tmp_path, criteo_line,
+                                                               in_process):
+  """`--user-column`: each row's 41st field is written as `user_id` (the manifest says so, the
+  reader returns it); a line whose id is missing or not an integer is a dead letter naming its
+  file, line and the field `user_id`, as other bad fields are; the data set is the rows'."""
+  ids = [7, 0, 123456789012, 7]
+  lines = [criteo_line(i % 2, {0: i}, {"C1": A}) + f"\t{user}" for i, user in enumerate(ids)]
+  lines[2:2] = [criteo_line(0, {}, {"C1": A}) + "\tbob", criteo_line(0, {}, {"C1": A}) + "\t",
+                criteo_line(0, {}, {"C1": A}) + "\t-3", criteo_line(0, {}, {"C1": A})]
+  (tmp_path / "in").mkdir()
+  (tmp_path / "in" / "day_0").write_text("\n".join(lines) + "\n")
+  job = criteo.CriteoJob(inputs=(str(tmp_path / "in"),), output=str(tmp_path / "out"),
+                         max_bad_fraction=1.0, user_column=True)
+  summary = criteo.run(job, in_process)
+  assert (summary["rows_out"], summary["dead_letters"]) == (4, 4)
+  with open(tmp_path / "out" / "dead_letters" / "part-00000.jsonl") as stream:
+    letters = [json.loads(line) for line in stream]
+  assert [(os.path.basename(l["path"]), l["line"], beam_io.reason_kind(l["reason"]))
+          for l in letters] == [("day_0", 3, "user_id"), ("day_0", 4, "user_id"),
+                                ("day_0", 5, "user_id"), ("day_0", 6, "line")]
+  assert "'bob'" in letters[0]["reason"]
+  assert criteo_tfrecord.load_manifest(str(tmp_path / "out"))[
+      criteo_tfrecord.USER_COLUMN_KEY] is True
+  rows = next(iter(criteo_tfrecord.criteo_tfrecord_dataset(str(tmp_path / "out"))))
+  assert list(rows["user_id"].numpy()) == ids and list(rows["label"].numpy()) == [0, 1, 0, 1]
+  assert summary["dataset_id"] == criteo.input_dataset_id(job, beam_io.match_inputs(job.inputs))
