@@ -4,13 +4,15 @@ Canary i (of m) looks up row V_f + i of each table f (the tables grow by m rows)
 integer features and label 1, so its influence on training shows up in its own rows: unchanged
 unless some step updates them (kept by DP-AdaFEST's noisy count or as a false positive, in the
 DP-FEST set, or any row under DP-SGD). Each canary joins the training data with probability 1/2.
+At the user level a canary is a user of k rows: k copies of its row under a fresh user id.
 """
 import dataclasses
-from typing import Dict, Tuple
+from typing import Dict, Optional, Tuple
 
 import numpy as np
 
 from dprec.models import ctr
+from dprec.privacy_unit import USER_KEY
 
 
 @dataclasses.dataclass
@@ -35,10 +37,17 @@ def make_ctr_canaries(vocab_sizes, num_integer_features: int, count: int,
                      tuple(int(v) for v in sizes + count))
 
 
-def with_canaries(train: Dict[str, np.ndarray], canaries: CTRCanaries) -> Dict[str, np.ndarray]:
+def with_canaries(train: Dict[str, np.ndarray], canaries: CTRCanaries,
+                  rows_per_user: Optional[int] = None) -> Dict[str, np.ndarray]:
   """`train` (a `dprec.data.criteo.transform` dict) plus the included canaries, shuffled in
-  place of the ordering (Poisson batches ignore order anyway)."""
-  keep = canaries.included
+  place of the ordering (Poisson batches ignore order anyway); with `rows_per_user` k, each
+  included canary k rows of a user of its own (ids after the largest of `train`'s `USER_KEY`)."""
+  keep = np.flatnonzero(canaries.included)
+  keys = (ctr.CAT_FEATURES, ctr.INT_FEATURES, "label")
   added = dict(canaries.features, label=canaries.labels)
+  if rows_per_user is not None:
+    keep = np.repeat(keep, rows_per_user)
+    first = int(np.max(train[USER_KEY], initial=-1)) + 1
+    added[USER_KEY], keys = first + np.arange(len(canaries.labels)), keys + (USER_KEY,)
   return {key: np.concatenate([np.asarray(train[key]), added[key][keep].astype(
-      np.asarray(train[key]).dtype)]) for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES, "label")}
+      np.asarray(train[key]).dtype)]) for key in keys}

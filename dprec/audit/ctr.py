@@ -14,6 +14,15 @@ false positive, and then by its clipped gradient plus noise.
 rows only they touch go through the same DP step at the configuration's q, T, σ, clip,
 threshold and normaliser, and the adversary reads every released update (`white_box.py`).
 
+--privacy-unit user [--max-rows-per-user k] audits user-level DP (user-level sampling): canaries
+are users of k rows (default 16). Black box: canary user j is k copies of canary j's row under a
+fresh user id, added to the training data's users (which need their `user_id` column), and
+training samples users at q = B/U (B the expected users per batch, U the users, public as N is),
+each bringing at most k rows, through the real DP step, which clips each user's summed gradient
+as one. White box: canary user j's k rows are Dirac canaries on its one coordinate, sampled over
+users at q by the same sampler, clipped as one user (`white_box.py`). ε is planned as `train ctr`
+plans it with U users in place of N rows (δ = 1/U by default), and the summary states the unit.
+
 Either way the canaries of all runs are guessed on together and the guesses turned into the
 one-run ε lower bound of Mahloujifar et al. 2024 (f-DP against Gaussian DP), with Steinke, Nasr &
 Jagielski 2023's as a second line (`bounds.py`), at --confidence; the summary gives the ceiling,
@@ -43,8 +52,11 @@ from dprec.errors import DprecError
 from dprec.progress import phase_lines
 from dprec.models import ctr
 from dprec.optimizers.dp_optimizer import DPOptimizer
+from dprec.privacy import accounting
+from dprec.privacy_unit import UNIT_KEY, USER_KEY
 from dprec.sparse import fest
 from dprec.training import poisson
+from dprec.training import user_sampling
 # `train ctr`'s options, data loading, privacy plan, algorithm configuration and parser, reused.
 from dprec.workflows import ctr as train_ctr
 from dprec.workflows import ctr_cli as train_ctr_cli
@@ -63,10 +75,19 @@ class CTRAuditOptions:
   scores_file: Optional[str] = None
   summary_json: Optional[str] = None
   progress: bool = True  # a line on stderr per phase
+  privacy_unit: str = "row"  # "user": canary users of k rows, user-level sampling
+  max_rows_per_user: Optional[int] = None  # k at the user level (None: 16)
 
   @property
   def canary_count(self) -> int:
     return self.canaries or DEFAULT_CANARIES[self.threat_model]
+
+  @property
+  def rows_per_user(self) -> Optional[int]:
+    """k at the user level, None at the row level."""
+    if self.privacy_unit != "user":
+      return None
+    return self.max_rows_per_user or user_sampling.DEFAULT_MAX_ROWS_PER_USER
 
   def validate(self):
     self.train.validate()
@@ -86,9 +107,33 @@ class CTRAuditOptions:
     if self.threat_model == "white_box" and self.score != "all":
       raise DprecError("--score chooses among the black-box scores; white_box uses "
                        f"{', '.join(white_box.SCORES)}")
+    self._validate_unit()
+
+  def _validate_unit(self):
+    if self.privacy_unit not in PRIVACY_UNITS:
+      raise DprecError(f"--privacy-unit must be one of {', '.join(PRIVACY_UNITS)}, got "
+                       f"{self.privacy_unit!r}")
+    if self.max_rows_per_user is not None and self.privacy_unit != "user":
+      raise DprecError("--max-rows-per-user goes with --privacy-unit user (at the row level a "
+                       "canary is one row)")
+    if self.privacy_unit == "row":
+      return
+    if self.max_rows_per_user is not None:
+      accounting.check_group_size(self.max_rows_per_user)
+    train = self.train
+    if train.fixed_batches or train.max_batch_size is not None:
+      raise DprecError("--privacy-unit user samples users by Poisson, untruncated: drop "
+                       "--fixed-batches and --max-batch-size")
+    if (train.algorithm in train_ctr.FEST_ALGORITHMS and train.top_k_epsilon > 0
+        and self.threat_model == "black_box"):
+      raise DprecError("--privacy-unit user cannot audit a DP top-k set drawn from row counts "
+                       "(a user's rows all count): use --top-k-epsilon 0 (counts public), "
+                       "--algorithm dp_adafest, or --threat-model white_box (the set taken as "
+                       "given)")
 
 
 THREAT_MODELS = ("black_box", "white_box")
+PRIVACY_UNITS = ("row", "user")
 # Black box: canaries are rows of the training data; white box: coordinates of one small table
 # (200,000: at data-sized batches, q ≈ 1/150, the family fit of 100,000 reached only about half
 # of ε = 2; docs/experiments/audit.md).
@@ -96,11 +141,13 @@ DEFAULT_CANARIES = {"black_box": 1000, "white_box": 200_000}
 
 
 def _train_with_canaries(options, data, canaries):
-  """One training run of `train ctr`'s configuration on data + included canaries; returns the
-  canary scores and the plan."""
+  """One training run of `train ctr`'s configuration on data + included canaries (canary users
+  of k rows at the user level); returns the canary scores and the plan."""
   train_options = options.train
-  train = canaries_lib.with_canaries(data.train, canaries)
-  plan = train_ctr.plan_privacy(train_options, len(train["label"]))
+  k = options.rows_per_user
+  train = canaries_lib.with_canaries(data.train, canaries, k)
+  units = len(train["label"]) if k is None else _count_users(train)
+  plan = train_ctr.plan_privacy(train_options, units)
   model = ctr.build_ctr_model(canaries.vocab_sizes, hidden_units=train_options.hidden_units)
   selected = None
   if train_options.algorithm in train_ctr.FEST_ALGORITHMS:
@@ -119,17 +166,39 @@ def _train_with_canaries(options, data, canaries):
       model, canaries, scores_lib.SCORES if options.score == "all" else (options.score,))
   # Fresh secret randomness per run (the runs' noise and batches must be independent): the
   # DPOptimizer's default key and BatchSampling's default entropy both come from the OS CSPRNG.
-  sampling = poisson.BatchSampling(train_options.batch_size,
-                                   private and not train_options.fixed_batches)
   features = {key: train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}
-  dataset = poisson.sampled_dataset(features, train["label"], sampling, train_options.steps)
+  if k is None:
+    sampling = poisson.BatchSampling(train_options.batch_size,
+                                     private and not train_options.fixed_batches)
+    dataset = poisson.sampled_dataset(features, train["label"], sampling, train_options.steps)
+  else:
+    dataset = _user_dataset(features, train["label"], train[USER_KEY],
+                            user_sampling.UserSampling(train_options.batch_size, k),
+                            train_options.steps)
   model.fit(dataset, epochs=1, steps_per_epoch=train_options.steps, verbose=0)
   return scorer.scores(model), plan
 
 
+def _user_dataset(features, labels, user_ids, sampling, steps) -> tf.data.Dataset:
+  """`user_sampling.user_batches` of the training rows as a dataset: each step's sampled users'
+  rows (at most k each) with `UNIT_KEY`."""
+  specs = {key: tf.TensorSpec((None,) + value.shape[1:], tf.as_dtype(value.dtype))
+           for key, value in features.items()}
+  specs[UNIT_KEY] = tf.TensorSpec((None,), tf.int32)
+  return tf.data.Dataset.from_generator(
+      lambda: user_sampling.user_batches(features, labels, user_ids, sampling, steps),
+      output_signature=(specs, tf.TensorSpec((None,), tf.as_dtype(labels.dtype)))).prefetch(2)
+
+
+def _count_users(train) -> int:
+  """U, the distinct users of the training rows (`USER_KEY`; refused in one line when absent or
+  not integers)."""
+  return user_sampling.UserRows.group(train.get(USER_KEY), len(train["label"])).num_users
+
+
 def _white_box_run(options, num_examples):
   """One white-box run (`white_box.run_canaries`) of the configuration planned as `train ctr`
-  plans it on N = `num_examples` rows."""
+  plans it on N = `num_examples` rows (U users at the user level)."""
   train_options = options.train
   plan = train_ctr.plan_privacy(train_options, num_examples)
   selected = ({white_box.CANARY_TABLE: [0]}  # replaced by the canary rows
@@ -139,15 +208,16 @@ def _white_box_run(options, num_examples):
   def train_and_score(rng):
     scores, included = white_box.run_canaries(
         config, options.canary_count, train_options.batch_size / num_examples,
-        train_options.steps, train_options.batch_size, rng, train_options.secure_noise)
+        train_options.steps, train_options.batch_size, rng, train_options.secure_noise,
+        options.rows_per_user)
     return scores, included, plan
 
   return train_and_score
 
 
 def _accounted_claim(train_options, num_examples):
-  """The mechanism the plan accounts, T Poisson-subsampled Gaussian steps (None for a
-  non-private run or fixed-size batches)."""
+  """The mechanism the plan accounts, T Poisson-subsampled Gaussian steps at q over rows (over
+  users at the user level: N = U) (None for a non-private run or fixed-size batches)."""
   if train_options.algorithm == "non_private" or train_options.fixed_batches:
     return None
   plan = train_ctr.plan_privacy(train_options, num_examples)
@@ -163,7 +233,9 @@ def audit_ctr(options: CTRAuditOptions, data: Optional[train_ctr.CTRData] = None
     report(f"loading {options.train.data}")
     data = train_ctr.load_data(options.train.data, options.train.vocab,
                                options.train.vocab_min_count)
-  num_examples = len(data.train["label"])
+  user_level = options.rows_per_user is not None
+  # The units ε protects: N rows, or U users (public, as N is; B is then users per batch).
+  num_examples = _count_users(data.train) if user_level else len(data.train["label"])
   options = dataclasses.replace(options, train=train_ctr.sized_for(options.train, num_examples))
   train_options = options.train
   tf.keras.utils.set_random_seed(train_options.seed)  # public: initialisation only
@@ -179,7 +251,7 @@ def audit_ctr(options: CTRAuditOptions, data: Optional[train_ctr.CTRData] = None
   if options.threat_model == "white_box":
     train_and_score = _white_box_run(options, num_examples)
     claim = _accounted_claim(train_options, num_examples)
-  delta = train_options.delta or 1.0 / num_examples  # `train ctr`'s default δ = 1/N
+  delta = train_options.delta or 1.0 / num_examples  # `train ctr`'s default δ = 1/N (1/U)
   started = time.perf_counter()
   result = runner.run_audit(train_and_score, options.runs, delta, options.confidence,
                             np.random.default_rng(), options.threat_model, claim, report)
@@ -194,6 +266,9 @@ def audit_ctr(options: CTRAuditOptions, data: Optional[train_ctr.CTRData] = None
   summary = {
       "algorithm": train_options.algorithm,
       "threat_model": options.threat_model,
+      "privacy_unit": options.privacy_unit,  # what claimed_epsilon protects
+      "max_rows_per_user": options.rows_per_user,
+      "units": num_examples,  # N rows or U users
       "claimed_epsilon": train_options.epsilon if private else None,
       "steps_epsilon": steps_epsilon,
       "delta": delta,
@@ -228,7 +303,7 @@ class _AuditParserAsSubparsers:
 
 
 AUDIT_ONLY = ("threat_model", "canaries", "runs", "confidence", "score", "scores_file",
-              "summary_json")
+              "summary_json", "privacy_unit", "max_rows_per_user")
 NOT_USED = ("ledger", "charge_every", "log_dir", "eval_batch_size", "run_dir",
             "checkpoint_every", "keep_checkpoints")  # `train ctr`-only
 
@@ -254,6 +329,14 @@ def register(subparsers):
       help="black-box canary score: alignment of its rows' movement with its gradient, their "
            "movement, its loss drop, or all (the best, Bonferroni-corrected)")
   add("--scores-file", help="write every canary's score and membership here (JSON lines)")
+  if "--privacy-unit" not in parser._option_string_actions:  # (unless `train ctr` has it)
+    add("--privacy-unit", choices=PRIVACY_UNITS, default=defaults.privacy_unit,
+        help="what ε protects: a row, or a user (canary users of k rows; users sampled at "
+             "q = B/U, B then users per batch, each user's summed gradient clipped as one)")
+  if "--max-rows-per-user" not in parser._option_string_actions:
+    add("--max-rows-per-user", type=int,
+        help="k, the rows of a canary user and the most rows a sampled user brings to a step "
+             f"(user level; default {user_sampling.DEFAULT_MAX_ROWS_PER_USER})")
   parser.set_defaults(func=run)
 
 
@@ -283,9 +366,11 @@ def run(args) -> dict:
   summary = audit_ctr(CTRAuditOptions(train=train, progress=not args.no_progress,
                                       **audit_values))
   claimed = summary["claimed_epsilon"]
+  unit = ("user, k = {}".format(summary["max_rows_per_user"])
+          if summary["privacy_unit"] == "user" else "row")
   print(f"ε lower bound {summary['epsilon_lower_bound']:.3f} at {summary['confidence']:.0%} "
         f"(ceiling {summary['ceiling']:.3f}: every guess right; Steinke et al. "
         f"{summary['epsilon_lower_bound_steinke']:.3f}, ceiling "
         f"{summary['ceiling_steinke']:.3f}); claimed ε "
-        f"{'∞ (non-private)' if claimed is None else claimed}", file=sys.stderr)
+        f"{'∞ (non-private)' if claimed is None else claimed} per {unit}", file=sys.stderr)
   return summary

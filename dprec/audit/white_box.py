@@ -19,12 +19,23 @@ by B. The adversary reads each step's released gradient on the canary rows, x_t 
   spread: the variance of x_t over the steps its row was released — zero for an "out" canary
           whose noise repeats from step to step, so a step that reuses its noise shows.
 
-Real training examples touch neither the canary rows nor, being clipped one by one, the canaries'
-clipped sums: the canaries' released coordinates are distributed as in the full run, so the
-audit runs the step on the canaries alone (fast, and the same at any data size).
+User level (`rows_per_user` = k): canary j is a user of k rows, each a Dirac canary on the same
+coordinate j (the user's gradient kG on it, G > C2). The users that are "in" are Poisson-sampled
+at q over users by the real user-level sampler (`dprec.training.user_sampling.user_batch`), the
+batch carries each row's unit (`UNIT_KEY`), and the DP step clips the user's summed gradient as
+one (`dprec.clipping.units`; DP-AdaFEST's 0/1 contribution map per user), normalised by B users:
+a sampled user's released coordinate is −C2/B plus the noise, the claim is the row level's at q
+over users, and the scores are unchanged. A step that clipped each row alone would release k·C2
+(and a per-user norm that missed the k rows' sum on one coordinate, √k·C2), which the scores
+read as a leak.
+
+Real training examples touch neither the canary rows nor, being clipped one by one (one user at
+a time), the canaries' clipped sums: the canaries' released coordinates are distributed as in the
+full run, so the audit runs the step on the canaries alone (fast, and the same at any data size).
 """
 import dataclasses
 import math
+from typing import Optional
 
 import numpy as np
 import tensorflow as tf
@@ -34,11 +45,14 @@ from dprec.models.dp_model import DPModel
 from dprec.optimizers import config as config_lib
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.sparse import SparseSGD
+from dprec.privacy_unit import UNIT_KEY
 from dprec.training import poisson
+from dprec.training import user_sampling
 
 CANARY_TABLE = "audit_canaries"
 GRADIENT_NORM = 10.0  # G in units of C2: a step that skips clipping releases 10× the signal
 SCORES = ("llr", "spread")
+CANARY_IDS = "canary"  # the feature: each row's canary coordinate
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,7 +85,7 @@ class CanaryModel(DPModel):
     self.llr, self.released, self.total, self.squares = zeros(), zeros(), zeros(), zeros()
 
   def call(self, inputs, training=False):
-    return GRADIENT_NORM * self.clip * self.canaries(inputs)  # [n, 1]
+    return GRADIENT_NORM * self.clip * self.canaries(inputs[CANARY_IDS])  # [n, 1]
 
   def per_example_loss(self, y, y_pred, sample_weight=None):
     return -y_pred[:, 0]  # gradient −G on the canary's own coordinate
@@ -127,10 +141,12 @@ def _step_llr(x, kept, claim: Claim):
 
 
 def run_canaries(config, count: int, sampling_rate: float, steps: int, batch_size: float,
-                 rng: np.random.Generator, secure_noise: bool = False):
+                 rng: np.random.Generator, secure_noise: bool = False,
+                 rows_per_user: Optional[int] = None):
   """One run: `count` canaries, each "in" with probability 1/2, through `steps` DP steps of
-  `config` at Poisson rate `sampling_rate` normalised by `batch_size`. Returns (scores dict,
-  included [m] bool). Noise and batches draw fresh OS entropy."""
+  `config` at Poisson rate `sampling_rate` normalised by `batch_size`; with `rows_per_user` k,
+  canary users of k rows sampled over users (module docstring). Returns (scores dict, included
+  [m] bool). Noise and batches draw fresh OS entropy."""
   included = rng.random(count) < 0.5
   if config_lib.fixed_rows(config) is not None:
     # DP-FEST, DP-AdaFEST+: the canary rows are in the set, taken as given, as the training
@@ -141,13 +157,35 @@ def run_canaries(config, count: int, sampling_rate: float, steps: int, batch_siz
   model.compile(optimizer=DPOptimizer(_observed(config), SparseSGD(0.0),
                                       expected_batch_size=batch_size, secure_noise=secure_noise))
   ids = np.flatnonzero(included).astype(np.int32)
-  batches = poisson.poisson_batch_indices(len(ids), sampling_rate, steps,
-                                          np.random.default_rng())  # OS entropy: secret
+  specs = {CANARY_IDS: tf.TensorSpec([None], tf.int32)}
+  if rows_per_user is not None:
+    specs[UNIT_KEY] = tf.TensorSpec([None], tf.int32)
   dataset = tf.data.Dataset.from_generator(
-      lambda: ((ids[batch], np.zeros(len(batch), np.float32)) for batch in batches),
-      output_signature=(tf.TensorSpec([None], tf.int32), tf.TensorSpec([None], tf.float32)))
+      lambda: ((batch, np.zeros(len(batch[CANARY_IDS]), np.float32))
+               for batch in canary_batches(ids, sampling_rate, steps, rows_per_user)),
+      output_signature=(specs, tf.TensorSpec([None], tf.float32)))
   model.fit(dataset, epochs=1, steps_per_epoch=steps, verbose=0)
   return model.scores(), included
+
+
+def canary_batches(ids, sampling_rate: float, steps: int, rows_per_user: Optional[int] = None):
+  """Each step's batch {`CANARY_IDS`: [n]} of the "in" canaries `ids`, from fresh OS entropy
+  (secret): each canary Poisson-sampled at `sampling_rate`; with `rows_per_user` k, each canary
+  a user of k rows on its coordinate, users sampled by `user_sampling.user_batch` and each row's
+  unit in `UNIT_KEY`."""
+  rng = np.random.default_rng()
+  if rows_per_user is None:
+    for batch in poisson.poisson_batch_indices(len(ids), sampling_rate, steps, rng):
+      yield {CANARY_IDS: ids[batch]}
+    return
+  rows = np.repeat(ids, rows_per_user)  # user u's k rows all look up coordinate ids[u]
+  users = user_sampling.UserRows.group(np.repeat(np.arange(len(ids)), rows_per_user)) if len(
+      ids) else None  # (no user "in": empty batches)
+  empty = (np.zeros(0, np.int64), np.zeros(0, np.int32))
+  for _ in range(steps):
+    batch, unit = (user_sampling.user_batch(users, sampling_rate, rows_per_user, rng) if users
+                   else empty)
+    yield {CANARY_IDS: rows[batch], UNIT_KEY: unit}
 
 
 def _observed(config):
