@@ -267,7 +267,7 @@ class StreamingTrainer:
     if self.plan.privacy_unit != "user":
       return features, labels
     kept = rows_per_user(self._users(period), self.plan.max_rows_per_user,
-                         self.run_state.numpy_rng("rows per user", period.index))
+                         self.run_state.key.numpy_rng("rows per user", period.index))
     return {k: v[kept] for k, v in features.items()}, labels[kept]
 
   def _releases(self, mechanisms, purpose, period):
@@ -275,7 +275,7 @@ class StreamingTrainer:
     if not self.plan.private:
       return {}
     return {name: (self.plan.release_noise_multiplier(sigma),
-                   self.run_state.numpy_rng(f"{purpose} {name}", period))
+                   self.run_state.key.numpy_rng(f"{purpose} {name}", period))
             for name, sigma in mechanisms.items()}
 
   # ---- state and checkpoints ----------------------------------------------------------------
@@ -425,7 +425,7 @@ class StreamingTrainer:
       epsilon = self.plan.selection_epsilon_per_period or None  # paid in _pay_for_period
       # DP: candidates are every id of the domain (and the OOV row), not the rows the data made.
       selected = fest.fest_rows(period.counts(), self.config.top_k, epsilon=epsilon,
-                                rng=self.run_state.numpy_rng("dp top-k", period.index),
+                                rng=self.run_state.key.numpy_rng("dp top-k", period.index),
                                 domain=ID_DOMAIN + 1).rows
     self.model.set_selected_rows(selected)
     self.state["selected_rows"] = _rows_to_json(selected)
@@ -439,9 +439,9 @@ class StreamingTrainer:
       if self.plan.privacy_unit == "user":
         indices, unit = user_batch(
             self._users(period), self.plan.sampling_rate, self.plan.max_rows_per_user,
-            self.run_state.numpy_rng("user poisson", period.index, step))
+            self.run_state.key.numpy_rng("user poisson", period.index, step))
       else:
-        rng = self.run_state.numpy_rng("poisson", period.index, step)
+        rng = self.run_state.key.numpy_rng("poisson", period.index, step)
         indices = next(poisson_batch_indices(len(labels), self.plan.sampling_rate, 1, rng))
       sizes.append(len(indices))
       batch = {k: v[indices] for k, v in features.items()}
@@ -452,7 +452,7 @@ class StreamingTrainer:
   def _key_noise(self, period, step):
     """Puts the model's noise generators on their states for step (p, s) of the run's key."""
     for purpose, generator in self.model.noise_generators().items():
-      self.run_state.noise_key.reset(generator, purpose, period, step)
+      self.run_state.key.reset(generator, purpose, period, step)
 
   def _train_period(self, period: Period):
     """Trains the rest of period p in chunks that end at checkpoints."""
