@@ -399,7 +399,7 @@ def main(argv=None):
   max_steps = args.max_steps or steps_for_epsilon(args.sigma, args.max_epsilon, args.delta)
   runs = []
   with Run("benchmarks/adambc_heavytail.py", insecure_noise_seed=args.insecure_noise_seed) as run:
-    noise = ("noise from the run's secret key" if run.noise_key.private else
+    noise = ("noise from the run's secret key" if run.key.private else
              f"INSECURE noise seed {args.insecure_noise_seed}: reproducible, not private")
     jobs = [(draw, name, lr, gamma)
             for draw in range(args.first_draw, args.first_draw + args.draws)
@@ -420,7 +420,7 @@ def main(argv=None):
       return result
 
     for draw, name, lr, gamma in jobs:
-      generator = run.noise_key.tf_generator("adambc_heavytail", draw)
+      generator = run.key.tf_generator("adambc_heavytail", draw)
       result = train(problem, name, lr, gamma, generator, args, max_steps,
                      lambda partial, draw=draw: save(describe(partial, draw)))
       runs.append(describe(result, draw))

@@ -64,7 +64,7 @@ def main(argv=None):
     print(f"{data.train_rows:,} training rows, B = {args.batch_size:,}, {steps} steps of shards "
           f"written in {time.perf_counter() - start:.0f} s")
     features, labels = in_memory_rows(data)
-    sampling = poisson.BatchSampling(args.batch_size, True, run.entropy("poisson"))
+    sampling = poisson.BatchSampling(args.batch_size, True, run.key.entropy("poisson"))
     sources = {
         "streamed": lambda first, stop: batch_shards.batch_dataset(directory, manifest, first,
                                                                     stop),

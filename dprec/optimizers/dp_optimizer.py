@@ -35,7 +35,7 @@ class DPOptimizer:
 
   The noise and selection randomness is secret by default: a generator keyed from a fresh
   `NoiseKey` (the OS CSPRNG). At most one of these replaces it:
-    `noise_key`: a run's key (`dprec.workflows.run.Run.noise_key`); private unless the key is
+    `noise_key`: a run's key (`dprec.workflows.run.Run.key`); private unless the key is
       an insecure one.
     `insecure_noise_seed`: deterministic noise from a public seed (warns; `private` is False).
     `generator`: a `tf.random.Generator` of the caller's (tests; a `SecureNoise` with

@@ -83,7 +83,7 @@ class PeriodCharges:
     if not self.plan.private:
       return {}
     return {name: (self.plan.release_noise_multiplier(sigma),
-                   self.run.numpy_rng(f"{purpose} {name}", period))
+                   self.run.key.numpy_rng(f"{purpose} {name}", period))
             for name, sigma in mechanisms.items()}
 
   def composition(self):

@@ -46,7 +46,7 @@ class PeriodRows:
     if self.plan.privacy_unit != "user":
       return features, labels
     kept = rows_per_user(self.users(period), self.plan.max_rows_per_user,
-                         self.run.numpy_rng("rows per user", period.index))
+                         self.run.key.numpy_rng("rows per user", period.index))
     return {k: v[kept] for k, v in features.items()}, labels[kept]
 
   def batches(self, period, features, labels, start, stop, sizes):
@@ -58,9 +58,9 @@ class PeriodRows:
       if self.plan.privacy_unit == "user":
         indices, unit = user_batch(
             self.users(period), self.plan.sampling_rate, self.plan.max_rows_per_user,
-            self.run.numpy_rng("user poisson", period.index, step))
+            self.run.key.numpy_rng("user poisson", period.index, step))
       else:
-        rng = self.run.numpy_rng("poisson", period.index, step)
+        rng = self.run.key.numpy_rng("poisson", period.index, step)
         indices = next(poisson_batch_indices(len(labels), self.plan.sampling_rate, 1, rng))
       sizes.append(len(indices))
       batch = {k: v[indices] for k, v in features.items()}

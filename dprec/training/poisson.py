@@ -56,7 +56,7 @@ class BatchSampling:
       (epoch by epoch, the last incomplete batch of an epoch is dropped).
     entropy: seed of the numpy generator that picks batches. The batches are part of the
       privacy proof (amplification by sampling), so this must be secret: a run passes bits
-      derived from its noise key (`dprec.workflows.run.Run.entropy`); None draws 256 bits from
+      derived from its noise key (`dprec.workflows.run.Run.key`); None draws 256 bits from
       the OS CSPRNG. Never a public seed, unless the run is flagged as not private.
     max_batch_size: B_max a Poisson batch is truncated to (a uniform subset of B_max of its
       rows), None for exact Poisson; its cost is the plan's (`dprec.privacy.truncation`).

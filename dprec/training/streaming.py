@@ -192,7 +192,7 @@ class StreamingTrainer:
       epsilon = self.plan.selection_epsilon_per_period or None  # paid in PeriodCharges.pay
       # DP: candidates are every id of the domain (and the OOV row), not the rows the data made.
       selected = fest.fest_rows(period.counts(), self.config.top_k, epsilon=epsilon,
-                                rng=self.run_state.numpy_rng("dp top-k", period.index),
+                                rng=self.run_state.key.numpy_rng("dp top-k", period.index),
                                 domain=ID_DOMAIN + 1).rows
     self.model.set_selected_rows(selected)
     self.state["selected_rows"] = stream_state.rows_to_json(selected)
@@ -201,7 +201,7 @@ class StreamingTrainer:
   def _key_noise(self, period, step):
     """Puts the model's noise generators on their states for step (p, s) of the run's key."""
     for purpose, generator in self.model.noise_generators().items():
-      self.run_state.noise_key.reset(generator, purpose, period, step)
+      self.run_state.key.reset(generator, purpose, period, step)
 
   def _train_period(self, period: Period):
     """Trains the rest of period p in chunks that end at checkpoints."""

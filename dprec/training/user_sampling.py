@@ -88,7 +88,7 @@ class UserSampling:
     max_rows_per_user: k, the most rows a sampled user brings to a step (public, >= 1).
     entropy: seed of the numpy generators that pick users and rows; secret, as
       `poisson.BatchSampling.entropy` (a run passes bits derived from its noise key,
-      `dprec.workflows.run.Run.entropy("user poisson")`; None draws 256 bits from the OS
+      `dprec.workflows.run.Run.key.entropy("user poisson")`; None draws 256 bits from the OS
       CSPRNG). Never a public seed, unless the run is flagged as not private.
   """
   users_per_batch: float

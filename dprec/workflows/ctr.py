@@ -278,7 +278,7 @@ def make_optimizer(options, model):
 def build_model(options, data, plan, run):
   """(the compiled pCTR model, the base rate): the logit bias starts at the (DP) base rate and
   DP-FEST's rows are drawn, both from the run's key and paid once; noise from the run's key."""
-  sigma, rng = plan.mechanisms.get(BASE_RATE_LABEL), run.numpy_rng("base rate")
+  sigma, rng = plan.mechanisms.get(BASE_RATE_LABEL), run.key.numpy_rng("base rate")
   rate = (base_rate_of_sum(data.label_sum(), data.train_rows, sigma, rng) if _out_of_core(data)
           else base_rate(data.train["label"], sigma, rng))
   tf.keras.utils.set_random_seed(options.seed)
@@ -288,7 +288,7 @@ def build_model(options, data, plan, run):
       logit_bias=float(np.log(rate / (1 - rate))) if options.logit_init == "base_rate" else None)
   selection = None
   if options.algorithm in FEST_ALGORITHMS:
-    top_k = (options.top_k, options.top_k_epsilon or None, run.numpy_rng("dp top-k"))
+    top_k = (options.top_k, options.top_k_epsilon or None, run.key.numpy_rng("dp top-k"))
     selection = (fest.rows_from_counts(dict(zip(model.config.table_names, data.id_counts())),
                                        *top_k) if _out_of_core(data)
                  else fest.rows_from_ids(data.train[ctr.CAT_FEATURES], model.config.table_names,
@@ -296,7 +296,7 @@ def build_model(options, data, plan, run):
   config = algorithm_config(options, plan.noise_multiplier, selection and selection.rows)
   model.compile(optimizer=DPOptimizer(config, make_optimizer(options, model),
                                       expected_batch_size=options.batch_size,
-                                      noise_key=run.noise_key,
+                                      noise_key=run.key,
                                       secure_noise=options.secure_noise))
   if options.algorithm == "dp_sgd_lazy":
     model.refuse_what_lazy_noise_cannot_run()  # the step's own refusal, before the ledger is paid
@@ -427,13 +427,13 @@ def _train(options, data, strategy, coordinator, base=None):
       model = _local_copy(model)
     if _out_of_core(data):
       calibration = recalibrate(model, data.logits_and_labels, plan, rate,
-                                run.numpy_rng("calibration"),
+                                run.key.numpy_rng("calibration"),
                                 options.eval_batch_size, num_rows=data.train_rows)
       evaluation = model.evaluate(data.eval_dataset(options.eval_batch_size), verbose=0,
                                   return_dict=True)
       held_out = data.eval_label_stats()
     else:
-      calibration = recalibrate(model, data.train, plan, rate, run.numpy_rng("calibration"),
+      calibration = recalibrate(model, data.train, plan, rate, run.key.numpy_rng("calibration"),
                                 options.eval_batch_size)
       evaluation = ctr.evaluate(model, data.eval, data.eval["label"], options.eval_batch_size)
       held_out = len(data.eval["label"]), float(np.mean(data.eval["label"]))

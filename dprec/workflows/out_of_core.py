@@ -177,20 +177,20 @@ def write_batches(data: Data, base: str, run, batch_size: int, steps: int,
   """(the batch directory, its checked manifest, the batch job's summary or None when this
   run's batches were already there): the job runs unless a finished one of this run, key and
   plan (batches truncated to `max_batch_size`, if given) is found. The job's workers read the
-  key from the run's secret file (`Run.key_file`)."""
+  key from the run's secret file (`RunDirectory.key_file`)."""
   directory = os.path.join(base, BATCHES)
   plan = batch_shards.plan_fields(data.train_rows, batch_size, steps, max_batch_size)
   if os.path.exists(os.path.join(directory, batch_shards.MANIFEST)):
-    return directory, batch_shards.read_manifest(directory, run.run_id, run.noise_key, plan), None
+    return directory, batch_shards.read_manifest(directory, run.run_id, run.key, plan), None
   from pipelines import poisson_batches
   summary = poisson_batches.run(poisson_batches.BatchJob(
       files=tuple(criteo_tfrecord.day_files(data.records, data.train_days)), output=directory,
-      run_id=run.run_id, key_fingerprint=batch_shards.key_fingerprint(run.noise_key),
+      run_id=run.run_id, key_fingerprint=batch_shards.key_fingerprint(run.key),
       num_examples=data.train_rows, batch_size=batch_size, steps=steps,
-      key_path=run.key_file() if run.private else None,
-      insecure_noise_seed=None if run.private else run.noise_key.insecure_seed,
+      key_path=run.directory.key_file(run.key) if run.key.private else None,
+      insecure_noise_seed=None if run.key.private else run.key.insecure_seed,
       max_batch_size=max_batch_size), beam_args)
-  return directory, batch_shards.read_manifest(directory, run.run_id, run.noise_key, plan), summary
+  return directory, batch_shards.read_manifest(directory, run.run_id, run.key, plan), summary
 
 
 def fit(run, model, directory: str, manifest: dict, steps: int, resume, callbacks,

@@ -78,10 +78,10 @@ def write(run, plan, files: Sequence[str], directory: str, parse: Optional[Calla
   beam_jobs.launch(
       "poisson_batches", beam_args, files=tuple(os.fspath(f) for f in files),
       output=os.fspath(directory), run_id=run.run_id,
-      key_fingerprint=batch_shards.key_fingerprint(run.noise_key),
+      key_fingerprint=batch_shards.key_fingerprint(run.key),
       num_examples=fields["num_examples"], batch_size=fields["batch_size"],
-      steps=fields["steps"], key_path=run.key_file() if run.private else None,
-      insecure_noise_seed=None if run.private else run.noise_key.insecure_seed,
+      steps=fields["steps"], key_path=run.directory.key_file(run.key) if run.key.private else None,
+      insecure_noise_seed=None if run.key.private else run.key.insecure_seed,
       max_batch_size=plan.max_batch_size)
   return PoissonBatches(os.fspath(directory), parse or batch_shards.parse_rows)
 
@@ -97,7 +97,7 @@ def used_up(batches: PoissonBatches, steps: int, start: int, asked: int) -> str:
 def checked_manifest(run, plan, batches: PoissonBatches, start: int) -> dict:
   """The manifest of `batches`, refused in one line unless it is this run's, key's and plan's
   and the shards of steps `start`.. are all there."""
-  manifest = batch_shards.read_manifest(batches.directory, run.run_id, run.noise_key,
+  manifest = batch_shards.read_manifest(batches.directory, run.run_id, run.key,
                                         plan_fields(plan))
   batch_shards.check_shards(batches.directory, manifest, start)
   return manifest

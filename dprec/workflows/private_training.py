@@ -27,6 +27,7 @@ from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
 from dprec.training import output_layer
 from dprec.training import poisson
 from dprec.training import user_sampling
+from dprec.training.callbacks import KeyedNoiseCallback
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import private_batches
 from dprec.workflows import private_inputs
@@ -192,7 +193,7 @@ class PrivateTraining:
     inner = self.row_sparse(optimizer if optimizer is not None else adam(1e-3))
     _warn_on_a_short_adam_path(inner, state.plan.steps_per_period, adam)
     super().compile(DPOptimizer(config, inner, expected_batch_size=state.plan.batch_size,
-                                noise_key=state.run.noise_key,
+                                noise_key=state.run.key,
                                 secure_noise=state.options.secure_noise),
                     loss=loss, metrics=metrics, **kwargs)
 
@@ -293,8 +294,8 @@ class PrivateTraining:
     budget = state.run.budget_callback(state.plan, TRAINING_LABEL, state.steps,
                                        state.options.charge_every,
                                        steps_held=None if on_disk is None else state.plan.steps)
-    fit_callbacks = [state.run.noise_callback({NOISE_PURPOSE: self.dp_optimizer.generator},
-                                              start_step=state.steps), budget,
+    fit_callbacks = [KeyedNoiseCallback(state.run.key, {NOISE_PURPOSE: self.dp_optimizer.generator},
+                                        start_step=state.steps), budget,
                      *(callbacks or [])]
     state.fits += 1
     start = budget.steps_taken
@@ -327,14 +328,14 @@ class PrivateTraining:
     if state.users is not None:
       k = state.options.rows_per_unit
       sampling = user_sampling.UserSampling(state.plan.batch_size, k,
-                                            state.run.entropy("user poisson", state.fits))
+                                            state.run.key.entropy("user poisson", state.fits))
       dataset = private_users.batches(features, labels, structure, state.options.user_id,
                                       sampling, steps)
       return dataset, lambda: (*private_users.statistic_rows(
-          features, labels, state.users, k, state.run.numpy_rng("user statistic rows")),
+          features, labels, state.users, k, state.run.key.numpy_rng("user statistic rows")),
                                structure)
     sampling = poisson.BatchSampling(state.plan.batch_size, True,
-                                     state.run.entropy("poisson", state.fits),
+                                     state.run.key.entropy("poisson", state.fits),
                                      state.plan.max_batch_size)
     dataset = poisson.sampled_dataset(features, labels, sampling, steps)
     return (dataset.map(private_inputs.packer(structure, labels is not None)),
@@ -352,7 +353,7 @@ class PrivateTraining:
 
     def statistics():  # the same sample at every call: drawn from the key
       sample = private_batches.statistic_sample(batches, manifest,
-                                                state.run.numpy_rng("statistic sample"))
+                                                state.run.key.numpy_rng("statistic sample"))
       return private_inputs.in_memory(*(sample if isinstance(sample, tuple) else (sample, None)))
 
     return private_batches.dataset(batches, manifest, state.steps), statistics
@@ -416,11 +417,11 @@ class PrivateTraining:
       return
     sigma *= state.options.rows_per_unit  # per row: a user's k rows move it k times as far
     if custom is not None:
-      custom(self._pack(features, structure), labels, sigma, state.run.numpy_rng("output bias"))
+      custom(self._pack(features, structure), labels, sigma, state.run.key.numpy_rng("output bias"))
       return
     true_labels, _ = (self._labels_and_predictions(features, labels, structure)
                       if labels is None else (labels, None))
-    rng = state.run.numpy_rng("output bias")
+    rng = state.run.key.numpy_rng("output bias")
     state.label_range = state.options.label_range
     releases = 1
     if state.kind == output_layer.MSE and state.label_range is None:
@@ -440,7 +441,7 @@ class PrivateTraining:
     state.recalibration = output_layer.recalibrate(
         layer, state.kind, predictions, true_labels,
         state.plan.mechanisms[RECALIBRATION_LABEL] * state.options.rows_per_unit,
-        state.run.numpy_rng("recalibration"),
+        state.run.key.numpy_rng("recalibration"),
         prior=state.prior if state.prior is not None else 0.5,
         label_range=state.label_range, logits=state.logits)
 

@@ -1,14 +1,11 @@
-"""One run of a workflow (`train ctr`, `train seqrec`, `stream`, `demo`): its directory, its id,
-its secret noise key, its charges in the privacy ledger, its checkpoints and its summary, in one
-place for every way in.
+"""One run of a workflow (`train ctr`, `train seqrec`, `stream`, `demo`, `make_private`): its
+directory, its id, its secret noise key, its charges in the privacy ledger, its checkpoints and
+its summary, in one place for every way in.
 
-A run directory holds:
+A run directory (`dprec.workflows.run_directory`) holds:
   run.json          the run id, the command, and whether the noise is secret (shareable)
-  run.json.lock     held while a process (a multi-worker run's chief) uses the directory: a
-                    second one is refused
-  secret/noise_key  32 bytes from the OS CSPRNG, mode 0600 in a 0700 directory. Keep it private:
-                    with it the noise can be replayed and subtracted. Reloaded on resume; never
-                    copied into a checkpoint, summary, log or TensorBoard.
+  run.json.lock     held while a process (a multi-worker run's chief) uses the directory
+  secret/noise_key  the run's secret noise key (`dprec.workflows.run_key`)
   ledger.json       the privacy ledger (unless `ledger` names another, possibly shared, file)
   checkpoints/      `ckpt-<n>` directories (`dprec.workflows.resume`): model, optimizer slots
                     and the data position, committed atomically; no generator state: a step's
@@ -24,10 +21,10 @@ and what the ledger spent on this data set before the run's first charge (e.g. a
 job's DP top-k vocabulary) is composed into the run's plan (`plan_prior`) and reported in the
 summary's `epsilon_parts`.
 
-Every randomness the privacy proof relies on comes from the key (`noise_key`): the DP step's
-generator (`noise_callback`), Poisson sampling (`entropy("poisson")`), DP top-k and DP counts
-(`numpy_rng`). `insecure_noise_seed` derives the key from a public seed instead: reproducible,
-not private; the summary (`privacy_fields`) and every ledger charge say so.
+Every randomness the privacy proof relies on comes from the run's `key` (a `NoiseKey`): the DP
+step's generator, Poisson sampling (`key.entropy("poisson")`), DP top-k and DP counts
+(`key.numpy_rng`). `insecure_noise_seed` derives the key from a public seed instead:
+reproducible, not private; the summary (`privacy_fields`) and every ledger charge say so.
 
 The ledger is paid before anything is released: `check_budget` refuses, before the first charge,
 a run whose unpaid part would exceed the budget; `pay_once` charges the one-off releases (Gaussian
@@ -36,33 +33,21 @@ A run only ever counts its own charges as paid (`steps_paid`, `paid`), so a resu
 nothing twice and never counts another run's charges.
 """
 import dataclasses
-import datetime
-import json
 import math
 import os
-import secrets
-import shutil
 import sys
-import tempfile
-import time
-from typing import Mapping, Optional
+from typing import Optional
 
 from dprec import atomic_io
 from dprec.data import identity
 from dprec.errors import BudgetExceededError, DprecError
-from dprec.privacy.noise_key import KEY_BYTES
-from dprec.privacy.noise_key import NoiseKey
 from dprec.workflows import resume as resume_lib
+from dprec.workflows import run_directory
 
-RUN_FILE = "run.json"
-RUN_FORMAT = "dprec-run-v1"
-SECRET_DIR = "secret"
-KEY_FILE = "noise_key"
 LEDGER_FILE = "ledger.json"
 SUMMARY_FILE = "summary.json"  # in the run directory, unless --summary-json says otherwise
 STDOUT = "-"  # --summary-json -: the JSON summary on stdout
 CHECKPOINTS_DIR = "checkpoints"
-WORKER_WAIT_SECONDS = 600  # how long a worker waits for the chief to create the run
 BUDGET_SLACK = 1 + 1e-6  # calibration's rounding: a plan within this of the budget fits it
 CHECKPOINT_EVERY = 100  # steps between checkpoints at most, unless `checkpoint_every` says
 
@@ -134,26 +119,13 @@ class Run:
     # The data set trained on (None: in-memory data, which no charge can be matched to).
     self.data = data
     self.dataset = identity.dataset_identity(data) if data is not None else None
-    self._temporary = self._lock = self._scratch_dir = None
-    if run_dir is None:
-      self.run_id = secrets.token_hex(8)
-      self.noise_key = NoiseKey.new(insecure_noise_seed)
-      self._temporary = tempfile.mkdtemp(prefix="dprec-run-")
-      base = self._temporary
-    else:
-      os.makedirs(run_dir, exist_ok=True)
-      if chief:  # the other workers of a multi-worker run only read the chief's directory
-        self._lock = atomic_io.lock(os.path.join(run_dir, RUN_FILE), wait=False)
-        if self._lock is None:
-          raise DprecError(f"{run_dir}: another dprec process is using this run directory; "
-                           "wait for it to finish, or use another --run-dir")
-      try:
-        self.run_id, self.noise_key = self._load_or_create(insecure_noise_seed)
-      except BaseException:
-        self.close()
-        raise
-      base = run_dir
-    self.ledger_path = ledger or os.path.join(base, LEDGER_FILE)
+    self.directory = run_directory.RunDirectory(command, run_dir, chief)
+    try:
+      self.run_id, self.key = self.directory.open(insecure_noise_seed)
+    except BaseException:
+      self.close()
+      raise
+    self.ledger_path = ledger or os.path.join(self.directory.base, LEDGER_FILE)
     self._temporary_ledger = ledger is None and run_dir is None
     self.ledger = None  # opened by `open_ledger` (a private run)
 
@@ -164,99 +136,12 @@ class Run:
     self.close()
 
   def close(self):
-    if self._lock is not None:  # the run directory is free for a resume
-      self._lock.close()
-      self._lock = None
-    for directory in (self._temporary, self._scratch_dir):
-      if directory is not None:
-        shutil.rmtree(directory, ignore_errors=True)
-    self._temporary = self._scratch_dir = None
-
-  def _scratch(self):
-    """A temporary directory of this process (removed by `close`)."""
-    if self._scratch_dir is None:
-      self._scratch_dir = tempfile.mkdtemp(prefix="dprec-worker-")
-    return self._scratch_dir
-
-  # ---- the run directory -------------------------------------------------------------------
-
-  @property
-  def key_path(self):
-    return os.path.join(self.run_dir, SECRET_DIR, KEY_FILE)
-
-  def key_file(self) -> str:
-    """The run's secret key file, for processes that read the key themselves (a Beam job's
-    workers): the run directory's, else one written (mode 0600) into the run's temporary
-    directory, removed by `close`."""
-    if self.run_dir is not None:
-      return self.key_path
-    path = os.path.join(self._temporary, SECRET_DIR, KEY_FILE)
-    if not os.path.exists(path):
-      _write_secret(path, self.noise_key.key_bytes())
-    return path
+    """Releases the run directory and removes the temporary ones."""
+    self.directory.close()
 
   @property
   def checkpoint_dir(self):
     return os.path.join(self.run_dir, CHECKPOINTS_DIR)
-
-  def _load_or_create(self, insecure_seed):
-    path = os.path.join(self.run_dir, RUN_FILE)
-    if not self.chief:  # the chief creates the run (id, key); the other workers read it
-      _wait_for(path, "the chief's run file")
-    if not os.path.exists(path):
-      key = NoiseKey.new(insecure_seed)
-      if key.private:
-        _write_secret(self.key_path, key.key_bytes())
-      run_id = secrets.token_hex(8)
-      created = datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds")
-      atomic_io.write_json(path, {"format": RUN_FORMAT, "run_id": run_id,
-                                  "command": self.command, "created": created,
-                                  "insecure_noise_seed": insecure_seed})
-      return run_id, key
-    try:
-      with open(path, encoding="utf-8") as f:
-        info = json.load(f)
-      run_id = info["run_id"]
-    except (OSError, ValueError, KeyError, TypeError) as error:
-      raise DprecError(f"{path}: not a readable dprec run file ({error})") from error
-    if info.get("command") != self.command:
-      raise DprecError(f"{path}: this run directory belongs to `{info.get('command')}`, not "
-                       f"`{self.command}`; use another run directory")
-    if info.get("insecure_noise_seed") != insecure_seed:
-      raise DprecError(f"{path}: field insecure_noise_seed: the run was started with "
-                       f"{info.get('insecure_noise_seed')!r}, now {insecure_seed!r}; resume it "
-                       "with the same --insecure-noise-seed (or none)")
-    if insecure_seed is not None:
-      return run_id, NoiseKey.new(insecure_seed)
-    try:
-      with open(self.key_path, "rb") as f:
-        key = f.read()
-    except OSError as error:
-      raise DprecError(f"{self.key_path}: the run's secret noise key is missing ({error}); "
-                       "the run cannot resume on the same noise: use a new run directory") \
-          from error
-    if len(key) != KEY_BYTES:
-      raise DprecError(f"{self.key_path}: a noise key has {KEY_BYTES} bytes, found {len(key)}")
-    return run_id, NoiseKey(key)
-
-  # ---- randomness --------------------------------------------------------------------------
-
-  @property
-  def private(self) -> bool:
-    """Whether the run's randomness is secret."""
-    return self.noise_key.private
-
-  def numpy_rng(self, purpose, *index):
-    return self.noise_key.numpy_rng(purpose, *index)
-
-  def entropy(self, purpose, *index):
-    return self.noise_key.entropy(purpose, *index)
-
-  def noise_callback(self, generators: Mapping[str, object], start_step: int = 0, index=()):
-    """A Keras callback putting each `{purpose: tf.random.Generator}` on its state for
-    (purpose, index..., step) before every step."""
-    from dprec.training import callbacks
-    return callbacks.KeyedNoiseCallback(self.noise_key, generators, start_step, index)
 
   # ---- the ledger --------------------------------------------------------------------------
 
@@ -267,11 +152,11 @@ class Run:
     the privacy unit of its budget (None: the existing ledger's, else "row"; another than an
     existing ledger's is refused). Refuses a ledger holding charges for another data set."""
     from dprec.privacy import PrivacyLedger
-    if not self.chief and self._temporary is None:  # a shared ledger: the chief creates it
-      _wait_for(self.ledger_path, "the chief's privacy ledger")
+    if not self.chief and self.run_dir is not None:  # a shared ledger: the chief creates it
+      run_directory.wait_for(self.ledger_path, "the chief's privacy ledger")
     if delta is None and not os.path.exists(self.ledger_path):
       delta = default_delta
-    marks = {} if self.private else {"private": False, "privacy_note": self.noise_key.note}
+    marks = {} if self.key.private else {"private": False, "privacy_note": self.key.note}
     if self.dataset is not None:
       marks["dataset"] = self.dataset
     self.ledger = PrivacyLedger(self.ledger_path, epsilon_budget=epsilon_budget, delta=delta,
@@ -430,10 +315,11 @@ class Run:
     none)."""
     from dprec.training import callbacks
     timer = callbacks.StepTimer()
-    fit = [timer, self.noise_callback(generators, start_step=resume.step)]
+    fit = [timer, callbacks.KeyedNoiseCallback(self.key, generators, resume.step)]
     fit += [charges] if charges is not None else []
     if resume.manager is not None:
-      fit.append(resume.callback(checkpoint_every, None if self.chief else self._scratch()))
+      scratch = None if self.chief else self.directory.scratch()
+      fit.append(resume.callback(checkpoint_every, scratch))
     fit += list(extra)
     if progress:
       fit.append(callbacks.ProgressBar(desc=progress, initial=resume.step,
@@ -460,7 +346,7 @@ class Run:
         print(f"dprec: {self.run_dir}: this run finished its {steps} steps before: evaluating "
               "its model again (nothing charged)", file=sys.stderr)
       return {}
-    sampling = sampling_lib.BatchSampling(batch_size, poisson, self.entropy("poisson"),
+    sampling = sampling_lib.BatchSampling(batch_size, poisson, self.key.entropy("poisson"),
                                           max_batch_size)
     distributed = model.distribute_strategy is not tf.distribute.get_strategy()
     if batches is None and (coordinator is not None or not distributed):
@@ -471,7 +357,7 @@ class Run:
       from dprec.training.callbacks import CheckpointCallback
       return parameter_server.fit(
           model, coordinator, batches,
-          (self.noise_key.tf_state(NOISE_PURPOSE, t) for t in range(resume.step, steps)),
+          (self.key.tf_state(NOISE_PURPOSE, t) for t in range(resume.step, steps)),
           steps - resume.step, callbacks,
           sync_every=next((c.every for c in callbacks if isinstance(c, CheckpointCallback)),
                           None), read=read)
@@ -491,7 +377,7 @@ class Run:
     (preprocessing selection and training, adding up to its ε) and, with its data directory,
     `dataset` (which data set, and whether its vocabulary is DP): both public."""
     reasons = ([] if dp else ["non-private training: no differential privacy"])
-    reasons += [] if self.private else [self.noise_key.note]
+    reasons += [] if self.key.private else [self.key.note]
     public = list(epsilon_covers.get("public", [])) + [
         "epsilon_parts (accounting), ledger (its path) and dataset (the data set's path, id "
         "and vocab_privacy)"]
@@ -507,7 +393,7 @@ class Run:
     if self.dataset is not None:
       fields["dataset"] = dict(self.dataset, vocab_privacy=identity.manifest_field(
           self.data, "vocab_privacy"))
-    return dict(fields, private=dp and self.private and not public_seeded,
+    return dict(fields, private=dp and self.key.private and not public_seeded,
                 privacy_note="; ".join(reasons + public_seeded + list(notes)) or None)
 
   def privacy_summary(self, plan, epsilon_covers, dp=None, notes=()) -> dict:
@@ -562,28 +448,3 @@ def report(summary: dict, options: RunOptions, result: str) -> int:
     print(f"{result}; summary: {path}" if path else
           f"{result} (JSON summary: --summary-json PATH, or - for stdout)")
   return 0
-
-
-def _wait_for(path, what, timeout=WORKER_WAIT_SECONDS):
-  """Waits (a worker that is not the chief) until `path` exists."""
-  deadline = time.monotonic() + timeout
-  while not os.path.exists(path):
-    if time.monotonic() > deadline:
-      raise DprecError(f"{path}: {what} did not appear within {timeout:g} s; start the chief "
-                       "(worker 0) with the same --run-dir")
-    time.sleep(0.2)
-
-
-def _write_secret(path, data):
-  """Writes `data` to `path` atomically with mode 0600 (directory 0700)."""
-  directory = os.path.dirname(path)
-  os.makedirs(directory, mode=0o700, exist_ok=True)
-  os.chmod(directory, 0o700)
-  tmp = f"{path}.tmp-{secrets.token_hex(4)}"
-  fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-  with os.fdopen(fd, "wb") as f:
-    f.write(data)
-    f.flush()
-    os.fsync(f.fileno())
-  os.replace(tmp, path)
-  atomic_io.fsync_directory(directory)

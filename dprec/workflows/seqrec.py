@@ -367,11 +367,11 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
       prior = dp_forward_lib.label_prior(options.item_frequencies, data.item_ids,
                                          examples.num_items)
       examples = dataclasses.replace(examples, labels=dp_forward_lib.training_labels(
-          examples.labels, prior, plan.forward.label_epsilon, rng=run.numpy_rng("label rr"),
+          examples.labels, prior, plan.forward.label_epsilon, rng=run.key.numpy_rng("label rr"),
           saved=options.run_dir and os.path.join(options.run_dir, "rr_labels.npy")))
     # The histogram's noise comes from the run's key, so a resumed run draws the same p_i.
     frequencies = frequencies_lib.frequencies(options, data, examples, plan,
-                                              run.numpy_rng("item histogram"))
+                                              run.key.numpy_rng("item histogram"))
     if options.model == "item2item":
       summary = _run_item2item(options, examples, plan, run, frequencies, public)
       summary["public_user_selection"] = public_users_lib.summary(
@@ -383,11 +383,11 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
     if vocabulary is not None:  # labels index the table's rows
       examples = dataclasses.replace(examples, labels=vocabulary.row_of[examples.labels])
     weights, floor = frequencies_lib.row_weights(options, plan, examples, frequencies, vocabulary)
-    model = build_model(options, examples, plan, frequencies, run.noise_key, vocabulary, weights)
+    model = build_model(options, examples, plan, frequencies, run.key, vocabulary, weights)
     prior = release = None
     if options.model in PAIR_MODELS:  # before a checkpoint is restored over the rows
       prior, release = item2item_lib.build_model(options, examples, plan, frequencies,
-                                                 run.numpy_rng("item pairs"))
+                                                 run.key.numpy_rng("item pairs"))
       if options.model == FROZEN:
         set_frozen_items(model, prior, item2item_lib.popularity(options, examples,
                                                                 frequencies))
@@ -442,7 +442,7 @@ def choose_model(options, examples, run):
   check_batch_size(options, len(examples.items))  # the transformer's refusal, before the release
   delta, _ = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
                                 default_delta=1.0 / len(examples.items))
-  return model_choice.resolve(options, examples, delta, run.numpy_rng(model_choice.LABEL))
+  return model_choice.resolve(options, examples, delta, run.key.numpy_rng(model_choice.LABEL))
 
 
 def _run_item2item(options, examples, plan, run, frequencies, public=None):
@@ -454,7 +454,7 @@ def _run_item2item(options, examples, plan, run, frequencies, public=None):
     run.pay_steps(plan, item2item_lib.LABEL, plan.steps)
   timer = time.perf_counter()
   model, release = item2item_lib.build_model(options, examples, plan, frequencies,
-                                             run.numpy_rng("item pairs"), public)
+                                             run.key.numpy_rng("item pairs"), public)
   metrics = evaluate_all(model, examples, options)
   summary = {
       "model": "item2item", "ndcg_at_10": metrics["ndcg_at_10"],

@@ -83,7 +83,7 @@ def test_shards_train_the_model_the_same_batches_train_in_memory(data_dir):
         with open(path, "rb") as stream:
           rows = len(batch_shards.unframe(stream.read(), path))
         example, step = poisson.steps_joined(
-            run.noise_key.numpy_rng(batch_shards.SAMPLING_PURPOSE, index), rows,
+            run.key.numpy_rng(batch_shards.SAMPLING_PURPOSE, index), rows,
             BATCH / data.train_rows, STEPS)
         for i, t in zip(example, step):
           batches[t].append(offset + i)

@@ -64,12 +64,12 @@ def test_dp_optimizer_noise_is_secret_unless_flagged():
 
 def test_run_keeps_its_id_and_key_and_refuses_a_changed_noise_setting(tmp_path):
   with Run("train ctr", str(tmp_path)) as run:
-    key, run_id = run.noise_key.key_bytes(), run.run_id
+    key, run_id = run.key.key_bytes(), run.run_id
   assert os.stat(tmp_path / "secret" / "noise_key").st_mode & 0o777 == 0o600
   info = json.loads((tmp_path / "run.json").read_text())
   assert info["run_id"] == run_id and key.hex() not in (tmp_path / "run.json").read_text()
   with Run("train ctr", str(tmp_path)) as resumed:
-    assert resumed.run_id == run_id and resumed.noise_key.key_bytes() == key
+    assert resumed.run_id == run_id and resumed.key.key_bytes() == key
   with pytest.raises(DprecError, match="insecure_noise_seed"):
     Run("train ctr", str(tmp_path), insecure_noise_seed=3)
   with pytest.raises(DprecError, match="belongs to `train ctr`"):

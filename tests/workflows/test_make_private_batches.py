@@ -79,7 +79,7 @@ def _write_directory(model, directory, batches, inputs):
   entries = [batch_shards.write_shard(directory, step, [records[i] for i in batch])
              for step, batch in enumerate(batches)]
   run, plan = model._private.run, model.privacy_plan
-  manifest = batch_shards.manifest_of(run.run_id, batch_shards.key_fingerprint(run.noise_key),
+  manifest = batch_shards.manifest_of(run.run_id, batch_shards.key_fingerprint(run.key),
                                       False, private_batches.plan_fields(plan), [inputs], entries)
   with open(os.path.join(directory, batch_shards.MANIFEST), "w", encoding="utf-8") as stream:
     json.dump(manifest, stream)
@@ -94,7 +94,7 @@ def test_a_streamed_fit_ends_where_the_in_memory_fit_on_the_same_batches_ends(ke
   for got, expected in zip(streamed.get_weights(), in_memory.get_weights()):
     np.testing.assert_array_equal(got, expected)
   plan = in_memory.privacy_plan
-  entropy = in_memory._private.run.entropy("poisson", 0)
+  entropy = in_memory._private.run.key.entropy("poisson", 0)
   drawn = list(poisson.batch_indices(N, poisson.BatchSampling(BATCH, True, entropy), plan.steps))
   directory = str(tmp_path / "batches")
   _write_directory(streamed, directory, drawn, _input_file(tmp_path))
