@@ -18,14 +18,18 @@ EPSILON_COVERS = {
     "covered": ["the model", "steps", "gradient_size_reduction", "epsilon_so_far", "stopped",
                 "trained_now (whether this invocation trained a step)",
                 "calibration_scale and calibration_shift (DP Platt scaling of each period)",
-                "base_rate (DP, first period) and base_rate_log_loss",
+                "base_rate (DP, first period)",
                 "holdout (final model on the hold-out days, not training data of this run)"],
     "public": ["plan", "settings", "days", "vocab_size and new_ids (vocabularies treated as "
                "public)", "timings"],
-    "held_out_evaluation": "each period's auc, log_loss (= eval_loss) and base_rate_log_loss "
-                           "evaluate the model trained before it on period p, which IS training "
-                           "data of this run (trained on next): not covered by ε; holdout "
-                           "evaluates days never trained on",
+    "held_out_evaluation": "each period's auc, log_loss (= eval_loss), base_rate_log_loss (the "
+                           "constant at the first period's DP click rate) and eval_base_rate "
+                           "(period p's click rate) evaluate the model trained before it on "
+                           "period p, which IS training data of this run (trained on next): not "
+                           "covered by ε; so are eval_log_loss, eval_base_rate, "
+                           "base_rate_log_loss (the constant at that click rate) and "
+                           "worse_than_base_rate at the top, those of the last period evaluated; "
+                           "holdout evaluates days never trained on",
     "not_covered": "diagnostics_nonprivate (only with --diagnostics): exact period sizes, "
                    "Poisson batch sizes and training losses",
 }

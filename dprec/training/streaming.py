@@ -160,14 +160,16 @@ class StreamingTrainer:
       time.sleep(min(self.config.poll_interval, max(0.0, deadline - time.monotonic())))
 
   def _evaluate_row(self, period: Period):
-    """Evaluates the model trained through period p-1 on period p and finishes p-1's row."""
+    """Evaluates the model trained through period p-1 on period p and finishes p-1's row (with
+    p's click rate, `eval_base_rate`: the constant predictor a model must beat on it)."""
     features, labels = self.rows.load(period)
     metrics = self.model.evaluate(self._known_ids(features), labels)
     row = self.state["rows"][-1]
     constant = metrics.get("base_rate_log_loss")
     row.update(eval_period=period.index, auc=float(metrics["auc"]),
                eval_loss=float(metrics["loss"]), log_loss=float(metrics["loss"]),
-               base_rate_log_loss=None if constant is None else float(constant))
+               base_rate_log_loss=None if constant is None else float(constant),
+               eval_base_rate=float(np.mean(labels)))
 
   def _known_ids(self, features):
     """Ids the model has no row for yet (first seen after its last training period) → OOV 0."""
@@ -298,7 +300,7 @@ class StreamingTrainer:
           "sampling_rate": self.plan.sampling_rate,
           "train_seconds": time.monotonic() - started, **released,
           "auc": None, "eval_loss": None, "log_loss": None, "base_rate_log_loss": None,
-          "eval_period": None}
+          "eval_base_rate": None, "eval_period": None}
       if self.config.diagnostics:
         row["diagnostics_nonprivate"] = {"examples": n, "train_loss": running["loss"] / steps,
                                          "mean_batch_size": running["batch"] / steps}

@@ -123,6 +123,15 @@ class WorseThanBaseRateWarning(UserWarning):
   click rate."""
 
 
+def base_rate_check(log_loss: float, held_out_rate: float) -> dict:
+  """The yardstick of a held-out log loss: the held-out click rate, the log loss of the constant
+  predictor at that rate, and whether `log_loss` is worse (the summary fields
+  `warn_if_worse_than_base_rate` reads)."""
+  constant = ctr.log_loss_of_constant([held_out_rate], held_out_rate)
+  return {"eval_base_rate": held_out_rate, "base_rate_log_loss": constant,
+          "worse_than_base_rate": bool(log_loss > constant)}
+
+
 def warn_if_worse_than_base_rate(summary: dict) -> None:
   """Warns (one line) when `summary`'s held-out log loss exceeds `base_rate_log_loss`."""
   if summary["worse_than_base_rate"]:
@@ -521,10 +530,7 @@ def _summary(options, data, model, plan, history, evaluation, timer, budget, run
       "eval_loss": float(evaluation["loss"]), "eval_log_loss": float(evaluation["loss"]),
       # held_out: (rows, click rate). The yardstick: the constant predictor at the held-out
       # click rate, on the rows the AUC and log loss are measured on (their status).
-      "base_rate": rate, "eval_base_rate": held_out[1],
-      "base_rate_log_loss": ctr.log_loss_of_constant([held_out[1]], held_out[1]),
-      "worse_than_base_rate": bool(float(evaluation["loss"]) > ctr.log_loss_of_constant(
-          [held_out[1]], held_out[1])),
+      "base_rate": rate, **base_rate_check(float(evaluation["loss"]), held_out[1]),
       "base_rate_noise_multiplier": plan.mechanisms.get(BASE_RATE_LABEL),
       "calibration_scale": calibration[0], "calibration_shift": calibration[1],
       "calibration_noise_multiplier": plan.mechanisms.get(CALIBRATION_LABEL),

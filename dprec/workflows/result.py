@@ -41,7 +41,7 @@ def stream(summary: dict) -> str:
   if evaluated:
     last = evaluated[-1]
     head += (f"; on period {last['eval_period']} (held out): "
-             + _ctr_metrics(last["auc"], last["log_loss"], last.get("base_rate_log_loss")))
+             + _ctr_metrics(last["auc"], last["log_loss"], summary.get("base_rate_log_loss")))
   unit = "user" if summary.get("privacy_unit") == "user" else "row"
   return head + "; " + privacy(summary, unit)
 

@@ -441,7 +441,28 @@ def _say(line):
 
 
 def run(options: StreamOptions) -> dict:
-  """Trains (or resumes) the stream; returns the JSON summary (also written to `summary_json`)."""
+  """Trains (or resumes) the stream; returns the JSON summary (also written to `summary_json`).
+  Warns, as `train ctr` does, when the last period evaluated has a log loss worse than the
+  constant predictor's at its click rate (`ctr.warn_if_worse_than_base_rate`)."""
+  summary = _run(options)
+  ctr_workflow.warn_if_worse_than_base_rate(summary)
+  return summary
+
+
+def last_evaluation(periods) -> dict:
+  """The summary's yardstick fields (`train ctr`'s names) for the last period evaluated (the one
+  the result line reports): its log loss, click rate, the constant predictor's log loss at that
+  rate, and whether the model is worse (`ctr.base_rate_check`); None before any evaluation."""
+  evaluated = [row for row in periods if row.get("auc") is not None]
+  last = evaluated[-1] if evaluated else {}
+  if last.get("eval_base_rate") is None:  # none yet (or a row of a run from before the field)
+    return {"eval_log_loss": None, "eval_base_rate": None, "base_rate_log_loss": None,
+            "worse_than_base_rate": None}
+  return {"eval_log_loss": last["log_loss"],
+          **ctr_workflow.base_rate_check(last["log_loss"], last["eval_base_rate"])}
+
+
+def _run(options: StreamOptions) -> dict:
   options.validate()
   source = BeamStreamSource(options.data, options.period_days, options.train_days)
   expected, expected_from = expected_periods(options, source)
@@ -454,6 +475,7 @@ def run(options: StreamOptions) -> dict:
   summary["algorithm"] = options.algorithm
   summary["expected_periods"], summary["expected_periods_from"] = expected, expected_from
   summary["batch_size"], summary["batch_size_chosen"] = plan.batch_size, not options.batch_size
+  summary.update(last_evaluation(summary["periods"]))
   if options.reference:
     summary["reference"] = _reference(options)
     stream_metrics.plot_auc_epsilon(
@@ -466,7 +488,7 @@ def run(options: StreamOptions) -> dict:
 def _reference(options: StreamOptions) -> dict:
   """The non-private stream of the same periods and model (`reference`): its per-period AUC and
   log loss, and its hold-out (no privacy: a yardstick, not a release of the private run)."""
-  reference = run(dataclasses.replace(
+  reference = _run(dataclasses.replace(
       options, algorithm="non_private", epsilon_total=None, delta=None, noise_multiplier=None,
       reference=None, ledger=None, summary_json=None, privacy_unit="row",
       max_rows_per_user=None, run_dir=os.path.join(options.run_dir, REFERENCE_DIR)))

@@ -12,6 +12,8 @@ from dprec.data.criteo import CATEGORICAL_FEATURES
 from dprec.privacy.ledger import PREPROCESSING
 from dprec.training.period_source import BeamStreamSource
 from dprec.workflows import ctr as ctr_workflow
+from dprec.models import ctr
+from dprec.workflows import result
 from dprec.workflows import run as run_lib
 from dprec.workflows import stream
 from dprec.workflows.ctr import CTRTrainOptions
@@ -110,3 +112,28 @@ def test_the_step_defaults_are_train_ctrs_but_the_measured_overrides():
   assert ctr_workflow.learning_rate(model) == ctr_workflow.DEFAULT_LEARNING_RATES["private"]
   assert stream.default_batch_size(25_000) == 1024 != ctr_workflow.default_batch_size(25_000)
   assert stream.default_batch_size(4_000) == 500
+
+
+def test_a_stream_worse_than_the_constant_at_the_held_out_rate_is_flagged(monkeypatch):
+  """As `train ctr`: the summary's yardstick is the constant predictor at the click rate of the
+  last period evaluated (the result line's, not the first period's DP rate the model starts
+  from), and `stream.run` warns in one line when the model's log loss is worse."""
+  periods = [{"eval_period": 1, "auc": 0.6, "log_loss": 0.55, "eval_base_rate": 0.25,
+              "base_rate_log_loss": 0.58},
+             {"eval_period": 2, "auc": 0.55, "log_loss": 0.57, "eval_base_rate": 0.25,
+              "base_rate_log_loss": 0.58},
+             {"auc": None, "eval_base_rate": None}]
+  constant = ctr.log_loss_of_constant([0.25], 0.25)
+  summary = {"algorithm": "dp_sgd", "periods_trained": 3, "periods": periods, "epsilon": 0.9,
+             "epsilon_total": 1.0, "delta": 1e-6, **stream.last_evaluation(periods)}
+  assert summary["eval_log_loss"] == 0.57 and summary["eval_base_rate"] == 0.25
+  assert summary["base_rate_log_loss"] == pytest.approx(constant) and 0.55 < constant < 0.57
+  assert summary["worse_than_base_rate"] is True
+  assert f"log loss 0.5700 nats (constant at the held-out click rate: {constant:.4f})" in (
+      result.stream(summary))
+  assert stream.last_evaluation(periods[:1])["worse_than_base_rate"] is False
+  assert stream.last_evaluation(periods[2:])["worse_than_base_rate"] is None
+  monkeypatch.setattr(stream, "_run", lambda options: dict(summary))
+  with pytest.warns(ctr_workflow.WorseThanBaseRateWarning,
+                    match=f"held-out log loss 0.5700 is worse than {constant:.4f}"):
+    stream.run(stream.StreamOptions(data="out", epsilon_total=1.0))

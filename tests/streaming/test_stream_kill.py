@@ -16,6 +16,7 @@ import signal
 import subprocess
 import sys
 import time
+import warnings
 
 import numpy as np
 import pytest
@@ -25,6 +26,8 @@ from dprec import privacy
 from dprec.data.synthetic import generate_criteo
 from dprec.models.ctr import embedding_dim
 from dprec.privacy.noise_key import InsecureNoiseWarning
+from dprec.training.period_source import BeamStreamSource
+from dprec.workflows.ctr import WorseThanBaseRateWarning
 from dprec.workflows.run import Run
 from pipelines import criteo_stream
 
@@ -204,8 +207,21 @@ def test_a_finished_stream_continues_when_days_arrive_and_says_when_none_did(
   assert _summary(run_dir)["periods_trained"] == 2
   with open(manifest, "w") as f:
     json.dump(full, f)  # day 2 arrived
-  assert cli.main(command) == 0
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    assert cli.main(command) == 0
   summary = _summary(run_dir)
+  # As `train ctr`: the yardstick is the constant at the evaluated period's click rate, and a
+  # model worse than it is flagged.
+  labels = BeamStreamSource(data, 1).period(2).load()[1]
+  assert summary["eval_log_loss"] == summary["periods"][1]["log_loss"]
+  assert summary["eval_base_rate"] == pytest.approx(labels.mean())
+  assert summary["base_rate_log_loss"] == pytest.approx(
+      -np.mean(labels * np.log(labels.mean()) + (1 - labels) * np.log1p(-labels.mean())))
+  assert summary["worse_than_base_rate"] == (
+      summary["eval_log_loss"] > summary["base_rate_log_loss"])
+  assert summary["worse_than_base_rate"] == any(
+      issubclass(w.category, WorseThanBaseRateWarning) for w in caught)
   assert summary["expected_periods"] == 3 and summary["periods_trained"] == 3
   assert summary["expected_periods_from"].startswith("the 3 days in ")
   assert summary["resumed"] and [r["period"] for r in summary["periods"]] == [0, 1, 2]
