@@ -367,7 +367,7 @@ def run(args) -> dict:
                                       **audit_values))
   claimed = summary["claimed_epsilon"]
   unit = ("user, k = {}".format(summary["max_rows_per_user"])
-          if summary["privacy_unit"] == "user" else "row")
+          if summary.get("privacy_unit") == "user" else "row")
   print(f"ε lower bound {summary['epsilon_lower_bound']:.3f} at {summary['confidence']:.0%} "
         f"(ceiling {summary['ceiling']:.3f}: every guess right; Steinke et al. "
         f"{summary['epsilon_lower_bound_steinke']:.3f}, ceiling "

@@ -1,14 +1,17 @@
 """The white-box audit against deliberately broken DP steps (test-only substitutions, never
 options): each broken step's bound exceeds the claimed ε by every estimator (one-run f-DP and
-Steinke, GDP fit, counting bound), the correct step's stays at or below by every one."""
+Steinke, GDP fit, counting bound), the correct step's stays at or below by every one; at the user
+level too, where canaries are users of k rows clipped as one."""
 import numpy as np
 import pytest
 import tensorflow as tf
 
 from dprec.audit import bounds
 from dprec.audit import white_box
+from dprec.clipping import units
 from dprec.optimizers import config as config_lib
 from dprec.privacy import calibrate_noise_multiplier
+from dprec.privacy_unit import UNIT_KEY
 from dprec.sparse import gaussian
 from dprec.sparse import selection
 
@@ -80,3 +83,36 @@ def test_claim_of_each_algorithm():
   assert 0 < claim.keep_out < claim.keep_in < 1 and claim.noise_multiplier > SIGMA
   assert white_box.Claim.of(_config("dp_sgd"), RATE) == white_box.Claim(RATE, SIGMA)
   assert white_box.Claim.of(config_lib.NonPrivate(), RATE).noise_multiplier == 0.0
+
+
+K = 4  # rows of a canary user
+
+
+def test_canary_users_have_k_rows():
+  ids = np.array([3, 5, 8], np.int32)
+  for batch in white_box.canary_batches(ids, 1.0, 2, rows_per_user=K):  # q = 1: every user
+    unit, rows = batch[UNIT_KEY], batch[white_box.CANARY_IDS]
+    assert np.array_equal(unit, np.repeat(np.arange(3), K))  # each user's k rows together
+    assert np.array_equal(rows, np.repeat(ids, K))  # all on the user's own coordinate
+
+
+def _user_bounds(config):
+  rng = np.random.default_rng()
+  scores, included = white_box.run_canaries(config, CANARIES, RATE, STEPS, 64.0, rng,
+                                            rows_per_user=K)
+  return bounds.best_bounds(scores, included, DELTA, 0.95, rng)
+
+
+@pytest.mark.parametrize("algorithm", ["dp_sgd", "dp_adafest"])
+def test_user_level_step_stays_below_its_claim(algorithm):
+  # A user of k rows whose summed gradient is clipped to C2 is a row-level canary at q over users.
+  result = _user_bounds(_config(algorithm))
+  assert not _caught(result)
+  assert _user_bounds(config_lib.NonPrivate())["gdp_fit"].epsilon > 10 * EPSILON
+
+
+def test_rows_clipped_one_by_one_are_caught(monkeypatch):
+  # The user's k rows each clipped to C2 (the unit ignored): the user moves the sum by k·C2.
+  monkeypatch.setattr(units, "split_units", lambda features: (
+      {key: value for key, value in features.items() if key != UNIT_KEY}, None))
+  assert _caught(_user_bounds(_config("dp_sgd"))) == set(ESTIMATORS)
