@@ -1,5 +1,6 @@
 """Synthetic generators: real formats, determinism, long tails, drift, learnable structure,
 bounded memory."""
+import hashlib
 import os
 import tracemalloc
 
@@ -214,6 +215,47 @@ def test_sequences_format_tail_and_learnable_structure(tmp_path):
   assert hits_markov > 2 * hits_popular
 
 
+def test_taste_order_history_tells_taste_and_last_item_predicts_little(tmp_path):
+  """--order taste: no item recurs in a user's history; successor counts from the last item
+  predict the held-out item no better than popularity (they do far better on the default chain
+  data, test above), while the whole history's clusters beat popularity. The chain default's
+  bytes do not change when taste exists (same seed, same file as without the option)."""
+  config = synthetic.SequenceSynthConfig(mean_length=40, order="taste")
+  path = str(tmp_path / "taste.txt")
+  summary = synthetic.generate_sequences(path, 3000, 600, seed=1, config=config, progress=False)
+  users, sequences = _sequences(path)
+  assert len(users) == 3000 and summary["actions"] == sum(map(len, sequences))
+  assert all(len(set(seq)) == len(seq) for seq in sequences)  # each item at most once a user
+  assert min(map(len, sequences)) >= 3 and summary["top1pct_item_share"] > 0.02
+  counts = np.bincount(np.concatenate(sequences), minlength=601)
+  train, test = sequences[:2000], sequences[2000:]
+  successors = np.zeros((601, 601))
+  together = np.zeros((601, 601))
+  for seq in train:
+    np.add.at(successors, (seq[:-1], seq[1:]), 1)
+    together[np.ix_(seq, seq)] += 1
+  popular = np.argsort(-counts[1:])[:10] + 1
+  top10 = lambda scores, seq: seq[-1] in set(np.argsort(-scores)[:10])
+  hits = {"successor": np.mean([top10(successors[seq[-2]] - 1e9 * _seen(seq), seq)
+                                for seq in test]),
+          "history": np.mean([top10(together[seq[:-1]].sum(0) / np.maximum(counts, 1)
+                                    - 1e9 * _seen(seq), seq) for seq in test]),
+          "popular": np.mean([top10(counts - 1e9 * _seen(seq), seq) for seq in test])}
+  print("HR@10 (history items excluded)", hits, "top-10 popular", popular)
+  assert hits["successor"] < 1.3 * hits["popular"]
+  assert hits["history"] > 1.3 * hits["popular"]
+  synthetic.generate_sequences(str(tmp_path / "chain.txt"), 300, 100, 3, progress=False)
+  digest = hashlib.sha256((tmp_path / "chain.txt").read_bytes()).hexdigest()
+  assert digest[:16] == "458114673797a7e0"  # pinned: the chain default's bytes
+
+
+def _seen(seq):
+  mask = np.zeros(601)
+  mask[seq[:-1]] = 1
+  mask[0] = 1
+  return mask
+
+
 def test_generator_rejects_bad_arguments(tmp_path):
   with pytest.raises(DprecError, match="rows >= days"):
     synthetic.generate_criteo(str(tmp_path), 2, 3, progress=False)
@@ -223,3 +265,7 @@ def test_generator_rejects_bad_arguments(tmp_path):
     synthetic.CriteoSynthConfig(tail_decay=-0.5)
   with pytest.raises(DprecError, match="items >= 2"):
     synthetic.generate_sequences(str(tmp_path / "s"), 10, 1, progress=False)
+  with pytest.raises(DprecError, match="order must be one of chain, taste"):
+    synthetic.SequenceSynthConfig(order="random")
+  with pytest.raises(DprecError, match="share in"):
+    synthetic.SequenceSynthConfig(order="taste", taste_share=1.0)
