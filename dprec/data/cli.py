@@ -42,13 +42,26 @@ def register(subparsers):
   sequences = commands.add_parser(
       "sequences", help="long-tailed user-item sequences as SASRec-style 'user item' lines",
       description="'user item' lines (1-based ids, each user's lines consecutive and in time "
-      "order); users follow item chains inside favourite clusters, so next-item prediction is "
-      "learnable. Same seed, same bytes.")
+      "order) with long-tailed popularity; --order says how users pick their items. Same seed, "
+      "same bytes.")
   sequences.add_argument("--users", type=_positive, required=True, help="number of users")
   sequences.add_argument("--items", type=_positive, required=True, help="number of items")
   sequences.add_argument("--mean-length", type=float,
                          default=synthetic.SequenceSynthConfig.mean_length,
                          help="mean actions per user (at least 3)")
+  defaults = synthetic.SequenceSynthConfig
+  sequences.add_argument(
+      "--order", choices=synthetic.ORDERS, default=defaults.order,
+      help="'chain' (default): users walk item chains inside a favourite cluster, so the last "
+      "item predicts the next (item-to-item data); 'taste': each user's items are drawn without "
+      "repetition from their taste (global popularity mixed with a few favourite clusters) in "
+      "random order, so the whole history tells the taste and the last item little more "
+      "(rating logs such as MovieLens)")
+  sequences.add_argument("--taste-clusters", type=_positive, default=defaults.taste_clusters,
+                         help="--order taste: favourite clusters per user")
+  sequences.add_argument("--taste-share", type=float, default=defaults.taste_share,
+                         help="--order taste: share of draws from the favourite clusters (the "
+                         "rest follow global popularity), in [0, 1)")
   _add_common(sequences, "output file", _sequences)
 
 
@@ -81,4 +94,7 @@ def _criteo(args):
 def _sequences(args):
   return synthetic.generate_sequences(
       args.output, args.users, args.items, args.seed,
-      synthetic.SequenceSynthConfig(mean_length=args.mean_length), progress=not args.no_progress)
+      synthetic.SequenceSynthConfig(mean_length=args.mean_length, order=args.order,
+                                    taste_clusters=args.taste_clusters,
+                                    taste_share=args.taste_share),
+      progress=not args.no_progress)

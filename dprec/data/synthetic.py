@@ -322,21 +322,44 @@ def generate_criteo(out_dir: str, rows: int, days: int = 1, seed: int = 0,
   }
 
 
+ORDERS = ("chain", "taste")
+
+
 @dataclasses.dataclass(frozen=True)
 class SequenceSynthConfig:
-  """Users walk item chains inside a favourite cluster, so the next item is learnable."""
+  """How users pick items (`order`):
+
+  - "chain" (the default): users walk item chains inside a favourite cluster, so the next item
+    follows from the current one (a Markov process: item-to-item statistics predict it).
+  - "taste": each user's items are drawn without repetition from their taste, a mix of global
+    popularity and a few favourite clusters, in random order. The whole history tells the taste
+    and the last item little more than any other; no item recurs in a user's history (a
+    rating log such as MovieLens). Not modelled: order in time (trends, sessions, sequels),
+    ratings, tastes beyond cluster membership.
+  """
   mean_length: float = 12.0  # mean actions per user (at least 3: train, valid and test item)
   max_length: int = 200
   cluster_size: int = 40  # items per cluster
-  follow_chain: float = 0.55  # P(next item = the chain successor of the current one)
-  stay_in_cluster: float = 0.30  # P(a popular item of the user's cluster); else a global one
+  follow_chain: float = 0.55  # chain: P(next item = the chain successor of the current one)
+  stay_in_cluster: float = 0.30  # chain: P(a popular item of the user's cluster); else global
   zipf: float = 1.1  # popularity exponent of clusters, of items in a cluster and of all items
+  order: str = "chain"
+  taste_clusters: int = 4  # taste: favourite clusters per user (Zipf over clusters)
+  taste_share: float = 0.6  # taste: P(a draw from the favourite clusters); else global
+
+  def __post_init__(self):
+    if self.order not in ORDERS:
+      raise DprecError(f"order must be one of {', '.join(ORDERS)}, got {self.order!r}")
+    if self.taste_clusters < 1 or not 0 <= self.taste_share < 1:
+      raise DprecError(f"taste needs clusters >= 1 and a share in [0, 1), got "
+                       f"{self.taste_clusters} and {self.taste_share}")
 
 
 def generate_sequences(out_file: str, users: int, items: int, seed: int = 0,
                        config: Optional[SequenceSynthConfig] = None, progress: bool = True) -> dict:
   """Writes SASRec-style `user item` lines (1-based ids, each user's lines consecutive and in
-  time order) with long-tailed item popularity; returns a summary."""
+  time order) with long-tailed item popularity, each user's items drawn as `config.order`
+  says; returns a summary."""
   config = config or SequenceSynthConfig()
   if users < 1 or items < 2:
     raise DprecError(f"need users >= 1 and items >= 2, got users={users}, items={items}")
@@ -349,12 +372,18 @@ def generate_sequences(out_file: str, users: int, items: int, seed: int = 0,
   members = np.lexsort((np.arange(items), cluster))  # ranks grouped by cluster, popular first
   sizes = np.bincount(cluster, minlength=clusters)
   offsets = np.concatenate([[0], np.cumsum(sizes)[:-1]])
-  chain = np.lexsort((rng.random(items), cluster))  # a random cycle through each cluster
-  successor = np.empty(items + 1, np.int64)
-  following = np.where(np.arange(items) + 1 < offsets[cluster[chain]] + sizes[cluster[chain]],
-                       np.roll(chain, -1), chain[offsets[cluster[chain]]])
-  successor[by_popularity[chain]] = by_popularity[following]
-  exponent = np.asarray([config.zipf])
+  if config.order == "chain":
+    chain = np.lexsort((rng.random(items), cluster))  # a random cycle through each cluster
+    successor = np.empty(items + 1, np.int64)
+    following = np.where(np.arange(items) + 1 < offsets[cluster[chain]] + sizes[cluster[chain]],
+                         np.roll(chain, -1), chain[offsets[cluster[chain]]])
+    successor[by_popularity[chain]] = by_popularity[following]
+    draw = lambda block_rng, lengths: _chain_block(
+        block_rng, lengths, config, clusters, sizes, offsets, members, by_popularity, successor)
+  else:
+    tastes = _cluster_tastes(config, items, clusters, cluster, members, offsets)
+    draw = lambda block_rng, lengths: _taste_block(block_rng, lengths, config, clusters, tastes,
+                                                   by_popularity)
   counts = np.zeros(items + 1, np.int64)
   start = time.perf_counter()
   with open(out_file, "wb") as out, progress_bar(total=users, unit="user", unit_scale=True,
@@ -365,18 +394,9 @@ def generate_sequences(out_file: str, users: int, items: int, seed: int = 0,
       block_rng = np.random.default_rng([seed, 11, block])
       lengths = np.minimum(config.max_length, 3 + np.floor(block_rng.exponential(
           config.mean_length - 3, size)).astype(np.int64))
-      favourite = _bounded_zipf(block_rng.random(size), np.asarray([clusters]), exponent)
-      sequence = np.zeros((size, lengths.max()), np.int64)
-      for step in range(sequence.shape[1]):
-        in_cluster = _bounded_zipf(block_rng.random(size), sizes[favourite], exponent)
-        choice = by_popularity[members[offsets[favourite] + in_cluster]]
-        anywhere = by_popularity[_bounded_zipf(block_rng.random(size), np.asarray([items]),
-                                               exponent)]
-        move = block_rng.random(size)
-        if step:
-          choice = np.where(move < config.follow_chain, successor[sequence[:, step - 1]], choice)
-        sequence[:, step] = np.where(move >= config.follow_chain + config.stay_in_cluster,
-                                     anywhere, choice)
+      if config.order == "taste":
+        lengths = np.minimum(lengths, items)
+      sequence = draw(block_rng, lengths)
       present = np.arange(sequence.shape[1]) < lengths[:, None]
       user_ids = np.broadcast_to(np.arange(first + 1, first + size + 1)[:, None], sequence.shape)
       pairs = np.stack([user_ids[present], sequence[present]], axis=1)
@@ -389,3 +409,58 @@ def generate_sequences(out_file: str, users: int, items: int, seed: int = 0,
           "actions": int(counts.sum()), "mean_length": float(counts.sum() / users),
           "distinct_items": int((counts[1:] > 0).sum()), "top1pct_item_share": share,
           "seconds": seconds}
+
+
+def _chain_block(rng, lengths, config, clusters, sizes, offsets, members, by_popularity,
+                 successor):
+  """[users, max length] item ids: each step the chain successor of the previous item
+  (`follow_chain`), a popular item of the user's favourite cluster (`stay_in_cluster`) or a
+  globally popular one."""
+  size = len(lengths)
+  exponent = np.asarray([config.zipf])
+  favourite = _bounded_zipf(rng.random(size), np.asarray([clusters]), exponent)
+  sequence = np.zeros((size, lengths.max()), np.int64)
+  for step in range(sequence.shape[1]):
+    in_cluster = _bounded_zipf(rng.random(size), sizes[favourite], exponent)
+    choice = by_popularity[members[offsets[favourite] + in_cluster]]
+    anywhere = by_popularity[_bounded_zipf(rng.random(size), np.asarray([len(members)]),
+                                           exponent)]
+    move = rng.random(size)
+    if step:
+      choice = np.where(move < config.follow_chain, successor[sequence[:, step - 1]], choice)
+    sequence[:, step] = np.where(move >= config.follow_chain + config.stay_in_cluster,
+                                 anywhere, choice)
+  return sequence
+
+
+def _cluster_tastes(config, items, clusters, cluster, members, offsets):
+  """[clusters + 1, items] by popularity rank: row c < clusters the Zipf distribution over
+  cluster c's items (its most popular first), the last row the Zipf distribution over all."""
+  tastes = np.zeros((clusters + 1, items))
+  within = np.arange(items) - offsets[cluster[members]]  # rank inside its cluster
+  tastes[cluster[members], members] = (within + 1.0) ** -config.zipf
+  tastes[clusters] = (np.arange(items) + 1.0) ** -config.zipf
+  return tastes / tastes.sum(axis=1, keepdims=True)
+
+
+def _taste_block(rng, lengths, config, clusters, tastes, by_popularity, chunk=1024):
+  """[users, max length] item ids: each user's `lengths` items drawn without replacement
+  (Gumbel top-k: successive draws proportional to the weights) from (1 − `taste_share`)·global
+  popularity + `taste_share`·the mean of `taste_clusters` favourite clusters (Zipf over
+  clusters, with repetition), then put in random order."""
+  size = len(lengths)
+  exponent = np.asarray([config.zipf])
+  favourites = _bounded_zipf(rng.random((size, config.taste_clusters)), np.asarray([clusters]),
+                             exponent)
+  sequence = np.zeros((size, lengths.max()), np.int64)
+  for first in range(0, size, chunk):
+    rows = slice(first, min(size, first + chunk))
+    taste = tastes[favourites[rows]].mean(axis=1)
+    weights = (1 - config.taste_share) * tastes[clusters] + config.taste_share * taste
+    with np.errstate(divide="ignore"):
+      keys = np.log(weights) + rng.gumbel(size=weights.shape)
+    drawn = np.argsort(-keys, axis=1)[:, :sequence.shape[1]]
+    present = np.arange(sequence.shape[1]) < lengths[rows, None]
+    shuffled = np.argsort(np.where(present, rng.random(drawn.shape), 2.0), axis=1)
+    sequence[rows] = np.where(present, by_popularity[np.take_along_axis(drawn, shuffled, 1)], 0)
+  return sequence

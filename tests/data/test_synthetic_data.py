@@ -1,5 +1,6 @@
 """Synthetic generators: real formats, determinism, long tails, drift, learnable structure,
 bounded memory."""
+import hashlib
 import os
 import tracemalloc
 
@@ -214,6 +215,54 @@ def test_sequences_format_tail_and_learnable_structure(tmp_path):
   assert hits_markov > 2 * hits_popular
 
 
+def test_taste_order_history_tells_taste_and_last_item_predicts_little(tmp_path):
+  """--order taste: no item recurs in a user's history; at the defaults, successor counts from
+  the last item predict the held-out item worse than popularity (on the chain default, test
+  above, far better); with a strong taste the whole history's co-occurrences beat both. The
+  chain default's bytes are pinned (same seed, same file as before taste existed)."""
+  hits = {}
+  for name, config in (("defaults", synthetic.SequenceSynthConfig(mean_length=40, order="taste")),
+                       ("strong", synthetic.SequenceSynthConfig(
+                           mean_length=40, order="taste", taste_clusters=2, taste_share=0.9))):
+    path = str(tmp_path / f"{name}.txt")
+    summary = synthetic.generate_sequences(path, 3000, 600, seed=1, config=config, progress=False)
+    users, sequences = _sequences(path)
+    assert len(users) == 3000 and summary["actions"] == sum(map(len, sequences))
+    assert all(len(set(seq)) == len(seq) for seq in sequences)  # each item at most once a user
+    assert min(map(len, sequences)) >= 3 and summary["top1pct_item_share"] > 0.02
+    hits[name] = _taste_hits(sequences[:2000], sequences[2000:])
+  print("HR@10 (history items excluded)", hits)
+  assert hits["defaults"]["successor"] < hits["defaults"]["popular"]
+  assert hits["strong"]["history"] > 1.5 * max(hits["strong"]["successor"],
+                                               hits["strong"]["popular"])
+  synthetic.generate_sequences(str(tmp_path / "chain.txt"), 300, 100, 3, progress=False)
+  digest = hashlib.sha256((tmp_path / "chain.txt").read_bytes()).hexdigest()
+  assert digest[:16] == "458114673797a7e0"  # pinned: the chain default's bytes
+
+
+def _taste_hits(train, test, items=600):
+  """HR@10 on each test user's last item, their history excluded: successor counts of the
+  second to last item, popularity, and co-occurrence with the whole history (÷ √count)."""
+  counts = np.bincount(np.concatenate(train), minlength=items + 1).astype(float)
+  successors, together = np.zeros((2, items + 1, items + 1))
+  for seq in train:
+    np.add.at(successors, (seq[:-1], seq[1:]), 1)
+    together[np.ix_(seq, seq)] += 1
+  np.fill_diagonal(together, 0)
+  scores = {"successor": lambda seq: successors[seq[-2]] + 1e-6 * counts,
+            "popular": lambda seq: counts,
+            "history": lambda seq: together[seq[:-1]].sum(0) / np.sqrt(np.maximum(counts, 1))}
+  return {name: np.mean([seq[-1] in set(np.argsort(-(score(seq) - 1e9 * _seen(seq)))[:10])
+                         for seq in test]) for name, score in scores.items()}
+
+
+def _seen(seq):
+  mask = np.zeros(601)
+  mask[seq[:-1]] = 1
+  mask[0] = 1
+  return mask
+
+
 def test_generator_rejects_bad_arguments(tmp_path):
   with pytest.raises(DprecError, match="rows >= days"):
     synthetic.generate_criteo(str(tmp_path), 2, 3, progress=False)
@@ -223,3 +272,7 @@ def test_generator_rejects_bad_arguments(tmp_path):
     synthetic.CriteoSynthConfig(tail_decay=-0.5)
   with pytest.raises(DprecError, match="items >= 2"):
     synthetic.generate_sequences(str(tmp_path / "s"), 10, 1, progress=False)
+  with pytest.raises(DprecError, match="order must be one of chain, taste"):
+    synthetic.SequenceSynthConfig(order="random")
+  with pytest.raises(DprecError, match="share in"):
+    synthetic.SequenceSynthConfig(order="taste", taste_share=1.0)
