@@ -1,13 +1,93 @@
-"""Help text of every dprec command line (`dprec ...` and `python -m pipelines.<job>`): each
-option's help ends with its default; old option names kept for a release as deprecated aliases;
-a misspelt option or choice gets the closest one suggested."""
+"""Help text of every dprec command line (`dprec ...` and `python -m pipelines.<job>`): options
+in groups by concern (`OptionGroups`); `--help` lists the options most runs set and `--help-all`
+every one (an option added with `advanced=True` parses as any other, listed by `--help-all`
+only); each option's help ends with its default; old option names kept for a release as
+deprecated aliases; a misspelt option or choice gets the closest one suggested."""
 import argparse
 import difflib
+import functools
 import sys
+import textwrap
+
+ADVANCED = "advanced"  # an action with this attribute true: listed by --help-all only
+HELP_ALL = "--help-all"
+# A command's groups by concern, in the order its help lists them: (name, title).
+CONCERNS = (("data", "data"), ("privacy", "privacy"), ("model", "model"),
+            ("training", "training"), ("run", "run: directory, ledger, output, progress"))
+
+
+def mark_advanced(parser, dests):
+  """Marks the options of `parser` whose destinations are in `dests` as listed by `--help-all`
+  only (for a command that reuses another's options but uses some of them less)."""
+  for action in parser._actions:
+    if action.dest in dests:
+      setattr(action, ADVANCED, True)
+
+
+def is_advanced(action):
+  return getattr(action, ADVANCED, False)
+
+
+class OptionGroup:
+  """One argparse group of a command's options; `add` takes `add_argument`'s arguments and
+  `advanced` (True: listed by `--help-all` only)."""
+
+  def __init__(self, group):
+    self.group = group
+
+  def add(self, *names, advanced=False, **kwargs):
+    action = self.group.add_argument(*names, **kwargs)
+    if advanced:
+      setattr(action, ADVANCED, True)
+    return action
+
+  def add_advanced(self, *names, **kwargs):
+    """`add(..., advanced=True)`, as a function (for `add_deprecated_alias` and the like)."""
+    return self.add(*names, advanced=True, **kwargs)
+
+
+class OptionGroups:
+  """A command's options in argparse groups by concern: `groups.data`, `.privacy`, `.model`,
+  `.training`, `.run` (`OptionGroup`s, listed in that order; a group without options is not
+  listed), then `extra` groups ((name, title, description), e.g. one method's settings)."""
+
+  def __init__(self, parser, extra=()):
+    self.parser = parser
+    for name, title in CONCERNS:
+      setattr(self, name, OptionGroup(parser.add_argument_group(title)))
+    for name, title, description in extra:
+      setattr(self, name, OptionGroup(parser.add_argument_group(title, description)))
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):
-  """Descriptions as written; every option's help ends with its default unless it names it."""
+  """Descriptions as written; every option's help ends with its default unless it names it; the
+  advanced options (and a group's description when none of its options is listed) only with
+  `everything` (`--help-all`)."""
+
+  def __init__(self, prog, everything=False, **kwargs):
+    super().__init__(prog, **kwargs)
+    self.everything = everything
+    self._held_description = None  # a group's, written before its first listed option
+
+  def _listed(self, action):
+    return action.help is not argparse.SUPPRESS and (self.everything or not is_advanced(action))
+
+  def add_usage(self, usage, actions, groups, prefix=None):
+    super().add_usage(usage, [action for action in actions
+                              if self.everything or not is_advanced(action)], groups, prefix)
+
+  def add_text(self, text):
+    if self._current_section is self._root_section:  # the description and the epilog
+      super().add_text(text)
+    else:
+      self._held_description = text
+
+  def add_arguments(self, actions):
+    listed = [action for action in actions if self._listed(action)]
+    if listed and self._held_description:
+      super().add_text(self._held_description)
+    self._held_description = None
+    super().add_arguments(listed)
 
   def _get_help_string(self, action):
     text = action.help or ""
@@ -17,13 +97,46 @@ class HelpFormatter(argparse.RawDescriptionHelpFormatter):
     return f"{text} (default: %(default)s)".lstrip()
 
 
+class _HelpAll(argparse.Action):
+  """`--help-all`: the help with every option, the advanced ones too; then exits."""
+
+  def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
+               help=None):  # noqa: A002 (argparse's name)
+    super().__init__(option_strings, dest, nargs=0, default=default, help=help)
+
+  def __call__(self, parser, namespace, values, option_string=None):
+    formatter_class = parser.formatter_class
+    parser.formatter_class = functools.partial(formatter_class, everything=True)
+    try:
+      parser.print_help()
+    finally:
+      parser.formatter_class = formatter_class
+    parser.exit()
+
+
 def use_formatter(parser, formatter_class=HelpFormatter):
-  """Sets `formatter_class` on `parser` and every sub-command parser below it."""
+  """Sets `formatter_class` on `parser` and every sub-command parser below it, and gives each
+  command (a parser without sub-commands) `--help-all`, named in its epilog when its `--help`
+  leaves options out."""
   parser.formatter_class = formatter_class
-  for action in parser._actions:
-    if isinstance(action, argparse._SubParsersAction):
-      for sub in action.choices.values():
-        use_formatter(sub, formatter_class)
+  commands = [action for action in parser._actions
+              if isinstance(action, argparse._SubParsersAction)]
+  for action in commands:
+    for sub in action.choices.values():
+      use_formatter(sub, formatter_class)
+  if commands or "-h" not in parser._option_string_actions or (
+      HELP_ALL in parser._option_string_actions):
+    return
+  parser.add_argument(HELP_ALL, action=_HelpAll,
+                      help="show the help with every option, the advanced ones too, and exit")
+  hidden = sum(is_advanced(action) and action.help is not argparse.SUPPRESS
+               for action in parser._actions)
+  if hidden:
+    note = (f"--help lists the options most runs set; --help-all also the {hidden} others "
+            "(tuning, research methods, distribution, diagnostics). Every option works whether "
+            "listed or not.")
+    note = textwrap.fill(note, 79)
+    parser.epilog = f"{parser.epilog.rstrip()}\n\n{note}" if parser.epilog else note
 
 
 class _DeprecatedAlias(argparse.Action):

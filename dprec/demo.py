@@ -14,6 +14,7 @@ import dataclasses
 import os
 import sys
 
+from dprec.cli_help import OptionGroups
 from dprec.workflows import ctr
 
 DAYS = 3
@@ -26,18 +27,19 @@ def register(subparsers):
       description="End-to-end demo on a generated Criteo-like dataset: generate, account "
                   "privacy, train non-private and DP-AdaFEST, print them side by side and a "
                   "JSON summary. Takes a few minutes.")
-  parser.add_argument("--out", default="demo_out", help="working directory for generated files")
-  parser.add_argument("--rows", type=int, default=150000, help="synthetic rows to generate")
-  parser.add_argument("--steps", type=int, default=200, help="training steps of each run")
-  parser.add_argument("--batch-size", type=int, default=1024,
+  groups = OptionGroups(parser)
+  groups.data.add("--rows", type=int, default=150000, help="synthetic rows to generate")
+  groups.data.add("--seed", type=int, default=0,
+                  help="seed of the generated data and the initialisation (public)")
+  groups.privacy.add("--epsilon", type=float, default=1.0, help="privacy budget ε")
+  groups.privacy.add("--insecure-noise-seed", type=int, default=None, metavar="N",
+                     help="derive the training noise and batches from N: reproducible, NOT "
+                     "private (the summary and ledger say so)")
+  groups.training.add("--steps", type=int, default=200, help="training steps of each run")
+  groups.training.add("--batch-size", type=int, default=1024,
                       help="expected batch size (0: `train ctr`'s, from the N training rows: the "
                            "power of two nearest N/150)")
-  parser.add_argument("--epsilon", type=float, default=1.0, help="privacy budget ε")
-  parser.add_argument("--seed", type=int, default=0,
-                      help="seed of the generated data and the initialisation (public)")
-  parser.add_argument("--insecure-noise-seed", type=int, default=None, metavar="N",
-                      help="derive the training noise and batches from N: reproducible, NOT "
-                      "private (the summary and ledger say so)")
+  groups.run.add("--out", default="demo_out", help="working directory for generated files")
   parser.set_defaults(func=run)
 
 

@@ -42,6 +42,7 @@ from typing import Optional
 import numpy as np
 import tensorflow as tf
 
+from dprec import cli_help
 from dprec import privacy
 from dprec.audit import bounds
 from dprec.audit import canaries as canaries_lib
@@ -291,71 +292,53 @@ def audit_ctr(options: CTRAuditOptions, data: Optional[train_ctr.CTRData] = None
   return summary
 
 
-class _AuditParserAsSubparsers:
-  """Lets `train ctr`'s `register` add its options to the audit parser: one definition of the
-  data/model/privacy options and their defaults."""
-
-  def __init__(self, parser):
-    self.parser = parser
-
-  def add_parser(self, *unused_args, **unused_kwargs):
-    return self.parser
-
-
 AUDIT_ONLY = ("threat_model", "canaries", "runs", "confidence", "score", "scores_file",
               "summary_json", "privacy_unit", "max_rows_per_user")
-NOT_USED = ("ledger", "charge_every", "log_dir", "eval_batch_size", "run_dir",
-            "checkpoint_every", "keep_checkpoints")  # `train ctr`-only
+# `train ctr`'s options most audits leave at their defaults: listed by --help-all only.
+LESS_USED = ("out_of_core", "strategy")
 
 
 def register(subparsers):
   parser = subparsers.add_parser(
       "audit", help="empirical ε lower bound of a pCTR training configuration, from canaries",
       description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-  train_ctr_cli.register(_AuditParserAsSubparsers(parser))
-  _remove_options(parser, NOT_USED)
+  audit = cli_help.OptionGroup(parser.add_argument_group(
+      "audit", "the canaries, the runs and the bound"))
+  # One definition of `train ctr`'s data/model/privacy options and their defaults, without those
+  # of its run directory, ledger, checkpoints, logs and evaluation.
+  train_ctr_cli.add_options(parser, run_directory=False)
+  cli_help.mark_advanced(parser, LESS_USED)
   defaults = CTRAuditOptions
-  add = parser.add_argument
-  add("--threat-model", choices=THREAT_MODELS, default=defaults.threat_model,
-      help="black_box: the adversary sees the final model; white_box: every step's released "
-           "noisy update, with Dirac gradient canaries in the DP step")
-  add("--canaries", type=int,
-      help="canaries per run m (default: "
-           + ", ".join(f"{k} {v}" for k, v in DEFAULT_CANARIES.items()) + ")")
-  add("--runs", type=int, default=defaults.runs, help="training runs R (canaries pooled)")
-  add("--confidence", type=float, default=defaults.confidence,
-      help="confidence of the lower bound")
-  add("--score", choices=scores_lib.SCORES + ("all",), default=defaults.score,
-      help="black-box canary score: alignment of its rows' movement with its gradient, their "
-           "movement, its loss drop, or all (the best, Bonferroni-corrected)")
-  add("--scores-file", help="write every canary's score and membership here (JSON lines)")
+  audit.add("--threat-model", choices=THREAT_MODELS, default=defaults.threat_model,
+            help="black_box: the adversary sees the final model; white_box: every step's "
+                 "released noisy update, with Dirac gradient canaries in the DP step")
+  audit.add("--canaries", type=int,
+            help="canaries per run m (default: "
+                 + ", ".join(f"{k} {v}" for k, v in DEFAULT_CANARIES.items()) + ")")
+  audit.add("--runs", type=int, default=defaults.runs, help="training runs R (canaries pooled)")
+  audit.add("--confidence", type=float, default=defaults.confidence,
+            help="confidence of the lower bound")
+  audit.add("--score", choices=scores_lib.SCORES + ("all",), default=defaults.score,
+            advanced=True,
+            help="black-box canary score: alignment of its rows' movement with its gradient, "
+                 "their movement, its loss drop, or all (the best, Bonferroni-corrected)")
+  audit.add("--scores-file", help="write every canary's score and membership here (JSON lines; "
+            "default: beside --summary-json, else none)")
   if "--privacy-unit" not in parser._option_string_actions:  # (unless `train ctr` has it)
-    add("--privacy-unit", choices=PRIVACY_UNITS, default=defaults.privacy_unit,
-        help="what ε protects: a row, or a user (canary users of k rows; users sampled at "
-             "q = B/U, B then users per batch, each user's summed gradient clipped as one)")
+    audit.add("--privacy-unit", choices=PRIVACY_UNITS, default=defaults.privacy_unit,
+              help="what ε protects: a row, or a user (canary users of k rows; users sampled at "
+                   "q = B/U, B then users per batch, each user's summed gradient clipped as one)")
   if "--max-rows-per-user" not in parser._option_string_actions:
-    add("--max-rows-per-user", type=int,
-        help="k, the rows of a canary user and the most rows a sampled user brings to a step "
-             f"(user level; default {user_sampling.DEFAULT_MAX_ROWS_PER_USER})")
+    audit.add("--max-rows-per-user", type=int,
+              help="k, the rows of a canary user and the most rows a sampled user brings to a "
+                   f"step (user level; default {user_sampling.DEFAULT_MAX_ROWS_PER_USER})")
   parser.set_defaults(func=run)
-
-
-def _remove_options(parser, dests):
-  """Takes the options of `dests` out of `parser` (argparse has no public way): the audit's help
-  lists, and its parser accepts, only what it uses."""
-  for action in [action for action in parser._actions if action.dest in dests]:
-    parser._remove_action(action)
-    for group in parser._action_groups:
-      if action in group._group_actions:
-        group._group_actions.remove(action)
-    for option in action.option_strings:
-      del parser._option_string_actions[option]
 
 
 def run(args) -> dict:
   fields = {f.name for f in dataclasses.fields(train_ctr.CTRTrainOptions)}
   values = {key: value for key, value in vars(args).items()
-            if key in fields and key not in AUDIT_ONLY + NOT_USED}
+            if key in fields and key not in AUDIT_ONLY}
   values["algorithm"], values["epsilon"] = ctr_options.algorithm_and_epsilon(
       args.algorithm, args.epsilon, train_ctr.CTRTrainOptions.algorithm)
   train = train_ctr.CTRTrainOptions(progress=False, **values)

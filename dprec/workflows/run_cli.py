@@ -5,46 +5,63 @@ import dataclasses
 from dprec.workflows import run as run_lib
 
 
-def add_run_arguments(add, defaults, run_dir_help, randomness, diagnostics):
-  """Adds the run's arguments with `add` (a parser's or group's `add_argument`); `defaults`: the
+def add_run_arguments(groups, defaults, randomness, diagnostics, run_dir_help=None):
+  """Adds the run's arguments to `groups` (the command's `OptionGroups`); `defaults`: the
   options class; `randomness` and `diagnostics` say what the key derives and what
-  `--diagnostics` adds for this command."""
-  add("--run-dir", metavar="DIR", default=defaults.run_dir, help=run_dir_help)
-  add("--ledger", help="privacy ledger JSON file (default: DIR/ledger.json with --run-dir, "
-      "else a temporary one)")
-  add("--accountant", choices=("pld", "rdp"), default=defaults.accountant,
-      help="privacy accountant (default %(default)s)")
-  add("--checkpoint-every", type=int, default=defaults.checkpoint_every, metavar="N",
-      help="steps between checkpoints (one is always written at the end, and one when Ctrl-C "
-           f"stops training; default: a quarter of the run's steps (stream: a period's), at most "
-           f"{run_lib.CHECKPOINT_EVERY})")
-  add("--seed", type=int, default=defaults.seed,
-      help="seed of the public randomness only (initialisation, dropout; default %(default)s): "
-           "noise and batches come from a secret key")
-  add("--insecure-noise-seed", type=int, metavar="N",
-      help=f"derive {randomness} from N: reproducible, NOT private (the summary and ledger say "
-           "so)")
-  add("--secure-noise", action="store_true",
-      help="sample every noise draw of the DP step exactly (no floating-point artefacts; "
-           "the same ε; slower): README 'Privacy model'")
-  add("--diagnostics", action="store_true",
-      help=f"also report non-private diagnostics ({diagnostics}), labelled so")
-  add("--no-progress", action="store_true", help="no progress bars")
-  add("--summary-json", metavar="PATH",
-      help="write the JSON summary (strict JSON: null for ∞) to PATH, or to stdout with - (the "
-           "one-line result then goes to stderr); default: DIR/summary.json with --run-dir, "
-           "else none")
+  `--diagnostics` adds for this command; `run_dir_help` None: a command without a run
+  directory, ledger or checkpoints (`dprec audit`)."""
+  privacy, run = groups.privacy, groups.run
+  kept = run_dir_help is not None
+  always = kept and defaults.run_dir is not None  # a run directory even without --run-dir
+  if kept:
+    run.add("--run-dir", metavar="DIR", default=defaults.run_dir, help=run_dir_help)
+    run.add("--ledger", help="privacy ledger JSON file (default: DIR/ledger.json" + (
+        ")" if always else " with --run-dir, else a temporary one)"))
+  privacy.add("--accountant", choices=("pld", "rdp"), default=defaults.accountant, advanced=True,
+              help="privacy accountant (default %(default)s)")
+  if kept:
+    run.add("--checkpoint-every", type=int, default=defaults.checkpoint_every, metavar="N",
+            advanced=True,
+            help="steps between checkpoints (one is always written at the end, and one when "
+                 "Ctrl-C stops training; default: a quarter of the run's steps (stream: a "
+                 f"period's), at most {run_lib.CHECKPOINT_EVERY})")
+  groups.training.add("--seed", type=int, default=defaults.seed, advanced=True,
+                      help="seed of the public randomness only (initialisation, dropout; default "
+                           "%(default)s): noise and batches come from a secret key")
+  privacy.add("--insecure-noise-seed", type=int, metavar="N", advanced=True,
+              help=f"derive {randomness} from N: reproducible, NOT private (the summary "
+                   + ("and ledger say" if kept else "says") + " so)")
+  privacy.add("--secure-noise", action="store_true", advanced=True,
+              help="sample every noise draw of the DP step exactly (no floating-point "
+                   "artefacts; the same ε; slower): README 'Privacy model'")
+  run.add("--diagnostics", action="store_true", advanced=True,
+          help=f"also report non-private diagnostics ({diagnostics}), labelled so")
+  run.add("--no-progress", action="store_true", help="no progress bars")
+  if always:
+    where = "also to PATH (the run keeps it in DIR/summary.json)"
+  elif kept:
+    where = "to PATH (default: DIR/summary.json with --run-dir, else none)"
+  else:
+    where = "also to PATH (it is printed on stdout)"
+  run.add("--summary-json", metavar="PATH",
+          help=f"write the JSON summary (strict JSON: null for ∞) {where}" + (
+              ", or to stdout with - (the one-line result then goes to stderr)" if kept else ""))
 
 
-def add_fit_arguments(add, defaults):
-  """Adds the arguments `FitOptions` adds to `RunOptions` (`model.fit` runs)."""
-  add("--fixed-batches", action="store_true",
-      help="fixed-size shuffled batches instead of Poisson sampling (ledger flags it)")
-  add("--charge-every", type=int, default=defaults.charge_every, metavar="N",
-      help="steps prepaid per ledger charge (default %(default)s)")
-  add("--keep-checkpoints", type=int, default=defaults.keep_checkpoints, metavar="K",
-      help="keep the newest K checkpoints (0: all, e.g. to evaluate a learning curve; default "
-           "%(default)s)")
+def add_fit_arguments(groups, defaults, run_directory=True):
+  """Adds the arguments `FitOptions` adds to `RunOptions` (`model.fit` runs); `run_directory`
+  False: not those of the ledger and checkpoints."""
+  groups.privacy.add("--fixed-batches", action="store_true", advanced=True,
+                     help="fixed-size shuffled batches instead of Poisson sampling (ledger flags "
+                          "it)" if run_directory else "fixed-size shuffled batches instead of "
+                     "Poisson sampling")
+  if run_directory:
+    groups.run.add("--charge-every", type=int, default=defaults.charge_every, metavar="N",
+                   advanced=True, help="steps prepaid per ledger charge (default %(default)s)")
+    groups.run.add("--keep-checkpoints", type=int, default=defaults.keep_checkpoints,
+                   metavar="K", advanced=True,
+                   help="keep the newest K checkpoints (0: all, e.g. to evaluate a learning "
+                        "curve; default %(default)s)")
 
 
 def options_from_args(options_class, args, **overrides):

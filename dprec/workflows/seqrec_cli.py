@@ -3,6 +3,7 @@ needs only `seqrec_options` (no TensorFlow); `run` loads the workflow."""
 import argparse
 import dataclasses
 
+from dprec.cli_help import OptionGroups
 from dprec.workflows import data_kinds
 from dprec.workflows import interrupted
 from dprec.workflows import result
@@ -39,110 +40,134 @@ def register(subparsers):
       "line (full-ranking NDCG@10 and HIT@10 in % beside a random ranking's, ε spent, δ); the "
       "JSON summary (also by item popularity, head/torso/tail) goes to --summary-json, else "
       "RUN_DIR/summary.json.")
-  add = parser.add_argument
+  groups = OptionGroups(parser, extra=(
+      ("item2item", "model: item2item (--model item2item; its pairs also serve hybrid and "
+       "dpformer-frozen)", "the DP pair statistics (sensitivity 1 per user) and how they score "
+       "the next item"),
+      ("dp_forward", "privacy: DP-Forward (Du et al. 2023, arXiv:2309.06746)",
+       "noise on each user's representation instead of on gradients: SeqLDP per user (local DP "
+       "of the sequence; the next-item label is sent in the clear unless --label-epsilon), not "
+       "central DP; the service trains with non-private steps. Implies --model dpformer, "
+       "--loss-positions last and no Re-Attention; --epochs must be whole")))
+  data, privacy, model, training = groups.data, groups.privacy, groups.model, groups.training
   defaults = seqrec_options.SeqRecTrainOptions  # one source: the CLI's and the Python API's
-  add("--data", required=True, help="directory written by `dprec preprocess sequences`")
-  add("--model", choices=seqrec_options.MODELS, default=defaults.model,
-      help="auto: item2item or dpformer, by the mean scored positions per user (released "
-           "under DP at --model-choice-share of ε and δ, its own ledger entry) and per item "
-           "(with the public N users and M items): dpformer with the paper's MovieLens schedule "
-           "(100 epochs, warm-up and decay, --normalize, dropout 0.2, where those options are "
-           "left at their defaults) when both reach 16, else item2item; the summary's "
-           "model_choice says which and why (docs/guide/seqrec.md); "
-           "item2item: each user's (item, later item) pairs, scaled to norm 1, released once "
-           "with Gaussian noise over the DP histogram's top items and thresholded, scored from "
-           "the user's recent items (best on Amazon Games' validation items at eps 5, "
-           "docs/experiments/seqrec_item2item.md); dpformer: the transformer trained with DP-SGD "
-           "(the options below up to --variance-scale); hybrid: the transformer with its item rows "
-           "initialised from the truncated SVD of the released pairs (--pair-share of ε), then "
-           "trained with DP-SGD on the rest of ε, optionally with the pairs' score as a prior on "
-           "its logits (--prior-weight; below item2item on Amazon at the sizes measured); "
-           "dpformer-frozen: the transformer over a fixed item table, the released pairs' "
-           "truncated SVD (--pair-share of ε) with log DP counts as logit offsets, only its "
-           "blocks trained with DP-SGD on the rest of ε (--prior-weight as hybrid)")
-  add("--model-choice-share", type=float, default=defaults.model_choice_share, metavar="SHARE",
-      help="--model auto: the share of ε and of δ of the released mean scored positions per "
-           "user, an (ε0, δ0) release composed with the model's by basic composition (default: "
-           "%(default)s)")
-  add("--epsilon", type=_epsilon, required=True,
-      help="privacy budget ε, the total: what --ledger spent on this data before is composed "
-           "in; 'inf' trains non-privately")
-  add("--delta", type=float, default=None,
-      help="δ (default: the --ledger's if it exists, else 1/N training users)")
-  add("--epochs", type=float, default=defaults.epochs,
-      help="epochs (expected passes over the users)")
-  add("--batch-size", type=int, default=None,
-      help="expected batch size B (q = B/N); default: min(1024, N/8) for the N training users")
-  add("--learning-rate", type=float, default=defaults.learning_rate, help="peak Adam learning rate")
-  add("--optimizer", choices=("adamw", "adambc"), default=defaults.optimizer,
-      help="AdamW, or DP-AdamBC (Adam with the noise variance subtracted, Tang et al. 2024, "
-           "arXiv:2411.04205; same "
-           "schedule and weight decay)")
-  add("--adambc-floor", type=float, default=defaults.adambc_floor, help="γ' of --optimizer adambc")
-  add("--l2-norm-clip", type=float, default=defaults.l2_norm_clip,
-      help="per-user gradient clip norm C")
-  add("--normalize", type=float, nargs="?", const=0.01, default=None,
-      dest="normalization_offset", metavar="GAMMA",
-      help="normalise per-user gradients, C/(‖g‖+GAMMA) (automatic clipping, the paper's "
-           "setting; GAMMA defaults to 0.01) instead of clipping min(1, C/‖g‖)")
-  add("--max-len", type=int, default=defaults.max_len, help="maximum sequence length L")
-  add("--dim", type=int, default=defaults.dim, help="model dimension d")
-  add("--item-rank", type=int, metavar="R",
-      help="low-rank item table: M×R rows meeting the model through R×d projections, so the "
-           "noise per item row shrinks from √d to √R (default: a full M×d table)")
-  add("--item-norm-share", type=float, metavar="F",
-      help="per-group clipping: the item table gets F of C² (clipped or normalised to C·√F) "
-           "and the rest of the model 1 − F, so the item rows get a set share of each user's "
-           "norm; the sensitivity stays C (default: one norm over all weights)")
-  add("--item-vocab-threshold", type=float, metavar="T",
-      help="DP-FEST item vocabulary: items whose user count (from the DP histogram of "
-           "--item-frequency-share, the same one release as Re-Attention's p_i, or from "
-           "--item-frequencies) is below T share one row; every item is still ranked (its "
-           "row's score plus its log share of the row's count) (default: a row per item)")
-  add("--popularity-weights", action="store_true",
-      help="item-row weights w_j ∝ n_j^(-1/2) from the same user counts (DP histogram or "
-           "--item-frequencies; floored at the DP count's noise std): row j is trained as "
-           "E[j] = w_j·Ẽ[j], so head rows cede share of each user's clipped norm to rarer ones; "
-           "the sensitivity stays C (default: off)")
-  add("--no-hold-out-validation", action="store_false", dest="hold_out_validation",
-      help="train on the validation item too (default: hold it out and report its metrics "
-           "under 'validation' for model selection)")
-  add("--blocks", type=int, default=defaults.num_blocks, dest="num_blocks",
-      help="transformer blocks")
-  add("--heads", type=int, default=defaults.num_heads, dest="num_heads", help="attention heads")
-  add("--dropout", type=float, default=defaults.dropout, help="dropout rate")
-  add("--no-reattention", action="store_true", help="vanilla attention (baseline)")
-  add("--untied", action="store_true", help="separate output embedding (the 'W/O PS' baseline)")
-  add("--loss-positions", choices=("all", "last"), default=defaults.loss_positions,
-      help="next-item loss at every position or at the last one only")
-  add("--score-padding", action="store_true",
-      help="score the padding positions too (fixed shapes; same loss, slower)")
-  add("--variance-scale", type=float, default=defaults.variance_scale,
-      help="multiplier of Re-Attention's effective-error variances σ_eff²")
-  add("--item-frequencies", metavar="FILE",
-      help="public Re-Attention frequencies p_i, lines 'ITEM_ID P' (ids as in the input logs); "
-           "default: a DP histogram of users per item, charged to the ledger")
-  add("--item-frequency-share", type=float, metavar="FRACTION",
-      help="share of ε for the DP histogram of p_i (Re-Attention, --item-vocab-threshold, "
-           "--popularity-weights; item2item's popularity and item set) "
-           "(default 0.05 for dpformer, 0.3 for item2item; training's or the pair release's σ "
-           "is calibrated for the rest)")
-  add("--item-histogram-items", type=int, metavar="K",
-      help="the DP histogram counts each user's last K items only: sensitivity √K instead of "
-           "√L (default: --max-len for dpformer, 10 for item2item)")
-  add("--exclude-history", action="store_true", help="do not rank items already in the history")
-  add("--eval-batch-size", type=int, default=defaults.eval_batch_size,
-      help="users scored per evaluation batch")
-  _add_item2item_arguments(parser)
+  data.add("--data", required=True, help="directory written by `dprec preprocess sequences`")
+  data.add("--max-len", type=int, default=defaults.max_len, help="maximum sequence length L")
+  data.add("--no-hold-out-validation", action="store_false", dest="hold_out_validation",
+           advanced=True,
+           help="train on the validation item too (default: hold it out and report its metrics "
+                "under 'validation' for model selection)")
+  data.add("--exclude-history", action="store_true", advanced=True,
+           help="do not rank items already in the history")
+  data.add("--item-frequencies", metavar="FILE", advanced=True,
+           help="public Re-Attention frequencies p_i, lines 'ITEM_ID P' (ids as in the input "
+                "logs); default: a DP histogram of users per item, charged to the ledger")
+
+  privacy.add("--epsilon", type=_epsilon, required=True,
+              help="privacy budget ε, the total: what --ledger spent on this data before is "
+                   "composed in; 'inf' trains non-privately")
+  privacy.add("--delta", type=float, default=defaults.delta,
+              help="δ (default: the --ledger's if it exists, else 1/N training users)")
+  privacy.add("--l2-norm-clip", type=float, default=defaults.l2_norm_clip,
+              help="per-user gradient clip norm C")
+  privacy.add("--normalize", type=float, nargs="?", const=0.01,
+              default=defaults.normalization_offset, dest="normalization_offset",
+              metavar="GAMMA", advanced=True,
+              help="normalise per-user gradients, C/(‖g‖+GAMMA) (automatic clipping, the "
+                   "paper's setting; GAMMA defaults to 0.01) instead of clipping min(1, C/‖g‖)")
+  privacy.add("--model-choice-share", type=float, default=defaults.model_choice_share,
+              metavar="SHARE", advanced=True,
+              help="--model auto: the share of ε and of δ of the released mean scored positions "
+                   "per user, an (ε0, δ0) release composed with the model's by basic "
+                   "composition (default: %(default)s)")
+  privacy.add("--item-norm-share", type=float, metavar="F", advanced=True,
+              help="per-group clipping: the item table gets F of C² (clipped or normalised to "
+                   "C·√F) and the rest of the model 1 − F, so the item rows get a set share of "
+                   "each user's norm; the sensitivity stays C (default: one norm over all "
+                   "weights)")
+  privacy.add("--item-frequency-share", type=float, metavar="FRACTION", advanced=True,
+              help="share of ε for the DP histogram of p_i (Re-Attention, "
+                   "--item-vocab-threshold, --popularity-weights; item2item's popularity and "
+                   "item set) (default 0.05 for dpformer, 0.3 for item2item; training's or the "
+                   "pair release's σ is calibrated for the rest)")
+  privacy.add("--item-histogram-items", type=int, metavar="K", advanced=True,
+              help="the DP histogram counts each user's last K items only: sensitivity √K "
+                   "instead of √L (default: --max-len for dpformer, 10 for item2item)")
+
+  model.add("--model", choices=seqrec_options.MODELS, default=defaults.model,
+            help="auto: item2item or dpformer, by the mean scored positions per user (released "
+                 "under DP at --model-choice-share of ε and δ, its own ledger entry) and per "
+                 "item (with the public N users and M items): dpformer with the paper's "
+                 "MovieLens schedule (100 epochs, warm-up and decay, --normalize, dropout 0.2, "
+                 "where those options are left at their defaults) when both reach 16, else "
+                 "item2item; the summary's model_choice says which and why "
+                 "(docs/guide/seqrec.md); item2item: each user's (item, later item) pairs, "
+                 "scaled to norm 1, released once with Gaussian noise over the DP histogram's "
+                 "top items and thresholded, scored from the user's recent items (best on Amazon "
+                 "Games' validation items at eps 5, docs/experiments/seqrec_item2item.md); "
+                 "dpformer: the transformer trained with DP-SGD (the model and training options); "
+                 "hybrid: the transformer with its item rows initialised from the truncated SVD "
+                 "of the released pairs (--pair-share of ε), then trained with DP-SGD on the "
+                 "rest of ε, optionally with the pairs' score as a prior on its logits "
+                 "(--prior-weight; below item2item on Amazon at the sizes measured); "
+                 "dpformer-frozen: the transformer over a fixed item table, the released pairs' "
+                 "truncated SVD (--pair-share of ε) with log DP counts as logit offsets, only its "
+                 "blocks trained with DP-SGD on the rest of ε (--prior-weight as hybrid)")
+  model.add("--dim", type=int, default=defaults.dim, help="model dimension d")
+  model.add("--blocks", type=int, default=defaults.num_blocks, dest="num_blocks",
+            help="transformer blocks")
+  model.add("--heads", type=int, default=defaults.num_heads, dest="num_heads",
+            help="attention heads")
+  model.add("--dropout", type=float, default=defaults.dropout, help="dropout rate")
+  model.add("--item-rank", type=int, metavar="R", advanced=True,
+            help="low-rank item table: M×R rows meeting the model through R×d projections, so "
+                 "the noise per item row shrinks from √d to √R (default: a full M×d table)")
+  model.add("--item-vocab-threshold", type=float, metavar="T", advanced=True,
+            help="DP-FEST item vocabulary: items whose user count (from the DP histogram of "
+                 "--item-frequency-share, the same one release as Re-Attention's p_i, or from "
+                 "--item-frequencies) is below T share one row; every item is still ranked (its "
+                 "row's score plus its log share of the row's count) (default: a row per item)")
+  model.add("--popularity-weights", action="store_true", advanced=True,
+            help="item-row weights w_j ∝ n_j^(-1/2) from the same user counts (DP histogram or "
+                 "--item-frequencies; floored at the DP count's noise std): row j is trained as "
+                 "E[j] = w_j·Ẽ[j], so head rows cede share of each user's clipped norm to rarer "
+                 "ones; the sensitivity stays C (default: off)")
+  model.add("--no-reattention", action="store_true", advanced=True,
+            help="vanilla attention (baseline)")
+  model.add("--untied", action="store_true", advanced=True,
+            help="separate output embedding (the 'W/O PS' baseline)")
+  model.add("--loss-positions", choices=("all", "last"), default=defaults.loss_positions,
+            advanced=True, help="next-item loss at every position or at the last one only")
+  model.add("--score-padding", action="store_true", advanced=True,
+            help="score the padding positions too (fixed shapes; same loss, slower)")
+  model.add("--variance-scale", type=float, default=defaults.variance_scale, advanced=True,
+            help="multiplier of Re-Attention's effective-error variances σ_eff²")
+
+  training.add("--epochs", type=float, default=defaults.epochs,
+               help="epochs (expected passes over the users)")
+  training.add("--batch-size", type=int, default=defaults.batch_size,
+               help="expected batch size B (q = B/N); default: min(1024, N/8) for the N "
+                    "training users")
+  training.add("--learning-rate", type=float, default=defaults.learning_rate,
+               help="peak Adam learning rate")
+  training.add("--optimizer", choices=("adamw", "adambc"), default=defaults.optimizer,
+               advanced=True,
+               help="AdamW, or DP-AdamBC (Adam with the noise variance subtracted, Tang et al. "
+                    "2024, arXiv:2411.04205; same schedule and weight decay)")
+  training.add("--adambc-floor", type=float, default=defaults.adambc_floor, advanced=True,
+               help="γ' of --optimizer adambc")
+  training.add("--eval-batch-size", type=int, default=defaults.eval_batch_size, advanced=True,
+               help="users scored per evaluation batch")
+  _add_item2item_arguments(groups.item2item)
   run_cli.add_run_arguments(
-      add, defaults, randomness="noise, batches and the histogram's noise",
+      groups, defaults, randomness="noise, batches and the histogram's noise",
       diagnostics="the exact training loss",
       run_dir_help="checkpoint here and keep the ledger and the secret noise key (DIR/secret: "
                    "keep it private) here; rerunning the same command resumes a killed run from "
                    "its last checkpoint (same batches and noise, no step paid twice); "
                    "benchmarks/dpformer_amazon.py --curve evaluates kept checkpoints")
-  run_cli.add_fit_arguments(add, defaults)
-  _add_dp_forward_arguments(parser)
+  run_cli.add_fit_arguments(groups, defaults)
+  _add_dp_forward_arguments(groups.dp_forward)
   parser.set_defaults(func=run, interrupted=interrupted.message)
 
 
@@ -159,13 +184,11 @@ def run(args):
   return run_lib.report(summary, options, result.train_seqrec(summary))
 
 
-def _add_item2item_arguments(parser):
-  """The pair statistics and scoring of `--model item2item` (defaults: the dataclass's)."""
+def _add_item2item_arguments(group):
+  """The pair statistics and scoring of `--model item2item` (defaults: the dataclass's), to
+  `group` (an `OptionGroup`): listed by --help-all."""
   defaults = seqrec_options.SeqRecTrainOptions()
-  group = parser.add_argument_group(
-      "item2item (--model item2item)", "the DP pair statistics (sensitivity 1 per user) and "
-      "how they score the next item")
-  add = group.add_argument
+  add = group.add_advanced
   add("--pair-window", type=int, default=defaults.pair_window, metavar="W",
       help="pairs (s_t, s_t+g) for gaps g <= W")
   add("--pair-decay", type=float, default=defaults.pair_decay,
@@ -215,16 +238,11 @@ def _add_item2item_arguments(parser):
       help="the public salt of the --public-users rule")
 
 
-def _add_dp_forward_arguments(parser):
-  """`--dp-forward` and its settings, for `dprec train seqrec`."""
-  group = parser.add_argument_group(
-      "DP-Forward (Du et al. 2023, arXiv:2309.06746)",
-      "noise on each user's representation instead of on gradients: "
-      "SeqLDP per user (local DP of the sequence; the next-item label is sent in the clear "
-      "unless --label-epsilon), not central DP; the service trains with non-private steps. "
-      "Implies --model dpformer, --loss-positions last and no Re-Attention; --epochs must be whole")
-  add = group.add_argument
+def _add_dp_forward_arguments(group):
+  """`--dp-forward` and its settings, for `dprec train seqrec`, to `group` (an `OptionGroup`):
+  listed by --help-all."""
   defaults = seqrec_options.DPForwardOptions  # the defaults of the Python API
+  add = group.add_advanced
   add("--dp-forward", action="store_true", help="train with DP-Forward instead of DP-SGD")
   add("--forward-position", choices=("output", "attention"), default=defaults.position,
       help="noise the user representation (output) or the first attention output, residual "
