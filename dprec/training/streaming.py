@@ -235,7 +235,7 @@ class StreamingTrainer:
                        "epsilon 0) or an algorithm without a fixed set")
     self.checkpoints = ckpt_lib.CheckpointManager(run.checkpoint_dir)
     self.journal_path = os.path.join(run.run_dir, JOURNAL)
-    self.ledger = run.open_plan_ledger(plan)
+    self.ledger = run.budget.open_plan_ledger(plan)
     self.metrics = stream_metrics.MetricsWriter(run.run_dir)
     self.state = _fresh_state()
     self._tf_checkpoint = None
@@ -363,14 +363,14 @@ class StreamingTrainer:
     days = list(period.days) if self.plan.parallel_periods else None
     selection = {label + " selection": self.plan.selection_epsilon_per_period}
     mechanisms = self._mechanisms(period.index)
-    projected = run.epsilon_if_paid(self.plan, label, steps, selection, mechanisms=mechanisms,
-                                    days=days)
-    if not run.fits(projected):
+    projected = run.budget.epsilon_if_paid(self.plan, label, steps, selection,
+                                           mechanisms=mechanisms, days=days)
+    if not run.budget.fits(projected):
       return projected
     try:
-      run.pay_once(self.plan, {name: (epsilon, 0.0) for name, epsilon in selection.items()},
+      run.budget.pay_once(self.plan, {name: (epsilon, 0.0) for name, epsilon in selection.items()},
                    mechanisms=mechanisms, days=days)
-      run.pay_steps(self.plan, label, steps, days=days)
+      run.budget.pay_steps(self.plan, label, steps, days=days)
     except BudgetExceededError:
       return projected
     return None

@@ -58,6 +58,7 @@ from dprec.training import poisson
 from dprec.workflows import out_of_core
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import run as run_lib
+from dprec.workflows import run_budget
 # The options and the names the command line offers, without TensorFlow (`ctr_options`).
 from dprec.workflows.ctr_options import ALGORITHMS, BATCH_SIZE_RANGE  # noqa: F401
 from dprec.workflows.ctr_options import (CTRTrainOptions, DEFAULT_LEARNING_RATES,
@@ -157,14 +158,14 @@ def plan_privacy(options: CTRTrainOptions, num_examples: int, run=None) -> plan_
   """σ from the target ε (Ghazi et al. 2023, §2.2): DP-SGD's σ at (ε − ε_select, δ, q, T),
   composed with the DP base rate's Gaussian mechanism (σ_b alone at `base_rate_share`·ε), DP
   Platt scaling's (σ_c alone at `calibration_share`·ε; none at 0) and what `run`'s ledger spent
-  on the data before (δ: the ledger's, else 1/N; `run_lib.plan_prior`)."""
+  on the data before (δ: the ledger's, else 1/N; `run_budget.plan_prior`)."""
   poisson.BatchSampling(options.batch_size).sampling_rate(num_examples)  # refuses B > N
   if not options.private:
     return plan_lib.plan_privacy(math.inf, None, num_examples, options.batch_size, options.steps,
                                  poisson=not options.fixed_batches,
                                  max_batch_size=options.max_batch_size)
-  delta, spent = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
-                                    default_delta=1.0 / num_examples)
+  delta, spent = run_budget.plan_prior(run and run.budget, options.epsilon, options.delta,
+                                       options.accountant, default_delta=1.0 / num_examples)
   selection = options.top_k_epsilon if options.algorithm in FEST_ALGORITHMS else 0.0
   return plan_lib.plan_privacy(
       options.epsilon, delta, num_examples, options.batch_size, options.steps,
@@ -300,8 +301,8 @@ def build_model(options, data, plan, run):
                                       secure_noise=options.secure_noise))
   if options.algorithm == "dp_sgd_lazy":
     model.refuse_what_lazy_noise_cannot_run()  # the step's own refusal, before the ledger is paid
-  if run.ledger is not None:  # paid once, before anything they shape is released
-    run.pay_once(plan, selection and {SELECTION_LABEL: (selection.epsilon, selection.delta)})
+  if run.budget.ledger is not None:  # paid once, before anything they shape is released
+    run.budget.pay_once(plan, selection and {SELECTION_LABEL: (selection.epsilon, selection.delta)})
   model.optimizer.build(model.trainable_variables)  # slots now: restorable, traced once
   return model, rate
 
@@ -377,9 +378,9 @@ def _train(options, data, strategy, coordinator, base=None):
   with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,
                    options.secure_noise, options.data, chief=chief) as run:
     plan = plan_privacy(options, _train_rows(data), run)
-    if run.open_plan_ledger(plan) is not None:
+    if run.budget.open_plan_ledger(plan) is not None:
       run.check_ledger_covers_checkpoint(label)
-      run.check_budget(plan, label, options.steps, {SELECTION_LABEL: plan.selection_epsilon})
+      run.budget.check(plan, label, options.steps, {SELECTION_LABEL: plan.selection_epsilon})
     if _out_of_core(data):  # before anything is paid: another run's batches are refused
       batches, manifest, batch_job = out_of_core.write_batches(
           data, base, run, options.batch_size, options.steps, _beam_args(options),
@@ -388,8 +389,8 @@ def _train(options, data, strategy, coordinator, base=None):
       model, rate = build_model(options, data, plan, run)
     resume = run.resume(model, options, options.keep_checkpoints,
                         train_rows=_train_rows(data), vocab_sizes=data.vocab_sizes)
-    budget = (run.budget_callback(plan, label, resume.step, options.charge_every, options.log_dir)
-              if run.ledger is not None else None)
+    budget = (run.budget.callback(plan, label, resume.step, options.charge_every, options.log_dir)
+              if run.budget.ledger is not None else None)
     # Workers of a multi-worker run stop together when the chief stops at the budget.
     extra = [callbacks_lib.SharedStop(strategy)] if options.strategy == "multi_worker" else []
     chooser = None
@@ -528,7 +529,7 @@ def _summary(options, data, model, plan, history, evaluation, timer, budget, run
       "base_rate_noise_multiplier": plan.mechanisms.get(BASE_RATE_LABEL),
       "calibration_scale": calibration[0], "calibration_shift": calibration[1],
       "calibration_noise_multiplier": plan.mechanisms.get(CALIBRATION_LABEL),
-      "epsilon_budget": options.epsilon if run.ledger is not None else None,
+      "epsilon_budget": options.epsilon if run.budget.ledger is not None else None,
       "noise_multiplier": plan.noise_multiplier, "sigma1": sigma1, "sigma2": sigma2,
       "selection_epsilon": plan.selection_epsilon, "sampling_rate": plan.sampling_rate,
       "gradient_size": last.get("gradient_size"),

@@ -4,13 +4,14 @@ import os
 
 from dprec.workflows import resume as resume_lib
 from dprec.workflows import run as run_lib
+from dprec.workflows import run_budget
 
 
 def message(args, command) -> str:
   """The line `dprec` prints when Ctrl-C stops the run of parsed `args` (`command`: its command
   line): what its run directory keeps, what its ledger was charged, and how to resume."""
   run_dir = args.run_dir
-  ledger = args.ledger or (run_dir and os.path.join(run_dir, run_lib.LEDGER_FILE))
+  ledger = args.ledger or (run_dir and os.path.join(run_dir, run_budget.LEDGER_FILE))
   charged = ""
   if ledger and os.path.exists(ledger):
     from dprec.privacy import PrivacyLedger

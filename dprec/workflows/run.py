@@ -15,40 +15,30 @@ A run directory (`dprec.workflows.run_directory`) holds:
 Without a run directory nothing is stored: the key lives in memory, the id is new, nothing is
 checkpointed and the ledger, unless given, is a temporary file.
 
-The ledger is the budget of the run's data set (`data`, identified by `dprec.data.identity`):
-every charge of the run records it, a ledger holding charges for another data set is refused,
-and what the ledger spent on this data set before the run's first charge (e.g. a preprocessing
-job's DP top-k vocabulary) is composed into the run's plan (`plan_prior`) and reported in the
-summary's `epsilon_parts`.
+The ledger is the budget of the run's data set (`data`, identified by `dprec.data.identity`);
+the run pays its charges into it through `budget` (`dprec.workflows.run_budget.RunBudget`),
+each once, before anything they cover is released.
 
 Every randomness the privacy proof relies on comes from the run's `key` (a `NoiseKey`): the DP
 step's generator, Poisson sampling (`key.entropy("poisson")`), DP top-k and DP counts
 (`key.numpy_rng`). `insecure_noise_seed` derives the key from a public seed instead:
 reproducible, not private; the summary (`privacy_fields`) and every ledger charge say so.
-
-The ledger is paid before anything is released: `check_budget` refuses, before the first charge,
-a run whose unpaid part would exceed the budget; `pay_once` charges the one-off releases (Gaussian
-mechanisms, DP top-k) and `budget_callback` / `pay_steps` the steps, each under the run's label.
-A run only ever counts its own charges as paid (`steps_paid`, `paid`), so a resumed run pays
-nothing twice and never counts another run's charges.
 """
 import dataclasses
-import math
 import os
 import sys
 from typing import Optional
 
 from dprec import atomic_io
 from dprec.data import identity
-from dprec.errors import BudgetExceededError, DprecError
+from dprec.errors import DprecError
 from dprec.workflows import resume as resume_lib
+from dprec.workflows import run_budget
 from dprec.workflows import run_directory
 
-LEDGER_FILE = "ledger.json"
 SUMMARY_FILE = "summary.json"  # in the run directory, unless --summary-json says otherwise
 STDOUT = "-"  # --summary-json -: the JSON summary on stdout
 CHECKPOINTS_DIR = "checkpoints"
-BUDGET_SLACK = 1 + 1e-6  # calibration's rounding: a plan within this of the budget fits it
 CHECKPOINT_EVERY = 100  # steps between checkpoints at most, unless `checkpoint_every` says
 
 
@@ -125,9 +115,8 @@ class Run:
     except BaseException:
       self.close()
       raise
-    self.ledger_path = ledger or os.path.join(self.directory.base, LEDGER_FILE)
-    self._temporary_ledger = ledger is None and run_dir is None
-    self.ledger = None  # opened by `open_ledger` (a private run)
+    self.budget = run_budget.RunBudget(self.directory, ledger, self.run_id, self.key,
+                                       self.dataset)
 
   def __enter__(self):
     return self
@@ -143,121 +132,6 @@ class Run:
   def checkpoint_dir(self):
     return os.path.join(self.run_dir, CHECKPOINTS_DIR)
 
-  # ---- the ledger --------------------------------------------------------------------------
-
-  def open_ledger(self, epsilon_budget, delta, accountant, default_delta=None, unit=None):
-    """The ledger at `ledger_path` (also kept as `self.ledger`); every charge this run makes
-    records its `run_id` and data set (and, with insecure noise, `private: false` and the
-    reason). `delta` None: the existing ledger's δ, or `default_delta` for a new one. `unit`:
-    the privacy unit of its budget (None: the existing ledger's, else "row"; another than an
-    existing ledger's is refused). Refuses a ledger holding charges for another data set."""
-    from dprec.privacy import PrivacyLedger
-    if not self.chief and self.run_dir is not None:  # a shared ledger: the chief creates it
-      run_directory.wait_for(self.ledger_path, "the chief's privacy ledger")
-    if delta is None and not os.path.exists(self.ledger_path):
-      delta = default_delta
-    marks = {} if self.key.private else {"private": False, "privacy_note": self.key.note}
-    if self.dataset is not None:
-      marks["dataset"] = self.dataset
-    self.ledger = PrivacyLedger(self.ledger_path, epsilon_budget=epsilon_budget, delta=delta,
-                                accountant=accountant, run_id=self.run_id, marks=marks,
-                                unit=unit)
-    self.ledger.check_dataset(self.dataset)
-    return self.ledger
-
-  @property
-  def ledger_file(self) -> Optional[str]:
-    """The path of the ledger this run opened (None: none, or a temporary one, removed at the
-    end of the run)."""
-    return None if self.ledger is None or self._temporary_ledger else self.ledger_path
-
-  def open_plan_ledger(self, plan):
-    """The ledger of a `dprec.workflows.plan.PrivacyPlan`'s budget (the one `plan_prior`
-    opened, if it did); None for a non-private plan."""
-    if not plan.private:
-      return None
-    return self.ledger or self.open_ledger(plan.epsilon_total, plan.delta, plan.accountant,
-                                           unit=plan.privacy_unit)
-
-  def steps_paid(self, ledger, label) -> int:
-    """Steps this run has charged under `label` (charges of other runs never count)."""
-    return sum(charge.get("steps", 0) for charge in ledger.charges_of(self.run_id, label))
-
-  def paid(self, ledger, label) -> bool:
-    """Whether this run has charged `label` already."""
-    return bool(ledger.charges_of(self.run_id, label))
-
-  def _unpaid(self, plan, selections, mechanisms=None):
-    mechanisms = plan.mechanisms if mechanisms is None else mechanisms
-    gaussian = [(sigma, label) for label, sigma in mechanisms.items()
-                if not self.paid(self.ledger, label)]
-    pure = {label: epsilon for label, epsilon in selections.items()
-            if epsilon and not self.paid(self.ledger, label)}
-    return gaussian, pure
-
-  def epsilon_if_paid(self, plan, label, steps, selections=None, noise_multiplier=None,
-                      sampling_rate=None, mechanisms=None, days=None) -> float:
-    """ε the ledger would reach once this run has paid for `steps` steps under `label` (at the
-    plan's σ and q unless given), the Gaussian `mechanisms` {label: σ} (default: the plan's)
-    and the pure-ε `selections` {label: ε}; what it has paid already counts once. The steps and
-    mechanisms read the data set's `days` (None: every day; `PrivacyLedger`), the selections
-    every day, in the ledger's unit (a user-level stream's σ and q are per user). Nothing is
-    charged."""
-    gaussian, pure = self._unpaid(plan, selections or {}, mechanisms)
-    unpaid = max(0, steps - self.steps_paid(self.ledger, label))
-    epsilon = self.ledger.epsilon_if_charged(
-        plan.noise_multiplier if noise_multiplier is None else noise_multiplier,
-        plan.sampling_rate if sampling_rate is None else sampling_rate,
-        unpaid, poisson=plan.poisson, label=label, gaussian_mechanisms=gaussian, days=days,
-        approximate=[(0.0, delta, label) for label, delta in self._unpaid_truncation(plan)])
-    return epsilon + sum(pure.values())  # basic composition, as the ledger does
-
-  def _unpaid_truncation(self, plan):
-    """[(label, δ)] of the plan's batch cap (`dprec.privacy.truncation`) if unpaid."""
-    from dprec.privacy import truncation
-    if not plan.truncation_delta or self.paid(self.ledger, truncation.LABEL):
-      return []
-    return [(truncation.LABEL, plan.truncation_delta)]
-
-  def fits(self, epsilon) -> bool:
-    return epsilon <= self.ledger.epsilon_budget * BUDGET_SLACK
-
-  def check_budget(self, plan, label, steps, selections=None, **rates):
-    """Raises `BudgetExceededError`, before anything is charged, if paying this run's unpaid
-    part (`epsilon_if_paid`) would bring the ledger over its budget."""
-    planned = self.epsilon_if_paid(plan, label, steps, selections, **rates)
-    if not self.fits(planned):
-      raise BudgetExceededError(
-          f"{self.ledger.path}: the planned run would bring the ledger to ε={planned:.4g} > "
-          f"budget {self.ledger.epsilon_budget:g} (already spent "
-          f"{self.ledger.epsilon_spent():.4g})")
-
-  def pay_once(self, plan, selections=None, mechanisms=None, days=None):
-    """Charges the Gaussian `mechanisms` {label: σ} (default: the plan's) on `days`, then the
-    `selections` {label: (ε, δ)}, that this run has not paid yet (a resumed run re-draws them
-    from the key and pays nothing again). Only the chief of a multi-worker run charges (here
-    and in `pay_steps`, `budget_callback`). The plan's batch cap is paid here too, as the
-    (0, δ_trunc) release of `dprec.privacy.truncation`."""
-    if not self.chief:
-      return
-    for label, delta in self._unpaid_truncation(plan):
-      self.ledger.charge_approximate(0.0, delta, label)
-    for label, sigma in (plan.mechanisms if mechanisms is None else mechanisms).items():
-      if not self.paid(self.ledger, label):
-        self.ledger.charge_gaussian_mechanism(sigma, label, days)
-    for label, (epsilon, delta) in (selections or {}).items():
-      if epsilon and not self.paid(self.ledger, label):
-        self.ledger.charge_approximate(epsilon, delta, label)
-
-  def pay_steps(self, plan, label, steps, days=None):
-    """Charges the steps of `steps` under `label` (reading `days`) this run has not paid yet."""
-    if not self.chief:
-      return
-    unpaid = steps - self.steps_paid(self.ledger, label)
-    if unpaid > 0:
-      self.ledger.charge_gaussian(plan.noise_multiplier, plan.sampling_rate, unpaid,
-                                  poisson=plan.poisson, label=label, days=days)
-
   def check_ledger_covers_checkpoint(self, label):
     """Raises `DprecError` if the ledger holds fewer steps of this run under `label` than its
     newest checkpoint has trained (steps are paid before they are taken): the run's ledger was
@@ -265,36 +139,23 @@ class Run:
     not account for. Call it before the run charges anything (the chief: it alone charges)."""
     if not self.chief:
       return
+    budget = self.budget
     trained = resume_lib.checkpointed_step(self.checkpoint_dir) if self.run_dir else 0
-    paid = self.steps_paid(self.ledger, label)
+    paid = budget.steps_paid(label)
     if paid < trained:
-      other = sorted(other for other in {c.get("label") for c in self.ledger.charges} - {label}
-                     if self.steps_paid(self.ledger, other) >= trained)
+      other = sorted(other for other in {c.get("label") for c in budget.ledger.charges} - {label}
+                     if budget.steps_paid(other) >= trained)
       if other:
         raise DprecError(
             f"{self.run_dir}: this run trained as '{other[0]}', and this command asks for "
             f"'{label}': an argument changed (not the ledger). Rerun with the run's arguments "
             "to resume it, or use a new --run-dir to train from scratch")
       raise DprecError(
-          f"{self.ledger.path}: this ledger holds {paid} steps of run {self.run_id} under "
+          f"{budget.ledger.path}: this ledger holds {paid} steps of run {self.run_id} under "
           f"'{label}', but the run's checkpoints in {self.run_dir} have trained {trained}: the "
           "run's ledger was deleted or replaced after it trained. Put the run's ledger back at "
           "that path (or give it with --ledger) and rerun; to train from scratch instead, use "
           "a new --run-dir")
-
-  def budget_callback(self, plan, label, start_step=0, charge_every=100, log_dir=None,
-                      steps_held=None):
-    """`PrivacyBudgetCallback` paying the plan's steps under `label` ahead of `model.fit`; a
-    resumed run (at `start_step`) pays again only for steps it has not paid; `steps_held`: the
-    steps its input holds (none paid beyond them). None on a worker that is not the chief: each
-    global step is paid once, by the chief."""
-    if not self.chief:
-      return None
-    from dprec.training import callbacks
-    return callbacks.PrivacyBudgetCallback(
-        self.ledger, plan.noise_multiplier, plan.sampling_rate, poisson=plan.poisson,
-        charge_every=charge_every, label=label, log_dir=log_dir, steps_taken=start_step,
-        steps_charged=self.steps_paid(self.ledger, label), steps_held=steps_held)
 
   # ---- checkpoints and resume ----------------------------------------------------------------
 
@@ -382,10 +243,10 @@ class Run:
         "epsilon_parts (accounting), ledger (its path) and dataset (the data set's path, id "
         "and vocab_privacy)"]
     fields = {"run_id": self.run_id, "epsilon_covers": dict(epsilon_covers, public=public),
-              "secure_noise": self.secure_noise, "ledger": self.ledger_file}
+              "secure_noise": self.secure_noise, "ledger": self.budget.ledger_file}
     public_seeded = []
-    if self.ledger is not None:
-      fields["epsilon_parts"] = self.ledger.parts()
+    if self.budget.ledger is not None:
+      fields["epsilon_parts"] = self.budget.ledger.parts()
       preprocessing = fields["epsilon_parts"]["preprocessing_selection"]["charges"]
       public_seeded = [f"preprocessing release '{c['label']}' drew its randomness from a public "
                        "seed: it is NOT differentially private"
@@ -399,26 +260,12 @@ class Run:
   def privacy_summary(self, plan, epsilon_covers, dp=None, notes=()) -> dict:
     """ε spent (None without a ledger), δ, the accountant, Poisson or not, and
     `privacy_fields` (with the plan's notes)."""
-    ledger = self.ledger
+    ledger = self.budget.ledger
     return {"epsilon": ledger.epsilon_spent() if ledger is not None else None,
             "delta": plan.delta, "accountant": plan.accountant if ledger is not None else None,
             "poisson": bool(ledger is not None and plan.poisson),
             **self.privacy_fields(plan.private if dp is None else dp, epsilon_covers,
                                   plan.notes + list(notes))}
-
-
-def plan_prior(run, epsilon_budget, delta, accountant, default_delta, unit=None):
-  """(δ, `Spent`) a privacy plan starts from. In a private `run` (a finite `epsilon_budget`):
-  its ledger, opened now (`Run.open_ledger`: δ `delta`, else the existing ledger's, else
-  `default_delta`; privacy `unit`, None: the existing ledger's, else "row"), and what it spent
-  on the run's data set before the run's first charge (`PrivacyLedger.spent_before`: e.g. a DP
-  top-k vocabulary; a resumed run finds what it found when it started). Otherwise (`run`
-  None: planning alone): (`delta` or `default_delta`, nothing spent)."""
-  from dprec.privacy import composition
-  if run is None or epsilon_budget is None or not math.isfinite(epsilon_budget):
-    return (default_delta if delta is None else delta), composition.Spent()
-  ledger = run.open_ledger(epsilon_budget, delta, accountant, default_delta, unit)
-  return ledger.delta, ledger.spent_before(run.run_id)
 
 
 def summary_path(options: RunOptions) -> Optional[str]:

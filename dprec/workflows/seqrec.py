@@ -62,6 +62,7 @@ from dprec.workflows import model_choice
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import resume as resume_lib
 from dprec.workflows import run as run_lib
+from dprec.workflows import run_budget
 # The options and the names the command line offers, without TensorFlow (`seqrec_options`).
 from dprec.workflows.seqrec_options import FROZEN, MODELS, PAIR_MODELS, PRIOR_WEIGHTS  # noqa: F401
 from dprec.workflows.seqrec_options import SeqRecTrainOptions
@@ -102,12 +103,12 @@ options_from_checkpoint = functools.partial(resume_lib.options_from_checkpoint,
 def plan_privacy(options, num_examples, run=None) -> plan_lib.PrivacyPlan:
   """Steps = epochs·N/B; σ calibrated so the run spends exactly ε at δ (default: the ledger's,
   else 1/N), composed with the DP histogram of p_i and with what `run`'s ledger spent on the
-  data before (`run_lib.plan_prior`); DP-Forward: σ of its E epoch releases, composed with that
+  data before (`run_budget.plan_prior`); DP-Forward: σ of its E epoch releases, composed with that
   too (`dp_forward.plan_run`); item2item: the pair release's σ (`item2item.plan_privacy`)."""
   if options.model == model_choice.AUTO:
     raise DprecError("model 'auto' is resolved before planning (seqrec.choose_model)")
-  delta, spent = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
-                                    default_delta=1.0 / num_examples)
+  delta, spent = run_budget.plan_prior(run and run.budget, options.epsilon, options.delta,
+                                       options.accountant, default_delta=1.0 / num_examples)
   spent = model_choice.with_choice(options, spent, delta)
   if options.model == "item2item":
     return item2item_lib.plan_privacy(options, num_examples, delta, spent)
@@ -325,15 +326,15 @@ def _check_and_pay_once(options, plan, run, label):
   afford, then pays the one-off releases: the plan's Gaussian mechanisms and `--model auto`'s
   choice, an (ε0, δ0) charge."""
   choice = model_choice.selections(options, plan.delta)
-  run.check_budget(plan, label, plan.steps, {name: e for name, (e, _) in choice.items()})
-  run.pay_once(plan, choice)
+  run.budget.check(plan, label, plan.steps, {name: e for name, (e, _) in choice.items()})
+  run.budget.pay_once(plan, choice)
 
 
 def _pay_before_training(options, plan, run, resume, num_examples):
   """Opens the ledger, refuses a run whose unpaid part it cannot afford, pays the one-off
   releases (the DP histogram; DP-Forward's label ε2) and returns the callback paying the steps
   (DP-Forward: one release per epoch); None for a non-private run."""
-  if run.open_plan_ledger(plan) is None:
+  if run.budget.open_plan_ledger(plan) is None:
     return None
   if plan.forward is not None:
     return dp_forward_lib.pay_before_training(
@@ -341,7 +342,7 @@ def _pay_before_training(options, plan, run, resume, num_examples):
         dp_forward_lib.steps_per_epoch(num_examples, options.batch_size))
   run.check_ledger_covers_checkpoint(LEDGER_LABEL)
   _check_and_pay_once(options, plan, run, LEDGER_LABEL)
-  return run.budget_callback(plan, LEDGER_LABEL, resume.step, options.charge_every)
+  return run.budget.callback(plan, LEDGER_LABEL, resume.step, options.charge_every)
 
 
 def run(options: SeqRecTrainOptions, data=None) -> dict:
@@ -440,8 +441,8 @@ def choose_model(options, examples, run):
   if options.model != model_choice.AUTO:
     return options, model_choice.given(options)
   check_batch_size(options, len(examples.items))  # the transformer's refusal, before the release
-  delta, _ = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
-                                default_delta=1.0 / len(examples.items))
+  delta, _ = run_budget.plan_prior(run and run.budget, options.epsilon, options.delta,
+                                   options.accountant, default_delta=1.0 / len(examples.items))
   return model_choice.resolve(options, examples, delta, run.key.numpy_rng(model_choice.LABEL))
 
 
@@ -449,9 +450,9 @@ def _run_item2item(options, examples, plan, run, frequencies, public=None):
   """Pays the histogram and the pair release, releases the pairs from the run's key, adds the
   `public` users' exact statistics, evaluates and returns the summary
   (`dprec.workflows.item2item`)."""
-  if run.open_plan_ledger(plan) is not None:
+  if run.budget.open_plan_ledger(plan) is not None:
     _check_and_pay_once(options, plan, run, item2item_lib.LABEL)
-    run.pay_steps(plan, item2item_lib.LABEL, plan.steps)
+    run.budget.pay_steps(plan, item2item_lib.LABEL, plan.steps)
   timer = time.perf_counter()
   model, release = item2item_lib.build_model(options, examples, plan, frequencies,
                                              run.key.numpy_rng("item pairs"), public)
