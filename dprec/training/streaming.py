@@ -233,7 +233,7 @@ class StreamingTrainer:
       raise DprecError("--privacy-unit user cannot refresh a DP top-k set: the running counts "
                        "behind it count every row of a user; use public counts (selection "
                        "epsilon 0) or an algorithm without a fixed set")
-    self.checkpoints = ckpt_lib.CheckpointManager(run.checkpoint_dir)
+    self.checkpoints = ckpt_lib.CheckpointManager(run.checkpoints.directory)
     self.journal_path = os.path.join(run.run_dir, JOURNAL)
     self.ledger = run.budget.open_plan_ledger(plan)
     self.metrics = stream_metrics.MetricsWriter(run.run_dir)

@@ -379,7 +379,7 @@ def _train(options, data, strategy, coordinator, base=None):
                    options.secure_noise, options.data, chief=chief) as run:
     plan = plan_privacy(options, _train_rows(data), run)
     if run.budget.open_plan_ledger(plan) is not None:
-      run.check_ledger_covers_checkpoint(label)
+      run.checkpoints.check_ledger_covers(label)
       run.budget.check(plan, label, options.steps, {SELECTION_LABEL: plan.selection_epsilon})
     if _out_of_core(data):  # before anything is paid: another run's batches are refused
       batches, manifest, batch_job = out_of_core.write_batches(
@@ -387,8 +387,8 @@ def _train(options, data, strategy, coordinator, base=None):
           options.max_batch_size)
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
       model, rate = build_model(options, data, plan, run)
-    resume = run.resume(model, options, options.keep_checkpoints,
-                        train_rows=_train_rows(data), vocab_sizes=data.vocab_sizes)
+    resume = run.checkpoints.resume(model, options, options.keep_checkpoints,
+                                    train_rows=_train_rows(data), vocab_sizes=data.vocab_sizes)
     budget = (run.budget.callback(plan, label, resume.step, options.charge_every, options.log_dir)
               if run.budget.ledger is not None else None)
     # Workers of a multi-worker run stop together when the chief stops at the budget.
@@ -403,7 +403,7 @@ def _train(options, data, strategy, coordinator, base=None):
       extra.append(tf.keras.callbacks.TensorBoard(
           os.path.join(options.log_dir, "diagnostics_nonprivate"), update_freq=100))
     # Parameter servers: each scheduled step resets its worker's generator itself.
-    timer, callbacks = run.fit_callbacks(
+    timer, callbacks = run.trainer.callbacks(
         {} if coordinator else {NOISE_PURPOSE: model.dp_optimizer.generator}, resume, budget,
         options.checkpoint_interval(options.steps),
         extra, options.progress and chief and f"{COMMAND} {options.algorithm}",
@@ -415,9 +415,9 @@ def _train(options, data, strategy, coordinator, base=None):
                                 coordinator)
     else:
       features = {key: data.train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}
-      history = run.fit(model, features, data.train["label"], options.batch_size,
-                        plan.private and plan.poisson, options.steps, resume, callbacks,
-                        coordinator, max_batch_size=options.max_batch_size)
+      history = run.trainer.fit(model, features, data.train["label"], options.batch_size,
+                                plan.private and plan.poisson, options.steps, resume, callbacks,
+                                coordinator, max_batch_size=options.max_batch_size)
     if chooser is not None:
       chooser.restore(model)
     replicas = (parameter_server.num_workers(strategy) if coordinator

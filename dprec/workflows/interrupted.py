@@ -3,7 +3,6 @@ ledger was charged, and the command that resumes it (`dprec.cli` prints it as it
 import os
 
 from dprec.workflows import resume as resume_lib
-from dprec.workflows import run as run_lib
 from dprec.workflows import run_budget
 
 
@@ -20,7 +19,7 @@ def message(args, command) -> str:
   if run_dir is None:
     return (f"interrupted: nothing kept to resume from (no --run-dir){charged}; a rerun starts "
             "over and pays again: give --run-dir DIR to make a run resumable")
-  step = resume_lib.checkpointed_step(os.path.join(run_dir, run_lib.CHECKPOINTS_DIR))
+  step = resume_lib.checkpointed_step(os.path.join(run_dir, resume_lib.CHECKPOINTS_DIR))
   kept = (f"its checkpoint at step {step}" if step else
           "no checkpoint (training had not started)")
   return (f"interrupted: {run_dir} keeps {kept}{charged}; the same command resumes it (no step "

@@ -35,10 +35,10 @@ from dprec.errors import DprecError
 from dprec.workflows import resume as resume_lib
 from dprec.workflows import run_budget
 from dprec.workflows import run_directory
+from dprec.workflows import run_trainer
 
 SUMMARY_FILE = "summary.json"  # in the run directory, unless --summary-json says otherwise
 STDOUT = "-"  # --summary-json -: the JSON summary on stdout
-CHECKPOINTS_DIR = "checkpoints"
 CHECKPOINT_EVERY = 100  # steps between checkpoints at most, unless `checkpoint_every` says
 
 
@@ -117,6 +117,8 @@ class Run:
       raise
     self.budget = run_budget.RunBudget(self.directory, ledger, self.run_id, self.key,
                                        self.dataset)
+    self.checkpoints = resume_lib.RunCheckpoints(run_dir, self.budget)
+    self.trainer = run_trainer.RunTrainer(self.directory, self.key)
 
   def __enter__(self):
     return self
@@ -127,106 +129,6 @@ class Run:
   def close(self):
     """Releases the run directory and removes the temporary ones."""
     self.directory.close()
-
-  @property
-  def checkpoint_dir(self):
-    return os.path.join(self.run_dir, CHECKPOINTS_DIR)
-
-  def check_ledger_covers_checkpoint(self, label):
-    """Raises `DprecError` if the ledger holds fewer steps of this run under `label` than its
-    newest checkpoint has trained (steps are paid before they are taken): the run's ledger was
-    deleted or replaced after it trained, and going on would release a model the ledger does
-    not account for. Call it before the run charges anything (the chief: it alone charges)."""
-    if not self.chief:
-      return
-    budget = self.budget
-    trained = resume_lib.checkpointed_step(self.checkpoint_dir) if self.run_dir else 0
-    paid = budget.steps_paid(label)
-    if paid < trained:
-      other = sorted(other for other in {c.get("label") for c in budget.ledger.charges} - {label}
-                     if budget.steps_paid(other) >= trained)
-      if other:
-        raise DprecError(
-            f"{self.run_dir}: this run trained as '{other[0]}', and this command asks for "
-            f"'{label}': an argument changed (not the ledger). Rerun with the run's arguments "
-            "to resume it, or use a new --run-dir to train from scratch")
-      raise DprecError(
-          f"{budget.ledger.path}: this ledger holds {paid} steps of run {self.run_id} under "
-          f"'{label}', but the run's checkpoints in {self.run_dir} have trained {trained}: the "
-          "run's ledger was deleted or replaced after it trained. Put the run's ledger back at "
-          "that path (or give it with --ledger) and rerun; to train from scratch instead, use "
-          "a new --run-dir")
-
-  # ---- checkpoints and resume ----------------------------------------------------------------
-
-  def resume(self, model, options, keep=2, **facts):
-    """A `dprec.workflows.resume.Resume` of `model` in this run's directory (where it stands),
-    for a run of `options` (a `RunOptions`) on data with these `facts`."""
-    return resume_lib.Resume(
-        self.run_dir and self.checkpoint_dir, resume_lib.checkpoint_objects(model),
-        options.run_fingerprint(**facts), keep,
-        resume_lib.fingerprint_defaults(options, options.NOT_FINGERPRINTED))
-
-  def fit_callbacks(self, generators, resume, charges=None, checkpoint_every=100, extra=(),
-                    progress=None, diagnostics=False):
-    """(step timer, the callbacks of `model.fit`): the timer, each step's noise keyed from
-    (purpose, step), `charges` (paying the ledger), a checkpoint every `checkpoint_every` steps
-    with a run directory (by the chief; the other workers write theirs to a scratch directory
-    and read the chief's on resume), `extra`, and a progress bar titled `progress` (None:
-    none)."""
-    from dprec.training import callbacks
-    timer = callbacks.StepTimer()
-    fit = [timer, callbacks.KeyedNoiseCallback(self.key, generators, resume.step)]
-    fit += [charges] if charges is not None else []
-    if resume.manager is not None:
-      scratch = None if self.chief else self.directory.scratch()
-      fit.append(resume.callback(checkpoint_every, scratch))
-    fit += list(extra)
-    if progress:
-      fit.append(callbacks.ProgressBar(desc=progress, initial=resume.step,
-                                       diagnostics=diagnostics, timer=timer))
-    return timer, fit
-
-  def fit(self, model, features, labels, batch_size, poisson, steps, resume, callbacks,
-          coordinator=None, batches=None, read=None, max_batch_size=None):
-    """`model.fit` from `resume.step` to `steps` on batches of (`features`, `labels`) drawn with
-    the run's secret entropy (Poisson at q = B/N, truncated to `max_batch_size` if given, else
-    fixed-size shuffled): the very batches an uninterrupted run draws; or on `batches`, a
-    `tf.data.Dataset` of the (features, labels) batches of steps `resume.step`.. drawn elsewhere
-    (out of core: `dprec.workflows.out_of_core`).
-    Under the `tf.distribute` strategy `model` was built in, every worker draws the same global
-    batches and each replica trains on its shard. With the `coordinator` of a
-    `ParameterServerStrategy`, this chief draws the batches and schedules step t on a worker
-    with its batch (or, with `read`, `batches` are the steps' references and the worker reads its
-    batch itself: `read(reference)`) and the noise state of (the DP step, t)
-    (`dprec.distribute.parameter_server.fit`). Returns the history ({} when no step is left)."""
-    import tensorflow as tf
-    from dprec.training import poisson as sampling_lib
-    if steps <= resume.step:
-      if self.chief:
-        print(f"dprec: {self.run_dir}: this run finished its {steps} steps before: evaluating "
-              "its model again (nothing charged)", file=sys.stderr)
-      return {}
-    sampling = sampling_lib.BatchSampling(batch_size, poisson, self.key.entropy("poisson"),
-                                          max_batch_size)
-    distributed = model.distribute_strategy is not tf.distribute.get_strategy()
-    if batches is None and (coordinator is not None or not distributed):
-      batches = sampling_lib.sampled_dataset(features, labels, sampling, steps, resume.step)
-    if coordinator is not None:
-      from dprec.distribute import parameter_server
-      from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
-      from dprec.training.callbacks import CheckpointCallback
-      return parameter_server.fit(
-          model, coordinator, batches,
-          (self.key.tf_state(NOISE_PURPOSE, t) for t in range(resume.step, steps)),
-          steps - resume.step, callbacks,
-          sync_every=next((c.every for c in callbacks if isinstance(c, CheckpointCallback)),
-                          None), read=read)
-    if batches is None:  # every replica of the strategy draws its shard of the global batch
-      batches = tf.keras.utils.experimental.DatasetCreator(sampling_lib.replica_dataset_fn(
-          features, labels, sampling, steps, resume.step))
-    return model.fit(batches, epochs=1, steps_per_epoch=steps - resume.step,
-                     callbacks=callbacks, verbose=0).history
 
   # ---- the summary -------------------------------------------------------------------------
 

@@ -340,7 +340,7 @@ def _pay_before_training(options, plan, run, resume, num_examples):
     return dp_forward_lib.pay_before_training(
         run, plan, LEDGER_LABEL, resume.step,
         dp_forward_lib.steps_per_epoch(num_examples, options.batch_size))
-  run.check_ledger_covers_checkpoint(LEDGER_LABEL)
+  run.checkpoints.check_ledger_covers(LEDGER_LABEL)
   _check_and_pay_once(options, plan, run, LEDGER_LABEL)
   return run.budget.callback(plan, LEDGER_LABEL, resume.step, options.charge_every)
 
@@ -394,8 +394,8 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
                                                                 frequencies))
       elif options.pair_init:
         initialise_item_rows(model, prior.item_factors(options.dim))
-    resume = run.resume(model, options, options.keep_checkpoints,
-                        train_examples=len(examples.items), items=examples.num_items)
+    resume = run.checkpoints.resume(model, options, options.keep_checkpoints,
+                                    train_examples=len(examples.items), items=examples.num_items)
     # Paid (the histogram charged) before the first checkpoint holds p_i.
     charges = _pay_before_training(options, plan, run, resume, len(examples.items))
     selection = None
@@ -404,14 +404,15 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
           lambda: evaluate(model, examples, options, examples.valid_histories,
                            examples.valid_items)["ndcg_at_10"],
           options.epochs, plan.steps, resume.step)
-    timer, callbacks = run.fit_callbacks(noise_generators(model), resume, charges,
-                                         options.checkpoint_interval(plan.steps),
-                                         extra=[selection] if selection else (),
-                                         progress=options.progress and COMMAND,
-                                         diagnostics=options.diagnostics)
-    history = run.fit(model, {"items": examples.items}, examples.labels, options.batch_size,
-                      plan.private and plan.poisson and plan.forward is None, plan.steps,
-                      resume, callbacks)
+    timer, callbacks = run.trainer.callbacks(noise_generators(model), resume, charges,
+                                           options.checkpoint_interval(plan.steps),
+                                           extra=[selection] if selection else (),
+                                           progress=options.progress and COMMAND,
+                                           diagnostics=options.diagnostics)
+    history = run.trainer.fit(model, {"items": examples.items}, examples.labels,
+                              options.batch_size,
+                              plan.private and plan.poisson and plan.forward is None, plan.steps,
+                              resume, callbacks)
     if selection is not None:
       selection.restore()
     if prior is None:
