@@ -599,7 +599,7 @@ class StreamingTrainer:
     unit = self.plan.privacy_unit or "row"
     covers = dict(EPSILON_COVERS, epsilon="(epsilon, delta)-DP for " + UNITS[unit])
     return {
-        **self.run_state.privacy_fields(self.plan.private, covers),
+        **self.run_state.summary.privacy_fields(self.plan.private, covers),
         "privacy_unit": unit,
         "max_rows_per_user": self.plan.max_rows_per_user,
         "ledger_unit": self.ledger.unit if self.ledger is not None else None,

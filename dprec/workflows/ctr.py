@@ -59,6 +59,7 @@ from dprec.workflows import out_of_core
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import run as run_lib
 from dprec.workflows import run_budget
+from dprec.workflows import run_summary
 # The options and the names the command line offers, without TensorFlow (`ctr_options`).
 from dprec.workflows.ctr_options import ALGORITHMS, BATCH_SIZE_RANGE  # noqa: F401
 from dprec.workflows.ctr_options import (CTRTrainOptions, DEFAULT_LEARNING_RATES,
@@ -459,7 +460,7 @@ def _train(options, data, strategy, coordinator, base=None):
           "validation_log_loss_by_step": {str(s): v for s, v in chooser.scores.items()}}
     summary.update(chosen, **layout if coordinator else {})
   if chief:
-    run_lib.write_summary(summary, run_lib.summary_path(options))
+    run_summary.write_summary(summary, run_summary.summary_path(options))
     warn_if_worse_than_base_rate(summary)
   return summary
 
@@ -491,9 +492,9 @@ def run_local_cluster(options: CTRTrainOptions) -> dict:
   (MultiWorkerMirroredStrategy, each told its role by TF_CONFIG; worker 0 is the chief);
   returns the chief's summary. A worker that fails stops the others."""
   with tempfile.TemporaryDirectory(prefix="dprec-workers-") as scratch:
-    summary_json = run_lib.summary_path(options)
-    if summary_json in (None, run_lib.STDOUT):
-      summary_json = os.path.join(scratch, run_lib.SUMMARY_FILE)
+    summary_json = run_summary.summary_path(options)
+    if summary_json in (None, run_summary.STDOUT):
+      summary_json = os.path.join(scratch, run_summary.SUMMARY_FILE)
     worker = dataclasses.replace(options, local_workers=0, summary_json=summary_json)
     workers = cluster.start_local_workers(
         ["-c", "import sys; from dprec import cli; cli.import_tensorflow_quietly(); "
@@ -549,7 +550,7 @@ def _summary(options, data, model, plan, history, evaluation, timer, budget, run
       "train_rows": _train_rows(data), "eval_rows": int(held_out[0]), "data_source": data.source,
       "run_dir": options.run_dir,
       "note": "; ".join([VOCABULARY_NOTE] + plan.notes),
-      **run.privacy_summary(plan, EPSILON_COVERS),
+      **run.summary.privacy(plan, EPSILON_COVERS),
   }
   if options.diagnostics:
     summary["diagnostics_nonprivate"] = {

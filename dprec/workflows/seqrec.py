@@ -63,6 +63,7 @@ from dprec.workflows import plan as plan_lib
 from dprec.workflows import resume as resume_lib
 from dprec.workflows import run as run_lib
 from dprec.workflows import run_budget
+from dprec.workflows import run_summary
 # The options and the names the command line offers, without TensorFlow (`seqrec_options`).
 from dprec.workflows.seqrec_options import FROZEN, MODELS, PAIR_MODELS, PRIOR_WEIGHTS  # noqa: F401
 from dprec.workflows.seqrec_options import SeqRecTrainOptions
@@ -378,7 +379,7 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
       summary["public_user_selection"] = public_users_lib.summary(
           options.public_users, options.public_users_salt, public_data, data)
       summary["model_choice"] = choice
-      run_lib.write_summary(summary, run_lib.summary_path(options))
+      run_summary.write_summary(summary, run_summary.summary_path(options))
       return summary
     vocabulary = frequencies_lib.vocabulary(options, examples, frequencies)
     if vocabulary is not None:  # labels index the table's rows
@@ -432,7 +433,7 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
           release, noise_multiplier=plan.mechanisms.get(item2item_lib.LABEL),
           epsilon_share=item2item_lib.mechanisms(options)[-1][1], init=options.pair_init,
           **item2item_lib.settings(options)), logit_prior=prior_summary)
-  run_lib.write_summary(summary, run_lib.summary_path(options))
+  run_summary.write_summary(summary, run_summary.summary_path(options))
   return summary
 
 
@@ -465,7 +466,7 @@ def _run_item2item(options, examples, plan, run, frequencies, public=None):
       "selected_on": "validation" if "validation" in metrics else None,
       **{key: metrics[key] for key in ("distinct_top10_items", "top10_popularity_overlap",
                                        "top10_between_users_overlap")},
-      **run.privacy_summary(plan, EPSILON_COVERS, options.private),
+      **run.summary.privacy(plan, EPSILON_COVERS, options.private),
       "epsilon_budget": options.epsilon, "noise_multiplier": plan.noise_multiplier,
       "item_pairs": dict(release, **item2item_lib.settings(options)),
       "item_frequencies": frequencies_lib.source(options, plan, frequencies),
@@ -490,7 +491,7 @@ def _summary(options, examples, plan, history, metrics, timer, run, resume):
       "selected_on": "validation" if "validation" in metrics else None,
       **{key: metrics[key] for key in ("distinct_top10_items", "top10_popularity_overlap",
                                        "top10_between_users_overlap")},
-      **run.privacy_summary(plan, EPSILON_COVERS, options.private, notes),
+      **run.summary.privacy(plan, EPSILON_COVERS, options.private, notes),
       "epsilon_budget": options.epsilon, "noise_multiplier": plan.noise_multiplier,
       "sampling_rate": plan.sampling_rate, "steps": plan.steps, "epochs": options.epochs,
       "batch_size": options.batch_size, "learning_rate": options.learning_rate,

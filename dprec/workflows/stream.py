@@ -59,6 +59,7 @@ from dprec.workflows import ctr as ctr_workflow
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import run as run_lib
 from dprec.workflows import run_budget
+from dprec.workflows import run_summary
 
 COMMAND = "stream"
 # `train ctr`'s options that shape the streamed model and its step.
@@ -460,7 +461,7 @@ def run(options: StreamOptions) -> dict:
     stream_metrics.plot_auc_epsilon(
         summary["periods"], os.path.join(options.run_dir, stream_metrics.PLOT_NAME),
         reference=summary["reference"]["periods"])
-  run_lib.write_summary(summary, options.summary_json)
+  run_summary.write_summary(summary, options.summary_json)
   return summary
 
 

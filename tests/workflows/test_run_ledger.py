@@ -48,7 +48,7 @@ def test_a_run_composes_and_reports_its_data_sets_earlier_charges(tmp_path):
     assert run.budget.ledger.charges[-1]["dataset"] == {"path": os.path.abspath(data), "id": "d1"}
     assert run.budget.ledger.charges[-1]["run_id"] == run.run_id
     assert plan_prior(run.budget, 1.0, None, "pld", 0.5) == (DELTA, vocabulary)  # on resume too
-    fields = run.privacy_fields(True, {})
+    fields = run.summary.privacy_fields(True, {})
   parts = fields["epsilon_parts"]
   assert fields["private"] and fields["privacy_note"] is None
   assert parts["preprocessing_selection"]["epsilon"] == 0.2
@@ -74,5 +74,5 @@ def test_a_publicly_seeded_preprocessing_release_makes_the_run_not_private(tmp_p
   _preprocess(ledger_path, data, private=False, privacy_note="--seed 3")
   with Run("train ctr", ledger=ledger_path, data=data) as run:
     run.budget.open_ledger(1.0, None, "pld")
-    fields = run.privacy_fields(True, {})
+    fields = run.summary.privacy_fields(True, {})
   assert not fields["private"] and "public seed" in fields["privacy_note"]
