@@ -71,8 +71,8 @@ def main(argv=None):
         "in memory": lambda first, stop: poisson.sampled_dataset(features, labels, sampling,
                                                                  stop, first)}
     model, _ = ctr.build_model(options, data, plan, run)
-    _, callbacks = run.fit_callbacks({NOISE_PURPOSE: model.dp_optimizer.generator},
-                                     run.resume(model, options))
+    _, callbacks = run.trainer.callbacks({NOISE_PURPOSE: model.dp_optimizer.generator},
+                                       run.checkpoints.resume(model, options))
     rates = {name: [] for name in sources}
     for round_index in range(args.rounds + 1):
       first = round_index * args.round_steps

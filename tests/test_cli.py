@@ -288,12 +288,12 @@ def test_non_private_and_a_finite_epsilon_contradict_each_other(capsys, argv, re
 def test_epsilon_inf_is_algorithm_non_private(monkeypatch, capsys, argv):
   from dprec.workflows import ctr
   from dprec.workflows import result
-  from dprec.workflows import run as run_lib
+  from dprec.workflows import run_summary
   seen = {}
   monkeypatch.setattr(ctr, "run", lambda options: seen.update(
       algorithm=options.algorithm, epsilon=options.epsilon) or {})
   monkeypatch.setattr(result, "train_ctr", lambda summary: "")
-  monkeypatch.setattr(run_lib, "report", lambda summary, options, line: 0)
+  monkeypatch.setattr(run_summary, "report", lambda summary, options, line: 0)
   assert cli.main(["train", "ctr", "--data", "d", *argv]) == 0
   assert seen == {"algorithm": "non_private", "epsilon": None}
 

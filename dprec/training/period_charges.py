@@ -24,7 +24,7 @@ class PeriodCharges:
                        "behind it count every row of a user; use public counts (selection "
                        "epsilon 0) or an algorithm without a fixed set")
     self.plan, self.run, self.source = plan, run, source
-    self.ledger = run.open_plan_ledger(plan)
+    self.ledger = run.budget.open_plan_ledger(plan)
 
   @staticmethod
   def label(index):
@@ -66,14 +66,14 @@ class PeriodCharges:
     days = list(period.days) if self.plan.parallel_periods else None
     selection = {label + " selection": self.plan.selection_epsilon_per_period}
     mechanisms = self.mechanisms(period.index)
-    projected = run.epsilon_if_paid(self.plan, label, steps, selection, mechanisms=mechanisms,
-                                    days=days)
-    if not run.fits(projected):
+    projected = run.budget.epsilon_if_paid(self.plan, label, steps, selection,
+                                           mechanisms=mechanisms, days=days)
+    if not run.budget.fits(projected):
       return projected
     try:
-      run.pay_once(self.plan, {name: (epsilon, 0.0) for name, epsilon in selection.items()},
-                   mechanisms=mechanisms, days=days)
-      run.pay_steps(self.plan, label, steps, days=days)
+      run.budget.pay_once(self.plan, {name: (epsilon, 0.0) for name, epsilon in selection.items()},
+                          mechanisms=mechanisms, days=days)
+      run.budget.pay_steps(self.plan, label, steps, days=days)
     except BudgetExceededError:
       return projected
     return None

@@ -42,7 +42,7 @@ def summary(state, plan, run, charges, resumed=False):
   unit = plan.privacy_unit or "row"
   covers = dict(EPSILON_COVERS, epsilon="(epsilon, delta)-DP for " + UNITS[unit])
   return {
-      **run.privacy_fields(plan.private, covers),
+      **run.summary.privacy_fields(plan.private, covers),
       "privacy_unit": unit,
       "max_rows_per_user": plan.max_rows_per_user,
       "ledger_unit": charges.ledger.unit if charges.ledger is not None else None,

@@ -89,7 +89,7 @@ class StreamingTrainer:
     self.run_state = run
     self.charges = PeriodCharges(plan, run, source)
     self.rows = PeriodRows(plan, run)
-    self.checkpoints = ckpt_lib.CheckpointManager(run.checkpoint_dir)
+    self.checkpoints = ckpt_lib.CheckpointManager(run.checkpoints.directory)
     self.journal_path = os.path.join(run.run_dir, stream_state.JOURNAL)
     self.metrics = stream_metrics.MetricsWriter(run.run_dir)
     self.state = stream_state.fresh_state()

@@ -58,6 +58,8 @@ from dprec.training import poisson
 from dprec.workflows import out_of_core
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import run as run_lib
+from dprec.workflows import run_budget
+from dprec.workflows import run_summary
 # The options and the names the command line offers, without TensorFlow (`ctr_options`).
 from dprec.workflows.ctr_options import ALGORITHMS, BATCH_SIZE_RANGE  # noqa: F401
 from dprec.workflows.ctr_options import (CTRTrainOptions, DEFAULT_LEARNING_RATES,
@@ -166,14 +168,14 @@ def plan_privacy(options: CTRTrainOptions, num_examples: int, run=None) -> plan_
   """σ from the target ε (Ghazi et al. 2023, §2.2): DP-SGD's σ at (ε − ε_select, δ, q, T),
   composed with the DP base rate's Gaussian mechanism (σ_b alone at `base_rate_share`·ε), DP
   Platt scaling's (σ_c alone at `calibration_share`·ε; none at 0) and what `run`'s ledger spent
-  on the data before (δ: the ledger's, else 1/N; `run_lib.plan_prior`)."""
+  on the data before (δ: the ledger's, else 1/N; `run_budget.plan_prior`)."""
   poisson.BatchSampling(options.batch_size).sampling_rate(num_examples)  # refuses B > N
   if not options.private:
     return plan_lib.plan_privacy(math.inf, None, num_examples, options.batch_size, options.steps,
                                  poisson=not options.fixed_batches,
                                  max_batch_size=options.max_batch_size)
-  delta, spent = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
-                                    default_delta=1.0 / num_examples)
+  delta, spent = run_budget.plan_prior(run and run.budget, options.epsilon, options.delta,
+                                       options.accountant, default_delta=1.0 / num_examples)
   selection = options.top_k_epsilon if options.algorithm in FEST_ALGORITHMS else 0.0
   return plan_lib.plan_privacy(
       options.epsilon, delta, num_examples, options.batch_size, options.steps,
@@ -309,8 +311,8 @@ def build_model(options, data, plan, run):
                                       secure_noise=options.secure_noise))
   if options.algorithm == "dp_sgd_lazy":
     model.refuse_what_lazy_noise_cannot_run()  # the step's own refusal, before the ledger is paid
-  if run.ledger is not None:  # paid once, before anything they shape is released
-    run.pay_once(plan, selection and {SELECTION_LABEL: (selection.epsilon, selection.delta)})
+  if run.budget.ledger is not None:  # paid once, before anything they shape is released
+    run.budget.pay_once(plan, selection and {SELECTION_LABEL: (selection.epsilon, selection.delta)})
   model.optimizer.build(model.trainable_variables)  # slots now: restorable, traced once
   return model, rate
 
@@ -386,19 +388,19 @@ def _train(options, data, strategy, coordinator, base=None):
   with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,
                    options.secure_noise, options.data, chief=chief) as run:
     plan = plan_privacy(options, _train_rows(data), run)
-    if run.open_plan_ledger(plan) is not None:
-      run.check_ledger_covers_checkpoint(label)
-      run.check_budget(plan, label, options.steps, {SELECTION_LABEL: plan.selection_epsilon})
+    if run.budget.open_plan_ledger(plan) is not None:
+      run.checkpoints.check_ledger_covers(label)
+      run.budget.check(plan, label, options.steps, {SELECTION_LABEL: plan.selection_epsilon})
     if _out_of_core(data):  # before anything is paid: another run's batches are refused
       batches, manifest, batch_job = out_of_core.write_batches(
           data, base, run, options.batch_size, options.steps, _beam_args(options),
           options.max_batch_size)
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
       model, rate = build_model(options, data, plan, run)
-    resume = run.resume(model, options, options.keep_checkpoints,
-                        train_rows=_train_rows(data), vocab_sizes=data.vocab_sizes)
-    budget = (run.budget_callback(plan, label, resume.step, options.charge_every, options.log_dir)
-              if run.ledger is not None else None)
+    resume = run.checkpoints.resume(model, options, options.keep_checkpoints,
+                                    train_rows=_train_rows(data), vocab_sizes=data.vocab_sizes)
+    budget = (run.budget.callback(plan, label, resume.step, options.charge_every, options.log_dir)
+              if run.budget.ledger is not None else None)
     # Workers of a multi-worker run stop together when the chief stops at the budget.
     extra = [callbacks_lib.SharedStop(strategy)] if options.strategy == "multi_worker" else []
     chooser = None
@@ -411,7 +413,7 @@ def _train(options, data, strategy, coordinator, base=None):
       extra.append(tf.keras.callbacks.TensorBoard(
           os.path.join(options.log_dir, "diagnostics_nonprivate"), update_freq=100))
     # Parameter servers: each scheduled step resets its worker's generator itself.
-    timer, callbacks = run.fit_callbacks(
+    timer, callbacks = run.trainer.callbacks(
         {} if coordinator else {NOISE_PURPOSE: model.dp_optimizer.generator}, resume, budget,
         options.checkpoint_interval(options.steps),
         extra, options.progress and chief and f"{COMMAND} {options.algorithm}",
@@ -423,9 +425,9 @@ def _train(options, data, strategy, coordinator, base=None):
                                 coordinator)
     else:
       features = {key: data.train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}
-      history = run.fit(model, features, data.train["label"], options.batch_size,
-                        plan.private and plan.poisson, options.steps, resume, callbacks,
-                        coordinator, max_batch_size=options.max_batch_size)
+      history = run.trainer.fit(model, features, data.train["label"], options.batch_size,
+                                plan.private and plan.poisson, options.steps, resume, callbacks,
+                                coordinator, max_batch_size=options.max_batch_size)
     if chooser is not None:
       chooser.restore(model)
     replicas = (parameter_server.num_workers(strategy) if coordinator
@@ -467,7 +469,7 @@ def _train(options, data, strategy, coordinator, base=None):
           "validation_log_loss_by_step": {str(s): v for s, v in chooser.scores.items()}}
     summary.update(chosen, **layout if coordinator else {})
   if chief:
-    run_lib.write_summary(summary, run_lib.summary_path(options))
+    run_summary.write_summary(summary, run_summary.summary_path(options))
     warn_if_worse_than_base_rate(summary)
   return summary
 
@@ -499,9 +501,9 @@ def run_local_cluster(options: CTRTrainOptions) -> dict:
   (MultiWorkerMirroredStrategy, each told its role by TF_CONFIG; worker 0 is the chief);
   returns the chief's summary. A worker that fails stops the others."""
   with tempfile.TemporaryDirectory(prefix="dprec-workers-") as scratch:
-    summary_json = run_lib.summary_path(options)
-    if summary_json in (None, run_lib.STDOUT):
-      summary_json = os.path.join(scratch, run_lib.SUMMARY_FILE)
+    summary_json = run_summary.summary_path(options)
+    if summary_json in (None, run_summary.STDOUT):
+      summary_json = os.path.join(scratch, run_summary.SUMMARY_FILE)
     worker = dataclasses.replace(options, local_workers=0, summary_json=summary_json)
     workers = cluster.start_local_workers(
         ["-c", "import sys; from dprec import cli; cli.import_tensorflow_quietly(); "
@@ -534,7 +536,7 @@ def _summary(options, data, model, plan, history, evaluation, timer, budget, run
       "base_rate_noise_multiplier": plan.mechanisms.get(BASE_RATE_LABEL),
       "calibration_scale": calibration[0], "calibration_shift": calibration[1],
       "calibration_noise_multiplier": plan.mechanisms.get(CALIBRATION_LABEL),
-      "epsilon_budget": options.epsilon if run.ledger is not None else None,
+      "epsilon_budget": options.epsilon if run.budget.ledger is not None else None,
       "noise_multiplier": plan.noise_multiplier, "sigma1": sigma1, "sigma2": sigma2,
       "selection_epsilon": plan.selection_epsilon, "sampling_rate": plan.sampling_rate,
       "gradient_size": last.get("gradient_size"),
@@ -554,7 +556,7 @@ def _summary(options, data, model, plan, history, evaluation, timer, budget, run
       "train_rows": _train_rows(data), "eval_rows": int(held_out[0]), "data_source": data.source,
       "run_dir": options.run_dir,
       "note": "; ".join([VOCABULARY_NOTE] + plan.notes),
-      **run.privacy_summary(plan, EPSILON_COVERS),
+      **run.summary.privacy(plan, EPSILON_COVERS),
   }
   if options.diagnostics:
     summary["diagnostics_nonprivate"] = {

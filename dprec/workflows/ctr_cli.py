@@ -234,8 +234,8 @@ def run(args) -> int:
   # TensorFlow loads here, after the arguments parsed.
   from dprec.workflows import ctr as workflow
   from dprec.workflows import result
-  from dprec.workflows import run as run_lib
+  from dprec.workflows import run_summary
   options = run_cli.options_from_args(CTRTrainOptions, args, algorithm=algorithm, epsilon=epsilon,
                                       beam_options=tuple(args.beam_options))
   summary = workflow.run(options)
-  return run_lib.report(summary, options, result.train_ctr(summary))
+  return run_summary.report(summary, options, result.train_ctr(summary))

@@ -128,11 +128,11 @@ def pay_before_training(run, plan, label, start_step, steps_per_epoch_):
   budget, pays ε2 once (label `label labels`) and returns the `EpochReleaseCallback` paying one
   release per epoch under `label`; a resumed run pays nothing twice."""
   labels = {f"{label} labels": plan.forward.label_epsilon}
-  run.check_budget(plan, label, plan.forward.epochs, labels,
+  run.budget.check(plan, label, plan.forward.epochs, labels,
                    sampling_rate=forward_privacy.RELEASE_SAMPLING_RATE)
-  run.pay_once(plan, {name: (epsilon, 0.0) for name, epsilon in labels.items()})
-  return EpochReleaseCallback(run.ledger, plan.forward, steps_per_epoch_, label, start_step,
-                              run.steps_paid(run.ledger, label))
+  run.budget.pay_once(plan, {name: (epsilon, 0.0) for name, epsilon in labels.items()})
+  return EpochReleaseCallback(run.budget.ledger, plan.forward, steps_per_epoch_, label, start_step,
+                              run.budget.steps_paid(label))
 
 
 def summary(forward_plan, options: DPForwardOptions):

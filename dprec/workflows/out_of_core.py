@@ -208,8 +208,8 @@ def fit(run, model, directory: str, manifest: dict, steps: int, resume, callback
                for entry in manifest["steps"][resume.step:steps])
     read = batch_shards.read_step
   try:
-    return run.fit(model, None, None, manifest["plan"]["batch_size"], True, steps, resume,
-                   callbacks, coordinator, batches=batches, read=read)
+    return run.trainer.fit(model, None, None, manifest["plan"]["batch_size"], True, steps,
+                           resume, callbacks, coordinator, batches=batches, read=read)
   except tf.errors.OpError as error:
     refused = batch_shards.refusal(error)
     if refused is None:

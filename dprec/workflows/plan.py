@@ -16,9 +16,10 @@ sampling users at q = B/U (U the users of a period, public as N is) and clipping
 at most `max_rows_per_user` rows as one unit (user-level sampling, `dprec.training.user_sampling`),
 so the steps are the sampled Gaussian at q over users. For DP-AdaFEST the σ is
 the composed (σ1⁻² + σ2⁻²)^(−1/2) (Ghazi et al. 2023, §3.3). What the run's ledger spent on the data
-set before it (`spent`, `dprec.workflows.run.plan_prior`: a preprocessing job's DP top-k vocabulary,
-other runs' training) is composed the same way, so σ is calibrated for what it leaves. Periods
-beyond the plan are charged too; a run stops before one that would exceed the budget.
+set before it (`spent`, `dprec.workflows.run_budget.plan_prior`: a preprocessing job's DP top-k
+vocabulary, other runs' training) is composed the same way, so σ is calibrated for what it
+leaves. Periods beyond the plan are charged too; a run stops before one that would exceed the
+budget.
 """
 import dataclasses
 import functools
@@ -187,8 +188,8 @@ def plan_privacy(epsilon_total, delta, examples_per_period, batch_size, steps_pe
       each calibrated alone to ε share · `epsilon_total`, composed with training.
     noise_multiplier: use this σ instead of calibrating one (the run may then stop early).
     accountant, poisson: as `dprec.privacy.plan_training`.
-    spent: what the run's ledger spent on the data set before the run (`run.plan_prior`); σ is
-      calibrated for what it leaves of `epsilon_total`.
+    spent: what the run's ledger spent on the data set before the run
+      (`run_budget.plan_prior`); σ is calibrated for what it leaves of `epsilon_total`.
     max_batch_size: truncate each Poisson batch to B_max rows, at δ_trunc
       (`dprec.privacy.truncation.checked_delta`: refused above a tenth of δ) taken from
       training's δ before σ is calibrated.

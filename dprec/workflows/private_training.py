@@ -33,6 +33,7 @@ from dprec.workflows import private_batches
 from dprec.workflows import private_inputs
 from dprec.workflows import private_users
 from dprec.workflows import run as run_lib
+from dprec.workflows import run_budget
 from dprec.workflows.private_options import (
     AUTO_DENSE_LIMIT, AUTO_MAX_TOUCH_SHARE, COMMAND, DEFAULT_CLIP, LABEL_STATISTICS_LABEL,
     PREDICT_BATCH, QUANTILE_COUNT_NOISE, RECALIBRATION_LABEL, SHORT_ADAM_PATH, TRAINING_LABEL,
@@ -161,7 +162,7 @@ class PrivateTraining:
   @property
   def privacy_ledger(self):
     """The run's `dprec.privacy.PrivacyLedger` (None before `compile`)."""
-    return self._private.run.ledger
+    return self._private.run.budget.ledger
 
   @property
   def epsilon_spent(self) -> float:
@@ -230,16 +231,16 @@ class PrivateTraining:
       mechanisms.append((LABEL_STATISTICS_LABEL, options.output_bias_share))
     if self._recalibrates(options, state.kind):
       mechanisms.append((RECALIBRATION_LABEL, options.recalibration_share))
-    delta, spent = run_lib.plan_prior(state.run, options.epsilon, options.delta,
-                                      options.accountant, default_delta=1.0 / n,
-                                      unit=options.privacy_unit)
+    delta, spent = run_budget.plan_prior(state.run.budget, options.epsilon, options.delta,
+                                         options.accountant, default_delta=1.0 / n,
+                                         unit=options.privacy_unit)
     plan = plan_lib.plan_privacy(options.epsilon, delta, n, batch_size, steps,
                                  mechanisms=mechanisms, accountant=options.accountant,
                                  spent=spent, max_batch_size=options.max_batch_size)
     if state.users is not None:
       plan = dataclasses.replace(plan, privacy_unit=options.privacy_unit)
-    state.run.open_plan_ledger(plan)
-    state.run.check_budget(plan, TRAINING_LABEL, steps)
+    state.run.budget.open_plan_ledger(plan)
+    state.run.budget.check(plan, TRAINING_LABEL, steps)
     return plan
 
   # ---- fit -----------------------------------------------------------------------------------
@@ -291,7 +292,7 @@ class PrivateTraining:
       dataset, statistics = self._batches_on_disk(on_disk, y)
     if not state.initialised:
       self._initialise(*statistics())
-    budget = state.run.budget_callback(state.plan, TRAINING_LABEL, state.steps,
+    budget = state.run.budget.callback(state.plan, TRAINING_LABEL, state.steps,
                                        state.options.charge_every,
                                        steps_held=None if on_disk is None else state.plan.steps)
     fit_callbacks = [KeyedNoiseCallback(state.run.key, {NOISE_PURPOSE: self.dp_optimizer.generator},
@@ -410,7 +411,7 @@ class PrivateTraining:
     # Slots in the model's variable order (the DP step's is another): `save` and `load_model`
     # of the original class agree on them.
     self.optimizer.build(self.trainable_variables)
-    state.run.pay_once(state.plan)  # before anything they shape is released
+    state.run.budget.pay_once(state.plan)  # before anything they shape is released
     state.initialised = True
     sigma = state.plan.mechanisms.get(LABEL_STATISTICS_LABEL)
     if sigma is None:

@@ -5,8 +5,8 @@ A run directory's `checkpoints/` holds atomic `ckpt-<n>` commits (`dprec.trainin
 and batch are re-derived from the run's key and the step) and a JSON state with the step and the
 run's `fingerprint` (the options a resumed run must share with the run it continues). `Resume`
 restores the newest that reads (an older one if the newest is damaged, with a warning) into a
-freshly
-built model, refusing other settings, and commits new ones.
+freshly built model, refusing other settings, and commits new ones; `RunCheckpoints` are a run's,
+with the check that its ledger paid for the steps they trained.
 """
 import dataclasses
 import json
@@ -14,6 +14,48 @@ import os
 
 from dprec.errors import DprecError
 from dprec.training import checkpoint as checkpoint_lib
+
+CHECKPOINTS_DIR = "checkpoints"
+
+
+class RunCheckpoints:
+  """The checkpoints of a run (in its directory `run_dir`; None: none are kept) and the steps
+  its `budget` (`dprec.workflows.run_budget.RunBudget`) has paid for them."""
+
+  def __init__(self, run_dir, budget):
+    self.run_dir, self.budget = run_dir, budget
+    self.directory = run_dir and os.path.join(run_dir, CHECKPOINTS_DIR)
+
+  def resume(self, model, options, keep=2, **facts):
+    """A `Resume` of `model` in the run's checkpoints (where it stands), for a run of `options`
+    (a `dprec.workflows.run.RunOptions`) on data with these `facts`."""
+    return Resume(self.directory, checkpoint_objects(model), options.run_fingerprint(**facts),
+                  keep, fingerprint_defaults(options, options.NOT_FINGERPRINTED))
+
+  def check_ledger_covers(self, label):
+    """Raises `DprecError` if the ledger holds fewer steps of this run under `label` than its
+    newest checkpoint has trained (steps are paid before they are taken): the run's ledger was
+    deleted or replaced after it trained, and going on would release a model the ledger does
+    not account for. Call it before the run charges anything (the chief: it alone charges)."""
+    budget = self.budget
+    if not budget.chief:
+      return
+    trained = checkpointed_step(self.directory) if self.run_dir else 0
+    paid = budget.steps_paid(label)
+    if paid < trained:
+      other = sorted(other for other in {c.get("label") for c in budget.ledger.charges} - {label}
+                     if budget.steps_paid(other) >= trained)
+      if other:
+        raise DprecError(
+            f"{self.run_dir}: this run trained as '{other[0]}', and this command asks for "
+            f"'{label}': an argument changed (not the ledger). Rerun with the run's arguments "
+            "to resume it, or use a new --run-dir to train from scratch")
+      raise DprecError(
+          f"{budget.ledger.path}: this ledger holds {paid} steps of run {budget.run_id} under "
+          f"'{label}', but the run's checkpoints in {self.run_dir} have trained {trained}: the "
+          "run's ledger was deleted or replaced after it trained. Put the run's ledger back at "
+          "that path (or give it with --ledger) and rerun; to train from scratch instead, use "
+          "a new --run-dir")
 
 
 class Resume:

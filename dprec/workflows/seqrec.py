@@ -62,6 +62,8 @@ from dprec.workflows import model_choice
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import resume as resume_lib
 from dprec.workflows import run as run_lib
+from dprec.workflows import run_budget
+from dprec.workflows import run_summary
 # The options and the names the command line offers, without TensorFlow (`seqrec_options`).
 from dprec.workflows.seqrec_options import FROZEN, MODELS, PAIR_MODELS, PRIOR_WEIGHTS  # noqa: F401
 from dprec.workflows.seqrec_options import SeqRecTrainOptions
@@ -102,12 +104,12 @@ options_from_checkpoint = functools.partial(resume_lib.options_from_checkpoint,
 def plan_privacy(options, num_examples, run=None) -> plan_lib.PrivacyPlan:
   """Steps = epochs·N/B; σ calibrated so the run spends exactly ε at δ (default: the ledger's,
   else 1/N), composed with the DP histogram of p_i and with what `run`'s ledger spent on the
-  data before (`run_lib.plan_prior`); DP-Forward: σ of its E epoch releases, composed with that
+  data before (`run_budget.plan_prior`); DP-Forward: σ of its E epoch releases, composed with that
   too (`dp_forward.plan_run`); item2item: the pair release's σ (`item2item.plan_privacy`)."""
   if options.model == model_choice.AUTO:
     raise DprecError("model 'auto' is resolved before planning (seqrec.choose_model)")
-  delta, spent = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
-                                    default_delta=1.0 / num_examples)
+  delta, spent = run_budget.plan_prior(run and run.budget, options.epsilon, options.delta,
+                                       options.accountant, default_delta=1.0 / num_examples)
   spent = model_choice.with_choice(options, spent, delta)
   if options.model == "item2item":
     return item2item_lib.plan_privacy(options, num_examples, delta, spent)
@@ -325,23 +327,23 @@ def _check_and_pay_once(options, plan, run, label):
   afford, then pays the one-off releases: the plan's Gaussian mechanisms and `--model auto`'s
   choice, an (ε0, δ0) charge."""
   choice = model_choice.selections(options, plan.delta)
-  run.check_budget(plan, label, plan.steps, {name: e for name, (e, _) in choice.items()})
-  run.pay_once(plan, choice)
+  run.budget.check(plan, label, plan.steps, {name: e for name, (e, _) in choice.items()})
+  run.budget.pay_once(plan, choice)
 
 
 def _pay_before_training(options, plan, run, resume, num_examples):
   """Opens the ledger, refuses a run whose unpaid part it cannot afford, pays the one-off
   releases (the DP histogram; DP-Forward's label ε2) and returns the callback paying the steps
   (DP-Forward: one release per epoch); None for a non-private run."""
-  if run.open_plan_ledger(plan) is None:
+  if run.budget.open_plan_ledger(plan) is None:
     return None
   if plan.forward is not None:
     return dp_forward_lib.pay_before_training(
         run, plan, LEDGER_LABEL, resume.step,
         dp_forward_lib.steps_per_epoch(num_examples, options.batch_size))
-  run.check_ledger_covers_checkpoint(LEDGER_LABEL)
+  run.checkpoints.check_ledger_covers(LEDGER_LABEL)
   _check_and_pay_once(options, plan, run, LEDGER_LABEL)
-  return run.budget_callback(plan, LEDGER_LABEL, resume.step, options.charge_every)
+  return run.budget.callback(plan, LEDGER_LABEL, resume.step, options.charge_every)
 
 
 def run(options: SeqRecTrainOptions, data=None) -> dict:
@@ -377,7 +379,7 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
       summary["public_user_selection"] = public_users_lib.summary(
           options.public_users, options.public_users_salt, public_data, data)
       summary["model_choice"] = choice
-      run_lib.write_summary(summary, run_lib.summary_path(options))
+      run_summary.write_summary(summary, run_summary.summary_path(options))
       return summary
     vocabulary = frequencies_lib.vocabulary(options, examples, frequencies)
     if vocabulary is not None:  # labels index the table's rows
@@ -393,8 +395,8 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
                                                                 frequencies))
       elif options.pair_init:
         initialise_item_rows(model, prior.item_factors(options.dim))
-    resume = run.resume(model, options, options.keep_checkpoints,
-                        train_examples=len(examples.items), items=examples.num_items)
+    resume = run.checkpoints.resume(model, options, options.keep_checkpoints,
+                                    train_examples=len(examples.items), items=examples.num_items)
     # Paid (the histogram charged) before the first checkpoint holds p_i.
     charges = _pay_before_training(options, plan, run, resume, len(examples.items))
     selection = None
@@ -403,14 +405,15 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
           lambda: evaluate(model, examples, options, examples.valid_histories,
                            examples.valid_items)["ndcg_at_10"],
           options.epochs, plan.steps, resume.step)
-    timer, callbacks = run.fit_callbacks(noise_generators(model), resume, charges,
-                                         options.checkpoint_interval(plan.steps),
-                                         extra=[selection] if selection else (),
-                                         progress=options.progress and COMMAND,
-                                         diagnostics=options.diagnostics)
-    history = run.fit(model, {"items": examples.items}, examples.labels, options.batch_size,
-                      plan.private and plan.poisson and plan.forward is None, plan.steps,
-                      resume, callbacks)
+    timer, callbacks = run.trainer.callbacks(noise_generators(model), resume, charges,
+                                           options.checkpoint_interval(plan.steps),
+                                           extra=[selection] if selection else (),
+                                           progress=options.progress and COMMAND,
+                                           diagnostics=options.diagnostics)
+    history = run.trainer.fit(model, {"items": examples.items}, examples.labels,
+                              options.batch_size,
+                              plan.private and plan.poisson and plan.forward is None, plan.steps,
+                              resume, callbacks)
     if selection is not None:
       selection.restore()
     if prior is None:
@@ -430,7 +433,7 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
           release, noise_multiplier=plan.mechanisms.get(item2item_lib.LABEL),
           epsilon_share=item2item_lib.mechanisms(options)[-1][1], init=options.pair_init,
           **item2item_lib.settings(options)), logit_prior=prior_summary)
-  run_lib.write_summary(summary, run_lib.summary_path(options))
+  run_summary.write_summary(summary, run_summary.summary_path(options))
   return summary
 
 
@@ -440,8 +443,8 @@ def choose_model(options, examples, run):
   if options.model != model_choice.AUTO:
     return options, model_choice.given(options)
   check_batch_size(options, len(examples.items))  # the transformer's refusal, before the release
-  delta, _ = run_lib.plan_prior(run, options.epsilon, options.delta, options.accountant,
-                                default_delta=1.0 / len(examples.items))
+  delta, _ = run_budget.plan_prior(run and run.budget, options.epsilon, options.delta,
+                                   options.accountant, default_delta=1.0 / len(examples.items))
   return model_choice.resolve(options, examples, delta, run.key.numpy_rng(model_choice.LABEL))
 
 
@@ -449,9 +452,9 @@ def _run_item2item(options, examples, plan, run, frequencies, public=None):
   """Pays the histogram and the pair release, releases the pairs from the run's key, adds the
   `public` users' exact statistics, evaluates and returns the summary
   (`dprec.workflows.item2item`)."""
-  if run.open_plan_ledger(plan) is not None:
+  if run.budget.open_plan_ledger(plan) is not None:
     _check_and_pay_once(options, plan, run, item2item_lib.LABEL)
-    run.pay_steps(plan, item2item_lib.LABEL, plan.steps)
+    run.budget.pay_steps(plan, item2item_lib.LABEL, plan.steps)
   timer = time.perf_counter()
   model, release = item2item_lib.build_model(options, examples, plan, frequencies,
                                              run.key.numpy_rng("item pairs"), public)
@@ -463,7 +466,7 @@ def _run_item2item(options, examples, plan, run, frequencies, public=None):
       "selected_on": "validation" if "validation" in metrics else None,
       **{key: metrics[key] for key in ("distinct_top10_items", "top10_popularity_overlap",
                                        "top10_between_users_overlap")},
-      **run.privacy_summary(plan, EPSILON_COVERS, options.private),
+      **run.summary.privacy(plan, EPSILON_COVERS, options.private),
       "epsilon_budget": options.epsilon, "noise_multiplier": plan.noise_multiplier,
       "item_pairs": dict(release, **item2item_lib.settings(options)),
       "item_frequencies": frequencies_lib.source(options, plan, frequencies),
@@ -488,7 +491,7 @@ def _summary(options, examples, plan, history, metrics, timer, run, resume):
       "selected_on": "validation" if "validation" in metrics else None,
       **{key: metrics[key] for key in ("distinct_top10_items", "top10_popularity_overlap",
                                        "top10_between_users_overlap")},
-      **run.privacy_summary(plan, EPSILON_COVERS, options.private, notes),
+      **run.summary.privacy(plan, EPSILON_COVERS, options.private, notes),
       "epsilon_budget": options.epsilon, "noise_multiplier": plan.noise_multiplier,
       "sampling_rate": plan.sampling_rate, "steps": plan.steps, "epochs": options.epochs,
       "batch_size": options.batch_size, "learning_rate": options.learning_rate,

@@ -7,7 +7,7 @@ from dprec.cli_help import OptionGroups
 from dprec.workflows import data_kinds
 from dprec.workflows import interrupted
 from dprec.workflows import result
-from dprec.workflows import run as run_lib
+from dprec.workflows import run_summary
 from dprec.workflows import run_cli
 from dprec.workflows import seqrec_options
 
@@ -181,7 +181,7 @@ def run(args):
                                   loss_positions="last", reattention=False, model="dpformer")
   from dprec.workflows import seqrec
   summary = seqrec.run(options)
-  return run_lib.report(summary, options, result.train_seqrec(summary))
+  return run_summary.report(summary, options, result.train_seqrec(summary))
 
 
 def _add_item2item_arguments(group):

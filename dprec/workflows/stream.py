@@ -59,6 +59,8 @@ from dprec.training.streaming import StreamingTrainer
 from dprec.workflows import ctr as ctr_workflow
 from dprec.workflows import plan as plan_lib
 from dprec.workflows import run as run_lib
+from dprec.workflows import run_budget
+from dprec.workflows import run_summary
 
 COMMAND = "stream"
 # `train ctr`'s options that shape the streamed model and its step.
@@ -387,7 +389,7 @@ def plan_privacy(options: StreamOptions, source, expected: int, run=None) -> pla
   """One budget over `expected` periods, q from the expected units per period (rows: given, or
   the first period's; users: the first period's, `users_per_period`; B of users by the same
   rule), composed with what `run`'s ledger (of the stream's unit) spent on the data before (δ:
-  the ledger's, else 1 / expected units; `run_lib.plan_prior`)."""
+  the ledger's, else 1 / expected units; `run_budget.plan_prior`)."""
   per_period = options.examples_per_period
   if options.privacy_unit == "user":
     if per_period is not None:
@@ -403,9 +405,10 @@ def plan_privacy(options: StreamOptions, source, expected: int, run=None) -> pla
   selection = (options.top_k_epsilon
                if options.private and options.algorithm in ctr_workflow.FEST_ALGORITHMS else 0.0)
   epsilon = options.epsilon_total if options.private else math.inf
-  delta, spent = run_lib.plan_prior(run, epsilon, options.delta, options.accountant,
-                                    default_delta=1.0 / (expected * per_period),
-                                    unit=options.privacy_unit)
+  delta, spent = run_budget.plan_prior(run and run.budget, epsilon, options.delta,
+                                       options.accountant,
+                                       default_delta=1.0 / (expected * per_period),
+                                       unit=options.privacy_unit)
   return plan_lib.plan_stream(
       epsilon, delta, expected, per_period,
       options.batch_size or default_batch_size(per_period),
@@ -481,7 +484,7 @@ def _run(options: StreamOptions) -> dict:
     stream_metrics.plot_auc_epsilon(
         summary["periods"], os.path.join(options.run_dir, stream_metrics.PLOT_NAME),
         reference=summary["reference"]["periods"])
-  run_lib.write_summary(summary, options.summary_json)
+  run_summary.write_summary(summary, options.summary_json)
   return summary
 
 

@@ -9,8 +9,8 @@ from dprec.workflows import ctr_options
 from dprec.workflows import data_kinds
 from dprec.workflows import interrupted
 from dprec.workflows import result
-from dprec.workflows import run as run_lib
 from dprec.workflows import run_cli
+from dprec.workflows import run_summary
 from dprec.workflows import stream
 
 DESCRIPTION = """\
@@ -142,4 +142,4 @@ def run(args):
   options = run_cli.options_from_args(stream.StreamOptions, args, algorithm=algorithm,
                                       epsilon_total=epsilon)
   summary = stream.run(options)
-  return run_lib.report(summary, options, result.stream(summary))
+  return run_summary.report(summary, options, result.stream(summary))

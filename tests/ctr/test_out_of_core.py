@@ -69,8 +69,9 @@ def test_shards_train_the_model_the_same_batches_train_in_memory(data_dir):
       directory, manifest, _ = out_of_core.write_batches(
           data, base, run, BATCH, STEPS, out_of_core.beam_args(None, None, IN_PROCESS))
       streamed, _ = ctr.build_model(options, data, plan, run)
-      resume = run.resume(streamed, options)
-      _, callbacks = run.fit_callbacks({NOISE_PURPOSE: streamed.dp_optimizer.generator}, resume)
+      resume = run.checkpoints.resume(streamed, options)
+      _, callbacks = run.trainer.callbacks({NOISE_PURPOSE: streamed.dp_optimizer.generator},
+                                           resume)
       out_of_core.fit(run, streamed, directory, manifest, STEPS, resume, callbacks)
 
       # In memory: the rows as `train ctr` loads them, batched by the draws the job made.
@@ -98,8 +99,8 @@ def test_shards_train_the_model_the_same_batches_train_in_memory(data_dir):
           output_signature=({k: tf.TensorSpec((None,) + v.shape[1:], tf.as_dtype(v.dtype))
                              for k, v in features.items()},
                             tf.TensorSpec([None], tf.as_dtype(memory.train["label"].dtype))))
-      _, callbacks = run.fit_callbacks({NOISE_PURPOSE: in_memory.dp_optimizer.generator},
-                                       run.resume(in_memory, options))
+      _, callbacks = run.trainer.callbacks({NOISE_PURPOSE: in_memory.dp_optimizer.generator},
+                                         run.checkpoints.resume(in_memory, options))
       in_memory.fit(dataset, epochs=1, steps_per_epoch=STEPS, callbacks=callbacks, verbose=0)
   for got, expected in zip(streamed.trainable_variables, in_memory.trainable_variables):
     np.testing.assert_array_equal(got.numpy(), expected.numpy(), err_msg=got.name)

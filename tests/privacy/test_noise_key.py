@@ -83,13 +83,13 @@ def test_a_run_counts_only_its_own_charges(tmp_path):
   ledger_path = str(tmp_path / "ledger.json")
   with Run("stream", str(tmp_path / "a"), ledger_path) as first, \
       Run("stream", str(tmp_path / "b"), ledger_path) as second:
-    ledger = first.open_ledger(10.0, 1e-5, "rdp")
+    ledger = first.budget.open_ledger(10.0, 1e-5, "rdp")
     ledger.charge_gaussian(1.0, 0.1, 5, label="stream period 0")
-    assert first.paid(ledger, "stream period 0")
-    assert first.steps_paid(ledger, "stream period 0") == 5
-    theirs = second.open_ledger(10.0, 1e-5, "rdp")
-    assert not second.paid(theirs, "stream period 0")
-    assert second.steps_paid(theirs, "stream period 0") == 0
+    assert first.budget.paid("stream period 0")
+    assert first.budget.steps_paid("stream period 0") == 5
+    theirs = second.budget.open_ledger(10.0, 1e-5, "rdp")
+    assert not second.budget.paid("stream period 0")
+    assert second.budget.steps_paid("stream period 0") == 0
     theirs.charge_gaussian(1.0, 0.1, 5, label="stream period 0")
     assert [c["run_id"] for c in theirs.charges] == [first.run_id, second.run_id]
   assert not os.path.exists(tmp_path / "secret")  # nothing outside the run directories

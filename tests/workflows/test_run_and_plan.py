@@ -55,26 +55,25 @@ def test_a_run_pays_what_it_has_not_paid_and_checks_the_budget_first(tmp_path):
                       accountant="rdp")
   ledger_path = str(tmp_path / "ledger.json")
   with Run("train seqrec", str(tmp_path / "a"), ledger_path) as run:
-    run.open_plan_ledger(plan)
-    run.check_budget(plan, "steps", plan.steps)  # fits: the plan is calibrated to it
+    run.budget.open_plan_ledger(plan)
+    run.budget.check(plan, "steps", plan.steps)  # fits: the plan is calibrated to it
     with pytest.raises(BudgetExceededError, match="already spent 0"):
-      run.check_budget(plan, "steps", 2 * plan.steps)
-    assert run.ledger.charges == []  # refused before anything was charged
-    run.pay_once(plan, {"top-k": (0.0, 0.0)})  # a public selection costs nothing
-    run.pay_steps(plan, "steps", 10)
-    run.pay_once(plan)
-    run.pay_steps(plan, "steps", 10)  # paid: nothing more
-    assert [(c["label"], c.get("steps")) for c in run.ledger.charges] == [
+      run.budget.check(plan, "steps", 2 * plan.steps)
+    assert run.budget.ledger.charges == []  # refused before anything was charged
+    run.budget.pay_once(plan, {"top-k": (0.0, 0.0)})  # a public selection costs nothing
+    run.budget.pay_steps(plan, "steps", 10)
+    run.budget.pay_once(plan)
+    run.budget.pay_steps(plan, "steps", 10)  # paid: nothing more
+    assert [(c["label"], c.get("steps")) for c in run.budget.ledger.charges] == [
         ("histogram", 1), ("steps", 10)]
-    run.pay_steps(plan, "steps", plan.steps)
-    assert run.steps_paid(run.ledger, "steps") == plan.steps
-    assert run.ledger.epsilon_spent() == pytest.approx(1.0, rel=2e-3)
+    run.budget.pay_steps(plan, "steps", plan.steps)
+    assert run.budget.steps_paid("steps") == plan.steps
+    assert run.budget.ledger.epsilon_spent() == pytest.approx(1.0, rel=2e-3)
   with Run("train seqrec", str(tmp_path / "b"), ledger_path) as other:
-    other.open_plan_ledger(plan)
-    assert other.steps_paid(other.ledger, "steps") == 0 and not other.paid(other.ledger,
-                                                                           "histogram")
+    other.budget.open_plan_ledger(plan)
+    assert other.budget.steps_paid("steps") == 0 and not other.budget.paid("histogram")
     with pytest.raises(BudgetExceededError, match="already spent"):
-      other.check_budget(plan, "steps", plan.steps)
+      other.budget.check(plan, "steps", plan.steps)
 
 
 def test_a_run_directory_serves_one_process_at_a_time(tmp_path):
