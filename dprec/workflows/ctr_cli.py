@@ -93,13 +93,29 @@ def register(subparsers):
            "top-k vocabulary) is composed in (required unless non_private); 'inf': "
            "--algorithm non_private")
   add("--delta", type=float,
-      help="δ (default: the --ledger's if it exists, else 1/N, N = training rows)")
+      help="δ (default: the --ledger's if it exists, else 1/N, N = training rows; 1/U, U = "
+           "training users, at --privacy-unit user)")
+  add("--privacy-unit", choices=ctr_options.PRIVACY_UNITS, default=defaults.privacy_unit,
+      help="what ε protects: a row, or a user (all rows with one user_id: the day files' 41st "
+           "field, as `dprec synth criteo --users N` writes; a user-level ledger, δ 1/U; in "
+           "memory, on one device): docs/guide/train_ctr.md, 'The privacy unit' "
+           "(default: %(default)s)")
+  add("--max-rows-per-user", type=int, default=defaults.max_rows_per_user, metavar="K",
+      help="--privacy-unit user: k, the most rows of a user a step or a release reads (drawn by "
+           "the run's key; public, never read off the data) "
+           f"(default: {ctr_options.DEFAULT_MAX_ROWS_PER_USER})")
+  add("--user-sampling", choices=ctr_options.USER_SAMPLINGS, default=defaults.user_sampling,
+      help="--privacy-unit user: users (each step Poisson-samples users at q = B / U, each "
+           "sampled user's at most K rows clipped as one: the sampled Gaussian over users) or "
+           "rows (the baseline: each user's rows cut once to at most K, rows Poisson-sampled "
+           "as at the row level, ε converted for a group of K rows) (default: %(default)s)")
   lowest, highest = ctr_options.BATCH_SIZE_RANGE
   add("--batch-size", type=int, default=defaults.batch_size,
       help=f"expected (Poisson) batch size B (default: from the N training rows, the power of "
            f"two nearest N/{ctr_options.STEPS_PER_EPOCH}, an epoch in about "
            f"{ctr_options.STEPS_PER_EPOCH} steps, "
-           f"within [{lowest}, {highest}], at most N/8)")
+           f"within [{lowest}, {highest}], at most N/8; --user-sampling users: expected users "
+           "per batch, by the same rule on the U users)")
   add("--max-batch-size", type=int, default=defaults.max_batch_size, metavar="B_MAX",
       help="truncate each Poisson batch to B_MAX rows (default: none, exact Poisson): a fixed "
            "upper bound on a step's memory, paid for as δ (the chance any step's batch exceeds "

@@ -324,7 +324,8 @@ class Run:
         plan.noise_multiplier if noise_multiplier is None else noise_multiplier,
         plan.sampling_rate if sampling_rate is None else sampling_rate,
         unpaid, poisson=plan.poisson, label=label, gaussian_mechanisms=gaussian, days=days,
-        approximate=[(0.0, delta, label) for label, delta in self._unpaid_truncation(plan)])
+        approximate=[(0.0, delta, label) for label, delta in self._unpaid_truncation(plan)],
+        **plan.charge_fields)
     return epsilon + sum(pure.values())  # basic composition, as the ledger does
 
   def _unpaid_truncation(self, plan):
@@ -359,7 +360,7 @@ class Run:
       self.ledger.charge_approximate(0.0, delta, label)
     for label, sigma in (plan.mechanisms if mechanisms is None else mechanisms).items():
       if not self.paid(self.ledger, label):
-        self.ledger.charge_gaussian_mechanism(sigma, label, days)
+        self.ledger.charge_gaussian_mechanism(sigma, label, days, **plan.charge_fields)
     for label, (epsilon, delta) in (selections or {}).items():
       if epsilon and not self.paid(self.ledger, label):
         self.ledger.charge_approximate(epsilon, delta, label)
@@ -371,7 +372,8 @@ class Run:
     unpaid = steps - self.steps_paid(self.ledger, label)
     if unpaid > 0:
       self.ledger.charge_gaussian(plan.noise_multiplier, plan.sampling_rate, unpaid,
-                                  poisson=plan.poisson, label=label, days=days)
+                                  poisson=plan.poisson, label=label, days=days,
+                                  **plan.charge_fields)
 
   def check_ledger_covers_checkpoint(self, label):
     """Raises `DprecError` if the ledger holds fewer steps of this run under `label` than its
@@ -409,7 +411,8 @@ class Run:
     return callbacks.PrivacyBudgetCallback(
         self.ledger, plan.noise_multiplier, plan.sampling_rate, poisson=plan.poisson,
         charge_every=charge_every, label=label, log_dir=log_dir, steps_taken=start_step,
-        steps_charged=self.steps_paid(self.ledger, label), steps_held=steps_held)
+        steps_charged=self.steps_paid(self.ledger, label), steps_held=steps_held,
+        charge_fields=plan.charge_fields)
 
   # ---- checkpoints and resume ----------------------------------------------------------------
 
