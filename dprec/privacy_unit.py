@@ -6,3 +6,6 @@ data a user-level run reads."""
 UNIT_KEY = "privacy_unit"
 # int [N] in the data: each row's user id.
 USER_KEY = "user_id"
+# k, the most rows of a user a user-level step or release reads, unless a run sets it: a fixed,
+# public constant (`dprec.training.user_sampling`: why k is never read off the data).
+DEFAULT_MAX_ROWS_PER_USER = 16

@@ -17,7 +17,8 @@ more than 40 fields is always malformed.
 
 A file may carry one more, trailing column `user_id` (a non-negative decimal integer, required on
 every line; `user_column=True`, e.g. `dprec synth criteo --users N`): the key by which `dprec
-stream --privacy-unit user` bounds and accounts a user's rows. Such a line has 41 fields.
+stream --privacy-unit user` and `dprec train ctr --privacy-unit user` sample, bound and account a
+user's rows. Such a line has 41 fields.
 """
 import dataclasses
 import gzip
@@ -389,9 +390,10 @@ class CriteoVocabulary:
 
   @classmethod
   def build(cls, paths, min_count: int = 1, top_k: Union[None, int, Sequence[int]] = None,
-            strict: bool = True) -> "CriteoVocabulary":
+            strict: bool = True, user_column: bool = False) -> "CriteoVocabulary":
     """Counts the categorical ids of Criteo TSV files and keeps them as in `from_counts`."""
-    return cls.from_counts(count_categories(read_criteo_tsv(paths, strict=strict)),
+    return cls.from_counts(count_categories(read_criteo_tsv(paths, strict=strict,
+                                                            user_column=user_column)),
                            min_count=min_count, top_k=top_k)
 
   def save(self, directory: str) -> None:
@@ -500,13 +502,23 @@ def _open(path: str):
 
 
 def read_criteo_tsv(paths, strict: bool = True, chunk_rows: int = DEFAULT_CHUNK_ROWS,
-                    pad_short_lines: bool = False) -> Iterator[ParsedChunk]:
-  """Streams `ParsedChunk`s of at most `chunk_rows` lines from plain or gzipped TSV files."""
+                    pad_short_lines: bool = False,
+                    user_column: bool = False) -> Iterator[ParsedChunk]:
+  """Streams `ParsedChunk`s of at most `chunk_rows` lines from plain or gzipped TSV files (every
+  line with the trailing `USER_COLUMN` if `user_column`)."""
   if chunk_rows < 1:
     raise DprecError(f"chunk_rows must be positive, got {chunk_rows}")
   for path in _as_paths(paths):
     for first_line_no, block in _line_blocks(path, chunk_rows):
-      yield parse_bytes(block, path, first_line_no, strict, pad_short_lines)
+      yield parse_bytes(block, path, first_line_no, strict, pad_short_lines, user_column)
+
+
+def has_user_column(path: str) -> bool:
+  """Whether the first line of `path` has the 41 fields of a file with the `USER_COLUMN` (the
+  other lines are checked as they are parsed)."""
+  with _open(path) as stream:
+    first = stream.readline()
+  return first.rstrip(b"\r\n").count(b"\t") + 1 == len(COLUMNS) + 1
 
 
 def _line_blocks(path: str, chunk_rows: int) -> Iterator[Tuple[int, bytes]]:
@@ -535,19 +547,20 @@ def _line_blocks(path: str, chunk_rows: int) -> Iterator[Tuple[int, bytes]]:
 
 
 def load_criteo(paths, vocab: CriteoVocabulary, strict: bool = True,
-                bad_rows: Optional[list] = None) -> dict:
-  """Whole files as one dict of numpy arrays (see `transform`).
+                bad_rows: Optional[list] = None, user_column: bool = False) -> dict:
+  """Whole files as one dict of numpy arrays (see `transform`; with the `USER_COLUMN` of every
+  line if `user_column`).
 
   In permissive mode malformed lines are appended to `bad_rows` if given, otherwise counted in a
   warning; they are never dropped silently.
   """
   parts, skipped = [], []
-  for chunk in read_criteo_tsv(paths, strict=strict):
+  for chunk in read_criteo_tsv(paths, strict=strict, user_column=user_column):
     parts.append(transform(chunk, vocab))
     skipped.extend(chunk.bad_rows)
   _report_bad_rows(skipped, bad_rows)
   if not parts:
-    return transform(_empty_chunk(""), vocab)
+    return transform(_empty_chunk("", user_column), vocab)
   return {key: np.concatenate([p[key] for p in parts]) for key in parts[0]}
 
 

@@ -175,7 +175,7 @@ class TrainingPlan:
 def plan_training(target_epsilon, delta, periods: Sequence[Tuple[float, int]],
                   selection_epsilon=0.0, accountant="pld", poisson=True, rtol=1e-3,
                   selection_delta=0.0, progress=None, gaussian_mechanisms=(),
-                  spent: composition.Spent = composition.Spent()):
+                  spent: composition.Spent = composition.Spent(), group_size=1):
   """Calibrate one σ for periods [(q_i, T_i)] after deducting the selection (Ghazi et al. 2023 C.3).
 
   Basic composition: ε_total = ε_train(δ − δ_select) + ε_select, so training gets the target
@@ -185,6 +185,9 @@ def plan_training(target_epsilon, delta, periods: Sequence[Tuple[float, int]],
   the data set before this run: a preprocessing job's DP top-k, other runs' training) counts
   the same way: its selections are deducted, its periods composed in the accountant. A plan
   that would leave training less than `MIN_TRAINING_SHARE` of the target is refused.
+  `group_size` k > 1: the target protects a user of at most k rows of every period and
+  mechanism (example-level sampling read at the user level, `accounting.TrainingPeriod`), and σ
+  is the rows' noise multiplier.
   """
   if not periods:
     raise DprecError("plan_training needs at least one (sampling_rate, steps) period")
@@ -197,12 +200,14 @@ def plan_training(target_epsilon, delta, periods: Sequence[Tuple[float, int]],
   if not 0 <= selection_delta < delta:
     raise DprecError(f"selection delta {selection_delta} must be in [0, delta={delta})")
   selections = tuple(spent.selections) + ((selection_epsilon, selection_delta),)
-  fixed = list(spent.periods) + [accounting.gaussian_mechanism_period(s)
-                                 for s in gaussian_mechanisms]
+  accounting.check_group_size(group_size)
+  fixed = list(spent.periods) + [
+      dataclasses.replace(accounting.gaussian_mechanism_period(s), group_size=int(group_size))
+      for s in gaussian_mechanisms]
   _check_room(target_epsilon, delta, fixed, selections, accountant, spent)
 
   def make_periods(sigma):
-    return fixed + [accounting.TrainingPeriod(sigma, q, int(steps), poisson)
+    return fixed + [accounting.TrainingPeriod(sigma, q, int(steps), poisson, int(group_size))
                     for q, steps in periods]
 
   sigma = _calibrate(make_periods, target_epsilon - sum(e for e, _ in selections),

@@ -41,11 +41,14 @@ class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
       trained again without being paid again).
     steps_held: the steps the input holds in all (a batch directory's shards), None: as many as
       `model.fit` asks for; no step beyond them is paid for, and training stops after the last.
+    charge_fields: more arguments of every charge (the plan's `charge_fields`: a row-level
+      charge converted for a group of k rows on a user-level ledger).
   """
 
   def __init__(self, ledger, noise_multiplier: float, sampling_rate: float, poisson: bool = True,
                charge_every: int = 100, label: str = "", log_dir: Optional[str] = None,
-               steps_taken: int = 0, steps_charged: int = 0, steps_held: Optional[int] = None):
+               steps_taken: int = 0, steps_charged: int = 0, steps_held: Optional[int] = None,
+               charge_fields=None):
     super().__init__()
     if charge_every < 1:
       raise ValueError(f"charge_every must be >= 1, got {charge_every}")
@@ -61,6 +64,7 @@ class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
     self.steps_taken = steps_taken
     self.steps_charged = steps_charged
     self.steps_held = steps_held
+    self.charge_fields = dict(charge_fields or {})
     # Paid steps a resumed run trains again, not charged again: nothing the run computed after
     # its last checkpoint left the run directory, so the re-run's are their only releases.
     self.rerun_steps = steps_charged - steps_taken
@@ -71,7 +75,7 @@ class PrivacyBudgetCallback(tf.keras.callbacks.Callback):
 
   def _charge_kwargs(self, steps):
     return dict(noise_multiplier=self.noise_multiplier, sampling_rate=self.sampling_rate,
-                steps=steps, poisson=self.poisson)
+                steps=steps, poisson=self.poisson, **self.charge_fields)
 
   def _affordable_steps(self, wanted):
     """The largest n ≤ wanted whose charge fits the remaining budget (ε is monotone in n)."""

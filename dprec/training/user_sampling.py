@@ -34,10 +34,8 @@ import numpy as np
 
 from dprec.errors import DprecError
 from dprec.privacy import accounting
-from dprec.privacy_unit import UNIT_KEY, USER_KEY
+from dprec.privacy_unit import DEFAULT_MAX_ROWS_PER_USER, UNIT_KEY, USER_KEY
 from dprec.training import poisson
-
-DEFAULT_MAX_ROWS_PER_USER = 16
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,31 @@ With `out_of_core`, for more rows than memory holds, a Beam job writes the run's
 batches and training streams them; the base rate, DP Platt scaling and the evaluation are
 streaming passes (`dprec.workflows.out_of_core`).
 
+What ε protects (`privacy_unit`): a training row, or a user: all rows with one `user_id` (the
+day files' trailing column). At the user level U, the number of training users, is public as N
+is at the row level, δ defaults to 1/U (as 1/N for rows: a δ near 1/U would allow a mechanism
+that publishes one user's rows whole with probability δ·U), the ledger is user-level, and a
+user's rows are bounded to k = `max_rows_per_user` (public) in one of two ways:
+
+- `user_sampling` "users" (user-level sampling, ULS; Charles et al., "Fine-Tuning Large Language
+  Models with User-Level Differential Privacy", arXiv:2407.07737, Algorithm 2): each step
+  Poisson-samples users at q = B/U (B: expected users per batch), a sampled user brings at most k
+  of their rows drawn afresh by the key (`dprec.training.user_sampling`), and the DP step clips
+  the user's summed gradient as one (`dprec.clipping.units`; DP-AdaFEST's contribution map per
+  user): the sampled Gaussian at q over users.
+- "rows" (example-level sampling with group privacy, ELS; the baseline of Chua et al., "Mind the
+  Privacy Unit! User-Level Differential Privacy for Language Model Fine-Tuning",
+  arXiv:2406.14322): each user's rows are cut once to at most k by the key
+  (`user_sampling.rows_per_user`), then training is the row-level run on those N_k rows (B rows
+  per batch, q = B/N_k, N_k public as N is), and ε is the user's as a group of k rows, each
+  sampled at q: the mixture of Gaussians of `dprec.privacy.accounting` (PLD; exact, tighter than
+  the kε conversion), to which σ is calibrated.
+
+The one-off releases (DP base rate, DP Platt scaling) read at most k rows of each user: ULS the
+rows `private_users.statistic_rows` draws by the key at noise k·σ (a user moves them k rows'
+worth: the Gaussian at σ per user, `private_users`), ELS the bounded training rows, charged as
+row-level releases converted for a group of k.
+
 The noise, false positives, Poisson batches, DP top-k draws, the DP base rate and the DP Platt
 scaling come from the run's secret key (`dprec.workflows.run.Run`); `seed` seeds only
 initialisation. With a run directory the run checkpoints every `checkpoint_every` steps, and the
@@ -51,12 +76,15 @@ from dprec.optimizers import config as config_lib
 from dprec.optimizers import sparse as sparse_optimizers
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
+from dprec.privacy_unit import UNIT_KEY, USER_KEY
 from dprec.sparse import fest
 from dprec.training import callbacks as callbacks_lib
 from dprec.training import output_layer
 from dprec.training import poisson
+from dprec.training import user_sampling
 from dprec.workflows import out_of_core
 from dprec.workflows import plan as plan_lib
+from dprec.workflows import private_users
 from dprec.workflows import run as run_lib
 from dprec.workflows import run_budget
 from dprec.workflows import run_summary
@@ -88,6 +116,9 @@ VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-
                    "treated as public, as Ghazi et al. 2023 do, unless dataset.vocab_privacy says "
                    "the vocabulary is DP (its epsilon is then in epsilon_parts); build them from "
                    "public data or by DP top-k for a guarantee that covers them")
+USER_EPSILON = ("(epsilon, delta)-DP for adding or removing one user (all training rows with "
+                "their user_id), covering the model, the DP top-k rows and every field listed "
+                "under 'covered'")
 EPSILON_COVERS = {
     "epsilon": "(epsilon, delta)-DP for adding or removing one training example (row), "
                "covering the model, the DP top-k rows and every field listed under 'covered'",
@@ -98,6 +129,7 @@ EPSILON_COVERS = {
                 "validation_log_loss"],
     "public": ["settings", "noise multipliers",
                "train_rows, eval_rows and validation_rows (N, assumed public)",
+               "users and bounded_rows (U and, --user-sampling rows, N_k: assumed public)",
                "dense_embedding_size", "sharded_tables", "timings",
                "resumed_from_step, rerun_steps and fault_epsilon (where faults stopped the run)"],
     "held_out_evaluation": "auc, eval_loss, eval_base_rate (its click rate) and "
@@ -164,26 +196,46 @@ def sized_for(options: CTRTrainOptions, num_examples: int) -> CTRTrainOptions:
   return dataclasses.replace(options, batch_size=batch_size, steps=steps)
 
 
-def plan_privacy(options: CTRTrainOptions, num_examples: int, run=None) -> plan_lib.PrivacyPlan:
+def plan_privacy(options: CTRTrainOptions, num_examples: int, run=None,
+                 num_users: Optional[int] = None) -> plan_lib.PrivacyPlan:
   """σ from the target ε (Ghazi et al. 2023, §2.2): DP-SGD's σ at (ε − ε_select, δ, q, T),
   composed with the DP base rate's Gaussian mechanism (σ_b alone at `base_rate_share`·ε), DP
   Platt scaling's (σ_c alone at `calibration_share`·ε; none at 0) and what `run`'s ledger spent
-  on the data before (δ: the ledger's, else 1/N; `run_budget.plan_prior`)."""
+  on the data before (δ: the ledger's, else 1/N; `run_budget.plan_prior`). `num_examples`: what a
+  batch samples (N rows; U users under ULS; N_k bounded rows under ELS); at the user level
+  (`num_users` U) ε and δ (default 1/U) are per user, on a user-level ledger, and ELS's plan
+  accounts a user as a group of k rows (module docstring)."""
   poisson.BatchSampling(options.batch_size).sampling_rate(num_examples)  # refuses B > N
   if not options.private:
     return plan_lib.plan_privacy(math.inf, None, num_examples, options.batch_size, options.steps,
                                  poisson=not options.fixed_batches,
                                  max_batch_size=options.max_batch_size)
+  unit = options.privacy_unit if options.user_level else None
   delta, spent = run_budget.plan_prior(run and run.budget, options.epsilon, options.delta,
-                                       options.accountant, default_delta=1.0 / num_examples)
+                                       options.accountant,
+                                       default_delta=1.0 / (num_users or num_examples), unit=unit)
   selection = options.top_k_epsilon if options.algorithm in FEST_ALGORITHMS else 0.0
-  return plan_lib.plan_privacy(
+  group = options.user_sampling == "rows" and options.user_level
+  plan = plan_lib.plan_privacy(
       options.epsilon, delta, num_examples, options.batch_size, options.steps,
       selection_epsilon=selection,
       mechanisms=[(BASE_RATE_LABEL, options.base_rate_share)]
       + [(CALIBRATION_LABEL, options.calibration_share)] * bool(options.calibration_share),
       accountant=options.accountant, poisson=not options.fixed_batches, spent=spent,
-      max_batch_size=options.max_batch_size)
+      max_batch_size=options.max_batch_size,
+      group_size=options.rows_per_user if group else 1)
+  if not options.user_level:
+    return plan
+  # ULS: the plan's σ are per user; its releases read <= k rows of a user at k·σ.
+  return dataclasses.replace(plan, privacy_unit=unit,
+                             max_rows_per_user=None if group else options.rows_per_user)
+
+
+def release_noise_multiplier(plan, label) -> Optional[float]:
+  """The noise multiplier, on a row's sensitivity, of the one-off release `label` (None: not
+  planned): the plan's, times k under ULS (`PrivacyPlan.release_noise_multiplier`)."""
+  sigma = plan.mechanisms.get(label)
+  return None if sigma is None else plan.release_noise_multiplier(sigma)
 
 
 def noise_multipliers(options, noise_multiplier) -> Tuple[Optional[float], Optional[float]]:
@@ -233,7 +285,7 @@ def recalibrate(model, train, plan, rate, rng, batch_size=8192,
   (a, b), or (None, None) when the plan has none. Out of core, `train` is a function of (model,
   sorted row indices or None for all) giving the logits and labels of those of the `num_rows`
   rows in one streaming pass (`out_of_core.Data.logits_and_labels`)."""
-  sigma = plan.mechanisms.get(CALIBRATION_LABEL)
+  sigma = release_noise_multiplier(plan, CALIBRATION_LABEL)
   if sigma is None:
     return None, None
   if num_rows is None:
@@ -286,12 +338,13 @@ def make_optimizer(options, model):
   return OPTIMIZERS[options.optimizer](learning_rate(options))
 
 
-def build_model(options, data, plan, run):
-  """(the compiled pCTR model, the base rate): the logit bias starts at the (DP) base rate and
-  DP-FEST's rows are drawn, both from the run's key and paid once; noise from the run's key."""
-  sigma, rng = plan.mechanisms.get(BASE_RATE_LABEL), run.key.numpy_rng("base rate")
+def build_model(options, data, plan, run, releases=None):
+  """(the compiled pCTR model, the base rate): the logit bias starts at the (DP) base rate (of
+  the rows `releases`, default the training rows) and DP-FEST's rows are drawn, both from the
+  run's key and paid once; noise from the run's key."""
+  sigma, rng = release_noise_multiplier(plan, BASE_RATE_LABEL), run.key.numpy_rng("base rate")
   rate = (base_rate_of_sum(data.label_sum(), data.train_rows, sigma, rng) if _out_of_core(data)
-          else base_rate(data.train["label"], sigma, rng))
+          else base_rate((data.train if releases is None else releases)["label"], sigma, rng))
   tf.keras.utils.set_random_seed(options.seed)
   model = ctr.build_ctr_model(
       data.vocab_sizes, hidden_units=options.hidden_units,
@@ -344,7 +397,8 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
       return _train(options, out_of_core.prepare(options.data, base, options.vocab_min_count,
                                                  _beam_args(options)), strategy, coordinator,
                     base)
-  data = data or load_data(options.data, options.vocab, options.vocab_min_count)
+  data = data or load_data(options.data, options.vocab, options.vocab_min_count,
+                           user_ids=options.user_level)
   if options.select_on_validation:
     data = hold_out_validation(data, max(1, round(options.select_on_validation
                                                   * len(data.train["label"]))))
@@ -377,17 +431,63 @@ def _train_rows(data) -> int:
   return data.train_rows if _out_of_core(data) else len(data.train["label"])
 
 
+def _users(options, data) -> Optional[user_sampling.UserRows]:
+  """The training rows grouped by user at the user level (refusing rows without an integer
+  user id, before anything is charged); None at the row level."""
+  if not options.user_level:
+    return None
+  return user_sampling.UserRows.group(data.train.get(USER_KEY), _train_rows(data))
+
+
+def _sampled_units(options, data, users) -> int:
+  """What a batch samples: N rows; U users (ULS); N_k = Σ_u min(n_u, k) rows (ELS), fixed by
+  the data and k, not by the key (public, as N)."""
+  if users is None:
+    return _train_rows(data)
+  if options.user_sampling == "users":
+    return users.num_users
+  return int(np.minimum(users.counts, options.rows_per_user).sum())
+
+
+def _user_level_rows(options, data, users, run):
+  """(training rows, the rows the one-off releases read): at the row level the training data
+  twice; ULS all rows and at most k rows of every user (`private_users.statistic_rows`); ELS
+  the rows of every user cut once to at most k (`user_sampling.rows_per_user`), both."""
+  if users is None or _out_of_core(data):
+    return data.train, data.train
+  k = options.rows_per_user
+  if options.user_sampling == "users":
+    return data.train, private_users.statistic_rows(data.train, None, users, k,
+                                                    run.key.numpy_rng("user statistic rows"))[0]
+  rows = user_sampling.rows_per_user(users, k, run.key.numpy_rng("user rows"))
+  bounded = {key: values[rows] for key, values in data.train.items()}
+  return bounded, bounded
+
+
+def user_level_batches(features, labels, user_ids, sampling, steps, start) -> tf.data.Dataset:
+  """Steps `start`..`steps − 1` of user-level sampling (`user_sampling.user_batches`) as a
+  dataset of (features with `UNIT_KEY`, labels)."""
+  specs = {key: tf.TensorSpec((None,) + value.shape[1:], tf.as_dtype(value.dtype))
+           for key, value in features.items()}
+  specs[UNIT_KEY] = tf.TensorSpec((None,), tf.int32)
+  return tf.data.Dataset.from_generator(
+      lambda: user_sampling.user_batches(features, labels, user_ids, sampling, steps, start),
+      output_signature=(specs, tf.TensorSpec((None,), tf.as_dtype(labels.dtype)))).prefetch(1)
+
+
 def _train(options, data, strategy, coordinator, base=None):
   """`run` on loaded (or, out of core, prepared) data."""
   chief = cluster.is_chief()
   chosen = {"batch_size_chosen": options.batch_size is None,
             "steps_chosen": options.steps is None}
-  options = sized_for(options, _train_rows(data))
+  users = _users(options, data)
+  options = sized_for(options, _sampled_units(options, data, users))
   warn_on_small_data(options, _train_rows(data))
   label = f"{COMMAND} {options.algorithm}"
   with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,
                    options.secure_noise, options.data, chief=chief) as run:
-    plan = plan_privacy(options, _train_rows(data), run)
+    plan = plan_privacy(options, _sampled_units(options, data, users), run,
+                        users and users.num_users)
     if run.budget.open_plan_ledger(plan) is not None:
       run.checkpoints.check_ledger_covers(label)
       run.budget.check(plan, label, options.steps, {SELECTION_LABEL: plan.selection_epsilon})
@@ -395,8 +495,9 @@ def _train(options, data, strategy, coordinator, base=None):
       batches, manifest, batch_job = out_of_core.write_batches(
           data, base, run, options.batch_size, options.steps, _beam_args(options),
           options.max_batch_size)
+    train, releases = _user_level_rows(options, data, users, run)
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
-      model, rate = build_model(options, data, plan, run)
+      model, rate = build_model(options, data, plan, run, releases)
     resume = run.checkpoints.resume(model, options, options.keep_checkpoints,
                                     train_rows=_train_rows(data), vocab_sizes=data.vocab_sizes)
     budget = (run.budget.callback(plan, label, resume.step, options.charge_every, options.log_dir)
@@ -424,10 +525,17 @@ def _train(options, data, strategy, coordinator, base=None):
       history = out_of_core.fit(run, model, batches, manifest, options.steps, resume, callbacks,
                                 coordinator)
     else:
-      features = {key: data.train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}
-      history = run.trainer.fit(model, features, data.train["label"], options.batch_size,
+      features = {key: train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}
+      batches = (user_level_batches(features, train["label"], train[USER_KEY],
+                                    user_sampling.UserSampling(options.batch_size,
+                                                               options.rows_per_user,
+                                                               run.key.entropy("user poisson")),
+                                    options.steps, resume.step)
+                 if options.user_level and options.user_sampling == "users" else None)
+      history = run.trainer.fit(model, features, train["label"], options.batch_size,
                                 plan.private and plan.poisson, options.steps, resume, callbacks,
-                                coordinator, max_batch_size=options.max_batch_size)
+                                coordinator, batches=batches,
+                                max_batch_size=options.max_batch_size)
     if chooser is not None:
       chooser.restore(model)
     replicas = (parameter_server.num_workers(strategy) if coordinator
@@ -444,12 +552,15 @@ def _train(options, data, strategy, coordinator, base=None):
                                   return_dict=True)
       held_out = data.eval_label_stats()
     else:
-      calibration = recalibrate(model, data.train, plan, rate, run.key.numpy_rng("calibration"),
+      calibration = recalibrate(model, releases, plan, rate, run.key.numpy_rng("calibration"),
                                 options.eval_batch_size)
       evaluation = ctr.evaluate(model, data.eval, data.eval["label"], options.eval_batch_size)
       held_out = len(data.eval["label"]), float(np.mean(data.eval["label"]))
     summary = _summary(options, data, model, plan, history, evaluation, timer, budget, run,
                        resume, rate, calibration, replicas, held_out)
+    summary.update(users=users and users.num_users,
+                   bounded_rows=(len(train["label"]) if options.user_level
+                                 and options.user_sampling == "rows" else None))
     if _out_of_core(data):
       summary.update(out_of_core=True, batch_dir=batches,
                      peak_batch_size=manifest["peak_batch_size"],
@@ -556,7 +667,11 @@ def _summary(options, data, model, plan, history, evaluation, timer, budget, run
       "train_rows": _train_rows(data), "eval_rows": int(held_out[0]), "data_source": data.source,
       "run_dir": options.run_dir,
       "note": "; ".join([VOCABULARY_NOTE] + plan.notes),
-      **run.summary.privacy(plan, EPSILON_COVERS),
+      "privacy_unit": options.privacy_unit,
+      "user_sampling": options.user_sampling if options.user_level else None,
+      "max_rows_per_user": options.rows_per_user,
+      **run.summary.privacy(plan, dict(EPSILON_COVERS, epsilon=USER_EPSILON)
+                          if options.user_level else EPSILON_COVERS),
   }
   if options.diagnostics:
     summary["diagnostics_nonprivate"] = {

@@ -119,7 +119,24 @@ def add_options(parser, run_directory=True):
               "'inf': --algorithm non_private")
   privacy.add("--delta", type=float,
               help="δ (default: " + ("the --ledger's if it exists, else " if run_directory
-                                     else "") + "1/N, N = training rows)")
+                                     else "") + "1/N, N = training rows; 1/U, U = training "
+              "users, at --privacy-unit user)")
+  privacy.add("--privacy-unit", choices=ctr_options.PRIVACY_UNITS, default=defaults.privacy_unit,
+              help="what ε protects: a row, or a user (all rows with one user_id: the day files' "
+                   "41st field, as `dprec synth criteo --users N` writes; a user-level ledger, δ "
+                   "1/U; in memory, on one device): docs/guide/train_ctr.md, 'The privacy unit' "
+                   "(default: %(default)s)")
+  privacy.add("--max-rows-per-user", type=int, default=defaults.max_rows_per_user, metavar="K",
+              help="--privacy-unit user: k, the most rows of a user a step or a release reads "
+                   "(drawn by the run's key; public, never read off the data) "
+                   f"(default: {ctr_options.DEFAULT_MAX_ROWS_PER_USER})")
+  privacy.add("--user-sampling", choices=ctr_options.USER_SAMPLINGS,
+              default=defaults.user_sampling,
+              help="--privacy-unit user: users (each step Poisson-samples users at q = B / U, each "
+                   "sampled user's at most K rows clipped as one: the sampled Gaussian over users) "
+                   "or rows (the baseline: each user's rows cut once to at most K, rows "
+                   "Poisson-sampled as at the row level, ε converted for a group of K rows) "
+                   "(default: %(default)s)")
   privacy.add("--top-k-total", type=int, dest="top_k", metavar="K",
               help="DP-FEST / DP-AdaFEST+: rows kept over all tables, K/F per table of the F "
                    "tables (no default: required by dp_fest and dp_adafest_plus)")
@@ -172,7 +189,8 @@ def add_options(parser, run_directory=True):
                help=f"expected (Poisson) batch size B (default: from the N training rows, the "
                     f"power of two nearest N/{ctr_options.STEPS_PER_EPOCH}, an epoch in about "
                     f"{ctr_options.STEPS_PER_EPOCH} steps, within [{lowest}, {highest}], at most "
-                    f"N/8)")
+                    f"N/8; --user-sampling users: expected users per batch, by the same rule on "
+                    f"the U users)")
   training.add("--steps", type=int, default=defaults.steps,
                help="training steps T (default: one epoch, ⌈N/B⌉)")
   training.add("--table-learning-rate", type=float, default=defaults.table_learning_rate,

@@ -8,6 +8,8 @@ from typing import Optional, Tuple
 from dprec.distribute import cluster
 from dprec.errors import DprecError
 from dprec.optimizers import defaults as step_defaults
+from dprec.privacy import accounting
+from dprec.privacy_unit import DEFAULT_MAX_ROWS_PER_USER
 from dprec.training import batch_sizes
 from dprec.workflows import run as run_lib
 
@@ -32,6 +34,10 @@ NON_PRIVATE_TABLE_LEARNING_RATE = 0.1  # --optimizer table_sgd without DP: not t
 # time). Both chosen on validation: the numbers are in docs/experiments/ctr_utility.md.
 DEFAULT_LEARNING_RATES = {"private": 1e-2, "non_private": 3e-3}
 SELECTION_POINTS = 20  # --select-on-validation: validation log loss this many times a run
+PRIVACY_UNITS = ("row", "user")
+# --user-sampling at --privacy-unit user: "users" samples users (ULS: a user's rows clipped as
+# one), "rows" samples rows of at most k per user and accounts a user as a group (ELS).
+USER_SAMPLINGS = ("users", "rows")
 
 
 @dataclasses.dataclass
@@ -77,10 +83,24 @@ class CTRTrainOptions(run_lib.FitOptions):
   dask_workers: Optional[int] = None
   beam_options: Tuple[str, ...] = ()
   select_on_validation: float = 0.0  # non_private: share of training rows for model selection
+  privacy_unit: str = "row"  # "user": ε protects all of a user's rows (the `user_id` column)
+  max_rows_per_user: Optional[int] = None  # k; None at user level: DEFAULT_MAX_ROWS_PER_USER
+  user_sampling: str = "users"  # at user level: USER_SAMPLINGS
 
   @property
   def private(self):
     return self.algorithm != "non_private"
+
+  @property
+  def user_level(self) -> bool:
+    return self.privacy_unit == "user"
+
+  @property
+  def rows_per_user(self) -> Optional[int]:
+    """k at user level (`max_rows_per_user`, else the default); None at row level."""
+    if not self.user_level:
+      return None
+    return self.max_rows_per_user or DEFAULT_MAX_ROWS_PER_USER
 
   def validate(self):
     super().validate()
@@ -127,6 +147,7 @@ class CTRTrainOptions(run_lib.FitOptions):
       self._validate_selection()
     if self.algorithm == "dp_sgd_lazy":
       self._validate_lazy_noise()
+    self._validate_privacy_unit()
     if self.strategy == "parameter_server" and self.secure_noise:
       raise DprecError("--secure-noise is not available with --strategy parameter_server")
     if (self.strategy == "multi_worker" and self.run_dir is None
@@ -134,6 +155,40 @@ class CTRTrainOptions(run_lib.FitOptions):
       raise DprecError("--strategy multi_worker needs --run-dir: the chief keeps the run's secret "
                        "noise key there and the other workers read it (a file system they share)")
 
+
+  def _validate_privacy_unit(self):
+    """--privacy-unit and its options; at user level, what the in-memory user-level path
+    cannot run yet, each named alone."""
+    if self.privacy_unit not in PRIVACY_UNITS:
+      raise DprecError(f"--privacy-unit must be one of {', '.join(PRIVACY_UNITS)}, got "
+                       f"{self.privacy_unit}")
+    if self.user_sampling not in USER_SAMPLINGS:
+      raise DprecError(f"--user-sampling must be one of {', '.join(USER_SAMPLINGS)}, got "
+                       f"{self.user_sampling}")
+    if not self.user_level:
+      if self.max_rows_per_user is not None or self.user_sampling != "users":
+        raise DprecError("--max-rows-per-user and --user-sampling go with --privacy-unit user")
+      return
+    if self.max_rows_per_user is not None:
+      accounting.check_group_size(self.max_rows_per_user)
+    problems = [
+        (not self.private, f"--algorithm {self.algorithm}: training without DP protects no "
+                           "unit (drop --privacy-unit)"),
+        (self.strategy != "none", f"--strategy {self.strategy}: it trains on one device "
+                                  "(replicas could split a user's rows)"),
+        (self.local_workers > 0, "--local-workers: it trains in this process"),
+        (self.out_of_core, "--out-of-core: it trains in memory (user batches out of core are "
+                           "not there yet; use fewer rows)"),
+        (self.fixed_batches, "--fixed-batches: it samples users or rows by Poisson"),
+        (self.max_batch_size is not None, "--max-batch-size: its batches are not truncated"),
+        (self.algorithm == "dp_sgd_lazy", "--algorithm dp_sgd_lazy: its step clips per row"),
+        (self.algorithm in FEST_ALGORITHMS and self.top_k_epsilon > 0,
+         f"--algorithm {self.algorithm} with --top-k-epsilon {self.top_k_epsilon:g}: its DP "
+         "top-k counts every row of a user (give --top-k-epsilon 0: the counts treated as "
+         "public)")]
+    refused = [reason for bad, reason in problems if bad]
+    if refused:
+      raise DprecError("--privacy-unit user cannot run with " + "; ".join(refused))
 
   def _validate_lazy_noise(self):
     """What lazy noise cannot run with, each named alone (as `dp_step`'s refusal, but before the

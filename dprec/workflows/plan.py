@@ -62,6 +62,9 @@ class PrivacyPlan:
       user in a step, and of a user in each period's releases (`release_noise_multiplier`).
     max_batch_size: B_max a step's Poisson batch is truncated to (None: exact Poisson), and
       truncation_delta the δ it costs (`dprec.privacy.truncation`), taken from training's δ.
+    group_size: k > 1: rows are sampled (example-level sampling) and ε protects a user of at
+      most k rows as a group (`accounting.TrainingPeriod.group_size`): σ and the mechanisms' σ
+      are per row, and every charge is a row-level one converted for the group (`charge_fields`).
   """
   epsilon_total: float
   delta: Optional[float]
@@ -83,6 +86,7 @@ class PrivacyPlan:
   max_rows_per_user: Optional[int] = None
   max_batch_size: Optional[int] = None
   truncation_delta: float = 0.0
+  group_size: int = 1
 
   def release_noise_multiplier(self, noise_multiplier):
     """The noise multiplier, on a row's sensitivity, of a release (DP base rate, DP Platt
@@ -90,6 +94,12 @@ class PrivacyPlan:
     k = `max_rows_per_user` rows of a user, which move their sum by at most k times a row's
     sensitivity Δ, so noise k·σ·Δ is the Gaussian mechanism at σ for the user (charged so)."""
     return noise_multiplier * (self.max_rows_per_user or 1)
+
+  @property
+  def charge_fields(self) -> dict:
+    """The ledger arguments of every charge of the plan: a group plan's charges are row-level
+    ones converted for a user of at most k rows (`dprec.privacy.ledger`); else none."""
+    return {"unit": "row", "group_size": self.group_size} if self.group_size > 1 else {}
 
   @property
   def private(self) -> bool:
@@ -127,8 +137,10 @@ class PrivacyPlan:
     periods = self.expected_periods if periods is None else periods
     composed = min(periods, 1) if self.parallel_periods else periods  # the costliest period
     training = privacy.TrainingPeriod(self.noise_multiplier, self.sampling_rate,
-                                      self.steps_per_period * composed)
-    mechanisms = [privacy.gaussian_mechanism_period(sigma)
+                                      self.steps_per_period * composed,
+                                      group_size=self.group_size)
+    mechanisms = [dataclasses.replace(privacy.gaussian_mechanism_period(sigma),
+                                      group_size=self.group_size)
                   for sigma in list(self.mechanisms.values()) * bool(periods)
                   + list(self.period_mechanisms.values()) * composed]
     spent = self.spent_with_truncation
@@ -144,14 +156,14 @@ class PrivacyPlan:
 
 @functools.lru_cache(maxsize=64)
 def _calibrated(epsilon, delta, sampling_rate, steps, selection_epsilon, accountant, poisson,
-                mechanisms, spent):
+                mechanisms, spent, group_size=1):
   """Calibration takes seconds (PLD, BENCHMARKS.md): reuse it across runs of one process.
   Identical periods compose like one period of all their steps, so T·P steps are calibrated as
   one period (the σ of the list of periods, several times faster)."""
   return privacy.plan_training(epsilon, delta, [(sampling_rate, steps)],
                                selection_epsilon=selection_epsilon, accountant=accountant,
                                poisson=poisson, gaussian_mechanisms=mechanisms,
-                               spent=spent).noise_multiplier
+                               spent=spent, group_size=group_size).noise_multiplier
 
 
 @functools.lru_cache(maxsize=64)
@@ -174,7 +186,8 @@ def plan_privacy(epsilon_total, delta, examples_per_period, batch_size, steps_pe
                  expected_periods=1, selection_epsilon=0.0,
                  mechanisms: Sequence[Tuple[str, float]] = (),
                  noise_multiplier: Optional[float] = None, accountant="pld", poisson=True,
-                 spent: privacy.Spent = privacy.Spent(), max_batch_size: Optional[int] = None):
+                 spent: privacy.Spent = privacy.Spent(), max_batch_size: Optional[int] = None,
+                 group_size: int = 1):
   """The `PrivacyPlan` for a budget (or a given σ checked by the ledger as the run goes).
 
   Args:
@@ -193,6 +206,9 @@ def plan_privacy(epsilon_total, delta, examples_per_period, batch_size, steps_pe
     max_batch_size: truncate each Poisson batch to B_max rows, at δ_trunc
       (`dprec.privacy.truncation.checked_delta`: refused above a tenth of δ) taken from
       training's δ before σ is calibrated.
+    group_size: k > 1: ε protects a user of at most k of the N rows, each sampled at q
+      (example-level sampling and group privacy, `PrivacyPlan.group_size`); a mechanism's σ
+      is then k times the user-level Gaussian's at its share (a user moves it by k rows).
 
   Raises:
     DprecError: for inconsistent sizes or a selection budget that leaves nothing for training
@@ -204,6 +220,9 @@ def plan_privacy(epsilon_total, delta, examples_per_period, batch_size, steps_pe
                 steps_per_period=int(steps_per_period), expected_periods=expected_periods,
                 examples_per_period=examples_per_period, batch_size=batch_size,
                 accountant=accountant, poisson=poisson, spent=spent)
+  accounting.check_group_size(group_size)
+  if group_size > 1:
+    common.update(privacy_unit="user", group_size=int(group_size))
   if max_batch_size is not None:
     if not poisson:
       raise DprecError("--max-batch-size caps Poisson batches; fixed-size batches have B rows")
@@ -216,14 +235,15 @@ def plan_privacy(epsilon_total, delta, examples_per_period, batch_size, steps_pe
     common["truncation_delta"] = truncation.checked_delta(
         examples_per_period, common["sampling_rate"], common["steps_per_period"] * expected_periods,
         max_batch_size, epsilon_total, delta)
-  sigmas = {label: _mechanism_sigma(share * epsilon_total, delta, accountant)
+  sigmas = {label: group_size * _mechanism_sigma(share * epsilon_total, delta, accountant)
             for label, share in mechanisms}
   if noise_multiplier is None:
     noise_multiplier = _calibrated(epsilon_total, delta, common["sampling_rate"],
                                    common["steps_per_period"] * expected_periods,
                                    selection_epsilon, accountant, poisson,
                                    tuple(sigmas.values()),
-                                   _with_truncation(spent, common.get("truncation_delta", 0.0)))
+                                   _with_truncation(spent, common.get("truncation_delta", 0.0)),
+                                   int(group_size))
   return PrivacyPlan(noise_multiplier=noise_multiplier, mechanisms=sigmas,
                      selection_epsilon_per_period=selection_epsilon / expected_periods, **common)
 

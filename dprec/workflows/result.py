@@ -32,7 +32,8 @@ def _ctr_metrics(auc, log_loss, base_rate_log_loss) -> str:
 def train_ctr(summary: dict) -> str:
   return (f"train ctr {summary['algorithm']}: held-out "
           + _ctr_metrics(summary["auc"], summary["eval_log_loss"], summary["base_rate_log_loss"])
-          + "; " + privacy(summary, "training row"))
+          + "; " + privacy(summary, "training user" if summary.get("privacy_unit") == "user"
+                           else "training row"))
 
 
 def stream(summary: dict) -> str:

@@ -94,7 +94,8 @@ class RunBudget:
         plan.noise_multiplier if noise_multiplier is None else noise_multiplier,
         plan.sampling_rate if sampling_rate is None else sampling_rate,
         unpaid, poisson=plan.poisson, label=label, gaussian_mechanisms=gaussian, days=days,
-        approximate=[(0.0, delta, label) for label, delta in self._unpaid_truncation(plan)])
+        approximate=[(0.0, delta, label) for label, delta in self._unpaid_truncation(plan)],
+        **plan.charge_fields)
     return epsilon + sum(pure)  # basic composition, as the ledger does
 
   def _unpaid_truncation(self, plan):
@@ -128,7 +129,7 @@ class RunBudget:
       self.ledger.charge_approximate(0.0, delta, label)
     for label, sigma in (plan.mechanisms if mechanisms is None else mechanisms).items():
       if not self.paid(label):
-        self.ledger.charge_gaussian_mechanism(sigma, label, days)
+        self.ledger.charge_gaussian_mechanism(sigma, label, days, **plan.charge_fields)
     for label, (epsilon, delta) in (selections or {}).items():
       if epsilon and not self.paid(label):
         self.ledger.charge_approximate(epsilon, delta, label)
@@ -140,7 +141,8 @@ class RunBudget:
     unpaid = steps - self.steps_paid(label)
     if unpaid > 0:
       self.ledger.charge_gaussian(plan.noise_multiplier, plan.sampling_rate, unpaid,
-                                  poisson=plan.poisson, label=label, days=days)
+                                  poisson=plan.poisson, label=label, days=days,
+                                  **plan.charge_fields)
 
   def callback(self, plan, label, start_step=0, charge_every=100, log_dir=None,
                steps_held=None):
@@ -154,7 +156,8 @@ class RunBudget:
     return callbacks.PrivacyBudgetCallback(
         self.ledger, plan.noise_multiplier, plan.sampling_rate, poisson=plan.poisson,
         charge_every=charge_every, label=label, log_dir=log_dir, steps_taken=start_step,
-        steps_charged=self.steps_paid(label), steps_held=steps_held)
+        steps_charged=self.steps_paid(label), steps_held=steps_held,
+        charge_fields=plan.charge_fields)
 
 
 def plan_prior(budget, epsilon_budget, delta, accountant, default_delta, unit=None):
