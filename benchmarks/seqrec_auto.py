@@ -79,27 +79,30 @@ def _line(record):
 
 
 def table(records):
-  """Markdown: per (data, row, overrides) the mean test and validation NDCG@10 (%) and the
-  test draws, with what auto chose."""
+  """Markdown: per (data, row, overrides) the mean test and validation NDCG@10 (%), the test
+  draws, what ran (auto: what it chose) and the distinct items in the top-10s."""
   groups = collections.defaultdict(list)
   for record in records:
     groups[(record.get("tag"), record["row"], _key(record.get("overrides", {})))].append(record)
   pct = lambda values: f"{100 * np.mean(values):.2f}"
-  lines = ["| data | row | model run | seeds | epochs | test NDCG@10 % (mean) | draws | "
-           "validation NDCG@10 % (mean) | test HIT@10 % (mean) | ε spent |",
-           "|---|---|---|---|---|---|---|---|---|---|"]
-  for (tag, row, _), runs in groups.items():
+  lines = ["| data | row | model run | overrides | seeds | test NDCG@10 % (mean) | draws | "
+           "validation NDCG@10 % (mean) | test HIT@10 % (mean) | distinct top-10 items | "
+           "ε spent |",
+           "|---|---|---|---|---|---|---|---|---|---|---|"]
+  for (tag, row, _), runs in sorted(groups.items(), key=lambda group: group[0][:2]):
     valid = [(r.get("validation") or {}).get("ndcg_at_10", np.nan) for r in runs]
     test = [r["ndcg_at_10"] for r in runs]
     models = sorted({r["model"] for r in runs})
+    extra = {k: v for k, v in runs[0].get("overrides", {}).items()
+             if k not in ROWS.get(row, {}) and k != "epsilon"}
+    spent = runs[0].get("epsilon")
     lines.append(
-        f"| {tag} | {row} | {', '.join(models)} | "
-        f"{', '.join(str(r.get('seed', '—')) for r in runs)}"
-        f" | {runs[0].get('epochs') if 'dpformer' in models or 'vanilla' in models else '—'} | "
-        f"{pct(test)} | "
-        f"{', '.join(f'{100 * value:.2f}' for value in test)} | {pct(valid)} | "
+        f"| {tag} | {row} | {', '.join(models)} | {extra or '—'} | "
+        f"{', '.join(str(r.get('seed')) for r in runs if r.get('seed') is not None) or '—'} | "
+        f"{pct(test)} | {', '.join(f'{100 * value:.2f}' for value in test)} | {pct(valid)} | "
         f"{pct([r['hit_at_10'] for r in runs])} | "
-        f"{runs[0].get('epsilon') if runs[0].get('epsilon') is not None else '—'} |")
+        f"{', '.join(str(r.get('distinct_top10_items')) for r in runs)} | "
+        f"{'—' if spent is None else f'{spent:.4f}'} |")
   return "\n".join(lines)
 
 

@@ -58,6 +58,21 @@ def test_synth_sequences_writes_user_item_lines(tmp_path):
   assert lines[0].split(" ")[0] == "1" and lines[-1].split(" ")[0] == "50"
 
 
+def test_synth_sequences_order_taste_reaches_the_generator(tmp_path):
+  """--order taste with its two settings writes what the library writes for that config; the
+  default order is the library's default (chain)."""
+  from dprec.data import synthetic
+  argv = ["synth", "sequences", "--users", "60", "--items", "40", "--seed", "2", "--no-progress"]
+  _run(argv + ["--output", str(tmp_path / "cli.txt"), "--order", "taste", "--taste-clusters",
+               "2", "--taste-share", "0.8"])
+  synthetic.generate_sequences(str(tmp_path / "lib.txt"), 60, 40, 2, synthetic.SequenceSynthConfig(
+      order="taste", taste_clusters=2, taste_share=0.8), progress=False)
+  _run(argv + ["--output", str(tmp_path / "default.txt")])
+  synthetic.generate_sequences(str(tmp_path / "chain.txt"), 60, 40, 2, progress=False)
+  read = lambda name: (tmp_path / name).read_bytes()
+  assert read("cli.txt") == read("lib.txt") != read("chain.txt") == read("default.txt")
+
+
 def test_bad_arguments(tmp_path, capsys):
   with pytest.raises(DprecError, match="scaled:M"):
     _run(["synth", "criteo", "--rows", "10", "--out", str(tmp_path), "--vocab", "big"])
@@ -66,6 +81,9 @@ def test_bad_arguments(tmp_path, capsys):
   with pytest.raises(DprecError, match="mean_length"):
     _run(["synth", "sequences", "--users", "5", "--items", "9", "--out", str(tmp_path / "s"),
           "--mean-length", "2"])
+  with pytest.raises(DprecError, match="share in"):
+    _run(["synth", "sequences", "--users", "5", "--items", "9", "--out", str(tmp_path / "s"),
+          "--order", "taste", "--taste-share", "1"])
   with pytest.raises(SystemExit):
     _run(["synth", "criteo", "--rows", "0", "--out", str(tmp_path)])
   assert "--rows: must be a positive integer, got 0" in capsys.readouterr().err
