@@ -42,9 +42,12 @@ VOLATILE_KEYS = re.compile(r"time|seconds|per_second|^run_id$|^run_dir$|^updated
                            r"^pid$|^host|^python$|^versions?$|^stack$")
 AUDIT_RANDOM = re.compile(r"epsilon_lower|score|p_value|bound|auc|loss|accuracy|canar")
 MASKS = [
-    (re.compile(r"\b[0-9a-f]{16,64}\b"), "<ID>"),  # run ids, dataset ids, hashes
+    # run ids, data set ids (the guides' gzip files hold their time: their ids differ), hashes
+    (re.compile(r"\b(?=[0-9]*[a-f])[0-9a-f]{8,64}(?:\b|…)"), "<ID>"),
+    # a JSON line's volatile field (a summary printed on stdout)
+    (re.compile(r'("[a-z_]*(?:time|seconds|per_second)[a-z_]*": )[^,}\n]+'), r"\1<V>"),
     (re.compile(r"\d+(?:\.\d+)?\s?(?:s|ms|min|seconds|minutes)\b"), "<TIME>"),
-    (re.compile(r"\d+(?:\.\d+)?\s?(?:steps?|it)/s\b"), "<RATE>"),
+    (re.compile(r"[\d.]+\s?k?[a-z]*/s\b"), "<RATE>"),  # steps/s, rows/s, tqdm's 40.9krow/s
     (re.compile(r"steps/s=\S+"), "steps/s=<RATE>"),
     (re.compile(r"\d{4}-\d\d-\d\d[ T]\d\d:\d\d:\d\d\S*"), "<DATE>"),
     (re.compile(r"\b\d\d:\d\d(?::\d\d)?\b"), "<CLOCK>"),
@@ -128,7 +131,8 @@ def flatten(value, prefix, replacements, audit):
 
 
 def run_case(tree, name, script, workdir):
-  """Runs `script` in a fresh `workdir` with `tree`'s dprec; (seconds, output lines, JSON)."""
+  """Runs `script` in a fresh `workdir` with `tree`'s dprec (its output kept beside it as
+  NAME.log); (seconds, output lines, JSON fields)."""
   workdir.mkdir(parents=True)
   env = dict(os.environ, **ENV, PYTHONPATH=str(tree),
              PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
@@ -136,10 +140,16 @@ def run_case(tree, name, script, workdir):
   done = subprocess.run(["bash", "-c", script], cwd=workdir, env=env, capture_output=True,
                         text=True, timeout=3000)
   seconds = time.monotonic() - started
+  log = workdir.parent / f"{name}.log"
+  log.write_text(f"{done.stdout}{done.stderr}\nexit status {done.returncode}\n", "utf-8")
+  return (seconds, *collect(tree, name, workdir))
+
+
+def collect(tree, name, workdir):
+  """(output lines, JSON fields) of a case run in `workdir` (normalised)."""
   replacements = [(str(workdir), "<DIR>"), (str(tree), "<TREE>")]
-  lines = [normalise_text(line, replacements)
-           for line in (done.stdout + done.stderr).splitlines() if line.strip()]
-  lines.append(f"exit status {done.returncode}")
+  text = (workdir.parent / f"{name}.log").read_text(encoding="utf-8")
+  lines = [normalise_text(line, replacements) for line in text.splitlines() if line.strip()]
   files = {}
   for path in sorted(workdir.rglob("*.json")):
     relative = path.relative_to(workdir)
@@ -149,8 +159,9 @@ def run_case(tree, name, script, workdir):
       value = json.loads(path.read_text(encoding="utf-8"))
     except ValueError:
       value = {"unreadable JSON": path.read_text(encoding="utf-8")[:200]}
-    files.update(flatten(value, str(relative), replacements, audit=name == "audit"))
-  return seconds, lines, files
+    files.update(flatten(value, str(relative), replacements,
+                         audit=name == "audit" or "audit" in relative.parts))
+  return lines, files
 
 
 def compare(name, base, head):
@@ -176,11 +187,16 @@ def main(argv=None):
   parser.add_argument("--keep", default=None,
                       help="keep the snapshots and run directories here (default: a temporary "
                       "directory, removed)")
+  parser.add_argument("--compare-only", action="store_true",
+                      help="compare the runs kept in --keep again (after changing the masks)")
   args = parser.parse_args(argv)
+  if args.compare_only and not args.keep:
+    parser.error("--compare-only reads the runs of --keep DIR")
   root = Path(args.keep or tempfile.mkdtemp(prefix="cli_parity_"))
   trees = {side: root / side / "tree" for side in ("base", "head")}
-  for side, rev in (("base", args.base), ("head", args.head)):
-    snapshot(rev, trees[side])
+  if not args.compare_only:
+    for side, rev in (("base", args.base), ("head", args.head)):
+      snapshot(rev, trees[side])
   guides = load(trees["head"] / "tests" / "test_guides.py")
   selected = cases(guides)
   if args.only:
@@ -192,8 +208,12 @@ def main(argv=None):
   different, total = 0, {"base": 0.0, "head": 0.0}
   started = time.monotonic()
   for name, script in selected.items():
-    results = {side: run_case(trees[side], name, script, root / side / "runs" / name)
-               for side in ("base", "head")}
+    if args.compare_only:
+      results = {side: (0.0, *collect(trees[side], name, root / side / "runs" / name))
+                 for side in ("base", "head")}
+    else:
+      results = {side: run_case(trees[side], name, script, root / side / "runs" / name)
+                 for side in ("base", "head")}
     for side in total:
       total[side] += results[side][0]
     lines = compare(name, results["base"], results["head"])

@@ -106,6 +106,7 @@ def test_shards_train_the_model_the_same_batches_train_in_memory(data_dir):
     np.testing.assert_array_equal(got.numpy(), expected.numpy(), err_msg=got.name)
 
 
+@pytest.mark.slow  # four out-of-core runs: starts first, not at the end of a worker's share
 def test_a_stopped_run_resumes_at_the_next_shard_and_ends_as_an_uninterrupted_one(
     data_dir, tmp_path, monkeypatch):
   plain, stopped = tmp_path / "plain", tmp_path / "stopped"

@@ -81,6 +81,15 @@ def make_cluster():
     each.stop()
 
 
+@pytest.fixture(scope="module")
+def one_worker_two_ps():
+  """One worker and two parameter servers, shared by the tests whose runs compare bit for bit
+  (each starts its chiefs against them; a server a test kills it restarts)."""
+  servers = Cluster(1, 2)
+  yield servers
+  servers.stop()
+
+
 def _command(data_dir, run_dir, *extra):
   return [*extra, "--data", data_dir, "--algorithm", "dp_adafest", "--threshold", "2", "--epsilon",
           str(EPSILON), "--batch-size", "64", "--steps", str(STEPS), "--hidden-units", "8",
@@ -174,7 +183,7 @@ def _assert_equal_runs(run_dir, reference):
 
 
 def test_faults_of_the_chief_a_server_or_a_worker_leave_the_run_as_uninterrupted(
-    data_dir, tmp_path, make_cluster):
+    data_dir, tmp_path, one_worker_two_ps):
   """One worker (steps run in order: runs comparable bit for bit), two parameter servers, one
   uninterrupted reference run, then two faulted runs against the same servers:
   - the chief killed after a checkpoint, the same command resumes from it; then a parameter
@@ -185,7 +194,7 @@ def test_faults_of_the_chief_a_server_or_a_worker_leave_the_run_as_uninterrupted
     coordinator's re-run computes the same update on the same weights. (Before, workers applied
     their own updates: a re-run applied a step twice, a second release with the same noise.)
   Both end equal to the reference, every step paid once."""
-  servers = make_cluster(1, 2)
+  servers = one_worker_two_ps
   reference = tmp_path / "uninterrupted"
   assert servers.chief(_command(data_dir, reference)).wait(timeout=TIMEOUT) == 0
 
@@ -208,10 +217,10 @@ def test_faults_of_the_chief_a_server_or_a_worker_leave_the_run_as_uninterrupted
 
 
 def test_out_of_core_a_worker_lost_once_its_update_is_computed_leaves_the_run_as_uninterrupted(
-    data_dir, tmp_path, make_cluster):
+    data_dir, tmp_path, one_worker_two_ps):
   """Out of core, the worker processes read the steps' shards themselves, and the coordinator's
   re-run of step 3 reads its shard again: the same batch."""
-  servers = make_cluster(1, 2)
+  servers = one_worker_two_ps
   reference = tmp_path / "uninterrupted"
   assert servers.chief(_command(data_dir, reference, *OUT_OF_CORE)).wait(timeout=TIMEOUT) == 0
   _run_faulted_worker(servers, data_dir, tmp_path / "worker_lost", OUT_OF_CORE)

@@ -219,7 +219,7 @@ def test_ctrl_c_keeps_a_checkpoint_says_how_to_resume_and_the_rerun_goes_on(sequ
   import time
   run_dir = str(tmp_path / "run")
   argv = ["train", "seqrec", "--data", sequences_dir, "--model", "dpformer", "--epsilon", "5",
-          "--epochs", "10", "--batch-size", "8", "--max-len", "8", "--dim", "8", "--blocks", "1",
+          "--epochs", "3", "--batch-size", "8", "--max-len", "8", "--dim", "8", "--blocks", "1",
           "--dropout", "0", "--charge-every", "1000", "--run-dir", run_dir]
   command = [sys.executable, "-m", "dprec.cli", *argv]
   process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)

@@ -184,6 +184,7 @@ def test_a_secure_and_an_insecure_cli_run_of_the_same_arguments_differ(stream_ou
   assert insecure["private"] is False and "--insecure-noise-seed 3" in insecure["privacy_note"]
 
 
+@pytest.mark.slow  # three streams of 2-3 periods: starts first
 def test_a_finished_stream_continues_when_days_arrive_and_says_when_none_did(
     stream_output, tmp_path, capfd):
   """Not a live stream (--idle-timeout 0) and neither --expected-periods nor --train-days: the
