@@ -6,6 +6,7 @@ options, on Dask, Dataflow, Flink or Spark.
 """
 import argparse
 
+from dprec.cli_help import mark_advanced
 from dprec.errors import DprecError
 from pipelines.beam_io import BEAM_EPILOG
 from pipelines.beam_io import INTERRUPTED
@@ -56,6 +57,11 @@ def run_sequences(args) -> dict:
   return sequences.run(sequences.job_from_args(args), args.beam_args)
 
 
+# `preprocess criteo`'s options most runs leave at their defaults: listed by --help-all only.
+CRITEO_LESS_USED = ("insecure_noise_seed", "max_bad_fraction", "poll_seconds", "stop_after_day",
+                    "settle_seconds")
+
+
 def add_jobs(jobs) -> None:
   """Adds the `criteo` and `sequences` parsers to a sub-parser group of `BeamArgumentParser`s."""
   from pipelines import criteo, criteo_stream, sequences
@@ -69,6 +75,7 @@ def add_jobs(jobs) -> None:
                       "period as it completes (options below)")
   criteo_stream.add_arguments(parser.add_argument_group("streaming"))
   add_runner_arguments(parser)
+  mark_advanced(parser, CRITEO_LESS_USED)
   parser.set_defaults(func=run_criteo)
   parser = jobs.add_parser("sequences", help="interaction logs → per-user sequences + TFRecords",
                            description=sequences.__doc__, epilog=BEAM_EPILOG,

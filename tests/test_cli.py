@@ -236,23 +236,36 @@ def test_beam_jobs_are_quiet_unless_verbose(tmp_path):
 
 @pytest.mark.parametrize("argv, options", [
     (["train", "seqrec", "--data", "d", "--epsilon", "5"],
-     "dprec.workflows.seqrec:SeqRecTrainOptions"),
+     "dprec.workflows.seqrec:SeqRecTrainOptions dprec.workflows.seqrec_options:DPForwardOptions"),
     (["train", "ctr", "--data", "d"], "dprec.workflows.ctr:CTRTrainOptions"),
     (["stream", "--data", "d"], "dprec.workflows.stream:StreamOptions"),
+    (["audit", "--data", "d"],
+     "dprec.workflows.ctr:CTRTrainOptions dprec.audit.ctr:CTRAuditOptions"),
+    (["synth", "criteo", "--rows", "9", "--output", "o"], "dprec.data.synthetic:CriteoSynthConfig"),
+    (["synth", "sequences", "--users", "9", "--items", "9", "--output", "o"],
+     "dprec.data.synthetic:SequenceSynthConfig"),
+    (["preprocess", "criteo", "--input", "i", "--output", "o"],
+     "pipelines.criteo:CriteoJob pipelines.criteo:VocabConfig pipelines.criteo_stream:StreamJob"),
+    (["preprocess", "sequences", "--input", "i", "--format", "csv", "--output", "o"],
+     "pipelines.sequences:SequencesJob"),
 ])
 def test_command_line_defaults_are_the_python_apis(argv, options):
-  """One source for each default: the options class the command builds."""
+  """One source for each default: the options classes the command builds (an argument whose
+  destination names a field of one of them has that field's default)."""
   import importlib
-  module, name = options.split(":")
-  defaults = getattr(importlib.import_module(module), name)
   parsed = vars(cli.build_parser().parse_args(argv))
-  fields = {f.name: f for f in dataclasses.fields(defaults)}
-  differ = {key: (value, fields[key].default) for key, value in parsed.items()
-            if key in fields and fields[key].default is not dataclasses.MISSING
-            and key not in ("data", "epsilon", "dp_forward", "algorithm")  # `algorithm`: None
-            # until `run_cli.algorithm_and_epsilon` resolves it with --epsilon (to the default)
-            and json.dumps(value) != json.dumps(fields[key].default)}  # a tuple as a list
-  assert not differ, differ
+  fields = {}
+  for spec in options.split():
+    module, name = spec.split(":")
+    fields.update({f.name: f for f in dataclasses.fields(getattr(importlib.import_module(module),
+                                                                  name))})
+  compared = {key for key in parsed if key in fields
+              and fields[key].default is not dataclasses.MISSING
+              and key not in ("data", "epsilon", "dp_forward", "algorithm")}  # `algorithm`: None
+  # until `run_cli.algorithm_and_epsilon` resolves it with --epsilon (to the default)
+  differ = {key: (parsed[key], fields[key].default) for key in compared
+            if json.dumps(parsed[key]) != json.dumps(fields[key].default)}  # a tuple as a list
+  assert len(compared) >= 3 and not differ, (compared, differ)
 
 
 @pytest.mark.parametrize("argv, hint", [
