@@ -40,6 +40,7 @@ from pipelines import beam_io
 METRICS_NAMESPACE = "dprec.poisson_batches"
 PROGRESS = "out-of-core batches"
 SPILL_DIR = "spill"
+DATA = ".data.npy"  # a spill's serialized rows, beside its columns
 MAX_BUCKETS = 256  # spill files per input file; a bucket's steps are gathered in memory
 
 
@@ -66,6 +67,11 @@ class BatchJob:
   @property
   def buckets(self) -> int:
     return -(-self.steps // self.steps_per_bucket)
+
+  def plan(self) -> dict:
+    """The manifest's plan (`batch_shards.plan_fields`)."""
+    return batch_shards.plan_fields(self.num_examples, self.batch_size, self.steps,
+                                    self.max_batch_size)
 
   def noise_key(self) -> NoiseKey:
     """The run's key, read on the worker from the secret file (or from the public seed)."""
@@ -108,35 +114,56 @@ class DrawSteps(beam.DoFn):
       rows = [records[i] for i in example[chosen]]
       spill = _spill_path(job, b, file_index)
       beam_io.makedirs(os.path.dirname(spill))
-      temporary = f"{spill}.tmp-{uuid.uuid4().hex}.npz"
-      np.savez(temporary, step=step[chosen], index=example[chosen],
-               lengths=np.array([len(r) for r in rows], np.int64),
-               data=np.frombuffer(b"".join(rows), np.uint8))
-      os.replace(temporary, spill)
+      save_spill(spill, rows, step=step[chosen], index=example[chosen],
+                 file_index=np.full(len(rows), file_index, np.int64))
       yield b, (file_index, spill)
+
+
+def save_spill(path: str, rows, **columns) -> None:
+  """Writes rows (serialized records) to `path` + `DATA` and their per-row int `columns`
+  (`step`, `file_index`, `index` and, for user batches, `user`) to the .npz `path`, atomically."""
+  temporary = f"{path}.tmp-{uuid.uuid4().hex}.npz"
+  np.save(temporary + DATA, np.frombuffer(b"".join(rows), np.uint8))
+  np.savez(temporary, lengths=np.array([len(r) for r in rows], np.int64), **columns)
+  os.replace(temporary + DATA, path + DATA)
+  os.replace(temporary, path)  # last: a spill whose columns are there has its rows
+
+
+def load_spill(path: str):
+  """(columns, read) of a spill `save_spill` wrote: its per-row columns, and `read(indices)` the
+  serialized rows at those indices, read from a memory map (only their bytes are read)."""
+  with np.load(path) as part:
+    columns = {name: part[name] for name in part.files}
+  ends = np.cumsum(columns["lengths"])
+  starts = ends - columns.pop("lengths")
+  data = np.load(path + DATA, mmap_mode="r")
+  return columns, lambda indices: [data[starts[i]:ends[i]].tobytes() for i in indices]
 
 
 class WriteSteps(beam.DoFn):
   """Gathers one bucket's spills and writes a shard per step of the bucket (rows in input order:
-  by file, then record); emits the shards' manifest entries."""
+  by file, then record; with a `user` column, by user first: each user's rows contiguous, users
+  in increasing id); emits the shards' manifest entries. `job`: this job's or a
+  `pipelines.user_batches` job's (`output`, `steps`, `steps_per_bucket`, `max_batch_size`)."""
 
-  def __init__(self, job: BatchJob):
+  def __init__(self, job):
     self._job = job
 
   def process(self, element):
     bucket, spills = element
     job = self._job
-    files, steps, indices, records = [], [], [], []
-    for file_index, spill in sorted(s for s in spills if s[1] is not None):
-      with np.load(spill) as part:
-        ends = np.cumsum(part["lengths"])
-        data = part["data"].tobytes()
-        records += [data[end - length:end] for end, length in zip(ends, part["lengths"])]
-        steps.append(part["step"])
-        indices.append(part["index"])
-        files.append(np.full(len(part["step"]), file_index, np.int64))
-    step = np.concatenate(steps) if steps else np.zeros(0, np.int64)
-    order = np.lexsort((np.concatenate(indices), np.concatenate(files), step)) if steps else step
+    records, columns = [], []
+    for _, spill in sorted(s for s in spills if s[1] is not None):
+      part, read = load_spill(spill)
+      records += read(range(len(part["step"])))
+      columns.append(part)
+    if columns:
+      joined = {name: np.concatenate([part[name] for part in columns]) for name in columns[0]}
+      step = joined["step"]
+      by_user = (joined["user"],) if "user" in joined else ()
+      order = np.lexsort((joined["index"], joined["file_index"], *by_user, step))
+    else:
+      step = order = np.zeros(0, np.int64)
     first = bucket * job.steps_per_bucket
     bounds = np.searchsorted(step[order], np.arange(first, first + job.steps_per_bucket + 1))
     for offset in range(min(job.steps_per_bucket, job.steps - first)):
@@ -150,9 +177,10 @@ class WriteSteps(beam.DoFn):
 
 
 class Finish(beam.DoFn):
-  """Writes the manifest (last: its presence says the job finished) and removes the spills."""
+  """Writes the manifest (last: its presence says the job finished) and removes the spills.
+  `job`: this job's or a `pipelines.user_batches` job's (with `plan()`)."""
 
-  def __init__(self, job: BatchJob):
+  def __init__(self, job):
     self._job = job
 
   def process(self, entries):
@@ -160,10 +188,8 @@ class Finish(beam.DoFn):
     entries = sorted(entries, key=lambda entry: entry["step"])
     if [entry["step"] for entry in entries] != list(range(job.steps)):
       raise DprecError(f"{job.output}: the job wrote {len(entries)} of {job.steps} shards")
-    manifest = batch_shards.manifest_of(
-        job.run_id, job.key_fingerprint, job.key_path is not None,
-        batch_shards.plan_fields(job.num_examples, job.batch_size, job.steps, job.max_batch_size),
-        job.files, entries)
+    manifest = batch_shards.manifest_of(job.run_id, job.key_fingerprint,
+                                        job.key_path is not None, job.plan(), job.files, entries)
     beam_io.write_json(os.path.join(job.output, batch_shards.MANIFEST), manifest)
     shutil.rmtree(os.path.join(job.output, SPILL_DIR), ignore_errors=True)
     yield {key: manifest[key] for key in ("rows_written", "peak_batch_size")}

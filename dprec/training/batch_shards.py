@@ -13,7 +13,9 @@ file, a directory without that manifest (the job did not finish), one of another
 plan, and a missing, truncated or altered shard. One device reads with `batch_dataset`; with
 parameter servers each worker reads its own step's shard with `read_step`, inside the scheduled
 step, from the `step_reference` the chief sends. Either holds one step's batch (and the
-prefetched next ones) at a time, so memory grows with B, not with N.
+prefetched next ones) at a time, so memory grows with B, not with N. User-level batches
+(`pipelines.user_batches`) are the same files with a plan of their own (`user_plan_fields`);
+those of user-level sampling are read with `parse_user_rows`, which gives each row its unit.
 """
 import hashlib
 import json
@@ -26,6 +28,8 @@ import tensorflow as tf
 
 from dprec.data import criteo_tfrecord
 from dprec.errors import DprecError
+from dprec.privacy_unit import UNIT_KEY
+from dprec.privacy_unit import USER_KEY
 
 FORMAT = "dprec-poisson-batches-v2"
 MANIFEST = "batches.json"
@@ -51,6 +55,19 @@ def plan_fields(num_examples: int, batch_size: int, steps: int,
   cap = {} if max_batch_size is None else {"max_batch_size": int(max_batch_size)}
   return {"num_examples": int(num_examples), "batch_size": int(batch_size),
           "sampling_rate": batch_size / num_examples, "steps": int(steps), **cap}
+
+
+def user_plan_fields(sampling: str, num_rows: int, num_users: int, max_rows_per_user: int,
+                     batch_size: int, steps: int, bounded_rows: Optional[int] = None) -> dict:
+  """The plan of user-level batches (all public): `sampling` "users" (ULS: B users expected a
+  step, q = B/U) or "rows" (ELS: at most k rows a user kept, N_k = `bounded_rows` of them, B
+  rows expected a step, q = B/N_k), N, U, k and T."""
+  population = num_users if sampling == "users" else bounded_rows
+  bounded = {} if bounded_rows is None else {"bounded_rows": int(bounded_rows)}
+  return {"privacy_unit": "user", "user_sampling": sampling, "num_rows": int(num_rows),
+          "num_users": int(num_users), "max_rows_per_user": int(max_rows_per_user),
+          "batch_size": int(batch_size), "sampling_rate": batch_size / population,
+          "steps": int(steps), **bounded}
 
 
 def manifest_of(run_id: str, noise_key_fingerprint: str, private: bool, plan: dict,
@@ -178,6 +195,19 @@ def parse_rows(serialized):
   row = tf.io.parse_example(serialized, criteo_tfrecord.feature_spec())
   return ({"cat_features": tf.cast(row["cat_features"], tf.int32),
            "int_features": row["int_features"]}, tf.cast(row["label"][:, 0], tf.int32))
+
+
+def parse_user_rows(serialized):
+  """Serialized rows of a user-level (ULS) batch → (features with `UNIT_KEY`, label): `parse_rows`
+  and each row's unit index, counted from the rows' `user_id` (a batch holds each sampled user's
+  rows contiguously, users in increasing id: `dprec.training.user_sampling`'s format)."""
+  row = tf.io.parse_example(serialized, criteo_tfrecord.feature_spec(user_column=True))
+  user = row[USER_KEY][:, 0]
+  unit = tf.cumsum(tf.cast(tf.not_equal(user[1:], user[:-1]), tf.int32))
+  return ({"cat_features": tf.cast(row["cat_features"], tf.int32),
+           "int_features": row["int_features"],
+           UNIT_KEY: tf.concat([tf.zeros(tf.minimum(tf.size(user), 1), tf.int32), unit], 0)},
+          tf.cast(row["label"][:, 0], tf.int32))
 
 
 def batch_dataset(directory: str, manifest: dict, start: int = 0,

@@ -118,6 +118,15 @@ def user_batch(users: UserRows, sampling_rate: float, max_rows_per_user: int,
   row's unit index, units contiguous and increasing, each unit's rows in increasing order."""
   accounting.check_group_size(max_rows_per_user)
   sampled = next(poisson.poisson_batch_indices(users.num_users, sampling_rate, 1, rng))
+  return unit_rows(users, sampled, max_rows_per_user, rng)
+
+
+def unit_rows(users: UserRows, sampled: np.ndarray, max_rows_per_user: int,
+              rng: np.random.Generator) -> Tuple[np.ndarray, np.ndarray]:
+  """(rows, unit) of the users at indices `sampled` (unit i: `sampled[i]`; a user may appear
+  more than once, each time a unit of their own rows): each unit a uniform subset of at most k
+  of its user's rows, drawn by `rng`; units contiguous and increasing, each unit's rows in
+  increasing order."""
   counts, starts = users.counts[sampled], users.starts[sampled]
   total = int(counts.sum())
   unit = np.repeat(np.arange(len(sampled), dtype=np.int32), counts)

@@ -2,10 +2,11 @@
 
 Memory grows with the batch and the model, never with the N training rows:
   1. the rows as TFRecords: a `dprec preprocess criteo` output directory is read where it is; TSV
-     `day_N` files are preprocessed first (the Beam job of `pipelines.criteo`: vocabulary from
-     exact counts of the training days, as the in-memory path builds it, then the rows) into
-     the run's `out_of_core/records`; the last day is held out, read as a stream;
-  2. the run's Poisson batches: `pipelines.poisson_batches` (Beam, on the embedded runner or on
+     `day_N` files are preprocessed first (the Beam job `criteo`, launched through
+     `dprec.beam_jobs`: vocabulary from exact counts of the training days, as the in-memory
+     path builds it, then the rows) into the run's `out_of_core/records`; the last day is held
+     out, read as a stream;
+  2. the run's Poisson batches: the job `poisson_batches` (Beam, on the embedded runner or on
      `--runner DaskRunner` and others) writes one shard per step into `out_of_core/batches`,
      drawn from the run's key, whose file the job's workers read; a resumed run reuses the
      shards when their manifest names this run, key and plan;
@@ -17,6 +18,11 @@ Memory grows with the batch and the model, never with the N training rows:
      DP Platt scaling (the model's logits on the same ≤ `ctr.CALIBRATION_ROWS` rows the in-memory
      path draws, in one pass: 8 bytes a drawn row), and the evaluation (Keras' streaming AUC and
      loss over the held-out day, parsed `EVAL_CHUNK_ROWS` lines at a time).
+At the user level (the rows carry `user_id`: `dprec preprocess criteo --user-column`) step 2 is
+the job `user_batches` (`write_user_batches`): rows grouped by user, then users sampled at
+q = B/U with at most k rows each (ULS; the batches carry each row's unit), or at most k rows of
+each user kept once and sampled as rows at q = B/N_k (ELS); U and N_k come from one streaming
+pass over the user ids (`UserPlan.of`: memory two ints a user), public as N is.
 Without a run directory these files go to a temporary directory removed at the end.
 """
 import contextlib
@@ -29,8 +35,10 @@ from typing import Callable, List, Optional, Sequence, Tuple
 import numpy as np
 import tensorflow as tf
 
+from dprec import beam_jobs
 from dprec.data import criteo_tfrecord
 from dprec.errors import DprecError
+from dprec.privacy_unit import USER_KEY
 from dprec.training import batch_shards
 
 DIRECTORY = "out_of_core"
@@ -93,6 +101,23 @@ class Data:
       offset += size
     return np.concatenate(logits), np.concatenate(labels)
 
+  def user_counts(self) -> Tuple[np.ndarray, np.ndarray]:
+    """(user ids, their row counts), sorted by id, over the training rows (one streaming pass;
+    memory: two ints a user), for a user-level plan: U and the rows kept at k a user are public,
+    as N is; rows without a user id are refused before anything is charged."""
+    if not criteo_tfrecord.load_manifest(self.records).get(criteo_tfrecord.USER_COLUMN_KEY):
+      raise DprecError(f"{self.records}: the rows carry no {USER_KEY}: --privacy-unit user "
+                       "reads each row's user (`dprec preprocess criteo --user-column`, or TSV "
+                       "days with the 41st column)")
+    spec = {USER_KEY: criteo_tfrecord.feature_spec(user_column=True)[USER_KEY]}
+    ids, counts = np.zeros(0, np.int64), np.zeros(0, np.int64)
+    for batch in self.train_dataset(spec=spec).as_numpy_iterator():
+      new_ids, new_counts = np.unique(batch[USER_KEY][:, 0], return_counts=True)
+      ids, inverse = np.unique(np.concatenate([ids, new_ids]), return_inverse=True)
+      counts = np.bincount(inverse, np.concatenate([counts, new_counts]),
+                           minlength=len(ids)).astype(np.int64)
+    return ids, counts
+
   def eval_label_stats(self) -> Tuple[int, float]:
     """(held-out rows, their click rate), in one streaming pass."""
     rows = clicks = 0
@@ -146,11 +171,9 @@ def prepare(data: str, base: str, min_count: int, beam_args: Sequence[str]) -> D
     raise DprecError(f"{data}: need at least 2 day_N files (the last is held out)")
   records = os.path.join(base, RECORDS)
   if not os.path.exists(os.path.join(records, criteo_tfrecord.MANIFEST)):
-    from pipelines import criteo as criteo_job
-    criteo_job.run(criteo_job.CriteoJob(
-        inputs=tuple(files[:-1]), output=records,
-        vocab=criteo_job.VocabConfig(min_count=min_count), max_bad_fraction=0.0,
-        overwrite=True), beam_args)  # the run's own records: a failed attempt's are replaced
+    beam_jobs.launch("criteo", beam_args, inputs=tuple(files[:-1]), output=records,
+                     vocab={"min_count": min_count}, max_bad_fraction=0.0,
+                     overwrite=True)  # the run's own records: a failed attempt's are replaced
   manifest = criteo_tfrecord.load_manifest(records)
   vocab = criteo_tfrecord.load_vocabulary(records)
   return _data(records, manifest, [entry["day"] for entry in manifest["days"]], "criteo-tsv",
@@ -182,14 +205,54 @@ def write_batches(data: Data, base: str, run, batch_size: int, steps: int,
   plan = batch_shards.plan_fields(data.train_rows, batch_size, steps, max_batch_size)
   if os.path.exists(os.path.join(directory, batch_shards.MANIFEST)):
     return directory, batch_shards.read_manifest(directory, run.run_id, run.key, plan), None
-  from pipelines import poisson_batches
-  summary = poisson_batches.run(poisson_batches.BatchJob(
+  summary = beam_jobs.launch(
+      "poisson_batches", beam_args,
       files=tuple(criteo_tfrecord.day_files(data.records, data.train_days)), output=directory,
       run_id=run.run_id, key_fingerprint=batch_shards.key_fingerprint(run.key),
       num_examples=data.train_rows, batch_size=batch_size, steps=steps,
       key_path=run.directory.key_file(run.key) if run.key.private else None,
       insecure_noise_seed=None if run.key.private else run.key.insecure_seed,
-      max_batch_size=max_batch_size), beam_args)
+      max_batch_size=max_batch_size)
+  return directory, batch_shards.read_manifest(directory, run.run_id, run.key, plan), summary
+
+
+@dataclasses.dataclass(frozen=True)
+class UserPlan:
+  """What a user-level plan needs of the training rows (`Data.user_counts`, public as N is):
+  U, and N_k the rows kept at most k a user (ELS's population)."""
+  num_rows: int
+  num_users: int
+  bounded_rows: int
+  max_rows_per_user: int
+
+  @classmethod
+  def of(cls, data: Data, max_rows_per_user: int) -> "UserPlan":
+    _, counts = data.user_counts()
+    return cls(data.train_rows, len(counts), int(np.minimum(counts, max_rows_per_user).sum()),
+               max_rows_per_user)
+
+
+def write_user_batches(data: Data, base: str, run, users: UserPlan, sampling: str,
+                       batch_size: int, steps: int,
+                       beam_args: Sequence[str]) -> Tuple[str, dict, Optional[dict]]:
+  """`write_batches` at the user level: (the batch directory, its checked manifest, the job's
+  summary or None when this run's batches were there). `sampling` "users" (ULS: `batch_size`
+  users expected a step, at most k rows each; read with `batch_shards.parse_user_rows`) or
+  "rows" (ELS: at most k rows a user kept once, `batch_size` rows expected a step)."""
+  directory = os.path.join(base, BATCHES)
+  bounded = users.bounded_rows if sampling == "rows" else None
+  plan = batch_shards.user_plan_fields(sampling, users.num_rows, users.num_users,
+                                       users.max_rows_per_user, batch_size, steps, bounded)
+  if os.path.exists(os.path.join(directory, batch_shards.MANIFEST)):
+    return directory, batch_shards.read_manifest(directory, run.run_id, run.key, plan), None
+  summary = beam_jobs.launch(
+      "user_batches", beam_args,
+      files=tuple(criteo_tfrecord.day_files(data.records, data.train_days)), output=directory,
+      run_id=run.run_id, key_fingerprint=batch_shards.key_fingerprint(run.key),
+      num_rows=users.num_rows, num_users=users.num_users, batch_size=batch_size, steps=steps,
+      max_rows_per_user=users.max_rows_per_user, sampling=sampling, bounded_rows=bounded,
+      key_path=run.directory.key_file(run.key) if run.key.private else None,
+      insecure_noise_seed=None if run.key.private else run.key.insecure_seed)
   return directory, batch_shards.read_manifest(directory, run.run_id, run.key, plan), summary
 
 
@@ -197,12 +260,20 @@ def fit(run, model, directory: str, manifest: dict, steps: int, resume, callback
         coordinator=None) -> dict:
   """`run.fit` on the shards of steps `resume.step`..`steps` − 1, in order (with parameter
   servers, the worker running a step reads its shard; this chief reads none); a shard refused
-  while training (altered since the start) ends it with that one line."""
+  while training (altered since the start) ends it with that one line. Batches of user-level
+  sampling (the manifest's plan says so) carry each row's unit (`batch_shards.parse_user_rows`)
+  and train on one device: parameter-server workers read row-level shards only."""
   if steps <= resume.step:
     return {}
   batch_shards.check_shards(directory, manifest, resume.step)
+  units = manifest["plan"].get("user_sampling") == "users"
+  if units and coordinator is not None:
+    raise DprecError("user-level sampling trains on one device: run it without parameter "
+                     "servers (their workers could split a user's rows)")
   if coordinator is None:
-    batches, read = batch_shards.batch_dataset(directory, manifest, resume.step, steps), None
+    parse = batch_shards.parse_user_rows if units else batch_shards.parse_rows
+    batches = batch_shards.batch_dataset(directory, manifest, resume.step, steps, parse=parse)
+    read = None
   else:
     batches = (batch_shards.step_reference(directory, entry)
                for entry in manifest["steps"][resume.step:steps])
