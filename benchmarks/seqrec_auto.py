@@ -94,7 +94,7 @@ def table(records):
     test = [r["ndcg_at_10"] for r in runs]
     models = sorted({r["model"] for r in runs})
     extra = {k: v for k, v in runs[0].get("overrides", {}).items()
-             if k not in ROWS.get(row, {}) and k != "epsilon"}
+             if k != "epsilon" and ROWS.get(row, {}).get(k, v is None) != v}
     spent = runs[0].get("epsilon")
     lines.append(
         f"| {tag} | {row} | {', '.join(models)} | {extra or '—'} | "
