@@ -41,6 +41,7 @@ from dprec.workflows import model_choice, seqrec  # noqa: E402
 ROWS = {"auto": {"model": model_choice.AUTO},
         "item2item": {"model": "item2item"},
         "dpformer": dict({"model": "dpformer"}, **model_choice.TRANSFORMER_SETTINGS)}
+_UNSET = object()  # a key a row does not set
 KEPT = ("model", "ndcg_at_10", "hit_at_10", "validation", "distinct_top10_items", "epsilon",
         "delta", "noise_multiplier", "steps", "epochs", "batch_size", "model_choice",
         "train_examples", "items", "reattention")
@@ -94,7 +95,7 @@ def table(records):
     test = [r["ndcg_at_10"] for r in runs]
     models = sorted({r["model"] for r in runs})
     extra = {k: v for k, v in runs[0].get("overrides", {}).items()
-             if k not in ROWS.get(row, {}) and k != "epsilon"}
+             if k != "epsilon" and ROWS.get(row, {}).get(k, _UNSET) != v}
     spent = runs[0].get("epsilon")
     lines.append(
         f"| {tag} | {row} | {', '.join(models)} | {extra or '—'} | "
