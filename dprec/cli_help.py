@@ -52,7 +52,6 @@ class OptionGroups:
   listed), then `extra` groups ((name, title, description), e.g. one method's settings)."""
 
   def __init__(self, parser, extra=()):
-    self.parser = parser
     for name, title in CONCERNS:
       setattr(self, name, OptionGroup(parser.add_argument_group(title)))
     for name, title, description in extra:
@@ -101,7 +100,7 @@ class _HelpAll(argparse.Action):
   """`--help-all`: the help with every option, the advanced ones too; then exits."""
 
   def __init__(self, option_strings, dest=argparse.SUPPRESS, default=argparse.SUPPRESS,
-               help=None):  # noqa: A002 (argparse's name)
+               help=None):  # argparse passes `help`
     super().__init__(option_strings, dest, nargs=0, default=default, help=help)
 
   def __call__(self, parser, namespace, values, option_string=None):

@@ -165,7 +165,7 @@ def register(subparsers):
       run_dir_help="checkpoint here and keep the ledger and the secret noise key (DIR/secret: "
                    "keep it private) here; rerunning the same command resumes a killed run from "
                    "its last checkpoint (same batches and noise, no step paid twice); "
-                   "benchmarks/dpformer_amazon.py --curve evaluates kept checkpoints")
+                   "`benchmarks/dpformer_amazon.py --curve` evaluates kept checkpoints")
   run_cli.add_fit_arguments(groups, defaults)
   _add_dp_forward_arguments(groups.dp_forward)
   parser.set_defaults(func=run, interrupted=interrupted.message)

@@ -20,15 +20,19 @@ from dprec.workflows.ctr import CTRTrainOptions
 
 
 def test_help_names_the_interface(capsys):
-  with pytest.raises(SystemExit) as exit_info:
-    cli.main(["stream", "--help"])
-  assert exit_info.value.code == 0
-  out = capsys.readouterr().out
+  outs = {}
+  for flag in ("--help", "--help-all"):
+    with pytest.raises(SystemExit) as exit_info:
+      cli.main(["stream", flag])
+    assert exit_info.value.code == 0
+    outs[flag] = capsys.readouterr().out
   for flag in ("--data", "--algorithm", "--epsilon", "--period-days", "--summary-json",
-               "--train-days", "--checkpoint-every", "--top-k", "--insecure-noise-seed",
-               "--secure-noise", "--diagnostics", "--calibration-level-prior-examples"):
-    assert flag in out
-  assert "table_sgd" not in out  # train ctr's alone: not offered, then refused
+               "--train-days", "--top-k"):
+    assert flag in outs["--help"]
+  for flag in ("--checkpoint-every", "--insecure-noise-seed", "--secure-noise", "--diagnostics",
+               "--calibration-level-prior-examples"):
+    assert flag not in outs["--help"] and flag in outs["--help-all"]
+  assert "table_sgd" not in outs["--help-all"]  # train ctr's alone: not offered, then refused
 
 
 def test_table_sgd_is_not_offered(capsys):
