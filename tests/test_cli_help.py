@@ -150,6 +150,6 @@ def test_audit_help_describes_a_run_without_directory_or_ledger(capsys):
 
 def test_stream_help_says_the_run_directory_is_always_kept(capsys):
   text = " ".join(_help(capsys, ["stream", "--help"]).split())
-  assert "(default: stream_run)" in text
+  assert "(default stream_run)" in text
   assert "privacy ledger JSON file (default: DIR/ledger.json)" in text
   assert "the run keeps it in DIR/summary.json" in text
