@@ -1,8 +1,11 @@
 """`dprec train ctr --privacy-unit user` in memory: user-level sampling (ULS) and example-level
 sampling with group privacy (ELS) end to end on tiny generated days with users, ε per user equal
 to dp_accounting's, and the one-line refusals (nothing charged)."""
+import dataclasses
 import json
 import os
+import subprocess
+import sys
 
 import dp_accounting
 import numpy as np
@@ -173,3 +176,27 @@ def test_what_the_user_level_path_cannot_run_is_refused_without_tensorflow(chang
   with pytest.raises(DprecError) as error:
     options.validate()
   assert message in str(error.value)
+
+
+def test_the_options_validate_without_loading_tensorflow():
+  code = ("import sys; from dprec.workflows.ctr_options import CTRTrainOptions; "
+          "CTRTrainOptions(data='d', epsilon=1.0, privacy_unit='user').validate(); "
+          "print('tensorflow' in sys.modules)")
+  out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                       env=dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path)))
+  assert out.stdout.strip() == "False"
+
+
+def test_releases_read_k_rows_of_a_user_at_k_times_the_per_user_noise():
+  """ULS: the plan's σ are per user, a release adds k·σ on a row's sensitivity; ELS: the plan's
+  σ are per row already (k times the same per-user σ), charged converted for a group of k."""
+  options = CTRTrainOptions(data="d", epsilon=1.0, privacy_unit="user", max_rows_per_user=5,
+                            batch_size=10, steps=3)
+  uls = ctr_workflow.plan_privacy(options, 1000, num_users=1000)
+  per_user = uls.mechanisms[ctr_workflow.BASE_RATE_LABEL]
+  assert ctr_workflow.release_noise_multiplier(uls, ctr_workflow.BASE_RATE_LABEL) == 5 * per_user
+  els = ctr_workflow.plan_privacy(dataclasses.replace(options, user_sampling="rows"), 3000,
+                                  num_users=1000)
+  assert els.charge_fields == {"unit": "row", "group_size": 5}
+  assert ctr_workflow.release_noise_multiplier(els, ctr_workflow.BASE_RATE_LABEL) == (
+      els.mechanisms[ctr_workflow.BASE_RATE_LABEL]) == pytest.approx(5 * per_user)
