@@ -74,11 +74,7 @@ class BatchJob:
                                     self.max_batch_size)
 
   def noise_key(self) -> NoiseKey:
-    """The run's key, read on the worker from the secret file (or from the public seed)."""
-    if self.key_path is None:
-      return NoiseKey.insecure(self.insecure_noise_seed)
-    with open(self.key_path, "rb") as stream:
-      return NoiseKey(stream.read())
+    return read_key(self)
 
 
 def _spill_path(job: BatchJob, bucket: int, file_index: int) -> str:
@@ -206,9 +202,18 @@ def build_pipeline(pipeline: beam.Pipeline, job: BatchJob):
           | "Finish" >> beam.ParDo(Finish(job)))
 
 
-def run(job: BatchJob, beam_args: Sequence[str] = ()) -> dict:
-  """Runs the job (replacing whatever an earlier, unfinished run of it left); returns a summary:
-  rows read and written, the peak batch size, the runner and rows read a second (wall clock)."""
+def read_key(job) -> NoiseKey:
+  """A batch job's run key, read on the worker from the secret file `job.key_path` (or from the
+  public seed `job.insecure_noise_seed`)."""
+  if job.key_path is None:
+    return NoiseKey.insecure(job.insecure_noise_seed)
+  with open(job.key_path, "rb") as stream:
+    return NoiseKey(stream.read())
+
+
+def start(job, beam_args: Sequence[str]):
+  """Checks a batch job's key and input, clears what an unfinished earlier run of it left in
+  `job.output` (its manifest and spills) and returns the Beam pipeline options."""
   if (job.key_path is None) == (job.insecure_noise_seed is None):
     raise DprecError("the batch job needs the run's key file or (not private) a public seed")
   if not job.files:
@@ -216,7 +221,13 @@ def run(job: BatchJob, beam_args: Sequence[str] = ()) -> dict:
   beam_io.makedirs(job.output)
   for stale in (batch_shards.MANIFEST, SPILL_DIR):
     beam_io.remove_stale(os.path.join(job.output, stale))
-  options = beam_io.pipeline_options(beam_args)
+  return beam_io.pipeline_options(beam_args)
+
+
+def run(job: BatchJob, beam_args: Sequence[str] = ()) -> dict:
+  """Runs the job (replacing whatever an earlier, unfinished run of it left); returns a summary:
+  rows read and written, the peak batch size, the runner and rows read a second (wall clock)."""
+  options = start(job, beam_args)
   progress.phase(PROGRESS, f"drawing {job.steps:,} Poisson batches from {job.num_examples:,} "
                  f"rows in {len(job.files)} files, on {beam_io.runner_name(options)}")
   started = time.monotonic()

@@ -47,7 +47,7 @@ METRICS_NAMESPACE = "dprec.user_batches"
 PROGRESS = "out-of-core user batches"
 SAMPLINGS = ("users", "rows")
 USER_PURPOSE = "user batches"  # the draws of user bucket b: key.numpy_rng(this, sampling, b)
-SPILL_DIR = "spill"
+SPILL_DIR = poisson_batches.SPILL_DIR
 MAX_BUCKETS = poisson_batches.MAX_BUCKETS
 ROWS_PER_USER_BUCKET = 1 << 16  # rows a user bucket holds on average (the first stage's memory)
 
@@ -104,11 +104,7 @@ class UserBatchJob:
                                          self.bounded_rows)
 
   def noise_key(self) -> NoiseKey:
-    """The run's key, read on the worker from the secret file (or from the public seed)."""
-    if self.key_path is None:
-      return NoiseKey.insecure(self.insecure_noise_seed)
-    with open(self.key_path, "rb") as stream:
-      return NoiseKey(stream.read())
+    return poisson_batches.read_key(self)
 
 
 def _spill(job: UserBatchJob, stage: str, bucket: int, part: int, rows, **columns):
@@ -255,14 +251,7 @@ def build_pipeline(pipeline: beam.Pipeline, job: UserBatchJob):
 def run(job: UserBatchJob, beam_args: Sequence[str] = ()) -> dict:
   """Runs the job (replacing whatever an earlier, unfinished run of it left); returns a summary:
   rows read and written, the peak batch size, the runner and the wall-clock seconds."""
-  if (job.key_path is None) == (job.insecure_noise_seed is None):
-    raise DprecError("the batch job needs the run's key file or (not private) a public seed")
-  if not job.files:
-    raise DprecError("the batch job has no input files")
-  beam_io.makedirs(job.output)
-  for stale in (batch_shards.MANIFEST, SPILL_DIR):
-    beam_io.remove_stale(os.path.join(job.output, stale))
-  options = beam_io.pipeline_options(beam_args)
+  options = poisson_batches.start(job, beam_args)
   unit = "users" if job.sampling == "users" else "rows (at most k a user)"
   progress.phase(PROGRESS, f"drawing {job.steps:,} batches of {job.batch_size:,} {unit} from "
                  f"{job.num_rows:,} rows of {job.num_users:,} users, on "
