@@ -586,8 +586,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                        nargs=0)
   parser.add_argument("--user-column", action="store_true",
                       help="every line ends with a 41st field, a user id (`dprec synth criteo "
-                      "--users N`), carried into the records as user_id for `train ctr` and "
-                      "`dprec stream` at --privacy-unit user; a line whose id is missing or not "
+                      "--users N`), carried into the records as user_id for `train ctr "
+                      "--privacy-unit user` and `dprec stream --privacy-unit user`; a line whose "
+                      "id is missing or not "
                       "a non-negative integer is a dead letter (default: the 40 Criteo columns)")
   parser.add_argument("--overwrite", action="store_true",
                       help="replace an existing --output directory (default: refuse one that "

@@ -452,8 +452,11 @@ def _sampled_units(options, data, users) -> int:
 def _user_level_rows(options, data, users, run):
   """(training rows, the rows the one-off releases read): at the row level the training data
   twice; ULS all rows and at most k rows of every user (`private_users.statistic_rows`); ELS
-  the rows of every user cut once to at most k (`user_sampling.rows_per_user`), both."""
-  if users is None or _out_of_core(data):
+  the rows of every user cut once to at most k (`user_sampling.rows_per_user`), both; out of
+  core (rows on disk, row level only) (None, None)."""
+  if _out_of_core(data):
+    return None, None
+  if users is None:
     return data.train, data.train
   k = options.rows_per_user
   if options.user_sampling == "users":

@@ -32,7 +32,8 @@ def test_platt_scaling_fits_the_uncentred_feature(monkeypatch):
   monkeypatch.setattr(output_layer.privacy, "dp_platt_scaling", fit)
   monkeypatch.setattr(output_layer, "fold_affine", lambda layer, scale, shift: None)
   monkeypatch.setattr(ctr_workflow.ctr, "predict_logits", lambda model, rows, size: rows["z"])
-  plan = types.SimpleNamespace(mechanisms={ctr_workflow.CALIBRATION_LABEL: 2.0})
+  plan = types.SimpleNamespace(mechanisms={ctr_workflow.CALIBRATION_LABEL: 2.0},
+                               release_noise_multiplier=lambda sigma: sigma)
   train = {"z": np.zeros(10), "label": np.ones(10)}
   ctr_workflow.recalibrate(types.SimpleNamespace(logit=None), train, plan, 0.2,
                            np.random.default_rng(0))
