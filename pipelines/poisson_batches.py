@@ -44,8 +44,20 @@ DATA = ".data.npy"  # a spill's serialized rows, beside its columns
 MAX_BUCKETS = 256  # spill files per input file; a bucket's steps are gathered in memory
 
 
+class StepBuckets:
+  """The steps of a batch job (`steps`, `max_buckets`) in buckets of consecutive steps."""
+
+  @property
+  def steps_per_bucket(self) -> int:
+    return -(-self.steps // min(self.steps, self.max_buckets))
+
+  @property
+  def buckets(self) -> int:
+    return -(-self.steps // self.steps_per_bucket)
+
+
 @dataclasses.dataclass(frozen=True)
-class BatchJob:
+class BatchJob(StepBuckets):
   """What the job draws: the run, its key (by path, or a public seed for tests and experiments:
   not private), the input files in order and the plan (N rows in them, B, T)."""
   files: Tuple[str, ...]
@@ -59,14 +71,6 @@ class BatchJob:
   insecure_noise_seed: Optional[int] = None
   max_buckets: int = MAX_BUCKETS
   max_batch_size: Optional[int] = None
-
-  @property
-  def steps_per_bucket(self) -> int:
-    return -(-self.steps // min(self.steps, self.max_buckets))
-
-  @property
-  def buckets(self) -> int:
-    return -(-self.steps // self.steps_per_bucket)
 
   def plan(self) -> dict:
     """The manifest's plan (`batch_shards.plan_fields`)."""

@@ -53,7 +53,7 @@ ROWS_PER_USER_BUCKET = 1 << 16  # rows a user bucket holds on average (the first
 
 
 @dataclasses.dataclass(frozen=True)
-class UserBatchJob:
+class UserBatchJob(poisson_batches.StepBuckets):
   """What the job draws: the run, its key (by path, or a public seed for tests: not private), the
   input files (N rows of U users in them), the sampling ("users" or "rows"), k, B and T, and
   for "rows" the N_k rows kept (sum over users of min(rows, k))."""
@@ -80,14 +80,6 @@ class UserBatchJob:
                        f"{self.sampling!r}")
     if (self.sampling == "rows") != (self.bounded_rows is not None):
       raise DprecError("bounded_rows (the rows kept, at most k a user) goes with sampling='rows'")
-
-  @property
-  def steps_per_bucket(self) -> int:
-    return -(-self.steps // min(self.steps, self.max_buckets))
-
-  @property
-  def buckets(self) -> int:
-    return -(-self.steps // self.steps_per_bucket)
 
   @property
   def user_buckets(self) -> int:
