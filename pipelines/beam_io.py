@@ -327,8 +327,16 @@ def read_json(path: str):
 
 
 def makedirs(path: str) -> None:
-  if not FileSystems.exists(path):
+  """Creates `path` if missing; safe when several workers create the same directory at once."""
+  if FileSystems.exists(path):
+    return
+  try:
     FileSystems.mkdirs(path)
+  except IOError:
+    # Another worker process created it between the check and the call (Beam's local file
+    # system raises "File exists"); anything else still fails.
+    if not FileSystems.exists(path):
+      raise
 
 
 # Ctrl-C: what a batch job's output then is, and how a streaming job continues.

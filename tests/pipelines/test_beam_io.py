@@ -76,3 +76,28 @@ def test_default_options_are_the_multiprocess_embedded_runner_unless_told_otherw
                            ("FlinkRunner", False), ("PrismRunner", False)]:
     args = [] if runner is None else [f"--runner={runner}"]
     assert beam_io.is_embedded(beam_io.pipeline_options(args)) == embedded, runner
+
+
+def test_makedirs_tolerates_a_worker_creating_the_directory_first(tmp_path, monkeypatch):
+  # Two worker processes of one job: both see the directory missing, the other one creates it.
+  path = tmp_path / "out" / "day_0"
+  real_exists = beam_io.FileSystems.exists
+  seen = []
+
+  def exists_once_stale(p):
+    if not seen:
+      seen.append(p)
+      path.mkdir(parents=True)  # The other worker wins the race.
+      return False
+    return real_exists(p)
+
+  monkeypatch.setattr(beam_io.FileSystems, "exists", exists_once_stale)
+  beam_io.makedirs(str(path))
+  assert path.is_dir()
+
+
+def test_makedirs_still_fails_when_the_directory_cannot_be_made(tmp_path):
+  blocker = tmp_path / "file"
+  blocker.write_text("x")
+  with pytest.raises(IOError):
+    beam_io.makedirs(str(blocker / "sub"))
