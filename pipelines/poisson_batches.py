@@ -178,18 +178,20 @@ class WriteSteps(beam.DoFn):
 
 class Finish(beam.DoFn):
   """Writes the manifest (last: its presence says the job finished) and removes the spills.
-  `job`: this job's or a `pipelines.user_batches` job's (with `plan()`)."""
+  `job`: this job's or a `pipelines.user_batches` job's (with `plan()`, and the manifest's
+  `fields` of its own)."""
 
   def __init__(self, job):
     self._job = job
 
-  def process(self, entries):
+  def process(self, entries, **fields):
     job = self._job
     entries = sorted(entries, key=lambda entry: entry["step"])
     if [entry["step"] for entry in entries] != list(range(job.steps)):
       raise DprecError(f"{job.output}: the job wrote {len(entries)} of {job.steps} shards")
     manifest = batch_shards.manifest_of(job.run_id, job.key_fingerprint,
                                         job.key_path is not None, job.plan(), job.files, entries)
+    manifest.update(fields)
     beam_io.write_json(os.path.join(job.output, batch_shards.MANIFEST), manifest)
     shutil.rmtree(os.path.join(job.output, SPILL_DIR), ignore_errors=True)
     yield {key: manifest[key] for key in ("rows_written", "peak_batch_size")}

@@ -17,12 +17,16 @@ number of user buckets); (2) a user bucket's spills are gathered (a GroupByKey o
 bucket: only the spills' names go through Beam's shuffle), its rows grouped by user
 (`user_sampling.UserRows`), the draws made from the stream the run's key derives for the bucket
 (`USER_PURPOSE`: the draws depend on the key, the users in the bucket and their rows' places),
-and the drawn rows spilled by bucket of steps; (3) as the row-level job
-(`pipelines.poisson_batches`): a bucket of steps' spills are gathered and written one shard per
-step, then the manifest, last, whose plan (`batch_shards.user_plan_fields`) names U, N, k and
-the sampling, and which is written only if the rows hold the U users (and N_k kept rows) the run
-planned for. The key never enters the pipeline (read on the worker from the run's secret file,
-as the row-level job does).
+and the drawn rows spilled by bucket of steps; the bucket's rows bounded per user (at most k a
+user: for ELS the rows it keeps, for ULS a draw of their own, `STATISTIC_PURPOSE`) are written
+to `bounded-NNNNN.tfrecord`, the rows the run's one-off releases read (DP base rate, DP Platt
+scaling: `dprec.workflows.ctr_users`), so one user moves them by at most k rows; (3) as the
+row-level job (`pipelines.poisson_batches`): a bucket of steps' spills are gathered and written
+one shard per step, then the manifest, last, whose plan (`batch_shards.user_plan_fields`) names
+U, N, k and the sampling, whose `batch_shards.BOUNDED` lists the bounded files (N_k rows in
+all), and which is written only if the rows hold the U users (and N_k kept rows) the run planned
+for. The key never enters the pipeline (read on the worker from the run's secret file, as the
+row-level job does).
 """
 import dataclasses
 import os
@@ -47,6 +51,8 @@ METRICS_NAMESPACE = "dprec.user_batches"
 PROGRESS = "out-of-core user batches"
 SAMPLINGS = ("users", "rows")
 USER_PURPOSE = "user batches"  # the draws of user bucket b: key.numpy_rng(this, sampling, b)
+# ULS: the rows of user bucket b the releases read: key.numpy_rng(this, b)
+STATISTIC_PURPOSE = "user statistic rows"
 SPILL_DIR = poisson_batches.SPILL_DIR
 MAX_BUCKETS = poisson_batches.MAX_BUCKETS
 ROWS_PER_USER_BUCKET = 1 << 16  # rows a user bucket holds on average (the first stage's memory)
@@ -150,10 +156,12 @@ class SpillByUser(beam.DoFn):
 class DrawUserSteps(beam.DoFn):
   """Gathers one user bucket's rows, groups them by user, draws the steps and rows (ULS or ELS,
   module docstring) and spills the drawn rows by bucket of steps; emits (step bucket, (user
-  bucket, spill path or None)) for every step bucket, and on the `COUNTS` output the bucket's
-  (rows, users, rows kept at k a user)."""
+  bucket, spill path or None)) for every step bucket, on the `COUNTS` output the bucket's
+  (rows, users, rows kept at k a user), and on the `BOUNDED` output the manifest entry of its
+  rows bounded per user (module docstring)."""
 
   COUNTS = "counts"
+  BOUNDED = "bounded"
 
   def __init__(self, job: UserBatchJob):
     self._job = job
@@ -183,10 +191,14 @@ class DrawUserSteps(beam.DoFn):
       sampled, step = poisson.steps_joined(rng, users.num_users, job.sampling_rate, job.steps)
       rows, unit = user_sampling.unit_rows(users, sampled, k, rng)
       step = step[unit]
+      # The releases' rows: at most k of each user, drawn once, apart from the steps' draws.
+      kept = user_sampling.rows_per_user(users, k, self._key.numpy_rng(STATISTIC_PURPOSE, bucket))
     else:
-      kept = user_sampling.rows_per_user(users, k, rng)
+      kept = user_sampling.rows_per_user(users, k, rng)  # the releases read the rows trained on
       example, step = poisson.steps_joined(rng, len(kept), job.sampling_rate, job.steps)
       rows = kept[example]
+    yield beam.pvalue.TaggedOutput(self.BOUNDED, batch_shards.write_records(
+        job.output, f"bounded-{bucket:05d}.tfrecord", read(kept)))
     beam.metrics.Metrics.counter(METRICS_NAMESPACE, "rows_drawn").inc(len(rows))
     step_bucket = step // job.steps_per_bucket
     for b in range(job.buckets):
@@ -207,7 +219,7 @@ class Finish(poisson_batches.Finish):
   """The row-level job's `Finish`, once the rows are found to hold the U users (and for ELS the
   N_k rows kept) the run planned for: another count would mean another q than the plan's."""
 
-  def process(self, entries, counts):
+  def process(self, entries, counts, bounded):
     job = self._job
     rows, users, bounded = (int(c) for c in counts)
     found = (rows, users, bounded if job.sampling == "rows" else None)
@@ -216,7 +228,8 @@ class Finish(poisson_batches.Finish):
                        f"at most {job.max_rows_per_user} a user), but the batches were planned "
                        f"for {job.num_rows} rows of {job.num_users} users: rerun the run's "
                        "planning on these rows")
-    yield from super().process(entries)
+    yield from super().process(entries, **{
+        batch_shards.BOUNDED: sorted(bounded, key=lambda entry: entry["file"])})
 
 
 def _sum(counts):
@@ -231,13 +244,15 @@ def build_pipeline(pipeline: beam.Pipeline, job: UserBatchJob):
            | "SpillByUser" >> beam.ParDo(SpillByUser(job))
            | "GroupByUserBucket" >> beam.GroupByKey()
            | "DrawUserSteps" >> beam.ParDo(DrawUserSteps(job)).with_outputs(
-               DrawUserSteps.COUNTS, main="spills"))
+               DrawUserSteps.COUNTS, DrawUserSteps.BOUNDED, main="spills"))
   counts = drawn[DrawUserSteps.COUNTS] | "Count" >> beam.CombineGlobally(_sum)
+  bounded = drawn[DrawUserSteps.BOUNDED] | "BoundedFiles" >> beam.combiners.ToList()
   return (drawn.spills
           | "GroupByStepBucket" >> beam.GroupByKey()
           | "WriteSteps" >> beam.ParDo(poisson_batches.WriteSteps(job))
           | "AllSteps" >> beam.combiners.ToList()
-          | "Finish" >> beam.ParDo(Finish(job), beam.pvalue.AsSingleton(counts)))
+          | "Finish" >> beam.ParDo(Finish(job), beam.pvalue.AsSingleton(counts),
+                                   beam.pvalue.AsSingleton(bounded)))
 
 
 def run(job: UserBatchJob, beam_args: Sequence[str] = ()) -> dict:

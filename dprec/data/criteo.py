@@ -575,8 +575,9 @@ def _report_bad_rows(skipped: List[BadRow], sink: Optional[list]) -> None:
 
 def criteo_dataset(paths, vocab: CriteoVocabulary, batch_size: int, strict: bool = True,
                    drop_remainder: bool = False, bad_rows: Optional[list] = None,
-                   chunk_rows: int = DEFAULT_CHUNK_ROWS):
-  """A `tf.data.Dataset` of `({"int_features", "cat_features"}, label)` batches in file order.
+                   chunk_rows: int = DEFAULT_CHUNK_ROWS, user_column: bool = False):
+  """A `tf.data.Dataset` of `({"int_features", "cat_features"}, label)` batches in file order
+  (lines with the trailing `USER_COLUMN` if `user_column`: read, checked and left out).
 
   Files stream chunk by chunk (bounded memory); rows are re-batched across chunk and file edges.
   """
@@ -587,9 +588,10 @@ def criteo_dataset(paths, vocab: CriteoVocabulary, batch_size: int, strict: bool
 
   def batches():
     pending, skipped = [], []
-    for chunk in read_criteo_tsv(paths, strict=strict, chunk_rows=chunk_rows):
+    for chunk in read_criteo_tsv(paths, strict=strict, chunk_rows=chunk_rows,
+                                 user_column=user_column):
       skipped.extend(chunk.bad_rows)
-      pending.append(transform(chunk, vocab))
+      pending.append(transform(dataclasses.replace(chunk, user_id=None), vocab))
       merged = {k: np.concatenate([p[k] for p in pending]) for k in pending[0]}
       full = len(merged["label"]) // batch_size * batch_size
       for start in range(0, full, batch_size):

@@ -6,7 +6,7 @@ days unless a saved, public one is given) or the output directory of `dprec prep
 """
 import dataclasses
 import os
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -81,10 +81,7 @@ def load_data(directory: str, vocab_dir: Optional[str] = None, min_count: int = 
     raise DprecError(f"{directory}: need at least 2 day_N files (the last is held out)")
   vocab = criteo.CriteoVocabulary.load(vocab_dir) if vocab_dir else None
   if user_ids:
-    for path in files[:-1]:
-      if not criteo.has_user_column(path):
-        raise InputError(path, 1, criteo.USER_COLUMN, f"missing (the line has no 41st field); "
-                         f"{USER_FIX}")
+    require_user_column(files[:-1])
   with_users = user_ids or criteo.has_user_column(files[0])
   try:
     vocab = vocab or criteo.CriteoVocabulary.build(files[:-1], min_count=min_count,
@@ -95,13 +92,29 @@ def load_data(directory: str, vocab_dir: Optional[str] = None, min_count: int = 
   except InputError as error:
     if error.reason.startswith("cut:"):  # the rest of the file is missing: it names the fix
       raise
-    fix = USER_FIX if user_ids and error.path in files[:-1] and (
-        error.field in ("line", criteo.USER_COLUMN)) else TSV_FIX
-    raise InputError(error.path, error.line, error.field, f"{error.reason}; {fix}") from None
+    raise with_fix(error, user_ids, files[:-1]) from None
   if not len(train["label"]) or not len(held_out["label"]):
     raise DprecError(f"{directory}: the training days and the held-out day must not be empty")
   return CTRData(_users_kept(train, user_ids), _users_kept(held_out, False), vocab.sizes,
                  "criteo-tsv")
+
+
+def require_user_column(paths: Sequence[str]) -> None:
+  """Refuses, naming its first line, a training file without the user id column."""
+  from dprec.data import criteo
+  for path in paths:
+    if not criteo.has_user_column(path):
+      raise InputError(path, 1, criteo.USER_COLUMN, f"missing (the line has no 41st field); "
+                       f"{USER_FIX}")
+
+
+def with_fix(error: InputError, user_ids: bool, train_files: Sequence[str]) -> InputError:
+  """`error` (a malformed line of TSV days) with what to do about it: `USER_FIX` for a training
+  line whose user id is missing or bad at the user level (`user_ids`), else `TSV_FIX`."""
+  from dprec.data.criteo import USER_COLUMN
+  fix = USER_FIX if user_ids and error.path in train_files and (
+      error.field in ("line", USER_COLUMN)) else TSV_FIX
+  return InputError(error.path, error.line, error.field, f"{error.reason}; {fix}")
 
 
 def _users_kept(rows: Dict[str, np.ndarray], keep: bool) -> Dict[str, np.ndarray]:

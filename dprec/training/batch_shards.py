@@ -36,6 +36,7 @@ MANIFEST = "batches.json"
 FINGERPRINT_LABEL = "dprec poisson batches key fingerprint"
 SAMPLING_PURPOSE = "poisson batches"  # the draws of input file f: key.numpy_rng(this, f)
 PREFETCH = 2  # batches read ahead of training
+BOUNDED = "bounded_files"  # user-level manifests: the files of the rows kept at most k a user
 
 
 def shard_name(step: int) -> str:
@@ -106,13 +107,19 @@ def records_fingerprint(records) -> tf.Tensor:
 def write_shard(directory: str, step: int, records: Sequence[bytes]) -> dict:
   """Writes step `step`'s records (atomically: a temporary name, then a rename); returns its
   manifest entry."""
-  path = os.path.join(directory, shard_name(step))
+  return {"step": int(step), **write_records(directory, shard_name(step), records)}
+
+
+def write_records(directory: str, name: str, records: Sequence[bytes]) -> dict:
+  """Writes `records` as the TFRecord file `name` of `directory` (atomically); returns its
+  manifest entry: the file, its rows, bytes, SHA-256 and `records_fingerprint`."""
+  path = os.path.join(directory, name)
   criteo_tfrecord.write_tfrecord(path, records)
   with tf.io.gfile.GFile(path, "rb") as stream:
     data = stream.read()
   fingerprint = records_fingerprint(tf.constant(list(records), tf.string))
-  return {"step": int(step), "file": shard_name(step), "rows": len(records),
-          "bytes": len(data), "sha256": hashlib.sha256(data).hexdigest(),
+  return {"file": name, "rows": len(records), "bytes": len(data),
+          "sha256": hashlib.sha256(data).hexdigest(),
           "fingerprint": fingerprint.numpy().tobytes().hex()}
 
 
@@ -165,13 +172,29 @@ def check_shards(directory: str, manifest: dict, start: int = 0) -> None:
   """Refuses, before training starts, a missing or truncated shard of steps `start`.. (a stat
   each; the content is checked when the step is read)."""
   for entry in manifest["steps"][start:]:
-    path = os.path.join(directory, entry["file"])
-    if not tf.io.gfile.exists(path):
-      raise DprecError(f"{path}: missing: the shard of step {entry['step']}")
-    size = tf.io.gfile.stat(path).length
-    if size != entry["bytes"]:
-      raise DprecError(f"{path}: {size} bytes, the manifest says {entry['bytes']} (truncated or "
-                       "replaced)")
+    _check_file(directory, entry, f"the shard of step {entry['step']}")
+
+
+def bounded_files(directory: str, manifest: dict) -> List[str]:
+  """The paths of the user-level batches' bounded rows (`BOUNDED`: at most k rows of every
+  user, drawn once by the run's key; the rows the one-off releases read), each refused in one
+  line if missing or of another size than the manifest's."""
+  if BOUNDED not in manifest:
+    raise DprecError(f"{os.path.join(directory, MANIFEST)}: no {BOUNDED}: not user-level "
+                     "batches (rerun the batch job)")
+  for entry in manifest[BOUNDED]:
+    _check_file(directory, entry, "a file of the rows bounded per user")
+  return [os.path.join(directory, entry["file"]) for entry in manifest[BOUNDED]]
+
+
+def _check_file(directory: str, entry: dict, what: str) -> None:
+  path = os.path.join(directory, entry["file"])
+  if not tf.io.gfile.exists(path):
+    raise DprecError(f"{path}: missing: {what}")
+  size = tf.io.gfile.stat(path).length
+  if size != entry["bytes"]:
+    raise DprecError(f"{path}: {size} bytes, the manifest says {entry['bytes']} (truncated or "
+                     "replaced)")
 
 
 REFUSAL_MARKER = f"{DprecError.__module__}.{DprecError.__name__}: "

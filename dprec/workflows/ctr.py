@@ -20,33 +20,11 @@ in about `STEPS_PER_EPOCH` (150) steps, the rule `make_private` uses too (chosen
 for DP-SGD and DP-AdaFEST alike: docs/experiments/ctr_utility.md).
 
 With `out_of_core`, for more rows than memory holds, a Beam job writes the run's Poisson
-batches and training streams them; the base rate, DP Platt scaling and the evaluation are
-streaming passes (`dprec.workflows.out_of_core`).
+(or user-level) batches and training streams them; the base rate, DP Platt scaling and the
+evaluation are streaming passes (`dprec.workflows.out_of_core`).
 
-What ε protects (`privacy_unit`): a training row, or a user: all rows with one `user_id` (the
-day files' trailing column). At the user level U, the number of training users, is public as N
-is at the row level, δ defaults to 1/U (as 1/N for rows: a δ near 1/U would allow a mechanism
-that publishes one user's rows whole with probability δ·U), the ledger is user-level, and a
-user's rows are bounded to k = `max_rows_per_user` (public) in one of two ways:
-
-- `user_sampling` "users" (user-level sampling, ULS; Charles et al., "Fine-Tuning Large Language
-  Models with User-Level Differential Privacy", arXiv:2407.07737, Algorithm 2): each step
-  Poisson-samples users at q = B/U (B: expected users per batch), a sampled user brings at most k
-  of their rows drawn afresh by the key (`dprec.training.user_sampling`), and the DP step clips
-  the user's summed gradient as one (`dprec.clipping.units`; DP-AdaFEST's contribution map per
-  user): the sampled Gaussian at q over users.
-- "rows" (example-level sampling with group privacy, ELS; the baseline of Chua et al., "Mind the
-  Privacy Unit! User-Level Differential Privacy for Language Model Fine-Tuning",
-  arXiv:2406.14322): each user's rows are cut once to at most k by the key
-  (`user_sampling.rows_per_user`), then training is the row-level run on those N_k rows (B rows
-  per batch, q = B/N_k, N_k public as N is), and ε is the user's as a group of k rows, each
-  sampled at q: the mixture of Gaussians of `dprec.privacy.accounting` (PLD; exact, tighter than
-  the kε conversion), to which σ is calibrated.
-
-The one-off releases (DP base rate, DP Platt scaling) read at most k rows of each user: ULS the
-rows `private_users.statistic_rows` draws by the key at noise k·σ (a user moves them k rows'
-worth: the Gaussian at σ per user, `private_users`), ELS the bounded training rows, charged as
-row-level releases converted for a group of k.
+What ε protects (`privacy_unit`): a training row, or a user: all rows with one `user_id`, bounded
+to k a user (ULS, or ELS + group; in memory and out of core: `dprec.workflows.ctr_users`).
 
 The noise, false positives, Poisson batches, DP top-k draws, the DP base rate and the DP Platt
 scaling come from the run's secret key (`dprec.workflows.run.Run`); `seed` seeds only
@@ -76,15 +54,13 @@ from dprec.optimizers import config as config_lib
 from dprec.optimizers import sparse as sparse_optimizers
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
-from dprec.privacy_unit import UNIT_KEY, USER_KEY
 from dprec.sparse import fest
 from dprec.training import callbacks as callbacks_lib
 from dprec.training import output_layer
 from dprec.training import poisson
-from dprec.training import user_sampling
+from dprec.workflows import ctr_users
 from dprec.workflows import out_of_core
 from dprec.workflows import plan as plan_lib
-from dprec.workflows import private_users
 from dprec.workflows import run as run_lib
 from dprec.workflows import run_budget
 from dprec.workflows import run_summary
@@ -116,9 +92,6 @@ VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-
                    "treated as public, as Ghazi et al. 2023 do, unless dataset.vocab_privacy says "
                    "the vocabulary is DP (its epsilon is then in epsilon_parts); build them from "
                    "public data or by DP top-k for a guarantee that covers them")
-USER_EPSILON = ("(epsilon, delta)-DP for adding or removing one user (all training rows with "
-                "their user_id), covering the model, the DP top-k rows and every field listed "
-                "under 'covered'")
 EPSILON_COVERS = {
     "epsilon": "(epsilon, delta)-DP for adding or removing one training example (row), "
                "covering the model, the DP top-k rows and every field listed under 'covered'",
@@ -340,11 +313,15 @@ def make_optimizer(options, model):
 
 def build_model(options, data, plan, run, releases=None):
   """(the compiled pCTR model, the base rate): the logit bias starts at the (DP) base rate (of
-  the rows `releases`, default the training rows) and DP-FEST's rows are drawn, both from the
-  run's key and paid once; noise from the run's key."""
+  the rows `releases`, default the training rows; out of core an `out_of_core.Data`) and
+  DP-FEST's rows are drawn (from every training row's ids), both from the run's key and paid
+  once; noise from the run's key."""
   sigma, rng = release_noise_multiplier(plan, BASE_RATE_LABEL), run.key.numpy_rng("base rate")
-  rate = (base_rate_of_sum(data.label_sum(), data.train_rows, sigma, rng) if _out_of_core(data)
-          else base_rate((data.train if releases is None else releases)["label"], sigma, rng))
+  if _out_of_core(data):  # `releases`: out_of_core.Data
+    releases = data if releases is None else releases
+    rate = base_rate_of_sum(releases.label_sum(), releases.train_rows, sigma, rng)
+  else:
+    rate = base_rate((data.train if releases is None else releases)["label"], sigma, rng)
   tf.keras.utils.set_random_seed(options.seed)
   model = ctr.build_ctr_model(
       data.vocab_sizes, hidden_units=options.hidden_units,
@@ -395,8 +372,8 @@ def run(options: CTRTrainOptions, data: Optional[CTRData] = None) -> dict:
   if options.out_of_core:
     with out_of_core.workspace(options.run_dir) as base:
       return _train(options, out_of_core.prepare(options.data, base, options.vocab_min_count,
-                                                 _beam_args(options)), strategy, coordinator,
-                    base)
+                                                 _beam_args(options), options.user_level),
+                    strategy, coordinator, base)
   data = data or load_data(options.data, options.vocab, options.vocab_min_count,
                            user_ids=options.user_level)
   if options.select_on_validation:
@@ -431,74 +408,26 @@ def _train_rows(data) -> int:
   return data.train_rows if _out_of_core(data) else len(data.train["label"])
 
 
-def _users(options, data) -> Optional[user_sampling.UserRows]:
-  """The training rows grouped by user at the user level (refusing rows without an integer
-  user id, before anything is charged); None at the row level."""
-  if not options.user_level:
-    return None
-  return user_sampling.UserRows.group(data.train.get(USER_KEY), _train_rows(data))
-
-
-def _sampled_units(options, data, users) -> int:
-  """What a batch samples: N rows; U users (ULS); N_k = Σ_u min(n_u, k) rows (ELS), fixed by
-  the data and k, not by the key (public, as N)."""
-  if users is None:
-    return _train_rows(data)
-  if options.user_sampling == "users":
-    return users.num_users
-  return int(np.minimum(users.counts, options.rows_per_user).sum())
-
-
-def _user_level_rows(options, data, users, run):
-  """(training rows, the rows the one-off releases read): at the row level the training data
-  twice; ULS all rows and at most k rows of every user (`private_users.statistic_rows`); ELS
-  the rows of every user cut once to at most k (`user_sampling.rows_per_user`), both; out of
-  core (rows on disk, row level only) (None, None)."""
-  if _out_of_core(data):
-    return None, None
-  if users is None:
-    return data.train, data.train
-  k = options.rows_per_user
-  if options.user_sampling == "users":
-    return data.train, private_users.statistic_rows(data.train, None, users, k,
-                                                    run.key.numpy_rng("user statistic rows"))[0]
-  rows = user_sampling.rows_per_user(users, k, run.key.numpy_rng("user rows"))
-  bounded = {key: values[rows] for key, values in data.train.items()}
-  return bounded, bounded
-
-
-def user_level_batches(features, labels, user_ids, sampling, steps, start) -> tf.data.Dataset:
-  """Steps `start`..`steps − 1` of user-level sampling (`user_sampling.user_batches`) as a
-  dataset of (features with `UNIT_KEY`, labels)."""
-  specs = {key: tf.TensorSpec((None,) + value.shape[1:], tf.as_dtype(value.dtype))
-           for key, value in features.items()}
-  specs[UNIT_KEY] = tf.TensorSpec((None,), tf.int32)
-  return tf.data.Dataset.from_generator(
-      lambda: user_sampling.user_batches(features, labels, user_ids, sampling, steps, start),
-      output_signature=(specs, tf.TensorSpec((None,), tf.as_dtype(labels.dtype)))).prefetch(1)
-
-
 def _train(options, data, strategy, coordinator, base=None):
   """`run` on loaded (or, out of core, prepared) data."""
   chief = cluster.is_chief()
-  chosen = {"batch_size_chosen": options.batch_size is None,
-            "steps_chosen": options.steps is None}
-  users = _users(options, data)
-  options = sized_for(options, _sampled_units(options, data, users))
+  chosen = {"batch_size_chosen": options.batch_size is None, "steps_chosen": options.steps is None}
+  users = ctr_users.users(options, data)
+  units = ctr_users.sampled_units(options, users, _train_rows(data))
+  options = sized_for(options, units)
   warn_on_small_data(options, _train_rows(data))
   label = f"{COMMAND} {options.algorithm}"
   with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,
                    options.secure_noise, options.data, chief=chief) as run:
-    plan = plan_privacy(options, _sampled_units(options, data, users), run,
-                        users and users.num_users)
+    plan = plan_privacy(options, units, run, users and users.num_users)
     if run.budget.open_plan_ledger(plan) is not None:
       run.checkpoints.check_ledger_covers(label)
       run.budget.check(plan, label, options.steps, {SELECTION_LABEL: plan.selection_epsilon})
     if _out_of_core(data):  # before anything is paid: another run's batches are refused
-      batches, manifest, batch_job = out_of_core.write_batches(
-          data, base, run, options.batch_size, options.steps, _beam_args(options),
-          options.max_batch_size)
-    train, releases = _user_level_rows(options, data, users, run)
+      batches, manifest, batch_job, releases = ctr_users.write_batches(
+          options, data, base, run, users, _beam_args(options))
+    else:
+      train, releases = ctr_users.in_memory_rows(options, data, users, run)
     with strategy.scope() if strategy is not None else contextlib.nullcontext():
       model, rate = build_model(options, data, plan, run, releases)
     resume = run.checkpoints.resume(model, options, options.keep_checkpoints,
@@ -529,15 +458,10 @@ def _train(options, data, strategy, coordinator, base=None):
                                 coordinator)
     else:
       features = {key: train[key] for key in (ctr.CAT_FEATURES, ctr.INT_FEATURES)}
-      batches = (user_level_batches(features, train["label"], train[USER_KEY],
-                                    user_sampling.UserSampling(options.batch_size,
-                                                               options.rows_per_user,
-                                                               run.key.entropy("user poisson")),
-                                    options.steps, resume.step)
-                 if options.user_level and options.user_sampling == "users" else None)
       history = run.trainer.fit(model, features, train["label"], options.batch_size,
                                 plan.private and plan.poisson, options.steps, resume, callbacks,
-                                coordinator, batches=batches,
+                                coordinator, batches=ctr_users.in_memory_batches(
+                                    options, features, train, run, resume.step),
                                 max_batch_size=options.max_batch_size)
     if chooser is not None:
       chooser.restore(model)
@@ -548,9 +472,9 @@ def _train(options, data, strategy, coordinator, base=None):
     if strategy is not None:  # predict and evaluate on one device: the same on every worker
       model = _local_copy(model)
     if _out_of_core(data):
-      calibration = recalibrate(model, data.logits_and_labels, plan, rate,
+      calibration = recalibrate(model, releases.logits_and_labels, plan, rate,
                                 run.key.numpy_rng("calibration"),
-                                options.eval_batch_size, num_rows=data.train_rows)
+                                options.eval_batch_size, num_rows=releases.train_rows)
       evaluation = model.evaluate(data.eval_dataset(options.eval_batch_size), verbose=0,
                                   return_dict=True)
       held_out = data.eval_label_stats()
@@ -561,14 +485,9 @@ def _train(options, data, strategy, coordinator, base=None):
       held_out = len(data.eval["label"]), float(np.mean(data.eval["label"]))
     summary = _summary(options, data, model, plan, history, evaluation, timer, budget, run,
                        resume, rate, calibration, replicas, held_out)
-    summary.update(users=users and users.num_users,
-                   bounded_rows=(len(train["label"]) if options.user_level
-                                 and options.user_sampling == "rows" else None))
+    summary.update(ctr_users.summary_fields(options, users))
     if _out_of_core(data):
-      summary.update(out_of_core=True, batch_dir=batches,
-                     peak_batch_size=manifest["peak_batch_size"],
-                     rows_batched=manifest["rows_written"],
-                     batch_job=batch_job or "reused: this run's batches were on disk")
+      summary.update(out_of_core.summary_fields(batches, manifest, batch_job))
     if data.validation is not None:
       validation = ctr.evaluate(model, data.validation, data.validation["label"],
                                 options.eval_batch_size)
@@ -670,10 +589,7 @@ def _summary(options, data, model, plan, history, evaluation, timer, budget, run
       "train_rows": _train_rows(data), "eval_rows": int(held_out[0]), "data_source": data.source,
       "run_dir": options.run_dir,
       "note": "; ".join([VOCABULARY_NOTE] + plan.notes),
-      "privacy_unit": options.privacy_unit,
-      "user_sampling": options.user_sampling if options.user_level else None,
-      "max_rows_per_user": options.rows_per_user,
-      **run.summary.privacy(plan, dict(EPSILON_COVERS, epsilon=USER_EPSILON)
+      **run.summary.privacy(plan, dict(EPSILON_COVERS, epsilon=ctr_users.USER_EPSILON)
                           if options.user_level else EPSILON_COVERS),
   }
   if options.diagnostics:

@@ -157,8 +157,8 @@ class CTRTrainOptions(run_lib.FitOptions):
 
 
   def _validate_privacy_unit(self):
-    """--privacy-unit and its options; at user level, what the in-memory user-level path
-    cannot run yet, each named alone."""
+    """--privacy-unit and its options; at user level, what the user-level path (in memory or
+    out of core) cannot run yet, each named alone."""
     if self.privacy_unit not in PRIVACY_UNITS:
       raise DprecError(f"--privacy-unit must be one of {', '.join(PRIVACY_UNITS)}, got "
                        f"{self.privacy_unit}")
@@ -177,8 +177,6 @@ class CTRTrainOptions(run_lib.FitOptions):
         (self.strategy != "none", f"--strategy {self.strategy}: it trains on one device "
                                   "(replicas could split a user's rows)"),
         (self.local_workers > 0, "--local-workers: it trains in this process"),
-        (self.out_of_core, "--out-of-core: it trains in memory (user batches out of core are "
-                           "not there yet; use fewer rows)"),
         (self.fixed_batches, "--fixed-batches: it samples users or rows by Poisson"),
         (self.max_batch_size is not None, "--max-batch-size: its batches are not truncated"),
         (self.algorithm == "dp_sgd_lazy", "--algorithm dp_sgd_lazy: its step clips per row"),

@@ -22,11 +22,15 @@ At the user level (the rows carry `user_id`: `dprec preprocess criteo --user-col
 the job `user_batches` (`write_user_batches`): rows grouped by user, then users sampled at
 q = B/U with at most k rows each (ULS; the batches carry each row's unit), or at most k rows of
 each user kept once and sampled as rows at q = B/N_k (ELS); U and N_k come from one streaming
-pass over the user ids (`UserPlan.of`: memory two ints a user), public as N is.
+pass over the user ids (`Data.user_counts`: memory two ints a user), public as N is, and the
+releases of step 4 read the rows the job bounded to at most k a user (`Data.bounded`,
+`dprec.workflows.ctr_users`) instead of every row.
 Without a run directory these files go to a temporary directory removed at the end.
 """
 import contextlib
 import dataclasses
+import glob
+import json
 import os
 import shutil
 import tempfile
@@ -37,7 +41,8 @@ import tensorflow as tf
 
 from dprec import beam_jobs
 from dprec.data import criteo_tfrecord
-from dprec.errors import DprecError
+from dprec.data import ctr_data
+from dprec.errors import DprecError, InputError
 from dprec.privacy_unit import USER_KEY
 from dprec.training import batch_shards
 
@@ -52,10 +57,12 @@ GZIP_RATIO = 4  # and compress about this much
 
 @dataclasses.dataclass
 class Data:
-  """The training rows on disk (`records`: a preprocessed directory, its training days) and the
-  held-out day as a stream; what `train ctr` needs of them without loading them."""
+  """The training rows on disk (`records`: a preprocessed directory, its training days, in
+  `files`; `bounded` views the rows a user-level batch job kept) and the held-out day as a
+  stream; what `train ctr` needs of them without loading them."""
   records: str
   train_days: Tuple[int, ...]
+  files: Tuple[str, ...]
   train_rows: int
   vocab_sizes: Tuple[int, ...]
   source: str
@@ -64,9 +71,8 @@ class Data:
 
   def train_dataset(self, batch_size: int = READ_BATCH, spec=None) -> tf.data.Dataset:
     """The training rows in input order, parsed with `spec` (default: every feature)."""
-    files = criteo_tfrecord.day_files(self.records, self.train_days)
     spec = spec or criteo_tfrecord.feature_spec()
-    return tf.data.TFRecordDataset(files).batch(batch_size).map(
+    return tf.data.TFRecordDataset(list(self.files)).batch(batch_size).map(
         lambda rows: tf.io.parse_example(rows, spec))
 
   def label_sum(self) -> int:
@@ -118,6 +124,14 @@ class Data:
                            minlength=len(ids)).astype(np.int64)
     return ids, counts
 
+  def bounded(self, directory: str, manifest: dict) -> "Data":
+    """These rows as the user-level batch job in `directory` (its checked `manifest`) bounded
+    them: at most k rows of every user, drawn once by the run's key (`batch_shards.BOUNDED`),
+    N_k in all; the rows the one-off releases read at the user level."""
+    rows = sum(entry["rows"] for entry in manifest[batch_shards.BOUNDED])
+    return dataclasses.replace(self, files=tuple(batch_shards.bounded_files(directory, manifest)),
+                               train_rows=rows)
+
   def eval_label_stats(self) -> Tuple[int, float]:
     """(held-out rows, their click rate), in one streaming pass."""
     rows = clicks = 0
@@ -153,9 +167,13 @@ def workspace(run_dir: Optional[str]):
     shutil.rmtree(path, ignore_errors=True)
 
 
-def prepare(data: str, base: str, min_count: int, beam_args: Sequence[str]) -> Data:
+def prepare(data: str, base: str, min_count: int, beam_args: Sequence[str],
+            user_ids: bool = False) -> Data:
   """The rows of `data` (a preprocessed directory or TSV `day_N` files, then preprocessed into
-  `base`), without loading them."""
+  `base`), without loading them. TSV days: with `user_ids` (user level) every training line
+  must end with its user id, carried into the records; otherwise a user column is read where
+  the days have one. A malformed training line is refused in one line naming its file, line and
+  field (`ctr_data.with_fix`: what to do about it), before anything is charged."""
   if not os.path.isdir(data):
     raise DprecError(f"{data}: --data must be a directory")
   if os.path.exists(os.path.join(data, criteo_tfrecord.MANIFEST)):
@@ -169,24 +187,56 @@ def prepare(data: str, base: str, min_count: int, beam_args: Sequence[str]) -> D
   files = criteo.criteo_day_files(data)
   if len(files) < 2:
     raise DprecError(f"{data}: need at least 2 day_N files (the last is held out)")
+  if user_ids:
+    ctr_data.require_user_column(files[:-1])
   records = os.path.join(base, RECORDS)
   if not os.path.exists(os.path.join(records, criteo_tfrecord.MANIFEST)):
-    beam_jobs.launch("criteo", beam_args, inputs=tuple(files[:-1]), output=records,
-                     vocab={"min_count": min_count}, max_bad_fraction=0.0,
-                     overwrite=True)  # the run's own records: a failed attempt's are replaced
+    try:
+      beam_jobs.launch("criteo", beam_args, inputs=tuple(files[:-1]), output=records,
+                       vocab={"min_count": min_count}, max_bad_fraction=0.0,
+                       user_column=user_ids or criteo.has_user_column(files[0]),
+                       overwrite=True)  # the run's own records: a failed attempt's are replaced
+    except DprecError:
+      bad = first_bad_line(records)
+      if bad is None:
+        raise
+      raise ctr_data.with_fix(bad, user_ids, files[:-1]) from None
   manifest = criteo_tfrecord.load_manifest(records)
   vocab = criteo_tfrecord.load_vocabulary(records)
+  held_out_users = criteo.has_user_column(files[-1])
   return _data(records, manifest, [entry["day"] for entry in manifest["days"]], "criteo-tsv",
                lambda batch_size: criteo.criteo_dataset(files[-1:], vocab, batch_size,
-                                                        chunk_rows=EVAL_CHUNK_ROWS))
+                                                        chunk_rows=EVAL_CHUNK_ROWS,
+                                                        user_column=held_out_users))
+
+
+def first_bad_line(records: str) -> Optional[InputError]:
+  """The first malformed line (by file, then line) a failed preprocessing job into `records`
+  set aside (its dead letters, `stats.json`'s `dead_letter_files`), None if there is none."""
+  try:
+    with open(os.path.join(records, criteo_tfrecord.STATS), encoding="utf-8") as stream:
+      pattern = json.load(stream)["dead_letter_files"]
+  except (OSError, ValueError, KeyError):
+    return None
+  letters = []
+  for path in glob.glob(pattern):
+    with open(path, encoding="utf-8") as stream:
+      letters += [json.loads(line) for line in stream if line.strip()]
+  if not letters:
+    return None
+  first = min(letters, key=lambda letter: (letter["path"], letter["line"]))
+  field, reason = "line", first["reason"]
+  if reason.startswith("field ") and ": " in reason:
+    field, reason = reason[len("field "):].split(": ", 1)
+  return InputError(first["path"], first["line"], field, reason)
 
 
 def _data(records, manifest, days, source, eval_dataset) -> Data:
   rows = sum(entry["rows"] for entry in manifest["days"] if entry["day"] in days)
   if not rows:
     raise DprecError(f"{records}: the training days hold no rows")
-  return Data(records, tuple(days), rows, tuple(criteo_tfrecord.vocab_sizes(manifest)), source,
-              eval_dataset)
+  return Data(records, tuple(days), tuple(criteo_tfrecord.day_files(records, days)), rows,
+              tuple(criteo_tfrecord.vocab_sizes(manifest)), source, eval_dataset)
 
 
 def _pairs(dataset: tf.data.Dataset) -> tf.data.Dataset:
@@ -207,7 +257,7 @@ def write_batches(data: Data, base: str, run, batch_size: int, steps: int,
     return directory, batch_shards.read_manifest(directory, run.run_id, run.key, plan), None
   summary = beam_jobs.launch(
       "poisson_batches", beam_args,
-      files=tuple(criteo_tfrecord.day_files(data.records, data.train_days)), output=directory,
+      files=data.files, output=directory,
       run_id=run.run_id, key_fingerprint=batch_shards.key_fingerprint(run.key),
       num_examples=data.train_rows, batch_size=batch_size, steps=steps,
       key_path=run.directory.key_file(run.key) if run.key.private else None,
@@ -216,29 +266,14 @@ def write_batches(data: Data, base: str, run, batch_size: int, steps: int,
   return directory, batch_shards.read_manifest(directory, run.run_id, run.key, plan), summary
 
 
-@dataclasses.dataclass(frozen=True)
-class UserPlan:
-  """What a user-level plan needs of the training rows (`Data.user_counts`, public as N is):
-  U, and N_k the rows kept at most k a user (ELS's population)."""
-  num_rows: int
-  num_users: int
-  bounded_rows: int
-  max_rows_per_user: int
-
-  @classmethod
-  def of(cls, data: Data, max_rows_per_user: int) -> "UserPlan":
-    _, counts = data.user_counts()
-    return cls(data.train_rows, len(counts), int(np.minimum(counts, max_rows_per_user).sum()),
-               max_rows_per_user)
-
-
-def write_user_batches(data: Data, base: str, run, users: UserPlan, sampling: str,
-                       batch_size: int, steps: int,
-                       beam_args: Sequence[str]) -> Tuple[str, dict, Optional[dict]]:
+def write_user_batches(data: Data, base: str, run, users, sampling: str, batch_size: int,
+                       steps: int, beam_args: Sequence[str]) -> Tuple[str, dict, Optional[dict]]:
   """`write_batches` at the user level: (the batch directory, its checked manifest, the job's
-  summary or None when this run's batches were there). `sampling` "users" (ULS: `batch_size`
-  users expected a step, at most k rows each; read with `batch_shards.parse_user_rows`) or
-  "rows" (ELS: at most k rows a user kept once, `batch_size` rows expected a step)."""
+  summary or None when this run's batches were there). `users`: N, U, k and N_k of the rows
+  (`dprec.workflows.ctr_users.UserPlan`); `sampling` "users" (ULS: `batch_size` users expected a
+  step, at most k rows each; read with `batch_shards.parse_user_rows`) or "rows" (ELS: at most
+  k rows a user kept once, `batch_size` rows expected a step); the rows kept at most k a user
+  are there too (`Data.bounded`)."""
   directory = os.path.join(base, BATCHES)
   bounded = users.bounded_rows if sampling == "rows" else None
   plan = batch_shards.user_plan_fields(sampling, users.num_rows, users.num_users,
@@ -247,13 +282,21 @@ def write_user_batches(data: Data, base: str, run, users: UserPlan, sampling: st
     return directory, batch_shards.read_manifest(directory, run.run_id, run.key, plan), None
   summary = beam_jobs.launch(
       "user_batches", beam_args,
-      files=tuple(criteo_tfrecord.day_files(data.records, data.train_days)), output=directory,
+      files=data.files, output=directory,
       run_id=run.run_id, key_fingerprint=batch_shards.key_fingerprint(run.key),
       num_rows=users.num_rows, num_users=users.num_users, batch_size=batch_size, steps=steps,
       max_rows_per_user=users.max_rows_per_user, sampling=sampling, bounded_rows=bounded,
       key_path=run.directory.key_file(run.key) if run.key.private else None,
       insecure_noise_seed=None if run.key.private else run.key.insecure_seed)
   return directory, batch_shards.read_manifest(directory, run.run_id, run.key, plan), summary
+
+
+def summary_fields(directory: str, manifest: dict, job: Optional[dict]) -> dict:
+  """The summary's out-of-core fields: the batch directory, the peak batch and the rows its
+  manifest holds, and the batch job's summary (`job`: None when this run's were reused)."""
+  return {"out_of_core": True, "batch_dir": directory,
+          "peak_batch_size": manifest["peak_batch_size"], "rows_batched": manifest["rows_written"],
+          "batch_job": job or "reused: this run's batches were on disk"}
 
 
 def fit(run, model, directory: str, manifest: dict, steps: int, resume, callbacks,
