@@ -217,9 +217,10 @@ class DrawUserSteps(beam.DoFn):
 
 class Finish(poisson_batches.Finish):
   """The row-level job's `Finish`, once the rows are found to hold the U users (and for ELS the
-  N_k rows kept) the run planned for: another count would mean another q than the plan's."""
+  N_k rows kept) the run planned for: another count would mean another q than the plan's; the
+  manifest lists the `bounded_files` entries (`DrawUserSteps.BOUNDED`)."""
 
-  def process(self, entries, counts, bounded):
+  def process(self, entries, counts, bounded_files):
     job = self._job
     rows, users, bounded = (int(c) for c in counts)
     found = (rows, users, bounded if job.sampling == "rows" else None)
@@ -229,7 +230,7 @@ class Finish(poisson_batches.Finish):
                        f"for {job.num_rows} rows of {job.num_users} users: rerun the run's "
                        "planning on these rows")
     yield from super().process(entries, **{
-        batch_shards.BOUNDED: sorted(bounded, key=lambda entry: entry["file"])})
+        batch_shards.BOUNDED: sorted(bounded_files, key=lambda entry: entry["file"])})
 
 
 def _sum(counts):
