@@ -2,13 +2,17 @@
 in memory; a run stopped mid-way resumes at the next unpaid step's shard and ends where an
 uninterrupted run ends; the summary says out of core; another run's or an altered shard is
 refused in one line naming the file; the key is in no file outside the run's secret; a batch cap
-is charged as δ, and one the plan cannot afford is refused."""
+is charged as δ, and one the plan cannot afford is refused. At the user level (ULS and ELS) a run
+plans, pays and summarises as the in-memory run does, its one-off releases read at most k rows of
+a user, a stopped run resumes on its batches, and TSV days with a user column are read (a bad id
+refused in one line naming file, line and field, nothing charged)."""
 import json
 import os
 import shutil
 import subprocess
 import sys
 
+import dp_accounting
 import numpy as np
 import pytest
 import tensorflow as tf
@@ -20,6 +24,7 @@ from dprec.data.ctr_data import load_data
 from dprec.optimizers.dp_optimizer import NOISE_PURPOSE
 from dprec.privacy import truncation
 from dprec.training import batch_shards
+from dprec.training import output_layer
 from dprec.training import poisson
 from dprec.workflows import ctr
 from dprec.workflows import out_of_core
@@ -30,6 +35,8 @@ pytestmark = pytest.mark.commands
 IN_PROCESS = ("direct_num_workers=1", "direct_running_mode=in_memory")
 BEAM = [arg for option in IN_PROCESS for arg in ("--beam-option", option)]
 STEPS, BATCH, EPSILON = 9, 48, 2.0
+K, HEAVY_USER, HEAVY_ROWS = 3, 10**9, 200
+USER_LEVEL = ("--privacy-unit", "user", "--max-rows-per-user", str(K))
 
 
 @pytest.fixture(scope="module")
@@ -274,3 +281,158 @@ def test_a_batch_cap_is_charged_as_delta_and_one_the_plan_cannot_afford_refused(
 
   error = cli_error(argv(tmp_path / "low", cap - 1))
   assert f"--max-batch-size {cap - 1}:" in error and f"a cap of at least {cap}" in error
+
+
+@pytest.fixture(scope="module")
+def heavy_days(user_days, tmp_path_factory):
+  """`user_days` with one more training user, of `HEAVY_ROWS` clicked rows: a release reading
+  all rows moves its label sum by `HEAVY_ROWS`, one reading at most k rows a user by at most k."""
+  directory = tmp_path_factory.mktemp("heavy_user")
+  for name in os.listdir(user_days):
+    shutil.copy(os.path.join(user_days, name), directory / name)
+  fields = (directory / "day_0").read_text(encoding="utf-8").splitlines()[0].split("\t")
+  with open(directory / "day_0", "a", encoding="utf-8") as stream:
+    stream.write(("\t".join(["1"] + fields[1:-1] + [str(HEAVY_USER)]) + "\n") * HEAVY_ROWS)
+  return str(directory)
+
+
+def _bounded_users(run_dir):
+  """The user ids of the rows the run's user batch job bounded to at most k a user."""
+  directory = run_dir / out_of_core.DIRECTORY / out_of_core.BATCHES
+  manifest = json.loads((directory / batch_shards.MANIFEST).read_text(encoding="utf-8"))
+  spec = {"user_id": tf.io.FixedLenFeature([1], tf.int64)}
+  return np.concatenate([
+      tf.io.parse_example(tf.constant(batch_shards.unframe(open(path, "rb").read(), path)),
+                          spec)["user_id"].numpy()[:, 0]
+      for path in batch_shards.bounded_files(str(directory), manifest)])
+
+
+@pytest.mark.parametrize("sampling, batch", [("users", 16), ("rows", 64)])
+def test_user_level_out_of_core_plans_pays_and_summarises_as_in_memory(
+    heavy_days, tmp_path, monkeypatch, user_level_epsilon, sampling, batch):
+  """ULS and ELS out of core: the in-memory run's summary fields and plan for the same U, N_k,
+  B, T and k, ε equal to dp_accounting's; the DP base rate and DP Platt scaling read the N_k
+  rows bounded to at most k a user (the heavy user moves their label sums by at most k)."""
+  if sampling == "rows" and not hasattr(dp_accounting.dp_event, "MixtureOfGaussiansDpEvent"):
+    pytest.skip("dp-accounting < 0.4.4: no mixture of Gaussians PLD")
+  argv = [*USER_LEVEL, "--user-sampling", sampling, "--batch-size", str(batch), "--steps", "4"]
+  memory = tmp_path / "memory"
+  assert cli.main([a for a in _argv(heavy_days, memory, *argv) if a != "--out-of-core"]) == 0
+  released = {}
+  base_rate_of_sum, recalibrate = ctr.base_rate_of_sum, output_layer.recalibrate
+
+  def record_base_rate(total, n, *args):
+    released["base_rate"] = total, n
+    return base_rate_of_sum(total, n, *args)
+
+  def record_calibration(layer, loss, scores, labels, *args, **kwargs):
+    released["calibration"] = np.asarray(labels)
+    return recalibrate(layer, loss, scores, labels, *args, **kwargs)
+
+  monkeypatch.setattr(ctr, "base_rate_of_sum", record_base_rate)
+  monkeypatch.setattr(output_layer, "recalibrate", record_calibration)
+  assert cli.main(_argv(heavy_days, tmp_path / "disk", *argv)) == 0
+  summary, in_memory = _summary(tmp_path / "disk"), _summary(memory)
+
+  train = load_data(heavy_days, user_ids=True).train
+  counts = np.unique(train["user_id"], return_counts=True)[1]
+  bounded = int(np.minimum(counts, K).sum())
+  assert summary["out_of_core"] is True and set(in_memory) <= set(summary)
+  assert summary["privacy_unit"] == "user" and summary["user_sampling"] == sampling
+  assert summary["users"] == len(counts) and summary["max_rows_per_user"] == K
+  assert summary["bounded_rows"] == (bounded if sampling == "rows" else None)
+  for field in ("privacy_unit", "user_sampling", "max_rows_per_user", "users", "bounded_rows",
+                "train_rows", "delta", "sampling_rate", "noise_multiplier", "sigma1", "sigma2",
+                "base_rate_noise_multiplier", "calibration_noise_multiplier", "epsilon",
+                "epsilon_covers", "steps"):
+    assert summary[field] == in_memory[field], field
+  options = ctr.CTRTrainOptions(data=heavy_days, epsilon=EPSILON, batch_size=batch, steps=4,
+                                privacy_unit="user", max_rows_per_user=K, user_sampling=sampling)
+  plan = ctr.plan_privacy(options, len(counts) if sampling == "users" else bounded,
+                          num_users=len(counts))
+  assert summary["noise_multiplier"] == plan.noise_multiplier
+  assert summary["delta"] == pytest.approx(1 / len(counts))
+  assert summary["epsilon"] == pytest.approx(user_level_epsilon(summary, 4, K), rel=1e-3)
+  assert 0.95 * EPSILON < summary["epsilon"] <= EPSILON * (1 + 1e-6)
+  charges = json.loads((tmp_path / "disk" / "ledger.json").read_text(encoding="utf-8"))
+  assert all(charge["unit"] == "user" for charge in charges["charges"])
+
+  others = int(train["label"][train["user_id"] != HEAVY_USER].sum())
+  total, rows = released["base_rate"]
+  assert rows == bounded < len(train["label"]) and total <= others + K
+  assert len(released["calibration"]) == bounded and released["calibration"].sum() <= others + K
+  users = _bounded_users(tmp_path / "disk")
+  assert len(users) == bounded and np.unique(users, return_counts=True)[1].max() == K
+
+
+@pytest.mark.slow  # four out-of-core runs
+def test_a_stopped_user_level_run_resumes_on_its_batches_and_another_runs_are_refused(
+    user_days, tmp_path, monkeypatch, capsys):
+  argv = (*USER_LEVEL, "--batch-size", "16", "--insecure-noise-seed", "1")
+  plain, stopped, other = tmp_path / "plain", tmp_path / "stopped", tmp_path / "other"
+  assert cli.main(_argv(user_days, plain, *argv)) == 0
+  read_shard = batch_shards.read_shard
+
+  def fail_at_step_7(directory, entry):  # a fault mid-run (after the checkpoint of step 6)
+    if entry["step"] == 7:
+      raise RuntimeError("fault injected at step 7")
+    return read_shard(directory, entry)
+
+  monkeypatch.setattr(batch_shards, "read_shard", fail_at_step_7)
+  assert cli.main(_argv(user_days, stopped, *argv)) != 0
+  seen = []
+
+  def record(directory, entry):
+    seen.append(entry["step"])
+    return read_shard(directory, entry)
+
+  monkeypatch.setattr(batch_shards, "read_shard", record)
+  assert cli.main(_argv(user_days, stopped, *argv)) == 0
+  resumed = _summary(stopped)
+  assert resumed["resumed_from_step"] == 6 and seen == [6, 7, 8]
+  assert resumed["batch_job"] == "reused: this run's batches were on disk"
+  assert resumed["epsilon"] == pytest.approx(_summary(plain)["epsilon"], rel=1e-12)
+  expected, got = _final_weights(plain), _final_weights(stopped)
+  assert expected.keys() == got.keys()
+  for name, value in expected.items():
+    np.testing.assert_allclose(got[name], value, rtol=1e-6, atol=1e-7, err_msg=name)
+
+  os.makedirs(other / out_of_core.DIRECTORY)
+  shutil.copytree(plain / out_of_core.DIRECTORY / out_of_core.BATCHES,
+                  other / out_of_core.DIRECTORY / out_of_core.BATCHES)
+  capsys.readouterr()
+  assert cli.main(_argv(user_days, other, *argv)) == 2
+  error = capsys.readouterr().err.strip().splitlines()[-1]
+  assert "batches.json: batches of run" in error and "not of this run" in error
+  assert not os.path.exists(other / "ledger.json") or not json.loads(
+      (other / "ledger.json").read_text(encoding="utf-8"))["charges"]
+
+
+def test_tsv_days_with_user_ids_out_of_core_and_a_bad_id_refused_in_one_line(
+    user_days, criteo_days, tmp_path, capsys):
+  beam = out_of_core.beam_args(None, None, IN_PROCESS)
+  with out_of_core.workspace(None) as base:  # row level: the column is read, then dropped
+    data = out_of_core.prepare(user_days, base, 1, beam)
+    assert data.train_rows == len(load_data(user_days).train["label"])
+    assert sum(len(labels) for _, labels in data.eval_dataset(256).as_numpy_iterator()) == len(
+        load_data(user_days).eval["label"])
+  bad = tmp_path / "bad"
+  bad.mkdir()
+  for name in ("day_0", "day_1"):
+    lines = open(os.path.join(user_days, name), encoding="utf-8").read().splitlines()
+    if name == "day_0":
+      lines[2] = lines[2].rsplit("\t", 1)[0] + "\tabc"
+    (bad / name).write_text("\n".join(lines[:200]) + "\n", encoding="utf-8")
+
+  def refusal(argv):  # the error's one line, after the preprocessing job's progress lines
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "Traceback" not in err
+    return err.strip().splitlines()[-1]
+
+  err = refusal(_argv(str(bad), tmp_path / "run", *USER_LEVEL))
+  assert f"{bad}/day_0:3: field user_id: not a non-negative integer" in err and "41st" in err
+  plain = criteo_days(600, 2)
+  err = refusal(_argv(plain, tmp_path / "plain", *USER_LEVEL))
+  assert f"{plain}/day_0:1: field user_id: missing" in err
+  assert not any(os.path.exists(tmp_path / run / "ledger.json") for run in ("run", "plain"))

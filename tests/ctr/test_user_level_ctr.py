@@ -10,17 +10,15 @@ import sys
 import dp_accounting
 import numpy as np
 import pytest
-from scipy import stats
 
 from dprec import cli
 from dprec.data import ctr_data
-from dprec.data import synthetic
 from dprec.errors import DprecError
 from dprec.privacy import PrivacyLedger
-from dprec.privacy import accounting
 from dprec.privacy_unit import UNIT_KEY
 from dprec.training import user_sampling
 from dprec.workflows import ctr as ctr_workflow
+from dprec.workflows import ctr_users
 from dprec.workflows.ctr_options import CTRTrainOptions
 
 pytestmark = pytest.mark.commands
@@ -29,15 +27,6 @@ STEPS, EPSILON, K = 4, 4.0, 3
 needs_mixture = pytest.mark.skipif(
     not hasattr(dp_accounting.dp_event, "MixtureOfGaussiansDpEvent"),
     reason="dp-accounting < 0.4.4: no mixture of Gaussians PLD")
-
-
-@pytest.fixture(scope="module")
-def user_days(tmp_path_factory):
-  """Three tiny days whose lines end with a user id (`synth criteo --users`)."""
-  directory = str(tmp_path_factory.mktemp("criteo_users"))
-  synthetic.generate_criteo(directory, rows=1500, days=3, seed=0, vocab="scaled:3k",
-                            config=synthetic.CriteoSynthConfig(users=150), progress=False)
-  return directory
 
 
 def _argv(data_dir, tmp_path, *extra, algorithm="dp_adafest"):
@@ -53,22 +42,11 @@ def _train(data_dir, tmp_path, *extra, **kwargs):
     return json.load(stream)
 
 
-def _direct_epsilon(events, delta):
-  accountant = dp_accounting.pld.PLDAccountant(
-      dp_accounting.NeighboringRelation.ADD_OR_REMOVE_ONE)
-  return accountant.compose(dp_accounting.ComposedDpEvent(events)).get_epsilon(delta)
-
-
-def _training_sigma(summary):
-  if summary["sigma1"] is None:
-    return summary["sigma2"]
-  return accounting.composed_noise_multiplier(summary["sigma1"], summary["sigma2"])
-
-
 @pytest.mark.parametrize("algorithm, extra", [("dp_adafest", ()), ("dp_sgd", ()),
                                               ("dp_fest", ("--top-k-total", "200",
                                                            "--top-k-epsilon", "0"))])
 def test_user_level_sampling_spends_dp_accountings_epsilon_per_user(user_days, tmp_path,
+                                                                    user_level_epsilon,
                                                                     algorithm, extra):
   summary = _train(user_days, tmp_path, "--batch-size", "16", *extra, algorithm=algorithm)
   users = len(np.unique(ctr_data.load_data(user_days, user_ids=True).train["user_id"]))
@@ -78,20 +56,15 @@ def test_user_level_sampling_spends_dp_accountings_epsilon_per_user(user_days, t
   assert summary["sampling_rate"] == pytest.approx(16 / users)
   assert summary["steps"] == STEPS and "user" in summary["epsilon_covers"]["epsilon"]
   # ULS: the sampled Gaussian at q over users; the releases are Gaussians at σ per user.
-  direct = _direct_epsilon([
-      dp_accounting.GaussianDpEvent(summary["base_rate_noise_multiplier"]),
-      dp_accounting.GaussianDpEvent(summary["calibration_noise_multiplier"]),
-      dp_accounting.SelfComposedDpEvent(dp_accounting.PoissonSampledDpEvent(
-          summary["sampling_rate"], dp_accounting.GaussianDpEvent(_training_sigma(summary))),
-          STEPS)], summary["delta"])
-  assert summary["epsilon"] == pytest.approx(direct, rel=1e-3)
+  assert summary["epsilon"] == pytest.approx(user_level_epsilon(summary, STEPS, K), rel=1e-3)
   assert 0.95 * EPSILON < summary["epsilon"] <= EPSILON * (1 + 1e-6)
   assert PrivacyLedger(str(tmp_path / "ledger.json")).unit == "user"
   assert 0.0 <= summary["auc"] <= 1.0
 
 
 @needs_mixture
-def test_example_level_sampling_is_accounted_as_a_group_of_k_rows(user_days, tmp_path):
+def test_example_level_sampling_is_accounted_as_a_group_of_k_rows(user_days, tmp_path,
+                                                                  user_level_epsilon):
   summary = _train(user_days, tmp_path, "--user-sampling", "rows", "--batch-size", "64")
   train = ctr_data.load_data(user_days, user_ids=True).train
   counts = np.unique(train["user_id"], return_counts=True)[1]
@@ -101,14 +74,7 @@ def test_example_level_sampling_is_accounted_as_a_group_of_k_rows(user_days, tmp
   assert summary["delta"] == pytest.approx(1.0 / len(counts))
   # Each of a user's <= k rows joins a step at q: the mixture of Gaussians; the releases read
   # <= k rows of a user at noise σ_row on a row's sensitivity: the Gaussian at σ_row / k.
-  q, sigma = summary["sampling_rate"], _training_sigma(summary)
-  mixture = dp_accounting.dp_event.MixtureOfGaussiansDpEvent(
-      sigma, [float(m) for m in range(K + 1)], list(stats.binom.pmf(range(K + 1), K, q)))
-  direct = _direct_epsilon([
-      dp_accounting.GaussianDpEvent(summary["base_rate_noise_multiplier"] / K),
-      dp_accounting.GaussianDpEvent(summary["calibration_noise_multiplier"] / K),
-      dp_accounting.SelfComposedDpEvent(mixture, STEPS)], summary["delta"])
-  assert summary["epsilon"] == pytest.approx(direct, rel=1e-3)
+  assert summary["epsilon"] == pytest.approx(user_level_epsilon(summary, STEPS, K), rel=1e-3)
   assert 0.95 * EPSILON < summary["epsilon"] <= EPSILON * (1 + 1e-6)
   charges = PrivacyLedger(str(tmp_path / "ledger.json")).charges
   assert all(c["unit"] == "user" and c["group_size"] == K for c in charges)
@@ -120,8 +86,8 @@ def test_user_level_batches_resume_where_an_uninterrupted_run_stands():
   features = {"x": np.arange(300)[:, None].astype(np.float32)}
   labels = (np.arange(300) % 2).astype(np.int32)
   sampling = user_sampling.UserSampling(5, 2, entropy=7)  # tests only: a fixed entropy
-  whole = list(ctr_workflow.user_level_batches(features, labels, ids, sampling, 6, 0))
-  resumed = list(ctr_workflow.user_level_batches(features, labels, ids, sampling, 6, 4))
+  whole = list(ctr_users.user_level_batches(features, labels, ids, sampling, 6, 0))
+  resumed = list(ctr_users.user_level_batches(features, labels, ids, sampling, 6, 4))
   assert len(resumed) == 2
   for (x, y), (x_whole, y_whole) in zip(resumed, whole[4:]):
     assert np.array_equal(y, y_whole) and np.array_equal(x[UNIT_KEY], x_whole[UNIT_KEY])
@@ -166,7 +132,6 @@ def test_a_user_id_that_is_not_an_integer_is_refused(user_days, tmp_path, cli_er
     ({"privacy_unit": "row", "user_sampling": "rows"}, "go with --privacy-unit user"),
     ({"user_sampling": "groups"}, "--user-sampling must be one of users, rows"),
     ({"strategy": "mirrored"}, "--strategy mirrored: it trains on one device"),
-    ({"out_of_core": True}, "--out-of-core: it trains in memory"),
     ({"algorithm": "non_private", "epsilon": None}, "training without DP protects no unit"),
     ({"algorithm": "dp_sgd_lazy", "optimizer": "table_sgd"}, "dp_sgd_lazy: its step clips per"),
     ({"algorithm": "dp_fest", "top_k": 100}, "--top-k-epsilon 0.1: its DP top-k counts"),
