@@ -16,20 +16,16 @@ import pytest
 from scipy import stats
 import tensorflow as tf
 
-from dprec.data import criteo_tfrecord
-from dprec.data import synthetic
 from dprec.errors import DprecError
 from dprec.privacy.noise_key import NoiseKey
 from dprec.training import batch_shards
 from dprec.training import poisson
-from pipelines import criteo
 from pipelines import poisson_batches
 
-IN_PROCESS = ["--direct_num_workers=1", "--direct_running_mode=in_memory"]
 BATCH, STEPS = 40, 24
 
 
-def test_steps_joined_counts_are_binomial_per_row_and_per_step():
+def test_steps_joined_counts_are_binomial_per_row_and_per_step(assert_binomial_fit):
   rows, q, steps = 20000, 0.03, 60
   example, step = poisson.steps_joined(np.random.default_rng(0), rows, q, steps)
   assert np.all((step >= 0) & (step < steps))
@@ -37,28 +33,17 @@ def test_steps_joined_counts_are_binomial_per_row_and_per_step():
   assert np.all(np.diff(pairs) > 0), "sorted by row, then step; no step twice"
   # A row's number of steps ~ Binomial(T, q): chi-square goodness of fit over the counts.
   per_row = np.bincount(np.bincount(example, minlength=rows), minlength=steps + 1)
-  _assert_binomial_fit(per_row, steps, q)
+  assert_binomial_fit(per_row, steps, q)
   # A step's batch size ~ Binomial(N, q), here over many steps of a smaller N.
   _, step = poisson.steps_joined(np.random.default_rng(1), 400, 0.05, 3000)
   sizes = np.bincount(step, minlength=3000)
-  _assert_binomial_fit(np.bincount(sizes), 400, 0.05)
+  assert_binomial_fit(np.bincount(sizes), 400, 0.05)
   # Steps are joined independently: a row in step t is in step t + 1 with probability q.
   first = np.zeros((rows, steps), bool)
   example, step = poisson.steps_joined(np.random.default_rng(2), rows, q, steps)
   first[example, step] = True
   second = first[:, 1:][first[:, :-1]]
   assert stats.binomtest(int(second.sum()), len(second), q).pvalue > 1e-3
-
-
-def _assert_binomial_fit(histogram, n, p):
-  """Chi-square goodness of fit of a histogram of counts to Binomial(n, p), tail cells merged."""
-  total = histogram.sum()
-  expected = stats.binom.pmf(np.arange(len(histogram)), n, p) * total
-  keep = expected >= 5
-  observed = np.append(histogram[keep], total - histogram[keep].sum())
-  expected = np.append(expected[keep], total - expected[keep].sum())
-  chi2 = np.sum((observed - expected) ** 2 / expected)
-  assert stats.chi2.sf(chi2, df=len(observed) - 1) > 1e-3, (observed, expected)
 
 
 def test_steps_joined_skips_the_wrong_rates():
@@ -69,15 +54,11 @@ def test_steps_joined_skips_the_wrong_rates():
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory):
+def records(preprocessed_rows):
   """1,000 preprocessed rows in several TFRecord files; (files, N)."""
-  base = tmp_path_factory.mktemp("records")
-  synthetic.generate_criteo(str(base / "tsv"), 1000, days=1, seed=4, progress=False)
-  criteo.run(criteo.CriteoJob(inputs=(str(base / "tsv"),), output=str(base / "out"),
-                              split_bytes=60_000), IN_PROCESS)
-  files = criteo_tfrecord.day_files(str(base / "out"))
+  files = preprocessed_rows(1000, 60_000)
   assert len(files) >= 3
-  return tuple(files), 1000
+  return files, 1000
 
 
 def _secret_key(directory):
@@ -108,11 +89,11 @@ def _digests(directory):
 
 
 @pytest.fixture(scope="module")
-def written(records, tmp_path_factory):
+def written(records, tmp_path_factory, in_process):
   """A secret key, its file, and the job's output with it."""
   base = tmp_path_factory.mktemp("run")
   key, key_path = _secret_key(str(base))
-  summary = poisson_batches.run(_job(records, base / "batches", key, key_path), IN_PROCESS)
+  summary = poisson_batches.run(_job(records, base / "batches", key, key_path), in_process)
   return key, key_path, str(base / "batches"), summary
 
 
@@ -138,13 +119,13 @@ def test_shards_hold_each_rows_drawn_steps_in_order(records, written):
   assert [len(labels) for _, labels in batches] == sizes[5:]
 
 
-def test_a_cap_keeps_the_first_rows_of_each_steps_batch(records, written, tmp_path):
+def test_a_cap_keeps_the_first_rows_of_each_steps_batch(records, written, tmp_path, in_process):
   key, key_path, directory, _ = written
   files, rows = records
   full = batch_shards.read_manifest(directory, "run-a", key, _plan(rows))
   cap = int(np.median([entry["rows"] for entry in full["steps"]]))
   poisson_batches.run(_job(records, tmp_path / "capped", key, key_path, max_batch_size=cap),
-                      IN_PROCESS)
+                      in_process)
   capped = batch_shards.read_manifest(str(tmp_path / "capped"), "run-a", key,
                                       batch_shards.plan_fields(rows, BATCH, STEPS, cap))
   assert capped["peak_batch_size"] == cap < full["peak_batch_size"]
@@ -153,20 +134,21 @@ def test_a_cap_keeps_the_first_rows_of_each_steps_batch(records, written, tmp_pa
             == batch_shards.read_shard(directory, whole)[:cap])
 
 
-def test_same_key_same_shards_other_key_other_shards(records, written, tmp_path):
+def test_same_key_same_shards_other_key_other_shards(records, written, tmp_path, in_process):
   key, key_path, directory, _ = written
-  poisson_batches.run(_job(records, tmp_path / "again", key, key_path), IN_PROCESS)
+  poisson_batches.run(_job(records, tmp_path / "again", key, key_path), in_process)
   assert _digests(tmp_path / "again") == _digests(directory)
   other, other_path = _secret_key(str(tmp_path / "other"))
-  poisson_batches.run(_job(records, tmp_path / "other_batches", other, other_path), IN_PROCESS)
+  poisson_batches.run(_job(records, tmp_path / "other_batches", other, other_path), in_process)
   different = np.not_equal(_digests(tmp_path / "other_batches"), _digests(directory))
   assert different.mean() > 0.9
 
 
-def test_the_key_is_in_no_output_option_log_or_transform(records, tmp_path, capfd, caplog):
+def test_the_key_is_in_no_output_option_log_or_transform(records, tmp_path, capfd, caplog,
+                                                         in_process):
   key, key_path = _secret_key(str(tmp_path / "run"))
   job = _job(records, tmp_path / "run" / "batches", key, key_path)
-  poisson_batches.run(job, IN_PROCESS)
+  poisson_batches.run(job, in_process)
   raw = key.key_bytes()
   forms = [raw, raw.hex().encode(), raw.hex().upper().encode(), base64.b64encode(raw),
            str(int.from_bytes(raw, "little")).encode(), str(int.from_bytes(raw, "big")).encode()]
@@ -259,19 +241,19 @@ def test_a_worker_reads_its_steps_shard_and_refuses_another_in_one_line(records,
   read_step(batch_shards.step_reference(str(odd), first))
 
 
-def test_a_rerun_replaces_an_unfinished_jobs_leftovers(records, written, tmp_path):
+def test_a_rerun_replaces_an_unfinished_jobs_leftovers(records, written, tmp_path, in_process):
   key, key_path, directory, _ = written
   output = tmp_path / "batches"
   os.makedirs(output / poisson_batches.SPILL_DIR / "bucket-00000")
   (output / poisson_batches.SPILL_DIR / "bucket-00000" / "file-000000.npz").write_bytes(b"x")
   (output / batch_shards.shard_name(0)).write_bytes(b"half a shard")
-  poisson_batches.run(_job(records, output, key, key_path), IN_PROCESS)
+  poisson_batches.run(_job(records, output, key, key_path), in_process)
   assert _digests(output) == _digests(directory)
   assert not os.path.exists(output / poisson_batches.SPILL_DIR)
 
 
 def test_a_full_disk_mid_job_leaves_no_manifest_and_a_rerun_completes(records, written, tmp_path,
-                                                                      monkeypatch):
+                                                                      monkeypatch, in_process):
   key, key_path, directory, _ = written
   write_shard = batch_shards.write_shard
 
@@ -282,11 +264,11 @@ def test_a_full_disk_mid_job_leaves_no_manifest_and_a_rerun_completes(records, w
 
   monkeypatch.setattr(batch_shards, "write_shard", disk_full_at_step_3)
   with pytest.raises(Exception, match="No space left on device"):
-    poisson_batches.run(_job(records, tmp_path / "full", key, key_path), IN_PROCESS)
+    poisson_batches.run(_job(records, tmp_path / "full", key, key_path), in_process)
   with pytest.raises(DprecError, match="no manifest: the batch job did not finish"):
     batch_shards.read_manifest(str(tmp_path / "full"), "run-a", key, _plan(records[1]))
   monkeypatch.undo()
-  poisson_batches.run(_job(records, tmp_path / "full", key, key_path), IN_PROCESS)
+  poisson_batches.run(_job(records, tmp_path / "full", key, key_path), in_process)
   assert _digests(tmp_path / "full") == _digests(directory)
 
 

@@ -8,35 +8,24 @@ import os
 
 import numpy as np
 import pytest
-from scipy import stats
 import tensorflow as tf
 
-from dprec.data import criteo_tfrecord
-from dprec.data import synthetic
-from dprec.data.synthetic import CriteoSynthConfig
 from dprec.errors import DprecError
 from dprec.privacy.noise_key import NoiseKey
 from dprec.privacy_unit import UNIT_KEY
 from dprec.privacy_unit import USER_KEY
 from dprec.training import batch_shards
-from pipelines import criteo
 from pipelines import user_batches
 
 # The jobs here draw from a public seed (the run is not private), as tests may.
 pytestmark = pytest.mark.filterwarnings("ignore::dprec.privacy.noise_key.InsecureNoiseWarning")
-IN_PROCESS = ["--direct_num_workers=1", "--direct_running_mode=in_memory"]
 STEPS, K, SEED = 40, 3, 11
 
 
 @pytest.fixture(scope="module")
-def records(tmp_path_factory):
+def records(preprocessed_rows):
   """3,000 preprocessed rows of Zipf-active users in several files; (files, N, {user: rows})."""
-  base = tmp_path_factory.mktemp("user_records")
-  synthetic.generate_criteo(str(base / "tsv"), 3000, days=1, seed=4, progress=False,
-                            config=CriteoSynthConfig(users=600))
-  criteo.run(criteo.CriteoJob(inputs=(str(base / "tsv"),), output=str(base / "out"),
-                              split_bytes=250_000, user_column=True), IN_PROCESS)
-  files = tuple(criteo_tfrecord.day_files(str(base / "out")))
+  files = preprocessed_rows(3000, 250_000, users=600)
   assert len(files) >= 2
   rows = collections.defaultdict(set)
   for path in files:
@@ -77,24 +66,21 @@ def _shards(job):
   return manifest, steps
 
 
-def _assert_binomial_fit(histogram, n, p):
-  """Chi-square goodness of fit of a histogram of counts to Binomial(n, p), tail cells merged."""
-  total = histogram.sum()
-  expected = stats.binom.pmf(np.arange(len(histogram)), n, p) * total
-  keep = expected >= 5
-  observed = np.append(histogram[keep], total - histogram[keep].sum())
-  expected = np.append(expected[keep], total - expected[keep].sum())
-  chi2 = np.sum((observed - expected) ** 2 / expected)
-  assert stats.chi2.sf(chi2, df=len(observed) - 1) > 1e-3, (observed, expected)
+def _bounded(job, manifest):
+  """The records of the rows the job bounded to at most k a user, and their user ids."""
+  rows = [record for path in batch_shards.bounded_files(job.output, manifest)
+          for record in batch_shards.unframe(open(path, "rb").read(), path)]
+  return rows, _users(rows)
 
 
 @pytest.fixture(scope="module")
-def uls(records, tmp_path_factory):
+def uls(records, tmp_path_factory, in_process):
   job = _job(records, tmp_path_factory.mktemp("uls") / "batches", "users", 30)
-  return job, user_batches.run(job, IN_PROCESS)
+  return job, user_batches.run(job, in_process)
 
 
-def test_user_sampling_joins_binomial_steps_with_at_most_k_rows_a_user(records, uls):
+def test_user_sampling_joins_binomial_steps_with_at_most_k_rows_a_user(records, uls,
+                                                                      assert_binomial_fit):
   job, summary = uls
   _, _, users = records
   manifest, steps = _shards(job)
@@ -111,10 +97,14 @@ def test_user_sampling_joins_binomial_steps_with_at_most_k_rows_a_user(records, 
     # Each user brings min(their rows, k): the rows are drawn, never dropped to fewer.
     assert all(c == min(len(users[u]), K) for u, c in zip(step_users, counts))
   per_user = np.array([joined[u] for u in users])
-  _assert_binomial_fit(np.bincount(per_user, minlength=STEPS + 1), STEPS, job.sampling_rate)
+  assert_binomial_fit(np.bincount(per_user, minlength=STEPS + 1), STEPS, job.sampling_rate)
   # The k rows are drawn afresh each step: a heavy user's rows over the run exceed k.
   heavy = max(users, key=lambda u: len(users[u]))
   assert len(drawn[heavy]) > K and summary["rows_written"] == sum(len(i) for _, i in steps)
+  # The releases' rows: min(rows, k) distinct rows of every user.
+  bounded, ids = _bounded(job, manifest)
+  assert len(set(bounded)) == len(bounded) == sum(min(len(r), K) for r in users.values())
+  assert all(c == min(len(users[u]), K) for u, c in zip(*np.unique(ids, return_counts=True)))
 
 
 def test_a_user_batch_parses_to_the_in_memory_samplers_units(uls):
@@ -129,33 +119,39 @@ def test_a_user_batch_parses_to_the_in_memory_samplers_units(uls):
   assert empty[UNIT_KEY].shape == (0,)
 
 
-def test_rows_bounded_per_user_then_sampled_as_rows(records, tmp_path):
+def test_rows_bounded_per_user_then_sampled_as_rows(records, tmp_path, in_process,
+                                                    assert_binomial_fit):
   _, _, users = records
   job = _job(records, tmp_path / "els", "rows", 60)
-  user_batches.run(job, IN_PROCESS)
-  _, steps = _shards(job)
+  user_batches.run(job, in_process)
+  manifest, steps = _shards(job)
   used = collections.defaultdict(collections.Counter)
   for shard, ids in steps:
     assert len(set(shard)) == len(shard), "a row joins a step once"
     for record, user in zip(shard, ids):
       used[int(user)][record] += 1
   assert all(len(used[u]) <= K for u in used), "at most k rows of a user are ever used"
+  # The releases read the kept rows: N_k of them, every row trained on among them.
+  bounded, _ = _bounded(job, manifest)
+  assert len(set(bounded)) == len(bounded) == job.bounded_rows
+  assert {record for u in used for record in used[u]} <= set(bounded)
   assert max(c for u in used for c in used[u].values()) <= STEPS
   per_row = np.array([c for u in used for c in used[u].values()])
   kept = job.bounded_rows
   # Kept rows no step drew are the zero cell.
   histogram = np.bincount(per_row, minlength=STEPS + 1)
   histogram[0] = kept - len(per_row)
-  _assert_binomial_fit(histogram, STEPS, job.sampling_rate)
+  assert_binomial_fit(histogram, STEPS, job.sampling_rate)
 
 
-def test_same_key_same_shards_and_another_runs_batches_are_refused(records, uls, tmp_path):
+def test_same_key_same_shards_and_another_runs_batches_are_refused(records, uls, tmp_path,
+                                                                    in_process):
   job, _ = uls
   again = _job(records, tmp_path / "again", "users", 30)
   os.makedirs(again.output)
   with open(os.path.join(again.output, batch_shards.shard_name(0)), "wb") as stream:
     stream.write(b"half a shard of an interrupted job")
-  user_batches.run(again, IN_PROCESS)
+  user_batches.run(again, in_process)
   assert ([e["sha256"] for e in _shards(again)[0]["steps"]]
           == [e["sha256"] for e in _shards(job)[0]["steps"]])
   assert not os.path.exists(os.path.join(again.output, user_batches.SPILL_DIR))
@@ -166,8 +162,8 @@ def test_same_key_same_shards_and_another_runs_batches_are_refused(records, uls,
                                _job(records, job.output, "rows", 30).plan())
 
 
-def test_rows_of_other_users_than_planned_write_no_manifest(records, tmp_path):
+def test_rows_of_other_users_than_planned_write_no_manifest(records, tmp_path, in_process):
   job = _job(records, tmp_path / "wrong", "users", 30, num_users=len(records[2]) + 1)
   with pytest.raises(Exception, match="planned for 3000 rows of"):
-    user_batches.run(job, IN_PROCESS)
+    user_batches.run(job, in_process)
   assert not os.path.exists(os.path.join(job.output, batch_shards.MANIFEST))
