@@ -16,6 +16,8 @@ step, from the `step_reference` the chief sends. Either holds one step's batch (
 prefetched next ones) at a time, so memory grows with B, not with N. User-level batches
 (`pipelines.user_batches`) are the same files with a plan of their own (`user_plan_fields`);
 those of user-level sampling are read with `parse_user_rows`, which gives each row its unit.
+Their manifest also lists (`BOUNDED`) the files of the rows kept at most k a user that the
+run's one-off releases read (`bounded_files`).
 """
 import hashlib
 import json
