@@ -129,7 +129,9 @@ EPSILON_COVERS = {
                 "validation_log_loss"],
     "public": ["settings", "noise multipliers",
                "train_rows, eval_rows and validation_rows (N, assumed public)",
-               "users and bounded_rows (U and, --user-sampling rows, N_k: assumed public)",
+               "users and bounded_rows (U and N_k = the sum over users of min(rows, k): "
+               "assumed public; N_k sets --user-sampling rows' q and, without --steps, "
+               "--user-sampling users' T)",
                "dense_embedding_size", "sharded_tables", "timings",
                "resumed_from_step, rerun_steps and fault_epsilon (where faults stopped the run)"],
     "held_out_evaluation": "auc, eval_loss, eval_base_rate (its click rate) and "
@@ -188,12 +190,23 @@ def warn_on_small_data(options: CTRTrainOptions, num_examples: int) -> None:
         "better than the base rate, or use more rows or a larger ε", SmallDataWarning)
 
 
-def sized_for(options: CTRTrainOptions, num_examples: int) -> CTRTrainOptions:
+def sized_for(options: CTRTrainOptions, num_examples: int,
+              bounded_rows: Optional[int] = None) -> CTRTrainOptions:
   """`options` with the batch size and steps the user left out filled in from the number of
-  training rows N (public, like δ = 1/N): `default_batch_size`, then one epoch ⌈N/B⌉."""
+  training rows N (public, like δ = 1/N): `default_batch_size`, then one epoch ⌈N/B⌉.
+
+  Under ULS `num_examples` is U (B: users per batch) and `bounded_rows` N_k = Σ_u min(n_u, k),
+  the rows its batches draw from (public, as N is): T is one epoch of the users or, if more,
+  the steps ELS trains on the same data (one epoch of the N_k rows at their own data-sized
+  batch, about `STEPS_PER_EPOCH` steps: the run length chosen on validation). With few users B
+  stays at its floor and U/B is far fewer steps than that; at a fixed ε the longer run costs a
+  somewhat larger σ and trains a better model (the steps lever on validation:
+  docs/experiments/user_level_ctr.md), and both sampling schemes then train equally long."""
   batch_size = options.batch_size or default_batch_size(num_examples)
-  steps = options.steps or max(1, math.ceil(num_examples / batch_size))
-  return dataclasses.replace(options, batch_size=batch_size, steps=steps)
+  steps = max(1, math.ceil(num_examples / batch_size))
+  if bounded_rows is not None:
+    steps = max(steps, math.ceil(bounded_rows / default_batch_size(bounded_rows)))
+  return dataclasses.replace(options, batch_size=batch_size, steps=options.steps or steps)
 
 
 def plan_privacy(options: CTRTrainOptions, num_examples: int, run=None,
@@ -446,6 +459,11 @@ def _sampled_units(options, data, users) -> int:
     return _train_rows(data)
   if options.user_sampling == "users":
     return users.num_users
+  return _bounded_rows(options, users)
+
+
+def _bounded_rows(options, users) -> int:
+  """N_k = Σ_u min(n_u, k): the rows a user-level run's batches draw from."""
   return int(np.minimum(users.counts, options.rows_per_user).sum())
 
 
@@ -484,7 +502,9 @@ def _train(options, data, strategy, coordinator, base=None):
   chosen = {"batch_size_chosen": options.batch_size is None,
             "steps_chosen": options.steps is None}
   users = _users(options, data)
-  options = sized_for(options, _sampled_units(options, data, users))
+  uls = users is not None and options.user_sampling == "users"
+  options = sized_for(options, _sampled_units(options, data, users),
+                      _bounded_rows(options, users) if uls else None)
   warn_on_small_data(options, _train_rows(data))
   label = f"{COMMAND} {options.algorithm}"
   with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,
@@ -562,8 +582,7 @@ def _train(options, data, strategy, coordinator, base=None):
     summary = _summary(options, data, model, plan, history, evaluation, timer, budget, run,
                        resume, rate, calibration, replicas, held_out)
     summary.update(users=users and users.num_users,
-                   bounded_rows=(len(train["label"]) if options.user_level
-                                 and options.user_sampling == "rows" else None))
+                   bounded_rows=users and _bounded_rows(options, users))
     if _out_of_core(data):
       summary.update(out_of_core=True, batch_dir=batches,
                      peak_batch_size=manifest["peak_batch_size"],

@@ -192,7 +192,9 @@ def add_options(parser, run_directory=True):
                     f"N/8; --user-sampling users: expected users per batch, by the same rule on "
                     f"the U users)")
   training.add("--steps", type=int, default=defaults.steps,
-               help="training steps T (default: one epoch, ⌈N/B⌉)")
+               help="training steps T (default: one epoch, ⌈N/B⌉; --user-sampling users: "
+                    "one epoch of the users or, if more, --user-sampling rows' T on the same "
+                    "data)")
   training.add("--table-learning-rate", type=float, default=defaults.table_learning_rate,
                advanced=True,
                help="--optimizer table_sgd (SGD on the embedding tables, lazy Adam at "

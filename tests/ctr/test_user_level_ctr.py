@@ -40,11 +40,12 @@ def user_days(tmp_path_factory):
   return directory
 
 
-def _argv(data_dir, tmp_path, *extra, algorithm="dp_adafest"):
+def _argv(data_dir, tmp_path, *extra, algorithm="dp_adafest", steps=STEPS, k=K):
   return ["train", "ctr", "--data", data_dir, "--algorithm", algorithm, "--epsilon", str(EPSILON),
-          "--steps", str(STEPS), "--hidden-units", "8", "--no-progress", "--summary-json",
-          str(tmp_path / "summary.json"), "--ledger", str(tmp_path / "ledger.json"),
-          "--privacy-unit", "user", "--max-rows-per-user", str(K), *extra]
+          *(["--steps", str(steps)] if steps else []), "--hidden-units", "8", "--no-progress",
+          "--summary-json", str(tmp_path / "summary.json"), "--ledger",
+          str(tmp_path / "ledger.json"), "--privacy-unit", "user", "--max-rows-per-user", str(k),
+          *extra]
 
 
 def _train(data_dir, tmp_path, *extra, **kwargs):
@@ -112,6 +113,34 @@ def test_example_level_sampling_is_accounted_as_a_group_of_k_rows(user_days, tmp
   assert 0.95 * EPSILON < summary["epsilon"] <= EPSILON * (1 + 1e-6)
   charges = PrivacyLedger(str(tmp_path / "ledger.json")).charges
   assert all(c["unit"] == "user" and c["group_size"] == K for c in charges)
+
+
+@pytest.mark.parametrize("users, bounded_rows, batch_size, steps", [
+    (3925, 30407, 64, 119),  # few users: B at its floor, U/B = 62 < ELS's ⌈N_k/256⌉
+    (60000, 476561, 512, 118),  # many: one epoch of the users, ⌈U/B⌉ >= ELS's 117
+])
+def test_user_level_sampling_trains_at_least_as_long_as_example_level_sampling(
+    users, bounded_rows, batch_size, steps):
+  """Without --steps, ULS trains one epoch of its U users or, if more, the T of ELS on the same
+  data (one epoch of the N_k bounded rows at their data-sized batch); given values are kept."""
+  options = CTRTrainOptions(data="d", epsilon=1.0, privacy_unit="user")
+  uls = ctr_workflow.sized_for(options, users, bounded_rows)
+  els = ctr_workflow.sized_for(dataclasses.replace(options, user_sampling="rows"), bounded_rows)
+  assert (uls.batch_size, uls.steps) == (batch_size, steps)
+  assert uls.steps == max(els.steps, -(-users // batch_size))
+  given = dataclasses.replace(options, batch_size=8, steps=3)
+  assert ctr_workflow.sized_for(given, users, bounded_rows).steps == 3
+
+
+def test_a_user_level_run_without_steps_trains_example_level_samplings_steps(user_days,
+                                                                             tmp_path):
+  summary = _train(user_days, tmp_path, steps=None, k=16)
+  counts = np.unique(ctr_data.load_data(user_days, user_ids=True).train["user_id"],
+                     return_counts=True)[1]
+  bounded = int(np.minimum(counts, 16).sum())
+  els = ctr_workflow.sized_for(CTRTrainOptions(data="d"), bounded)
+  assert summary["bounded_rows"] == bounded and summary["steps_chosen"]
+  assert summary["steps"] == els.steps > -(-len(counts) // summary["batch_size"])
 
 
 def test_user_level_batches_resume_where_an_uninterrupted_run_stands():
