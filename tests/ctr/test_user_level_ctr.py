@@ -139,8 +139,8 @@ def test_a_user_level_run_without_steps_trains_example_level_samplings_steps(use
                      return_counts=True)[1]
   bounded = int(np.minimum(counts, 16).sum())
   els = ctr_workflow.sized_for(CTRTrainOptions(data="d"), bounded)
-  assert summary["bounded_rows"] == bounded and summary["steps_chosen"]
   assert summary["steps"] == els.steps > -(-len(counts) // summary["batch_size"])
+  assert summary["bounded_rows"] == bounded and summary["steps_chosen"]
 
 
 def test_user_level_batches_resume_where_an_uninterrupted_run_stands():
