@@ -185,8 +185,9 @@ def timing(args):
   counts = np.unique(data.train["user_id"], return_counts=True)[1]
   uls = dataclasses.replace(options_of(directory, "uls", 4.0, args.algorithms[0],
                                        args.max_rows_per_user), steps=args.timing_steps)
-  users_per_batch = ctr_workflow.default_batch_size(len(counts))
-  rows_per_batch = int(round(users_per_batch * np.minimum(counts, uls.rows_per_user).mean()))
+  bounded = np.minimum(counts, uls.rows_per_user)
+  users_per_batch = ctr_workflow.sized_for(uls, len(counts), int(bounded.sum())).batch_size
+  rows_per_batch = int(round(users_per_batch * bounded.mean()))
   uls = dataclasses.replace(uls, batch_size=users_per_batch)
   row = dataclasses.replace(options_of(directory, "row", 4.0, args.algorithms[0], None),
                             steps=args.timing_steps, batch_size=rows_per_batch)

@@ -130,8 +130,8 @@ EPSILON_COVERS = {
     "public": ["settings", "noise multipliers",
                "train_rows, eval_rows and validation_rows (N, assumed public)",
                "users and bounded_rows (U and N_k = the sum over users of min(rows, k): "
-               "assumed public; N_k sets --user-sampling rows' q and, without --steps, "
-               "--user-sampling users' T)",
+               "assumed public; N_k sets --user-sampling rows' q and, by default, "
+               "--user-sampling users' B and T)",
                "dense_embedding_size", "sharded_tables", "timings",
                "resumed_from_step, rerun_steps and fault_epsilon (where faults stopped the run)"],
     "held_out_evaluation": "auc, eval_loss, eval_base_rate (its click rate) and "
@@ -195,17 +195,20 @@ def sized_for(options: CTRTrainOptions, num_examples: int,
   """`options` with the batch size and steps the user left out filled in from the number of
   training rows N (public, like δ = 1/N): `default_batch_size`, then one epoch ⌈N/B⌉.
 
-  Under ULS `num_examples` is U (B: users per batch) and `bounded_rows` N_k = Σ_u min(n_u, k),
-  the rows its batches draw from (public, as N is): T is one epoch of the users or, if more,
-  the steps ELS trains on the same data (one epoch of the N_k rows at their own data-sized
-  batch, about `STEPS_PER_EPOCH` steps: the run length chosen on validation). With few users B
-  stays at its floor and U/B is far fewer steps than that; at a fixed ε the longer run costs a
-  somewhat larger σ and trains a better model (the steps lever on validation:
-  docs/experiments/user_level_ctr.md), and both sampling schemes then train equally long."""
-  batch_size = options.batch_size or default_batch_size(num_examples)
-  steps = max(1, math.ceil(num_examples / batch_size))
-  if bounded_rows is not None:
-    steps = max(steps, math.ceil(bounded_rows / default_batch_size(bounded_rows)))
+  Under ULS `num_examples` is U and `bounded_rows` N_k = Σ_u min(n_u, k), the rows its batches
+  draw from (public, as N is): ULS takes ELS's plan on the same data with users as the units,
+  B users = ELS's B rows (`default_batch_size` of N_k, at most U/8) and T = ELS's T (one epoch of
+  the N_k rows at that batch, about `STEPS_PER_EPOCH` steps), or one epoch of the users if that
+  is more. Sized on U alone, B stayed at its floor on few users and T = U/B was far fewer steps;
+  at a fixed ε the larger batch and the longer run cost a larger σ and train a better model (the
+  steps and batch levers on validation: docs/experiments/user_level_ctr.md)."""
+  if bounded_rows is None:
+    batch_size = options.batch_size or default_batch_size(num_examples)
+    steps = max(1, math.ceil(num_examples / batch_size))
+  else:
+    rows_batch = default_batch_size(bounded_rows)
+    batch_size = options.batch_size or poisson.default_batch_size(num_examples, rows_batch)
+    steps = max(math.ceil(num_examples / batch_size), math.ceil(bounded_rows / rows_batch))
   return dataclasses.replace(options, batch_size=batch_size, steps=options.steps or steps)
 
 

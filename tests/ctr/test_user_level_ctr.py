@@ -116,17 +116,21 @@ def test_example_level_sampling_is_accounted_as_a_group_of_k_rows(user_days, tmp
 
 
 @pytest.mark.parametrize("users, bounded_rows, batch_size, steps", [
-    (3925, 30407, 64, 119),  # few users: B at its floor, U/B = 62 < ELS's ⌈N_k/256⌉
-    (60000, 476561, 512, 118),  # many: one epoch of the users, ⌈U/B⌉ >= ELS's 117
+    (3925, 30407, 256, 119),  # ELS: 256 rows a batch, 119 steps (U/150 users: 64, 62 steps)
+    (60000, 476561, 4096, 117),  # ELS: 4,096 rows, 117 steps (U/150 users: 512, 118 steps)
+    (100, 30407, 12, 119),  # B at most U/8 users
+    (100, 200, 12, 9),  # one epoch of the users when that is longer (ELS: 25 rows, 8 steps)
 ])
-def test_user_level_sampling_trains_at_least_as_long_as_example_level_sampling(
+def test_user_level_sampling_takes_example_level_samplings_plan_in_users(
     users, bounded_rows, batch_size, steps):
-  """Without --steps, ULS trains one epoch of its U users or, if more, the T of ELS on the same
-  data (one epoch of the N_k bounded rows at their data-sized batch); given values are kept."""
+  """Without --batch-size and --steps, ULS samples as many users a batch as ELS samples rows (at
+  most U/8) for as many steps as ELS (one epoch of the N_k bounded rows), or one epoch of the
+  users if that is more; given values are kept."""
   options = CTRTrainOptions(data="d", epsilon=1.0, privacy_unit="user")
   uls = ctr_workflow.sized_for(options, users, bounded_rows)
   els = ctr_workflow.sized_for(dataclasses.replace(options, user_sampling="rows"), bounded_rows)
   assert (uls.batch_size, uls.steps) == (batch_size, steps)
+  assert uls.batch_size == min(els.batch_size, users // 8)
   assert uls.steps == max(els.steps, -(-users // batch_size))
   given = dataclasses.replace(options, batch_size=8, steps=3)
   assert ctr_workflow.sized_for(given, users, bounded_rows).steps == 3
