@@ -117,7 +117,7 @@ def test_example_level_sampling_is_accounted_as_a_group_of_k_rows(user_days, tmp
 
 @pytest.mark.parametrize("users, bounded_rows, batch_size, steps", [
     (3925, 30407, 256, 119),  # ELS: 256 rows a batch, 119 steps (U/150 users: 64, 62 steps)
-    (60000, 476561, 4096, 117),  # ELS: 4,096 rows, 117 steps (U/150 users: 512, 118 steps)
+    (59248, 476446, 4096, 117),  # the 5M grid: ELS 4,096 rows, 117 steps (U/150: 512, 116)
     (100, 30407, 12, 119),  # B at most U/8 users
     (100, 200, 12, 9),  # one epoch of the users when that is longer (ELS: 25 rows, 8 steps)
 ])
