@@ -14,10 +14,8 @@ accountant): clipping at C2 keeps the ranking but biases the probabilities (BENC
 "Calibrated DP pCTR").
 
 Without a batch size or steps, both come from the (public) number of training rows N
-(`sized_for`): at ε ≈ 1, σ hardly grows with B, so the noise on the mean gradient, σ·C2/B, falls
-almost as 1/B, and DP-AdaFEST keeps more rows (their counts grow with B at a fixed τ); one epoch
-in about `STEPS_PER_EPOCH` (150) steps, the rule `make_private` uses too (chosen on validation
-for DP-SGD and DP-AdaFEST alike: docs/experiments/ctr_utility.md).
+(`sized_for`): one epoch in about `STEPS_PER_EPOCH` steps at the largest B that allows (at ε ≈ 1
+σ hardly grows with B, so the noise on the mean gradient σ·C2/B falls almost as 1/B).
 
 With `out_of_core`, for more rows than memory holds, a Beam job writes the run's Poisson
 (or user-level) batches and training streams them; the base rate, DP Platt scaling and the
@@ -78,15 +76,11 @@ OPTIMIZERS = dict(zip(OPTIMIZER_NAMES, (
     sparse_optimizers.AdamBC, sparse_optimizers.TableSGD)))
 BASE_RATE_LABEL = "train ctr base rate"
 CALIBRATION_LABEL = "train ctr calibration"
-# DP Platt scaling fits on `dp_platt_scaling`'s default feature, z clipped to ±10. `stream`'s,
-# z − logit(DP base rate) clipped to ±1, clipped nearly every row here (a DP run's logits sit
-# far below the base rate's) and raised held-out log loss from 0.526 to 0.787 on the demo's data
-# (docs/experiments/ctr_calibration.md, "The centred feature").
-# Below this many training rows × ε a DP pCTR model ranks near chance: `dprec demo` at ε = 1 held
-# out AUC 0.479 and 0.485 on 13,334 training rows (B = 1,024, 30 steps, 2 noise seeds) and 0.694
-# on 100,000 (B = 1,024, 200 steps) (docs/experiments/ctr_utility.md, "Small data").
+# DP Platt scaling fits on `dp_platt_scaling`'s default feature, z clipped to ±10, not `stream`'s
+# centred one (docs/experiments/ctr_calibration.md, "The centred feature").
+# Below this many rows × ε a DP pCTR model ranks near chance (ctr_utility.md, "Small data").
 SMALL_DATA = 50_000
-CALIBRATION_ROWS = 1_000_000  # rows DP Platt scaling fits on (BENCHMARKS: 1M fit = the 5M fit)
+CALIBRATION_ROWS = 1_000_000  # rows DP Platt scaling fits on (BENCHMARKS.md: as good as all)
 SELECTION_LABEL = "dp-fest top-k"
 VOCABULARY_NOTE = ("vocabularies (and the bucket counts DP-FEST uses with --top-k-epsilon 0) are "
                    "treated as public, as Ghazi et al. 2023 do, unless dataset.vocab_privacy says "
@@ -102,15 +96,15 @@ EPSILON_COVERS = {
                 "validation_log_loss"],
     "public": ["settings", "noise multipliers",
                "train_rows, eval_rows and validation_rows (N, assumed public)",
-               "users and bounded_rows (U and, --user-sampling rows, N_k: assumed public)",
+               "users and bounded_rows (U and N_k = the sum over users of min(rows, k): "
+               "assumed public; N_k sets --user-sampling rows' q and, by default, "
+               "--user-sampling users' B and T)",
                "dense_embedding_size", "sharded_tables", "timings",
                "resumed_from_step, rerun_steps and fault_epsilon (where faults stopped the run)"],
-    "held_out_evaluation": "auc, eval_loss, eval_base_rate (its click rate) and "
-                           "base_rate_log_loss (the log loss of the constant predictor at that "
-                           "rate) are computed on the last day, which is not training data of "
-                           "this run (that day itself is not protected); so "
-                           "are validation_auc and validation_log_loss, on held-out training "
-                           "rows (dprec.data.ctr_data.hold_out_validation)",
+    "held_out_evaluation": "auc, eval_loss, eval_base_rate (its click rate) and base_rate_log_loss "
+                           "(the constant predictor's log loss at that rate) are computed on the "
+                           "last day, not training data of this run (that day is not protected); "
+                           "validation_auc and validation_log_loss on held-out training rows",
     "not_covered": "diagnostics_nonprivate (only with --diagnostics): exact training loss/AUC",
 }
 
@@ -151,8 +145,7 @@ def warn_if_worse_than_base_rate(summary: dict) -> None:
 
 
 def warn_on_small_data(options: CTRTrainOptions, num_examples: int) -> None:
-  """Warns when a DP run has fewer than `SMALL_DATA` training rows per unit of ε: what such a
-  model measured, so that a result near chance is expected, not a surprise."""
+  """Warns when a DP run has fewer than `SMALL_DATA` training rows per unit of ε."""
   if options.private and num_examples * options.epsilon < SMALL_DATA:
     warnings.warn(
         f"{num_examples:,} training rows at ε = {options.epsilon:g}: DP pCTR models with fewer "
@@ -161,12 +154,23 @@ def warn_on_small_data(options: CTRTrainOptions, num_examples: int) -> None:
         "better than the base rate, or use more rows or a larger ε", SmallDataWarning)
 
 
-def sized_for(options: CTRTrainOptions, num_examples: int) -> CTRTrainOptions:
+def sized_for(options: CTRTrainOptions, num_examples: int,
+              bounded_rows: Optional[int] = None) -> CTRTrainOptions:
   """`options` with the batch size and steps the user left out filled in from the number of
-  training rows N (public, like δ = 1/N): `default_batch_size`, then one epoch ⌈N/B⌉."""
-  batch_size = options.batch_size or default_batch_size(num_examples)
-  steps = options.steps or max(1, math.ceil(num_examples / batch_size))
-  return dataclasses.replace(options, batch_size=batch_size, steps=steps)
+  training rows N (public, like δ = 1/N): `default_batch_size`, then one epoch ⌈N/B⌉.
+
+  Under ULS `num_examples` is U and `bounded_rows` N_k = Σ_u min(n_u, k) (public, as N is):
+  ULS takes ELS's plan on the same data with users as the units, B users = ELS's B rows (at
+  most U/8) and T = ELS's T, or one epoch of the users if that is more (sized on U alone, B sat
+  at its floor and T = U/B was short: docs/experiments/user_level_ctr.md)."""
+  if bounded_rows is None:
+    batch_size = options.batch_size or default_batch_size(num_examples)
+    steps = max(1, math.ceil(num_examples / batch_size))
+  else:
+    rows_batch = default_batch_size(bounded_rows)
+    batch_size = options.batch_size or poisson.default_batch_size(num_examples, rows_batch)
+    steps = max(math.ceil(num_examples / batch_size), math.ceil(bounded_rows / rows_batch))
+  return dataclasses.replace(options, batch_size=batch_size, steps=options.steps or steps)
 
 
 def plan_privacy(options: CTRTrainOptions, num_examples: int, run=None,
@@ -213,17 +217,15 @@ def release_noise_multiplier(plan, label) -> Optional[float]:
 
 def noise_multipliers(options, noise_multiplier) -> Tuple[Optional[float], Optional[float]]:
   """(σ1, σ2) of a step at composed σ: DP-AdaFEST's split σ1 = r·σ2 (Ghazi et al. 2023, §3.3),
-  (None, σ) for the other DP algorithms, (None, None) without DP (the algorithm's
-  `split_noise`)."""
+  (None, σ) for the other DP algorithms, (None, None) without DP (`split_noise`)."""
   return config_lib.ALGORITHMS[options.algorithm].split_noise(noise_multiplier, options.ratio)
 
 
 def base_rate(labels, noise_multiplier, rng) -> float:
   """The training click rate: exact without a `noise_multiplier` (a non-private run); else the
-  DP mean of the 0/1 labels (`dprec.privacy.dp_mean`, the release `make_private` sets a BCE
-  output bias from: the Gaussian mechanism on the centred label sum, sensitivity 1/2, σ_b =
-  `noise_multiplier`, noise from the secret `rng`: the run's key) over the public row count.
-  Clipped to [1/N, 1 − 1/N]."""
+  DP mean of the 0/1 labels (`dprec.privacy.dp_mean`: the Gaussian mechanism on the centred
+  label sum, sensitivity 1/2, σ_b = `noise_multiplier`, noise from the run's secret `rng`) over
+  the public row count, clipped to [1/N, 1 − 1/N]."""
   return base_rate_of_sum(float(np.sum(labels)), len(labels), noise_multiplier, rng)
 
 
@@ -285,10 +287,8 @@ def learning_rate(options):
 
 def table_learning_rate(options):
   """`options.table_learning_rate`, or for a private run η = B·(1 − μ)/(80·C2): each example moves
-  the rows it reads by 1/80 of its clipped gradient (after momentum's 1/(1 − μ)), whatever the
-  batch size B and clip C2. The best of lr grids on validation AUC at 400k rows (B = 2,048, C2 = 2:
-  SGD 10–12.8, momentum 0.9 at 1) and 5M rows (B = 16,384: SGD 100 at C2 = 2, 204.8 at C2 = 1;
-  momentum 0.9 at 10), DP-SGD at ε = 1 (docs/experiments/lazy_noise.md)."""
+  the rows it reads by 1/80 of its clipped gradient (after momentum's 1/(1 − μ)), whatever B and
+  C2 (chosen on validation AUC: docs/experiments/lazy_noise.md)."""
   if options.table_learning_rate is not None:
     return options.table_learning_rate
   if not options.private:
@@ -414,7 +414,8 @@ def _train(options, data, strategy, coordinator, base=None):
   chosen = {"batch_size_chosen": options.batch_size is None, "steps_chosen": options.steps is None}
   users = ctr_users.users(options, data)
   units = ctr_users.sampled_units(options, users, _train_rows(data))
-  options = sized_for(options, units)
+  uls = users is not None and options.user_sampling == "users"
+  options = sized_for(options, units, users.bounded_rows if uls else None)
   warn_on_small_data(options, _train_rows(data))
   label = f"{COMMAND} {options.algorithm}"
   with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,

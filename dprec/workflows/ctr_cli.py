@@ -189,10 +189,12 @@ def add_options(parser, run_directory=True):
                help=f"expected (Poisson) batch size B (default: from the N training rows, the "
                     f"power of two nearest N/{ctr_options.STEPS_PER_EPOCH}, an epoch in about "
                     f"{ctr_options.STEPS_PER_EPOCH} steps, within [{lowest}, {highest}], at most "
-                    f"N/8; --user-sampling users: expected users per batch, by the same rule on "
-                    f"the U users)")
+                    f"N/8; --user-sampling users: expected users per batch, --user-sampling "
+                    f"rows' B on the same data, at most U/8)")
   training.add("--steps", type=int, default=defaults.steps,
-               help="training steps T (default: one epoch, ⌈N/B⌉)")
+               help="training steps T (default: one epoch, ⌈N/B⌉; --user-sampling users: "
+                    "one epoch of the users or, if more, --user-sampling rows' T on the same "
+                    "data)")
   training.add("--table-learning-rate", type=float, default=defaults.table_learning_rate,
                advanced=True,
                help="--optimizer table_sgd (SGD on the embedding tables, lazy Adam at "

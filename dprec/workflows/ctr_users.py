@@ -131,12 +131,11 @@ def in_memory_batches(options, features, train, run, start) -> Optional[tf.data.
 
 
 def summary_fields(options, users: Optional[UserPlan]) -> dict:
-  """The summary's privacy unit: the unit, the sampling, k, U and (ELS) N_k (all public)."""
+  """The summary's privacy unit: the unit, the sampling, k, U and N_k (all public)."""
   return {"privacy_unit": options.privacy_unit,
           "user_sampling": options.user_sampling if options.user_level else None,
           "max_rows_per_user": options.rows_per_user, "users": users and users.num_users,
-          "bounded_rows": (users.bounded_rows if options.user_level
-                           and options.user_sampling == "rows" else None)}
+          "bounded_rows": users and users.bounded_rows}
 
 
 def user_level_batches(features, labels, user_ids, sampling, steps, start) -> tf.data.Dataset:

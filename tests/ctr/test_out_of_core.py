@@ -340,7 +340,7 @@ def test_user_level_out_of_core_plans_pays_and_summarises_as_in_memory(
   assert summary["out_of_core"] is True and set(in_memory) <= set(summary)
   assert summary["privacy_unit"] == "user" and summary["user_sampling"] == sampling
   assert summary["users"] == len(counts) and summary["max_rows_per_user"] == K
-  assert summary["bounded_rows"] == (bounded if sampling == "rows" else None)
+  assert summary["bounded_rows"] == bounded
   for field in ("privacy_unit", "user_sampling", "max_rows_per_user", "users", "bounded_rows",
                 "train_rows", "delta", "sampling_rate", "noise_multiplier", "sigma1", "sigma2",
                 "base_rate_noise_multiplier", "calibration_noise_multiplier", "epsilon",

@@ -29,11 +29,12 @@ needs_mixture = pytest.mark.skipif(
     reason="dp-accounting < 0.4.4: no mixture of Gaussians PLD")
 
 
-def _argv(data_dir, tmp_path, *extra, algorithm="dp_adafest"):
+def _argv(data_dir, tmp_path, *extra, algorithm="dp_adafest", steps=STEPS, k=K):
   return ["train", "ctr", "--data", data_dir, "--algorithm", algorithm, "--epsilon", str(EPSILON),
-          "--steps", str(STEPS), "--hidden-units", "8", "--no-progress", "--summary-json",
-          str(tmp_path / "summary.json"), "--ledger", str(tmp_path / "ledger.json"),
-          "--privacy-unit", "user", "--max-rows-per-user", str(K), *extra]
+          *(["--steps", str(steps)] if steps else []), "--hidden-units", "8", "--no-progress",
+          "--summary-json", str(tmp_path / "summary.json"), "--ledger",
+          str(tmp_path / "ledger.json"), "--privacy-unit", "user", "--max-rows-per-user", str(k),
+          *extra]
 
 
 def _train(data_dir, tmp_path, *extra, **kwargs):
@@ -78,6 +79,38 @@ def test_example_level_sampling_is_accounted_as_a_group_of_k_rows(user_days, tmp
   assert 0.95 * EPSILON < summary["epsilon"] <= EPSILON * (1 + 1e-6)
   charges = PrivacyLedger(str(tmp_path / "ledger.json")).charges
   assert all(c["unit"] == "user" and c["group_size"] == K for c in charges)
+
+
+@pytest.mark.parametrize("users, bounded_rows, batch_size, steps", [
+    (3925, 30407, 256, 119),  # ELS: 256 rows a batch, 119 steps (U/150 users: 64, 62 steps)
+    (59248, 476446, 4096, 117),  # the 5M grid: ELS 4,096 rows, 117 steps (U/150: 512, 116)
+    (100, 30407, 12, 119),  # B at most U/8 users
+    (100, 200, 12, 9),  # one epoch of the users when that is longer (ELS: 25 rows, 8 steps)
+])
+def test_user_level_sampling_takes_example_level_samplings_plan_in_users(
+    users, bounded_rows, batch_size, steps):
+  """Without --batch-size and --steps, ULS samples as many users a batch as ELS samples rows (at
+  most U/8) for as many steps as ELS (one epoch of the N_k bounded rows), or one epoch of the
+  users if that is more; given values are kept."""
+  options = CTRTrainOptions(data="d", epsilon=1.0, privacy_unit="user")
+  uls = ctr_workflow.sized_for(options, users, bounded_rows)
+  els = ctr_workflow.sized_for(dataclasses.replace(options, user_sampling="rows"), bounded_rows)
+  assert (uls.batch_size, uls.steps) == (batch_size, steps)
+  assert uls.batch_size == min(els.batch_size, users // 8)
+  assert uls.steps == max(els.steps, -(-users // batch_size))
+  given = dataclasses.replace(options, batch_size=8, steps=3)
+  assert ctr_workflow.sized_for(given, users, bounded_rows).steps == 3
+
+
+def test_a_user_level_run_without_steps_trains_example_level_samplings_steps(user_days,
+                                                                             tmp_path):
+  summary = _train(user_days, tmp_path, steps=None, k=16)
+  counts = np.unique(ctr_data.load_data(user_days, user_ids=True).train["user_id"],
+                     return_counts=True)[1]
+  bounded = int(np.minimum(counts, 16).sum())
+  els = ctr_workflow.sized_for(CTRTrainOptions(data="d"), bounded)
+  assert summary["steps"] == els.steps > -(-len(counts) // summary["batch_size"])
+  assert summary["bounded_rows"] == bounded and summary["steps_chosen"]
 
 
 def test_user_level_batches_resume_where_an_uninterrupted_run_stands():
