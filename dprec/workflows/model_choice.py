@@ -5,11 +5,12 @@ Budgets are shares of μ*², the Gaussian budget: μ* = 1/σ* of the one Gaussia
 queries compose exactly as one at μ = √(Σ_k 1/σ_k²) (Dong, Roth & Su, "Gaussian Differential
 Privacy", JRSS-B 2022, Cor. 3.3).
 
-Stage 1 (every run). At `model_choice_share` s of μ*², item2item's releases
-(`dprec.workflows.item2item`: the DP histogram of users per item and the pair release over its
-item set, split between them as `--model item2item` splits them, the pairs released densely,
-`item_pairs.noisy_dense`), so their noise is larger than alone; then the noisy validation
-difference
+Stage 1 (every run). item2item's releases (`dprec.workflows.item2item`), its budget the rest of
+μ*² after the test's `TEST_SHARE`, split between its DP histogram of users per item and its
+pair release as `--model item2item` splits them: the histogram at its whole share (it picks the
+item set, which a top-up cannot change: docs/experiments/seqrec_auto.md), the pair release at
+`model_choice_share` s of its share (so its noise is 1/√s times larger than alone), dense over
+the item set (`item_pairs.noisy_dense`); then the noisy validation difference
 
     D = Σ_u [NDCG@10_u(item2item of stage 1) − NDCG@10_u(most popular by the same DP histogram)]
         + N(0, σ_t²)
@@ -19,15 +20,15 @@ outputs and each user's term is in [−1, 1], so adding or removing a user moves
 the Gaussian mechanism with noise multiplier σ_t. item2item is chosen when D > 0, else the
 transformer.
 
-Branch A (item2item): a top-up of the same releases on the same cells (the same item set: it is
-the stage-1 histogram's, post-processing) at the rest of μ*², 1 − s − `TEST_SHARE`, combined
-with stage 1 by inverse-variance weighting (`item_pairs.combine`): two Gaussian releases of one
-query at σ1, σ2 combined are exactly one at 1/σ² = 1/σ1² + 1/σ2². The model is item2item at
+Branch A (item2item): a top-up of the pair release on the same cells (the same item set: it is
+the stage-1 histogram's, post-processing) at the rest of its share, 1 − s, combined with stage 1
+by inverse-variance weighting (`item_pairs.combine`): two Gaussian releases of one query at σ1,
+σ2 combined are exactly one at 1/σ² = 1/σ1² + 1/σ2². The model is item2item at
 (1 − `TEST_SHARE`)·μ*², thresholded at the combined σ.
 
 Branch B (the transformer, with `TRANSFORMER_SETTINGS` where its options are at their defaults):
-its own DP histogram and DP steps, σ calibrated so that stage 1 (one Gaussian at (s +
-`TEST_SHARE`)·μ*²) composed with them in the accountant meets (ε, δ/2).
+its own DP histogram and DP steps, σ calibrated so that stage 1 (one Gaussian at its share of
+μ*²) composed with them in the accountant meets (ε, δ/2).
 
 Accounting: the branch is chosen adaptively (from D), so the run is composed by a union over
 the branches. For neighbouring data sets with output densities p and q of the whole run,
@@ -63,7 +64,7 @@ AUTO = "auto"
 LABEL = "train seqrec model choice"
 CANDIDATES = ("item2item", "dpformer")
 MAX_ITEM_SET = 5000  # the dense pair releases: (K + 1)² cells each
-TEST_SHARE = 0.02  # of μ*²: σ_t = 7.1/μ*, against |D| of tens to hundreds on the data measured
+TEST_SHARE = 0.02  # of μ*²: σ_t = 7.1/μ* (docs/experiments/seqrec_auto.md: D against σ_t)
 # Ding et al. 2023, App. A.9 (MovieLens): 100 epochs, normalised gradients at C = 1, dropout
 # 0.2; the learning rate is 5e-3 from the paper's grid (the warm-up and decay are
 # `dprec.models.seqrec.warmup_linear_decay`'s).
@@ -71,9 +72,7 @@ TRANSFORMER_SETTINGS = {"epochs": 100.0, "learning_rate": 5e-3, "dropout": 0.2,
                         "normalization_offset": 0.01}
 # The noise key's purposes of the stage-1 and top-up releases (never another release's).
 NOISE = {"histogram": "model choice item histogram", "pairs": "model choice item pairs",
-         "test": "model choice validation test",
-         "top-up histogram": "model choice top-up item histogram",
-         "top-up pairs": "model choice top-up item pairs"}
+         "test": "model choice validation test", "top-up pairs": "model choice top-up item pairs"}
 
 
 def candidates(options):
@@ -102,7 +101,8 @@ def check_data(examples):
 class AutoPlan:
   """The run's budget (ε, δ), the Gaussian budget μ* (at ε, δ/2), the histogram's share of
   item2item's μ², the noise multipliers of stage 1 {histogram, pairs, test} and of the top-up
-  {histogram, pairs}, the transformer's plan (branch B) and each branch's δ at ε."""
+  {pairs}, stage 1's share of μ*², the transformer's plan (branch B) and each branch's δ at
+  ε."""
   epsilon: float
   delta: float
   accountant: str
@@ -111,6 +111,7 @@ class AutoPlan:
   histogram_share: float
   stage: dict
   top_up: dict
+  stage_share: float
   transformer: plan_lib.PrivacyPlan
   delta_item2item: float
   delta_transformer: float
@@ -124,11 +125,16 @@ class AutoPlan:
     return {"epsilon": self.epsilon, "delta": self.charge[1],
             "delta_item2item_branch": self.delta_item2item,
             "delta_transformer_branch": self.delta_transformer,
-            "gaussian_budget_mu": self.mu, "choice_share": self.share,
-            "test_share": TEST_SHARE, "top_up_share": 1.0 - self.share - TEST_SHARE,
+            "gaussian_budget_mu": self.mu, "choice_share_of_pairs": self.share,
+            "shares_of_mu_squared": {"stage_1": self.stage_share, "test": TEST_SHARE,
+                                     "top_up": 1.0 - self.stage_share},
             "histogram_share_of_item2item": self.histogram_share,
             "noise_multipliers": {"stage_1": self.stage, "top_up": self.top_up,
                                   "transformer_steps": self.transformer.noise_multiplier},
+            "transformer_plan": {
+                "sampling_rate": self.transformer.sampling_rate, "steps": self.transformer.steps,
+                "histogram_noise_multiplier": self.transformer.mechanisms.get(
+                    frequencies_lib.LABEL)},
             "composition": "union over the two branches, each branch PLD-composed "
                            "(dprec.workflows.model_choice); one (epsilon, delta) ledger charge",
             "ledger_label": LABEL}
@@ -163,11 +169,13 @@ def plan(options, num_examples, delta, spent, plan_model: Callable) -> AutoPlan:
                      privacy.Spent())
   histogram = alone.mechanisms[frequencies_lib.LABEL] ** -2
   weight = histogram / (histogram + alone.noise_multiplier ** -2)
-  share, rest = options.model_choice_share, 1.0 - options.model_choice_share - TEST_SHARE
-  stage = {"histogram": _noise(mu, share * weight), "pairs": _noise(mu, share * (1 - weight)),
+  share, item2item = options.model_choice_share, 1.0 - TEST_SHARE
+  pairs = item2item * (1 - weight)
+  stage = {"histogram": _noise(mu, item2item * weight), "pairs": _noise(mu, share * pairs),
            "test": _noise(mu, TEST_SHARE)}
-  top_up = {"histogram": _noise(mu, rest * weight), "pairs": _noise(mu, rest * (1 - weight))}
-  stage_period = privacy.gaussian_mechanism_period(_noise(mu, share + TEST_SHARE))
+  top_up = {"pairs": _noise(mu, (1 - share) * pairs)}
+  stage_share = 1.0 - (1 - share) * pairs
+  stage_period = privacy.gaussian_mechanism_period(_noise(mu, stage_share))
   transformer = plan_model(_resolved(options, "dpformer"), num_examples, branch_delta,
                            privacy.Spent(periods=(stage_period,)))
   item2item_periods = [privacy.gaussian_mechanism_period(1.0 / mu)]
@@ -176,7 +184,8 @@ def plan(options, num_examples, delta, spent, plan_model: Callable) -> AutoPlan:
       privacy.TrainingPeriod(transformer.noise_multiplier, transformer.sampling_rate,
                              transformer.steps, transformer.poisson)]
   return AutoPlan(
-      epsilon, run_delta, options.accountant, share, mu, weight, stage, top_up, transformer,
+      epsilon, run_delta, options.accountant, share, mu, weight, stage, top_up, stage_share,
+      transformer,
       privacy.gaussian_delta(item2item_periods, epsilon, options.accountant),
       privacy.gaussian_delta(transformer_periods, epsilon, options.accountant))
 
@@ -254,24 +263,18 @@ def choose(difference):
 
 
 def top_up(options, examples, auto: AutoPlan, stage: StageOne, rng: Callable):
-  """Branch A: (`Item2ItemModel`, the pair release's summary, p_i, the combined noise
-  multipliers {histogram, pairs}) from stage 1 and the top-up on the same cells, combined by
-  inverse variance."""
+  """Branch A: (`Item2ItemModel`, the pair release's summary, p_i, the noise multipliers
+  {histogram, pairs}) from stage 1's histogram and its pair release combined with the top-up on
+  the same cells by inverse variance."""
   num_users, num_items = len(examples.items), examples.num_items
-  counts, histogram_sigma = item_pairs.combine([
-      (stage.counts, auto.stage["histogram"]),
-      (user_histogram.noisy_users_per_item(_histogram_rows(options, examples), num_items,
-                                           auto.top_up["histogram"],
-                                           rng(NOISE["top-up histogram"])),
-       auto.top_up["histogram"])])
   pairs, pairs_sigma = item_pairs.combine([
       (stage.pairs, auto.stage["pairs"]),
       (item_pairs.noisy_dense(stage.statistics, auto.top_up["pairs"], rng(NOISE["top-up pairs"])),
        auto.top_up["pairs"])])
-  model, release = _model(options, pairs, pairs_sigma, _popularity(counts, num_users),
+  model, release = _model(options, pairs, pairs_sigma, _popularity(stage.counts, num_users),
                           stage.ids, num_items)
-  return (model, release, user_histogram.frequencies_of(counts, num_users),
-          {"histogram": histogram_sigma, "pairs": pairs_sigma})
+  return (model, release, user_histogram.frequencies_of(stage.counts, num_users),
+          {"histogram": auto.stage["histogram"], "pairs": pairs_sigma})
 
 
 def resolve(options, examples, auto: Optional[AutoPlan], rng: Callable):

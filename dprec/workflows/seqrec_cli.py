@@ -77,9 +77,9 @@ def register(subparsers):
                    "paper's setting; GAMMA defaults to 0.01) instead of clipping min(1, C/‖g‖)")
   privacy.add("--model-choice-share", type=float, default=defaults.model_choice_share,
               metavar="SHARE", advanced=True,
-              help="--model auto: the share of the Gaussian budget μ² of its first-stage "
-                   "item2item releases (the validation test takes 0.02; item2item's top-up or "
-                   "the transformer the rest) (default: %(default)s)")
+              help="--model auto: the share of item2item's pair release (of its Gaussian "
+                   "budget μ²) released before the validation test; item2item's top-up or the "
+                   "transformer takes the rest (default: %(default)s)")
   privacy.add("--item-norm-share", type=float, metavar="F", advanced=True,
               help="per-group clipping: the item table gets F of C² (clipped or normalised to "
                    "C·√F) and the rest of the model 1 − F, so the item rows get a set share of "
@@ -95,7 +95,8 @@ def register(subparsers):
                    "instead of √L (default: --max-len for dpformer, 10 for item2item)")
 
   model.add("--model", choices=seqrec_options.MODELS, default=defaults.model,
-            help="auto: releases item2item at --model-choice-share of the budget, then a "
+            help="auto: releases item2item's histogram and --model-choice-share of its "
+                 "pair release, then a "
                  "noisy validation test (item2item's NDCG@10 less most popular's, summed over "
                  "the validation users): item2item, topped up to nearly its own quality, when "
                  "it beats most popular, else dpformer with the rest, on the paper's MovieLens "

@@ -44,7 +44,7 @@ class SeqRecTrainOptions(run_lib.FitOptions):
   data: Optional[str] = None
   # as `dprec train seqrec`'s: "auto" chooses item2item or dpformer (`model_choice`)
   model: str = model_choice.AUTO
-  model_choice_share: float = 0.25  # --model auto: stage 1's item2item share of μ²
+  model_choice_share: float = 0.25  # --model auto: stage 1's share of item2item's pairs
   auto_model: bool = False  # set by `model_choice.resolve`: the run was paid as a whole
   epsilon: float = 5.0
   delta: Optional[float] = None
@@ -116,9 +116,8 @@ class SeqRecTrainOptions(run_lib.FitOptions):
     super().validate()
     checks = [
         (self.model in MODELS, f"--model must be one of {', '.join(MODELS)}, got {self.model}"),
-        (0 < self.model_choice_share < 1 - model_choice.TEST_SHARE,
-         f"--model-choice-share must be in (0, {1 - model_choice.TEST_SHARE:g}) (the "
-         f"validation test takes {model_choice.TEST_SHARE:g}), got {self.model_choice_share}"),
+        (0 < self.model_choice_share < 1,
+         f"--model-choice-share must be in (0, 1), got {self.model_choice_share}"),
         (self.model != model_choice.AUTO or (self.pair_item_set is not None
                                              and self.pair_item_set <= model_choice.MAX_ITEM_SET),
          f"--model auto releases the pairs densely over the item set: give --pair-item-set "
