@@ -215,7 +215,7 @@ def test_auto_refuses_before_paying(chain, tmp_path):
                   seqrec.SeqRecTrainOptions(pair_item_set=None)):
     with pytest.raises(DprecError):
       options.validate()
-  no_validation = dataclasses.replace(chain, valid_items=None)
+  no_validation = dataclasses.replace(chain, valid_items=np.zeros_like(chain.valid_items))
   ledger = tmp_path / "ledger.json"
   with pytest.raises(DprecError, match="validation items"):
     seqrec.run(seqrec.SeqRecTrainOptions(ledger=str(ledger), hold_out_validation=False,
