@@ -23,17 +23,15 @@ recorded beside the test metrics. `--table` prints the mean and the draws per (d
 """
 import argparse
 import collections
-import dataclasses
 import os
 import sys
-import time
 
 import numpy as np
 
 sys.path.insert(0, os.path.dirname(__file__))
 from dpformer_amazon import preprocess  # noqa: E402
 import jsonl_records  # noqa: E402
-from seqrec_frozen import _append, _key, _pairs, popularity  # noqa: E402
+from seqrec_runs import append, key, pairs, popularity, run  # noqa: E402
 
 from dprec.data.sequences import load_sequences, make_examples  # noqa: E402
 from dprec.workflows import model_choice, seqrec  # noqa: E402
@@ -49,25 +47,16 @@ KEPT = ("model", "ndcg_at_10", "hit_at_10", "validation", "distinct_top10_items"
 
 def run_rows(data, args, tag):
   """Runs every (row, seed) not yet in `args.results`; appends one record each."""
-  done = {(r.get("tag"), r.get("row"), _key(r.get("overrides", {})), r.get("seed"))
+  done = {(r.get("tag"), r.get("row"), key(r.get("overrides", {})), r.get("seed"))
           for r in jsonl_records.read(args.results)}
-  extra = _pairs(args.set)
+  extra = pairs(args.set)
   for name in args.rows:
     overrides = dict(ROWS[name], epsilon=args.epsilon, **extra)
     for seed in args.seeds:
-      if (tag, name, _key(overrides), seed) in done:
-        continue
-      options = seqrec.SeqRecTrainOptions(data=None, seed=seed, progress=False, **overrides)
-      load = os.getloadavg()
-      start = time.time()
-      summary = seqrec.run(options, data)
-      record = {key: summary.get(key) for key in KEPT}
-      record.update(tag=tag, row=name, overrides=overrides, seed=seed,
-                    seconds=time.time() - start, load_before=[round(x, 1) for x in load],
-                    options={k: v for k, v in dataclasses.asdict(options).items()
-                             if isinstance(v, (int, float, str, type(None)))})
-      _append(args.results, record)
-      print(_line(record), flush=True)
+      if (tag, name, key(overrides), seed) not in done:
+        record = dict(run(data, overrides, seed, KEPT), tag=tag, row=name)
+        append(args.results, record)
+        print(_line(record), flush=True)
 
 
 def _line(record):
@@ -84,7 +73,7 @@ def table(records):
   draws, what ran (auto: what it chose) and the distinct items in the top-10s."""
   groups = collections.defaultdict(list)
   for record in records:
-    groups[(record.get("tag"), record["row"], _key(record.get("overrides", {})))].append(record)
+    groups[(record.get("tag"), record["row"], key(record.get("overrides", {})))].append(record)
   pct = lambda values: f"{100 * np.mean(values):.2f}"
   lines = ["| data | row | model run | overrides | seeds | test NDCG@10 % (mean) | draws | "
            "validation NDCG@10 % (mean) | test HIT@10 % (mean) | distinct top-10 items | "
@@ -132,7 +121,7 @@ def main(argv=None):
     if not any(r.get("tag") == tag and r["row"] == "most popular"
                for r in jsonl_records.read(args.results)):
       record = popularity(make_examples(data, seqrec.SeqRecTrainOptions.max_len, True))
-      _append(args.results, dict(record, tag=tag, row="most popular", overrides={}, seed=None))
+      append(args.results, dict(record, tag=tag, row="most popular", overrides={}, seed=None))
       print(_line(dict(record, tag=tag, row="most popular", seed=None, seconds=0)))
     return
   run_rows(data, args, tag)

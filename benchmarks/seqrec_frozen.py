@@ -19,8 +19,6 @@ all M items, alternating on the same Poisson batches in one process, and records
 median seconds per step with the load average.
 """
 import argparse
-import dataclasses
-import json
 import os
 import sys
 import time
@@ -30,6 +28,7 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(__file__))
 from dpformer_amazon import preprocess
 import jsonl_records  # noqa: E402
+from seqrec_runs import append, key, pairs, popularity, run, value  # noqa: E402
 
 from dprec.data.sequences import load_sequences, make_examples  # noqa: E402
 from dprec.models import ranking_metrics  # noqa: E402
@@ -39,34 +38,6 @@ KEPT = ("model", "ndcg_at_10", "hit_at_10", "by_popularity", "validation", "dist
         "epsilon", "noise_multiplier", "steps", "steps_per_second", "item_pairs",
         "item_frequencies", "logit_prior", "reattention", "epoch_selection",
         "train_prior_weight")
-
-
-def _value(text):
-  try:
-    return json.loads(text)
-  except json.JSONDecodeError:
-    return text
-
-
-def _pairs(items):
-  return dict((key, _value(value)) for key, value in (item.split("=", 1) for item in items))
-
-
-def _key(overrides):
-  return json.dumps(overrides, sort_keys=True)
-
-
-def popularity(examples):
-  """Most popular by exact training counts: test and validation metrics."""
-  counts = examples.item_frequencies[1:].astype(np.float32)
-  score = lambda histories: np.broadcast_to(counts, (len(histories), len(counts)))
-  buckets = ranking_metrics.popularity_buckets(examples.item_frequencies)
-  test = ranking_metrics.evaluate_full_ranking(score, examples.test_histories,
-                                               examples.test_items, buckets, batch_size=1024)
-  test["validation"] = ranking_metrics.evaluate_full_ranking(
-      score, examples.valid_histories, examples.valid_items, buckets, batch_size=1024)
-  test.update(model="most popular", distinct_top10_items=10)
-  return test
 
 
 def row(record):
@@ -112,42 +83,32 @@ def main(argv=None):
       print(row(record))
     return
   data = load_sequences(preprocess(args.data, args.work_dir, validation=True))
-  done = {(_key(r["overrides"]), r.get("seed")) for r in jsonl_records.read(args.results)}
+  done = {(key(r["overrides"]), r.get("seed")) for r in jsonl_records.read(args.results)}
   if args.popularity:
-    if (_key({"model": "most popular"}), None) not in done:
-      _append(args.results, dict(popularity(make_examples(data, 50, True)),
-                                 overrides={"model": "most popular"}))
+    if (key({"model": "most popular"}), None) not in done:
+      append(args.results, dict(popularity(make_examples(data, 50, True)),
+                                overrides={"model": "most popular"}))
     return
   if args.time_steps:
-    _append(args.results, time_steps(data, args))
+    append(args.results, time_steps(data, args))
     return
   values = [None]
   if args.grid:
-    key, listed = args.grid.split("=", 1)
-    values = [{key: _value(v)} for v in listed.split(",")]
-  for value in values:
-    overrides = dict({"model": args.model, "epsilon": args.epsilon}, **_pairs(args.set),
-                     **(value or {}))
+    name, listed = args.grid.split("=", 1)
+    values = [{name: value(v)} for v in listed.split(",")]
+  for lever in values:
+    overrides = dict({"model": args.model, "epsilon": args.epsilon}, **pairs(args.set),
+                     **(lever or {}))
     for seed in args.seeds:
-      if (_key(overrides), seed) in done:
-        continue
-      options = seqrec.SeqRecTrainOptions(data=None, seed=seed, progress=False, **overrides)
-      load = os.getloadavg()
-      start = time.time()
-      summary = seqrec.run(options, data)
-      record = {key: summary.get(key) for key in KEPT}
-      record.update(overrides=overrides, seed=seed, seconds=time.time() - start,
-                    load_before=[round(x, 1) for x in load],
-                    load_after=[round(x, 1) for x in os.getloadavg()],
-                    options={k: v for k, v in dataclasses.asdict(options).items()
-                             if isinstance(v, (int, float, str, type(None)))})
-      _append(args.results, record)
-      print(row(record), flush=True)
+      if (key(overrides), seed) not in done:
+        record = run(data, overrides, seed, KEPT)
+        append(args.results, record)
+        print(row(record), flush=True)
 
 
 def time_steps(data, args):
   """{s/step by loss positions, their ratio, load average}: the frozen model's DP step."""
-  overrides = dict({"model": args.model, "epsilon": args.epsilon}, **_pairs(args.set))
+  overrides = dict({"model": args.model, "epsilon": args.epsilon}, **pairs(args.set))
   models, examples = {}, None
   for positions in ("last", "all"):
     options = seqrec.SeqRecTrainOptions(**dict(overrides, loss_positions=positions))
@@ -168,11 +129,6 @@ def time_steps(data, args):
   return {"overrides": dict(overrides, time_steps=args.time_steps), "seconds_per_step": median,
           "all_over_last": median["all"] / median["last"], "load_before": load,
           "load_after": os.getloadavg()}
-
-
-def _append(path, record):
-  with open(path, "a", encoding="utf-8") as f:
-    f.write(json.dumps(record) + "\n")
 
 
 if __name__ == "__main__":

@@ -5,6 +5,7 @@ from dprec.privacy.accounting import composed_noise_multiplier
 from dprec.privacy.accounting import compute_epsilon
 from dprec.privacy.accounting import dataset_sampling
 from dprec.privacy.accounting import dp_sgd_event
+from dprec.privacy.accounting import gaussian_delta
 from dprec.privacy.accounting import gaussian_epsilon
 from dprec.privacy.accounting import gaussian_mechanism_period
 from dprec.privacy.accounting import group_epsilon

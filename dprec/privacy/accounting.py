@@ -196,6 +196,24 @@ def _composed_epsilon(periods, delta, accountant, pld_discretization):
   return float(pld.get_epsilon_for_delta(delta))
 
 
+def gaussian_delta(periods: Sequence[TrainingPeriod], epsilon, accountant="pld"):
+  """δ at ε of the composition of training periods: `gaussian_epsilon`'s inverse, on the same
+  PLD (the same grid and objects) or RDP accountant."""
+  check_accountant(accountant)
+  periods = tuple(p for p in periods if p.steps > 0)
+  if not periods:
+    return 0.0
+  if accountant == "rdp":
+    events = [dp_sgd_event(p.noise_multiplier, p.sampling_rate, p.steps) for p in periods]
+    return float(make_accountant("rdp").compose(dp_accounting.ComposedDpEvent(events))
+                 .get_delta(float(epsilon)))
+  pld = privacy_loss_distribution.identity(PLD_DISCRETIZATION)
+  for p in periods:
+    pld = pld.compose(_period_pld(float(p.noise_multiplier), float(p.sampling_rate), int(p.steps),
+                                  PLD_DISCRETIZATION, int(p.group_size)))
+  return float(pld.get_delta_for_epsilon(float(epsilon)))
+
+
 def compute_epsilon(noise_multiplier, sampling_rate, steps, delta, accountant="pld", poisson=True):
   """ε after `steps` Poisson-subsampled Gaussian steps (fixed-size batches flagged, not Poisson)."""
   period = TrainingPeriod(noise_multiplier, sampling_rate, int(steps), poisson)

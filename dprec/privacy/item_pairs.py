@@ -17,6 +17,11 @@ are never materialised: their number above τ is Binomial(U, Ψ(τ/σ)) (U untou
 places uniform without replacement among the untouched cells and their values the normal's tail
 above τ, which is exactly the distribution of thresholding the full noisy matrix.
 
+Dense release (`noisy_dense`, `thresholded`): the same mechanism over a small item set with
+every cell's noisy value kept, so that two releases of the same cells can be combined by
+inverse-variance weighting (`combine`, `train seqrec --model auto`'s top-up) before the
+threshold; thresholding the dense noisy matrix is the distribution `release` samples.
+
 The noise must come from the run's secret randomness: callers pass a numpy `Generator` from the
 run's key, never a public seed.
 """
@@ -129,3 +134,36 @@ def release(statistics, noise_multiplier, threshold, rng: np.random.Generator) -
       (np.concatenate([noisy[kept], false_values]), (row + 1, col + 1)),
       shape=statistics.shape)
   return ReleasedPairs(matrix, float(noise_multiplier), float(threshold), rate)
+
+
+def noisy_dense(statistics, noise_multiplier, rng: np.random.Generator):
+  """float64 [K + 1, K + 1]: `statistics` (csr over ids 0..K, 0 the padding) plus N(0, σ²) on
+  every off-diagonal cell of items 1..K (the padding row and column and the diagonal stay 0)."""
+  if not noise_multiplier > 0:
+    raise DprecError(f"the pair release's noise multiplier must be > 0, got {noise_multiplier}")
+  noisy = statistics.toarray().astype(np.float64)
+  size = noisy.shape[0] - 1
+  noise = rng.normal(0.0, noise_multiplier * SENSITIVITY, (size, size))
+  np.fill_diagonal(noise, 0.0)
+  noisy[1:, 1:] += noise
+  return noisy
+
+
+def combine(releases):
+  """(values, σ) of the inverse-variance weighted mean of [(values, σ_k)], releases of the same
+  query: Σ_k w_k·values_k with w_k ∝ 1/σ_k², whose noise has 1/σ² = Σ_k 1/σ_k² (one Gaussian
+  release at that σ: the Gaussian mechanisms' μ = 1/σ compose as √(Σ μ_k²))."""
+  precisions = np.array([1.0 / sigma ** 2 for _, sigma in releases])
+  values = sum(p * np.asarray(v, np.float64) for p, (v, _) in zip(precisions, releases))
+  return values / precisions.sum(), float(1.0 / math.sqrt(precisions.sum()))
+
+
+def thresholded(noisy, noise_multiplier, threshold) -> ReleasedPairs:
+  """The cells of a dense noisy matrix (`noisy_dense`, `combine`) at or above `threshold`
+  (post-processing), as a `ReleasedPairs` of the same shape."""
+  kept = np.where(noisy >= threshold, noisy, 0.0)
+  kept[0, :] = kept[:, 0] = 0.0
+  np.fill_diagonal(kept, 0.0)
+  rate = 0.5 * math.erfc(threshold / (noise_multiplier * SENSITIVITY) / math.sqrt(2.0))
+  return ReleasedPairs(scipy.sparse.csr_matrix(kept), float(noise_multiplier),
+                       float(threshold), rate)

@@ -59,11 +59,15 @@ def noisy_users_per_item(item_rows, num_items, noise_multiplier, generator):
 
 def dp_item_frequencies(item_rows, num_items, noise_multiplier, generator):
   """float64[M + 1]: p_i = noisy users-per-item / N clamped to [1/N, 1] (p_0 = 0), N = rows."""
-  num_users = len(item_rows)
+  return frequencies_of(noisy_users_per_item(item_rows, num_items, noise_multiplier, generator),
+                        len(item_rows))
+
+
+def frequencies_of(counts, num_users):
+  """float64[M + 1]: p_i = `counts` [M + 1] (noisy users per item) / N clamped to [1/N, 1]
+  (p_0 = 0): post-processing of the release."""
   if num_users < 1:
     raise DprecError("item frequencies need at least one user")
-  frequencies = np.clip(
-      noisy_users_per_item(item_rows, num_items, noise_multiplier, generator) / num_users,
-      1.0 / num_users, 1.0)
+  frequencies = np.clip(np.asarray(counts, np.float64) / num_users, 1.0 / num_users, 1.0)
   frequencies[0] = 0.0
   return frequencies

@@ -72,6 +72,19 @@ def item_set(options, popularity):
   return np.sort(order)
 
 
+def item_ids(options, popularity, num_items):
+  """The ids the pair release covers: 0 (padding), then `item_set`'s (every item without)."""
+  items = item_set(options, popularity)
+  return np.arange(num_items + 1) if items is None else np.concatenate([[0], items])
+
+
+def on_items(matrix, ids, num_items):
+  """csr [M + 1, M + 1] of `matrix` over `ids` (its row and column k is item ids[k])."""
+  cells = matrix.tocoo()
+  return scipy.sparse.csr_matrix((cells.data, (ids[cells.row], ids[cells.col])),
+                                 shape=(num_items + 1, num_items + 1))
+
+
 def pair_statistics(options, examples):
   """The exact pair statistics of `examples`' users (`item_pairs.pair_statistics`)."""
   return item_pairs.pair_statistics(training_sequences(examples), examples.num_items,
@@ -79,20 +92,17 @@ def pair_statistics(options, examples):
                                     options.pair_max_items)
 
 
-def released_pairs(options, examples, plan, items, rng):
+def released_pairs(options, examples, plan, ids, rng):
   """(csr [M + 1, M + 1] of released values, release summary): the pair statistics restricted
-  to `items` (None: all), released with the plan's σ (exact without DP)."""
+  to `ids` (`item_ids`), released with the plan's σ (exact without DP)."""
   statistics = pair_statistics(options, examples)
   if not options.private:
     return statistics, {"released_pairs": int(statistics.nnz), "private": False}
-  ids = np.arange(examples.num_items + 1) if items is None else np.concatenate([[0], items])
   sigma = noise_multiplier(plan)
   released = item_pairs.release(statistics[ids][:, ids], sigma, options.pair_threshold * sigma
                                 * item_pairs.SENSITIVITY, rng)
-  cells = released.matrix.tocoo()
-  matrix = scipy.sparse.csr_matrix((cells.data, (ids[cells.row], ids[cells.col])),
-                                   shape=statistics.shape)
-  return matrix, dict(released.summary(), item_set=len(ids) - 1, ledger_label=LABEL)
+  return (on_items(released.matrix, ids, examples.num_items),
+          dict(released.summary(), item_set=len(ids) - 1, ledger_label=LABEL))
 
 
 def popularity(options, examples, p_i, public=None):
@@ -113,7 +123,8 @@ def build_model(options, examples, plan, p_i, rng, public=None):
   """(`Item2ItemModel`, release summary) from the released histogram `p_i` and pairs of the
   private users `examples`, plus the exact ones of the `public` users (None: none)."""
   counts = popularity(options, examples, p_i, public)
-  matrix, summary = released_pairs(options, examples, plan, item_set(options, counts), rng)
+  matrix, summary = released_pairs(options, examples, plan,
+                                   item_ids(options, counts, examples.num_items), rng)
   if public is not None:
     public_pairs = pair_statistics(options, public)
     matrix = matrix + public_pairs

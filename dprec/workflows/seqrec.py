@@ -16,13 +16,15 @@ run on the very batches and noise an uninterrupted run would have used, paying n
 Language Models with Differential Privacy in Forward Pass", arXiv:2309.06746,
 `dprec.workflows.dp_forward`): SeqLDP. `model="item2item"` releases DP item-to-item statistics once
 instead of training a transformer (`dprec.workflows.item2item`; measured best on Amazon Games'
-validation items: docs/experiments/seqrec_item2item.md). `model="auto"`, the default, picks
-item2item or the transformer from the data's shape, a small DP release of its own composed with
-the rest (`dprec.workflows.model_choice`). `model="hybrid"` releases them too,
-as a mechanism of the plan beside training (`pair_share` of ε), and initialises the transformer's
-item rows from their truncated SVD (post-processing; `pair_init`) before DP training with the rest
-of ε, and can add their item-to-item score to the trained transformer's logits as a fixed prior
-(`prior_weight`, `dprec.models.logit_prior`; post-processing too). `model="dpformer-frozen"`
+validation items: docs/experiments/seqrec_item2item.md). `model="auto"`, the default, releases
+item2item at a share of the budget, tests it against most popular on the validation items (a
+paid, noisy test) and then tops item2item up or trains the transformer with the rest, the run
+accounted as a union over the two branches (`dprec.workflows.model_choice`).
+`model="hybrid"` releases item2item's statistics too, as a mechanism of the plan beside
+training (`pair_share` of ε), and initialises the transformer's item rows from their truncated
+SVD (post-processing; `pair_init`) before DP training with the rest of ε, and can add their
+item-to-item score to the trained transformer's logits as a fixed prior (`prior_weight`,
+`dprec.models.logit_prior`; post-processing too). `model="dpformer-frozen"`
 takes the same releases and fixes the transformer's item table to their truncated SVD (and its
 logit offset to the log of the DP histogram's counts): post-processing, frozen, so DP-SGD's
 norms, clipping and noise cover the blocks alone, tens of thousands of dense weights every
@@ -74,11 +76,12 @@ EPSILON_COVERS = {
     "epsilon": "(epsilon, delta)-DP for adding or removing one user (all of their training "
                "sequence), covering the model (weights and Re-Attention's p_i; for item2item "
                "the released item pairs and the DP histogram; for hybrid and dpformer-frozen "
-               "all three, composed; with --model auto also the released mean number of "
-               "scored positions per user that chose the model, model_choice, composed by "
-               "basic composition)",
+               "all three, composed; with --model auto also its first-stage item2item "
+               "releases and the noisy validation difference that chose the model: the run "
+               "is one (epsilon, delta) ledger charge, the union over both branches, "
+               "model_choice)",
     "public": ["settings", "noise multipliers", "train_examples (N) and items (M), assumed "
-               "public (--model auto's rule reads them too)", "steps_per_second"],
+               "public", "steps_per_second"],
     "held_out_evaluation": "ndcg_at_10, hit_at_10, by_popularity, test_users, validation and "
                            "the top-10 diversity (distinct_top10_items, overlaps) rank each "
                            "user's held-out item given their history, which IS training data of "
@@ -110,7 +113,11 @@ def plan_privacy(options, num_examples, run=None) -> plan_lib.PrivacyPlan:
     raise DprecError("model 'auto' is resolved before planning (seqrec.choose_model)")
   delta, spent = run_budget.plan_prior(run and run.budget, options.epsilon, options.delta,
                                        options.accountant, default_delta=1.0 / num_examples)
-  spent = model_choice.with_choice(options, spent, delta)
+  return plan_model(options, num_examples, delta, spent)
+
+
+def plan_model(options, num_examples, delta, spent) -> plan_lib.PrivacyPlan:
+  """`plan_privacy` of a named model at `delta` after `spent` (a `privacy.Spent`)."""
   if options.model == "item2item":
     return item2item_lib.plan_privacy(options, num_examples, delta, spent)
   check_batch_size(options, num_examples)
@@ -322,27 +329,25 @@ def evaluate_with_prior(model, prior, examples: SeqRecExamples, options):
   return chosen, summary
 
 
-def _check_and_pay_once(options, plan, run, label):
+def _check_and_pay_once(plan, run, label):
   """Refuses a run whose unpaid part (`label`'s steps, the one-off releases) the ledger cannot
-  afford, then pays the one-off releases: the plan's Gaussian mechanisms and `--model auto`'s
-  choice, an (ε0, δ0) charge."""
-  choice = model_choice.selections(options, plan.delta)
-  run.budget.check(plan, label, plan.steps, {name: e for name, (e, _) in choice.items()})
-  run.budget.pay_once(plan, choice)
+  afford, then pays the one-off releases: the plan's Gaussian mechanisms."""
+  run.budget.check(plan, label, plan.steps)
+  run.budget.pay_once(plan)
 
 
 def _pay_before_training(options, plan, run, resume, num_examples):
   """Opens the ledger, refuses a run whose unpaid part it cannot afford, pays the one-off
   releases (the DP histogram; DP-Forward's label ε2) and returns the callback paying the steps
   (DP-Forward: one release per epoch); None for a non-private run."""
-  if run.budget.open_plan_ledger(plan) is None:
-    return None
+  if run.budget.open_plan_ledger(plan) is None or options.auto_model:
+    return None  # --model auto: the run was paid as a whole (`model_choice.pay`)
   if plan.forward is not None:
     return dp_forward_lib.pay_before_training(
         run, plan, LEDGER_LABEL, resume.step,
         dp_forward_lib.steps_per_epoch(num_examples, options.batch_size))
   run.checkpoints.check_ledger_covers(LEDGER_LABEL)
-  _check_and_pay_once(options, plan, run, LEDGER_LABEL)
+  _check_and_pay_once(plan, run, LEDGER_LABEL)
   return run.budget.callback(plan, LEDGER_LABEL, resume.step, options.charge_every)
 
 
@@ -363,8 +368,7 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
   tf.keras.utils.set_random_seed(options.seed)
   with run_lib.Run(COMMAND, options.run_dir, options.ledger, options.insecure_noise_seed,
                    options.secure_noise, options.data) as run:
-    options, choice = choose_model(options, examples, run)
-    plan = plan_privacy(options, len(examples.items), run)
+    options, plan, choice, chosen = choose_model(options, examples, run)
     if plan.forward is not None:
       prior = dp_forward_lib.label_prior(options.item_frequencies, data.item_ids,
                                          examples.num_items)
@@ -372,10 +376,12 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
           examples.labels, prior, plan.forward.label_epsilon, rng=run.key.numpy_rng("label rr"),
           saved=options.run_dir and os.path.join(options.run_dir, "rr_labels.npy")))
     # The histogram's noise comes from the run's key, so a resumed run draws the same p_i.
-    frequencies = frequencies_lib.frequencies(options, data, examples, plan,
-                                              run.key.numpy_rng("item histogram"))
+    frequencies = chosen and chosen["frequencies"]
+    if chosen is None:
+      frequencies = frequencies_lib.frequencies(options, data, examples, plan,
+                                                run.key.numpy_rng("item histogram"))
     if options.model == "item2item":
-      summary = _run_item2item(options, examples, plan, run, frequencies, public)
+      summary = _run_item2item(options, examples, plan, run, frequencies, public, chosen)
       summary["public_user_selection"] = public_users_lib.summary(
           options.public_users, options.public_users_salt, public_data, data)
       summary["model_choice"] = choice
@@ -427,6 +433,8 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
                    popularity_weights=frequencies_lib.weights_summary(weights, floor),
                    epoch_selection=selection and selection.summary(),
                    train_prior_weight=options.train_prior_weight, model_choice=choice)
+    if options.auto_model and plan.private:  # the run's δ, not branch B's plan's
+      summary["delta"] = run.budget.ledger.delta
     if release is not None:
       summary.update(model=options.model, reattention=model.config.reattention.enabled,
                      item_pairs=dict(
@@ -438,26 +446,56 @@ def run(options: SeqRecTrainOptions, data=None) -> dict:
 
 
 def choose_model(options, examples, run):
-  """(options, the choice's summary): `--model auto` resolved by `model_choice.resolve` (its
-  statistic released from the run's key at the δ the plan will use), else the given model."""
+  """(options, plan, the choice's summary, branch A's item2item or None). A named model: its
+  plan. `--model auto` (`dprec.workflows.model_choice`): both branches planned, the run paid as
+  one charge, stage 1 released from the run's key and the model chosen; item2item comes with
+  its combined releases {"model", "release", "frequencies", "noise"}, the transformer with
+  branch B's plan. Without DP the choice is exact and the chosen model's plan follows."""
+  num_examples = len(examples.items)
   if options.model != model_choice.AUTO:
-    return options, model_choice.given(options)
-  check_batch_size(options, len(examples.items))  # the transformer's refusal, before the release
-  delta, _ = run_budget.plan_prior(run and run.budget, options.epsilon, options.delta,
-                                   options.accountant, default_delta=1.0 / len(examples.items))
-  return model_choice.resolve(options, examples, delta, run.key.numpy_rng(model_choice.LABEL))
+    return options, plan_privacy(options, num_examples, run), model_choice.given(options), None
+  model_choice.check_data(examples)  # refusals before anything is paid
+  check_batch_size(options, num_examples)
+  auto = None
+  if options.private:
+    delta, spent = run_budget.plan_prior(run.budget, options.epsilon, options.delta,
+                                         options.accountant, default_delta=1.0 / num_examples)
+    auto = model_choice.plan(options, num_examples, delta, spent, plan_model)
+    run.budget.open_plan_ledger(auto.transformer)
+    model_choice.pay(run.budget, auto)
+  resolved, stage, choice = model_choice.resolve(options, examples, auto, run.key.numpy_rng)
+  if auto is None:
+    return resolved, plan_privacy(resolved, num_examples, run), choice, None
+  if resolved.model == "dpformer":
+    return resolved, auto.transformer, choice, None
+  model, release, frequencies, noise = model_choice.top_up(resolved, examples, auto, stage,
+                                                           run.key.numpy_rng)
+  plan = plan_lib.plan_privacy(auto.epsilon, run.budget.ledger.delta, num_examples,
+                               num_examples, 1, noise_multiplier=noise["pairs"],
+                               accountant=auto.accountant)
+  return resolved, plan, choice, {"model": model, "release": release,
+                                  "frequencies": frequencies, "noise": noise}
 
 
-def _run_item2item(options, examples, plan, run, frequencies, public=None):
+def _run_item2item(options, examples, plan, run, frequencies, public=None, chosen=None):
   """Pays the histogram and the pair release, releases the pairs from the run's key, adds the
   `public` users' exact statistics, evaluates and returns the summary
-  (`dprec.workflows.item2item`)."""
-  if run.budget.open_plan_ledger(plan) is not None:
-    _check_and_pay_once(options, plan, run, item2item_lib.LABEL)
+  (`dprec.workflows.item2item`); `chosen`: `--model auto`'s item2item, paid and released
+  (`choose_model`)."""
+  if chosen is None and run.budget.open_plan_ledger(plan) is not None:
+    _check_and_pay_once(plan, run, item2item_lib.LABEL)
     run.budget.pay_steps(plan, item2item_lib.LABEL, plan.steps)
   timer = time.perf_counter()
-  model, release = item2item_lib.build_model(options, examples, plan, frequencies,
-                                             run.key.numpy_rng("item pairs"), public)
+  if chosen is None:
+    model, release = item2item_lib.build_model(options, examples, plan, frequencies,
+                                               run.key.numpy_rng("item pairs"), public)
+    source = frequencies_lib.source(options, plan, frequencies)
+  else:
+    model, release = chosen["model"], chosen["release"]
+    source = {"source": "dp histogram, stage 1 and top-up combined",
+              "noise_multiplier": chosen["noise"]["histogram"],
+              "max_items_per_user": frequencies_lib.histogram_items(options),
+              "ledger_label": model_choice.LABEL}
   metrics = evaluate_all(model, examples, options)
   summary = {
       "model": "item2item", "ndcg_at_10": metrics["ndcg_at_10"],
@@ -469,7 +507,7 @@ def _run_item2item(options, examples, plan, run, frequencies, public=None):
       **run.summary.privacy(plan, EPSILON_COVERS, options.private),
       "epsilon_budget": options.epsilon, "noise_multiplier": plan.noise_multiplier,
       "item_pairs": dict(release, **item2item_lib.settings(options)),
-      "item_frequencies": frequencies_lib.source(options, plan, frequencies),
+      "item_frequencies": source,
       "train_examples": int(len(examples.items)), "items": examples.num_items,
       "public_users": options.public_users, "seed": options.seed, "run_dir": options.run_dir,
       "seconds": time.perf_counter() - timer}

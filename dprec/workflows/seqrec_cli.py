@@ -77,9 +77,9 @@ def register(subparsers):
                    "paper's setting; GAMMA defaults to 0.01) instead of clipping min(1, C/‖g‖)")
   privacy.add("--model-choice-share", type=float, default=defaults.model_choice_share,
               metavar="SHARE", advanced=True,
-              help="--model auto: the share of ε and of δ of the released mean scored positions "
-                   "per user, an (ε0, δ0) release composed with the model's by basic "
-                   "composition (default: %(default)s)")
+              help="--model auto: the share of item2item's pair release (of its Gaussian "
+                   "budget μ²) released before the validation test; item2item's top-up or the "
+                   "transformer takes the rest (default: %(default)s)")
   privacy.add("--item-norm-share", type=float, metavar="F", advanced=True,
               help="per-group clipping: the item table gets F of C² (clipped or normalised to "
                    "C·√F) and the rest of the model 1 − F, so the item rows get a set share of "
@@ -95,12 +95,14 @@ def register(subparsers):
                    "instead of √L (default: --max-len for dpformer, 10 for item2item)")
 
   model.add("--model", choices=seqrec_options.MODELS, default=defaults.model,
-            help="auto: item2item or dpformer, by the mean scored positions per user (released "
-                 "under DP at --model-choice-share of ε and δ, its own ledger entry) and per "
-                 "item (with the public N users and M items): dpformer with the paper's "
-                 "MovieLens schedule (100 epochs, warm-up and decay, --normalize, dropout 0.2, "
-                 "where those options are left at their defaults) when both reach 16, else "
-                 "item2item; the summary's model_choice says which and why "
+            help="auto: releases item2item's histogram and --model-choice-share of its "
+                 "pair release, then a "
+                 "noisy validation test (item2item's NDCG@10 less most popular's, summed over "
+                 "the validation users): item2item, topped up to nearly its own quality, when "
+                 "it beats most popular, else dpformer with the rest, on the paper's MovieLens "
+                 "schedule (100 epochs, warm-up and decay, --normalize, dropout 0.2, where those "
+                 "options are left at their defaults); the run is one ledger charge, the union "
+                 "over both branches; the summary's model_choice says which and why "
                  "(docs/guide/seqrec.md); item2item: each user's (item, later item) pairs, "
                  "scaled to norm 1, released once with Gaussian noise over the DP histogram's "
                  "top items and thresholded, scored from the user's recent items (best on Amazon "

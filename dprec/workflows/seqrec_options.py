@@ -44,8 +44,8 @@ class SeqRecTrainOptions(run_lib.FitOptions):
   data: Optional[str] = None
   # as `dprec train seqrec`'s: "auto" chooses item2item or dpformer (`model_choice`)
   model: str = model_choice.AUTO
-  model_choice_share: float = 0.02  # --model auto: ε share of the released shape statistic
-  auto_model: bool = False  # set by `model_choice.resolve`: its release is in the plan
+  model_choice_share: float = 0.25  # --model auto: stage 1's share of item2item's pairs
+  auto_model: bool = False  # set by `model_choice.resolve`: the run was paid as a whole
   epsilon: float = 5.0
   delta: Optional[float] = None
   epochs: float = 100.0
@@ -118,6 +118,10 @@ class SeqRecTrainOptions(run_lib.FitOptions):
         (self.model in MODELS, f"--model must be one of {', '.join(MODELS)}, got {self.model}"),
         (0 < self.model_choice_share < 1,
          f"--model-choice-share must be in (0, 1), got {self.model_choice_share}"),
+        (self.model != model_choice.AUTO or (self.pair_item_set is not None
+                                             and self.pair_item_set <= model_choice.MAX_ITEM_SET),
+         f"--model auto releases the pairs densely over the item set: give --pair-item-set "
+         f"at most {model_choice.MAX_ITEM_SET}, got {self.pair_item_set}"),
         (self.model != model_choice.AUTO or self.dp_forward is None,
          "--model auto does not combine with --dp-forward (which trains the transformer)"),
         (self.model != "item2item" or self.dp_forward is None,
