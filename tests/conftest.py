@@ -1,7 +1,10 @@
-"""Suite-wide setup: Keras 2 (tf-keras) before TensorFlow loads, two logical CPU devices, and the
-peer-test switch."""
+"""Suite-wide setup: Keras 2 (tf-keras) before TensorFlow loads, two logical CPU devices, the
+peer-test switch, runs made once per session, and longest-first scheduling."""
+import fcntl
 import importlib.util
+import json
 import os
+import shutil
 from pathlib import Path
 
 os.environ.setdefault("TF_USE_LEGACY_KERAS", "1")
@@ -49,6 +52,32 @@ def criteo_days(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def once_per_session(tmp_path_factory):
+  """`once_per_session(name, make)`: `make(directory)`'s result (JSON), made once in the whole
+  test session, also under pytest-xdist, whose workers share the parent of their temporary
+  directories: the first worker to ask makes it there under a file lock, the others wait and
+  read it (a module fixture would run again in every worker that gets one of its tests). For
+  runs that tests only read; returns (directory, result)."""
+  root = tmp_path_factory.getbasetemp()
+  if os.environ.get("PYTEST_XDIST_WORKER"):
+    root = root.parent
+  root = root / "once_per_session"
+  root.mkdir(exist_ok=True)
+
+  def get(name, make):
+    directory, done = root / name, root / f"{name}.json"
+    with open(root / f"{name}.lock", "w") as lock:
+      fcntl.flock(lock, fcntl.LOCK_EX)
+      if not done.exists():
+        shutil.rmtree(directory, ignore_errors=True)  # what a failed attempt left
+        directory.mkdir()
+        done.write_text(json.dumps({"result": make(directory)}))
+    return directory, json.loads(done.read_text())["result"]
+
+  return get
+
+
+@pytest.fixture(scope="session")
 def load_script():
   """`load_script(path)`: the module of a Python file that is not on the import path (a
   benchmark, or a test helper that also runs as a program)."""
@@ -76,9 +105,12 @@ def sequences_dir(tmp_path_factory):
   return out
 
 
-# The longest tests start first, so the two xdist workers do not end on one of them while the
-# other waits (longest-first scheduling; the Makefile's `--maxschedchunk 2` hands tests out two
-# at a time, so they spread over both workers); the rest keeps its order.
+# The longest tests start first, so the xdist workers do not end on one of them while the others
+# wait (longest-first scheduling; the Makefile's `--maxschedchunk 2` hands tests out at most two
+# consecutive ones at a time, so they spread over the workers); the rest keeps its order. A
+# worker runs a module fixture for its own tests: only the first two tests are sure to share a
+# worker (tests/distribute/test_parameter_server_faults.py's two on one live cluster); runs that
+# tests only read are shared through `once_per_session`.
 LONGEST_FIRST = ("faults", "multiprocess", "slow")
 
 

@@ -349,19 +349,24 @@ PARSED_WITHOUT_TENSORFLOW = [
     (["--help"], 0)]
 
 
-@pytest.fixture(scope="module")
-def parsed_in_a_fresh_process():
+@pytest.fixture
+def parsed_in_a_fresh_process(once_per_session):
   """[(exit code, whether TensorFlow is loaded)] after each argv of `PARSED_WITHOUT_TENSORFLOW`,
-  run in that order in one fresh process (modules only accumulate there: TensorFlow loaded by
-  one argv would show at every later one too)."""
+  run in that order in one fresh process, once a session (modules only accumulate there:
+  TensorFlow loaded by one argv would show at every later one too)."""
   import subprocess
   script = ("import json, sys; from dprec import cli\nfor argv in json.loads(sys.argv[1]):\n"
             "  try:\n    cli.main(argv)\n  except SystemExit as exit:\n"
             "    print('exit', exit.code, 'tensorflow' in sys.modules)")
-  done = subprocess.run([sys.executable, "-c", script,
-                         json.dumps([argv for argv, _ in PARSED_WITHOUT_TENSORFLOW])],
-                        capture_output=True, text=True, check=True)
-  return [line.split(" ", 1)[1] for line in done.stdout.splitlines() if line.startswith("exit ")]
+
+  def run(unused_directory):
+    done = subprocess.run([sys.executable, "-c", script,
+                           json.dumps([argv for argv, _ in PARSED_WITHOUT_TENSORFLOW])],
+                          capture_output=True, text=True, check=True)
+    return [line.split(" ", 1)[1] for line in done.stdout.splitlines()
+            if line.startswith("exit ")]
+
+  return once_per_session("parsed_without_tensorflow", run)[1]
 
 
 @pytest.mark.parametrize("index", range(len(PARSED_WITHOUT_TENSORFLOW)))

@@ -41,23 +41,23 @@ def _train(data_dir, tmp_path, algorithm, *extra):
     return json.load(stream)
 
 
-@pytest.fixture(scope="module")
-def dp_sgd_run(data_dir, tmp_path_factory):
+@pytest.fixture
+def dp_sgd_run(data_dir, once_per_session):
   """(directory, summary) of one DP-SGD run (RDP accountant, a run directory and TensorBoard
   logs) that three tests read: its charges, its secret key kept out of every output, its default
   noise."""
-  out = tmp_path_factory.mktemp("dp_sgd")
-  return out, _train(data_dir, out, "dp_sgd", "--accountant", "rdp", "--run-dir",
-                     str(out / "run"), "--log-dir", str(out / "logs"))
+  return once_per_session("train_ctr_dp_sgd", lambda out: _train(
+      data_dir, out, "dp_sgd", "--accountant", "rdp", "--run-dir", str(out / "run"), "--log-dir",
+      str(out / "logs")))
 
 
-@pytest.fixture(scope="module")
-def dp_sgd_diagnostics_run(data_dir, tmp_path_factory):
+@pytest.fixture
+def dp_sgd_diagnostics_run(data_dir, once_per_session):
   """(directory, summary) of one DP-SGD run with --diagnostics and --calibration-share 0, read by
   the tests of those two options (apart: the summary's diagnostics fields; the calibration's
   fields and charge)."""
-  out = tmp_path_factory.mktemp("dp_sgd_diagnostics")
-  return out, _train(data_dir, out, "dp_sgd", "--diagnostics", "--calibration-share", "0")
+  return once_per_session("train_ctr_dp_sgd_diagnostics", lambda out: _train(
+      data_dir, out, "dp_sgd", "--diagnostics", "--calibration-share", "0"))
 
 
 @pytest.mark.parametrize("algorithm, extra", [

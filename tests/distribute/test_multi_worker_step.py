@@ -12,25 +12,26 @@ from dprec.distribute import cluster
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 
-@pytest.fixture(scope="module")
-def cluster_run(steps, tmp_path_factory):
-  """(exit codes of the 2 workers, their output directory)."""
-  out = tmp_path_factory.mktemp("multi_worker")
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get(
-      "PYTHONPATH")])), TF_CPP_MIN_LOG_LEVEL="2")
-  workers = cluster.start_local_workers([steps.__file__, str(out)], 2, env)
-  try:
-    codes = [worker.wait(timeout=480) for worker in workers]
-  finally:
-    for worker in workers:
-      if worker.poll() is None:
-        worker.kill()
-  return codes, out
+@pytest.fixture
+def cluster_run(steps, once_per_session):
+  """(their output directory, the exit codes of the 2 workers): one cluster start a session."""
+  def run(out):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get(
+        "PYTHONPATH")])), TF_CPP_MIN_LOG_LEVEL="2")
+    workers = cluster.start_local_workers([steps.__file__, str(out)], 2, env)
+    try:
+      return [worker.wait(timeout=480) for worker in workers]
+    finally:
+      for worker in workers:
+        if worker.poll() is None:
+          worker.kill()
+
+  return once_per_session("multi_worker_cluster", run)
 
 
 @pytest.mark.multiprocess
 def test_multi_worker_step_equals_one_device_step(steps, cluster_run):
-  codes, out_dir = cluster_run
+  out_dir, codes = cluster_run
   assert codes == [0, 0]
   outputs = [out_dir / f"worker{i}.npz" for i in range(2)]
   for algorithm in steps.CONFIGS:
@@ -46,6 +47,6 @@ def test_multi_worker_step_equals_one_device_step(steps, cluster_run):
 def test_workers_stop_with_a_chief_that_stops_early(cluster_run):
   """The chief alone stops after 2 of 4 steps (as at the budget): `SharedStop` stops the other
   worker at the same step instead of leaving it waiting in the next step's collectives."""
-  codes, out_dir = cluster_run
+  out_dir, codes = cluster_run
   assert codes == [0, 0]
   assert [int(np.load(out_dir / f"stop{i}.npz")["steps"]) for i in range(2)] == [2, 2]
