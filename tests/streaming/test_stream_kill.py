@@ -33,7 +33,7 @@ from pipelines import criteo_stream
 
 pytestmark = pytest.mark.commands
 
-STEPS, BATCH = 50, 20  # 1,000 rows per day at an expected batch of 20
+STEPS = 100  # 1,000 rows per day at an expected batch of 10
 ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_DETERMINISTIC_OPS="1",
            TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1")
 
@@ -52,8 +52,8 @@ def stream_output(once_per_session):
   return str(once_per_session("stream_kill_days", run)[0] / "out")
 
 
-def _command(data, run_dir, batch_size=BATCH):
-  """The stream's command; the kill test's batch of `BATCH` gives `STEPS` steps a period, the other
+def _command(data, run_dir, batch_size=10):
+  """The stream's command; the kill test's batch of 10 gives `STEPS` steps a period, the other
   tests pass a larger one (a few steps a period: they check plans and keys, not training)."""
   return [sys.executable, "-m", "dprec.cli", "stream", "--data", data, "--run-dir", run_dir,
           "--algorithm", "dp_adafest", "--epsilon", "20", "--noise-multiplier", "1.0",
