@@ -33,20 +33,18 @@ def tensorflow_privacy():
 
 
 @pytest.fixture(scope="session")
-def criteo_days(tmp_path_factory):
+def criteo_days(once_per_session):
   """`criteo_days(rows, days)`: a directory of tiny synthetic Criteo days (seed 0, vocabularies
   scaled to 3k buckets), generated once per size for the whole session; tests only read it."""
   # Imported here: not every Bazel test target depends on dprec.data.
   from dprec.data import synthetic
-  made = {}
 
   def make(rows, days):
-    if (rows, days) not in made:
-      directory = tmp_path_factory.mktemp("criteo")
+    def generate(directory):
       synthetic.generate_criteo(str(directory), rows=rows, days=days, seed=0, vocab="scaled:3k",
                                 progress=False)
-      made[rows, days] = str(directory)
-    return made[rows, days]
+
+    return str(once_per_session(f"criteo_{rows}x{days}", generate)[0])
 
   return make
 
@@ -91,18 +89,20 @@ def load_script():
 
 
 @pytest.fixture(scope="session")
-def sequences_dir(tmp_path_factory):
+def sequences_dir(once_per_session):
   """120 users, 40 items, through the Beam sequences job (SASRec format), once for the session;
   tests only read it."""
   # Imported here: not every Bazel test target depends on dprec.data and pipelines.
   from dprec.data import synthetic
   from pipelines import sequences
-  root = tmp_path_factory.mktemp("sequences")
-  synthetic.generate_sequences(str(root / "seq.txt"), users=120, items=40, seed=0, progress=False)
-  out = str(root / "out")
-  sequences.run(sequences.SequencesJob(inputs=(str(root / "seq.txt"),), input_format="sasrec",
-                                       output=out))
-  return out
+
+  def make(root):
+    synthetic.generate_sequences(str(root / "seq.txt"), users=120, items=40, seed=0,
+                                 progress=False)
+    sequences.run(sequences.SequencesJob(inputs=(str(root / "seq.txt"),), input_format="sasrec",
+                                         output=str(root / "out")))
+
+  return str(once_per_session("sequences", make)[0] / "out")
 
 
 # The longest tests start first, so the xdist workers do not end on one of them while the others
