@@ -1,7 +1,9 @@
 """Each guide's main example (the first shell block of docs/guide/*.md) runs as written, in a fresh
 temporary directory, with the `dprec` command of this environment: only sizes shrink (rows,
-epochs, the tower) and, where a guide starts from files it does not make (a days directory, a
-ledger), a setup step makes them first."""
+epochs, the tower), Beam jobs run on one in-process worker (each worker process of the default
+runner imports TensorFlow again; the jobs on two worker processes: tests/pipelines/
+test_criteo_batch.py, and `dprec preprocess` on them: tests/test_cli.py) and, where a guide starts
+from files it does not make (a days directory, a ledger), a setup step makes them first."""
 import os
 import re
 import shlex
@@ -17,12 +19,14 @@ ROOT = Path(__file__).resolve().parents[1]
 GUIDES = ROOT / "docs" / "guide"
 SYNTH_DAYS = "dprec synth criteo --rows 3000 --days 3 --seed 0 --vocab scaled:3k --output {}"
 SYNTH_SEQUENCES = "dprec synth sequences --users 200 --items 60 --seed 0 --output {}"
+IN_PROCESS_BEAM = "--direct_running_mode=in_memory --direct_num_workers=1"
 
 # What each guide's example needs beforehand (shell, run in the same directory).
 SETUP = {
     "audit": SYNTH_DAYS.format("days"),
     "dp_forward": SYNTH_SEQUENCES.format("seq.txt") + "\n"
-                  "dprec preprocess sequences --input seq.txt --format sasrec --output seqs",
+                  "dprec preprocess sequences --input seq.txt --format sasrec --output seqs "
+                  + IN_PROCESS_BEAM,
     "preprocess": SYNTH_DAYS.format("data/criteo") + "\n"
                   "mkdir -p logs incoming && for f in data/criteo/day_*; do "
                   "gzip -c $f > logs/$(basename $f).gz; cp $f incoming/; done\n"
@@ -42,8 +46,10 @@ SIZES = [
     (r"--top-k-per-feature 20 --top-k-epsilon 2", "--top-k-per-feature 1 --top-k-epsilon 2"),
     (r" \[[^\]]*\]", ""),  # optional arguments shown in brackets
 ]
-# Appended to each command of that name: few steps, a small tower, no progress bars.
+# Appended to each command of that name: few steps, a small tower, no progress bars, Beam in
+# this process.
 FAST = {
+    "dprec preprocess": IN_PROCESS_BEAM,
     "dprec train ctr": "--steps 3 --batch-size 64 --hidden-units 8 --no-progress",
     "dprec train seqrec": "--epochs 1 --max-len 8 --dim 8 --blocks 1 --batch-size 32 "
                           "--no-progress",

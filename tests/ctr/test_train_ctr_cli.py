@@ -41,13 +41,36 @@ def _train(data_dir, tmp_path, algorithm, *extra):
     return json.load(stream)
 
 
+@pytest.fixture
+def dp_sgd_run(data_dir, once_per_session):
+  """(directory, summary) of one DP-SGD run (RDP accountant, a run directory and TensorBoard
+  logs) that three tests read: its charges, its secret key kept out of every output, its default
+  noise."""
+  return once_per_session("train_ctr_dp_sgd", lambda out: _train(
+      data_dir, out, "dp_sgd", "--accountant", "rdp", "--run-dir", str(out / "run"), "--log-dir",
+      str(out / "logs")))
+
+
+@pytest.fixture
+def dp_sgd_diagnostics_run(data_dir, once_per_session):
+  """(directory, summary) of one DP-SGD run with --diagnostics and --calibration-share 0, read by
+  the tests of those two options (apart: the summary's diagnostics fields; the calibration's
+  fields and charge)."""
+  return once_per_session("train_ctr_dp_sgd_diagnostics", lambda out: _train(
+      data_dir, out, "dp_sgd", "--diagnostics", "--calibration-share", "0"))
+
+
 @pytest.mark.parametrize("algorithm, extra", [
     ("dp_sgd", ()),
     ("dp_adafest_plus", ("--top-k-total", "260", "--top-k-epsilon", "0.2", "--threshold", "2")),
     ("dp_sgd_lazy", ("--optimizer", "table_sgd", "--momentum", "0.9")),
 ])
-def test_private_run_spends_what_dprec_privacy_computes(data_dir, tmp_path, algorithm, extra):
-  summary = _train(data_dir, tmp_path, algorithm, "--accountant", "rdp", *extra)
+def test_private_run_spends_what_dprec_privacy_computes(data_dir, tmp_path, algorithm, extra,
+                                                       request):
+  if algorithm == "dp_sgd":  # the shared run: its run directory and logs charge nothing more
+    tmp_path, summary = request.getfixturevalue("dp_sgd_run")
+  else:
+    summary = _train(data_dir, tmp_path, algorithm, "--accountant", "rdp", *extra)
   assert REQUIRED <= set(summary) and summary["algorithm"] == algorithm
   assert summary["learning_rate"] == ctr_workflow.DEFAULT_LEARNING_RATES["private"]
   assert summary["hidden_units"] == [8]
@@ -78,7 +101,8 @@ def test_private_run_spends_what_dprec_privacy_computes(data_dir, tmp_path, algo
     assert summary["gradient_size_reduction"] > 1.0
 
 
-def test_secure_noise_run_is_accounted_as_the_gaussian_mechanism_it_rounds(data_dir, tmp_path):
+def test_secure_noise_run_is_accounted_as_the_gaussian_mechanism_it_rounds(data_dir, tmp_path,
+                                                                          dp_sgd_run):
   """--secure-noise releases the Gaussian mechanism rounded to a grid (post-processing), so ε is
   the Gaussian accountant's: here dp_accounting's RDP accountant called directly on the run's
   events (the DP base rate, DP Platt scaling, then T Poisson-sampled Gaussian steps at the
@@ -96,8 +120,7 @@ def test_secure_noise_run_is_accounted_as_the_gaussian_mechanism_it_rounds(data_
       summary["sampling_rate"], dp_accounting.GaussianDpEvent(sigma)), STEPS)
   assert summary["epsilon"] == pytest.approx(accountant.get_epsilon(summary["delta"]), rel=1e-9)
   assert summary["gradient_size_reduction"] > 1.0  # still sparse
-  (tmp_path / "default").mkdir()
-  assert _train(data_dir, tmp_path / "default", "dp_sgd")["secure_noise"] is False
+  assert dp_sgd_run[1]["secure_noise"] is False  # the default
 
 
 def test_non_private_run_and_summary(data_dir, tmp_path):
@@ -209,10 +232,9 @@ def test_a_secure_and_an_insecure_run_of_the_same_arguments_draw_different_noise
                          for c in charges)
 
 
-def test_run_dir_keeps_a_private_key_that_no_output_contains(data_dir, tmp_path):
+def test_run_dir_keeps_a_private_key_that_no_output_contains(dp_sgd_run):
+  tmp_path, summary = dp_sgd_run
   run_dir, logs = tmp_path / "run", tmp_path / "logs"
-  summary = _train(data_dir, tmp_path, "dp_sgd", "--run-dir", str(run_dir), "--log-dir",
-                   str(logs))
   key_path = run_dir / "secret" / "noise_key"
   assert os.stat(key_path).st_mode & 0o777 == 0o600 and len(key_path.read_bytes()) == 32
   key = key_path.read_bytes()
@@ -230,8 +252,8 @@ def test_run_dir_keeps_a_private_key_that_no_output_contains(data_dir, tmp_path)
   assert not (logs / "diagnostics_nonprivate").exists()
 
 
-def test_diagnostics_are_reported_under_a_name_that_says_so(data_dir, tmp_path):
-  summary = _train(data_dir, tmp_path, "dp_sgd", "--diagnostics")
+def test_diagnostics_are_reported_under_a_name_that_says_so(dp_sgd_diagnostics_run):
+  summary = dp_sgd_diagnostics_run[1]
   assert not set(summary) & NOT_PRIVATE_FIELDS
   assert {"train_loss", "train_auc"} <= set(summary["diagnostics_nonprivate"])
 
@@ -482,10 +504,10 @@ def _assert_platt_scaling_charged_once(summary, ledger_charges):
   assert np.isfinite(summary["calibration_shift"]) and summary["calibration_scale"] > 0
 
 
-def test_dp_platt_scaling_is_charged_once_or_not_at_all(data_dir, tmp_path):
+def test_dp_platt_scaling_is_charged_once_or_not_at_all(dp_sgd_diagnostics_run):
   """`--calibration-share` 0 plans, charges and applies none; 0.1 charges it once (checked on the
   run of test_a_second_run_on_a_shared_ledger_pays_and_is_refused_at_the_budget)."""
-  summary = _train(data_dir, tmp_path, "dp_sgd", "--calibration-share", "0")
+  tmp_path, summary = dp_sgd_diagnostics_run
   charges = [c for c in privacy.PrivacyLedger(str(tmp_path / "ledger.json")).charges
              if c.get("label") == "train ctr calibration"]
   assert not charges and summary["calibration_shift"] is None

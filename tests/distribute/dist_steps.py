@@ -1,7 +1,7 @@
 """One DP step of a small two-table model (tests/distribute): on one device, under a
 `tf.distribute` strategy, or, run as a script with TF_CONFIG set, as one worker of a
-MultiWorkerMirroredStrategy cluster (`python dist_steps.py OUT.npz [steps|stop]`, "{index}" in
-OUT replaced by the worker's index): one step of each algorithm, or a chief stopping early."""
+MultiWorkerMirroredStrategy cluster (`python dist_steps.py OUT_DIR`): one step of each algorithm
+(OUT_DIR/worker{index}.npz), then a chief stopping early (OUT_DIR/stop{index}.npz)."""
 import json
 import os
 import sys
@@ -88,10 +88,9 @@ class _StopOnChief(tf.keras.callbacks.Callback):
       self.model.stop_training = True
 
 
-def stop_early(out, steps=2):
+def stop_early(out, strategy, steps=2):
   """A worker that trains 4 steps of which the chief alone stops after `steps`; with
   `SharedStop` every worker stops there (saves the steps it took), else the others hang."""
-  strategy = tf.distribute.MultiWorkerMirroredStrategy()
   features, labels = data()
   with strategy.scope():
     model = build_model(CONFIGS["dp_sgd"])
@@ -99,20 +98,19 @@ def stop_early(out, steps=2):
   model.fit(tf.keras.utils.experimental.DatasetCreator(poisson.replica_dataset_fn(
       features, labels, poisson.BatchSampling(BATCH, entropy=7), 4)), steps_per_epoch=4,
             verbose=0, callbacks=[counter, SharedStop(strategy)])
-  np.savez(out.format(index=json.loads(os.environ["TF_CONFIG"])["task"]["index"]),
-           steps=counter.done)
+  np.savez(out, steps=counter.done)
 
 
-def main(out, mode="steps"):
+def main(out_dir):
   """A worker of the MultiWorkerMirroredStrategy cluster that TF_CONFIG describes: one step of
-  each algorithm (mode "steps"), or `stop_early` (mode "stop")."""
-  if mode == "stop":
-    stop_early(out)
-    return
+  each algorithm, then `stop_early`, under one strategy (a process configures its collectives
+  once; one cluster start serves both)."""
   strategy = tf.distribute.MultiWorkerMirroredStrategy()
-  weights = {f"{algorithm}_{i}": w for algorithm in CONFIGS
-             for i, w in enumerate(one_step(algorithm, strategy))}
-  np.savez(out.format(index=json.loads(os.environ["TF_CONFIG"])["task"]["index"]), **weights)
+  index = json.loads(os.environ["TF_CONFIG"])["task"]["index"]
+  np.savez(os.path.join(out_dir, f"worker{index}.npz"),
+           **{f"{algorithm}_{i}": w for algorithm in CONFIGS
+              for i, w in enumerate(one_step(algorithm, strategy))})
+  stop_early(os.path.join(out_dir, f"stop{index}.npz"), strategy)
 
 
 if __name__ == "__main__":

@@ -84,7 +84,9 @@ def make_cluster():
 @pytest.fixture(scope="module")
 def one_worker_two_ps():
   """One worker and two parameter servers, shared by the tests whose runs compare bit for bit
-  (each starts its chiefs against them; a server a test kills it restarts)."""
+  (each starts its chiefs against them; a server a test kills it restarts). Those two tests come
+  first in this file: the suite's first tests (this file's, tests/conftest.py) go out in pairs
+  under pytest-xdist, so one worker runs both and starts these servers once."""
   servers = Cluster(1, 2)
   yield servers
   servers.stop()
@@ -123,23 +125,6 @@ def _steps_paid(run_dir):
 
 def _summary(run_dir):
   return json.loads((run_dir / "summary.json").read_text())
-
-
-def test_a_killed_worker_is_rescheduled_and_the_run_pays_each_step_once(data_dir, tmp_path,
-                                                                         make_cluster):
-  servers = make_cluster(2)
-  run_dir = tmp_path / "run"
-  chief = servers.chief(_command(data_dir, run_dir))
-  _wait_for_checkpoint(chief, run_dir, EVERY)
-  servers.kill("worker", 1)
-  time.sleep(1)
-  servers.start("worker", 1)
-  assert chief.wait(timeout=TIMEOUT) == 0
-  summary = _summary(run_dir)
-  assert summary["steps"] == STEPS and summary["replicas"] == 2
-  assert _steps_paid(run_dir) == STEPS  # each step paid when scheduled, not again when re-run
-  assert summary["epsilon"] == pytest.approx(EPSILON, rel=1e-3)  # as planned: ε unchanged
-  assert summary["private"] is False  # the insecure key says so
 
 
 def _wait_for_file(process, path):
@@ -226,6 +211,23 @@ def test_out_of_core_a_worker_lost_once_its_update_is_computed_leaves_the_run_as
   _run_faulted_worker(servers, data_dir, tmp_path / "worker_lost", OUT_OF_CORE)
   assert _summary(reference)["out_of_core"] is True
   _assert_equal_runs(tmp_path / "worker_lost", reference)
+
+
+def test_a_killed_worker_is_rescheduled_and_the_run_pays_each_step_once(data_dir, tmp_path,
+                                                                         make_cluster):
+  servers = make_cluster(2)
+  run_dir = tmp_path / "run"
+  chief = servers.chief(_command(data_dir, run_dir))
+  _wait_for_checkpoint(chief, run_dir, EVERY)
+  servers.kill("worker", 1)
+  time.sleep(1)
+  servers.start("worker", 1)
+  assert chief.wait(timeout=TIMEOUT) == 0
+  summary = _summary(run_dir)
+  assert summary["steps"] == STEPS and summary["replicas"] == 2
+  assert _steps_paid(run_dir) == STEPS  # each step paid when scheduled, not again when re-run
+  assert summary["epsilon"] == pytest.approx(EPSILON, rel=1e-3)  # as planned: ε unchanged
+  assert summary["private"] is False  # the insecure key says so
 
 
 def _final_checkpoint(run_dir):

@@ -17,14 +17,17 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
 
 
-@pytest.fixture(scope="module")
-def saved(tmp_path_factory):
-  out = tmp_path_factory.mktemp("ps") / "steps.npz"
-  env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get(
-      "PYTHONPATH")])), TF_CPP_MIN_LOG_LEVEL="2")
-  subprocess.run([sys.executable, os.path.join(HERE, "ps_steps.py"), str(out)], env=env,
-                 check=True, timeout=300)
-  with np.load(out) as data:
+@pytest.fixture
+def saved(once_per_session):
+  """The arrays `ps_steps.py` saves: its process runs once a session."""
+  def run(out):
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [ROOT, os.environ.get(
+        "PYTHONPATH")])), TF_CPP_MIN_LOG_LEVEL="2")
+    subprocess.run([sys.executable, os.path.join(HERE, "ps_steps.py"), str(out / "steps.npz")],
+                   env=env, check=True, timeout=300)
+
+  out, _ = once_per_session("parameter_server_steps", run)
+  with np.load(out / "steps.npz") as data:
     return dict(data)
 
 

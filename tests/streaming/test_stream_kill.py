@@ -38,16 +38,18 @@ ENV = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="3", TF_DETERMINISTIC_OPS="1",
            TF_NUM_INTRAOP_THREADS="1", TF_NUM_INTEROP_THREADS="1")
 
 
-@pytest.fixture(scope="module")
-def stream_output(tmp_path_factory):
-  """Three days of synthetic Criteo, through the streaming Beam job (one window per day)."""
-  root = tmp_path_factory.mktemp("criteo")
-  generate_criteo(str(root / "days"), rows=3000, days=3, seed=0, vocab="scaled:2k",
-                  progress=False)
-  job = criteo_stream.StreamJob(input_dir=str(root / "days"), output=str(root / "out"),
-                                poll_seconds=0.2, stop_after_day=2, idle_timeout=60)
-  criteo_stream.run(job, ["--direct_num_workers=1", "--direct_running_mode=in_memory"])
-  return str(root / "out")
+@pytest.fixture
+def stream_output(once_per_session):
+  """Three days of synthetic Criteo, through the streaming Beam job (one window per day), once a
+  session (tests read it or copy it)."""
+  def run(root):
+    generate_criteo(str(root / "days"), rows=3000, days=3, seed=0, vocab="scaled:2k",
+                    progress=False)
+    job = criteo_stream.StreamJob(input_dir=str(root / "days"), output=str(root / "out"),
+                                  poll_seconds=0.2, stop_after_day=2, idle_timeout=60)
+    criteo_stream.run(job, ["--direct_num_workers=1", "--direct_running_mode=in_memory"])
+
+  return str(once_per_session("stream_kill_days", run)[0] / "out")
 
 
 def _command(data, run_dir, batch_size=10):
