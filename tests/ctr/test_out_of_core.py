@@ -51,6 +51,21 @@ def _argv(data_dir, run_dir, *extra):
           str(run_dir), "--summary-json", os.path.join(run_dir, "summary.json"), *BEAM, *extra]
 
 
+def _fail_at_step_7(monkeypatch, data_dir, run_dir, *argv):
+  """Runs `train ctr` out of core with a fault at step 7 (after the checkpoint of step 6): the
+  run fails; the fault stays injected until `monkeypatch.undo()`. Returns the unpatched reader."""
+  read_shard = batch_shards.read_shard
+
+  def fail_at_step_7(directory, entry):
+    if entry["step"] == 7:
+      raise RuntimeError("fault injected at step 7")
+    return read_shard(directory, entry)
+
+  monkeypatch.setattr(batch_shards, "read_shard", fail_at_step_7)
+  assert cli.main(_argv(data_dir, run_dir, *argv)) != 0
+  return read_shard
+
+
 def _summary(run_dir):
   with open(os.path.join(run_dir, "summary.json"), encoding="utf-8") as stream:
     return json.load(stream)
@@ -129,15 +144,7 @@ def test_a_stopped_run_resumes_at_the_next_shard_and_ends_as_an_uninterrupted_on
         data = open(os.path.join(root, name), "rb").read()
         assert key not in data and key.hex().encode() not in data, name
 
-  read_shard = batch_shards.read_shard
-
-  def fail_at_step_7(directory, entry):  # a fault mid-run (after the checkpoint of step 6)
-    if entry["step"] == 7:
-      raise RuntimeError("fault injected at step 7")
-    return read_shard(directory, entry)
-
-  monkeypatch.setattr(batch_shards, "read_shard", fail_at_step_7)
-  assert cli.main(_argv(data_dir, stopped, "--insecure-noise-seed", "1")) != 0
+  read_shard = _fail_at_step_7(monkeypatch, data_dir, stopped, "--insecure-noise-seed", "1")
   assert not os.path.exists(stopped / "summary.json")
   monkeypatch.undo()
   shutil.rmtree(plain)  # the same run once more, with the same public seed, uninterrupted
@@ -371,15 +378,7 @@ def test_a_stopped_user_level_run_resumes_on_its_batches_and_another_runs_are_re
   argv = (*USER_LEVEL, "--batch-size", "16", "--insecure-noise-seed", "1")
   plain, stopped, other = tmp_path / "plain", tmp_path / "stopped", tmp_path / "other"
   assert cli.main(_argv(user_days, plain, *argv)) == 0
-  read_shard = batch_shards.read_shard
-
-  def fail_at_step_7(directory, entry):  # a fault mid-run (after the checkpoint of step 6)
-    if entry["step"] == 7:
-      raise RuntimeError("fault injected at step 7")
-    return read_shard(directory, entry)
-
-  monkeypatch.setattr(batch_shards, "read_shard", fail_at_step_7)
-  assert cli.main(_argv(user_days, stopped, *argv)) != 0
+  read_shard = _fail_at_step_7(monkeypatch, user_days, stopped, *argv)
   seen = []
 
   def record(directory, entry):
