@@ -245,7 +245,8 @@ def test_beam_jobs_are_quiet_unless_verbose(tmp_path):
     (["synth", "sequences", "--users", "9", "--items", "9", "--output", "o"],
      "dprec.data.synthetic:SequenceSynthConfig"),
     (["preprocess", "criteo", "--input", "i", "--output", "o"],
-     "pipelines.criteo:CriteoJob pipelines.criteo:VocabConfig pipelines.criteo_stream:StreamJob"),
+     "pipelines.criteo:CriteoJob pipelines.criteo_vocabulary:VocabConfig "
+     "pipelines.criteo_stream:StreamJob"),
     (["preprocess", "sequences", "--input", "i", "--format", "csv", "--output", "o"],
      "pipelines.sequences:SequencesJob"),
 ])
