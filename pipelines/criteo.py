@@ -220,11 +220,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--input", required=True, nargs="+",
                       help="TSV files, globs or a directory of day_N files (plain or .gz)")
   parser.add_argument("--output", required=True, help="output directory")
-  parser.add_argument("--vocab-mode", default="min_count", choices=VOCAB_MODES,
-                      help="how buckets become ids (default min_count)")
-  parser.add_argument("--vocab-min-count", type=int, default=1, dest="min_count",
-                      help="keep buckets seen at least this often (default 1; `train ctr "
-                      "--vocab-min-count` on TSV days)")
+  parser.add_argument("--vocab-mode", default=VocabConfig.mode, choices=VOCAB_MODES,
+                      help="how buckets become ids (default %(default)s)")
+  parser.add_argument("--vocab-min-count", type=int, default=VocabConfig.min_count,
+                      dest="min_count",
+                      help="keep buckets seen at least this often (default %(default)s; `train "
+                      "ctr --vocab-min-count` on TSV days)")
   add_deprecated_alias(parser.add_argument, "--min-count", "--vocab-min-count", "min_count",
                        type=int)
   parser.add_argument("--top-k-per-feature", default=None, dest="top_k", metavar="K",
@@ -248,8 +249,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--delta", type=float, default=None,
                       help="delta of a new ledger (default 1/N, N the input's lines, as training "
                       "defaults to 1/N of its rows; training adopts the ledger's delta)")
-  parser.add_argument("--max-bad-fraction", type=float, default=0.01,
-                      help="fail if more than this fraction of lines is malformed (default 0.01)")
+  parser.add_argument("--max-bad-fraction", type=float, default=CriteoJob.max_bad_fraction,
+                      help="fail if more than this fraction of lines is malformed (default "
+                      "%(default)s)")
   parser.add_argument("--pad-short-lines", action="store_true",
                       help="read lines with fewer than 40 fields as missing trailing values, as "
                       "copies with stripped trailing tabs need, counted in stats.json's "

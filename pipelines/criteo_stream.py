@@ -450,19 +450,20 @@ def run_unbounded(job: StreamJob, beam_args: Sequence[str] = ()) -> dict:
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("--period-days", type=int, default=1,
-                      help="streaming period: days per window and per output (default 1)")
-  parser.add_argument("--poll-seconds", type=float, default=1.0,
-                      help="how often to look for new day files (default 1)")
+  parser.add_argument("--period-days", type=int, default=StreamJob.period_days,
+                      help="streaming period: days per window and per output (default "
+                      "%(default)s)")
+  parser.add_argument("--poll-seconds", type=float, default=StreamJob.poll_seconds,
+                      help="how often to look for new day files (default %(default)g)")
   parser.add_argument("--idle-timeout", type=float, default=None,
                       help="stop after this many seconds without a new file (default: keep "
                       "watching)")
   parser.add_argument("--stop-after-day", type=int, default=None,
                       help="stop once the file of this day (or a later one) has arrived "
                       "(default: none)")
-  parser.add_argument("--settle-seconds", type=float, default=2.0,
+  parser.add_argument("--settle-seconds", type=float, default=StreamJob.settle_seconds,
                       help="take a day file once it has not changed for this long, so a file "
-                      "written in place is not read half-written (default 2)")
+                      "written in place is not read half-written (default %(default)g)")
 
 
 def job_from_args(args) -> StreamJob:
