@@ -17,7 +17,7 @@ import tracemalloc
 
 import pandas as pd
 
-from dprec.data import criteo, synthetic
+from dprec.data import criteo_parse, synthetic
 
 
 def _generate(directory, rows, vocab):
@@ -58,8 +58,8 @@ def main():
   times = {
       "pandas.read_csv (yardstick)": _timed(lambda: pd.read_csv(
           io.BytesIO(data), sep="\t", header=None, dtype={i: str for i in range(14, 40)})),
-      "criteo.parse_bytes": _timed(lambda: criteo.parse_bytes(data, "day_0")),
-      "criteo.parse_lines (Beam batch)": _timed(lambda: criteo.parse_lines(lines, "day_0")),
+      "criteo.parse_bytes": _timed(lambda: criteo_parse.parse_bytes(data, "day_0")),
+      "criteo.parse_lines (Beam batch)": _timed(lambda: criteo_parse.parse_lines(lines, "day_0")),
   }
   baseline = times["pandas.read_csv (yardstick)"]
   print(f"\nparsing {rows:,} generated lines ({len(data) / 2**20:.0f} MiB)")

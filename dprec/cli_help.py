@@ -2,12 +2,16 @@
 in groups by concern (`OptionGroups`); `--help` lists the options most runs set and `--help-all`
 every one (an option added with `advanced=True` parses as any other, listed by `--help-all`
 only); each option's help ends with its default; old option names kept for a release as
-deprecated aliases; a misspelt option or choice gets the closest one suggested."""
+deprecated aliases; a misspelt option or choice gets the closest one suggested. An options
+dataclass may hold its options' help in its fields (`option`), from which `add_fields` builds
+them: the name, default, type and help of each come from one place."""
 import argparse
+import dataclasses
 import difflib
 import functools
 import sys
 import textwrap
+import typing
 
 ADVANCED = "advanced"  # an action with this attribute true: listed by --help-all only
 HELP_ALL = "--help-all"
@@ -56,6 +60,35 @@ class OptionGroups:
       setattr(self, name, OptionGroup(parser.add_argument_group(title)))
     for name, title, description in extra:
       setattr(self, name, OptionGroup(parser.add_argument_group(title, description)))
+
+
+OPTION = "dprec.option"  # a field's metadata key: its command-line option's help and settings
+
+
+def option(default=dataclasses.MISSING, *, help, **settings):
+  """A dataclass field that is also a command-line option (`add_fields`): its `default`, its
+  `help` text and `settings` (`advanced`, and `add_argument`'s `choices`, `metavar`, `type`)."""
+  return dataclasses.field(default=default, metadata={OPTION: dict(settings, help=help)})
+
+
+def _option_type(annotation):
+  """The argparse `type` of a field's annotation: int or float, also inside `Optional`."""
+  kinds = [kind for kind in typing.get_args(annotation) or (annotation,) if kind is not type(None)]
+  return kinds[0] if len(kinds) == 1 and kinds[0] in (int, float) else None
+
+
+def add_fields(group, options_class):
+  """Adds to `group` (an `OptionGroup`) the option of every field of the dataclass
+  `options_class` made by `option`, in field order: `--field-name`, the field's default, the
+  type of its annotation (int, float) unless `settings` name one, and the field's help."""
+  annotations = typing.get_type_hints(options_class)
+  for field in dataclasses.fields(options_class):
+    if OPTION not in field.metadata:
+      continue
+    settings = dict(field.metadata[OPTION])
+    settings.setdefault("type", _option_type(annotations[field.name]))
+    group.add("--" + field.name.replace("_", "-"), dest=field.name, default=field.default,
+              **settings)
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

@@ -9,8 +9,9 @@ bucket counts is ever held in memory: (1) per-split parse → per-feature bucket
 §2.1);
 (2) per-split parse → `transform` → `tf.train.Example`s, one TFRecord file per split under
 `day_N/`, dead letters `(file, line, reason, raw)` to `dead_letters/`, per-split statistics →
-`stats.json` and `manifest.json`. Parsing and the transform are `dprec.data.criteo`'s (the
-in-process reader's) on whole blocks of lines; nothing runs per row in Python.
+`stats.json` and `manifest.json`. The vocabularies are `pipelines.criteo_vocabulary`'s, the
+records, dead letters and statistics of a split `pipelines.criteo_shards`'s; this module plans
+the job, charges its selection, builds the pipeline and takes its options.
 
 The manifest names the output's rows (`dataset_id`, derived from the input files: the same input
 is the same data set, `dprec.data.identity`) and says whether its
@@ -18,78 +19,38 @@ vocabulary is DP (`vocab_privacy`); a DP top-k vocabulary is charged to the ledg
 anything runs, the charge recording that data set, so training on it composes its ε.
 """
 import argparse
-import collections
 import dataclasses
-import math
 import os
 import secrets
-import shutil
 import sys
 import time
-import uuid
-from typing import Dict, List, Optional, Sequence, Tuple, Union
+from typing import Optional, Sequence, Tuple
 
 import apache_beam as beam
-import numpy as np
-from apache_beam.metrics import Metrics
 
 from dprec import progress
 from dprec.cli_help import add_deprecated_alias
 from dprec.data import criteo_tfrecord
 from dprec.data import identity
-from dprec.data.criteo import CATEGORICAL_FEATURES
 from dprec.data.criteo import CriteoVocabulary
-from dprec.data.criteo import ID_DOMAIN
-from dprec.data.criteo import INTEGER_FEATURES
-from dprec.data.criteo import TABLE3_VOCAB_SIZES
-from dprec.data.criteo import count_categories
-from dprec.data.criteo import parse_bytes
-from dprec.data.criteo import transform
 from dprec.errors import DprecError
 from pipelines import beam_io
+from pipelines.criteo_shards import DEAD_LETTERS
+from pipelines.criteo_shards import METRICS_NAMESPACE
+from pipelines.criteo_shards import MergeStatsFn
+from pipelines.criteo_shards import ShardStats  # also where older stream states name it (pickle)
+from pipelines.criteo_shards import WriteSplit
+from pipelines.criteo_shards import count_split
+from pipelines.criteo_shards import manifest
+from pipelines.criteo_vocabulary import VOCAB_MODES
+from pipelines.criteo_vocabulary import MergeCountsFn
+from pipelines.criteo_vocabulary import VocabConfig
+from pipelines.criteo_vocabulary import build_vocabulary
+from pipelines.criteo_vocabulary import check_selection_useful
+from pipelines.criteo_vocabulary import parse_top_k
+from pipelines.criteo_vocabulary import save_vocabulary
 
-VOCAB_MODES = ("min_count", "top_k", "dp_top_k")
-DEAD_LETTERS = "dead_letters"
-METRICS_NAMESPACE = "dprec.criteo"
 PROGRESS = "preprocess criteo"
-
-
-@dataclasses.dataclass(frozen=True)
-class VocabConfig:
-  """How buckets become vocabulary ids (index 0 stays OOV/missing).
-
-  `top_k` is one k for every feature or 26 values (C1..C26). For `dp_top_k`, `epsilon` is the
-  total pure-DP cost of the selection over all 26 features: each feature gets ε/26 for its k
-  exponential-mechanism draws (the honest cost of one-shot Gumbel top-k, Ghazi et al. 2023,
-  arXiv:2311.08357, §2.1). Each example adds one to one bucket per feature, so every feature's
-  counts have sensitivity 1.
-  """
-  mode: str = "min_count"
-  min_count: int = 1
-  top_k: Union[None, int, Tuple[int, ...]] = None
-  epsilon: Optional[float] = None
-  insecure_noise_seed: Optional[int] = None
-
-  def __post_init__(self):
-    if self.mode not in VOCAB_MODES:
-      raise DprecError(f"--vocab-mode must be one of {', '.join(VOCAB_MODES)}, got {self.mode!r}")
-    if self.min_count < 1:
-      raise DprecError(f"--vocab-min-count must be at least 1, got {self.min_count}")
-    if self.mode != "min_count" and self.top_k is None:
-      raise DprecError(f"--vocab-mode {self.mode} needs --top-k-per-feature")
-    if self.mode == "dp_top_k" and not (self.epsilon and self.epsilon > 0):
-      raise DprecError("--vocab-mode dp_top_k needs a positive --top-k-epsilon")
-    if self.mode == "dp_top_k" and self.min_count != 1:
-      raise DprecError("--vocab-min-count thresholds exact counts, which is not private: "
-                       "--vocab-mode dp_top_k takes only --top-k-per-feature and --top-k-epsilon")
-
-  def per_feature_k(self) -> List[Optional[int]]:
-    if self.top_k is None or np.isscalar(self.top_k):
-      return [self.top_k] * len(CATEGORICAL_FEATURES)
-    if len(self.top_k) != len(CATEGORICAL_FEATURES):
-      raise DprecError(f"--top-k-per-feature needs 1 or {len(CATEGORICAL_FEATURES)} values, "
-                       f"got {len(self.top_k)}")
-    return list(self.top_k)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -113,248 +74,6 @@ class CriteoJob:
       object.__setattr__(self, "vocab", VocabConfig(**self.vocab))
 
 
-def parse_top_k(text: Optional[str]):
-  """`--top-k-per-feature` value: one int, 26 comma-separated ints, or `table3` (the sizes of
-  Ghazi et al. 2023, arXiv:2311.08357, Table 3)."""
-  if text is None:
-    return None
-  if text == "table3":
-    return tuple(TABLE3_VOCAB_SIZES)
-  try:
-    values = tuple(int(v) for v in text.split(","))
-  except ValueError:
-    raise DprecError(f"--top-k-per-feature: expected an int, 26 comma-separated ints or 'table3', "
-                     f"got {text!r}") from None
-  if any(v < 1 for v in values):
-    raise DprecError(f"--top-k values must be positive, got {text!r}")
-  return values[0] if len(values) == 1 else values
-
-
-def merge_counts(pairs: Sequence[Tuple[np.ndarray, np.ndarray]]) -> Tuple[np.ndarray, np.ndarray]:
-  """Sums `(ids, counts)` pairs into one pair with unique, sorted ids."""
-  if not pairs:
-    return np.zeros(0, np.int64), np.zeros(0, np.int64)
-  ids = np.concatenate([p[0] for p in pairs])
-  counts = np.concatenate([p[1] for p in pairs])
-  unique, inverse = np.unique(ids, return_inverse=True)
-  return unique, np.bincount(inverse, weights=counts, minlength=len(unique)).astype(np.int64)
-
-
-class MergeCountsFn(beam.CombineFn):
-  """Bucket counts of one feature, merged with numpy (never one Python object per bucket)."""
-
-  def create_accumulator(self):
-    return []
-
-  def add_input(self, accumulator, pair):
-    accumulator.append(pair)
-    return [merge_counts(accumulator)] if len(accumulator) >= 16 else accumulator
-
-  def merge_accumulators(self, accumulators):
-    return [merge_counts([p for a in accumulators for p in a])]
-
-  def extract_output(self, accumulator):
-    return merge_counts(accumulator)
-
-
-def dp_top_k_ids(ids: np.ndarray, counts: np.ndarray, k: int, epsilon: float,
-                 rng: np.random.Generator, domain: int = ID_DOMAIN) -> np.ndarray:
-  """One-shot Gumbel top-k (Ghazi et al. 2023, arXiv:2311.08357, §2.1) of one feature over its
-  whole id domain; best first.
-
-  `dprec.privacy.gumbel_top_k` with the never-seen ids of the domain as candidates counting 0; a
-  slot one of them wins gets a uniformly random unseen id.
-  """
-  from dprec.privacy.top_k import ABSENT, gumbel_top_k
-  top = gumbel_top_k(counts, k, epsilon, rng, domain)
-  chosen = np.full(len(top), ABSENT, np.int64)
-  chosen[top != ABSENT] = np.asarray(ids, np.int64)[top[top != ABSENT]]
-  while (chosen == ABSENT).any():
-    slots = np.flatnonzero(chosen == ABSENT)
-    fresh = rng.integers(0, domain, size=len(slots))
-    fresh[np.isin(fresh, ids) | np.isin(fresh, chosen)] = ABSENT
-    chosen[slots] = fresh
-  return chosen.astype(np.int64)
-
-
-def build_vocabulary(counts: Sequence[Tuple[np.ndarray, np.ndarray]],
-                     config: VocabConfig) -> CriteoVocabulary:
-  """The vocabulary of `config.mode` from per-feature `(ids, counts)` in C1..C26 order.
-
-  DP top-k gives each feature ε/26 (one example adds one to one bucket of every feature), keeps
-  the selected ids in their noisy rank order and releases no counts (zeros): they are not private.
-  """
-  if config.mode == "min_count":
-    return CriteoVocabulary.from_counts(counts, min_count=config.min_count)
-  if config.mode == "top_k":
-    return CriteoVocabulary.from_counts(counts, min_count=config.min_count,
-                                        top_k=config.per_feature_k())
-  from dprec.privacy import split_selection_budget
-  from dprec.privacy.noise_key import NoiseKey
-  rng = NoiseKey.new(config.insecure_noise_seed).numpy_rng("criteo dp_top_k")
-  ks = config.per_feature_k()
-  per_draw, _ = split_selection_budget(ks, config.epsilon)
-  ids = tuple(dp_top_k_ids(feature_ids, feature_counts, k, k * epsilon, rng)
-              for (feature_ids, feature_counts), k, epsilon in zip(counts, ks, per_draw))
-  return CriteoVocabulary(ids, tuple(np.zeros(len(i), np.int64) for i in ids))
-
-
-def parse_block(item, metrics: bool = False, pad_short_lines: bool = False,
-                user_column: bool = False):
-  """A `LineBlock` → (parsed chunk, dead letters); a `DeadLetter` from reading → (None, [it])."""
-  if isinstance(item, beam_io.DeadLetter):
-    letters, chunk = [item], None
-  else:
-    chunk = parse_bytes(item.data, item.path, item.first_line, strict=False,
-                        pad_short_lines=pad_short_lines, user_column=user_column)
-    letters = [beam_io.DeadLetter(*bad) for bad in chunk.bad_rows]
-  if metrics:
-    rows = 0 if chunk is None else len(chunk)
-    Metrics.counter(METRICS_NAMESPACE, "rows_in").inc(rows + len(letters))
-    Metrics.counter(METRICS_NAMESPACE, "rows_out").inc(rows)
-    for letter in letters:
-      Metrics.counter(METRICS_NAMESPACE, f"dead_letters.{beam_io.reason_kind(letter.reason)}").inc()
-  return chunk, letters
-
-
-def count_split(split: beam_io.Split, pad_short_lines: bool = False, user_column: bool = False):
-  """(feature index, (ids, counts)) of every categorical feature of one split."""
-  chunks = [chunk for chunk, _ in (parse_block(item, pad_short_lines=pad_short_lines,
-                                               user_column=user_column)
-                                   for item in beam_io.read_split(split)) if chunk is not None]
-  yield from enumerate(count_categories(chunks))
-
-
-@dataclasses.dataclass
-class ShardStats:
-  """What one written shard (or a merge of several) contributes to `stats.json`."""
-  rows_in: int = 0
-  rows_out: int = 0
-  padded_rows: int = 0  # rows out whose line lacked trailing fields (read as missing values)
-  bad_rows: Dict[str, int] = dataclasses.field(default_factory=dict)
-  present: np.ndarray = dataclasses.field(
-      default_factory=lambda: np.zeros(len(CATEGORICAL_FEATURES), np.int64))
-  known: np.ndarray = dataclasses.field(
-      default_factory=lambda: np.zeros(len(CATEGORICAL_FEATURES), np.int64))
-  files: Dict[int, List[Tuple[str, int]]] = dataclasses.field(default_factory=dict)
-
-  def add(self, other: "ShardStats") -> "ShardStats":
-    self.rows_in += other.rows_in
-    self.rows_out += other.rows_out
-    self.padded_rows += other.padded_rows
-    self.bad_rows = dict(collections.Counter(self.bad_rows) + collections.Counter(other.bad_rows))
-    self.present = self.present + other.present
-    self.known = self.known + other.known
-    for day, files in other.files.items():
-      self.files.setdefault(day, []).extend(files)
-    return self
-
-  def summary(self, vocab: CriteoVocabulary) -> dict:
-    dead = sum(self.bad_rows.values())
-    return {
-        "rows_in": self.rows_in, "rows_out": self.rows_out, "padded_rows": self.padded_rows,
-        "dead_letters": dead,
-        "bad_fraction": dead / self.rows_in if self.rows_in else 0.0,
-        "bad_rows_by_reason": dict(sorted(self.bad_rows.items())),
-        "vocab_sizes": dict(zip(CATEGORICAL_FEATURES, vocab.sizes)),
-        "coverage": {name: (float(k / p) if p else None) for name, k, p in
-                     zip(CATEGORICAL_FEATURES, self.known, self.present)},
-    }
-
-
-def write_shard(path: str, chunks, vocab: CriteoVocabulary) -> ShardStats:
-  """Transforms parsed chunks and writes them as one TFRecord file at `path`, atomically."""
-  stats = ShardStats()
-
-  def records():
-    for chunk in chunks:
-      batch = transform(chunk, vocab)
-      stats.present += (chunk.cat_values >= 0).sum(axis=0)
-      stats.known += (batch["cat_features"] > 0).sum(axis=0)
-      stats.rows_out += len(chunk)
-      stats.padded_rows += int(chunk.padded.sum())
-      yield from criteo_tfrecord.encode_examples(batch)
-
-  beam_io.makedirs(os.path.dirname(path))
-  criteo_tfrecord.write_tfrecord(path, records())
-  return stats
-
-
-def count_dead_letters(stats: ShardStats, letters: Sequence[beam_io.DeadLetter]) -> ShardStats:
-  """Completes a shard's statistics with its dead letters: rows in = rows out + dead letters."""
-  stats.rows_in = stats.rows_out + len(letters)
-  stats.bad_rows = dict(collections.Counter(beam_io.reason_kind(l.reason) for l in letters))
-  return stats
-
-
-class WriteSplit(beam.DoFn):
-  """Second read of a split: transform with the vocabulary, write its shard and its dead letters
-  (`dead_letters/part-NNNNN.jsonl`, in line order; none if it has none), emit its statistics.
-
-  Writing the dead letters here, not in a branch of the pipeline of their own, keeps them on the
-  path to the final summary: Beam's DaskRunner computes only what the last transform depends on.
-  """
-
-  def __init__(self, output: str, pad_short_lines: bool = False, user_column: bool = False):
-    self._output, self._pad_short_lines = output, pad_short_lines
-    self._user_column = user_column
-
-  def process(self, split: beam_io.Split, vocab: CriteoVocabulary):
-    letters = []
-
-    def chunks():
-      for item in beam_io.read_split(split):
-        chunk, bad = parse_block(item, metrics=True, pad_short_lines=self._pad_short_lines,
-                                 user_column=self._user_column)
-        letters.extend(bad)
-        if chunk is not None:
-          yield chunk
-
-    name = f"part-{split.index:05d}"
-    stats = write_shard(os.path.join(self._output, f"day_{split.day}", f"{name}.tfrecord"),
-                        chunks(), vocab)
-    stats.files = {split.day: [(f"{name}.tfrecord", stats.rows_out)]}
-    beam_io.write_dead_letters(os.path.join(self._output, DEAD_LETTERS, f"{name}.jsonl"), letters)
-    yield count_dead_letters(stats, letters)
-
-
-class MergeStatsFn(beam.CombineFn):
-
-  def create_accumulator(self):
-    return ShardStats()
-
-  def add_input(self, accumulator, stats):
-    return accumulator.add(stats)
-
-  def merge_accumulators(self, accumulators):
-    total = ShardStats()
-    for accumulator in accumulators:
-      total.add(accumulator)
-    return total
-
-  def extract_output(self, accumulator):
-    return accumulator
-
-
-def manifest(stats: ShardStats, vocab: CriteoVocabulary, vocab_dir: str = "vocab",
-             extra_entries: Optional[Dict[int, dict]] = None, dataset_id: Optional[str] = None,
-             vocab_privacy: Optional[dict] = None) -> dict:
-  """The `dprec-criteo-v1` manifest the trainer reads (see `dprec.data.criteo_tfrecord`), with
-  the output's `dataset_id` and its `vocab_privacy`."""
-  days = []
-  for day in sorted(stats.files):
-    files = sorted(stats.files[day])
-    entry = {"day": day, "dir": f"day_{day}", "files": [f for f, _ in files],
-             "rows": sum(rows for _, rows in files)}
-    entry.update((extra_entries or {}).get(day, {}))
-    days.append(entry)
-  return {"format": criteo_tfrecord.FORMAT, "integer_features": INTEGER_FEATURES,
-          "categorical_features": CATEGORICAL_FEATURES,
-          "vocab_sizes": dict(zip(CATEGORICAL_FEATURES, vocab.sizes)), "days": days,
-          "vocab_dir": vocab_dir, identity.DATASET_ID: dataset_id,
-          "vocab_privacy": vocab_privacy}
-
-
 def vocab_privacy_of(job: CriteoJob) -> dict:
   """`vocab_privacy` of the job's vocabulary: its DP top-k ε (charged to the job's ledger) and
   whether its randomness was secret, or that it is not DP."""
@@ -372,15 +91,6 @@ def vocab_privacy_of(job: CriteoJob) -> dict:
 def _seed_note(seed: Optional[int]) -> Optional[str]:
   from dprec.privacy.noise_key import INSECURE_NOTE
   return None if seed is None else INSECURE_NOTE.format(seed=seed)
-
-
-def save_vocabulary(vocab: CriteoVocabulary, directory: str) -> None:
-  """`CriteoVocabulary.save` into a temporary directory renamed into place (replacing any old)."""
-  temporary = f"{directory}.tmp-{uuid.uuid4().hex}"
-  vocab.save(temporary)
-  if os.path.exists(directory):
-    shutil.rmtree(directory)
-  os.rename(temporary, directory)
 
 
 class Finish(beam.DoFn):
@@ -421,41 +131,6 @@ def build_pipeline(pipeline: beam.Pipeline, job: CriteoJob, splits: Sequence[bea
   return (written
           | "MergeStats" >> beam.CombineGlobally(MergeStatsFn())
           | "Finish" >> beam.ParDo(Finish(job), beam.pvalue.AsSingleton(vocab)))
-
-
-def check_selection_useful(vocab: VocabConfig, lines: int) -> None:
-  """Refuses, before anything is charged, a DP top-k that would keep no bucket with probability
-  1/2 or more in any feature, however the data look (a warning names the features where that
-  holds while others can keep some).
-
-  Feature f's draws are exponential mechanisms of ε_f/k_f (scale b = 26k/ε), their candidates
-  all `ID_DOMAIN` ids, those never seen counting 0: a bucket of count c wins a draw over the
-  never-seen ids with probability at most e^(c/b) / (e^(c/b) + D − lines), below 1/2 while
-  c < b·ln(D − lines). No bucket counts more than the rows, at most `lines`. The check reads only
-  the input's line count (the number of rows, which dprec treats as public: training's N) and
-  the options; it releases nothing about the rows' contents.
-  """
-  from dprec.privacy import split_selection_budget
-  ks = vocab.per_feature_k()
-  per_draw, _ = split_selection_budget(ks, vocab.epsilon)
-  log_domain = math.log(ID_DOMAIN - lines)
-  needed = [log_domain / e for e in per_draw]
-  hopeless = [name for name, count in zip(CATEGORICAL_FEATURES, needed) if count > lines]
-  if not hopeless:
-    return
-  worst = int(np.argmax(needed))
-  k_max = int(vocab.epsilon / len(ks) * lines / log_domain)
-  epsilon_min = len(ks) * ks[worst] * log_domain / max(lines, 1)
-  what = (f"a bucket needs a count above {needed[worst]:,.0f} to be kept (noise scale "
-          f"26k/ε = {1 / per_draw[worst]:,.0f} against 2^32 never-seen ids, k {ks[worst]}), more "
-          f"than the input's {lines:,} lines")
-  fix = ("use " + (f"--top-k-per-feature {k_max} or less at this ε, " if k_max else "")
-         + f"--top-k-epsilon {epsilon_min:.3g} or more at this k, or more rows")
-  if len(hopeless) == len(ks):
-    raise DprecError(f"--vocab-mode dp_top_k would release nothing useful: {what}; nothing "
-                     f"charged; {fix}")
-  print(f"warning: dp_top_k keeps nothing in {', '.join(hopeless)} (their ε is spent for "
-        f"nothing): {what}; {fix}", file=sys.stderr)
 
 
 def charge_selection(job: CriteoJob) -> Optional[dict]:
@@ -545,11 +220,12 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--input", required=True, nargs="+",
                       help="TSV files, globs or a directory of day_N files (plain or .gz)")
   parser.add_argument("--output", required=True, help="output directory")
-  parser.add_argument("--vocab-mode", default="min_count", choices=VOCAB_MODES,
-                      help="how buckets become ids (default min_count)")
-  parser.add_argument("--vocab-min-count", type=int, default=1, dest="min_count",
-                      help="keep buckets seen at least this often (default 1; `train ctr "
-                      "--vocab-min-count` on TSV days)")
+  parser.add_argument("--vocab-mode", default=VocabConfig.mode, choices=VOCAB_MODES,
+                      help="how buckets become ids (default %(default)s)")
+  parser.add_argument("--vocab-min-count", type=int, default=VocabConfig.min_count,
+                      dest="min_count",
+                      help="keep buckets seen at least this often (default %(default)s; `train "
+                      "ctr --vocab-min-count` on TSV days)")
   add_deprecated_alias(parser.add_argument, "--min-count", "--vocab-min-count", "min_count",
                        type=int)
   parser.add_argument("--top-k-per-feature", default=None, dest="top_k", metavar="K",
@@ -573,8 +249,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   parser.add_argument("--delta", type=float, default=None,
                       help="delta of a new ledger (default 1/N, N the input's lines, as training "
                       "defaults to 1/N of its rows; training adopts the ledger's delta)")
-  parser.add_argument("--max-bad-fraction", type=float, default=0.01,
-                      help="fail if more than this fraction of lines is malformed (default 0.01)")
+  parser.add_argument("--max-bad-fraction", type=float, default=CriteoJob.max_bad_fraction,
+                      help="fail if more than this fraction of lines is malformed (default "
+                      "%(default)s)")
   parser.add_argument("--pad-short-lines", action="store_true",
                       help="read lines with fewer than 40 fields as missing trailing values, as "
                       "copies with stripped trailing tabs need, counted in stats.json's "

@@ -55,13 +55,15 @@ from apache_beam.utils.timestamp import Duration
 
 from dprec.data import criteo_tfrecord
 from dprec.data import identity
-from dprec.data.criteo import CATEGORICAL_FEATURES
 from dprec.data.criteo import CriteoVocabulary
 from dprec.data.criteo import count_categories
+from dprec.data.criteo_parse import CATEGORICAL_FEATURES
 from dprec.errors import DprecError
 from dprec.progress import progress_bar
 from pipelines import beam_io
 from pipelines import criteo
+from pipelines import criteo_shards
+from pipelines import criteo_vocabulary
 from pipelines import day_watch
 from pipelines.day_watch import DAY_SECONDS
 from pipelines.day_watch import day_timestamp
@@ -172,14 +174,15 @@ def _end_of_file(metadata, last):
 class RunningCounts:
   """Running-sum bucket counts per feature and the ids assigned so far (in index order)."""
   counts: List[tuple] = dataclasses.field(
-      default_factory=lambda: [criteo.merge_counts([]) for _ in CATEGORICAL_FEATURES])
+      default_factory=lambda: [criteo_vocabulary.merge_counts([])
+                               for _ in CATEGORICAL_FEATURES])
   assigned: List[np.ndarray] = dataclasses.field(
       default_factory=lambda: [np.zeros(0, np.int64) for _ in CATEGORICAL_FEATURES])
 
   def update(self, chunks, min_count: int, top_k: Optional[int]) -> CriteoVocabulary:
     """Adds one period's counts; appends newly frequent buckets; returns the snapshot."""
     for j, delta in enumerate(count_categories(chunks)):
-      ids, totals = criteo.merge_counts([self.counts[j], delta])
+      ids, totals = criteo_vocabulary.merge_counts([self.counts[j], delta])
       self.counts[j] = (ids, totals)
       room = None if top_k is None else max(top_k - len(self.assigned[j]), 0)
       fresh = (totals >= min_count) & ~np.isin(ids, self.assigned[j])
@@ -209,8 +212,8 @@ def load_state(job: StreamJob) -> Optional[dict]:
 
 def _new_state(job: StreamJob) -> dict:
   """Running counts, merged statistics, manifest entries per period, and the input files used."""
-  return {"settings": job.settings(), "counts": RunningCounts(), "stats": criteo.ShardStats(),
-          "entries": {}, "inputs": set()}
+  return {"settings": job.settings(), "counts": RunningCounts(),
+          "stats": criteo_shards.ShardStats(), "entries": {}, "inputs": set()}
 
 
 class RunningVocabulary(beam.DoFn):
@@ -259,8 +262,8 @@ class RunningVocabulary(beam.DoFn):
     chunks.sort(key=lambda chunk: (chunk.path, chunk.line_numbers[:1].tolist()))
     name = f"day_{first_day}"
     staging = os.path.join(job.output, f".{name}.tmp-{uuid.uuid4().hex}")
-    stats = criteo.write_shard(os.path.join(staging, "part-00000.tfrecord"), chunks, vocab)
-    criteo.count_dead_letters(stats, letters)
+    stats = criteo_shards.write_shard(os.path.join(staging, "part-00000.tfrecord"), chunks, vocab)
+    criteo_shards.count_dead_letters(stats, letters)
     stats.files = {first_day: [("part-00000.tfrecord", stats.rows_out)]}
     vocab.save(os.path.join(staging, "vocab"))
     beam_io.write_dead_letters(os.path.join(staging, "dead_letters.jsonl"), letters)
@@ -290,12 +293,13 @@ class RunningVocabulary(beam.DoFn):
                   for line in chunk.line_numbers]
     letters.sort(key=lambda l: (l.path, l.line))
     name = f"late_day_{first_day}-{uuid.uuid4().hex[:8]}.jsonl"
-    beam_io.write_dead_letters(os.path.join(self._job.output, criteo.DEAD_LETTERS, name), letters)
-    stats = criteo.count_dead_letters(criteo.ShardStats(), letters)
+    beam_io.write_dead_letters(os.path.join(self._job.output, criteo_shards.DEAD_LETTERS, name),
+                               letters)
+    stats = criteo_shards.count_dead_letters(criteo_shards.ShardStats(), letters)
     self._commit(state, stats, parsed, state["counts"].snapshot())
     return {"day": first_day, "rows": 0, "dead_letters": len(letters), "late": True}
 
-  def _commit(self, state: dict, stats: criteo.ShardStats, parsed, vocab: CriteoVocabulary):
+  def _commit(self, state: dict, stats: criteo_shards.ShardStats, parsed, vocab: CriteoVocabulary):
     """Statistics, then the manifest (the trainer's commit point), then the running state."""
     job = self._job
     state["stats"].add(stats)
@@ -305,7 +309,7 @@ class RunningVocabulary(beam.DoFn):
     summary["periods"] = len(state["entries"])
     beam_io.write_json(os.path.join(job.output, criteo_tfrecord.STATS), summary)
     newest = f"day_{max(state['entries'])}/vocab"
-    manifest = criteo.manifest(
+    manifest = criteo_shards.manifest(
         state["stats"], vocab, vocab_dir=newest, extra_entries=state["entries"],
         dataset_id=job.dataset_id, vocab_privacy=identity.public_vocab_privacy("running_counts"))
     if job.user_column:
@@ -331,7 +335,7 @@ class StreamingCriteo(beam.PTransform):
   def expand(self, blocks):
     seconds = self._job.period_days * DAY_SECONDS
     return (blocks
-            | "Parse" >> beam.Map(criteo.parse_block, metrics=True,
+            | "Parse" >> beam.Map(criteo_shards.parse_block, metrics=True,
                                   pad_short_lines=self._job.pad_short_lines,
                                   user_column=self._job.user_column)
             | "Period" >> beam.WindowInto(
@@ -428,7 +432,7 @@ def run_periods(job: StreamJob, beam_args: Sequence[str] = ()) -> dict:
       counters.update(beam_io.run_pipeline(  # The embedded runners report metrics.
           beam_io.pipeline_options(beam_args, embedded=PERIOD_RUNNER),
           lambda p: build_period_pipeline(p, job, files),
-          criteo.METRICS_NAMESPACE))
+          criteo_shards.METRICS_NAMESPACE))
       bar.update(len(closed))
       bar.set_postfix_str(f"newest from day {closed[-1]}; watching {job.input_dir}")
   bar.close()
@@ -442,30 +446,31 @@ def run_unbounded(job: StreamJob, beam_args: Sequence[str] = ()) -> dict:
                      "pipeline starts on an empty --output (the default runner continues one)")
   return beam_io.run_pipeline(beam_io.pipeline_options(beam_args, streaming=True),
                               lambda pipeline: build_pipeline(pipeline, job),
-                              criteo.METRICS_NAMESPACE)
+                              criteo_shards.METRICS_NAMESPACE)
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("--period-days", type=int, default=1,
-                      help="streaming period: days per window and per output (default 1)")
-  parser.add_argument("--poll-seconds", type=float, default=1.0,
-                      help="how often to look for new day files (default 1)")
+  parser.add_argument("--period-days", type=int, default=StreamJob.period_days,
+                      help="streaming period: days per window and per output (default "
+                      "%(default)s)")
+  parser.add_argument("--poll-seconds", type=float, default=StreamJob.poll_seconds,
+                      help="how often to look for new day files (default %(default)g)")
   parser.add_argument("--idle-timeout", type=float, default=None,
                       help="stop after this many seconds without a new file (default: keep "
                       "watching)")
   parser.add_argument("--stop-after-day", type=int, default=None,
                       help="stop once the file of this day (or a later one) has arrived "
                       "(default: none)")
-  parser.add_argument("--settle-seconds", type=float, default=2.0,
+  parser.add_argument("--settle-seconds", type=float, default=StreamJob.settle_seconds,
                       help="take a day file once it has not changed for this long, so a file "
-                      "written in place is not read half-written (default 2)")
+                      "written in place is not read half-written (default %(default)g)")
 
 
 def job_from_args(args) -> StreamJob:
   if args.vocab_mode == "dp_top_k":
     raise DprecError("--streaming supports --vocab-mode min_count and top_k (ids are assigned "
                      "once and kept); DP top-k selection is a batch job")
-  top_k = criteo.parse_top_k(args.top_k)
+  top_k = criteo_vocabulary.parse_top_k(args.top_k)
   if top_k is not None and not np.isscalar(top_k):
     raise DprecError("--streaming takes one --top-k capacity for all features")
   if len(args.input) != 1:

@@ -234,7 +234,8 @@ def test_beam_jobs_are_quiet_unless_verbose(tmp_path):
   assert "INFO" in runs[("--verbose",)].stderr
 
 
-@pytest.mark.parametrize("argv, options", [
+# Each command and the options classes it builds.
+COMMAND_OPTIONS = [
     (["train", "seqrec", "--data", "d", "--epsilon", "5"],
      "dprec.workflows.seqrec:SeqRecTrainOptions dprec.workflows.seqrec_options:DPForwardOptions"),
     (["train", "ctr", "--data", "d"], "dprec.workflows.ctr:CTRTrainOptions"),
@@ -245,20 +246,30 @@ def test_beam_jobs_are_quiet_unless_verbose(tmp_path):
     (["synth", "sequences", "--users", "9", "--items", "9", "--output", "o"],
      "dprec.data.synthetic:SequenceSynthConfig"),
     (["preprocess", "criteo", "--input", "i", "--output", "o"],
-     "pipelines.criteo:CriteoJob pipelines.criteo:VocabConfig pipelines.criteo_stream:StreamJob"),
+     "pipelines.criteo:CriteoJob pipelines.criteo_vocabulary:VocabConfig "
+     "pipelines.criteo_stream:StreamJob"),
     (["preprocess", "sequences", "--input", "i", "--format", "csv", "--output", "o"],
      "pipelines.sequences:SequencesJob"),
-])
-def test_command_line_defaults_are_the_python_apis(argv, options):
-  """One source for each default: the options classes the command builds (an argument whose
-  destination names a field of one of them has that field's default)."""
+]
+
+
+def _fields(options):
+  """{name: field} of the options classes `options` ("module:Class module:Class")."""
   import importlib
-  parsed = vars(cli.build_parser().parse_args(argv))
   fields = {}
   for spec in options.split():
     module, name = spec.split(":")
     fields.update({f.name: f for f in dataclasses.fields(getattr(importlib.import_module(module),
                                                                   name))})
+  return fields
+
+
+@pytest.mark.parametrize("argv, options", COMMAND_OPTIONS)
+def test_command_line_defaults_are_the_python_apis(argv, options):
+  """One source for each default: the options classes the command builds (an argument whose
+  destination names a field of one of them has that field's default)."""
+  parsed = vars(cli.build_parser().parse_args(argv))
+  fields = _fields(options)
   compared = {key for key in parsed if key in fields
               and fields[key].default is not dataclasses.MISSING
               and key not in ("data", "epsilon", "dp_forward", "algorithm")}  # `algorithm`: None
@@ -266,6 +277,52 @@ def test_command_line_defaults_are_the_python_apis(argv, options):
   differ = {key: (parsed[key], fields[key].default) for key in compared
             if json.dumps(parsed[key]) != json.dumps(fields[key].default)}  # a tuple as a list
   assert compared and not differ, (compared, differ)
+
+
+SHOWN_DEFAULT = re.compile(r"\(default:? ([^;:)\s]+)")
+
+
+def _same_default(text, value):
+  """Whether `text`, a default as a help text shows it, is `value`: a number of equal value, a
+  sequence comma-separated (`int_list`'s form), else the same string."""
+  if isinstance(value, (tuple, list)):
+    return text == (",".join(map(str, value)) if value else "[]")
+  if isinstance(value, (int, float)):
+    try:
+      return float(text) == value
+    except ValueError:
+      return False
+  return text == str(value)
+
+
+@pytest.mark.parametrize("argv, options", COMMAND_OPTIONS)
+def test_every_default_the_help_shows_is_the_python_apis(argv, options, capsys):
+  """What a user reads: each "(default X" of an option's `--help-all` text is the default of its
+  field in the options classes (an option whose field defaults to None describes what None does
+  in words instead)."""
+  command = [word for word in argv if not word.startswith("-")][:len(argv)]
+  command = command[:2] if command[0] in ("train", "synth", "preprocess") else command[:1]
+  with pytest.raises(SystemExit):
+    cli.main([*command, "--help-all"])
+  text = capsys.readouterr().out.split("\noptions:\n", 1)[1]
+  shown = {}
+  for block in re.split(r"\n(?=  -)", text):
+    name, found = re.match(r"  (-[\w-]+)", block), SHOWN_DEFAULT.search(
+        " ".join(block.split("\n\n")[0].split()))
+    if name and found:
+      shown[name.group(1)] = found.group(1).rstrip(",")
+  parser = cli.build_parser()._subparsers._group_actions[0].choices[command[0]]
+  if len(command) == 2:
+    parser = parser._subparsers._group_actions[0].choices[command[1]]
+  fields = _fields(options)
+  compared = {action.option_strings[0]: fields[action.dest].default
+              for action in parser._actions if action.option_strings
+              and action.option_strings[0] in shown and action.dest in fields
+              and fields[action.dest].default not in (None, dataclasses.MISSING)
+              and not isinstance(fields[action.dest].default, bool)}  # a flag says what off is
+  differ = {option: (shown[option], default) for option, default in compared.items()
+            if not _same_default(shown[option], default)}
+  assert compared and not differ, (sorted(compared), differ)
 
 
 @pytest.mark.parametrize("argv, hint", [

@@ -5,6 +5,8 @@ import re
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parents[1] / "dprec"
+JOBS = PACKAGE.parent / "pipelines"
+MAX_LINES = 600
 
 
 def _imports(path):
@@ -76,3 +78,11 @@ def test_the_seams_jobs_exist_with_their_descriptions():
     defined = {node.name for node in ast.parse(source.read_text(encoding="utf-8")).body
                if isinstance(node, (ast.ClassDef, ast.FunctionDef))}
     assert {description, "run"} <= defined, source
+
+
+def test_no_module_of_the_library_or_the_jobs_is_over_600_lines():
+  """A module that outgrows 600 lines holds more than one responsibility: split it by what its
+  parts hold (docs/layout.md)."""
+  sizes = {str(path.relative_to(PACKAGE.parent)): len(path.read_text(encoding="utf-8").splitlines())
+           for root in (PACKAGE, JOBS) for path in sorted(root.rglob("*.py"))}
+  assert not {path: lines for path, lines in sizes.items() if lines > MAX_LINES}

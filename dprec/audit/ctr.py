@@ -64,18 +64,38 @@ from dprec.workflows import ctr_cli as train_ctr_cli
 from dprec.workflows import ctr_options
 
 
+THREAT_MODELS = ("black_box", "white_box")
+PRIVACY_UNITS = ("row", "user")
+# Black box: canaries are rows of the training data; white box: coordinates of one small table
+# (200,000: at data-sized batches, q ≈ 1/150, the family fit of 100,000 reached only about half
+# of ε = 2; docs/experiments/audit.md).
+DEFAULT_CANARIES = {"black_box": 1000, "white_box": 200_000}
+
+
 @dataclasses.dataclass
 class CTRAuditOptions:
-  """`train ctr`'s options plus the audit's own (see `register`)."""
+  """`train ctr`'s options plus the audit's own; those made by `cli_help.option` are the
+  options of the command's "audit" group (`register`), with their help."""
   train: train_ctr.CTRTrainOptions
-  threat_model: str = "black_box"
-  canaries: Optional[int] = None  # default: DEFAULT_CANARIES[threat_model]
-  runs: int = 1
-  confidence: float = 0.95
-  score: str = "all"
-  scores_file: Optional[str] = None
+  threat_model: str = cli_help.option(
+      "black_box", choices=THREAT_MODELS,
+      help="black_box: the adversary sees the final model; white_box: every step's released "
+           "noisy update, with Dirac gradient canaries in the DP step")
+  canaries: Optional[int] = cli_help.option(
+      None, help="canaries per run m (default: "
+                 + ", ".join(f"{k} {v}" for k, v in DEFAULT_CANARIES.items()) + ")")
+  runs: int = cli_help.option(1, help="training runs R (canaries pooled)")
+  confidence: float = cli_help.option(0.95, help="confidence of the lower bound")
+  score: str = cli_help.option(
+      "all", choices=scores_lib.SCORES + ("all",), advanced=True,
+      help="black-box canary score: alignment of its rows' movement with its gradient, their "
+           "movement, its loss drop, or all (the best, Bonferroni-corrected)")
+  scores_file: Optional[str] = cli_help.option(
+      None, help="write every canary's score and membership here (JSON lines; default: beside "
+                 "--summary-json, else none)")
   summary_json: Optional[str] = None
   progress: bool = True  # a line on stderr per phase
+  # `train ctr`'s --privacy-unit and --max-rows-per-user, read for the audit (not its training).
   privacy_unit: str = "row"  # "user": canary users of k rows, user-level sampling
   max_rows_per_user: Optional[int] = None  # k at the user level (None: 16)
 
@@ -131,14 +151,6 @@ class CTRAuditOptions:
                        "(a user's rows all count): use --top-k-epsilon 0 (counts public), "
                        "--algorithm dp_adafest, or --threat-model white_box (the set taken as "
                        "given)")
-
-
-THREAT_MODELS = ("black_box", "white_box")
-PRIVACY_UNITS = ("row", "user")
-# Black box: canaries are rows of the training data; white box: coordinates of one small table
-# (200,000: at data-sized batches, q ≈ 1/150, the family fit of 100,000 reached only about half
-# of ε = 2; docs/experiments/audit.md).
-DEFAULT_CANARIES = {"black_box": 1000, "white_box": 200_000}
 
 
 def _train_with_canaries(options, data, canaries):
@@ -308,30 +320,7 @@ def register(subparsers):
   # of its run directory, ledger, checkpoints, logs and evaluation.
   train_ctr_cli.add_options(parser, run_directory=False)
   cli_help.mark_advanced(parser, LESS_USED)
-  defaults = CTRAuditOptions
-  audit.add("--threat-model", choices=THREAT_MODELS, default=defaults.threat_model,
-            help="black_box: the adversary sees the final model; white_box: every step's "
-                 "released noisy update, with Dirac gradient canaries in the DP step")
-  audit.add("--canaries", type=int,
-            help="canaries per run m (default: "
-                 + ", ".join(f"{k} {v}" for k, v in DEFAULT_CANARIES.items()) + ")")
-  audit.add("--runs", type=int, default=defaults.runs, help="training runs R (canaries pooled)")
-  audit.add("--confidence", type=float, default=defaults.confidence,
-            help="confidence of the lower bound")
-  audit.add("--score", choices=scores_lib.SCORES + ("all",), default=defaults.score,
-            advanced=True,
-            help="black-box canary score: alignment of its rows' movement with its gradient, "
-                 "their movement, its loss drop, or all (the best, Bonferroni-corrected)")
-  audit.add("--scores-file", help="write every canary's score and membership here (JSON lines; "
-            "default: beside --summary-json, else none)")
-  if "--privacy-unit" not in parser._option_string_actions:  # (unless `train ctr` has it)
-    audit.add("--privacy-unit", choices=PRIVACY_UNITS, default=defaults.privacy_unit,
-              help="what ε protects: a row, or a user (canary users of k rows; users sampled at "
-                   "q = B/U, B then users per batch, each user's summed gradient clipped as one)")
-  if "--max-rows-per-user" not in parser._option_string_actions:
-    audit.add("--max-rows-per-user", type=int,
-              help="k, the rows of a canary user and the most rows a sampled user brings to a "
-                   f"step (user level; default {user_sampling.DEFAULT_MAX_ROWS_PER_USER})")
+  cli_help.add_fields(audit, CTRAuditOptions)
   parser.set_defaults(func=run)
 
 

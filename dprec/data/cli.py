@@ -21,7 +21,7 @@ def register(subparsers):
   data = groups.data
   data.add("--rows", type=_positive, required=True, help="rows in all days together")
   data.add("--days", type=_positive, default=1, help="number of day_N files")
-  data.add("--vocab", default="table3",
+  data.add("--vocab", default=synthetic.CriteoSynthConfig.vocab,
                       help="'table3' (the Criteo vocabularies of Ghazi et al. 2023, "
                       "arXiv:2311.08357, Table 3) or 'scaled:M' (Table 3 scaled to about M "
                       "buckets in all, e.g. scaled:10M)")

@@ -14,7 +14,8 @@ from typing import Dict, Iterator, List, Optional, Sequence, Tuple
 import numpy as np
 from scipy import special
 
-from dprec.data.criteo import CATEGORICAL_FEATURES, TABLE3_VOCAB_SIZES, format_hex
+from dprec.data.criteo import TABLE3_VOCAB_SIZES
+from dprec.data.criteo_parse import CATEGORICAL_FEATURES, format_hex
 from dprec.errors import DprecError
 from dprec.progress import progress_bar
 

@@ -7,6 +7,7 @@ import numpy as np
 import pytest
 
 from dprec.data import criteo
+from dprec.data import criteo_parse
 from dprec.errors import DprecError, InputError
 
 INTS = ["1", "", "-3", "0", "12", "99999", "7", "", "4", "5", "6", "", "8"]
@@ -65,10 +66,10 @@ def test_strict_mode_names_file_line_and_field(tmp_path, line, field, reason, pa
 @pytest.mark.parametrize("line, field, reason, pad_short_lines", CASES)
 def test_permissive_mode_skips_and_reports(tmp_path, line, field, reason, pad_short_lines):
   path = _write(tmp_path / "day_0", [GOOD, GOOD, line, GOOD])
-  chunk = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(
+  chunk = criteo_parse.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(
       path, strict=False, pad_short_lines=pad_short_lines)))
   assert chunk.line_numbers.tolist() == [1, 2, 4]
-  assert chunk.bad_rows == [criteo.BadRow(path, 3, f"field {field}: {reason}", line)]
+  assert chunk.bad_rows == [criteo_parse.BadRow(path, 3, f"field {field}: {reason}", line)]
 
 
 # Bytes that are not UTF-8 (a binary line), line 3 of the file: the field holding the first one.
@@ -88,7 +89,8 @@ def test_a_binary_line_is_located_by_file_line_and_field(tmp_path, line, field, 
     list(criteo.read_criteo_tsv(str(path), chunk_rows=8))
   assert (error.value.path, error.value.line, error.value.field) == (str(path), 3, field)
   assert error.value.reason.startswith("not UTF-8 text") and reason in error.value.reason
-  chunk = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(str(path), strict=False)))
+  chunk = criteo_parse.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(str(path),
+                                                                           strict=False)))
   assert chunk.line_numbers.tolist() == [1, 2, 4]
   assert [row.line_no for row in chunk.bad_rows] == [3]
   assert chunk.bad_rows[0].reason.startswith(f"field {field}:")
@@ -101,7 +103,7 @@ def test_lines_without_trailing_fields_read_as_missing_values_in_line_order(tmp_
   no_cats = "\t".join(["0"] + INTS)  # 14 fields: every categorical missing
   no_last = GOOD.rsplit("\t", 1)[0]  # 39 fields: C26 missing
   path = _write(tmp_path / "day_0", [GOOD, no_cats, GOOD, no_last, GOOD + "\tx", "1"])
-  chunk = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(
+  chunk = criteo_parse.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(
       path, strict=False, pad_short_lines=True)))
   assert chunk.line_numbers.tolist() == [1, 2, 3, 4, 6]
   assert chunk.padded.tolist() == [False, True, False, True, True]
@@ -111,7 +113,7 @@ def test_lines_without_trailing_fields_read_as_missing_values_in_line_order(tmp_
   np.testing.assert_array_equal(chunk.cat_values[3, :-1], chunk.cat_values[0, :-1])
   assert chunk.int_missing[4].all() and not chunk.int_missing[1].all()
   assert [row.line_no for row in chunk.bad_rows] == [5]  # 41 fields: still malformed
-  strict = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(path, strict=False)))
+  strict = criteo_parse.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(path, strict=False)))
   assert strict.line_numbers.tolist() == [1, 3] and not strict.padded.any()
 
 
@@ -126,27 +128,27 @@ def test_a_file_cut_inside_its_last_line_is_never_padded(tmp_path, pad_short_lin
     list(criteo.read_criteo_tsv(str(path), chunk_rows=2, pad_short_lines=pad_short_lines))
   assert (error.value.path, error.value.line, error.value.field) == (str(path), 3, "line")
   assert error.value.reason.startswith("cut: the file ends inside this line (21 of 40 fields")
-  chunk = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(
+  chunk = criteo_parse.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(
       str(path), strict=False, pad_short_lines=pad_short_lines)))
   assert len(chunk) == 2 and not chunk.padded.any()
   assert [(r.line_no, r.reason.split(":")[0]) for r in chunk.bad_rows] == [(3, "cut")]
   path.write_text("\n".join([GOOD, GOOD]))  # no final newline, every field there
-  assert len(criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(str(path))))) == 2
+  assert len(criteo_parse.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(str(path))))) == 2
 
 
 def test_first_bad_line_wins_and_all_are_reported(tmp_path):
   lines = [GOOD, _replace(0, "2"), GOOD, MALFORMED[1][0], MALFORMED[0][0], GOOD]
   with pytest.raises(InputError) as error:
-    criteo.parse_lines(lines, "f.tsv", first_line_no=100)
+    criteo_parse.parse_lines(lines, "f.tsv", first_line_no=100)
   assert (error.value.line, error.value.field) == (101, "label")
-  chunk = criteo.parse_lines(lines, "f.tsv", first_line_no=100, strict=False)
+  chunk = criteo_parse.parse_lines(lines, "f.tsv", first_line_no=100, strict=False)
   assert [(r.line_no, r.reason.split(":")[0]) for r in chunk.bad_rows] == [
       (101, "field label"), (103, "field line"), (104, "field line")]
   assert chunk.line_numbers.tolist() == [100, 102, 105]
 
 
 def test_parsed_values(tmp_path):
-  chunk = criteo.parse_lines([GOOD, _replace(0, "0")], "f.tsv")
+  chunk = criteo_parse.parse_lines([GOOD, _replace(0, "0")], "f.tsv")
   assert chunk.label.tolist() == [1, 0]
   expected_ints = [int(v) if v else 0 for v in INTS]
   np.testing.assert_array_equal(chunk.int_values, [expected_ints] * 2)
@@ -170,7 +172,7 @@ def test_vectorised_parser_matches_reference_on_random_lines():
             for _ in range(13)]
     cats = ["" if rng.random() < 0.2 else "%08x" % rng.integers(0, 2**32) for _ in range(26)]
     lines.append("\t".join([str(rng.integers(0, 2))] + ints + cats))
-  chunk = criteo.parse_lines(lines, "random.tsv")
+  chunk = criteo_parse.parse_lines(lines, "random.tsv")
   reference = [_reference_parse(line) for line in lines]
   assert chunk.label.tolist() == [r[0] for r in reference]
   assert chunk.int_values.tolist() == [r[1] for r in reference]
@@ -184,7 +186,7 @@ def test_chunks_keep_line_numbers_and_gzip_matches_plain(tmp_path):
   for path in (plain, packed):
     chunks = list(criteo.read_criteo_tsv(path, chunk_rows=3))
     assert [len(c) for c in chunks] == [3, 3, 3, 1]
-    joined = criteo.ParsedChunk.concatenate(chunks)
+    joined = criteo_parse.ParsedChunk.concatenate(chunks)
     assert joined.line_numbers.tolist() == list(range(1, 11))
     assert joined.int_values[:, 4].tolist() == list(range(10))
   bad = _write(tmp_path / "day_2.gz", lines[:7] + [_replace(5, "1.5")] + lines[8:], compress=True)
@@ -196,7 +198,7 @@ def test_chunks_keep_line_numbers_and_gzip_matches_plain(tmp_path):
 def test_missing_final_newline(tmp_path):
   path = tmp_path / "day_0"
   path.write_text(GOOD + "\n" + GOOD)
-  assert len(criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(str(path))))) == 2
+  assert len(criteo_parse.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(str(path))))) == 2
 
 
 def test_corrupt_gzip_is_a_clear_error(tmp_path):
@@ -245,24 +247,24 @@ def test_day_files_are_ordered_numerically(tmp_path):
 
 def test_format_hex_round_trips():
   ids = np.array([0, 1, 0xDEADBEEF, 2**32 - 1])
-  text = criteo.format_hex(ids).view("S8").ravel()
+  text = criteo_parse.format_hex(ids).view("S8").ravel()
   assert text.tolist() == [b"00000000", b"00000001", b"deadbeef", b"ffffffff"]
-  ok, parsed = criteo.parse_hex_ids([t.decode() for t in text] + [""])
+  ok, parsed = criteo_parse.parse_hex_ids([t.decode() for t in text] + [""])
   assert ok.all() and parsed.tolist() == ids.tolist() + [-1]
 
 
 def test_a_trailing_user_id_column_is_parsed_and_checked():
-  chunk = criteo.parse_lines([GOOD + "\t7", GOOD + "\t0"], "f", user_column=True)
+  chunk = criteo_parse.parse_lines([GOOD + "\t7", GOOD + "\t0"], "f", user_column=True)
   np.testing.assert_array_equal(chunk.user_id, [7, 0])
-  assert criteo.parse_lines([GOOD], "f").user_id is None  # the Criteo format: no column
-  permissive = criteo.parse_lines([GOOD + "\t7", GOOD, GOOD + "\t-2", GOOD + "\tx"], "f",
+  assert criteo_parse.parse_lines([GOOD], "f").user_id is None  # the Criteo format: no column
+  permissive = criteo_parse.parse_lines([GOOD + "\t7", GOOD, GOOD + "\t-2", GOOD + "\tx"], "f",
                                   strict=False, user_column=True)
   np.testing.assert_array_equal(permissive.user_id, [7])
   assert [(r.line_no, r.reason.split(":")[0]) for r in permissive.bad_rows] == [
       (2, "field line"), (3, "field user_id"), (4, "field user_id")]
   with pytest.raises(InputError, match="f:2: field user_id"):
-    criteo.parse_lines([GOOD + "\t7", GOOD + "\t"], "f", user_column=True)
-  joined = criteo.ParsedChunk.concatenate([permissive, permissive])
+    criteo_parse.parse_lines([GOOD + "\t7", GOOD + "\t"], "f", user_column=True)
+  joined = criteo_parse.ParsedChunk.concatenate([permissive, permissive])
   np.testing.assert_array_equal(joined.user_id, [7, 7])
   np.testing.assert_array_equal(criteo.transform(joined, _vocabulary())["user_id"], [7, 7])
 

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import special, stats
 
-from dprec.data import criteo, synthetic
+from dprec.data import criteo, criteo_parse, synthetic
 from dprec.errors import DprecError
 
 SMALL = "scaled:20000"  # Table 3 shape at 20k buckets: fast, still long-tailed
@@ -32,9 +32,9 @@ def test_output_parses_strictly_as_criteo_tsv(criteo_days):
   out, summary = criteo_days
   files = criteo.criteo_day_files(out)
   assert [os.path.basename(f) for f in files] == ["day_0", "day_1", "day_2"]
-  chunks = [criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(f))) for f in files]
+  chunks = [criteo_parse.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(f))) for f in files]
   assert [len(c) for c in chunks] == [20000, 20000, 20000]
-  joined = criteo.ParsedChunk.concatenate(chunks)
+  joined = criteo_parse.ParsedChunk.concatenate(chunks)
   assert summary["rows"] == 60000
   assert abs(joined.label.mean() - summary["ctr"]) < 1e-12
   assert 0.2 < summary["ctr"] < 0.3
@@ -98,8 +98,8 @@ def test_users_add_a_zipf_user_id_column_and_change_nothing_else(tmp_path):
     b = [line.rsplit("\t", 1) for line in (tmp_path / "b" / day).read_text().splitlines()]
     assert [fields for fields, _ in b] == a  # the 40 Criteo columns: the same bytes
     users += [int(user) for _, user in b]
-    chunk = criteo.parse_lines([line for line in (tmp_path / "b" / day).read_text().splitlines()],
-                               day, user_column=True)
+    chunk = criteo_parse.parse_lines((tmp_path / "b" / day).read_text().splitlines(), day,
+                                     user_column=True)
     assert len(chunk) == len(a)
   counts = np.bincount(users, minlength=51)[1:]
   assert counts.max() == summary["max_rows_per_user"] and counts.argmax() == 0  # user 1 most active
@@ -151,8 +151,8 @@ def test_click_model_is_learnable(criteo_days):
   generator's own probabilities are in the intended band."""
   out, _ = criteo_days
   files = criteo.criteo_day_files(out)
-  train = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(files[:2])))
-  test = criteo.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(files[2:])))
+  train = criteo_parse.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(files[:2])))
+  test = criteo_parse.ParsedChunk.concatenate(list(criteo.read_criteo_tsv(files[2:])))
   prior = train.label.mean()
   score = np.zeros(len(test))
   for j in range(26):

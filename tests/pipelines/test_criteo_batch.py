@@ -15,6 +15,7 @@ from dprec.data.criteo import CATEGORICAL_FEATURES
 from dprec.errors import DprecError
 from pipelines import beam_io
 from pipelines import criteo
+from pipelines import criteo_vocabulary
 
 A, B, C, D, E = "0000000a", "000000bb", "00000ccc", "0000dddd", "000eeeee"
 
@@ -50,7 +51,7 @@ def test_golden_batch_job_on_two_worker_processes(tmp_path, criteo_line, train_t
   _golden_inputs(tmp_path, criteo_line)
   out = str(tmp_path / "out")
   job = criteo.CriteoJob(inputs=(str(tmp_path / "in"),), output=out,
-                         vocab=criteo.VocabConfig(min_count=2), max_bad_fraction=1.0,
+                         vocab=criteo_vocabulary.VocabConfig(min_count=2), max_bad_fraction=1.0,
                          split_bytes=300)
   summary = criteo.run(job, ["--direct_num_workers=2", "--direct_running_mode=multi_processing"])
 
@@ -202,7 +203,7 @@ def test_top_k_keeps_the_most_frequent_buckets(tmp_path, criteo_line, in_process
   lines = [criteo_line(0, {}, {"C1": ids[i], "C2": ids[0]}) for i in range(5) for _ in range(i + 1)]
   (tmp_path / "day_0").write_text("\n".join(lines))
   job = criteo.CriteoJob(inputs=(str(tmp_path / "day_0"),), output=str(tmp_path / "out"),
-                         vocab=criteo.VocabConfig(mode="top_k", top_k=2))
+                         vocab=criteo_vocabulary.VocabConfig(mode="top_k", top_k=2))
   summary = criteo.run(job, in_process)
   vocab = criteo_tfrecord.load_vocabulary(str(tmp_path / "out"))
   assert [int(i) for i in vocab.ids[0]] == [5, 4] and [int(c) for c in vocab.counts[0]] == [5, 4]
@@ -212,12 +213,13 @@ def test_top_k_keeps_the_most_frequent_buckets(tmp_path, criteo_line, in_process
 
 def test_bad_options_are_clear_errors():
   with pytest.raises(DprecError, match="needs --top-k"):
-    criteo.VocabConfig(mode="top_k")
+    criteo_vocabulary.VocabConfig(mode="top_k")
   with pytest.raises(DprecError, match="positive --top-k-epsilon"):
-    criteo.VocabConfig(mode="dp_top_k", top_k=3)
+    criteo_vocabulary.VocabConfig(mode="dp_top_k", top_k=3)
   with pytest.raises(DprecError, match="26 comma-separated"):
-    criteo.parse_top_k("1,x")
-  assert criteo.parse_top_k("table3")[2] == 82741 and criteo.parse_top_k("7") == 7
+    criteo_vocabulary.parse_top_k("1,x")
+  assert criteo_vocabulary.parse_top_k("table3")[2] == 82741
+  assert criteo_vocabulary.parse_top_k("7") == 7
 
 
 def test_the_user_column_is_kept_and_a_bad_id_is_a_dead_letter(tmp_path, criteo_line,

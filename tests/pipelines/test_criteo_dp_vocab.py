@@ -11,6 +11,7 @@ from dprec.data import criteo_tfrecord
 from dprec.errors import BudgetExceededError
 from dprec.errors import DprecError
 from pipelines import criteo
+from pipelines import criteo_vocabulary
 
 
 def test_huge_epsilon_is_exact_top_k():
@@ -18,15 +19,16 @@ def test_huge_epsilon_is_exact_top_k():
   counts = np.random.default_rng(0).permutation(50) + 1  # Distinct counts 1..50.
   exact = ids[np.argsort(-counts)[:7]]
   for seed in range(5):
-    chosen = criteo.dp_top_k_ids(ids, counts, 7, 1e9, np.random.default_rng(seed))
+    chosen = criteo_vocabulary.dp_top_k_ids(ids, counts, 7, 1e9, np.random.default_rng(seed))
     assert chosen.tolist() == exact.tolist()
 
 
 def test_small_epsilon_selection_varies_across_seeds():
   ids = np.arange(1, 31, dtype=np.int64)
   counts = np.arange(30, 0, -1)
-  selections = {tuple(criteo.dp_top_k_ids(ids, counts, 5, 0.5, np.random.default_rng(seed),
-                                          domain=64)) for seed in range(20)}
+  selections = {tuple(criteo_vocabulary.dp_top_k_ids(ids, counts, 5, 0.5,
+                                                     np.random.default_rng(seed), domain=64))
+                for seed in range(20)}
   assert len(selections) > 10
 
 
@@ -34,7 +36,7 @@ def test_unseen_ids_compete_with_exponential_mechanism_probabilities():
   # k = 1 is one exponential-mechanism draw over the whole domain: P(i) ∝ exp(ε·count_i).
   ids, counts, domain, epsilon = np.array([1, 4]), np.array([2, 1]), 6, 1.0
   rng = np.random.default_rng(7)
-  draws = np.array([criteo.dp_top_k_ids(ids, counts, 1, epsilon, rng, domain)[0]
+  draws = np.array([criteo_vocabulary.dp_top_k_ids(ids, counts, 1, epsilon, rng, domain)[0]
                     for _ in range(6000)])
   weights = np.array([math.exp(epsilon * c) for c in [0, 2, 0, 0, 1, 0]])
   expected = weights / weights.sum()
@@ -46,7 +48,7 @@ def test_unseen_ids_compete_with_exponential_mechanism_probabilities():
 def _dp_job(tmp_path, epsilon, seed=0, delta=1e-6):
   return criteo.CriteoJob(
       inputs=(str(tmp_path / "day_0"),), output=str(tmp_path / f"out_{seed}"),
-      vocab=criteo.VocabConfig(mode="dp_top_k", top_k=1, epsilon=epsilon,
+      vocab=criteo_vocabulary.VocabConfig(mode="dp_top_k", top_k=1, epsilon=epsilon,
                                insecure_noise_seed=seed),
       ledger=str(tmp_path / "ledger.json"), epsilon_budget=5.0, delta=delta)
 

@@ -5,6 +5,7 @@ the batch job's counts; ids never move once assigned; outputs read back and trai
 import gzip
 import json
 import os
+import pickle
 import shutil
 import threading
 import time
@@ -21,6 +22,7 @@ from dprec.data.criteo import read_criteo_tsv
 from dprec.data.synthetic import generate_criteo
 from pipelines import beam_io
 from pipelines import criteo
+from pipelines import criteo_shards
 from pipelines import criteo_stream
 
 
@@ -116,6 +118,14 @@ def test_test_stream_periods_running_counts_stable_ids_and_late_record(tmp_path,
   # Each period is transformed with its own snapshot: day 1's z is index 2, y is OOV (0).
   day1 = next(iter(criteo_tfrecord.criteo_tfrecord_dataset(out, days=[1], batch_size=10)))
   assert day1["cat_features"].numpy()[:, 0].tolist() == [2, 0]
+
+
+def test_a_state_that_names_the_statistics_where_they_were_defined_before_still_loads():
+  """A running state (`stream_state.pkl`) written before the statistics moved to
+  `pipelines.criteo_shards` names them `pipelines.criteo.ShardStats`: a rerun on the same output
+  still reads it."""
+  old = b"\x80\x02cpipelines.criteo\nShardStats\n)\x81."  # ShardStats.__new__, by its old name
+  assert isinstance(pickle.loads(old), criteo_shards.ShardStats)
 
 
 def test_two_day_periods(tmp_path, criteo_line):

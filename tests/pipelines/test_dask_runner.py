@@ -12,7 +12,9 @@ from dprec.data import synthetic
 from dprec.errors import DprecError
 from pipelines import beam_io
 from pipelines import criteo
+from pipelines import criteo_shards
 from pipelines import criteo_stream
+from pipelines import criteo_vocabulary
 
 # pip install -e .[test] installs apache-beam[dask]
 distributed = pytest.importorskip("distributed")
@@ -74,14 +76,15 @@ def test_criteo_batch_job_writes_the_same_bytes_on_dask(tmp_path, criteo_line, i
     out, ledger = str(tmp_path / runner), str(tmp_path / f"ledger_{runner}.json")
     job = criteo.CriteoJob(
         inputs=(str(tmp_path / "in"),), output=out, split_bytes=64 << 10, max_bad_fraction=0.1,
-        vocab=criteo.VocabConfig(mode="dp_top_k", top_k=1, epsilon=2.0, insecure_noise_seed=7),
+        vocab=criteo_vocabulary.VocabConfig(mode="dp_top_k", top_k=1, epsilon=2.0,
+                                            insecure_noise_seed=7),
         ledger=ledger, epsilon_budget=10.0)
     outputs[runner] = criteo.run(job, beam_args)
     runs[runner] = {out: "OUT", ledger: "LEDGER", outputs[runner]["dataset_id"]: "ID"}
   embedded, dask = outputs["embedded"], outputs["dask"]
   assert embedded["dead_letters"] == 5 and embedded["rows_in"] == 2000 + 4 + 31
   assert len(os.listdir(tmp_path / "dask" / "day_0")) > 2  # several splits to spread
-  assert len(os.listdir(tmp_path / "dask" / criteo.DEAD_LETTERS)) >= 3  # one file a split
+  assert len(os.listdir(tmp_path / "dask" / criteo_shards.DEAD_LETTERS)) >= 3  # one file a split
   # Counts come from the job's outputs; only the embedded runner also reports Beam metrics.
   assert "beam_counters" not in dask and embedded["beam_counters"]["rows_in"] == dask["rows_in"]
   assert_same_outputs(tmp_path / "embedded", tmp_path / "dask", runs["embedded"], runs["dask"])
