@@ -3,8 +3,9 @@ in groups by concern (`OptionGroups`); `--help` lists the options most runs set 
 every one (an option added with `advanced=True` parses as any other, listed by `--help-all`
 only); each option's help ends with its default; old option names kept for a release as
 deprecated aliases; a misspelt option or choice gets the closest one suggested. An options
-dataclass may hold its options' help in its fields (`option`), from which `add_fields` builds
-them: the name, default, type and help of each come from one place."""
+dataclass holds its options in its fields (`option`), from which `add_fields` builds them: the
+flag, default, type, help, group, choices, advanced-ness and old names of each come from one
+place."""
 import argparse
 import dataclasses
 import difflib
@@ -65,10 +66,25 @@ class OptionGroups:
 OPTION = "dprec.option"  # a field's metadata key: its command-line option's help and settings
 
 
-def option(default=dataclasses.MISSING, *, help, **settings):
+def option(default=dataclasses.MISSING, *, help, group, **settings):
   """A dataclass field that is also a command-line option (`add_fields`): its `default`, its
-  `help` text and `settings` (`advanced`, and `add_argument`'s `choices`, `metavar`, `type`)."""
-  return dataclasses.field(default=default, metadata={OPTION: dict(settings, help=help)})
+  `help` (a text, or a function of `add_fields`' `context` returning one), the `group` it is
+  listed in (the name of one of the command's `OptionGroups`: "data", "privacy", ...) and
+  `settings`: `advanced`, `flag` (default `--field-name`), `deprecated` (old flags, each kept as
+  a deprecated alias), `parsed_default` (what the option parses to when not given, where that is
+  not `default`: e.g. None for the command to resolve) and `add_argument`'s `action`, `choices`,
+  `const`, `metavar`, `nargs`, `required`, `type`."""
+  return dataclasses.field(default=default,
+                           metadata={OPTION: dict(settings, help=help, group=group)})
+
+
+def same_option(options_class, name, default=dataclasses.MISSING, **changes):
+  """The field `name` of the dataclass `options_class`, as a field of another: the same option
+  (help, group, settings, but for `changes`), with the same default unless `default` says."""
+  field = {field.name: field for field in dataclasses.fields(options_class)}[name]
+  settings = dict(field.metadata[OPTION], **changes)
+  return dataclasses.field(default=field.default if default is dataclasses.MISSING else default,
+                           metadata={OPTION: settings})
 
 
 def _option_type(annotation):
@@ -77,18 +93,31 @@ def _option_type(annotation):
   return kinds[0] if len(kinds) == 1 and kinds[0] in (int, float) else None
 
 
-def add_fields(group, options_class):
-  """Adds to `group` (an `OptionGroup`) the option of every field of the dataclass
-  `options_class` made by `option`, in field order: `--field-name`, the field's default, the
-  type of its annotation (int, float) unless `settings` name one, and the field's help."""
+def add_fields(groups, options_class, omit=(), **context):
+  """Adds the option of every field of the dataclass `options_class` made by `option` but those
+  named in `omit`, in field order, each to its group of `groups` (`OptionGroups`, or any object
+  with the groups as attributes): its flag (`--field-name` unless `flag` says), destination the
+  field, the field's default (or `parsed_default`), the type of its annotation (int, float)
+  unless `settings` name one or an `action`, its help (a function's called with `context`) and
+  its `deprecated` aliases."""
   annotations = typing.get_type_hints(options_class)
   for field in dataclasses.fields(options_class):
-    if OPTION not in field.metadata:
+    if OPTION not in field.metadata or field.name in omit:
       continue
     settings = dict(field.metadata[OPTION])
-    settings.setdefault("type", _option_type(annotations[field.name]))
-    group.add("--" + field.name.replace("_", "-"), dest=field.name, default=field.default,
-              **settings)
+    group = getattr(groups, settings.pop("group"))
+    flag = settings.pop("flag", "--" + field.name.replace("_", "-"))
+    deprecated = settings.pop("deprecated", ())
+    if callable(settings["help"]):
+      settings["help"] = settings["help"](**context)
+    if "action" not in settings:
+      settings.setdefault("type", _option_type(annotations[field.name]))
+    default = settings.pop("parsed_default", field.default)
+    if default is not dataclasses.MISSING:  # `append` adds to a list: a copy of the field's
+      settings["default"] = list(default) if settings.get("action") == "append" else default
+    group.add(flag, dest=field.name, **settings)
+    for old in deprecated:
+      add_deprecated_alias(group.add, old, flag, field.name, type=settings.get("type"))
 
 
 class HelpFormatter(argparse.RawDescriptionHelpFormatter):

@@ -153,3 +153,23 @@ def test_stream_help_says_the_run_directory_is_always_kept(capsys):
   assert "(default stream_run)" in text
   assert "privacy ledger JSON file (default: DIR/ledger.json)" in text
   assert "the run keeps it in DIR/summary.json" in text
+
+
+def test_an_argument_without_a_field_is_refused_not_dropped():
+  """Each command's parsed arguments become its options (`run_cli.options_from_args`); an
+  argument its options class has no field for (and the command does not read itself) is
+  refused, not lost."""
+  from dprec.workflows import run_cli
+  from dprec.workflows import seqrec_cli
+  from dprec.workflows import stream
+  from dprec.workflows.ctr_options import CTRTrainOptions
+  from dprec.workflows.seqrec_options import SeqRecTrainOptions
+  parser = cli.build_parser()
+  for path, options_class, read in ((("train", "ctr"), CTRTrainOptions, ()),
+                                    (("stream",), stream.StreamOptions, ()),
+                                    (("train", "seqrec"), SeqRecTrainOptions, seqrec_cli.READ)):
+    args = parser.parse_args([*path, *REQUIRED[path]])
+    assert run_cli.options_from_args(options_class, args, read=read).data == "d"
+    args.stray = 1  # as a parser's `--stray` would, with no field of that name
+    with pytest.raises(ValueError, match="no field for the argument.* stray"):
+      run_cli.options_from_args(options_class, args, read=read)

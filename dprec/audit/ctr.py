@@ -37,6 +37,7 @@ import dataclasses
 import os
 import sys
 import time
+import types
 from typing import Optional
 
 import numpy as np
@@ -78,21 +79,22 @@ class CTRAuditOptions:
   options of the command's "audit" group (`register`), with their help."""
   train: train_ctr.CTRTrainOptions
   threat_model: str = cli_help.option(
-      "black_box", choices=THREAT_MODELS,
+      "black_box", group="audit", choices=THREAT_MODELS,
       help="black_box: the adversary sees the final model; white_box: every step's released "
            "noisy update, with Dirac gradient canaries in the DP step")
   canaries: Optional[int] = cli_help.option(
-      None, help="canaries per run m (default: "
-                 + ", ".join(f"{k} {v}" for k, v in DEFAULT_CANARIES.items()) + ")")
-  runs: int = cli_help.option(1, help="training runs R (canaries pooled)")
-  confidence: float = cli_help.option(0.95, help="confidence of the lower bound")
+      None, group="audit", help="canaries per run m (default: "
+      + ", ".join(f"{k} {v}" for k, v in DEFAULT_CANARIES.items()) + ")")
+  runs: int = cli_help.option(1, group="audit", help="training runs R (canaries pooled)")
+  confidence: float = cli_help.option(0.95, group="audit", help="confidence of the lower bound")
   score: str = cli_help.option(
-      "all", choices=scores_lib.SCORES + ("all",), advanced=True,
+      "all", group="audit", choices=scores_lib.SCORES + ("all",), advanced=True,
       help="black-box canary score: alignment of its rows' movement with its gradient, their "
            "movement, its loss drop, or all (the best, Bonferroni-corrected)")
   scores_file: Optional[str] = cli_help.option(
-      None, help="write every canary's score and membership here (JSON lines; default: beside "
-                 "--summary-json, else none)")
+      None, group="audit",
+      help="write every canary's score and membership here (JSON lines; default: beside "
+           "--summary-json, else none)")
   summary_json: Optional[str] = None
   progress: bool = True  # a line on stderr per phase
   # `train ctr`'s --privacy-unit and --max-rows-per-user, read for the audit (not its training).
@@ -320,7 +322,7 @@ def register(subparsers):
   # of its run directory, ledger, checkpoints, logs and evaluation.
   train_ctr_cli.add_options(parser, run_directory=False)
   cli_help.mark_advanced(parser, LESS_USED)
-  cli_help.add_fields(audit, CTRAuditOptions)
+  cli_help.add_fields(types.SimpleNamespace(audit=audit), CTRAuditOptions)
   parser.set_defaults(func=run)
 
 

@@ -1,10 +1,12 @@
 """The options of `train ctr` (`CTRTrainOptions`) and the names and defaults its command line
 offers, without TensorFlow: `dprec train ctr` parses its arguments (and refuses bad ones) before
 it loads `dprec.workflows.ctr`, which trains with them."""
+import argparse
 import dataclasses
 import math
 from typing import Optional, Tuple
 
+from dprec.cli_help import option
 from dprec.distribute import cluster
 from dprec.errors import DprecError
 from dprec.optimizers import defaults as step_defaults
@@ -40,52 +42,234 @@ PRIVACY_UNITS = ("row", "user")
 USER_SAMPLINGS = ("users", "rows")
 
 
+NON_PRIVATE = "non_private"  # the --algorithm of training without DP
+
+
+def algorithm_help(default):
+  """The help of `--algorithm` (parsed to None: `algorithm_and_epsilon` resolves it)."""
+  return (f"training algorithm; {NON_PRIVATE} is --epsilon inf, training without DP "
+          f"(default: {default})")
+
+
+def int_list(text):
+  """argparse type of `--hidden-units`: comma-separated positive widths."""
+  try:
+    values = tuple(int(part) for part in text.split(","))
+  except ValueError:
+    raise argparse.ArgumentTypeError(f"expected comma-separated ints, got {text!r}") from None
+  if not values or min(values) < 1:
+    raise argparse.ArgumentTypeError(f"widths must be positive, got {text!r}")
+  return values
+
+
+# Help texts that name the ledger and run directory only where the command keeps them
+# (`run_directory`: `train ctr`, not `dprec audit`).
+def _epsilon_help(run_directory):
+  return "privacy budget ε, the total" + (
+      ": what --ledger spent on this data before (e.g. a DP top-k vocabulary) is composed in"
+      if run_directory else "") + " (required unless non_private); 'inf': --algorithm non_private"
+
+
+def _delta_help(run_directory):
+  return "δ (default: " + ("the --ledger's if it exists, else " if run_directory else "") + (
+      "1/N, N = training rows; 1/U, U = training users, at --privacy-unit user)")
+
+
+def _strategy_help(run_directory):
+  return ("tf.distribute strategy: none (one device), mirrored (this machine's devices), "
+          "multi_worker (the cluster in TF_CONFIG, one process per worker, worker 0 the chief" + (
+              "; needs --run-dir on a file system all workers share, holding the secret noise "
+              "key" if run_directory else "") + "), parameter_server (TF_CONFIG's chief, workers "
+          "and ps: tables sharded by rows over the ps, steps scheduled by the chief; worker and "
+          "ps tasks serve until stopped): docs/guide/train_ctr.md, 'Distributed training'")
+
+
+_LOWEST, _HIGHEST = BATCH_SIZE_RANGE
+DEFAULT_ALGORITHM = "dp_adafest"
+HIDDEN_UNITS = (256, 256)
+GHAZI = "Ghazi et al. 2023, arXiv:2311.08357"  # the paper of DP-FEST and DP-AdaFEST
+STACK_MULTIPLE = 8  # `--stack-tables` without M: Table 3's 20 widths in 5 stacks
+# Options kept only with a run directory: not `dprec audit`'s (`ctr_cli.add_options`).
+RUN_DIRECTORY_ONLY = ("eval_batch_size", "log_dir")
+
+
 @dataclasses.dataclass
 class CTRTrainOptions(run_lib.FitOptions):
-  """Everything `dprec train ctr` accepts (see `dprec.workflows.ctr_cli` for each field)."""
+  """Everything `dprec train ctr` accepts; each field made by `cli_help.option` is also its
+  command-line option (`ctr_cli.add_options`), listed in field order. Help shows their defaults
+  ("(default ..."); where a field's default is None, its help says what None does."""
   NOT_FINGERPRINTED = run_lib.FitOptions.NOT_FINGERPRINTED + (
       "vocab", "log_dir", "eval_batch_size", "strategy", "local_workers", "local_ps",
       "min_shard_rows", "runner", "dask_workers", "beam_options", "out_of_core_above")
-  data: str
-  strategy: str = "none"
-  local_workers: int = 0
-  local_ps: int = 0
-  min_shard_rows: int = cluster.MIN_ROWS_PER_SHARD
-  algorithm: str = "dp_adafest"
-  epsilon: Optional[float] = None
-  delta: Optional[float] = None
-  batch_size: Optional[int] = None  # None: from N (`sized_for`)
-  max_batch_size: Optional[int] = None  # B_max: truncated Poisson (`dprec.privacy.truncation`)
-  steps: Optional[int] = None  # None: one epoch at the batch size
-  ratio: float = step_defaults.ADAFEST_RATIO
-  threshold: float = step_defaults.ADAFEST_THRESHOLD
-  contribution_clip: float = 1.0
-  l2_norm_clip: float = 1.0  # see BENCHMARKS.md "Calibrated DP pCTR"
-  learning_rate: Optional[float] = None  # None: `DEFAULT_LEARNING_RATES` (private or not)
-  optimizer: str = "adam"
-  adambc_floor: float = step_defaults.ADAMBC_FLOOR
-  table_learning_rate: Optional[float] = None  # --optimizer table_sgd; None: `table_learning_rate`
-  momentum: float = 0.0  # --optimizer table_sgd: on the tables
-  logit_init: str = "base_rate"
-  base_rate_share: float = 0.01
-  calibration_share: float = 0.1
-  top_k: Optional[int] = None
-  top_k_epsilon: float = 0.1
-  vocab: Optional[str] = None
-  vocab_min_count: int = 1
-  hidden_units: Tuple[int, ...] = (256, 256)
-  stack_tables: int = 0  # 0: one variable per table; m: widths rounded up to m, one per width
-  eval_batch_size: int = 8192
-  log_dir: Optional[str] = None
-  out_of_core: bool = False  # Poisson batches written by a Beam job, streamed (`out_of_core`)
-  out_of_core_above: int = ROWS_IN_MEMORY  # ... and by default above this many training rows
-  runner: Optional[str] = None  # the Beam jobs of --out-of-core (default: embedded)
-  dask_workers: Optional[int] = None
-  beam_options: Tuple[str, ...] = ()
-  select_on_validation: float = 0.0  # non_private: share of training rows for model selection
-  privacy_unit: str = "row"  # "user": ε protects all of a user's rows (the `user_id` column)
-  max_rows_per_user: Optional[int] = None  # k; None at user level: DEFAULT_MAX_ROWS_PER_USER
-  user_sampling: str = "users"  # at user level: USER_SAMPLINGS
+  data: str = option(
+      group="data", required=True,
+      help="directory of Criteo TSV day_N files, or a Beam output dir")
+  vocab: Optional[str] = option(
+      None, group="data", advanced=True,
+      help="directory of a saved (public) CriteoVocabulary instead of building one")
+  vocab_min_count: int = option(1, group="data", advanced=True,
+                                help="min count of an id kept in the vocabulary")
+  # Poisson batches written by a Beam job, streamed (`out_of_core`) ...
+  out_of_core: bool = option(
+      False, group="data", action="store_true",
+      help="for more rows than memory holds: a Beam job writes the run's Poisson batches (one "
+           "shard per step, drawn from the run's key) and training streams them; the base rate, "
+           "calibration and evaluation are streaming passes (memory grows with B and the model, "
+           "not with N; slower): docs/guide/train_ctr.md, 'Data larger than memory'. Without "
+           "it, runs above --out-of-core-above rows train out of core")
+  # ... and by default above this many training rows
+  out_of_core_above: int = option(
+      ROWS_IN_MEMORY, group="data", metavar="ROWS", advanced=True,
+      help="train out of core when the training rows (the manifest's count, or TSV bytes / 240) "
+           "exceed ROWS and the options allow it (default %(default)s: ~8.6 GB in memory)")
+  runner: Optional[str] = option(
+      None, group="data", advanced=True,
+      help="out of core: the Beam runner of its jobs (default: embedded; DaskRunner, "
+           "DataflowRunner, ...)")
+  dask_workers: Optional[int] = option(
+      None, group="data", metavar="N", advanced=True,
+      help="out of core with --runner DaskRunner: the local Dask cluster's worker processes")
+  beam_options: Tuple[str, ...] = option(
+      (), group="data", flag="--beam-option", action="append", metavar="NAME=VALUE",
+      advanced=True,
+      help="out of core: another Beam pipeline option (e.g. dask_client_address=HOST:PORT); "
+           "repeatable")
+
+  algorithm: str = option(  # parsed None: `algorithm_and_epsilon` resolves it with --epsilon
+      DEFAULT_ALGORITHM, group="privacy", choices=ALGORITHMS, parsed_default=None,
+      help=algorithm_help(DEFAULT_ALGORITHM))
+  epsilon: Optional[float] = option(None, group="privacy", help=_epsilon_help)
+  delta: Optional[float] = option(None, group="privacy", help=_delta_help)
+  # "user": ε protects all of a user's rows (the `user_id` column)
+  privacy_unit: str = option(
+      "row", group="privacy", choices=PRIVACY_UNITS,
+      help="what ε protects: a row, or a user (all rows with one user_id: the day files' 41st "
+           "field, as `dprec synth criteo --users N` writes; a user-level ledger, δ 1/U; in "
+           "memory, on one device): docs/guide/train_ctr.md, 'The privacy unit' (default: "
+           "%(default)s)")
+  max_rows_per_user: Optional[int] = option(  # k; None at user level: DEFAULT_MAX_ROWS_PER_USER
+      None, group="privacy", metavar="K",
+      help="--privacy-unit user: k, the most rows of a user a step or a release reads (drawn by "
+           "the run's key; public, never read off the data) "
+           f"(default: {DEFAULT_MAX_ROWS_PER_USER})")
+  user_sampling: str = option(  # at user level: USER_SAMPLINGS
+      "users", group="privacy", choices=USER_SAMPLINGS,
+      help="--privacy-unit user: users (each step Poisson-samples users at q = B / U, each "
+           "sampled user's at most K rows clipped as one: the sampled Gaussian over users) or "
+           "rows (the baseline: each user's rows cut once to at most K, rows Poisson-sampled as "
+           "at the row level, ε converted for a group of K rows) (default: %(default)s)")
+  top_k: Optional[int] = option(
+      None, group="privacy", flag="--top-k-total", metavar="K", deprecated=("--top-k",),
+      help="DP-FEST / DP-AdaFEST+: rows kept over all tables, K/F per table of the F tables (no "
+           "default: required by dp_fest and dp_adafest_plus)")
+  top_k_epsilon: float = option(
+      0.1, group="privacy",
+      help="pure ε of the DP top-k (Gumbel) selection, deducted from --epsilon; 0 = treat the "
+           "training counts as public")
+  # The DP step (`dprec stream`'s too).
+  l2_norm_clip: float = option(  # see BENCHMARKS.md "Calibrated DP pCTR"
+      1.0, group="privacy",
+      help="per-example gradient clip C2 (small clips, e.g. 1, clip nearly every example: the "
+           "best AUC, with logits at the label median, which --calibration-share recalibrates)")
+  ratio: float = option(step_defaults.ADAFEST_RATIO, group="privacy", advanced=True,
+                        help="DP-AdaFEST noise ratio r = σ1/σ2")
+  threshold: float = option(step_defaults.ADAFEST_THRESHOLD, group="privacy", advanced=True,
+                            help="DP-AdaFEST threshold τ on noisy counts")
+  contribution_clip: float = option(1.0, group="privacy", advanced=True,
+                                    help="DP-AdaFEST contribution clip C1")
+  learning_rate: Optional[float] = option(  # None: `DEFAULT_LEARNING_RATES` (private or not)
+      None, group="training",
+      help="learning rate (default: " + ", ".join(
+          f"{rate:g} {run}" for run, rate in DEFAULT_LEARNING_RATES.items())
+      + "; for --optimizer adam)")
+  optimizer: str = option(
+      "adam", group="training", choices=sorted(OPTIMIZER_NAMES), advanced=True,
+      help="row-sparse optimizer applying the noisy gradient (adam = lazy Adam; adambc = "
+           "DP-AdamBC: Adam with the noise variance subtracted, Tang et al. 2024, "
+           "arXiv:2411.04205)")
+  adambc_floor: float = option(
+      step_defaults.ADAMBC_FLOOR, group="training", advanced=True,
+      help="γ' of --optimizer adambc: floor of the corrected second moment")
+
+  max_batch_size: Optional[int] = option(  # B_max: truncated Poisson (`dprec.privacy.truncation`)
+      None, group="privacy", metavar="B_MAX", advanced=True,
+      help="truncate each Poisson batch to B_MAX rows (default: none, exact Poisson): a fixed "
+           "upper bound on a step's memory, paid for as δ (the chance any step's batch exceeds "
+           "it, times 1 + e^ε: Chua et al. 2024), taken from training's δ and shown in the "
+           "summary's truncation_delta; refused where it would cost over a tenth of δ")
+  base_rate_share: float = option(
+      0.01, group="privacy", advanced=True,
+      help="share of --epsilon the DP base rate is calibrated for (composed with training in "
+           "the accountant, so it costs training far less)")
+  calibration_share: float = option(
+      0.1, group="privacy", advanced=True,
+      help="share of --epsilon for recalibrating the logits after training (DP Platt scaling on "
+           "the training data, dprec.privacy.dp_platt_scaling, composed with training in the "
+           "accountant, so it costs training far less); 0: none")
+
+  hidden_units: Tuple[int, ...] = option(
+      HIDDEN_UNITS, group="model", type=int_list,
+      help="comma-separated Dense(relu) widths (default: " + ",".join(map(str, HIDDEN_UNITS))
+      + f"; the paper's model ({GHAZI}, App. D.1.1) has 598,598,598,598, which trains worse "
+      "under DP: docs/experiments/ctr_utility.md)")
+  logit_init: str = option(
+      "base_rate", group="model", choices=LOGIT_INITS, advanced=True,
+      help="base_rate: the logit layer starts at zero weights and the bias at the logit of the "
+           "training click rate (DP: a Gaussian estimate charged to the ledger), so the "
+           "untrained model predicts the base rate; default: Keras' Glorot init (p ≈ 0.5)")
+  # 0: one variable per table; m: widths rounded up to m, one per width
+  stack_tables: int = option(
+      0, group="model", nargs="?", const=STACK_MULTIPLE, metavar="M", advanced=True,
+      help=f"hold the tables whose widths round up to the same multiple of M in one variable (M "
+           f"alone: {STACK_MULTIPLE}; 1: exact widths): the same model and DP step (same key, "
+           f"same noise), with the step's per-table work done once per stack "
+           f"(docs/experiments/dp_step_time.md, 'Stacked tables'). Costs: the padding columns "
+           f"(never read nor updated) are stored, in the model and in every optimizer slot (M = "
+           f"8: +14%% embedding parameters at the Criteo vocabularies of {GHAZI}, Table 3, +5%% "
+           f"at 10M rows), and checkpoints hold one variable per stack, so a run resumes only "
+           f"with the same setting. Default: off (one variable per table)")
+
+  batch_size: Optional[int] = option(  # None: from N (`sized_for`)
+      None, group="training",
+      help=f"expected (Poisson) batch size B (default: from the N training rows, the power of "
+           f"two nearest N/{STEPS_PER_EPOCH}, an epoch in about {STEPS_PER_EPOCH} steps, within "
+           f"[{_LOWEST}, {_HIGHEST}], at most N/8; --user-sampling users: expected users per "
+           f"batch, --user-sampling rows' B on the same data, at most U/8)")
+  steps: Optional[int] = option(  # None: one epoch at the batch size
+      None, group="training",
+      help="training steps T (default: one epoch, ⌈N/B⌉; --user-sampling users: one epoch of "
+           "the users or, if more, --user-sampling rows' T on the same data)")
+  table_learning_rate: Optional[float] = option(  # None: `table_learning_rate`
+      None, group="training", advanced=True,
+      help="--optimizer table_sgd (SGD on the embedding tables, lazy Adam at --learning-rate on "
+           "the dense layers): the tables' learning rate (default: B·(1 − momentum)/(80·C2) for "
+           "a private run, the best on validation at 400k and 5M rows; "
+           f"{NON_PRIVATE_TABLE_LEARNING_RATE:g} without DP)")
+  momentum: float = option(0.0, group="training", advanced=True,
+                           help="--optimizer table_sgd: the tables' momentum (0: plain SGD)")
+  select_on_validation: float = option(  # non_private: share of training rows for selection
+      0.0, group="training", metavar="SHARE", advanced=True,
+      help="--algorithm non_private: hold out this share of the training rows (the end of the "
+           "last training day) and keep the weights of the best validation log loss, measured "
+           f"{SELECTION_POINTS} times a run (early stopping's choice; never on the evaluation "
+           "day); default: off")
+  strategy: str = option("none", group="training", choices=STRATEGIES, help=_strategy_help)
+  local_workers: int = option(
+      0, group="training", metavar="N", advanced=True,
+      help="with --strategy multi_worker: start N worker processes on localhost (their TF_CONFIG "
+           "made up) and print the chief's summary; with parameter_server: N workers (and "
+           "--local-ps K servers) in this process, the chief; 0: the cluster of TF_CONFIG")
+  local_ps: int = option(
+      0, group="training", metavar="K", advanced=True,
+      help="with --strategy parameter_server --local-workers N: K parameter servers")
+  min_shard_rows: int = option(
+      cluster.MIN_ROWS_PER_SHARD, group="training", metavar="ROWS", advanced=True,
+      help="with --strategy parameter_server: a table is split by rows over up to all parameter "
+           "servers, each shard at least ROWS rows (smaller tables and dense layers stay whole)")
+  eval_batch_size: int = option(8192, group="training", advanced=True,
+                                help="batch size of the evaluation")
+  log_dir: Optional[str] = option(
+      None, group="run", help="TensorBoard directory (loss, AUC, ε, gradient size)")
 
   @property
   def private(self):
@@ -223,15 +407,6 @@ class CTRTrainOptions(run_lib.FitOptions):
     if self.vocab:
       raise DprecError("--out-of-core builds the vocabulary in its Beam job: drop --vocab, or "
                        "give --data a `dprec preprocess criteo` output")
-
-
-NON_PRIVATE = "non_private"  # the --algorithm of training without DP
-
-
-def algorithm_help(default):
-  """The help of `--algorithm` (parsed to None: `algorithm_and_epsilon` resolves it)."""
-  return (f"training algorithm; {NON_PRIVATE} is --epsilon inf, training without DP "
-          f"(default: {default})")
 
 
 def algorithm_and_epsilon(algorithm, epsilon, default):

@@ -64,10 +64,22 @@ def add_fit_arguments(groups, defaults, run_directory=True):
                         "curve; default %(default)s)")
 
 
-def options_from_args(options_class, args, **overrides):
-  """The `options_class` options of parsed `args` (every field with an argument of its name;
-  `progress` from `--no-progress`), with `overrides`."""
-  fields = {f.name for f in dataclasses.fields(options_class)}
-  values = {key: value for key, value in vars(args).items() if key in fields}
-  return options_class(**dict(values, progress=not args.no_progress, **overrides))
+# Arguments every command's parse holds that are not options of its run: `dprec`'s own and its
+# dispatch's (`dprec.cli`: the command's words, the function it calls, its Ctrl-C message), and
+# `--no-progress` (`progress`).
+NOT_OPTIONS = ("debug", "verbose", "command", "subcommand", "func", "interrupted", "no_progress")
 
+
+def options_from_args(options_class, args, read=(), **overrides):
+  """The `options_class` options of parsed `args` (every field with an argument of its name;
+  `progress` from `--no-progress`), with `overrides`. Any other argument, unless `read` names it
+  (the command reads it itself), is refused: a parser's option without a field would otherwise
+  be dropped silently."""
+  fields = {f.name for f in dataclasses.fields(options_class)}
+  values = vars(args)
+  unread = sorted(set(values) - fields - set(overrides) - set(read) - set(NOT_OPTIONS))
+  if unread:
+    raise ValueError(f"{options_class.__name__} has no field for the argument(s) "
+                     f"{', '.join(unread)}: add one (`cli_help.option`) or name them in `read`")
+  values = {key: value for key, value in values.items() if key in fields}
+  return options_class(**dict(values, progress=not args.no_progress, **overrides))

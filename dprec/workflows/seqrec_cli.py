@@ -173,9 +173,15 @@ def register(subparsers):
   parser.set_defaults(func=run, interrupted=interrupted.message)
 
 
+# Arguments `run` reads itself (the negated flags, DP-Forward's settings): not fields of
+# `SeqRecTrainOptions`.
+READ = ("no_reattention", "untied", "forward_position", "forward_norm_bound", "forward_clip",
+        "no_inference_noise", "forward_reduced_dim", "forward_encoder_updates", "label_epsilon")
+
+
 def run(args):
   data_kinds.refuse_other_commands_data(args.data, "train seqrec")
-  options = run_cli.options_from_args(seqrec_options.SeqRecTrainOptions, args,
+  options = run_cli.options_from_args(seqrec_options.SeqRecTrainOptions, args, read=READ,
                                       reattention=not args.no_reattention, tied=not args.untied,
                                       dp_forward=None)
   if args.dp_forward:
