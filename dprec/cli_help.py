@@ -93,16 +93,17 @@ def _option_type(annotation):
   return kinds[0] if len(kinds) == 1 and kinds[0] in (int, float) else None
 
 
-def add_fields(groups, options_class, omit=(), **context):
+def add_fields(groups, options_class, omit=(), names=None, **context):
   """Adds the option of every field of the dataclass `options_class` made by `option` but those
-  named in `omit`, in field order, each to its group of `groups` (`OptionGroups`, or any object
-  with the groups as attributes): its flag (`--field-name` unless `flag` says), destination the
-  field, the field's default (or `parsed_default`), the type of its annotation (int, float)
-  unless `settings` name one or an `action`, its help (a function's called with `context`) and
-  its `deprecated` aliases."""
+  named in `omit`, in field order (or those `names` names, in its order), each to its group of
+  `groups` (`OptionGroups`, or any object with the groups as attributes): its flag
+  (`--field-name` unless `flag` says), destination the field, the field's default (or
+  `parsed_default`), the type of its annotation (int, float) unless `settings` name one or an
+  `action`, its help (a function's called with `context`) and its `deprecated` aliases."""
   annotations = typing.get_type_hints(options_class)
-  for field in dataclasses.fields(options_class):
-    if OPTION not in field.metadata or field.name in omit:
+  fields = {field.name: field for field in dataclasses.fields(options_class)}
+  for field in fields.values() if names is None else map(fields.__getitem__, names):
+    if (OPTION not in field.metadata and names is None) or field.name in omit:
       continue
     settings = dict(field.metadata[OPTION])
     group = getattr(groups, settings.pop("group"))

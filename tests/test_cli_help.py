@@ -1,7 +1,9 @@
 """Every command's help: options grouped by concern, `--help` short (the options most runs set),
-`--help-all` complete, the options `--help` leaves out parsing as before, and no help naming an
-option its command does not have."""
+`--help-all` complete, the options `--help` leaves out parsing as before, no help naming an
+option its command does not have, every options field made by `cli_help.option` on its command
+line and a parsed argument without a field refused."""
 import argparse
+import dataclasses
 import re
 
 import pytest
@@ -173,3 +175,20 @@ def test_an_argument_without_a_field_is_refused_not_dropped():
     args.stray = 1  # as a parser's `--stray` would, with no field of that name
     with pytest.raises(ValueError, match="no field for the argument.* stray"):
       run_cli.options_from_args(options_class, args, read=read)
+
+
+def test_every_option_field_is_an_option_of_its_command(commands):
+  """Each field made by `cli_help.option` is an option of its command (`cli_help.add_fields`;
+  `train seqrec` adds its fields by name, in its help's order): none is left off."""
+  from dprec.audit.ctr import CTRAuditOptions
+  from dprec.workflows import stream
+  from dprec.workflows.ctr_options import CTRTrainOptions
+  from dprec.workflows.seqrec_options import SeqRecTrainOptions
+  for path, options_class in ((("train", "ctr"), CTRTrainOptions),
+                              (("stream",), stream.StreamOptions),
+                              (("train", "seqrec"), SeqRecTrainOptions),
+                              (("audit",), CTRAuditOptions)):
+    fields = {field.name for field in dataclasses.fields(options_class)
+              if cli_help.OPTION in field.metadata}
+    missing = fields - {action.dest for action in commands[path]._actions}
+    assert fields and not missing, (path, sorted(missing))
