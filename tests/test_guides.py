@@ -3,7 +3,12 @@ temporary directory, with the `dprec` command of this environment: only sizes sh
 epochs, the tower), Beam jobs run on one in-process worker (each worker process of the default
 runner imports TensorFlow again; the jobs on two worker processes: tests/pipelines/
 test_criteo_batch.py, and `dprec preprocess` on them: tests/test_cli.py) and, where a guide starts
-from files it does not make (a days directory, a ledger), a setup step makes them first."""
+from files it does not make (a days directory, a ledger), a setup step makes them first.
+
+A plain `dprec ...` line runs in this process (`dprec.cli.main` on its words, in the example's
+directory): a fresh process would only add a TensorFlow import per command (a fresh process's
+parsing and help: tests/test_cli.py). Every other line (loops, pipes, files written by the shell)
+runs in bash, and an example with a command in the background runs in bash whole."""
 import os
 import re
 import shlex
@@ -95,15 +100,61 @@ def runnable(example):
   return "\n".join(lines) + "\nwait\n"
 
 
-@pytest.mark.slow
-@pytest.mark.parametrize("guide", sorted(path.stem for path in GUIDES.glob("*.md")))
-def test_main_example_runs_in_a_fresh_directory(guide, tmp_path):
-  script = f"set -e\n{SETUP.get(guide, '')}\n{runnable(main_example(guide))}"
+# A line `dprec` can run in this process: one command, no shell syntax around it.
+IN_PROCESS = re.compile(r"^dprec [^|<>;&$`()*]*$")
+
+
+def _bash(script, cwd):
   env = dict(os.environ, PATH=f"{Path(sys.executable).parent}{os.pathsep}{os.environ['PATH']}")
-  done = subprocess.run(["bash", "-c", script], cwd=tmp_path, env=env, capture_output=True,
-                        text=True, timeout=1500)
+  done = subprocess.run(["bash", "-c", f"set -e\n{script}"], cwd=cwd, env=env,
+                        capture_output=True, text=True, timeout=1500)
   assert done.returncode == 0, f"{script}\n--- stderr:\n{done.stderr[-4000:]}"
   assert "Traceback" not in done.stderr, done.stderr[-4000:]
+
+
+def steps(script):
+  """The script as (in_process, text) steps: each plain `dprec` line alone (its words), the
+  lines between them as one bash step; the whole script one bash step if anything runs in the
+  background."""
+  lines = [line.partition("  #")[0].strip() for line in script.splitlines()]
+  lines = [line for line in lines if line and line != "wait"]
+  if any(line.endswith("&") for line in lines):
+    return [(False, script)]
+  result = []
+  for line in lines:
+    if IN_PROCESS.match(line):
+      result.append((True, shlex.split(line)[1:]))
+    elif result and not result[-1][0]:
+      result[-1] = (False, result[-1][1] + "\n" + line)
+    else:
+      result.append((False, line))
+  return result
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("guide", sorted(path.stem for path in GUIDES.glob("*.md")))
+def test_main_example_runs_in_a_fresh_directory(guide, tmp_path, monkeypatch, capsys):
+  from dprec import cli
+  monkeypatch.chdir(tmp_path)
+  for in_process, step in steps(f"{SETUP.get(guide, '')}\n{runnable(main_example(guide))}"):
+    if not in_process:
+      _bash(step, tmp_path)
+      continue
+    code = cli.main(step)
+    err = capsys.readouterr().err
+    assert code == 0, f"dprec {shlex.join(step)}\n--- stderr:\n{err[-4000:]}"
+    assert "Traceback" not in err, err[-4000:]
+
+
+def test_plain_dprec_lines_run_in_process_and_the_rest_in_bash():
+  script = ("dprec synth criteo --rows 10 --output d  # a comment\nmkdir -p x\ncp d/* x/\n"
+            "dprec train ctr --data x\nfor f in x/*; do gzip $f; done\nwait\n")
+  assert steps(script) == [
+      (True, ["synth", "criteo", "--rows", "10", "--output", "d"]),
+      (False, "mkdir -p x\ncp d/* x/"), (True, ["train", "ctr", "--data", "x"]),
+      (False, "for f in x/*; do gzip $f; done")]
+  background = "dprec preprocess criteo --streaming --input i --output o &\ndprec stream --data o\n"
+  assert steps(background) == [(False, background)]
 
 
 def _command_lines(path):

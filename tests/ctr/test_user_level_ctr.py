@@ -24,13 +24,17 @@ from dprec.workflows.ctr_options import CTRTrainOptions
 pytestmark = pytest.mark.commands
 
 STEPS, EPSILON, K = 4, 4.0, 3
+# ELS's ε: small, so that its σ (per row, for k rows) keeps the mixture of Gaussians' PLD cheap
+# (dp_accounting computes it point by point on its grid: minutes at σ near 1).
+ELS_EPSILON = 0.05
 needs_mixture = pytest.mark.skipif(
     not hasattr(dp_accounting.dp_event, "MixtureOfGaussiansDpEvent"),
     reason="dp-accounting < 0.4.4: no mixture of Gaussians PLD")
 
 
-def _argv(data_dir, tmp_path, *extra, algorithm="dp_adafest", steps=STEPS, k=K):
-  return ["train", "ctr", "--data", data_dir, "--algorithm", algorithm, "--epsilon", str(EPSILON),
+def _argv(data_dir, tmp_path, *extra, algorithm="dp_adafest", steps=STEPS, k=K,
+          epsilon=EPSILON):
+  return ["train", "ctr", "--data", data_dir, "--algorithm", algorithm, "--epsilon", str(epsilon),
           *(["--steps", str(steps)] if steps else []), "--hidden-units", "8", "--no-progress",
           "--summary-json", str(tmp_path / "summary.json"), "--ledger",
           str(tmp_path / "ledger.json"), "--privacy-unit", "user", "--max-rows-per-user", str(k),
@@ -66,17 +70,18 @@ def test_user_level_sampling_spends_dp_accountings_epsilon_per_user(user_days, t
 @needs_mixture
 def test_example_level_sampling_is_accounted_as_a_group_of_k_rows(user_days, tmp_path,
                                                                   user_level_epsilon):
-  summary = _train(user_days, tmp_path, "--user-sampling", "rows", "--batch-size", "64")
+  summary = _train(user_days, tmp_path, "--user-sampling", "rows", "--batch-size", "16",
+                   epsilon=ELS_EPSILON)
   train = ctr_data.load_data(user_days, user_ids=True).train
   counts = np.unique(train["user_id"], return_counts=True)[1]
   assert summary["user_sampling"] == "rows" and summary["users"] == len(counts)
   assert summary["bounded_rows"] == np.minimum(counts, K).sum() < len(train["label"])
-  assert summary["sampling_rate"] == pytest.approx(64 / summary["bounded_rows"])
+  assert summary["sampling_rate"] == pytest.approx(16 / summary["bounded_rows"])
   assert summary["delta"] == pytest.approx(1.0 / len(counts))
   # Each of a user's <= k rows joins a step at q: the mixture of Gaussians; the releases read
   # <= k rows of a user at noise σ_row on a row's sensitivity: the Gaussian at σ_row / k.
   assert summary["epsilon"] == pytest.approx(user_level_epsilon(summary, STEPS, K), rel=1e-3)
-  assert 0.95 * EPSILON < summary["epsilon"] <= EPSILON * (1 + 1e-6)
+  assert 0.95 * ELS_EPSILON < summary["epsilon"] <= ELS_EPSILON * (1 + 1e-6)
   charges = PrivacyLedger(str(tmp_path / "ledger.json")).charges
   assert all(c["unit"] == "user" and c["group_size"] == K for c in charges)
 
@@ -188,8 +193,8 @@ def test_the_options_validate_without_loading_tensorflow():
 def test_releases_read_k_rows_of_a_user_at_k_times_the_per_user_noise():
   """ULS: the plan's σ are per user, a release adds k·σ on a row's sensitivity; ELS: the plan's
   σ are per row already (k times the same per-user σ), charged converted for a group of k."""
-  options = CTRTrainOptions(data="d", epsilon=1.0, privacy_unit="user", max_rows_per_user=5,
-                            batch_size=10, steps=3)
+  options = CTRTrainOptions(data="d", epsilon=0.01, privacy_unit="user",
+                            max_rows_per_user=5, batch_size=10, steps=3)
   uls = ctr_workflow.plan_privacy(options, 1000, num_users=1000)
   per_user = uls.mechanisms[ctr_workflow.BASE_RATE_LABEL]
   assert ctr_workflow.release_noise_multiplier(uls, ctr_workflow.BASE_RATE_LABEL) == 5 * per_user
