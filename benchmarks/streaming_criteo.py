@@ -62,11 +62,12 @@ def prepare_stream(root, options):
 
 def run_one(data, root, algorithm, epsilon, period, options):
   from dprec.workflows import run_cli, stream
+  from dprec.workflows.stream_options import StreamOptions
   run_dir = os.path.join(root, f"run-{algorithm}-{epsilon}-{period}")
   shutil.rmtree(run_dir, ignore_errors=True)
   started = time.perf_counter()
   summary = stream.run(run_cli.options_from_args(
-      stream.StreamOptions, _stream_args(data, run_dir, algorithm, epsilon, period, options)))
+      StreamOptions, _stream_args(data, run_dir, algorithm, epsilon, period, options)))
   rows = summary["periods"]
   return {
       "algorithm": algorithm, "epsilon": epsilon, "period_days": period,

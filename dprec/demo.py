@@ -15,7 +15,7 @@ import os
 import sys
 
 from dprec.cli_help import OptionGroups
-from dprec.workflows import ctr
+from dprec.workflows.ctr_options import CTRTrainOptions
 
 DAYS = 3
 VALIDATION_SHARE = 0.1  # of the training rows: the non-private baseline's model selection
@@ -44,21 +44,22 @@ def register(subparsers):
 
 
 def demo_options(data_dir: str, out_dir: str, steps: int, batch_size: int, epsilon: float,
-                 seed: int, insecure_noise_seed=None) -> ctr.CTRTrainOptions:
+                 seed: int, insecure_noise_seed=None) -> CTRTrainOptions:
   """The demo's DP-AdaFEST run with `train ctr`'s defaults: r = 2, τ = 7, C1 = 1 (false
   positives stay rare), C2 = 1, Dense 256-256, lazy Adam at lr 1e-2, logit bias at the DP base
   rate and DP Platt scaling after training."""
-  return ctr.CTRTrainOptions(
+  return CTRTrainOptions(
       data=data_dir, algorithm="dp_adafest", epsilon=epsilon, batch_size=batch_size,
       steps=steps, ledger=os.path.join(out_dir, "ledger.json"),
       summary_json=os.path.join(out_dir, "summary.json"), seed=seed, charge_every=100,
       insecure_noise_seed=insecure_noise_seed)
 
 
-def privacy_calculation(options: ctr.CTRTrainOptions, num_examples: int) -> dict:
+def privacy_calculation(options: CTRTrainOptions, num_examples: int) -> dict:
   """σ, σ1, σ2 for the run and ε recomputed from the composed σ with the DP base rate's and
   DP Platt scaling's Gaussian mechanisms (should equal the target)."""
   from dprec import privacy
+  from dprec.workflows import ctr
   plan = ctr.plan_privacy(options, num_examples)
   sigma1, sigma2 = ctr.noise_multipliers(options, plan.noise_multiplier)
   composed = privacy.composed_noise_multiplier(sigma1, sigma2)
@@ -75,6 +76,7 @@ def privacy_calculation(options: ctr.CTRTrainOptions, num_examples: int) -> dict
 
 def run(args) -> dict:
   from dprec.data import synthetic
+  from dprec.workflows import ctr  # TensorFlow loads here, after the arguments parsed
   data_dir = os.path.join(args.out, "data")
   ledger = os.path.join(args.out, "ledger.json")
   if os.path.exists(ledger):
@@ -101,7 +103,7 @@ def run(args) -> dict:
           "privacy": privacy, "non_private": non_private, "training": training}
 
 
-def non_private_options(options: ctr.CTRTrainOptions) -> ctr.CTRTrainOptions:
+def non_private_options(options: CTRTrainOptions) -> CTRTrainOptions:
   """The DP run's options without privacy (same data, batch size, steps, model, optimizer):
   shuffled batches of the same expected size, no ledger, no clipping or noise; and model
   selection on validation (`VALIDATION_SHARE` of the training rows held out, the weights of the

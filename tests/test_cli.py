@@ -239,7 +239,7 @@ COMMAND_OPTIONS = [
     (["train", "seqrec", "--data", "d", "--epsilon", "5"],
      "dprec.workflows.seqrec:SeqRecTrainOptions dprec.workflows.seqrec_options:DPForwardOptions"),
     (["train", "ctr", "--data", "d"], "dprec.workflows.ctr:CTRTrainOptions"),
-    (["stream", "--data", "d"], "dprec.workflows.stream:StreamOptions"),
+    (["stream", "--data", "d"], "dprec.workflows.stream_options:StreamOptions"),
     (["audit", "--data", "d"],
      "dprec.workflows.ctr:CTRTrainOptions dprec.audit.ctr:CTRAuditOptions"),
     (["synth", "criteo", "--rows", "9", "--output", "o"], "dprec.data.synthetic:CriteoSynthConfig"),
@@ -403,7 +403,8 @@ def test_another_commands_data_is_refused_naming_the_command_that_takes_it(
 PARSED_WITHOUT_TENSORFLOW = [
     (["train", "ctr", "--data", "d", "--algoritm", "dp_sgd"], 2), (["train", "ctr", "--help"], 0),
     (["train", "seqrec", "--data", "d", "--modle", "x"], 2), (["train", "--help"], 0),
-    (["--help"], 0)]
+    (["stream", "--help"], 0), (["stream", "--data", "d", "--period-dayz", "1"], 2),
+    (["demo", "--help"], 0), (["--help"], 0)]
 
 
 @pytest.fixture
@@ -428,8 +429,8 @@ def parsed_in_a_fresh_process(once_per_session):
 
 @pytest.mark.parametrize("index", range(len(PARSED_WITHOUT_TENSORFLOW)))
 def test_arguments_are_parsed_and_refused_without_tensorflow(parsed_in_a_fresh_process, index):
-  """A fresh process: the `train` commands' parsers (their options, names and defaults) load no
-  TensorFlow, so a mistake is refused at once."""
+  """A fresh process: the parsers of `train`, `stream` and `demo` (their options, names and
+  defaults) load no TensorFlow, so a mistake is refused at once."""
   argv, code = PARSED_WITHOUT_TENSORFLOW[index]
   assert len(parsed_in_a_fresh_process) == len(PARSED_WITHOUT_TENSORFLOW)
   assert parsed_in_a_fresh_process[index] == f"{code} False", argv

@@ -163,12 +163,12 @@ def test_an_argument_without_a_field_is_refused_not_dropped():
   refused, not lost."""
   from dprec.workflows import run_cli
   from dprec.workflows import seqrec_cli
-  from dprec.workflows import stream
   from dprec.workflows.ctr_options import CTRTrainOptions
   from dprec.workflows.seqrec_options import SeqRecTrainOptions
+  from dprec.workflows.stream_options import StreamOptions
   parser = cli.build_parser()
   for path, options_class, read in ((("train", "ctr"), CTRTrainOptions, ()),
-                                    (("stream",), stream.StreamOptions, ()),
+                                    (("stream",), StreamOptions, ()),
                                     (("train", "seqrec"), SeqRecTrainOptions, seqrec_cli.READ)):
     args = parser.parse_args([*path, *REQUIRED[path]])
     assert run_cli.options_from_args(options_class, args, read=read).data == "d"
@@ -181,11 +181,11 @@ def test_every_option_field_is_an_option_of_its_command(commands):
   """Each field made by `cli_help.option` is an option of its command (`cli_help.add_fields`;
   `train seqrec` adds its fields by name, in its help's order): none is left off."""
   from dprec.audit.ctr import CTRAuditOptions
-  from dprec.workflows import stream
   from dprec.workflows.ctr_options import CTRTrainOptions
   from dprec.workflows.seqrec_options import SeqRecTrainOptions
+  from dprec.workflows.stream_options import StreamOptions
   for path, options_class in ((("train", "ctr"), CTRTrainOptions),
-                              (("stream",), stream.StreamOptions),
+                              (("stream",), StreamOptions),
                               (("train", "seqrec"), SeqRecTrainOptions),
                               (("audit",), CTRAuditOptions)):
     fields = {field.name for field in dataclasses.fields(options_class)

@@ -17,10 +17,8 @@ from typing import Dict, Iterator, Mapping, Optional, Tuple
 import numpy as np
 import tensorflow as tf
 
-from dprec.training.batch_sizes import DATA_SIZED_RANGE, STEPS_PER_EPOCH
+from dprec.training.batch_sizes import DATA_SIZED_RANGE, DEFAULT_BATCH_SIZE, STEPS_PER_EPOCH
 
-
-DEFAULT_BATCH_SIZE = 1024
 DEFAULT_MAX_SAMPLING_RATE = 1 / 8
 
 

@@ -1,4 +1,5 @@
-"""`dprec stream`: the command line of `dprec.workflows.stream` (parse, then call)."""
+"""`dprec stream`: the command line of `dprec.workflows.stream` (parse, then call). Parsing needs
+only `stream_options` (no TensorFlow); `run` loads the workflow."""
 import argparse
 
 from dprec.cli_help import OptionGroups
@@ -9,7 +10,7 @@ from dprec.workflows import interrupted
 from dprec.workflows import result
 from dprec.workflows import run_cli
 from dprec.workflows import run_summary
-from dprec.workflows import stream
+from dprec.workflows.stream_options import StreamOptions
 
 DESCRIPTION = """\
     dprec preprocess criteo --streaming --input DAYS_DIR --output OUT ...   # writes periods
@@ -30,7 +31,7 @@ def register(subparsers):
   parser = subparsers.add_parser(
       "stream", help="train period by period on a streaming Criteo output (one privacy ledger)",
       description=DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter)
-  defaults = stream.StreamOptions  # one source for the options of the CLI and the Python API
+  defaults = StreamOptions  # one source for the options of the CLI and the Python API
   groups = OptionGroups(parser)
   add_fields(groups, defaults)  # its fields' options (`cli_help.option`), then the run's
   run_cli.add_run_arguments(
@@ -44,8 +45,9 @@ def register(subparsers):
 def run(args):
   data_kinds.refuse_other_commands_data(args.data, "stream")
   algorithm, epsilon = ctr_options.algorithm_and_epsilon(args.algorithm, args.epsilon_total,
-                                                     stream.StreamOptions.algorithm)
-  options = run_cli.options_from_args(stream.StreamOptions, args, algorithm=algorithm,
+                                                     StreamOptions.algorithm)
+  options = run_cli.options_from_args(StreamOptions, args, algorithm=algorithm,
                                       epsilon_total=epsilon)
+  from dprec.workflows import stream  # TensorFlow loads here, after the arguments parsed
   summary = stream.run(options)
   return run_summary.report(summary, options, result.stream(summary))

@@ -16,6 +16,7 @@ from dprec.models import ctr
 from dprec.workflows import result
 from dprec.workflows import run as run_lib
 from dprec.workflows import stream
+from dprec.workflows import stream_options
 from dprec.workflows.ctr import CTRTrainOptions
 
 
@@ -79,7 +80,7 @@ def test_the_plan_composes_what_the_ledger_spent_on_the_data_before(tmp_path):
   dataset = identity.dataset_identity(data)
   privacy.PrivacyLedger(ledger, 1.0, 1e-5, "rdp", run_id=dataset["id"], marks={
       "stage": PREPROCESSING, "dataset": dataset}).charge_pure(0.2, label="dp top-k vocabulary")
-  options = stream.StreamOptions(
+  options = stream_options.StreamOptions(
       data=data, run_dir=str(tmp_path / "run"), ledger=ledger, algorithm="dp_sgd",
       epsilon_total=1.0, train_days=2, batch_size=30, accountant="rdp", progress=False)
   source = BeamStreamSource(data, options.period_days, options.train_days)
@@ -103,12 +104,12 @@ def test_the_step_defaults_are_train_ctrs_but_the_measured_overrides():
   """One source: every hyper-parameter of the model and its step defaults to `train ctr`'s (the
   learning rate its private default) but those of `STEP_OVERRIDES`; the batch is 1024, at most
   N/8, not `train ctr`'s N/150; DP Platt scaling's bound and priors are `train ctr`'s."""
-  options = stream.StreamOptions(data="out", epsilon_total=1.0)
+  options = stream_options.StreamOptions(data="out", epsilon_total=1.0)
   model = options.model_options()
-  assert {field: getattr(model, field) for field in stream.MODEL_FIELDS} == {
-      field: stream.STEP_OVERRIDES.get(field, getattr(CTRTrainOptions, field))
-      for field in stream.MODEL_FIELDS}
-  assert set(stream.STEP_OVERRIDES) < set(stream.MODEL_FIELDS)
+  assert {field: getattr(model, field) for field in stream_options.MODEL_FIELDS} == {
+      field: stream_options.STEP_OVERRIDES.get(field, getattr(CTRTrainOptions, field))
+      for field in stream_options.MODEL_FIELDS}
+  assert set(stream_options.STEP_OVERRIDES) < set(stream_options.MODEL_FIELDS)
   assert (options.ratio, options.threshold) == (CTRTrainOptions.ratio, CTRTrainOptions.threshold)
   assert (options.calibration_logit_bound, options.calibration_prior_examples,
           options.calibration_level_prior_examples) == (
@@ -140,4 +141,4 @@ def test_a_stream_worse_than_the_constant_at_the_held_out_rate_is_flagged(monkey
   monkeypatch.setattr(stream, "_run", lambda options: dict(summary))
   with pytest.warns(ctr_workflow.WorseThanBaseRateWarning,
                     match=f"held-out log loss 0.5700 is worse than {constant:.4f}"):
-    stream.run(stream.StreamOptions(data="out", epsilon_total=1.0))
+    stream.run(stream_options.StreamOptions(data="out", epsilon_total=1.0))

@@ -14,8 +14,8 @@ from dprec.privacy.noise_key import InsecureNoiseWarning
 from dprec.privacy_unit import UNIT_KEY
 from dprec.training import user_sampling
 from dprec.training.period_source import ArrayPeriodSource
-from dprec.workflows import stream
 from dprec.workflows.plan import plan_stream
+from dprec.workflows.stream_options import StreamOptions
 
 DELTA = 1e-5
 CLIP = 1.0
@@ -231,8 +231,8 @@ def test_user_unit_refuses_k_below_one_and_dp_top_k_of_row_counts(tmp_path, stan
   with pytest.raises(DprecError, match="integer >= 1"):
     plan_stream(1.0, 1e-5, 2, 100, 10, privacy_unit="user", max_rows_per_user=0)
   with pytest.raises(DprecError, match="--max-rows-per-user"):
-    stream.StreamOptions(data="d", epsilon_total=1.0, privacy_unit="user",
-                         max_rows_per_user=0).validate()
+    StreamOptions(data="d", epsilon_total=1.0, privacy_unit="user",
+                  max_rows_per_user=0).validate()
   with pytest.raises(DprecError, match="DP top-k"):
     standin.make_trainer(str(tmp_path), 5.0, ArrayPeriodSource(standin.make_days(2)),
                          privacy_unit="user", selection_epsilon=0.3)

@@ -14,6 +14,7 @@ from dprec.privacy_unit import UNIT_KEY
 from dprec.training.period_source import BeamStreamSource
 from dprec.workflows import run as run_lib
 from dprec.workflows import stream
+from dprec.workflows.stream_options import StreamOptions
 from pipelines import criteo_stream
 
 DAYS, ROWS, USERS, MAX_ROWS = 3, 300, 40, 2
@@ -37,7 +38,7 @@ def test_user_unit_stream_on_synthetic_users_samples_users_in_a_user_ledger(tmp_
   written = [int(l.split("\t")[40]) for l in (days / "day_0").read_text().splitlines()]
   np.testing.assert_array_equal(records["user_id"].numpy(), written)  # line order kept
 
-  options = stream.StreamOptions(
+  options = StreamOptions(
       data=out, run_dir=str(tmp_path / "run"), train_days=DAYS - 1, algorithm="dp_adafest",
       epsilon_total=8.0, privacy_unit="user", max_rows_per_user=MAX_ROWS, batch_size=10,
       hidden_units=(8,), progress=False, accountant="pld")
