@@ -9,3 +9,5 @@ USER_KEY = "user_id"
 # k, the most rows of a user a user-level step or release reads, unless a run sets it: a fixed,
 # public constant (`dprec.training.user_sampling`: why k is never read off the data).
 DEFAULT_MAX_ROWS_PER_USER = 16
+# What ε protects: a row, or a user (all rows with one user id).
+PRIVACY_UNITS = ("row", "user")

@@ -55,7 +55,7 @@ from dprec.progress import phase_lines
 from dprec.models import ctr
 from dprec.optimizers.dp_optimizer import DPOptimizer
 from dprec.privacy import accounting
-from dprec.privacy_unit import UNIT_KEY, USER_KEY
+from dprec.privacy_unit import PRIVACY_UNITS, UNIT_KEY, USER_KEY
 from dprec.sparse import fest
 from dprec.training import poisson
 from dprec.training import user_sampling
@@ -66,7 +66,6 @@ from dprec.workflows import ctr_options
 
 
 THREAT_MODELS = ("black_box", "white_box")
-PRIVACY_UNITS = ("row", "user")
 # Black box: canaries are rows of the training data; white box: coordinates of one small table
 # (200,000: at data-sized batches, q ≈ 1/150, the family fit of 100,000 reached only about half
 # of ε = 2; docs/experiments/audit.md).

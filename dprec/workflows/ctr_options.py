@@ -12,6 +12,7 @@ from dprec.errors import DprecError
 from dprec.optimizers import defaults as step_defaults
 from dprec.privacy import accounting
 from dprec.privacy_unit import DEFAULT_MAX_ROWS_PER_USER
+from dprec.privacy_unit import PRIVACY_UNITS
 from dprec.training import batch_sizes
 from dprec.workflows import run as run_lib
 
@@ -36,7 +37,6 @@ NON_PRIVATE_TABLE_LEARNING_RATE = 0.1  # --optimizer table_sgd without DP: not t
 # time). Both chosen on validation: the numbers are in docs/experiments/ctr_utility.md.
 DEFAULT_LEARNING_RATES = {"private": 1e-2, "non_private": 3e-3}
 SELECTION_POINTS = 20  # --select-on-validation: validation log loss this many times a run
-PRIVACY_UNITS = ("row", "user")
 # --user-sampling at --privacy-unit user: "users" samples users (ULS: a user's rows clipped as
 # one), "rows" samples rows of at most k per user and accounts a user as a group (ELS).
 USER_SAMPLINGS = ("users", "rows")

@@ -30,6 +30,7 @@ from dprec import privacy
 from dprec.errors import DprecError
 from dprec.privacy import accounting
 from dprec.privacy import truncation
+from dprec.privacy_unit import PRIVACY_UNITS
 
 FIXED_BATCHES_NOTE = "fixed-size batches: not Poisson, accounted as if Poisson"
 
@@ -247,8 +248,6 @@ def plan_privacy(epsilon_total, delta, examples_per_period, batch_size, steps_pe
   return PrivacyPlan(noise_multiplier=noise_multiplier, mechanisms=sigmas,
                      selection_epsilon_per_period=selection_epsilon / expected_periods, **common)
 
-
-PRIVACY_UNITS = ("row", "user")
 
 
 def plan_stream(epsilon_total, delta, expected_periods, examples_per_period, batch_size,

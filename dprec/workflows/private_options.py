@@ -9,6 +9,7 @@ import numpy as np
 from dprec.errors import DprecError
 from dprec.optimizers import config as config_lib
 from dprec.privacy import accounting
+from dprec.privacy_unit import PRIVACY_UNITS
 from dprec.training import output_layer
 from dprec.training import user_sampling
 
@@ -16,7 +17,6 @@ COMMAND = "make_private"
 TRAINING_LABEL = "make_private training"
 LABEL_STATISTICS_LABEL = "make_private output bias"
 RECALIBRATION_LABEL = "make_private recalibration"
-PRIVACY_UNITS = ("row", "user")
 # "auto" and the algorithms that need no rows drawn before training (DP-FEST's top-k).
 ALGORITHMS = ("auto",) + tuple(name for name, algorithm in config_lib.ALGORITHMS.items()
                                if algorithm.private and not algorithm.preselected)

@@ -9,7 +9,7 @@ from dprec.cli_help import option
 from dprec.cli_help import same_option
 from dprec.errors import DprecError
 from dprec.privacy import recalibration
-from dprec.training import batch_sizes
+from dprec.training.batch_sizes import DEFAULT_BATCH_SIZE
 from dprec.workflows import ctr_options
 from dprec.workflows import run as run_lib
 from dprec.workflows.ctr_options import CTRTrainOptions
@@ -30,7 +30,6 @@ _CTR = CTRTrainOptions  # the defaults the stream shares with `train ctr`
 # ± 0.003) and shrink the gradient 340–400× instead of 2.3×; on the 88 rows of all the tables
 # of the 25k-row periods they cost 0.012 (0.661 ± 0.019 in nine draws, 0.673 ± 0.004 in three).
 STEP_OVERRIDES = {"l2_norm_clip": 10.0}
-DEFAULT_BATCH_SIZE = batch_sizes.DEFAULT_BATCH_SIZE  # B's cap in `default_batch_size` (for --help)
 
 
 @dataclasses.dataclass
@@ -199,6 +198,6 @@ class StreamOptions(run_lib.RunOptions):
       raise DprecError(f"--calibration-logit-bound must be positive, got "
                        f"{self.calibration_logit_bound}")
 
-  def model_options(self) -> ctr_options.CTRTrainOptions:
+  def model_options(self) -> CTRTrainOptions:
     """`train ctr`'s options of the model and its step (algorithm, clips, optimizer, ...)."""
     return CTRTrainOptions(data=self.data, **{k: getattr(self, k) for k in MODEL_FIELDS})
